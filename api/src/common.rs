@@ -1,0 +1,89 @@
+//! Small shapes shared by several kinds.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+/// A reference by name to an object in the same namespace (or to a cluster-scoped object).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LocalObjectReference {
+    #[serde(default)]
+    pub name: String,
+}
+
+/// One environment variable: `{name, value}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct EnvVar {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+/// A consumer holding an object: written by the consumer, read by the holder's deletion logic.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub struct UsedBy {
+    pub kind: String,
+    /// Empty for a cluster-scoped consumer; required on the wire but may be `""`.
+    #[serde(default)]
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Image pull policy, as on a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+/// `spec.transport.protocol` of a backend or a member group, and `kvTransfer.protocol` of a
+/// ModelDeployment. Only `Auto` (which means TCP) and `TCP` are supported yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Protocol {
+    Auto,
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "RDMA")]
+    Rdma,
+    #[serde(rename = "EFA")]
+    Efa,
+    #[serde(rename = "CANN")]
+    Cann,
+    #[serde(rename = "ROCM")]
+    Rocm,
+    #[serde(rename = "MUSA")]
+    Musa,
+    #[serde(rename = "MACA")]
+    Maca,
+}
+
+impl Protocol {
+    /// The spelling on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Auto => "Auto",
+            Protocol::Tcp => "TCP",
+            Protocol::Rdma => "RDMA",
+            Protocol::Efa => "EFA",
+            Protocol::Cann => "CANN",
+            Protocol::Rocm => "ROCM",
+            Protocol::Musa => "MUSA",
+            Protocol::Maca => "MACA",
+        }
+    }
+
+    /// Whether our store speaks this protocol today.
+    pub fn is_supported(self) -> bool {
+        matches!(self, Protocol::Auto | Protocol::Tcp)
+    }
+}
+
+/// `{protocol}` block used by a backend and by a member group.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Transport {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Protocol>,
+}
