@@ -1,0 +1,310 @@
+//! The committer thread: group commit, file growth and compaction.
+//!
+//! It is the only writer of the log. Each round it takes every queued transaction (up to
+//! `max_batch_bytes`), writes them as one frame, syncs once, then publishes: durable locations in
+//! the index, the durable revision, acknowledgements, watch events. Between rounds it may grow
+//! the file or compact the log into a new generation.
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::file;
+use super::format::{self, BatchEncoder, FileHeader, SnapshotEntry};
+use super::index::Loc;
+use super::mmap::LogMap;
+use super::{ActiveLog, Options, Queued, Shared, log_path, open_file, sync_dir};
+use crate::storage::watch::{EventKind, WatchEvent};
+use crate::storage::{Result, StorageError};
+
+pub(super) fn run(shared: Arc<Shared>, mut log: ActiveLog) {
+    loop {
+        let batch = {
+            let mut q = shared.queue.lock();
+            while q.txns.is_empty() && !q.closing {
+                shared.queue_ready.wait(&mut q);
+            }
+            if q.txns.is_empty() {
+                return;
+            }
+            take_batch(&mut q.txns, shared.options.max_batch_bytes)
+        };
+        if let Err(e) = commit(&shared, &mut log, batch) {
+            fail(&shared, e);
+            continue;
+        }
+        if should_compact(&shared, &log)
+            && let Err(e) = compact(&shared, &mut log)
+        {
+            fail(&shared, e);
+        }
+    }
+}
+
+/// Takes transactions from the front of the queue until the batch is `max_bytes` large (always
+/// at least one).
+fn take_batch(queue: &mut std::collections::VecDeque<Queued>, max_bytes: usize) -> Vec<Queued> {
+    let mut batch = Vec::new();
+    let mut bytes = 0usize;
+    while let Some(front) = queue.front() {
+        let size: usize = front
+            .ops
+            .iter()
+            .map(|o| 9 + o.key.len() + o.value.as_ref().map_or(0, |v| v.len() + 4))
+            .sum::<usize>()
+            + 12;
+        if !batch.is_empty() && bytes + size > max_bytes {
+            break;
+        }
+        bytes += size;
+        batch.extend(queue.pop_front());
+    }
+    batch
+}
+
+fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()> {
+    let mut enc = BatchEncoder::new();
+    for txn in &batch {
+        enc.push_txn(
+            txn.revision,
+            txn.ops.iter().map(|o| (&*o.key, o.value.as_deref())),
+        );
+    }
+    let frame_offset = log.write_offset;
+    let (frame, spans) = enc.finish();
+    let frame_len = frame.len() as u64;
+    let grown = ensure_capacity(shared, log, frame_offset + frame_len)?;
+    if let Err(e) = log.file.write_at(&frame, frame_offset).and_then(|()| log.file.sync_data()) {
+        // The queued transactions are not durable and never will be: refuse them all.
+        let msg = format!("writing {} failed: {e}; the server stops accepting writes", log.path.display());
+        for txn in batch {
+            let _ = txn.done.send(Err(StorageError::Unavailable(msg.clone())));
+        }
+        return Err(StorageError::io(format!("writing {}", log.path.display()), e));
+    }
+    log.write_offset += frame_len;
+
+    let value_base = frame_offset + format::FRAME_HEADER_LEN as u64;
+    let last_revision = batch.last().map_or(0, |t| t.revision);
+    {
+        let mut st = shared.state.write();
+        if let Some(map) = grown {
+            st.map = Arc::new(map);
+        }
+        let mut spans = spans.iter();
+        for txn in &batch {
+            for op in &txn.ops {
+                if op.value.is_some()
+                    && let Some(&(at, len)) = spans.next()
+                {
+                    st.index.set_durable(&op.key, txn.revision, value_base + u64::from(at), len);
+                }
+            }
+        }
+        st.durable = last_revision;
+    }
+    let _ = shared.durable_tx.send(last_revision);
+
+    let mut events = Vec::new();
+    for txn in batch {
+        for op in &txn.ops {
+            let prev_value = op.prev.as_ref().and_then(|p| p.resolve());
+            let (kind, value) = match &op.value {
+                Some(v) => (EventKind::Put, v.clone()),
+                None => (EventKind::Delete, prev_value.clone().unwrap_or_else(|| Arc::from(&[][..]))),
+            };
+            events.push(WatchEvent {
+                kind,
+                key: op.key.to_string(),
+                revision: txn.revision,
+                value,
+                prev_value,
+                create_revision: op.create_revision,
+            });
+        }
+        let _ = txn.done.send(Ok(txn.revision));
+    }
+    shared.hub.publish(events);
+    Ok(())
+}
+
+/// Grows the file (zero-filled and synced) so that `needed` bytes fit; returns the new mapping
+/// when it grew.
+fn ensure_capacity(shared: &Shared, log: &mut ActiveLog, needed: u64) -> Result<Option<LogMap>> {
+    if needed <= log.file_len {
+        return Ok(None);
+    }
+    let step = log.file_len.clamp(shared.options.initial_file_bytes, 256 << 20);
+    let new_len = needed.div_ceil(step) * step;
+    file::zero_fill(log.file.as_ref(), log.file_len, new_len)
+        .map_err(|e| StorageError::io(format!("growing {}", log.path.display()), e))?;
+    log.file_len = new_len;
+    let map = LogMap::map(log.file.file(), new_len)
+        .map_err(|e| StorageError::io(format!("mapping {}", log.path.display()), e))?;
+    Ok(Some(map))
+}
+
+fn fail(shared: &Shared, e: StorageError) {
+    tracing::error!(error = %e, "storage write failed; refusing further writes");
+    let mut st = shared.state.write();
+    st.failure.get_or_insert_with(|| e.to_string());
+    drop(st);
+    // Refuse whatever is still queued: it can no longer become durable.
+    let mut q = shared.queue.lock();
+    for txn in q.txns.drain(..) {
+        let _ = txn.done.send(Err(StorageError::Unavailable(e.to_string())));
+    }
+}
+
+fn should_compact(shared: &Shared, log: &ActiveLog) -> bool {
+    let used = log.write_offset;
+    if used < shared.options.compact_min_bytes {
+        return false;
+    }
+    let live = shared.state.read().index.live_bytes;
+    used > 2 * live + format::FILE_HEADER_LEN
+}
+
+/// Writes a new generation holding a snapshot of the durable state, switches to it, and removes
+/// the old file.
+fn compact(shared: &Shared, log: &mut ActiveLog) -> Result<()> {
+    // The committer is the only writer and is busy here, so the durable state cannot move.
+    let (revision, entries, map) = {
+        let st = shared.state.read();
+        let entries: Vec<(Arc<str>, u64, u64, Loc)> = st
+            .index
+            .live_at(st.durable)
+            .map(|(k, v)| (k.clone(), v.create_revision, v.mod_revision, v.loc.clone()))
+            .collect();
+        (st.durable, entries, st.map.clone())
+    };
+    let mut snapshot = Vec::with_capacity(entries.len());
+    for (key, create_revision, mod_revision, loc) in &entries {
+        let Loc::Disk { offset, len } = loc else {
+            return Err(StorageError::Corrupt(format!("durable version of {key} is not on disk")));
+        };
+        let value = map.slice(*offset, *len as usize).ok_or_else(|| {
+            StorageError::Corrupt(format!("the value of {key} points outside the log (offset {offset})"))
+        })?;
+        snapshot.push(SnapshotEntry {
+            key,
+            create_revision: *create_revision,
+            mod_revision: *mod_revision,
+            value,
+        });
+    }
+    let generation = log.generation + 1;
+    let (mut new_log, locations) = create_generation(&shared.dir, &shared.options, generation, revision, &snapshot)?;
+    let relocations: Vec<(Arc<str>, (u64, u32))> = entries.iter().map(|e| e.0.clone()).zip(locations).collect();
+    let new_map = LogMap::map(new_log.file.file(), new_log.file_len)
+        .map_err(|e| StorageError::io(format!("mapping {}", new_log.path.display()), e))?;
+    let old_len = log.write_offset;
+    {
+        let mut st = shared.state.write();
+        let mut relocations = relocations.into_iter();
+        // `live_at` and `compact` both walk keys in order, so relocations line up by key.
+        let mut next = relocations.next();
+        st.index.compact(revision, |key| {
+            while let Some((k, at)) = &next {
+                match (**k).cmp(key) {
+                    std::cmp::Ordering::Less => next = relocations.next(),
+                    std::cmp::Ordering::Equal => {
+                        let r = *at;
+                        next = relocations.next();
+                        return Some(r);
+                    }
+                    std::cmp::Ordering::Greater => return None,
+                }
+            }
+            None
+        });
+        st.map = Arc::new(new_map);
+        st.compacted = revision;
+    }
+    let old_path = log.path.clone();
+    std::mem::swap(log, &mut new_log);
+    let _ = fs::remove_file(&old_path);
+    tracing::info!(
+        generation,
+        revision,
+        keys = snapshot.len(),
+        old_bytes = old_len,
+        new_bytes = log.write_offset,
+        "compacted the storage log"
+    );
+    Ok(())
+}
+
+/// Splits a snapshot into frames of at most ~4 MiB of payload.
+fn snapshot_chunks<'a, 'b>(snapshot: &'a [SnapshotEntry<'b>]) -> Vec<&'a [SnapshotEntry<'b>]> {
+    const CHUNK_BYTES: usize = 4 << 20;
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, e) in snapshot.iter().enumerate() {
+        let size = e.key.len() + e.value.len() + 24;
+        if i > start && bytes + size > CHUNK_BYTES {
+            chunks.push(&snapshot[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += size;
+    }
+    if start < snapshot.len() {
+        chunks.push(&snapshot[start..]);
+    }
+    chunks
+}
+
+/// Creates generation `generation` holding `snapshot` at `revision`: written as `.tmp`, synced,
+/// renamed into place, directory synced. Returns the log and where each snapshot value landed.
+pub(super) fn create_generation(
+    dir: &Path,
+    options: &Options,
+    generation: u64,
+    revision: u64,
+    snapshot: &[SnapshotEntry<'_>],
+) -> Result<(ActiveLog, Vec<(u64, u32)>)> {
+    let path = log_path(dir, generation);
+    let tmp = path.with_extension("log.tmp");
+    let file = open_file(&tmp, options, true)?;
+    let io = |e| StorageError::io(format!("writing {}", tmp.display()), e);
+    let mut offset = format::FILE_HEADER_LEN;
+    let mut frames = Vec::new();
+    let mut locations = Vec::with_capacity(snapshot.len());
+    for chunk in snapshot_chunks(snapshot) {
+        let (frame, offsets) = format::encode_snapshot(revision, chunk);
+        let base = offset + format::FRAME_HEADER_LEN as u64;
+        for (e, at) in chunk.iter().zip(offsets) {
+            locations.push((base + u64::from(at), e.value.len() as u32));
+        }
+        offset += frame.len() as u64;
+        frames.push(frame);
+    }
+    let snapshot_end = offset;
+    let header = FileHeader {
+        generation,
+        snapshot_revision: revision,
+        snapshot_end,
+    };
+    let file_len = (snapshot_end + options.initial_file_bytes).div_ceil(1 << 16) * (1 << 16);
+    file::zero_fill(file.as_ref(), 0, file_len).map_err(io)?;
+    file.write_at(&header.encode(), 0).map_err(io)?;
+    let mut at = format::FILE_HEADER_LEN;
+    for frame in &frames {
+        file.write_at(frame, at).map_err(io)?;
+        at += frame.len() as u64;
+    }
+    file.sync_data().map_err(io)?;
+    fs::rename(&tmp, &path).map_err(|e| StorageError::io(format!("renaming {}", tmp.display()), e))?;
+    sync_dir(dir)?;
+    let log = ActiveLog {
+        file,
+        path,
+        generation,
+        write_offset: snapshot_end,
+        file_len,
+    };
+    Ok((log, locations))
+}
+

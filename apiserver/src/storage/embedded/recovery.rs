@@ -1,0 +1,161 @@
+//! Replay of a log file at start-up.
+//!
+//! Frames are read in order until the first one that is not intact (bad magic, header checksum,
+//! length or payload checksum). What follows decides what that means:
+//! - nothing valid after it: a **torn tail** (the last group commit was cut short by a crash; it
+//!   was never acknowledged). The damaged bytes are reported so the caller zeroes them;
+//! - a valid frame after it, or damage inside the snapshot region: a **corrupt middle**. Records
+//!   that were acknowledged are unreadable, so the log is refused with an error saying where.
+
+use super::format::{
+    self, DecodedOp, FRAME_ALIGN, FRAME_BATCH, FRAME_HEADER_LEN, FRAME_SNAPSHOT, FileHeader, FrameHeader,
+};
+use super::index::{Index, Loc};
+use super::mmap::LogMap;
+use crate::storage::StorageError;
+
+/// The state a log file describes.
+pub struct Recovered {
+    pub index: Index,
+    /// Revision of the last transaction (or of the snapshot when no batch follows it).
+    pub revision: u64,
+    pub snapshot_revision: u64,
+    /// Where the next frame goes.
+    pub write_offset: u64,
+    /// Bytes of a torn tail to zero: `[start, end)`.
+    pub torn: Option<(u64, u64)>,
+    pub frames: u64,
+}
+
+/// Replays `map` (the whole file). `path` is only for messages.
+pub fn replay(map: &LogMap, header: &FileHeader, path: &str) -> Result<Recovered, StorageError> {
+    let len = map.len();
+    let mut index = Index::default();
+    let mut pos = format::FILE_HEADER_LEN;
+    let mut revision = header.snapshot_revision;
+    let mut frames = 0u64;
+    let corrupt = |at: u64, what: String| {
+        StorageError::Corrupt(format!(
+            "{path}: {what} at offset {at}. Acknowledged writes after this point cannot be read, so \
+             the server refuses to start rather than drop them. Restore the data directory from a \
+             backup, or move this file aside to start empty"
+        ))
+    };
+
+    loop {
+        let Some(h) = intact_frame(map, pos) else { break };
+        let payload = map
+            .slice(pos + FRAME_HEADER_LEN as u64, h.payload_len as usize)
+            .expect("intact_frame checked the bounds");
+        let value_base = pos + FRAME_HEADER_LEN as u64;
+        match h.kind {
+            FRAME_SNAPSHOT => {
+                if pos >= header.snapshot_end || h.revision != header.snapshot_revision {
+                    return Err(corrupt(pos, "a snapshot frame outside the snapshot region".into()));
+                }
+                format::decode_snapshot(payload, |e| {
+                    index.recover(
+                        e.key,
+                        e.mod_revision,
+                        Some(e.create_revision),
+                        Loc::Disk {
+                            offset: value_base + u64::from(e.value.0),
+                            len: e.value.1,
+                        },
+                    );
+                })
+                .map_err(|e| corrupt(pos, e))?;
+            }
+            FRAME_BATCH => {
+                if pos < header.snapshot_end {
+                    return Err(corrupt(pos, "a batch frame inside the snapshot region".into()));
+                }
+                let mut order_error = None;
+                format::decode_batch(payload, |rev, ops: Vec<DecodedOp<'_>>| {
+                    if rev <= revision {
+                        order_error.get_or_insert(format!("revision {rev} does not follow {revision}"));
+                        return;
+                    }
+                    revision = rev;
+                    for op in ops {
+                        let loc = match op.value {
+                            Some((at, n)) => Loc::Disk {
+                                offset: value_base + u64::from(at),
+                                len: n,
+                            },
+                            None => Loc::Tombstone,
+                        };
+                        index.recover(op.key, rev, None, loc);
+                    }
+                })
+                .map_err(|e| corrupt(pos, e))?;
+                if let Some(e) = order_error {
+                    return Err(corrupt(pos, e));
+                }
+            }
+            _ => unreachable!("FrameHeader::decode accepts known kinds only"),
+        }
+        frames += 1;
+        pos += h.frame_len();
+    }
+
+    if pos < header.snapshot_end {
+        return Err(corrupt(pos, "a damaged frame inside the snapshot region".into()));
+    }
+
+    // Anything non-zero from here on is either a torn tail or damage followed by good data.
+    let mut torn = None;
+    if let Some(first_dirty) = first_nonzero(map, pos) {
+        let mut probe = pos + FRAME_ALIGN;
+        let mut dirty_end = pos;
+        while probe + FRAME_HEADER_LEN as u64 <= len {
+            if intact_frame(map, probe).is_some() {
+                return Err(corrupt(
+                    pos,
+                    format!("a damaged frame (an intact frame follows at offset {probe})"),
+                ));
+            }
+            probe += FRAME_ALIGN;
+        }
+        if let Some(last) = last_nonzero(map, first_dirty) {
+            dirty_end = last + 1;
+        }
+        torn = Some((pos, dirty_end.max(first_dirty + 1)));
+    }
+
+    Ok(Recovered {
+        index,
+        revision,
+        snapshot_revision: header.snapshot_revision,
+        write_offset: pos,
+        torn,
+        frames,
+    })
+}
+
+/// The header of the frame at `pos` if the whole frame is intact.
+fn intact_frame(map: &LogMap, pos: u64) -> Option<FrameHeader> {
+    let h = FrameHeader::decode(map.slice(pos, FRAME_HEADER_LEN)?)?;
+    let payload = map.slice(pos + FRAME_HEADER_LEN as u64, h.payload_len as usize)?;
+    (crc32c::crc32c(payload) == h.payload_crc).then_some(h)
+}
+
+fn first_nonzero(map: &LogMap, from: u64) -> Option<u64> {
+    const STEP: usize = 1 << 16;
+    let mut at = from;
+    while at < map.len() {
+        let n = ((map.len() - at) as usize).min(STEP);
+        let chunk = map.slice(at, n)?;
+        if let Some(i) = chunk.iter().position(|b| *b != 0) {
+            return Some(at + i as u64);
+        }
+        at += n as u64;
+    }
+    None
+}
+
+fn last_nonzero(map: &LogMap, from: u64) -> Option<u64> {
+    let n = (map.len() - from) as usize;
+    let tail = map.slice(from, n)?;
+    tail.iter().rposition(|b| *b != 0).map(|i| from + i as u64)
+}

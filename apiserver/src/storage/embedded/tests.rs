@@ -1,0 +1,262 @@
+//! Tests of the embedded storage: conformance, persistence, recovery and group commit.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::file::tests::FrozenAfter;
+use super::file::LogFile;
+use super::{Embedded, Options};
+use crate::storage::{Compare, ListRequest, Op, Storage, StorageError, Txn, TxnOutcome, Value};
+
+fn small() -> Options {
+    Options {
+        initial_file_bytes: 64 << 10,
+        compact_min_bytes: 32 << 10,
+        ..Options::default()
+    }
+}
+
+fn put(key: &str, v: &[u8]) -> Txn {
+    Txn {
+        compares: vec![],
+        ops: vec![Op::Put {
+            key: key.into(),
+            value: Value::from(v),
+        }],
+    }
+}
+
+async fn committed(s: &Embedded, txn: Txn) -> u64 {
+    match s.txn(txn).await.unwrap() {
+        TxnOutcome::Committed { revision } => revision,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn wal(dir: &Path) -> PathBuf {
+    let mut logs: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    logs.sort();
+    logs.pop().expect("a log file")
+}
+
+#[tokio::test]
+async fn passes_conformance() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Embedded::open(dir.path(), small()).unwrap();
+    crate::storage::conformance::run_all(&s).await;
+}
+
+#[tokio::test]
+async fn state_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rev, create) = {
+        let s = Embedded::open(dir.path(), small()).unwrap();
+        let c = committed(&s, put("/a", b"one")).await;
+        committed(&s, put("/b", b"gone")).await;
+        committed(&s, Txn { compares: vec![], ops: vec![Op::Delete { key: "/b".into() }] }).await;
+        let r = committed(&s, put("/a", b"two")).await;
+        (r, c)
+    };
+    let s = Embedded::open(dir.path(), small()).unwrap();
+    let kv = s.get("/a").await.unwrap().unwrap();
+    assert_eq!((&*kv.value, kv.mod_revision, kv.create_revision), (&b"two"[..], rev, create));
+    assert!(s.get("/b").await.unwrap().is_none());
+    assert_eq!(s.current_revision().await.unwrap(), rev);
+    assert_eq!(committed(&s, put("/c", b"x")).await, rev + 1, "revisions continue");
+}
+
+#[tokio::test]
+async fn a_second_process_cannot_open_the_same_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let _s = Embedded::open(dir.path(), small()).unwrap();
+    let err = Embedded::open(dir.path(), small()).err().expect("locked");
+    assert!(err.to_string().contains("in use by another process"), "{err}");
+}
+
+#[tokio::test]
+async fn torn_tail_is_discarded_and_writing_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    let good_rev = {
+        let s = Embedded::open(dir.path(), small()).unwrap();
+        committed(&s, put("/kept", b"acknowledged")).await
+    };
+    // A crash mid-commit: half of the next frame reached the file.
+    let path = wal(dir.path());
+    let f = OpenOptions::new().write(true).read(true).open(&path).unwrap();
+    let end = {
+        let s = Embedded::open(dir.path(), small()).unwrap();
+        let _ = committed(&s, put("/torn", &[7u8; 300])).await;
+        drop(s);
+        // Find where the last frame starts: scan for the second frame magic.
+        let bytes = std::fs::read(&path).unwrap();
+        let magic = super::format::FRAME_MAGIC.to_le_bytes();
+        let starts: Vec<usize> = (64..bytes.len() - 4)
+            .step_by(8)
+            .filter(|i| bytes[*i..*i + 4] == magic)
+            .collect();
+        assert_eq!(starts.len(), 2, "two frames written");
+        starts[1]
+    };
+    // Keep the header and the first 100 bytes of the second frame, zero the rest of it.
+    f.write_all_at(&[0u8; 300], (end + 100) as u64).unwrap();
+    drop(f);
+
+    let s = Embedded::open(dir.path(), small()).unwrap();
+    assert_eq!(&*s.get("/kept").await.unwrap().unwrap().value, b"acknowledged");
+    assert!(s.get("/torn").await.unwrap().is_none(), "the torn write is dropped");
+    assert_eq!(s.current_revision().await.unwrap(), good_rev);
+    let r = committed(&s, put("/after", b"x")).await;
+    drop(s);
+    let s = Embedded::open(dir.path(), small()).unwrap();
+    assert_eq!(s.get("/after").await.unwrap().unwrap().mod_revision, r);
+    assert!(s.get("/torn").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn corrupt_middle_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = Embedded::open(dir.path(), small()).unwrap();
+        for i in 0..5 {
+            committed(&s, put(&format!("/k{i}"), b"value")).await;
+        }
+    }
+    let path = wal(dir.path());
+    // Flip one byte inside the first frame's payload.
+    let f = OpenOptions::new().write(true).read(true).open(&path).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, 64 + 40).unwrap();
+    f.write_all_at(&[b[0] ^ 0xff], 64 + 40).unwrap();
+    drop(f);
+    let err = Embedded::open(dir.path(), small()).err().expect("refused");
+    let msg = err.to_string();
+    assert!(matches!(err, StorageError::Corrupt(_)), "{msg}");
+    assert!(msg.contains("offset 64") && msg.contains("intact frame follows"), "{msg}");
+    assert!(msg.contains(&path.display().to_string()), "{msg}");
+}
+
+#[tokio::test]
+async fn group_commit_shares_syncs_across_concurrent_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(Embedded::open(dir.path(), Options::default()).unwrap());
+    let tasks: Vec<_> = (0..64)
+        .map(|w| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                for i in 0..20 {
+                    let key = format!("/g/{w}/{i}");
+                    let create = Txn {
+                        compares: vec![Compare::ModRevision { key: key.clone(), revision: 0 }],
+                        ops: vec![Op::Put { key, value: Value::from(&[1u8; 1024][..]) }],
+                    };
+                    assert!(matches!(s.txn(create).await.unwrap(), TxnOutcome::Committed { .. }));
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let all = s.list(ListRequest { prefix: "/g/".into(), ..Default::default() }).await.unwrap();
+    assert_eq!(all.items.len(), 64 * 20);
+    // Every frame holds one group commit; with 64 writers there must be far fewer frames than
+    // transactions.
+    let bytes = std::fs::read(wal(dir.path())).unwrap();
+    let magic = super::format::FRAME_MAGIC.to_le_bytes();
+    let frames = (64..bytes.len() - 32)
+        .step_by(8)
+        .filter(|i| {
+            bytes[*i..*i + 4] == magic && super::format::FrameHeader::decode(&bytes[*i..*i + 32]).is_some()
+        })
+        .count();
+    assert!(frames < 64 * 20, "{frames} frames for {} transactions", 64 * 20);
+}
+
+#[tokio::test]
+async fn compaction_bounds_the_log_and_keeps_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Embedded::open(dir.path(), small()).unwrap();
+    let mut last = 0;
+    for i in 0..400 {
+        last = committed(&s, put(&format!("/c/{}", i % 10), &[i as u8; 1000])).await;
+    }
+    let before_delete = committed(&s, put("/c/deleted", b"x")).await;
+    committed(&s, Txn { compares: vec![], ops: vec![Op::Delete { key: "/c/deleted".into() }] }).await;
+    let size = std::fs::metadata(wal(dir.path())).unwrap().len();
+    assert!(size < 400 * 1000, "the log was compacted: {size} bytes");
+    let page = s.list(ListRequest { prefix: "/c/".into(), ..Default::default() }).await.unwrap();
+    assert_eq!(page.items.len(), 10);
+    assert!(page.items.iter().any(|kv| kv.mod_revision == last));
+    // A paged read at a revision older than the compaction answers Expired.
+    let old = s
+        .list(ListRequest { prefix: "/c/".into(), revision: Some(1), ..Default::default() })
+        .await;
+    assert!(matches!(old, Err(StorageError::Expired { .. })), "{old:?}");
+    drop(s);
+    let s = Embedded::open(dir.path(), small()).unwrap();
+    let page = s.list(ListRequest { prefix: "/c/".into(), ..Default::default() }).await.unwrap();
+    assert_eq!(page.items.len(), 10);
+    for kv in &page.items {
+        let i: usize = kv.key.rsplit('/').next().unwrap().parse().unwrap();
+        assert_eq!(kv.value[0], (390 + i) as u8, "latest value of {}", kv.key);
+    }
+    assert!(s.get("/c/deleted").await.unwrap().is_none());
+    assert!(s.current_revision().await.unwrap() > before_delete);
+}
+
+#[tokio::test]
+async fn a_power_cut_loses_nothing_that_was_acknowledged() {
+    // The disk stops syncing after the 6th sync (the first ones create and grow the file); then
+    // every unsynced write is thrown away, as after a power cut.
+    let dir = tempfile::tempdir().unwrap();
+    let frozen: Arc<parking_lot::Mutex<Option<Arc<FrozenAfter>>>> = Arc::default();
+    let slot = frozen.clone();
+    let options = Options {
+        wrap_file: Some(Arc::new(move |f| {
+            let ff = Arc::new(FrozenAfter::new(f, 6));
+            *slot.lock() = Some(ff.clone());
+            ff as Arc<dyn LogFile>
+        })),
+        ..small()
+    };
+    let s = Arc::new(Embedded::open(dir.path(), options).unwrap());
+    let tasks: Vec<_> = (0..8)
+        .map(|w| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let mut acked = Vec::new();
+                for i in 0..50 {
+                    let key = format!("/p/{w}/{i}");
+                    match s.txn(put(&key, key.as_bytes())).await {
+                        Ok(TxnOutcome::Committed { revision }) => acked.push((key, revision)),
+                        Ok(other) => panic!("{other:?}"),
+                        Err(StorageError::Unavailable(_)) => break,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    let mut acked = Vec::new();
+    for t in tasks {
+        acked.extend(t.await.unwrap());
+    }
+    assert!(!acked.is_empty());
+    assert!(acked.len() < 400, "writes stopped once syncing failed");
+    let lost = frozen.lock().as_ref().unwrap().lose_unsynced().unwrap();
+    drop(s);
+    let s = Embedded::open(dir.path(), small()).unwrap();
+    for (key, revision) in &acked {
+        let kv = s.get(key).await.unwrap().unwrap_or_else(|| panic!("{key} was acknowledged and lost"));
+        assert_eq!(kv.mod_revision, *revision);
+        assert_eq!(&*kv.value, key.as_bytes());
+    }
+    let _ = lost;
+}

@@ -1,0 +1,242 @@
+//! Fan-out of durable changes to watchers.
+//!
+//! The hub keeps the last `history` events in memory. A watcher starting after revision `r`
+//! first receives the retained events newer than `r`, then live ones; if events newer than `r`
+//! were already dropped from the history, the watch is refused as [`StorageError::Expired`] and
+//! the client re-lists. Only durable events are published, in revision order.
+//!
+//! Every watcher has a bounded queue. A watcher that falls behind is closed (its stream ends with
+//! an error saying so) and counted, never silently skipped past: skipping would leave its client
+//! with a wrong picture it cannot detect.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+
+use super::{StorageError, Value};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Put,
+    Delete,
+}
+
+/// One durable change of one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchEvent {
+    pub kind: EventKind,
+    pub key: String,
+    /// The revision of the change.
+    pub revision: u64,
+    /// The new value (`Put`) or the last value before deletion (`Delete`).
+    pub value: Value,
+    /// The value before this change, if the key existed.
+    pub prev_value: Option<Value>,
+    /// Creation revision of the key (of the deleted incarnation for `Delete`).
+    pub create_revision: u64,
+}
+
+/// Why a watch stream ended.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WatchClosed {
+    #[error("the watcher fell behind by more than {0} events and was closed; re-list and watch again")]
+    TooSlow(usize),
+    #[error("the storage was closed")]
+    StorageClosed,
+}
+
+/// Events for one watcher: first the replayed history, then live events.
+pub struct WatchStream {
+    replay: VecDeque<Arc<WatchEvent>>,
+    rx: mpsc::Receiver<Arc<WatchEvent>>,
+    lagged: Arc<AtomicBool>,
+    capacity: usize,
+}
+
+impl std::fmt::Debug for WatchStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchStream")
+            .field("replay", &self.replay.len())
+            .finish()
+    }
+}
+
+impl WatchStream {
+    /// The next event, or why the stream ended.
+    pub async fn next(&mut self) -> Result<Arc<WatchEvent>, WatchClosed> {
+        if let Some(ev) = self.replay.pop_front() {
+            return Ok(ev);
+        }
+        match self.rx.recv().await {
+            Some(ev) => Ok(ev),
+            None if self.lagged.load(Ordering::Acquire) => Err(WatchClosed::TooSlow(self.capacity)),
+            None => Err(WatchClosed::StorageClosed),
+        }
+    }
+}
+
+struct Watcher {
+    prefix: String,
+    tx: mpsc::Sender<Arc<WatchEvent>>,
+    lagged: Arc<AtomicBool>,
+}
+
+struct HubState {
+    history: VecDeque<Arc<WatchEvent>>,
+    /// Every event with a revision at or above this one is still in `history`.
+    complete_from: u64,
+    watchers: Vec<Watcher>,
+}
+
+/// The watch fan-out shared by a storage implementation.
+pub struct Hub {
+    state: Mutex<HubState>,
+    history_limit: usize,
+    queue_limit: usize,
+    closed_slow: AtomicU64,
+}
+
+impl Hub {
+    /// A hub whose history starts after `revision` (the state recovered at start-up).
+    pub fn new(revision: u64, history_limit: usize, queue_limit: usize) -> Self {
+        Hub {
+            state: Mutex::new(HubState {
+                history: VecDeque::with_capacity(history_limit.min(4096)),
+                complete_from: revision + 1,
+                watchers: Vec::new(),
+            }),
+            history_limit: history_limit.max(1),
+            queue_limit: queue_limit.max(1),
+            closed_slow: AtomicU64::new(0),
+        }
+    }
+
+    /// Watchers closed because they fell behind, since start.
+    pub fn closed_slow_watchers(&self) -> u64 {
+        self.closed_slow.load(Ordering::Relaxed)
+    }
+
+    /// Subscribes to events under `prefix` newer than `after`.
+    pub fn subscribe(&self, prefix: &str, after: u64) -> Result<WatchStream, StorageError> {
+        let mut st = self.state.lock();
+        if after + 1 < st.complete_from {
+            return Err(StorageError::Expired {
+                requested: after,
+                oldest: st.complete_from - 1,
+            });
+        }
+        let replay: VecDeque<_> = st
+            .history
+            .iter()
+            .filter(|e| e.revision > after && e.key.starts_with(prefix))
+            .cloned()
+            .collect();
+        let (tx, rx) = mpsc::channel(self.queue_limit);
+        let lagged = Arc::new(AtomicBool::new(false));
+        st.watchers.push(Watcher {
+            prefix: prefix.to_owned(),
+            tx,
+            lagged: lagged.clone(),
+        });
+        Ok(WatchStream {
+            replay,
+            rx,
+            lagged,
+            capacity: self.queue_limit,
+        })
+    }
+
+    /// Publishes durable events, in revision order.
+    pub fn publish(&self, events: Vec<WatchEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        let mut st = self.state.lock();
+        let mut slow = 0;
+        for ev in events {
+            let ev = Arc::new(ev);
+            st.watchers.retain(|w| {
+                if !ev.key.starts_with(&w.prefix) {
+                    return !w.tx.is_closed();
+                }
+                match w.tx.try_send(ev.clone()) {
+                    Ok(()) => true,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        w.lagged.store(true, Ordering::Release);
+                        slow += 1;
+                        false
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                }
+            });
+            if st.history.len() == self.history_limit
+                && let Some(dropped) = st.history.pop_front()
+            {
+                st.complete_from = dropped.revision + 1;
+            }
+            st.history.push_back(ev);
+        }
+        if slow > 0 {
+            self.closed_slow.fetch_add(slow, Ordering::Relaxed);
+            tracing::warn!(watchers = slow, "closed watchers that fell behind");
+        }
+    }
+
+    /// Ends every stream (used when the storage shuts down).
+    pub fn close_all(&self) {
+        self.state.lock().watchers.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(rev: u64, key: &str) -> WatchEvent {
+        WatchEvent {
+            kind: EventKind::Put,
+            key: key.into(),
+            revision: rev,
+            value: Arc::from(&b"v"[..]),
+            prev_value: None,
+            create_revision: rev,
+        }
+    }
+
+    #[tokio::test]
+    async fn replays_history_then_live_events_under_prefix() {
+        let hub = Hub::new(0, 10, 10);
+        hub.publish(vec![ev(1, "/a/1"), ev(2, "/b/1"), ev(3, "/a/2")]);
+        let mut w = hub.subscribe("/a/", 1).unwrap();
+        hub.publish(vec![ev(4, "/a/3"), ev(5, "/b/2")]);
+        assert_eq!(w.next().await.unwrap().revision, 3);
+        assert_eq!(w.next().await.unwrap().revision, 4);
+        drop(hub);
+        assert_eq!(w.next().await.unwrap_err(), WatchClosed::StorageClosed);
+    }
+
+    #[test]
+    fn compacted_history_answers_expired() {
+        let hub = Hub::new(10, 2, 10);
+        assert!(hub.subscribe("", 10).is_ok());
+        assert!(matches!(hub.subscribe("", 9), Err(StorageError::Expired { .. })));
+        hub.publish(vec![ev(11, "k"), ev(12, "k"), ev(13, "k")]);
+        // 11 was dropped: a watch after 10 would miss it.
+        assert!(matches!(hub.subscribe("", 10), Err(StorageError::Expired { oldest: 11, .. })));
+        assert!(hub.subscribe("", 11).is_ok());
+    }
+
+    #[tokio::test]
+    async fn slow_watcher_is_closed_not_skipped() {
+        let hub = Hub::new(0, 100, 2);
+        let mut w = hub.subscribe("", 0).unwrap();
+        hub.publish(vec![ev(1, "k"), ev(2, "k"), ev(3, "k")]);
+        assert_eq!(w.next().await.unwrap().revision, 1);
+        assert_eq!(w.next().await.unwrap().revision, 2);
+        assert_eq!(w.next().await.unwrap_err(), WatchClosed::TooSlow(2));
+        assert_eq!(hub.closed_slow_watchers(), 1);
+    }
+}
