@@ -86,9 +86,21 @@ impl EngineName {
 pub struct KvCache {
     /// Names a `KVCachePoolBinding` in this ModelDeployment's own namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool_ref: Option<LocalObjectReference>,
+    pub pool_ref: Option<BindingRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connector: Option<Connector>,
+}
+
+/// A Binding by name, resolved in the ModelDeployment's own namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct BindingRef {
+    #[serde(default)]
+    pub name: String,
+    /// Never valid: decoded only so that a cross-namespace reference is refused by name in every
+    /// `fieldValidation` mode instead of being dropped as an unknown field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub namespace: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -261,6 +261,18 @@ impl ParsedQuantity {
         signed_ceil(self.negative, whole, fraction)
     }
 
+    /// The value when it is a whole number that fits in an `i64`.
+    pub fn to_whole_i64(&self) -> Option<i64> {
+        let n = self.to_i64_ceil()?;
+        let exact = ParsedQuantity {
+            negative: n < 0,
+            mantissa: u128::from(n.unsigned_abs()),
+            exp10: 0,
+            pow2: 0,
+        };
+        (exact == *self).then_some(n)
+    }
+
     /// A lossy floating-point view, for messages and ordering of values beyond `u128`.
     pub fn as_f64(&self) -> f64 {
         let v = self.mantissa as f64 * 10f64.powi(self.exp10) * 2f64.powi(self.pow2 as i32);
@@ -360,6 +372,11 @@ mod tests {
         assert_eq!(bytes("-1Gi"), Some(-(1 << 30)));
         assert_eq!(bytes(".5Ki"), Some(512));
         assert_eq!(bytes("9223372036854775807"), Some(i64::MAX));
+        let whole = |s: &str| ParsedQuantity::parse(s).unwrap().to_whole_i64();
+        assert_eq!(whole("2"), Some(2));
+        assert_eq!(whole("1k"), Some(1000));
+        assert_eq!(whole("1.5"), None);
+        assert_eq!(whole("500m"), None);
     }
 
     #[test]

@@ -363,6 +363,9 @@ impl Storage for Embedded {
             if let Some(f) = &st.failure {
                 return Err(StorageError::Unavailable(f.clone()));
             }
+            if let Some(key) = duplicate_key(&txn.ops) {
+                return Err(StorageError::InvalidRequest(format!("the key {key} appears twice in one transaction")));
+            }
             if !Self::check_compares(&st, &txn.compares) {
                 return Ok(TxnOutcome::CompareFailed { revision: st.latest });
             }
@@ -443,6 +446,17 @@ impl Storage for Embedded {
     async fn watch(&self, prefix: &str, after_revision: u64) -> Result<WatchStream> {
         self.shared.hub.subscribe(prefix, after_revision)
     }
+}
+
+fn duplicate_key(ops: &[Op]) -> Option<&str> {
+    let mut keys: Vec<&str> = ops
+        .iter()
+        .map(|op| match op {
+            Op::Put { key, .. } | Op::Delete { key } => key.as_str(),
+        })
+        .collect();
+    keys.sort_unstable();
+    keys.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
 fn lock_dir(dir: &Path) -> Result<File> {

@@ -1,0 +1,453 @@
+//! The flow every kind shares (Kubernetes' `genericregistry.Store`): get, list, create, update,
+//! status update and delete over a [`Storage`], with the strategy's hooks in a fixed order and
+//! cross-object admission inside the storage transaction.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use kvcache_api::{Kind, Object};
+use serde::{Deserialize, Serialize};
+
+use super::errors::RegistryError;
+use super::{Admission, Change, Context, Reads, Strategy, decode, encode, meta};
+use crate::storage::{KeyValue, ListRequest, Op, Storage, Txn, TxnOutcome, keys};
+
+/// Retries of the read-decide-commit loop before giving up with a conflict.
+const MAX_ATTEMPTS: usize = 32;
+
+/// The registry of one kind.
+pub struct Store<S: Strategy> {
+    storage: Arc<dyn Storage>,
+    strategy: S,
+    ctx: Context,
+}
+
+/// A successful write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Written<K: Kind> {
+    pub object: Object<K>,
+    /// For the client (`Warning: 299` headers).
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WriteOptions {
+    /// Run every check, write nothing.
+    pub dry_run: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct DeleteOptions {
+    pub dry_run: bool,
+    pub precondition_uid: Option<String>,
+    pub precondition_resource_version: Option<String>,
+}
+
+/// What a delete did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Deleted<K: Kind> {
+    /// The object is gone; this was its last state.
+    Gone(Object<K>),
+    /// Finalizers hold it: `deletionTimestamp` is set and it stays until they are removed.
+    Pending(Object<K>),
+}
+
+/// A filter on decoded objects (label and field selectors are built on it).
+pub type Predicate<K> = Arc<dyn Fn(&Object<K>) -> bool + Send + Sync>;
+
+#[derive(Clone, Default)]
+pub struct ListOptions<K: Kind> {
+    pub limit: Option<usize>,
+    pub continue_token: Option<String>,
+    pub predicate: Option<Predicate<K>>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObjectList<K: Kind> {
+    pub items: Vec<Object<K>>,
+    pub resource_version: u64,
+    /// Present when more items follow; pass it back to read the next page at the same revision.
+    pub continue_token: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ContinueToken {
+    rv: u64,
+    start: String,
+}
+
+impl<S: Strategy> Store<S> {
+    pub fn new(storage: Arc<dyn Storage>, strategy: S, ctx: Context) -> Self {
+        Store { storage, strategy, ctx }
+    }
+
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    fn key(namespace: &str, name: &str) -> String {
+        keys::object_key::<S::Kind>(namespace, name)
+    }
+
+    pub async fn get(&self, namespace: &str, name: &str) -> Result<Object<S::Kind>, RegistryError> {
+        match self.storage.get(&Self::key(namespace, name)).await? {
+            Some(kv) => decode(&kv),
+            None => Err(RegistryError::not_found::<S::Kind>(name)),
+        }
+    }
+
+    /// Lists objects (of one namespace, or of all when `namespace` is `None`), consistently at
+    /// one revision across pages.
+    pub async fn list(
+        &self,
+        namespace: Option<&str>,
+        opts: ListOptions<S::Kind>,
+    ) -> Result<ObjectList<S::Kind>, RegistryError> {
+        let prefix = keys::list_prefix::<S::Kind>(namespace);
+        let (revision, start_after) = match &opts.continue_token {
+            Some(token) => {
+                let t = decode_continue(token)?;
+                if !t.start.starts_with(&prefix) {
+                    return Err(RegistryError::BadRequest("the continue token belongs to another list".into()));
+                }
+                (Some(t.rv), Some(t.start))
+            }
+            None => (None, None),
+        };
+        let filter = opts.predicate.clone().map(|p| {
+            let f: crate::storage::ListFilter =
+                Arc::new(move |kv: &KeyValue| decode::<S::Kind>(kv).map(|o| p(&o)).unwrap_or(true));
+            f
+        });
+        let page = self
+            .storage
+            .list(ListRequest {
+                prefix,
+                revision,
+                start_after,
+                limit: opts.limit,
+                filter,
+            })
+            .await?;
+        let continue_token = match (page.more, page.items.last()) {
+            (true, Some(last)) => Some(encode_continue(page.revision, &last.key)),
+            _ => None,
+        };
+        let items = page.items.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+        Ok(ObjectList {
+            items,
+            resource_version: page.revision,
+            continue_token,
+        })
+    }
+
+    /// Creates `obj` in `namespace` (ignored for cluster-scoped kinds).
+    pub async fn create(
+        &self,
+        namespace: &str,
+        mut obj: Object<S::Kind>,
+        opts: WriteOptions,
+    ) -> Result<Written<S::Kind>, RegistryError> {
+        meta::prepare_create(&mut obj, namespace)?;
+        self.strategy.prepare_for_create(&mut obj);
+        self.strategy.apply_defaults(&mut obj, &self.ctx);
+        let mut errs = meta::validate::<S::Kind>(&obj.metadata);
+        errs.extend(self.strategy.validate(&obj, &self.ctx));
+        if !errs.is_empty() {
+            return Err(RegistryError::invalid::<S::Kind>(obj.name(), errs));
+        }
+        let mut warnings = self.strategy.warnings_on_create(&obj, &self.ctx);
+        let key = Self::key(obj.namespace(), obj.name());
+        for _ in 0..MAX_ATTEMPTS {
+            let mut reads = Reads::new(self.storage.as_ref());
+            if reads.get(&key).await?.is_some() {
+                return Err(RegistryError::already_exists::<S::Kind>(obj.name()));
+            }
+            let admission = self.strategy.admit(Change::Create(&obj), &mut reads, &self.ctx).await?;
+            if !admission.errors.is_empty() {
+                return Err(RegistryError::invalid::<S::Kind>(obj.name(), admission.errors));
+            }
+            if opts.dry_run {
+                warnings.extend(admission.warnings);
+                return Ok(Written { object: obj, warnings });
+            }
+            let mut ops = vec![Op::Put {
+                key: key.clone(),
+                value: encode(&obj)?.into(),
+            }];
+            ops.extend(admission.ops);
+            match self.commit(reads, ops).await? {
+                Some(revision) => {
+                    obj.metadata.resource_version = Some(revision.to_string());
+                    warnings.extend(admission.warnings);
+                    tracing::debug!(kind = S::Kind::KIND, name = obj.name(), revision, "created");
+                    return Ok(Written { object: obj, warnings });
+                }
+                None => continue,
+            }
+        }
+        Err(RegistryError::modified::<S::Kind>(obj.name()))
+    }
+
+    /// Replaces the object (PUT). `obj.metadata.resourceVersion` is required and must match.
+    pub async fn update(
+        &self,
+        namespace: &str,
+        name: &str,
+        obj: Object<S::Kind>,
+        opts: WriteOptions,
+    ) -> Result<Written<S::Kind>, RegistryError> {
+        let rv = required_resource_version::<S::Kind>(&obj)?;
+        check_identity::<S::Kind>(&obj, namespace, name)?;
+        self.update_with(namespace, name, opts, Subresource::Main, move |current| {
+            if current.metadata.resource_version.as_deref() != Some(rv.as_str()) {
+                return Err(RegistryError::modified::<S::Kind>(name));
+            }
+            Ok(obj.clone())
+        })
+        .await
+    }
+
+    /// Replaces the status (PUT on `/status`); everything else is kept as stored.
+    pub async fn update_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        obj: Object<S::Kind>,
+        opts: WriteOptions,
+    ) -> Result<Written<S::Kind>, RegistryError> {
+        let rv = required_resource_version::<S::Kind>(&obj)?;
+        check_identity::<S::Kind>(&obj, namespace, name)?;
+        self.update_with(namespace, name, opts, Subresource::Status, move |current| {
+            if current.metadata.resource_version.as_deref() != Some(rv.as_str()) {
+                return Err(RegistryError::modified::<S::Kind>(name));
+            }
+            Ok(obj.clone())
+        })
+        .await
+    }
+
+    /// The read-modify-write loop under every update (PUT, patch, status): `mutate` builds the
+    /// desired object from the current one; the strategy judges it against that exact version.
+    pub async fn update_with(
+        &self,
+        namespace: &str,
+        name: &str,
+        opts: WriteOptions,
+        subresource: Subresource,
+        mutate: impl Fn(&Object<S::Kind>) -> Result<Object<S::Kind>, RegistryError> + Send + Sync,
+    ) -> Result<Written<S::Kind>, RegistryError> {
+        let key = Self::key(namespace, name);
+        for _ in 0..MAX_ATTEMPTS {
+            let mut reads = Reads::new(self.storage.as_ref());
+            let Some(kv) = reads.get(&key).await? else {
+                return Err(RegistryError::not_found::<S::Kind>(name));
+            };
+            let old: Object<S::Kind> = decode(&kv)?;
+            let mut new = mutate(&old)?;
+            meta::prepare_update(&mut new, &old)?;
+            let mut warnings = Vec::new();
+            match subresource {
+                Subresource::Main => {
+                    self.strategy.prepare_for_update(&mut new, &old);
+                    self.strategy.apply_defaults(&mut new, &self.ctx);
+                    if new.spec != old.spec {
+                        new.metadata.generation = Some(old.metadata.generation.unwrap_or(0) + 1);
+                    }
+                }
+                Subresource::Status => {
+                    new.spec = old.spec.clone();
+                    new.metadata = old.metadata.clone();
+                }
+            }
+            if unchanged(&new, &old) {
+                return Ok(Written { object: old, warnings });
+            }
+            let mut errs = meta::validate_update::<S::Kind>(&new.metadata, &old.metadata);
+            match subresource {
+                Subresource::Main if new.spec != old.spec => {
+                    errs.extend(self.strategy.validate_update(&new, &old, &self.ctx));
+                    warnings.extend(self.strategy.warnings_on_update(&new, &old, &self.ctx));
+                }
+                Subresource::Main => {}
+                Subresource::Status => errs.extend(self.strategy.validate_status_update(&new, &old)),
+            }
+            if !errs.is_empty() {
+                return Err(RegistryError::invalid::<S::Kind>(name, errs));
+            }
+            let finished = new.metadata.deletion_timestamp.is_some() && meta::finalizers(&new.metadata).is_empty();
+            let change = if finished {
+                Change::Delete(&new)
+            } else {
+                Change::Update { new: &new, old: &old }
+            };
+            let admission: Admission = self.strategy.admit(change, &mut reads, &self.ctx).await?;
+            if !admission.errors.is_empty() {
+                return Err(RegistryError::invalid::<S::Kind>(name, admission.errors));
+            }
+            warnings.extend(admission.warnings);
+            if opts.dry_run {
+                return Ok(Written { object: new, warnings });
+            }
+            let own = if finished {
+                Op::Delete { key: key.clone() }
+            } else {
+                Op::Put {
+                    key: key.clone(),
+                    value: encode(&new)?.into(),
+                }
+            };
+            let mut ops = vec![own];
+            ops.extend(admission.ops);
+            if let Some(revision) = self.commit(reads, ops).await? {
+                new.metadata.resource_version = Some(revision.to_string());
+                tracing::debug!(kind = S::Kind::KIND, name, revision, finished, "updated");
+                return Ok(Written { object: new, warnings });
+            }
+        }
+        Err(RegistryError::modified::<S::Kind>(name))
+    }
+
+    /// Deletes the object, or marks it for deletion while finalizers hold it.
+    pub async fn delete(
+        &self,
+        namespace: &str,
+        name: &str,
+        opts: DeleteOptions,
+    ) -> Result<Deleted<S::Kind>, RegistryError> {
+        let key = Self::key(namespace, name);
+        for _ in 0..MAX_ATTEMPTS {
+            let mut reads = Reads::new(self.storage.as_ref());
+            let Some(kv) = reads.get(&key).await? else {
+                return Err(RegistryError::not_found::<S::Kind>(name));
+            };
+            let mut obj: Object<S::Kind> = decode(&kv)?;
+            if let Some(uid) = &opts.precondition_uid
+                && obj.metadata.uid.as_ref() != Some(uid)
+            {
+                return Err(RegistryError::conflict::<S::Kind>(
+                    name,
+                    format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                        obj.metadata.uid.as_deref().unwrap_or_default()
+                    ),
+                ));
+            }
+            if let Some(rv) = &opts.precondition_resource_version
+                && obj.metadata.resource_version.as_ref() != Some(rv)
+            {
+                return Err(RegistryError::conflict::<S::Kind>(
+                    name,
+                    format!(
+                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                        obj.metadata.resource_version.as_deref().unwrap_or_default()
+                    ),
+                ));
+            }
+            let (ops, outcome_pending) = if !meta::finalizers(&obj.metadata).is_empty() {
+                if obj.metadata.deletion_timestamp.is_some() {
+                    return Ok(Deleted::Pending(obj));
+                }
+                obj.metadata.deletion_timestamp = Some(meta::now());
+                obj.metadata.deletion_grace_period_seconds = Some(0);
+                (
+                    vec![Op::Put {
+                        key: key.clone(),
+                        value: encode(&obj)?.into(),
+                    }],
+                    true,
+                )
+            } else {
+                let admission = self.strategy.admit(Change::Delete(&obj), &mut reads, &self.ctx).await?;
+                let mut ops = vec![Op::Delete { key: key.clone() }];
+                ops.extend(admission.ops);
+                (ops, false)
+            };
+            if opts.dry_run {
+                return Ok(if outcome_pending { Deleted::Pending(obj) } else { Deleted::Gone(obj) });
+            }
+            if let Some(revision) = self.commit(reads, ops).await? {
+                obj.metadata.resource_version = Some(revision.to_string());
+                tracing::debug!(kind = S::Kind::KIND, name, revision, pending = outcome_pending, "deleted");
+                return Ok(if outcome_pending { Deleted::Pending(obj) } else { Deleted::Gone(obj) });
+            }
+        }
+        Err(RegistryError::modified::<S::Kind>(name))
+    }
+
+    /// Commits `ops` if nothing admission read has changed. `None`: something changed; the
+    /// caller re-reads and re-decides (after waiting until that change is readable).
+    async fn commit(&self, reads: Reads<'_>, ops: Vec<Op>) -> Result<Option<u64>, RegistryError> {
+        let txn = Txn {
+            compares: reads.into_compares(),
+            ops,
+        };
+        match self.storage.txn(txn).await? {
+            TxnOutcome::Committed { revision } => Ok(Some(revision)),
+            TxnOutcome::CompareFailed { revision } => {
+                self.storage.wait_for_revision(revision).await?;
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Which part of the object an update writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Subresource {
+    /// Spec and metadata; the stored status is kept.
+    Main,
+    /// Status only; spec and metadata are kept.
+    Status,
+}
+
+fn required_resource_version<K: Kind>(obj: &Object<K>) -> Result<String, RegistryError> {
+    match obj.metadata.resource_version.as_deref() {
+        Some(rv) if !rv.is_empty() => Ok(rv.to_owned()),
+        _ => {
+            let mut errs = super::ErrorList::new();
+            errs.invalid(
+                &super::Path::new("metadata").child("resourceVersion"),
+                "",
+                "must be specified for an update",
+            );
+            Err(RegistryError::invalid::<K>(obj.name(), errs))
+        }
+    }
+}
+
+fn check_identity<K: Kind>(obj: &Object<K>, namespace: &str, name: &str) -> Result<(), RegistryError> {
+    if obj.name() != name {
+        return Err(RegistryError::BadRequest(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            obj.name()
+        )));
+    }
+    if K::SCOPE == kvcache_api::Scope::Namespaced && !obj.namespace().is_empty() && obj.namespace() != namespace {
+        return Err(RegistryError::BadRequest(
+            "the namespace of the provided object does not match the namespace sent on the request".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Equal apart from `resourceVersion`: such an update writes nothing and keeps the revision.
+fn unchanged<K: Kind>(new: &Object<K>, old: &Object<K>) -> bool {
+    let mut a = new.clone();
+    a.metadata.resource_version = old.metadata.resource_version.clone();
+    a == *old
+}
+
+fn encode_continue(rv: u64, start: &str) -> String {
+    let json = serde_json::to_vec(&ContinueToken { rv, start: start.to_owned() }).unwrap_or_default();
+    URL_SAFE_NO_PAD.encode(json)
+}
+
+fn decode_continue(token: &str) -> Result<ContinueToken, RegistryError> {
+    URL_SAFE_NO_PAD
+        .decode(token)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| RegistryError::BadRequest("the continue token is not valid; start a new list without it".into()))
+}
