@@ -316,10 +316,6 @@ pub struct KvCacheDomainStatus {
 impl ModelDeploymentSpec {
     /// The Binding name this deployment attaches through, if any.
     pub fn binding_name(&self) -> Option<&str> {
-        self.kv_cache
-            .as_ref()?
-            .pool_ref
-            .as_ref()
-            .map(|r| r.name.as_str())
+        self.kv_cache.as_ref()?.pool_ref.as_ref().map(|r| r.name.as_str())
     }
 }

@@ -48,6 +48,12 @@ impl Quantity {
     }
 }
 
+impl From<&str> for Quantity {
+    fn from(s: &str) -> Self {
+        Quantity(s.to_owned())
+    }
+}
+
 impl fmt::Display for Quantity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -104,7 +110,9 @@ impl JsonSchema for Quantity {
 
 /// Why a quantity string does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$' (for example 8Gi, 512Mi, 1e9): {0}")]
+#[error(
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$' (for example 8Gi, 512Mi, 1e9): {0}"
+)]
 pub struct QuantityError(&'static str);
 
 /// An exact quantity: `sign × mantissa × 10^exp10 × 2^pow2`.
@@ -214,7 +222,7 @@ impl ParsedQuantity {
             });
         }
         // Normalise trailing zeros into the exponent so equal values look alike.
-        while mantissa % 10 == 0 {
+        while mantissa.is_multiple_of(10) {
             mantissa /= 10;
             exp10 += 1;
         }
@@ -407,7 +415,10 @@ mod tests {
         assert_eq!(q("-1").cmp_value(&q("0")), Ordering::Less);
         assert_eq!(q("-2").cmp_value(&q("-1")), Ordering::Less);
         assert_eq!(q("0.5").cmp_value(&q("500m")), Ordering::Equal);
-        assert!(same_quantity(Some(&Quantity::new("8Gi")), Some(&Quantity::new("8192Mi"))));
+        assert!(same_quantity(
+            Some(&Quantity::new("8Gi")),
+            Some(&Quantity::new("8192Mi"))
+        ));
     }
 
     #[test]

@@ -67,7 +67,10 @@ pub fn from_yaml<T: DeserializeOwned>(text: &str, mode: FieldValidation) -> Resu
 }
 
 /// Decodes an already-parsed JSON value (for example the result of applying a patch).
-pub fn from_value<T: DeserializeOwned>(value: serde_json::Value, mode: FieldValidation) -> Result<Decoded<T>, DecodeError> {
+pub fn from_value<T: DeserializeOwned>(
+    value: serde_json::Value,
+    mode: FieldValidation,
+) -> Result<Decoded<T>, DecodeError> {
     decode_with(value, mode)
 }
 
@@ -116,7 +119,7 @@ fn shape_error(path: String, message: String) -> DecodeError {
         let value = value.trim_matches('`');
         let supported: Vec<String> = expected
             .trim_start_matches("one of ")
-            .split(|c| c == ',' || c == ' ')
+            .split([',', ' '])
             .map(|s| s.trim_matches('`'))
             .filter(|s| !s.is_empty() && *s != "or")
             .map(|s| format!("{s:?}"))
@@ -129,7 +132,11 @@ fn shape_error(path: String, message: String) -> DecodeError {
         }]));
     }
     if message.starts_with("duplicate field") {
-        let at = if path.is_empty() { String::new() } else { format!(" in {path}") };
+        let at = if path.is_empty() {
+            String::new()
+        } else {
+            format!(" in {path}")
+        };
         return DecodeError::BadRequest(format!("strict decoding error: {message}{at}"));
     }
     if (message.starts_with("invalid type") || message.starts_with("invalid value")) && !path.is_empty() {
@@ -140,7 +147,11 @@ fn shape_error(path: String, message: String) -> DecodeError {
             detail: message,
         }]));
     }
-    let at = if path.is_empty() { String::new() } else { format!(" at {path}") };
+    let at = if path.is_empty() {
+        String::new()
+    } else {
+        format!(" at {path}")
+    };
     DecodeError::BadRequest(format!("the body cannot be decoded{at}: {message}"))
 }
 
@@ -152,7 +163,11 @@ fn format_path(p: &serde_ignored::Path<'_>) -> String {
         P::Seq { parent, index } => format!("{}[{index}]", format_path(parent)),
         P::Map { parent, key } => {
             let parent = format_path(parent);
-            if parent.is_empty() { key.clone() } else { format!("{parent}.{key}") }
+            if parent.is_empty() {
+                key.clone()
+            } else {
+                format!("{parent}.{key}")
+            }
         }
         P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => format_path(parent),
     }
@@ -175,7 +190,10 @@ mod tests {
         assert!(msg.starts_with("strict decoding error: "), "{msg}");
         assert!(msg.contains(r#"unknown field "metadata.bogusMeta""#), "{msg}");
         assert!(msg.contains(r#"unknown field "spec.metadata""#), "{msg}");
-        assert!(msg.contains(r#"unknown field "spec.connection.managed.members[0].extra""#), "{msg}");
+        assert!(
+            msg.contains(r#"unknown field "spec.connection.managed.members[0].extra""#),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -185,26 +203,35 @@ mod tests {
         let d = from_json::<KVCacheBackend>(BACKEND.as_bytes(), FieldValidation::Ignore).unwrap();
         assert!(d.warnings.is_empty());
         let back = serde_json::to_string(&d.value).unwrap();
-        assert!(!back.contains("extra") && !back.contains("bogusMeta"), "unknown fields are never kept");
+        assert!(
+            !back.contains("extra") && !back.contains("bogusMeta"),
+            "unknown fields are never kept"
+        );
     }
 
     #[test]
     fn enum_values_outside_the_set_are_field_errors() {
         let body = r#"{"spec":{"transport":{"protocol":"HIP"}}}"#;
-        let DecodeError::Invalid(errs) = from_json::<KVCacheBackend>(body.as_bytes(), FieldValidation::Strict).unwrap_err()
+        let DecodeError::Invalid(errs) =
+            from_json::<KVCacheBackend>(body.as_bytes(), FieldValidation::Strict).unwrap_err()
         else {
             panic!("expected a field error")
         };
         let e = &errs.0[0];
         assert_eq!(e.field.as_str(), "spec.transport.protocol");
         assert_eq!(e.kind, ErrorType::NotSupported);
-        assert!(e.message().contains(r#""HIP""#) && e.message().contains(r#""RDMA""#), "{}", e.message());
+        assert!(
+            e.message().contains(r#""HIP""#) && e.message().contains(r#""RDMA""#),
+            "{}",
+            e.message()
+        );
     }
 
     #[test]
     fn wrong_types_are_field_errors_and_bad_syntax_is_a_bad_request() {
         let body = r#"{"spec":{"connection":{"managed":{"leader":{"replicas":"three"}}}}}"#;
-        let DecodeError::Invalid(errs) = from_json::<KVCacheBackend>(body.as_bytes(), FieldValidation::Strict).unwrap_err()
+        let DecodeError::Invalid(errs) =
+            from_json::<KVCacheBackend>(body.as_bytes(), FieldValidation::Strict).unwrap_err()
         else {
             panic!()
         };
@@ -221,7 +248,11 @@ mod tests {
 
     #[test]
     fn yaml_manifests_decode() {
-        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/walkthrough/01-backend.yaml")).unwrap();
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/walkthrough/01-backend.yaml"
+        ))
+        .unwrap();
         let d = from_yaml::<KVCacheBackend>(&text, FieldValidation::Strict).unwrap();
         assert_eq!(d.value.metadata.name.as_deref(), Some("mooncake-dram"));
     }

@@ -17,7 +17,11 @@ use kvcache_apiserver::registry::{Context, Registries, RegistryError, Store, Str
 use kvcache_apiserver::storage::embedded::{Embedded, Options};
 
 #[derive(Parser)]
-#[command(name = "kvcache-apiserver", version, about = "worker.gpustack.ai/v1 objects in embedded, crash-safe storage")]
+#[command(
+    name = "kvcache-apiserver",
+    version,
+    about = "worker.gpustack.ai/v1 objects in embedded, crash-safe storage"
+)]
 struct Cli {
     /// Where the embedded storage keeps its log.
     #[arg(long, default_value = "./data", global = true)]
@@ -112,9 +116,8 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
 }
 
 fn resolve(kind: &str) -> anyhow::Result<&'static str> {
-    manifest::resolve_kind(kind).with_context(|| {
-        format!("the server doesn't have a resource type {kind:?} (try kvcb, kvcp, kvcpb or md)")
-    })
+    manifest::resolve_kind(kind)
+        .with_context(|| format!("the server doesn't have a resource type {kind:?} (try kvcb, kvcp, kvcpb or md)"))
 }
 
 fn manifest_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
@@ -174,7 +177,12 @@ async fn apply(reg: &Registries, files: &[PathBuf], namespace: &str, dry_run: bo
 
 async fn get<S: Strategy>(store: &Store<S>, namespace: Option<&str>, name: Option<&str>) -> anyhow::Result<()> {
     let items: Vec<Object<S::Kind>> = match name {
-        Some(n) => vec![store.get(namespace.unwrap_or_default(), n).await.map_err(report::<S::Kind>(n))?],
+        Some(n) => vec![
+            store
+                .get(namespace.unwrap_or_default(), n)
+                .await
+                .map_err(report::<S::Kind>(n))?,
+        ],
         None => {
             store
                 .list(namespace, ListOptions::default())

@@ -58,7 +58,11 @@ pub fn documents(text: &str) -> Result<Vec<serde_json::Value>, String> {
 /// Applies one decoded document. `namespace` is used when a namespaced object names none.
 pub async fn apply(reg: &Registries, doc: serde_json::Value, namespace: &str, dry_run: bool) -> Applied {
     let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_owned();
-    let api_version = doc.get("apiVersion").and_then(|k| k.as_str()).unwrap_or_default().to_owned();
+    let api_version = doc
+        .get("apiVersion")
+        .and_then(|k| k.as_str())
+        .unwrap_or_default()
+        .to_owned();
     let name = doc
         .pointer("/metadata/name")
         .and_then(|n| n.as_str())
@@ -90,7 +94,12 @@ pub async fn apply(reg: &Registries, doc: serde_json::Value, namespace: &str, dr
     }
 }
 
-async fn apply_to<S: Strategy>(store: &Store<S>, doc: serde_json::Value, namespace: &str, opts: WriteOptions) -> Applied {
+async fn apply_to<S: Strategy>(
+    store: &Store<S>,
+    doc: serde_json::Value,
+    namespace: &str,
+    opts: WriteOptions,
+) -> Applied {
     let name = doc
         .pointer("/metadata/name")
         .and_then(|n| n.as_str())
@@ -106,7 +115,12 @@ async fn apply_to<S: Strategy>(store: &Store<S>, doc: serde_json::Value, namespa
         Err(e) => return refused::<S::Kind>(label, &name, RegistryError::from_decode::<S::Kind>(&name, e), warnings),
     };
     let ns = match S::Kind::SCOPE {
-        Scope::Namespaced => obj.metadata.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| namespace.to_owned()),
+        Scope::Namespaced => obj
+            .metadata
+            .namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| namespace.to_owned()),
         Scope::Cluster => String::new(),
     };
     let result = match store.get(&ns, &name).await {
@@ -119,14 +133,17 @@ async fn apply_to<S: Strategy>(store: &Store<S>, doc: serde_json::Value, namespa
             merge(&mut desired.metadata.labels, obj.metadata.labels);
             merge(&mut desired.metadata.annotations, obj.metadata.annotations);
             desired.metadata.resource_version = rv;
-            store.update(&ns, &name, desired, opts).await.map(|w: Written<S::Kind>| {
-                let outcome = if w.object.metadata.resource_version == current.metadata.resource_version {
-                    Outcome::Unchanged
-                } else {
-                    Outcome::Configured
-                };
-                (outcome, w)
-            })
+            store
+                .update(&ns, &name, desired, opts)
+                .await
+                .map(|w: Written<S::Kind>| {
+                    let outcome = if w.object.metadata.resource_version == current.metadata.resource_version {
+                        Outcome::Unchanged
+                    } else {
+                        Outcome::Configured
+                    };
+                    (outcome, w)
+                })
         }
     };
     match result {

@@ -61,7 +61,11 @@ mod tests {
     #[test]
     fn invalid_carries_causes_with_field_paths() {
         let mut errs = ErrorList::new();
-        errs.invalid(&Path::new("spec").child("size"), -1, "must be greater than or equal to 0");
+        errs.invalid(
+            &Path::new("spec").child("size"),
+            -1,
+            "must be greater than or equal to 0",
+        );
         let e = RegistryError::invalid::<BackendSpec>("a1", errs);
         let (code, status) = from_error::<BackendSpec>("a1", &e);
         assert_eq!(code, 422);
@@ -81,7 +85,10 @@ mod tests {
         let e = RegistryError::not_found::<BackendSpec>("a1");
         let (code, status) = from_error::<BackendSpec>("a1", &e);
         assert_eq!(code, 404);
-        assert_eq!(status.message.as_deref(), Some(r#"kvcachebackends.worker.gpustack.ai "a1" not found"#));
+        assert_eq!(
+            status.message.as_deref(),
+            Some(r#"kvcachebackends.worker.gpustack.ai "a1" not found"#)
+        );
         assert_eq!(status.details.unwrap().kind.as_deref(), Some("kvcachebackends"));
     }
 }

@@ -133,6 +133,30 @@ impl fmt::Display for FieldError {
     }
 }
 
+/// The value a field path points to in an object's JSON (`spec.members[0].nodeSelector[k]`).
+pub fn value_at<'a>(root: &'a serde_json::Value, path: &Path) -> Option<&'a serde_json::Value> {
+    let mut cur = root;
+    let mut rest = path.as_str();
+    while !rest.is_empty() {
+        if let Some(inner) = rest.strip_prefix('[') {
+            let end = inner.find(']')?;
+            let key = &inner[..end];
+            cur = match cur {
+                serde_json::Value::Array(a) => a.get(key.parse::<usize>().ok()?)?,
+                serde_json::Value::Object(m) => m.get(key)?,
+                _ => return None,
+            };
+            rest = &inner[end + 1..];
+        } else {
+            let rest_trimmed = rest.strip_prefix('.').unwrap_or(rest);
+            let end = rest_trimmed.find(['.', '[']).unwrap_or(rest_trimmed.len());
+            cur = cur.get(&rest_trimmed[..end])?;
+            rest = &rest_trimmed[end..];
+        }
+    }
+    Some(cur)
+}
+
 /// Renders a value the way Kubernetes messages do: strings quoted, numbers bare.
 pub fn render(v: impl fmt::Debug) -> String {
     format!("{v:?}")
@@ -204,7 +228,11 @@ impl ErrorList {
     }
 
     pub fn not_supported(&mut self, field: &Path, value: impl fmt::Debug, supported: &[&str]) {
-        let list = supported.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
+        let list = supported
+            .iter()
+            .map(|s| format!("{s:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         self.push(FieldError {
             kind: ErrorType::NotSupported,
             field: field.clone(),
@@ -240,11 +268,17 @@ impl ErrorList {
         });
     }
 
-    /// Update ratcheting: drops the errors the stored object already had (same field, same
-    /// message, so the same offending value). An update is refused only for what it changed,
-    /// never for values it did not touch; a finalizer removal always passes.
-    pub fn ratchet(self, old: &ErrorList) -> ErrorList {
-        ErrorList(self.0.into_iter().filter(|e| !old.0.contains(e)).collect())
+    /// Update ratcheting: drops the errors the stored object already had on a field the update
+    /// left unchanged. An update is refused only for what it changed, never for values it did
+    /// not touch, so a finalizer removal always passes. `new` and `old` are the two objects as
+    /// JSON.
+    pub fn ratchet(self, old_errors: &ErrorList, new: &serde_json::Value, old: &serde_json::Value) -> ErrorList {
+        ErrorList(
+            self.0
+                .into_iter()
+                .filter(|e| !(old_errors.0.contains(e) && value_at(new, &e.field) == value_at(old, &e.field)))
+                .collect(),
+        )
     }
 
     /// A field we decode but do not implement yet: refused, never ignored.
@@ -281,15 +315,36 @@ mod tests {
         let p = Path::new("spec").child("members").index(2).child("extraEnv").key("FOO");
         assert_eq!(p.as_str(), "spec.members[2].extraEnv[FOO]");
         let mut errs = ErrorList::new();
-        errs.invalid(&Path::new("spec").child("size"), -1, "must be greater than or equal to 0");
-        errs.required(&Path::new("spec").child("connection"), "name one of managed or external");
-        assert_eq!(errs.0[0].message(), "Invalid value: -1: must be greater than or equal to 0");
+        errs.invalid(
+            &Path::new("spec").child("size"),
+            -1,
+            "must be greater than or equal to 0",
+        );
+        errs.required(
+            &Path::new("spec").child("connection"),
+            "name one of managed or external",
+        );
+        assert_eq!(
+            errs.0[0].message(),
+            "Invalid value: -1: must be greater than or equal to 0"
+        );
         assert_eq!(
             errs.to_string(),
             "[spec.size: Invalid value: -1: must be greater than or equal to 0, spec.connection: Required value: name one of managed or external]"
         );
+        let obj = serde_json::json!({"spec": {"members": [{"nodeSelector": {"kubernetes.io/os": "linux"}}]}});
+        let p = Path::new("spec")
+            .child("members")
+            .index(0)
+            .child("nodeSelector")
+            .key("kubernetes.io/os");
+        assert_eq!(value_at(&obj, &p), Some(&serde_json::json!("linux")));
+        assert_eq!(value_at(&obj, &Path::new("spec").child("missing")), None);
         let mut e = ErrorList::new();
         e.not_supported(&Path::new("spec.type"), "Redis", &["Mooncake"]);
-        assert_eq!(e.to_string(), r#"spec.type: Unsupported value: "Redis": supported values: "Mooncake""#);
+        assert_eq!(
+            e.to_string(),
+            r#"spec.type: Unsupported value: "Redis": supported values: "Mooncake""#
+        );
     }
 }

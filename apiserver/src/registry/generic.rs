@@ -109,7 +109,9 @@ impl<S: Strategy> Store<S> {
             Some(token) => {
                 let t = decode_continue(token)?;
                 if !t.start.starts_with(&prefix) {
-                    return Err(RegistryError::BadRequest("the continue token belongs to another list".into()));
+                    return Err(RegistryError::BadRequest(
+                        "the continue token belongs to another list".into(),
+                    ));
                 }
                 (Some(t.rv), Some(t.start))
             }
@@ -365,12 +367,26 @@ impl<S: Strategy> Store<S> {
                 (ops, false)
             };
             if opts.dry_run {
-                return Ok(if outcome_pending { Deleted::Pending(obj) } else { Deleted::Gone(obj) });
+                return Ok(if outcome_pending {
+                    Deleted::Pending(obj)
+                } else {
+                    Deleted::Gone(obj)
+                });
             }
             if let Some(revision) = self.commit(reads, ops).await? {
                 obj.metadata.resource_version = Some(revision.to_string());
-                tracing::debug!(kind = S::Kind::KIND, name, revision, pending = outcome_pending, "deleted");
-                return Ok(if outcome_pending { Deleted::Pending(obj) } else { Deleted::Gone(obj) });
+                tracing::debug!(
+                    kind = S::Kind::KIND,
+                    name,
+                    revision,
+                    pending = outcome_pending,
+                    "deleted"
+                );
+                return Ok(if outcome_pending {
+                    Deleted::Pending(obj)
+                } else {
+                    Deleted::Gone(obj)
+                });
             }
         }
         Err(RegistryError::modified::<S::Kind>(name))
@@ -440,7 +456,11 @@ fn unchanged<K: Kind>(new: &Object<K>, old: &Object<K>) -> bool {
 }
 
 fn encode_continue(rv: u64, start: &str) -> String {
-    let json = serde_json::to_vec(&ContinueToken { rv, start: start.to_owned() }).unwrap_or_default();
+    let json = serde_json::to_vec(&ContinueToken {
+        rv,
+        start: start.to_owned(),
+    })
+    .unwrap_or_default();
     URL_SAFE_NO_PAD.encode(json)
 }
 

@@ -147,7 +147,12 @@ pub fn validate<K: Kind>(m: &ObjectMeta) -> ErrorList {
         let mut controllers = 0;
         for (i, o) in owners.iter().enumerate() {
             let pi = p.index(i);
-            for (field, value) in [("apiVersion", &o.api_version), ("kind", &o.kind), ("name", &o.name), ("uid", &o.uid)] {
+            for (field, value) in [
+                ("apiVersion", &o.api_version),
+                ("kind", &o.kind),
+                ("name", &o.name),
+                ("uid", &o.uid),
+            ] {
                 if value.is_empty() {
                     errs.required(&pi.child(field), "owner references name their owner completely");
                 }
@@ -197,7 +202,10 @@ mod tests {
         assert_eq!(b.metadata.generation, Some(1));
         b.metadata.namespace = Some("other".into());
         b.metadata.uid = None;
-        assert!(matches!(prepare_create(&mut b, "team-a"), Err(RegistryError::BadRequest(_))));
+        assert!(matches!(
+            prepare_create(&mut b, "team-a"),
+            Err(RegistryError::BadRequest(_))
+        ));
 
         let mut c = Object::<BackendSpec>::new("", BackendSpec::default());
         c.metadata.generate_name = Some("gen-".into());
@@ -221,7 +229,15 @@ mod tests {
         };
         let errs = validate::<BindingSpec>(&m);
         let fields: Vec<_> = errs.iter().map(|e| e.field.as_str().to_owned()).collect();
-        assert_eq!(fields, ["metadata.name", "metadata.namespace", "metadata.labels[ok/key]", "metadata.finalizers[0]"]);
+        assert_eq!(
+            fields,
+            [
+                "metadata.name",
+                "metadata.namespace",
+                "metadata.labels[ok/key]",
+                "metadata.finalizers[0]"
+            ]
+        );
         m.name = Some("ok".into());
         m.namespace = Some("ns".into());
         m.labels = None;
@@ -239,7 +255,10 @@ mod tests {
         };
         let mut new = old.clone();
         new.finalizers = Some(vec![]);
-        assert!(validate_update::<BackendSpec>(&new, &old).is_empty(), "removing is fine");
+        assert!(
+            validate_update::<BackendSpec>(&new, &old).is_empty(),
+            "removing is fine"
+        );
         new.finalizers = Some(vec!["a.io/x".into(), "a.io/y".into()]);
         assert_eq!(validate_update::<BackendSpec>(&new, &old).len(), 1);
     }

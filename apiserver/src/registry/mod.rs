@@ -29,6 +29,9 @@ pub mod model_deployment;
 pub mod pool;
 pub mod validation;
 
+#[cfg(test)]
+mod testing;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -50,7 +53,10 @@ pub struct Context {
 #[derive(Clone, Copy, Debug)]
 pub enum Change<'a, K: Kind> {
     Create(&'a Object<K>),
-    Update { new: &'a Object<K>, old: &'a Object<K> },
+    Update {
+        new: &'a Object<K>,
+        old: &'a Object<K>,
+    },
     /// The object is about to be removed from storage (its last finalizer is gone).
     Delete(&'a Object<K>),
 }
@@ -174,11 +180,22 @@ impl<'a> Reads<'a> {
     }
 }
 
+/// [`ErrorList::ratchet`] over two objects: errors the stored object already had on fields the
+/// update did not change are dropped.
+pub fn ratchet<K: Kind>(new_errors: ErrorList, old_errors: &ErrorList, new: &Object<K>, old: &Object<K>) -> ErrorList {
+    let (n, o) = (
+        serde_json::to_value(new).unwrap_or_default(),
+        serde_json::to_value(old).unwrap_or_default(),
+    );
+    new_errors.ratchet(old_errors, &n, &o)
+}
+
 /// The stored bytes of an object (its `resourceVersion` is the key's revision, not stored).
 pub fn encode<K: Kind>(obj: &Object<K>) -> Result<Vec<u8>, RegistryError> {
     let mut copy = obj.clone();
     copy.metadata.resource_version = None;
-    serde_json::to_vec(&copy).map_err(|e| RegistryError::Internal(format!("encoding {} {:?}: {e}", K::KIND, obj.name())))
+    serde_json::to_vec(&copy)
+        .map_err(|e| RegistryError::Internal(format!("encoding {} {:?}: {e}", K::KIND, obj.name())))
 }
 
 /// An object from its stored bytes, with `resourceVersion` set from the key's revision.

@@ -12,7 +12,8 @@ const DNS1123_SUBDOMAIN_MAX: usize = 253;
 fn is_label_body(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
@@ -56,7 +57,8 @@ fn is_qualified_name_part(s: &str) -> bool {
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// A qualified name (label and annotation keys, finalizers): `[prefix/]name`, the prefix a DNS
@@ -102,7 +104,11 @@ pub fn c_identifier(s: &str) -> Result<(), String> {
 
 /// A container image reference: `[registry[:port]/]path[:tag][@algorithm:hex]`.
 pub fn image_reference(s: &str) -> Result<(), String> {
-    let fail = |why: &str| Err(format!("not a valid image reference ({why}); use a form like registry.example.com/team/image:1.0"));
+    let fail = |why: &str| {
+        Err(format!(
+            "not a valid image reference ({why}); use a form like registry.example.com/team/image:1.0"
+        ))
+    };
     if s.is_empty() {
         return fail("empty");
     }
@@ -119,7 +125,9 @@ pub fn image_reference(s: &str) -> Result<(), String> {
         };
         let alg_ok = !alg.is_empty()
             && alg.as_bytes()[0].is_ascii_alphabetic()
-            && alg.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'+' | b'.'));
+            && alg
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'+' | b'.'));
         if !alg_ok || hex.len() < 32 || !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
             return fail("the digest must be algorithm:hex with at least 32 hex digits");
         }
@@ -135,7 +143,8 @@ pub fn image_reference(s: &str) -> Result<(), String> {
         let ok = !b.is_empty()
             && b.len() <= 128
             && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
-            && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
+            && b.iter()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
         if !ok {
             return fail("the tag may contain letters, digits, '_', '.', '-' and at most 128 characters");
         }
@@ -153,7 +162,9 @@ pub fn image_reference(s: &str) -> Result<(), String> {
     }
     for c in components {
         if !path_component(c) {
-            return fail("repository path components must be lowercase letters and digits, separated by '.', '_', '__' or '-'");
+            return fail(
+                "repository path components must be lowercase letters and digits, separated by '.', '_', '__' or '-'",
+            );
         }
     }
     Ok(())
@@ -258,11 +269,19 @@ pub fn byte_quantity(q: &Quantity, field: &Path, allow_zero: bool, errs: &mut Er
         }
     };
     let Some(bytes) = parsed.to_i64_ceil() else {
-        errs.invalid(field, q.as_str(), "must not exceed 9223372036854775807 bytes (the largest signed 64-bit byte count)");
+        errs.invalid(
+            field,
+            q.as_str(),
+            "must not exceed 9223372036854775807 bytes (the largest signed 64-bit byte count)",
+        );
         return None;
     };
     if bytes < 0 || (!allow_zero && bytes == 0) {
-        let bound = if allow_zero { "greater than or equal to 0" } else { "greater than 0" };
+        let bound = if allow_zero {
+            "greater than or equal to 0"
+        } else {
+            "greater than 0"
+        };
         errs.invalid(field, q.as_str(), format!("must be {bound}"));
         return None;
     }
@@ -341,7 +360,15 @@ mod tests {
         ] {
             assert!(image_reference(ok).is_ok(), "{ok}");
         }
-        for bad in ["not a valid image!", "UPPER/case", "repo:", ":tag", "repo@sha256:xyz", "a//b", "-a"] {
+        for bad in [
+            "not a valid image!",
+            "UPPER/case",
+            "repo:",
+            ":tag",
+            "repo@sha256:xyz",
+            "a//b",
+            "-a",
+        ] {
             assert!(image_reference(bad).is_err(), "{bad}");
         }
     }
@@ -351,7 +378,22 @@ mod tests {
         for ok in ["[::1]:9003", "h.example:50051", "10.0.0.1:1", "h:65535"] {
             assert!(host_port(ok).is_ok(), "{ok}");
         }
-        for bad in [" h:1", "h:1 ", "h", "h:0", "h:65536", "h:x", ":1", "a/b:1", "a?b:1", "a#b:1", "u@h:1", "bad host:1", "::1:9003", "h:+1"] {
+        for bad in [
+            " h:1",
+            "h:1 ",
+            "h",
+            "h:0",
+            "h:65536",
+            "h:x",
+            ":1",
+            "a/b:1",
+            "a?b:1",
+            "a#b:1",
+            "u@h:1",
+            "bad host:1",
+            "::1:9003",
+            "h:+1",
+        ] {
             assert!(host_port(bad).is_err(), "{bad}");
         }
     }
@@ -364,6 +406,9 @@ mod tests {
         assert!(byte_quantity(&Quantity::new("0"), &p, false, &mut e).is_none());
         assert!(byte_quantity(&Quantity::new("0"), &p, true, &mut e).is_some());
         assert!(byte_quantity(&Quantity::new("-9Ei"), &p, false, &mut e).is_none());
-        assert!(e.0.last().unwrap().detail.contains("must not exceed"), "overflow is checked before sign");
+        assert!(
+            e.0.last().unwrap().detail.contains("must not exceed"),
+            "overflow is checked before sign"
+        );
     }
 }

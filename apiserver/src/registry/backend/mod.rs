@@ -28,7 +28,10 @@ impl Strategy for BackendStrategy {
     fn apply_defaults(&self, obj: &mut KVCacheBackend, _ctx: &Context) {
         let s = &mut obj.spec;
         s.type_.get_or_insert(BackendType::Mooncake);
-        s.transport.get_or_insert_with(Transport::default).protocol.get_or_insert(Protocol::Auto);
+        s.transport
+            .get_or_insert_with(Transport::default)
+            .protocol
+            .get_or_insert(Protocol::Auto);
         let Some(m) = s.connection.as_mut().and_then(|c| c.managed.as_mut()) else {
             return;
         };
@@ -58,17 +61,22 @@ impl Strategy for BackendStrategy {
 
     fn validate_update(&self, new: &KVCacheBackend, old: &KVCacheBackend, ctx: &Context) -> ErrorList {
         let old_errs = validation::validate(old, ctx);
-        let election_changed = leader_election(&new.spec) != leader_election(&old.spec);
-        let leader_lists = "spec.connection.managed.leader.extra";
+        let new_errs = validation::validate(new, ctx);
         // Values the update did not touch are not re-judged, except that flipping the election
         // re-judges the leader's passthrough lists (it changes which flags are derived).
-        let mut errs = ErrorList(
-            validation::validate(new, ctx)
-                .0
-                .into_iter()
-                .filter(|e| !old_errs.0.contains(e) || (election_changed && e.field.as_str().starts_with(leader_lists)))
-                .collect(),
-        );
+        let election_changed = leader_election(&new.spec) != leader_election(&old.spec);
+        let leader_lists = "spec.connection.managed.leader.extra";
+        let rejudged: Vec<_> = new_errs
+            .iter()
+            .filter(|e| election_changed && e.field.as_str().starts_with(leader_lists))
+            .cloned()
+            .collect();
+        let mut errs = super::ratchet(new_errs, &old_errs, new, old);
+        for e in rejudged {
+            if !errs.0.contains(&e) {
+                errs.push(e);
+            }
+        }
         immutable_fields(new, old, &mut errs);
         group_moves(&new.spec, &old.spec, &mut errs);
         tenancy_withdrawal(new, old, &mut errs);
@@ -87,7 +95,10 @@ fn leader_election(s: &BackendSpec) -> Option<ElectionBackend> {
 fn immutable_fields(new: &KVCacheBackend, old: &KVCacheBackend, errs: &mut ErrorList) {
     let spec = Path::new("spec");
     if new.spec.type_ != old.spec.type_ {
-        errs.forbidden(&spec.child("type"), "the store type cannot change; create a new backend instead");
+        errs.forbidden(
+            &spec.child("type"),
+            "the store type cannot change; create a new backend instead",
+        );
     }
     let branch = |s: &BackendSpec| (s.managed().is_some(), s.external().is_some());
     if branch(&new.spec) != branch(&old.spec) {
@@ -100,7 +111,12 @@ fn immutable_fields(new: &KVCacheBackend, old: &KVCacheBackend, errs: &mut Error
         for (i, (ng, og)) in n.members.iter().zip(&o.members).enumerate() {
             if ng.medium != og.medium {
                 errs.forbidden(
-                    &spec.child("connection").child("managed").child("members").index(i).child("medium"),
+                    &spec
+                        .child("connection")
+                        .child("managed")
+                        .child("members")
+                        .index(i)
+                        .child("medium"),
                     "the medium of a member group cannot change; append a new group and remove this one from the end",
                 );
             }
@@ -112,7 +128,9 @@ fn immutable_fields(new: &KVCacheBackend, old: &KVCacheBackend, errs: &mut Error
 /// update that moves a group to another position; appending, removing the last group, and
 /// editing a group in place are fine.
 fn group_moves(new: &BackendSpec, old: &BackendSpec, errs: &mut ErrorList) {
-    let (Some(n), Some(o)) = (new.managed(), old.managed()) else { return };
+    let (Some(n), Some(o)) = (new.managed(), old.managed()) else {
+        return;
+    };
     let (n, o) = (&n.members, &o.members);
     let same = |a: &MemberGroup, b: &MemberGroup| canonical(a) == canonical(b);
     let unchanged_at = |j: usize| j < n.len() && same(&n[j], &o[j]);
@@ -147,7 +165,11 @@ fn canonical(g: &MemberGroup) -> MemberGroup {
 
 /// Turning the tenant ledger off while pools hold the backend would drop every tenant's quota.
 fn tenancy_withdrawal(new: &KVCacheBackend, old: &KVCacheBackend, errs: &mut ErrorList) {
-    let tenancy = |b: &KVCacheBackend| b.spec.managed().map(|_| b.spec.declared_multi_tenancy().unwrap_or(true));
+    let tenancy = |b: &KVCacheBackend| {
+        b.spec
+            .managed()
+            .map(|_| b.spec.declared_multi_tenancy().unwrap_or(true))
+    };
     if tenancy(old) != Some(true) || tenancy(new) != Some(false) {
         return;
     }

@@ -32,17 +32,44 @@ const LEADER_DERIVED: &[&str] = &[
 
 /// Leader flags refused with their own reason.
 const LEADER_FORBIDDEN: &[(&str, &str)] = &[
-    ("enable_oplog", "the operation log needs an etcd election backend, which cannot run beside the Kubernetes Lease election, so the leader would not start"),
-    ("etcd_endpoints", "etcd is not used by this store: the election runs on a Kubernetes Lease"),
-    ("config_path", "a configuration file makes the leader ignore most command-line flags, so every setting derived from this spec would be dropped silently"),
-    ("tenant_quota_connector_type", "quota policies are delivered by the operator's connector; another connector leaves the per-tenant quotas unread"),
-    ("enable_cxl", "the CXL allocator replaces the allocation strategy and advertises capacity that may not exist"),
+    (
+        "enable_oplog",
+        "the operation log needs an etcd election backend, which cannot run beside the Kubernetes Lease election, so the leader would not start",
+    ),
+    (
+        "etcd_endpoints",
+        "etcd is not used by this store: the election runs on a Kubernetes Lease",
+    ),
+    (
+        "config_path",
+        "a configuration file makes the leader ignore most command-line flags, so every setting derived from this spec would be dropped silently",
+    ),
+    (
+        "tenant_quota_connector_type",
+        "quota policies are delivered by the operator's connector; another connector leaves the per-tenant quotas unread",
+    ),
+    (
+        "enable_cxl",
+        "the CXL allocator replaces the allocation strategy and advertises capacity that may not exist",
+    ),
     ("cxl_path", "it is read only with enable_cxl, which is refused"),
     ("cxl_size", "it is read only with enable_cxl, which is refused"),
-    ("port", "it is a deprecated alias of rpc_port, which always wins, so it would change nothing while looking like a change"),
-    ("enable_snapshot", "snapshots are not offered: a restored snapshot can serve another key's bytes instead of a miss"),
-    ("enable_snapshot_restore", "snapshots are not offered: a restored snapshot can serve another key's bytes instead of a miss"),
-    ("memory_allocator", "it moves the store off the allocator these rules were made for"),
+    (
+        "port",
+        "it is a deprecated alias of rpc_port, which always wins, so it would change nothing while looking like a change",
+    ),
+    (
+        "enable_snapshot",
+        "snapshots are not offered: a restored snapshot can serve another key's bytes instead of a miss",
+    ),
+    (
+        "enable_snapshot_restore",
+        "snapshots are not offered: a restored snapshot can serve another key's bytes instead of a miss",
+    ),
+    (
+        "memory_allocator",
+        "it moves the store off the allocator these rules were made for",
+    ),
 ];
 
 /// Member configuration keys a spec field renders.
@@ -103,7 +130,11 @@ pub fn args(side: Side, entries: &[String], field: &Path, errs: &mut ErrorList) 
             continue;
         }
         if seen.contains(&key) {
-            errs.duplicate(&p, entry, format!("the flag {key:?} is already given by an earlier entry"));
+            errs.duplicate(
+                &p,
+                entry,
+                format!("the flag {key:?} is already given by an earlier entry"),
+            );
             continue;
         }
         seen.push(key);

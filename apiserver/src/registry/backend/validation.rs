@@ -63,7 +63,10 @@ fn validate_branch<'a>(c: Option<&'a Connection>, errs: &mut ErrorList) -> Optio
             None
         }
         _ => {
-            errs.required(&p, "name one of managed (a store this operator runs) or external (endpoints of a store run elsewhere)");
+            errs.required(
+                &p,
+                "name one of managed (a store this operator runs) or external (endpoints of a store run elsewhere)",
+            );
             None
         }
     }
@@ -187,16 +190,24 @@ fn validate_leader(l: &Leader, p: &Path, errs: &mut ErrorList) {
 
 fn validate_group(g: &MemberGroup, p: &Path, errs: &mut ErrorList) {
     match &g.node_selector {
-        None => errs.required(&p.child("nodeSelector"), "select the nodes of this group; {} selects every node"),
+        None => errs.required(
+            &p.child("nodeSelector"),
+            "select the nodes of this group; {} selects every node",
+        ),
         Some(sel) => validation::labels(sel, &p.child("nodeSelector"), errs),
     }
     match g.medium {
         None => errs.required(&p.child("medium"), "name the medium of the segments: DRAM"),
-        Some(Medium::Vram) => errs.not_supported_yet(&p.child("medium"), "VRAM (device memory) as a member medium (DRAM is)"),
+        Some(Medium::Vram) => {
+            errs.not_supported_yet(&p.child("medium"), "VRAM (device memory) as a member medium (DRAM is)")
+        }
         Some(Medium::Dram) => {}
     }
     match &g.capacity_per_member {
-        None => errs.required(&p.child("capacityPerMember"), "give the memory each member contributes, e.g. 8Gi"),
+        None => errs.required(
+            &p.child("capacityPerMember"),
+            "give the memory each member contributes, e.g. 8Gi",
+        ),
         Some(q) => {
             validation::byte_quantity(q, &p.child("capacityPerMember"), false, errs);
         }
@@ -216,7 +227,11 @@ fn validate_group(g: &MemberGroup, p: &Path, errs: &mut ErrorList) {
     if let Some(count) = g.fabric_interface_count
         && count < 1
     {
-        errs.invalid(&p.child("fabricInterfaceCount"), count, "must be greater than or equal to 1");
+        errs.invalid(
+            &p.child("fabricInterfaceCount"),
+            count,
+            "must be greater than or equal to 1",
+        );
     }
     validate_host_paths(&g.host_paths, &p.child("hostPaths"), errs);
     if let Some(rc) = &g.runtime_class_name
@@ -250,7 +265,11 @@ fn validate_host_paths(paths: &[HostPath], p: &Path, errs: &mut ErrorList) {
             if value.is_empty() {
                 errs.required(&pf, "give an absolute path");
             } else if validation::max_len(value, MAX_HOST_PATH, &pf, errs) && !is_clean_absolute(value) {
-                errs.invalid(&pf, value, "must be an absolute path without a trailing '/' or empty elements (^(/[^/]+)+$)");
+                errs.invalid(
+                    &pf,
+                    value,
+                    "must be an absolute path without a trailing '/' or empty elements (^(/[^/]+)+$)",
+                );
             }
         }
         if hp.mount_path.is_empty() || !is_clean_absolute(&hp.mount_path) {
@@ -282,7 +301,9 @@ fn validate_external(e: &External, errs: &mut ErrorList) {
         let pi = p.index(i);
         match ep.name {
             None => errs.required(&pi.child("name"), "name the endpoint: Client or Admin"),
-            Some(n) if seen.contains(&n) => errs.duplicate(&pi.child("name"), n.as_str(), "each endpoint name may appear once"),
+            Some(n) if seen.contains(&n) => {
+                errs.duplicate(&pi.child("name"), n.as_str(), "each endpoint name may appear once")
+            }
             Some(n) => seen.push(n),
         }
         let pa = pi.child("address");
@@ -300,7 +321,10 @@ fn validate_external(e: &External, errs: &mut ErrorList) {
                 EndpointName::Client => "the address engines dial",
                 EndpointName::Admin => "the address the operator reads health, metrics and segments from",
             };
-            errs.required(&p, format!("an endpoint named {} is required ({role})", needed.as_str()));
+            errs.required(
+                &p,
+                format!("an endpoint named {} is required ({role})", needed.as_str()),
+            );
         }
     }
 }
@@ -309,9 +333,17 @@ fn validate_external(e: &External, errs: &mut ErrorList) {
 pub fn warnings(obj: &KVCacheBackend) -> Vec<String> {
     let mut out = Vec::new();
     let Some(m) = obj.spec.managed() else { return out };
-    let backend_protocol = obj.spec.transport.as_ref().and_then(|t| t.protocol).unwrap_or(Protocol::Auto);
+    let backend_protocol = obj
+        .spec
+        .transport
+        .as_ref()
+        .and_then(|t| t.protocol)
+        .unwrap_or(Protocol::Auto);
     for (i, g) in m.members.iter().enumerate() {
-        let effective = g.transport.as_ref().map_or(backend_protocol, |t| t.protocol.unwrap_or(Protocol::Auto));
+        let effective = g
+            .transport
+            .as_ref()
+            .map_or(backend_protocol, |t| t.protocol.unwrap_or(Protocol::Auto));
         if g.fabric_interface_count.is_some() && !matches!(effective, Protocol::Rdma | Protocol::Efa) {
             out.push(format!(
                 "spec.connection.managed.members[{i}].fabricInterfaceCount has no effect: the group's transport is {}, not RDMA or EFA",

@@ -90,7 +90,12 @@ fn check_ceiling(b: &KVCachePoolBinding, pool: &KVCachePool, errs: &mut ErrorLis
     {
         errs.invalid(
             &Path::new("spec").child("quota").child("ceiling"),
-            b.spec.quota.as_ref().and_then(|q| q.ceiling.as_ref()).map(|q| q.as_str()).unwrap_or_default(),
+            b.spec
+                .quota
+                .as_ref()
+                .and_then(|q| q.ceiling.as_ref())
+                .map(|q| q.as_str())
+                .unwrap_or_default(),
             format!(
                 "must not exceed the pool's own total of {} (KVCachePool {:?})",
                 total_q.map(|q| q.as_str()).unwrap_or_default(),
@@ -147,7 +152,8 @@ async fn settle_claim(
                 out.errors
                     .duplicate(&Path::new("spec").child("domain").child("name"), domain, msg);
             } else {
-                out.warnings.push(format!("this Binding does not hold its domain: {msg}"));
+                out.warnings
+                    .push(format!("this Binding does not hold its domain: {msg}"));
                 if held.is_some() {
                     out.ops.push(Op::Delete { key: held_key });
                 }
@@ -182,7 +188,9 @@ async fn settle_claim(
 
 async fn release(b: &KVCachePoolBinding, reads: &mut Reads<'_>, out: &mut Admission) -> Result<(), RegistryError> {
     let held_key = keys::binding_claim(b.namespace(), b.name());
-    let Some(kv) = reads.get(&held_key).await? else { return Ok(()) };
+    let Some(kv) = reads.get(&held_key).await? else {
+        return Ok(());
+    };
     if let Ok(h) = serde_json::from_slice::<Held>(&kv.value) {
         release_claim(b, &h, reads, out).await?;
     }
@@ -190,7 +198,12 @@ async fn release(b: &KVCachePoolBinding, reads: &mut Reads<'_>, out: &mut Admiss
     Ok(())
 }
 
-async fn release_claim(b: &KVCachePoolBinding, h: &Held, reads: &mut Reads<'_>, out: &mut Admission) -> Result<(), RegistryError> {
+async fn release_claim(
+    b: &KVCachePoolBinding,
+    h: &Held,
+    reads: &mut Reads<'_>,
+    out: &mut Admission,
+) -> Result<(), RegistryError> {
     let key = keys::domain_claim(&h.backend, &h.domain);
     if let Some(kv) = reads.get(&key).await?
         && serde_json::from_slice::<Holder>(&kv.value).is_ok_and(|holder| holder.uid == uid(b))
@@ -221,7 +234,9 @@ async fn check_separability(
             (domain != want.domain).then_some((domain, holder))
         })
         .collect();
-    let Some((domain, holder)) = neighbours.first() else { return Ok(()) };
+    let Some((domain, holder)) = neighbours.first() else {
+        return Ok(());
+    };
     let mut observed = observed_ledger(pool);
     for (_, h) in &neighbours {
         if observed.is_some() {

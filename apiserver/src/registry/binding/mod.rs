@@ -33,16 +33,26 @@ fn validate(obj: &KVCachePoolBinding, ctx: &Context) -> ErrorList {
     }
     let dp = spec.child("domain");
     match &obj.spec.domain {
-        None => errs.required(&dp, "declare the cache domain: blockSize and dtype (name defaults to \"default\")"),
+        None => errs.required(
+            &dp,
+            "declare the cache domain: blockSize and dtype (name defaults to \"default\")",
+        ),
         Some(d) => {
             let name = d.name.as_deref().unwrap_or(DEFAULT_DOMAIN);
             if name.starts_with('_') {
-                errs.invalid(&dp.child("name"), name, "names starting with '_' are reserved by the store");
+                errs.invalid(
+                    &dp.child("name"),
+                    name,
+                    "names starting with '_' are reserved by the store",
+                );
             } else if let Err(e) = validation::dns1123_label(name) {
                 errs.invalid(&dp.child("name"), name, e);
             }
             match d.block_size {
-                None => errs.required(&dp.child("blockSize"), "give the number of tokens per cache block, e.g. 64"),
+                None => errs.required(
+                    &dp.child("blockSize"),
+                    "give the number of tokens per cache block, e.g. 64",
+                ),
                 Some(b) if b <= 0 => errs.invalid(&dp.child("blockSize"), b, "must be greater than 0"),
                 Some(_) => {}
             }
@@ -73,7 +83,11 @@ fn validate_dtype(dtype: Option<&str>, p: &Path, ctx: &Context, errs: &mut Error
     if dtype.chars().any(|c| c.is_whitespace() || c.is_control()) {
         errs.invalid(p, dtype, "must not contain whitespace or control characters");
     } else if dtype != dtype.to_lowercase() {
-        errs.invalid(p, dtype, "must be lowercase, as engines spell it (e.g. bfloat16, fp8_e4m3)");
+        errs.invalid(
+            p,
+            dtype,
+            "must be lowercase, as engines spell it (e.g. bfloat16, fp8_e4m3)",
+        );
     } else if dtype == "auto" && ctx.config.settings.model_deployment_kv_cache_dtype_owned {
         errs.invalid(
             p,
@@ -100,7 +114,7 @@ impl Strategy for BindingStrategy {
     /// The pool and every field of the domain are fixed: the domain is the store's tenant and
     /// the blocks' format. Enforced even while the Binding is being deleted.
     fn validate_update(&self, new: &KVCachePoolBinding, old: &KVCachePoolBinding, ctx: &Context) -> ErrorList {
-        let mut errs = validate(new, ctx).ratchet(&validate(old, ctx));
+        let mut errs = super::ratchet(validate(new, ctx), &validate(old, ctx), new, old);
         let spec = Path::new("spec");
         if new.spec.pool_name() != old.spec.pool_name() {
             errs.forbidden(
@@ -108,7 +122,10 @@ impl Strategy for BindingStrategy {
                 "the pool cannot change: the cached bytes and the quota stay on the old pool's store; create a new Binding instead",
             );
         }
-        let (n, o) = (new.spec.domain.clone().unwrap_or_default(), old.spec.domain.clone().unwrap_or_default());
+        let (n, o) = (
+            new.spec.domain.clone().unwrap_or_default(),
+            old.spec.domain.clone().unwrap_or_default(),
+        );
         let dp = spec.child("domain");
         if n.name != o.name {
             errs.forbidden(

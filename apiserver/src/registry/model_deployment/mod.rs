@@ -56,7 +56,12 @@ impl Strategy for ModelDeploymentStrategy {
     }
 
     fn validate_update(&self, new: &ModelDeployment, old: &ModelDeployment, ctx: &Context) -> ErrorList {
-        let mut errs = validation::validate(new, ctx).ratchet(&validation::validate(old, ctx));
+        let mut errs = super::ratchet(
+            validation::validate(new, ctx),
+            &validation::validate(old, ctx),
+            new,
+            old,
+        );
         frozen_fields(&new.spec, &old.spec, &mut errs);
         errs
     }
@@ -69,7 +74,9 @@ impl Strategy for ModelDeploymentStrategy {
     ) -> Result<Admission, RegistryError> {
         let mut out = Admission::default();
         let Change::Create(md) = change else { return Ok(out) };
-        let Some(binding) = md.spec.binding_name() else { return Ok(out) };
+        let Some(binding) = md.spec.binding_name() else {
+            return Ok(out);
+        };
         if reads.object::<BindingSpec>(md.namespace(), binding).await?.is_none() {
             out.warnings.push(format!(
                 "KVCachePoolBinding {binding:?} does not exist in namespace {:?} yet: replicas start without the shared cache and attach once it does",
@@ -110,7 +117,9 @@ fn frozen_fields(new: &ModelDeploymentSpec, old: &ModelDeploymentSpec, errs: &mu
         return;
     }
     for (i, role) in new.roles.iter().enumerate() {
-        let Some(before) = old.roles.iter().find(|r| r.name == role.name) else { continue };
+        let Some(before) = old.roles.iter().find(|r| r.name == role.name) else {
+            continue;
+        };
         let p = spec.child("roles").index(i);
         if role.kind != before.kind {
             errs.forbidden(&p.child("kind"), format!("a role's kind {IDENTITY}"));

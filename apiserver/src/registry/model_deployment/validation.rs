@@ -69,7 +69,10 @@ pub fn validate(obj: &ModelDeployment, ctx: &Context) -> ErrorList {
     if let Some(labels) = &obj.metadata.labels
         && labels.keys().any(|k| k.starts_with("kueue.x-k8s.io/"))
     {
-        errs.not_supported_yet(&Path::new("metadata").child("labels"), "Kueue admission (kueue.x-k8s.io/ labels)");
+        errs.not_supported_yet(
+            &Path::new("metadata").child("labels"),
+            "Kueue admission (kueue.x-k8s.io/ labels)",
+        );
     }
     validate_model(s, &spec, &mut errs);
     let engine = validate_engine(s, &spec, &mut errs);
@@ -103,7 +106,10 @@ fn validate_model(s: &ModelDeploymentSpec, spec: &Path, errs: &mut ErrorList) {
         None => errs.required(&p, "name the model to serve"),
         Some(m) => {
             if m.name.is_empty() {
-                errs.required(&p.child("name"), "name the model to serve, e.g. Qwen/Qwen2.5-7B-Instruct");
+                errs.required(
+                    &p.child("name"),
+                    "name the model to serve, e.g. Qwen/Qwen2.5-7B-Instruct",
+                );
             } else {
                 validation::max_len(&m.name, 253, &p.child("name"), errs);
             }
@@ -193,7 +199,10 @@ fn validate_role(
     }
     match role.kind {
         Some(RoleKind::Server) | None => {}
-        Some(k) => errs.not_supported_yet(&p.child("kind"), &format!("the {} role kind (prefill/decode disaggregation)", k.as_str())),
+        Some(k) => errs.not_supported_yet(
+            &p.child("kind"),
+            &format!("the {} role kind (prefill/decode disaggregation)", k.as_str()),
+        ),
     }
     let replicas = role.replicas.unwrap_or(1);
     if !(1..=MAX_REPLICAS).contains(&replicas) {
@@ -214,7 +223,11 @@ fn validate_role(
         errs.invalid(&p.child("image"), image, e);
     }
     if role.image_pull_secrets.len() > MAX_PULL_SECRETS {
-        errs.too_many(&p.child("imagePullSecrets"), role.image_pull_secrets.len(), MAX_PULL_SECRETS);
+        errs.too_many(
+            &p.child("imagePullSecrets"),
+            role.image_pull_secrets.len(),
+            MAX_PULL_SECRETS,
+        );
     }
     for (i, r) in role.image_pull_secrets.iter().enumerate() {
         let pi = p.child("imagePullSecrets").index(i).child("name");
@@ -245,14 +258,23 @@ fn validate_role(
     if let Some(grace) = role.termination_grace_period_seconds
         && !(15..=3600).contains(&grace)
     {
-        errs.invalid(&p.child("terminationGracePeriodSeconds"), grace, "must be between 15 and 3600");
+        errs.invalid(
+            &p.child("terminationGracePeriodSeconds"),
+            grace,
+            "must be between 15 and 3600",
+        );
     }
     if role.elastic_ep.is_some() {
         errs.not_supported_yet(&p.child("elasticEp"), "elastic expert parallelism");
     }
 }
 
-fn validate_instance_type<'c>(role: &Role, p: &Path, ctx: &'c Context, errs: &mut ErrorList) -> Option<&'c crate::config::InstanceType> {
+fn validate_instance_type<'c>(
+    role: &Role,
+    p: &Path,
+    ctx: &'c Context,
+    errs: &mut ErrorList,
+) -> Option<&'c crate::config::InstanceType> {
     let pi = p.child("instanceType");
     let name = match role.instance_type.as_deref() {
         None | Some("") => {
@@ -270,7 +292,10 @@ fn validate_instance_type<'c>(role: &Role, p: &Path, ctx: &'c Context, errs: &mu
         errs.not_found(
             &pi,
             name,
-            format!("no such instance type in the server configuration (known: {})", known.join(", ")),
+            format!(
+                "no such instance type in the server configuration (known: {})",
+                known.join(", ")
+            ),
         );
     }
     found
@@ -290,7 +315,10 @@ fn validate_resources(role: &Role, instance: Option<&crate::config::InstanceType
                         errs.invalid(
                             &pa,
                             q.as_str(),
-                            format!("instance type {:?} has {} accelerator(s) per replica", t.name, t.accelerators),
+                            format!(
+                                "instance type {:?} has {} accelerator(s) per replica",
+                                t.name, t.accelerators
+                            ),
                         );
                     }
                 }
@@ -302,7 +330,10 @@ fn validate_resources(role: &Role, instance: Option<&crate::config::InstanceType
         errs.not_supported_yet(&p, "accelerator slicing");
     }
     if r.accelerator_partitioned_profile.is_some() {
-        errs.not_supported_yet(&p.child("acceleratorPartitionedProfile"), "accelerator partition profiles");
+        errs.not_supported_yet(
+            &p.child("acceleratorPartitionedProfile"),
+            "accelerator partition profiles",
+        );
     }
     if r.interface.is_some() {
         errs.not_supported_yet(&p.child("interface"), "fabric interfaces (RDMA/EFA)");
@@ -322,7 +353,11 @@ fn validate_ports(role: &Role, p: &Path, errs: &mut ErrorList) {
             kvcache_api::model_deployment::PortProtocol::Sctp => "SCTP",
         });
         if !seen.insert((port.port, proto)) {
-            errs.duplicate(&pp, format!("{}/{proto}", port.port), "each port and protocol may appear once");
+            errs.duplicate(
+                &pp,
+                format!("{}/{proto}", port.port),
+                "each port and protocol may appear once",
+            );
         }
     }
 }
@@ -337,7 +372,11 @@ fn validate_volumes(role: &Role, p: &Path, errs: &mut ErrorList) {
         } else if validation::max_len(&v.mount_path, MAX_MOUNT_PATH, &pm, errs) {
             let clean = v.mount_path.starts_with('/') && v.mount_path[1..].split('/').all(|c| !c.is_empty());
             if !clean {
-                errs.invalid(&pm, &v.mount_path, "must be an absolute path without a trailing '/' or empty elements");
+                errs.invalid(
+                    &pm,
+                    &v.mount_path,
+                    "must be an absolute path without a trailing '/' or empty elements",
+                );
             } else if !mounts.insert(v.mount_path.as_str()) {
                 errs.duplicate(&pm, &v.mount_path, "each mount path may appear once");
             }
@@ -350,7 +389,8 @@ fn validate_volumes(role: &Role, p: &Path, errs: &mut ErrorList) {
         if v.host_path.is_some() {
             errs.not_supported_yet(&pv.child("hostPath"), "mounting host paths into engines");
         }
-        let sources = usize::from(v.config_map.is_some()) + usize::from(v.secret.is_some()) + usize::from(v.host_path.is_some());
+        let sources =
+            usize::from(v.config_map.is_some()) + usize::from(v.secret.is_some()) + usize::from(v.host_path.is_some());
         if sources == 0 {
             errs.required(&pv, "name the volume's source: configMap or secret");
         } else if sources > 1 {

@@ -55,7 +55,7 @@ impl Strategy for PoolStrategy {
     }
 
     fn validate_update(&self, new: &KVCachePool, old: &KVCachePool, _ctx: &Context) -> ErrorList {
-        let mut errs = validate(new).ratchet(&validate(old));
+        let mut errs = super::ratchet(validate(new), &validate(old), new, old);
         if new.spec.backends != old.spec.backends {
             errs.forbidden(
                 &Path::new("spec").child("backends"),
@@ -65,12 +65,19 @@ impl Strategy for PoolStrategy {
         errs
     }
 
-    async fn admit(&self, change: Change<'_, PoolSpec>, reads: &mut Reads<'_>, _ctx: &Context) -> Result<Admission, RegistryError> {
+    async fn admit(
+        &self,
+        change: Change<'_, PoolSpec>,
+        reads: &mut Reads<'_>,
+        _ctx: &Context,
+    ) -> Result<Admission, RegistryError> {
         let mut out = Admission::default();
         // Only a new pool looks at its backend; an update never re-reads it, so a pool keeps
         // working (and can be deleted) after its backend is gone.
         let Change::Create(pool) = change else { return Ok(out) };
-        let Some(name) = pool.spec.backend() else { return Ok(out) };
+        let Some(name) = pool.spec.backend() else {
+            return Ok(out);
+        };
         match reads.object::<BackendSpec>("", name).await? {
             None => out.warnings.push(format!(
                 "KVCacheBackend {name:?} does not exist yet; the pool reports BackendResolved=False until it does"

@@ -1,0 +1,136 @@
+//! The walkthrough manifests (`tests/fixtures/walkthrough/`, copied from the shared examples)
+//! applied with the real `kvcache-apiserver` binary to a fresh data directory: every object is
+//! admitted, stored with its defaults, survives a restart of the process, and a re-apply of an
+//! unchanged manifest changes nothing.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/walkthrough")
+}
+
+fn cli(data: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvcache-apiserver"))
+        .arg("--data-dir")
+        .arg(data)
+        .args(args)
+        .output()
+        .expect("run kvcache-apiserver")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn walkthrough_applies_in_order_and_keeps_its_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let f = |name: &str| fixtures().join(name).display().to_string();
+
+    let out = cli(
+        &data,
+        &[
+            "apply",
+            "-f",
+            &f("01-backend.yaml"),
+            "-f",
+            &f("02-pool-binding.yaml"),
+            "-f",
+            &f("03-model-deployment.yaml"),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "kvcachebackend.worker.gpustack.ai/mooncake-dram created\n\
+         kvcachepool.worker.gpustack.ai/shared-dram created\n\
+         kvcachepoolbinding.worker.gpustack.ai/team-a created\n\
+         modeldeployment.worker.gpustack.ai/qwen-chat created\n"
+    );
+
+    // Defaults are stored, in a new process (the data survived the first one).
+    let out = cli(&data, &["get", "kvcb", "mooncake-dram"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let backend: serde_json::Value = yaml_serde::from_str(stdout(&out).trim_start_matches("---\n")).unwrap();
+    assert_eq!(backend["spec"]["transport"]["protocol"], "Auto");
+    assert_eq!(backend["spec"]["connection"]["managed"]["leader"]["replicas"], 1);
+    assert_eq!(
+        backend["spec"]["connection"]["managed"]["leader"]["electionBackend"],
+        "Kubernetes"
+    );
+    assert_eq!(backend["spec"]["connection"]["managed"]["leader"]["multiTenancy"], true);
+    assert_eq!(backend["metadata"]["generation"], 1);
+
+    let out = cli(&data, &["get", "kvcpb", "team-a", "-n", "team-a"]);
+    let binding: serde_json::Value = yaml_serde::from_str(stdout(&out).trim_start_matches("---\n")).unwrap();
+    assert_eq!(binding["spec"]["domain"]["name"], "default");
+
+    let out = cli(&data, &["get", "md", "-A"]);
+    let md: serde_json::Value = yaml_serde::from_str(stdout(&out).trim_start_matches("---\n")).unwrap();
+    assert_eq!(md["spec"]["kvCache"]["connector"], "Mooncake");
+    assert_eq!(md["spec"]["roles"][0]["kind"], "Server");
+
+    // Re-applying the same manifest is a no-op; step 4 raises the leader to three replicas.
+    let out = cli(&data, &["apply", "-f", &f("01-backend.yaml")]);
+    assert_eq!(
+        stdout(&out),
+        "kvcachebackend.worker.gpustack.ai/mooncake-dram unchanged\n"
+    );
+    let out = cli(&data, &["apply", "-f", &f("04-high-availability.yaml")]);
+    assert_eq!(
+        stdout(&out),
+        "kvcachebackend.worker.gpustack.ai/mooncake-dram configured\n"
+    );
+    let out = cli(&data, &["get", "kvcb", "mooncake-dram"]);
+    let backend: serde_json::Value = yaml_serde::from_str(stdout(&out).trim_start_matches("---\n")).unwrap();
+    assert_eq!(backend["spec"]["connection"]["managed"]["leader"]["replicas"], 3);
+    assert_eq!(backend["metadata"]["generation"], 2);
+}
+
+#[test]
+fn a_second_binding_for_the_same_domain_is_refused_naming_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = cli(&data, &["apply", "-f", &fixtures().display().to_string()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let other = dir.path().join("team-b.yaml");
+    std::fs::write(
+        &other,
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {name: team-b, namespace: team-b}\n\
+         spec: {poolRef: {name: shared-dram}, quota: {ceiling: 4Gi}, domain: {blockSize: 64, dtype: bfloat16}}\n",
+    )
+    .unwrap();
+    let out = cli(&data, &["apply", "-f", &other.display().to_string()]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("Error from server (Invalid)"), "{err}");
+    assert!(err.contains("spec.domain.name: Duplicate value: \"default\""), "{err}");
+    assert!(err.contains("team-a/team-a"), "{err}");
+}
+
+#[test]
+fn strict_decoding_refuses_unknown_fields_in_manifests() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: p}\n\
+         spec: {backends: [b], quota: {total: 1Gi}, metadata: {}}\n",
+    )
+    .unwrap();
+    let out = cli(&dir.path().join("data"), &["apply", "-f", &bad.display().to_string()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("strict decoding error: unknown field \"spec.metadata\""),
+        "{}",
+        stderr(&out)
+    );
+}
