@@ -58,9 +58,14 @@ pub enum Compare {
 /// A change a transaction applies.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    Put { key: String, value: Value },
+    Put {
+        key: String,
+        value: Value,
+    },
     /// Deleting a key that does not exist is a no-op.
-    Delete { key: String },
+    Delete {
+        key: String,
+    },
 }
 
 /// Compares and ops applied atomically.

@@ -225,7 +225,10 @@ mod tests {
         assert!(matches!(hub.subscribe("", 9), Err(StorageError::Expired { .. })));
         hub.publish(vec![ev(11, "k"), ev(12, "k"), ev(13, "k")]);
         // 11 was dropped: a watch after 10 would miss it.
-        assert!(matches!(hub.subscribe("", 10), Err(StorageError::Expired { oldest: 11, .. })));
+        assert!(matches!(
+            hub.subscribe("", 10),
+            Err(StorageError::Expired { oldest: 11, .. })
+        ));
         assert!(hub.subscribe("", 11).is_ok());
     }
 

@@ -65,18 +65,22 @@ fn take_batch(queue: &mut std::collections::VecDeque<Queued>, max_bytes: usize) 
 fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()> {
     let mut enc = BatchEncoder::new();
     for txn in &batch {
-        enc.push_txn(
-            txn.revision,
-            txn.ops.iter().map(|o| (&*o.key, o.value.as_deref())),
-        );
+        enc.push_txn(txn.revision, txn.ops.iter().map(|o| (&*o.key, o.value.as_deref())));
     }
     let frame_offset = log.write_offset;
     let (frame, spans) = enc.finish();
     let frame_len = frame.len() as u64;
     let grown = ensure_capacity(shared, log, frame_offset + frame_len)?;
-    if let Err(e) = log.file.write_at(&frame, frame_offset).and_then(|()| log.file.sync_data()) {
+    if let Err(e) = log
+        .file
+        .write_at(&frame, frame_offset)
+        .and_then(|()| log.file.sync_data())
+    {
         // The queued transactions are not durable and never will be: refuse them all.
-        let msg = format!("writing {} failed: {e}; the server stops accepting writes", log.path.display());
+        let msg = format!(
+            "writing {} failed: {e}; the server stops accepting writes",
+            log.path.display()
+        );
         for txn in batch {
             let _ = txn.done.send(Err(StorageError::Unavailable(msg.clone())));
         }
@@ -97,13 +101,14 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
                 if op.value.is_some()
                     && let Some(&(at, len)) = spans.next()
                 {
-                    st.index.set_durable(&op.key, txn.revision, value_base + u64::from(at), len);
+                    st.index
+                        .set_durable(&op.key, txn.revision, value_base + u64::from(at), len);
                 }
             }
         }
         st.durable = last_revision;
     }
-    let _ = shared.durable_tx.send(last_revision);
+    shared.durable_tx.send_replace(last_revision);
 
     let mut events = Vec::new();
     for txn in batch {
@@ -111,7 +116,10 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
             let prev_value = op.prev.as_ref().and_then(|p| p.resolve());
             let (kind, value) = match &op.value {
                 Some(v) => (EventKind::Put, v.clone()),
-                None => (EventKind::Delete, prev_value.clone().unwrap_or_else(|| Arc::from(&[][..]))),
+                None => (
+                    EventKind::Delete,
+                    prev_value.clone().unwrap_or_else(|| Arc::from(&[][..])),
+                ),
             };
             events.push(WatchEvent {
                 kind,
@@ -181,7 +189,9 @@ fn compact(shared: &Shared, log: &mut ActiveLog) -> Result<()> {
     let mut snapshot = Vec::with_capacity(entries.len());
     for (key, create_revision, mod_revision, loc) in &entries {
         let Loc::Disk { offset, len } = loc else {
-            return Err(StorageError::Corrupt(format!("durable version of {key} is not on disk")));
+            return Err(StorageError::Corrupt(format!(
+                "durable version of {key} is not on disk"
+            )));
         };
         let value = map.slice(*offset, *len as usize).ok_or_else(|| {
             StorageError::Corrupt(format!("the value of {key} points outside the log (offset {offset})"))
@@ -307,4 +317,3 @@ pub(super) fn create_generation(
     };
     Ok((log, locations))
 }
-

@@ -365,7 +365,10 @@ mod tests {
         assert_eq!(&payload[22..24], b"vv");
         let mut seen = vec![];
         decode_batch(payload, |rev, ops| {
-            seen.push((rev, ops.iter().map(|o| (o.key.to_string(), o.value)).collect::<Vec<_>>()))
+            seen.push((
+                rev,
+                ops.iter().map(|o| (o.key.to_string(), o.value)).collect::<Vec<_>>(),
+            ))
         })
         .unwrap();
         assert_eq!(seen, vec![(5, vec![("k".into(), Some((22, 2))), ("d".into(), None)])]);
@@ -384,7 +387,10 @@ mod tests {
         assert_eq!((h.kind, h.revision), (FRAME_SNAPSHOT, 9));
         let payload = &frame[32..32 + h.payload_len as usize];
         let mut got = vec![];
-        decode_snapshot(payload, |e| got.push((e.key.to_string(), e.create_revision, e.mod_revision, e.value))).unwrap();
+        decode_snapshot(payload, |e| {
+            got.push((e.key.to_string(), e.create_revision, e.mod_revision, e.value))
+        })
+        .unwrap();
         assert_eq!(got, vec![("a".to_string(), 2, 9, (offs[0], 3))]);
     }
 

@@ -231,7 +231,10 @@ mod tests {
         assert_eq!(ix.at("/a", 1).unwrap().mod_revision, 1);
         assert!(ix.apply("/a", 3, None).is_some());
         assert!(!ix.latest("/a").unwrap().is_live());
-        assert!(ix.apply("/a", 4, None).is_none(), "deleting a deleted key records nothing");
+        assert!(
+            ix.apply("/a", 4, None).is_none(),
+            "deleting a deleted key records nothing"
+        );
         ix.apply("/a", 5, v("z"));
         assert_eq!(ix.latest("/a").unwrap().create_revision, 5);
         assert_eq!(ix.live_bytes, 3);

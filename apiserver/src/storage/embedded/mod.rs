@@ -242,7 +242,11 @@ impl Embedded {
     fn check_compares(st: &State, compares: &[Compare]) -> bool {
         compares.iter().all(|c| match c {
             Compare::ModRevision { key, revision } => {
-                let current = st.index.latest(key).filter(|v| v.is_live()).map_or(0, |v| v.mod_revision);
+                let current = st
+                    .index
+                    .latest(key)
+                    .filter(|v| v.is_live())
+                    .map_or(0, |v| v.mod_revision);
                 current == *revision
             }
             Compare::NoneNewer { prefix, revision } => !st.index.any_newer(prefix, *revision),
@@ -364,7 +368,9 @@ impl Storage for Embedded {
                 return Err(StorageError::Unavailable(f.clone()));
             }
             if let Some(key) = duplicate_key(&txn.ops) {
-                return Err(StorageError::InvalidRequest(format!("the key {key} appears twice in one transaction")));
+                return Err(StorageError::InvalidRequest(format!(
+                    "the key {key} appears twice in one transaction"
+                )));
             }
             if !Self::check_compares(&st, &txn.compares) {
                 return Ok(TxnOutcome::CompareFailed { revision: st.latest });
@@ -418,7 +424,9 @@ impl Storage for Embedded {
         match rx.await {
             Ok(Ok(revision)) => Ok(TxnOutcome::Committed { revision }),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(StorageError::Unavailable("the storage was closed before the write completed".into())),
+            Err(_) => Err(StorageError::Unavailable(
+                "the storage was closed before the write completed".into(),
+            )),
         }
     }
 
@@ -533,9 +541,6 @@ fn open_log(dir: &Path, options: &Options) -> Result<(ActiveLog, recovery::Recov
         };
         return Ok((log, recovered, map));
     };
-    for old in &generations[..generations.len() - 1] {
-        let _ = fs::remove_file(log_path(dir, *old));
-    }
     let path = log_path(dir, generation);
     let file = open_file(&path, options, false)?;
     let file_len = file
@@ -543,12 +548,18 @@ fn open_log(dir: &Path, options: &Options) -> Result<(ActiveLog, recovery::Recov
         .metadata()
         .map_err(|e| StorageError::io(format!("reading {}", path.display()), e))?
         .len();
-    let scan_map = LogMap::map(file.file(), file_len).map_err(|e| StorageError::io(format!("mapping {}", path.display()), e))?;
+    let scan_map =
+        LogMap::map(file.file(), file_len).map_err(|e| StorageError::io(format!("mapping {}", path.display()), e))?;
     let header_bytes = scan_map.slice(0, format::FILE_HEADER_LEN as usize).unwrap_or_default();
     let header = format::FileHeader::decode(header_bytes)
         .map_err(|e| StorageError::Corrupt(format!("{}: {e}", path.display())))?;
     let recovered = recovery::replay(&scan_map, &header, &path.display().to_string())?;
     drop(scan_map);
+    // Older generations are leftovers of a compaction that finished (the newest was synced and
+    // renamed before the old one was removed); drop them only once the newest replayed.
+    for old in &generations[..generations.len() - 1] {
+        let _ = fs::remove_file(log_path(dir, *old));
+    }
     if let Some((start, end)) = recovered.torn {
         tracing::warn!(
             file = %path.display(),
@@ -559,7 +570,8 @@ fn open_log(dir: &Path, options: &Options) -> Result<(ActiveLog, recovery::Recov
         file::zero_fill(file.as_ref(), start, end)
             .map_err(|e| StorageError::io(format!("zeroing the torn tail of {}", path.display()), e))?;
     }
-    let map = LogMap::map(file.file(), file_len).map_err(|e| StorageError::io(format!("mapping {}", path.display()), e))?;
+    let map =
+        LogMap::map(file.file(), file_len).map_err(|e| StorageError::io(format!("mapping {}", path.display()), e))?;
     let log = ActiveLog {
         file,
         path,

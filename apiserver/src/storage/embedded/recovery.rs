@@ -42,8 +42,7 @@ pub fn replay(map: &LogMap, header: &FileHeader, path: &str) -> Result<Recovered
         ))
     };
 
-    loop {
-        let Some(h) = intact_frame(map, pos) else { break };
+    while let Some(h) = intact_frame(map, pos) {
         let payload = map
             .slice(pos + FRAME_HEADER_LEN as u64, h.payload_len as usize)
             .expect("intact_frame checked the bounds");

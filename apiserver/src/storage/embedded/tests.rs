@@ -5,8 +5,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::file::tests::FrozenAfter;
 use super::file::LogFile;
+use super::file::tests::FrozenAfter;
 use super::{Embedded, Options};
 use crate::storage::{Compare, ListRequest, Op, Storage, StorageError, Txn, TxnOutcome, Value};
 
@@ -59,16 +59,40 @@ async fn state_survives_reopen() {
         let s = Embedded::open(dir.path(), small()).unwrap();
         let c = committed(&s, put("/a", b"one")).await;
         committed(&s, put("/b", b"gone")).await;
-        committed(&s, Txn { compares: vec![], ops: vec![Op::Delete { key: "/b".into() }] }).await;
+        committed(
+            &s,
+            Txn {
+                compares: vec![],
+                ops: vec![Op::Delete { key: "/b".into() }],
+            },
+        )
+        .await;
         let r = committed(&s, put("/a", b"two")).await;
         (r, c)
     };
     let s = Embedded::open(dir.path(), small()).unwrap();
     let kv = s.get("/a").await.unwrap().unwrap();
-    assert_eq!((&*kv.value, kv.mod_revision, kv.create_revision), (&b"two"[..], rev, create));
+    assert_eq!(
+        (&*kv.value, kv.mod_revision, kv.create_revision),
+        (&b"two"[..], rev, create)
+    );
     assert!(s.get("/b").await.unwrap().is_none());
     assert_eq!(s.current_revision().await.unwrap(), rev);
     assert_eq!(committed(&s, put("/c", b"x")).await, rev + 1, "revisions continue");
+}
+
+#[tokio::test]
+async fn waiting_for_a_revision_committed_while_nobody_waited_returns() {
+    // Regression: the durable revision must be recorded even when no reader is subscribed, or a
+    // later wait for an already-durable revision hangs.
+    let dir = tempfile::tempdir().unwrap();
+    let s = Embedded::open(dir.path(), small()).unwrap();
+    let r = committed(&s, put("/a", b"1")).await;
+    committed(&s, put("/b", b"2")).await;
+    tokio::time::timeout(std::time::Duration::from_secs(10), s.wait_for_revision(r + 1))
+        .await
+        .expect("an already-durable revision is waited for without blocking")
+        .unwrap();
 }
 
 #[tokio::test]
@@ -137,7 +161,10 @@ async fn corrupt_middle_is_refused_with_a_clear_error() {
     let err = Embedded::open(dir.path(), small()).err().expect("refused");
     let msg = err.to_string();
     assert!(matches!(err, StorageError::Corrupt(_)), "{msg}");
-    assert!(msg.contains("offset 64") && msg.contains("intact frame follows"), "{msg}");
+    assert!(
+        msg.contains("offset 64") && msg.contains("intact frame follows"),
+        "{msg}"
+    );
     assert!(msg.contains(&path.display().to_string()), "{msg}");
 }
 
@@ -152,8 +179,14 @@ async fn group_commit_shares_syncs_across_concurrent_writers() {
                 for i in 0..20 {
                     let key = format!("/g/{w}/{i}");
                     let create = Txn {
-                        compares: vec![Compare::ModRevision { key: key.clone(), revision: 0 }],
-                        ops: vec![Op::Put { key, value: Value::from(&[1u8; 1024][..]) }],
+                        compares: vec![Compare::ModRevision {
+                            key: key.clone(),
+                            revision: 0,
+                        }],
+                        ops: vec![Op::Put {
+                            key,
+                            value: Value::from(&[1u8; 1024][..]),
+                        }],
                     };
                     assert!(matches!(s.txn(create).await.unwrap(), TxnOutcome::Committed { .. }));
                 }
@@ -163,7 +196,13 @@ async fn group_commit_shares_syncs_across_concurrent_writers() {
     for t in tasks {
         t.await.unwrap();
     }
-    let all = s.list(ListRequest { prefix: "/g/".into(), ..Default::default() }).await.unwrap();
+    let all = s
+        .list(ListRequest {
+            prefix: "/g/".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(all.items.len(), 64 * 20);
     // Every frame holds one group commit; with 64 writers there must be far fewer frames than
     // transactions.
@@ -171,9 +210,7 @@ async fn group_commit_shares_syncs_across_concurrent_writers() {
     let magic = super::format::FRAME_MAGIC.to_le_bytes();
     let frames = (64..bytes.len() - 32)
         .step_by(8)
-        .filter(|i| {
-            bytes[*i..*i + 4] == magic && super::format::FrameHeader::decode(&bytes[*i..*i + 32]).is_some()
-        })
+        .filter(|i| bytes[*i..*i + 4] == magic && super::format::FrameHeader::decode(&bytes[*i..*i + 32]).is_some())
         .count();
     assert!(frames < 64 * 20, "{frames} frames for {} transactions", 64 * 20);
 }
@@ -187,20 +224,45 @@ async fn compaction_bounds_the_log_and_keeps_the_data() {
         last = committed(&s, put(&format!("/c/{}", i % 10), &[i as u8; 1000])).await;
     }
     let before_delete = committed(&s, put("/c/deleted", b"x")).await;
-    committed(&s, Txn { compares: vec![], ops: vec![Op::Delete { key: "/c/deleted".into() }] }).await;
+    committed(
+        &s,
+        Txn {
+            compares: vec![],
+            ops: vec![Op::Delete {
+                key: "/c/deleted".into(),
+            }],
+        },
+    )
+    .await;
     let size = std::fs::metadata(wal(dir.path())).unwrap().len();
     assert!(size < 400 * 1000, "the log was compacted: {size} bytes");
-    let page = s.list(ListRequest { prefix: "/c/".into(), ..Default::default() }).await.unwrap();
+    let page = s
+        .list(ListRequest {
+            prefix: "/c/".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(page.items.len(), 10);
     assert!(page.items.iter().any(|kv| kv.mod_revision == last));
     // A paged read at a revision older than the compaction answers Expired.
     let old = s
-        .list(ListRequest { prefix: "/c/".into(), revision: Some(1), ..Default::default() })
+        .list(ListRequest {
+            prefix: "/c/".into(),
+            revision: Some(1),
+            ..Default::default()
+        })
         .await;
     assert!(matches!(old, Err(StorageError::Expired { .. })), "{old:?}");
     drop(s);
     let s = Embedded::open(dir.path(), small()).unwrap();
-    let page = s.list(ListRequest { prefix: "/c/".into(), ..Default::default() }).await.unwrap();
+    let page = s
+        .list(ListRequest {
+            prefix: "/c/".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(page.items.len(), 10);
     for kv in &page.items {
         let i: usize = kv.key.rsplit('/').next().unwrap().parse().unwrap();
@@ -254,7 +316,11 @@ async fn a_power_cut_loses_nothing_that_was_acknowledged() {
     drop(s);
     let s = Embedded::open(dir.path(), small()).unwrap();
     for (key, revision) in &acked {
-        let kv = s.get(key).await.unwrap().unwrap_or_else(|| panic!("{key} was acknowledged and lost"));
+        let kv = s
+            .get(key)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{key} was acknowledged and lost"));
         assert_eq!(kv.mod_revision, *revision);
         assert_eq!(&*kv.value, key.as_bytes());
     }
