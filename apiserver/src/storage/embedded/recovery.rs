@@ -4,8 +4,10 @@
 //! length or payload checksum). What follows decides what that means:
 //! - nothing valid after it: a **torn tail** (the last group commit was cut short by a crash; it
 //!   was never acknowledged). The damaged bytes are reported so the caller zeroes them;
-//! - a valid frame after it, or damage inside the snapshot region: a **corrupt middle**. Records
-//!   that were acknowledged are unreadable, so the log is refused with an error saying where.
+//! - a valid frame after it (past its payload when its header is intact: values inside a torn
+//!   frame may look like frames), or damage inside the snapshot region: a **corrupt middle**.
+//!   Records that were acknowledged are unreadable, so the log is refused with an error saying
+//!   where.
 
 use super::format::{
     self, DecodedOp, FRAME_ALIGN, FRAME_BATCH, FRAME_HEADER_LEN, FRAME_SNAPSHOT, FileHeader, FrameHeader,
@@ -105,7 +107,7 @@ pub fn replay(map: &LogMap, header: &FileHeader, path: &str) -> Result<Recovered
     // Anything non-zero from here on is either a torn tail or damage followed by good data.
     let mut torn = None;
     if let Some(first_dirty) = first_nonzero(map, pos) {
-        let mut probe = pos + FRAME_ALIGN;
+        let mut probe = next_frame_candidate(map, pos);
         let mut dirty_end = pos;
         while probe + FRAME_HEADER_LEN as u64 <= len {
             if intact_frame(map, probe).is_some() {
@@ -130,6 +132,16 @@ pub fn replay(map: &LogMap, header: &FileHeader, path: &str) -> Result<Recovered
         torn,
         frames,
     })
+}
+
+/// Where a frame could next start after the damaged one at `pos`. If its header is intact (a
+/// write cut short keeps it: the header goes first), its payload holds values, which may be any
+/// bytes, even a valid frame, so the search starts past that payload; else at the next aligned
+/// offset.
+fn next_frame_candidate(map: &LogMap, pos: u64) -> u64 {
+    map.slice(pos, FRAME_HEADER_LEN)
+        .and_then(FrameHeader::decode)
+        .map_or(pos + FRAME_ALIGN, |h| pos + h.frame_len())
 }
 
 /// The header of the frame at `pos` if the whole frame is intact.

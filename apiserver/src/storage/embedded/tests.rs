@@ -143,6 +143,43 @@ async fn torn_tail_is_discarded_and_writing_continues() {
 }
 
 #[tokio::test]
+async fn torn_frame_whose_value_holds_a_frame_is_still_a_torn_tail() {
+    // A value may be any bytes, including a valid frame. When the frame carrying it is torn by a
+    // crash, recovery must not take that value for an intact frame following the damage.
+    let mut enc = super::format::BatchEncoder::new();
+    enc.push_txn(999, [("/inner", Some(&b"inner value"[..]))].into_iter());
+    let (inner, _) = enc.finish();
+    let mut value = inner.clone();
+    value.extend_from_slice(&[0xAA; 300]);
+    let dir = tempfile::tempdir().unwrap();
+    let good_rev = {
+        let s = Embedded::open(dir.path(), small()).unwrap();
+        let rev = committed(&s, put("/kept", b"acknowledged")).await;
+        // A 3-byte key puts the value 56 bytes into its frame: 8-aligned, where frames start.
+        committed(&s, put("/ab", &value)).await;
+        rev
+    };
+    let path = wal(dir.path());
+    let bytes = std::fs::read(&path).unwrap();
+    let last = 64 + super::format::FrameHeader::decode(&bytes[64..96]).unwrap().frame_len() as usize;
+    assert_eq!(&bytes[last + 56..last + 56 + inner.len()], &inner[..], "the value sits 8-aligned");
+    // The crash cut the last frame short after the embedded frame.
+    let f = OpenOptions::new().write(true).read(true).open(&path).unwrap();
+    f.write_all_at(&[0u8; 200], (last + 56 + inner.len() + 50) as u64).unwrap();
+    drop(f);
+
+    let s = Embedded::open(dir.path(), small()).unwrap();
+    assert_eq!(&*s.get("/kept").await.unwrap().unwrap().value, b"acknowledged");
+    assert!(s.get("/ab").await.unwrap().is_none(), "the torn write is dropped");
+    assert!(s.get("/inner").await.unwrap().is_none(), "a value is never replayed as a frame");
+    assert_eq!(s.current_revision().await.unwrap(), good_rev);
+    let r = committed(&s, put("/after", b"x")).await;
+    drop(s);
+    let s = Embedded::open(dir.path(), small()).unwrap();
+    assert_eq!(s.get("/after").await.unwrap().unwrap().mod_revision, r);
+}
+
+#[tokio::test]
 async fn corrupt_middle_is_refused_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     {
