@@ -48,8 +48,7 @@ fn main() -> anyhow::Result<()> {
 
     let mut rows = Vec::new();
     for writers in LEVELS {
-        let ours =
-            bench_ours(&runtime, &scratch, writers).context("benchmarking the embedded storage")?;
+        let ours = bench_ours(&runtime, &scratch, writers).context("benchmarking the embedded storage")?;
         let etcd = bench_etcd(&runtime, &scratch, writers).context("benchmarking etcd")?;
         eprintln!("  {writers} writers: ours {ours:.0} creates/s, etcd {etcd:.0} puts/s");
         rows.push((writers, ours, etcd));
@@ -74,15 +73,13 @@ fn scratch_dir() -> anyhow::Result<PathBuf> {
 /// The mount point and filesystem type holding `path` (the longest matching mount wins).
 fn filesystem_of(path: &Path) -> anyhow::Result<(String, String)> {
     let path = path.canonicalize()?;
-    let mounts =
-        std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+    let mounts = std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
     mounts
         .lines()
         .filter_map(|line| {
             let mut fields = line.split(' ');
             let (_device, mount, fs_type) = (fields.next()?, fields.next()?, fields.next()?);
-            path.starts_with(mount)
-                .then(|| (mount.to_owned(), fs_type.to_owned()))
+            path.starts_with(mount).then(|| (mount.to_owned(), fs_type.to_owned()))
         })
         .max_by_key(|(mount, _)| mount.len())
         .with_context(|| format!("no mount holds {}", path.display()))
@@ -104,9 +101,7 @@ fn print_header(scratch: &Path) -> anyhow::Result<()> {
         "  data:    {} ({fs_type} mounted at {mount}), a fresh directory per run",
         scratch.display()
     );
-    println!(
-        "  load:    {VALUE_BYTES}-byte values on distinct keys, {WARM_UP:?} warm-up then {MEASURE:?} measured"
-    );
+    println!("  load:    {VALUE_BYTES}-byte values on distinct keys, {WARM_UP:?} warm-up then {MEASURE:?} measured");
     println!("  clients: tokio multi-thread runtime with 2 worker threads for both sides");
     Ok(())
 }
@@ -116,10 +111,7 @@ fn print_table(rows: &[(usize, f64, f64)]) {
     println!("writers | ours creates/s | etcd puts/s | ours/etcd");
     println!("------- | -------------- | ----------- | ---------");
     for (writers, ours, etcd) in rows {
-        println!(
-            "{writers:>7} | {ours:>14.0} | {etcd:>11.0} | {:>8.2}x",
-            ours / etcd
-        );
+        println!("{writers:>7} | {ours:>14.0} | {etcd:>11.0} | {:>8.2}x", ours / etcd);
     }
     println!();
     println!(
@@ -131,11 +123,7 @@ fn print_table(rows: &[(usize, f64, f64)]) {
 /// One writer's handle on a store under test.
 trait Creator: Send + 'static {
     /// Durably writes `key`, which has not been written before.
-    fn create(
-        &mut self,
-        key: String,
-        value: Value,
-    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+    fn create(&mut self, key: String, value: Value) -> impl Future<Output = anyhow::Result<()>> + Send;
 }
 
 /// Runs one task per creator, each writing fresh keys back to back until the measured window
@@ -151,9 +139,7 @@ async fn drive<C: Creator>(creators: Vec<C>) -> anyhow::Result<f64> {
             let mut counted = 0u64;
             let mut seq = 0u64;
             while Instant::now() < end {
-                creator
-                    .create(format!("/bench/{writer}/{seq}"), value.clone())
-                    .await?;
+                creator.create(format!("/bench/{writer}/{seq}"), value.clone()).await?;
                 seq += 1;
                 let done = Instant::now();
                 if done >= measure_from && done < end {
@@ -173,11 +159,7 @@ async fn drive<C: Creator>(creators: Vec<C>) -> anyhow::Result<f64> {
 struct Ours(Arc<Embedded>);
 
 impl Creator for Ours {
-    fn create(
-        &mut self,
-        key: String,
-        value: Value,
-    ) -> impl Future<Output = anyhow::Result<()>> + Send {
+    fn create(&mut self, key: String, value: Value) -> impl Future<Output = anyhow::Result<()>> + Send {
         let storage = self.0.clone();
         async move {
             let txn = Txn {
@@ -199,9 +181,7 @@ impl Creator for Ours {
 }
 
 fn bench_ours(runtime: &Runtime, scratch: &Path, writers: usize) -> anyhow::Result<f64> {
-    let dir = tempfile::Builder::new()
-        .prefix("ours-")
-        .tempdir_in(scratch)?;
+    let dir = tempfile::Builder::new().prefix("ours-").tempdir_in(scratch)?;
     let storage = Arc::new(Embedded::open(dir.path(), Options::default())?);
     let creators = (0..writers).map(|_| Ours(storage.clone())).collect();
     let rate = runtime.block_on(drive(creators));
@@ -239,9 +219,7 @@ struct EtcdServer {
 
 impl EtcdServer {
     fn start(scratch: &Path) -> anyhow::Result<EtcdServer> {
-        let dir = tempfile::Builder::new()
-            .prefix("etcd-")
-            .tempdir_in(scratch)?;
+        let dir = tempfile::Builder::new().prefix("etcd-").tempdir_in(scratch)?;
         let (client_port, peer_port) = two_free_ports()?;
         let client_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
@@ -276,10 +254,7 @@ impl EtcdServer {
                 Err(e) => e,
             };
             if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "etcd exited ({status}) before it was ready:\n{}",
-                    self.log_tail()
-                );
+                bail!("etcd exited ({status}) before it was ready:\n{}", self.log_tail());
             }
             if Instant::now() >= deadline {
                 bail!(
@@ -296,8 +271,7 @@ impl EtcdServer {
         let options = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(1))
             .with_timeout(Duration::from_secs(2));
-        let mut client =
-            etcd_client::Client::connect([self.endpoint.as_str()], Some(options)).await?;
+        let mut client = etcd_client::Client::connect([self.endpoint.as_str()], Some(options)).await?;
         client.status().await?;
         Ok(client)
     }

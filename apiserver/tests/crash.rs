@@ -47,10 +47,8 @@ fn acknowledged_writes_survive_sigkill() -> anyhow::Result<()> {
         let tag = format!("it{iteration}");
         let run = run_and_kill(dir.path(), &tag, delay)
             .with_context(|| format!("iteration {iteration} (seed {seed}): running the writer"))?;
-        let report =
-            check_after_crash(dir.path(), &tag, &run, &mut history).with_context(|| {
-                format!("iteration {iteration} (seed {seed}, kill delay {delay:?})")
-            })?;
+        let report = check_after_crash(dir.path(), &tag, &run, &mut history)
+            .with_context(|| format!("iteration {iteration} (seed {seed}, kill delay {delay:?})"))?;
         println!(
             "iteration {iteration:2}: killed after {delay:>5?}: {} acknowledged, {} recovered \
              without acknowledgement, {} keys in total, revision {}{}",
@@ -75,10 +73,7 @@ fn acknowledged_writes_survive_sigkill() -> anyhow::Result<()> {
 
 /// The random seed: `CRASH_SEED` if set, else the clock.
 fn seed() -> u64 {
-    if let Some(seed) = std::env::var("CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
+    if let Some(seed) = std::env::var("CRASH_SEED").ok().and_then(|s| s.parse().ok()) {
         return seed;
     }
     SystemTime::now()
@@ -107,9 +102,7 @@ impl XorShift {
 /// The writer's value contract: the key's bytes repeated and cut to `VALUE_BYTES` bytes.
 fn value_for(key: &str) -> Vec<u8> {
     // `repeat` copies whole keys at a time: this runs for every key after every crash.
-    let mut value = key
-        .repeat(VALUE_BYTES.div_ceil(key.len().max(1)))
-        .into_bytes();
+    let mut value = key.repeat(VALUE_BYTES.div_ceil(key.len().max(1))).into_bytes();
     value.truncate(VALUE_BYTES);
     value
 }
@@ -160,11 +153,7 @@ fn run_and_kill(dir: &Path, tag: &str, delay: Duration) -> anyhow::Result<Killed
             .spawn()
             .context("starting kvcache-storage-writer")?,
     );
-    let stdout = child
-        .0
-        .stdout
-        .take()
-        .context("the writer's stdout is not piped")?;
+    let stdout = child.0.stdout.take().context("the writer's stdout is not piped")?;
     let (line_seen, lines) = mpsc::channel();
     let reader = std::thread::spawn(move || read_acks(stdout, line_seen));
 
@@ -176,9 +165,8 @@ fn run_and_kill(dir: &Path, tag: &str, delay: Duration) -> anyhow::Result<Killed
     let output = reader
         .join()
         .map_err(|_| anyhow::anyhow!("the stdout reader panicked"))?;
-    ready.with_context(|| {
-        format!("the writer never acknowledged {ACKS_BEFORE_KILL} writes (it ended with {status})")
-    })?;
+    ready
+        .with_context(|| format!("the writer never acknowledged {ACKS_BEFORE_KILL} writes (it ended with {status})"))?;
     ensure!(
         status.signal() == Some(9),
         "the writer ended on its own ({status}) instead of by our SIGKILL"
@@ -187,11 +175,7 @@ fn run_and_kill(dir: &Path, tag: &str, delay: Duration) -> anyhow::Result<Killed
 }
 
 /// Waits until the reader has seen `count` lines.
-fn wait_for_lines(
-    lines: &mpsc::Receiver<()>,
-    count: usize,
-    timeout: Duration,
-) -> anyhow::Result<()> {
+fn wait_for_lines(lines: &mpsc::Receiver<()>, count: usize, timeout: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     for seen in 0..count {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -213,11 +197,7 @@ fn read_acks(stdout: impl Read, line_seen: mpsc::Sender<()>) -> anyhow::Result<K
     let mut line = String::new();
     loop {
         line.clear();
-        if stdout
-            .read_line(&mut line)
-            .context("reading the writer's stdout")?
-            == 0
-        {
+        if stdout.read_line(&mut line).context("reading the writer's stdout")? == 0 {
             return Ok(Killed {
                 acks,
                 partial_line: false,
@@ -236,14 +216,11 @@ fn read_acks(stdout: impl Read, line_seen: mpsc::Sender<()>) -> anyhow::Result<K
 
 fn parse_ack(line: &str) -> anyhow::Result<Ack> {
     let mut words = line.split(' ');
-    let (Some("ACK"), Some(key), Some(revision), None) =
-        (words.next(), words.next(), words.next(), words.next())
+    let (Some("ACK"), Some(key), Some(revision), None) = (words.next(), words.next(), words.next(), words.next())
     else {
         bail!("unexpected writer output {line:?}");
     };
-    let revision = revision
-        .parse()
-        .with_context(|| format!("bad revision in {line:?}"))?;
+    let revision = revision.parse().with_context(|| format!("bad revision in {line:?}"))?;
     Ok(Ack {
         key: key.to_owned(),
         revision,
@@ -267,18 +244,10 @@ struct Report {
 }
 
 /// Reopens the storage after a crash and checks it against everything acknowledged so far.
-fn check_after_crash(
-    dir: &Path,
-    tag: &str,
-    run: &Killed,
-    history: &mut History,
-) -> anyhow::Result<Report> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+fn check_after_crash(dir: &Path, tag: &str, run: &Killed, history: &mut History) -> anyhow::Result<Report> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
-        let storage = Embedded::open(dir, Options::default())
-            .context("reopening the storage after the kill")?;
+        let storage = Embedded::open(dir, Options::default()).context("reopening the storage after the kill")?;
         let recovered = storage.current_revision().await?;
         ensure!(
             recovered >= history.revision,
@@ -288,10 +257,7 @@ fn check_after_crash(
         for ack in &run.acks {
             check_acknowledged(&storage, ack, history.revision, recovered).await?;
             ensure!(
-                history
-                    .acked
-                    .insert(ack.key.clone(), ack.revision)
-                    .is_none(),
+                history.acked.insert(ack.key.clone(), ack.revision).is_none(),
                 "{} was acknowledged twice",
                 ack.key
             );
@@ -299,10 +265,7 @@ fn check_after_crash(
         let listed = list_all(&storage, recovered).await?;
         check_nothing_disappeared(&listed, history)?;
         let unacknowledged = check_writers_are_gap_free(&listed, tag, &run.acks)?;
-        history.listed = listed
-            .iter()
-            .map(|(k, kv)| (k.clone(), kv.mod_revision))
-            .collect();
+        history.listed = listed.iter().map(|(k, kv)| (k.clone(), kv.mod_revision)).collect();
         history.revision = recovered;
         Ok(Report {
             keys: listed.len(),
@@ -313,12 +276,7 @@ fn check_after_crash(
 
 /// The acknowledged create is readable at exactly its revision, which is newer than the previous
 /// crash and not newer than what was recovered.
-async fn check_acknowledged(
-    storage: &Embedded,
-    ack: &Ack,
-    previous: u64,
-    recovered: u64,
-) -> anyhow::Result<()> {
+async fn check_acknowledged(storage: &Embedded, ack: &Ack, previous: u64, recovered: u64) -> anyhow::Result<()> {
     ensure!(
         ack.revision > previous && ack.revision <= recovered,
         "{} was acknowledged at revision {}, outside ({previous}, {recovered}]",
@@ -353,10 +311,7 @@ fn check_value(kv: &KeyValue) -> anyhow::Result<()> {
 }
 
 /// Lists everything under `/crash/` in pages, checking order, revisions and every value.
-async fn list_all(
-    storage: &Embedded,
-    recovered: u64,
-) -> anyhow::Result<BTreeMap<String, KeyValue>> {
+async fn list_all(storage: &Embedded, recovered: u64) -> anyhow::Result<BTreeMap<String, KeyValue>> {
     let mut all = BTreeMap::new();
     let mut start_after = None;
     loop {
@@ -394,10 +349,7 @@ async fn list_all(
 
 /// Every acknowledged key and every key listed after the previous crash is still listed, at the
 /// same revision.
-fn check_nothing_disappeared(
-    listed: &BTreeMap<String, KeyValue>,
-    history: &History,
-) -> anyhow::Result<()> {
+fn check_nothing_disappeared(listed: &BTreeMap<String, KeyValue>, history: &History) -> anyhow::Result<()> {
     let earlier = history.acked.iter().chain(&history.listed);
     for (key, revision) in earlier {
         let kv = listed
@@ -415,11 +367,7 @@ fn check_nothing_disappeared(
 /// Each writer of this run left keys `0..n` with increasing revisions, where `n` is its number of
 /// acknowledgements, plus at most the one create in flight at the kill. Returns how many keys were
 /// recovered without an acknowledgement.
-fn check_writers_are_gap_free(
-    listed: &BTreeMap<String, KeyValue>,
-    tag: &str,
-    acks: &[Ack],
-) -> anyhow::Result<usize> {
+fn check_writers_are_gap_free(listed: &BTreeMap<String, KeyValue>, tag: &str, acks: &[Ack]) -> anyhow::Result<usize> {
     let prefix = format!("{ROOT}{tag}/");
     let mut recovered: HashMap<usize, BTreeMap<u64, u64>> = HashMap::new();
     for kv in listed
@@ -428,16 +376,11 @@ fn check_writers_are_gap_free(
         .map(|(_, kv)| kv)
     {
         let (writer, seq) = writer_and_seq(&kv.key, &prefix)?;
-        recovered
-            .entry(writer)
-            .or_default()
-            .insert(seq, kv.mod_revision);
+        recovered.entry(writer).or_default().insert(seq, kv.mod_revision);
     }
     let mut acked: HashMap<usize, u64> = HashMap::new();
     for ack in acks {
-        *acked
-            .entry(writer_and_seq(&ack.key, &prefix)?.0)
-            .or_default() += 1;
+        *acked.entry(writer_and_seq(&ack.key, &prefix)?.0).or_default() += 1;
     }
     let mut unacknowledged = 0;
     for writer in 0..WRITERS {
@@ -459,11 +402,7 @@ fn check_writers_are_gap_free(
         );
         unacknowledged += (count - acked) as usize;
     }
-    ensure!(
-        recovered.is_empty(),
-        "keys of unknown writers {:?}",
-        recovered.keys()
-    );
+    ensure!(recovered.is_empty(), "keys of unknown writers {:?}", recovered.keys());
     Ok(unacknowledged)
 }
 
@@ -476,10 +415,7 @@ fn writer_and_seq(key: &str, prefix: &str) -> anyhow::Result<(usize, u64)> {
         .split_once('/')
         .with_context(|| format!("{key} has no sequence number"))?;
     Ok((
-        writer
-            .parse()
-            .with_context(|| format!("bad writer in {key}"))?,
-        seq.parse()
-            .with_context(|| format!("bad sequence in {key}"))?,
+        writer.parse().with_context(|| format!("bad writer in {key}"))?,
+        seq.parse().with_context(|| format!("bad sequence in {key}"))?,
     ))
 }

@@ -89,11 +89,7 @@ fn init_tracing() {
 }
 
 /// Creates `<prefix>0`, `<prefix>1`, ... one after another, acknowledging each on stdout.
-async fn write_forever(
-    storage: Arc<Embedded>,
-    prefix: String,
-    value_bytes: usize,
-) -> anyhow::Result<()> {
+async fn write_forever(storage: Arc<Embedded>, prefix: String, value_bytes: usize) -> anyhow::Result<()> {
     for seq in 0u64.. {
         let key = format!("{prefix}{seq}");
         let revision = create(&storage, &key, value_for(&key, value_bytes)).await?;
@@ -119,11 +115,7 @@ async fn create(storage: &Embedded, key: &str, value: Value) -> anyhow::Result<u
             value,
         }],
     };
-    match storage
-        .txn(txn)
-        .await
-        .with_context(|| format!("creating {key}"))?
-    {
+    match storage.txn(txn).await.with_context(|| format!("creating {key}"))? {
         TxnOutcome::Committed { revision } => Ok(revision),
         TxnOutcome::CompareFailed { .. } => {
             bail!("{key} already exists: use a --tag that was not used before in this directory")

@@ -162,16 +162,24 @@ async fn torn_frame_whose_value_holds_a_frame_is_still_a_torn_tail() {
     let path = wal(dir.path());
     let bytes = std::fs::read(&path).unwrap();
     let last = 64 + super::format::FrameHeader::decode(&bytes[64..96]).unwrap().frame_len() as usize;
-    assert_eq!(&bytes[last + 56..last + 56 + inner.len()], &inner[..], "the value sits 8-aligned");
+    assert_eq!(
+        &bytes[last + 56..last + 56 + inner.len()],
+        &inner[..],
+        "the value sits 8-aligned"
+    );
     // The crash cut the last frame short after the embedded frame.
     let f = OpenOptions::new().write(true).read(true).open(&path).unwrap();
-    f.write_all_at(&[0u8; 200], (last + 56 + inner.len() + 50) as u64).unwrap();
+    f.write_all_at(&[0u8; 200], (last + 56 + inner.len() + 50) as u64)
+        .unwrap();
     drop(f);
 
     let s = Embedded::open(dir.path(), small()).unwrap();
     assert_eq!(&*s.get("/kept").await.unwrap().unwrap().value, b"acknowledged");
     assert!(s.get("/ab").await.unwrap().is_none(), "the torn write is dropped");
-    assert!(s.get("/inner").await.unwrap().is_none(), "a value is never replayed as a frame");
+    assert!(
+        s.get("/inner").await.unwrap().is_none(),
+        "a value is never replayed as a frame"
+    );
     assert_eq!(s.current_revision().await.unwrap(), good_rev);
     let r = committed(&s, put("/after", b"x")).await;
     drop(s);
