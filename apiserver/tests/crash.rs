@@ -28,6 +28,8 @@ const WRITERS: usize = 16;
 const VALUE_BYTES: usize = 1024;
 /// Acknowledgements to see before the random delay that precedes the kill starts.
 const ACKS_BEFORE_KILL: usize = 8;
+/// Small, so that the writer compacts its log many times per run.
+const COMPACT_MIN_BYTES: u64 = 256 << 10;
 const MAX_KILL_DELAY_MS: u64 = 150;
 /// A bound on waiting for the first acknowledgements, so a broken writer fails the test.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -63,10 +65,15 @@ fn acknowledged_writes_survive_sigkill() -> anyhow::Result<()> {
             },
         );
     }
+    let generation = log_generation(dir.path())?;
     println!(
-        "{ITERATIONS} crashes, {} acknowledged writes checked, none lost, {:.1?}",
+        "{ITERATIONS} crashes, {} acknowledged writes checked, none lost, log generation {generation}, {:.1?}",
         history.acked.len(),
         started.elapsed()
+    );
+    ensure!(
+        generation > 1,
+        "the log was never compacted, so no kill could have landed in a compaction"
     );
     Ok(())
 }
@@ -147,6 +154,9 @@ fn run_and_kill(dir: &Path, tag: &str, delay: Duration) -> anyhow::Result<Killed
             .args(["--writers", &WRITERS.to_string()])
             .args(["--value-bytes", &VALUE_BYTES.to_string()])
             .args(["--tag", tag])
+            // Rewrites make the log outgrow the live data, so kills also land in compactions.
+            .args(["--churn", "4"])
+            .args(["--compact-min-bytes", &COMPACT_MIN_BYTES.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -264,6 +274,7 @@ fn check_after_crash(dir: &Path, tag: &str, run: &Killed, history: &mut History)
         }
         let listed = list_all(&storage, recovered).await?;
         check_nothing_disappeared(&listed, history)?;
+        check_scratch_keys(&storage).await?;
         let unacknowledged = check_writers_are_gap_free(&listed, tag, &run.acks)?;
         history.listed = listed.iter().map(|(k, kv)| (k.clone(), kv.mod_revision)).collect();
         history.revision = recovered;
@@ -298,6 +309,34 @@ async fn check_acknowledged(storage: &Embedded, ack: &Ack, previous: u64, recove
         kv.create_revision
     );
     check_value(&kv)
+}
+
+/// Every scratch key the writers rewrote is readable and holds its value.
+async fn check_scratch_keys(storage: &Embedded) -> anyhow::Result<()> {
+    let page = storage
+        .list(ListRequest {
+            prefix: "/churn/".into(),
+            ..Default::default()
+        })
+        .await?;
+    ensure!(!page.items.is_empty(), "the writers rewrote no scratch key");
+    page.items.iter().try_for_each(check_value)
+}
+
+/// The generation of the newest log file: above 1 once the storage has compacted.
+fn log_generation(dir: &Path) -> anyhow::Result<u64> {
+    let mut newest = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if let Some(g) = name
+            .strip_prefix("wal-")
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        {
+            newest = newest.max(g);
+        }
+    }
+    Ok(newest)
 }
 
 fn check_value(kv: &KeyValue) -> anyhow::Result<()> {

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! kvcache-storage-writer --dir <DIR> --writers <N> --value-bytes <B> [--tag <T>]
+//!                        [--churn <R>] [--compact-min-bytes <BYTES>]
 //! ```
 //!
 //! It opens the embedded storage in `DIR` and runs `N` concurrent writers until it is killed.
@@ -10,6 +11,11 @@
 //! a create (the transaction requires the key to be absent). It never exits on its own; it stops
 //! with an error only if the storage fails, a key already exists (reuse of a tag in the same
 //! directory) or stdout is closed.
+//!
+//! With `--churn R`, each writer also rewrites its own scratch key `/churn/<T>/<w>` R times
+//! after every create. The rewrites make the log grow faster than the live data, so (with a small
+//! `--compact-min-bytes`) the storage compacts often and a kill can land in the middle of a
+//! compaction. Scratch keys follow the same value contract and are not acknowledged.
 //!
 //! # Output contract
 //!
@@ -50,6 +56,12 @@ struct Args {
     /// Distinguishes the keys of this run from earlier runs in the same directory.
     #[arg(long, default_value = "run")]
     tag: String,
+    /// Rewrites of a per-writer scratch key after every create, so the log needs compaction.
+    #[arg(long, default_value_t = 0)]
+    churn: u32,
+    /// Compact the log once it exceeds this size (and twice the live data).
+    #[arg(long)]
+    compact_min_bytes: Option<u64>,
 }
 
 #[tokio::main]
@@ -61,15 +73,20 @@ async fn main() -> anyhow::Result<()> {
         !args.tag.is_empty() && !args.tag.contains('/'),
         "--tag must be non-empty and must not contain '/' (it is one key segment)"
     );
-    let storage = Embedded::open(&args.dir, Options::default())
-        .with_context(|| format!("opening the storage in {}", args.dir.display()))?;
+    let mut options = Options::default();
+    if let Some(bytes) = args.compact_min_bytes {
+        options.compact_min_bytes = bytes;
+    }
+    let storage =
+        Embedded::open(&args.dir, options).with_context(|| format!("opening the storage in {}", args.dir.display()))?;
     let storage = Arc::new(storage);
 
     let mut writers = JoinSet::new();
     for writer in 0..args.writers {
         let storage = storage.clone();
         let prefix = format!("/crash/{}/{writer}/", args.tag);
-        writers.spawn(write_forever(storage, prefix, args.value_bytes));
+        let scratch = format!("/churn/{}/{writer}", args.tag);
+        writers.spawn(write_forever(storage, prefix, scratch, args.churn, args.value_bytes));
     }
     // Writers only return on failure; the first one that does ends the process.
     match writers.join_next().await {
@@ -88,12 +105,29 @@ fn init_tracing() {
         .init();
 }
 
-/// Creates `<prefix>0`, `<prefix>1`, ... one after another, acknowledging each on stdout.
-async fn write_forever(storage: Arc<Embedded>, prefix: String, value_bytes: usize) -> anyhow::Result<()> {
+/// Creates `<prefix>0`, `<prefix>1`, ... one after another, acknowledging each on stdout, and
+/// rewrites `scratch` `churn` times after each create.
+async fn write_forever(
+    storage: Arc<Embedded>,
+    prefix: String,
+    scratch: String,
+    churn: u32,
+    value_bytes: usize,
+) -> anyhow::Result<()> {
     for seq in 0u64.. {
         let key = format!("{prefix}{seq}");
         let revision = create(&storage, &key, value_for(&key, value_bytes)).await?;
         acknowledge(&key, revision)?;
+        for _ in 0..churn {
+            let txn = Txn {
+                compares: vec![],
+                ops: vec![Op::Put {
+                    key: scratch.clone(),
+                    value: value_for(&scratch, value_bytes),
+                }],
+            };
+            storage.txn(txn).await.with_context(|| format!("rewriting {scratch}"))?;
+        }
     }
     Ok(())
 }
