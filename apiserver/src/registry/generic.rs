@@ -200,15 +200,7 @@ impl<S: Strategy> Store<S> {
         obj: Object<S::Kind>,
         opts: WriteOptions,
     ) -> Result<Written<S::Kind>, RegistryError> {
-        let rv = required_resource_version::<S::Kind>(&obj)?;
-        check_identity::<S::Kind>(&obj, namespace, name)?;
-        self.update_with(namespace, name, opts, Subresource::Main, move |current| {
-            if current.metadata.resource_version.as_deref() != Some(rv.as_str()) {
-                return Err(RegistryError::modified::<S::Kind>(name));
-            }
-            Ok(obj.clone())
-        })
-        .await
+        self.replace(namespace, name, obj, opts, Subresource::Main).await
     }
 
     /// Replaces the status (PUT on `/status`); everything else is kept as stored.
@@ -219,9 +211,21 @@ impl<S: Strategy> Store<S> {
         obj: Object<S::Kind>,
         opts: WriteOptions,
     ) -> Result<Written<S::Kind>, RegistryError> {
+        self.replace(namespace, name, obj, opts, Subresource::Status).await
+    }
+
+    /// A PUT: the client's object, valid only against the version it names.
+    async fn replace(
+        &self,
+        namespace: &str,
+        name: &str,
+        obj: Object<S::Kind>,
+        opts: WriteOptions,
+        subresource: Subresource,
+    ) -> Result<Written<S::Kind>, RegistryError> {
         let rv = required_resource_version::<S::Kind>(&obj)?;
         check_identity::<S::Kind>(&obj, namespace, name)?;
-        self.update_with(namespace, name, opts, Subresource::Status, move |current| {
+        self.update_with(namespace, name, opts, subresource, move |current| {
             if current.metadata.resource_version.as_deref() != Some(rv.as_str()) {
                 return Err(RegistryError::modified::<S::Kind>(name));
             }

@@ -95,34 +95,8 @@ impl Index {
     /// Records a put or delete at `revision`. Returns the previous live version, if any.
     /// A delete of a key with no live version records nothing and returns `None`.
     pub fn apply(&mut self, key: &str, revision: u64, value: Option<Value>) -> Option<Version> {
-        let prev = self.latest(key).filter(|v| v.is_live()).cloned();
-        if value.is_none() && prev.is_none() {
-            return None;
-        }
-        let key_len = key.len() as u64;
-        if let Some(p) = &prev {
-            self.live_bytes = self.live_bytes.saturating_sub(key_len + loc_len(&p.loc));
-        }
-        let create_revision = prev.as_ref().map_or(revision, |p| p.create_revision);
-        let loc = match value {
-            Some(v) => {
-                self.live_bytes += key_len + v.len() as u64;
-                Loc::Pending(v)
-            }
-            None => Loc::Tombstone,
-        };
-        let version = Version {
-            mod_revision: revision,
-            create_revision,
-            loc,
-        };
-        match self.keys.get_mut(key) {
-            Some(versions) => versions.push(version),
-            None => {
-                self.keys.insert(Arc::from(key), vec![version]);
-            }
-        }
-        prev
+        let loc = value.map_or(Loc::Tombstone, Loc::Pending);
+        self.push(key, revision, None, loc)
     }
 
     /// Points the version of `key` at `revision` to its durable location.
@@ -139,24 +113,29 @@ impl Index {
 
     /// Inserts a durable version during recovery (versions arrive in revision order).
     pub fn recover(&mut self, key: &str, revision: u64, create_revision: Option<u64>, loc: Loc) {
-        let prev_live = self.latest(key).filter(|v| v.is_live()).cloned();
+        self.push(key, revision, create_revision, loc);
+    }
+
+    /// Appends a version, keeping `live_bytes`; the creation revision is the given one, else the
+    /// previous live version's, else `revision`. A tombstone for a key that is not live records
+    /// nothing. Returns the previous live version.
+    fn push(&mut self, key: &str, revision: u64, create_revision: Option<u64>, loc: Loc) -> Option<Version> {
+        let prev = self.latest(key).filter(|v| v.is_live()).cloned();
+        if matches!(loc, Loc::Tombstone) && prev.is_none() {
+            return None;
+        }
         let key_len = key.len() as u64;
-        if let Some(p) = &prev_live {
+        if let Some(p) = &prev {
             self.live_bytes = self.live_bytes.saturating_sub(key_len + loc_len(&p.loc));
         }
-        if matches!(loc, Loc::Tombstone) && prev_live.is_none() {
-            return;
+        if !matches!(loc, Loc::Tombstone) {
+            self.live_bytes += key_len + loc_len(&loc);
         }
-        self.live_bytes += match &loc {
-            Loc::Tombstone => 0,
-            l => key_len + loc_len(l),
-        };
-        let create_revision = create_revision
-            .or(prev_live.map(|p| p.create_revision))
-            .unwrap_or(revision);
         let version = Version {
             mod_revision: revision,
-            create_revision,
+            create_revision: create_revision
+                .or(prev.as_ref().map(|p| p.create_revision))
+                .unwrap_or(revision),
             loc,
         };
         match self.keys.get_mut(key) {
@@ -165,6 +144,7 @@ impl Index {
                 self.keys.insert(Arc::from(key), vec![version]);
             }
         }
+        prev
     }
 
     /// Every key's newest version at or before `revision` that is live: the content of a
