@@ -79,6 +79,17 @@ impl RegistryError {
         }
     }
 
+    /// A precondition (`UID`, `ResourceVersion`) that names another version than the stored one.
+    pub fn precondition<K: Kind>(name: &str, what: &str, wanted: &str, stored: Option<&str>) -> Self {
+        Self::conflict::<K>(
+            name,
+            format!(
+                "Precondition failed: {what} in precondition: {wanted}, {what} in object meta: {}",
+                stored.unwrap_or_default()
+            ),
+        )
+    }
+
     /// The standard optimistic-concurrency conflict.
     pub fn modified<K: Kind>(name: &str) -> Self {
         Self::conflict::<K>(

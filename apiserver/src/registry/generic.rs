@@ -332,23 +332,22 @@ impl<S: Strategy> Store<S> {
             if let Some(uid) = &opts.precondition_uid
                 && obj.metadata.uid.as_ref() != Some(uid)
             {
-                return Err(RegistryError::conflict::<S::Kind>(
+                return Err(RegistryError::precondition::<S::Kind>(
                     name,
-                    format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                        obj.metadata.uid.as_deref().unwrap_or_default()
-                    ),
+                    "UID",
+                    uid,
+                    obj.metadata.uid.as_deref(),
                 ));
             }
             if let Some(rv) = &opts.precondition_resource_version
                 && obj.metadata.resource_version.as_ref() != Some(rv)
             {
-                return Err(RegistryError::conflict::<S::Kind>(
+                let stored = obj.metadata.resource_version.as_deref();
+                return Err(RegistryError::precondition::<S::Kind>(
                     name,
-                    format!(
-                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                        obj.metadata.resource_version.as_deref().unwrap_or_default()
-                    ),
+                    "ResourceVersion",
+                    rv,
+                    stored,
                 ));
             }
             let (ops, outcome_pending) = if !meta::finalizers(&obj.metadata).is_empty() {

@@ -76,12 +76,11 @@ pub fn prepare_update<K: Kind>(new: &mut Object<K>, old: &Object<K>) -> Result<(
     if let Some(uid) = n.uid.as_deref().filter(|u| !u.is_empty())
         && Some(uid) != o.uid.as_deref()
     {
-        return Err(RegistryError::conflict::<K>(
+        return Err(RegistryError::precondition::<K>(
             old.name(),
-            format!(
-                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                o.uid.as_deref().unwrap_or_default()
-            ),
+            "UID",
+            uid,
+            o.uid.as_deref(),
         ));
     }
     n.uid = o.uid.clone();

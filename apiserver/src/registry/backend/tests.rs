@@ -1293,3 +1293,37 @@ async fn spec_changes_bump_generation_and_status_writes_do_not() {
         .object;
     assert_eq!(same.metadata.resource_version, b2.metadata.resource_version);
 }
+
+#[tokio::test]
+async fn delete_honours_uid_and_resource_version_preconditions() {
+    let h = Harness::new();
+    let (b, _) = create(&h, &base()).await.unwrap();
+    let wrong_uid = DeleteOptions {
+        precondition_uid: Some("not-the-uid".into()),
+        ..Default::default()
+    };
+    let Err(RegistryError::Conflict { message, .. }) = h.reg.backends.delete("", b.name(), wrong_uid).await else {
+        panic!("a wrong uid is a conflict")
+    };
+    assert!(
+        message.starts_with("Precondition failed: UID in precondition: not-the-uid"),
+        "{message}"
+    );
+    let stale = DeleteOptions {
+        precondition_resource_version: Some("999".into()),
+        ..Default::default()
+    };
+    assert!(matches!(
+        h.reg.backends.delete("", b.name(), stale).await,
+        Err(RegistryError::Conflict { .. })
+    ));
+    let exact = DeleteOptions {
+        precondition_uid: b.metadata.uid.clone(),
+        precondition_resource_version: b.metadata.resource_version.clone(),
+        ..Default::default()
+    };
+    assert!(matches!(
+        h.reg.backends.delete("", b.name(), exact).await,
+        Ok(crate::registry::generic::Deleted::Gone(_))
+    ));
+}
