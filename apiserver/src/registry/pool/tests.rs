@@ -208,3 +208,80 @@ async fn backends_are_immutable_and_quota_is_not() {
         Expect::Refused(Forbidden, "spec.backends"),
     );
 }
+
+#[tokio::test]
+async fn lists_page_with_continue_tokens_at_one_revision_and_filter_before_the_limit() {
+    use crate::registry::generic::ListOptions;
+    use std::sync::Arc;
+
+    let h = Harness::new();
+    for i in 0..7 {
+        let mut v = pool();
+        set(&mut v, "/metadata/name", json!(format!("pool-{i}")));
+        set(
+            &mut v,
+            "/metadata/labels",
+            json!({"tier": if i % 2 == 0 { "even" } else { "odd" }}),
+        );
+        create(&h, &v).await.unwrap();
+    }
+    let even: crate::registry::generic::Predicate<PoolSpec> = Arc::new(|p: &KVCachePool| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("tier"))
+            .map(String::as_str)
+            == Some("even")
+    });
+    let first = h
+        .reg
+        .pools
+        .list(
+            None,
+            ListOptions {
+                limit: Some(2),
+                continue_token: None,
+                predicate: Some(even.clone()),
+            },
+        )
+        .await
+        .unwrap();
+    let names = |l: &crate::registry::generic::ObjectList<PoolSpec>| {
+        l.items.iter().map(|p| p.name().to_owned()).collect::<Vec<_>>()
+    };
+    assert_eq!(names(&first), ["pool-0", "pool-2"]);
+    // A pool created between pages is not in the next page: pages share the first revision.
+    let mut v = pool();
+    set(&mut v, "/metadata/name", json!("pool-5a"));
+    set(&mut v, "/metadata/labels", json!({"tier": "even"}));
+    create(&h, &v).await.unwrap();
+    let second = h
+        .reg
+        .pools
+        .list(
+            None,
+            ListOptions {
+                limit: Some(2),
+                continue_token: first.continue_token.clone(),
+                predicate: Some(even),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(names(&second), ["pool-4", "pool-6"]);
+    assert_eq!(second.resource_version, first.resource_version);
+    assert!(second.continue_token.is_none(), "the last page has no continue token");
+    let bad = h
+        .reg
+        .pools
+        .list(
+            None,
+            ListOptions {
+                limit: None,
+                continue_token: Some("not-a-token".into()),
+                predicate: None,
+            },
+        )
+        .await;
+    assert!(matches!(bad, Err(RegistryError::BadRequest(_))));
+}
