@@ -82,10 +82,6 @@ impl<S: Strategy> Store<S> {
         Store { storage, strategy, ctx }
     }
 
-    pub fn storage(&self) -> &Arc<dyn Storage> {
-        &self.storage
-    }
-
     fn key(namespace: &str, name: &str) -> String {
         keys::object_key::<S::Kind>(namespace, name)
     }

@@ -234,11 +234,6 @@ impl Embedded {
         self.shared.hub.closed_slow_watchers()
     }
 
-    /// The directory this storage lives in.
-    pub fn dir(&self) -> &Path {
-        &self.shared.dir
-    }
-
     fn check_compares(st: &State, compares: &[Compare]) -> bool {
         compares.iter().all(|c| match c {
             Compare::ModRevision { key, revision } => {
@@ -382,30 +377,24 @@ impl Storage for Embedded {
                     Op::Put { key, value } => (key, Some(value)),
                     Op::Delete { key } => (key, None),
                 };
-                let is_delete = value.is_none();
-                let map = st.map.clone();
-                let Some(prev) = st.index.apply(&key, revision, value.clone()) else {
-                    if is_delete {
-                        continue;
-                    }
-                    ops.push(QueuedOp {
-                        key: Arc::from(key.as_str()),
-                        value,
-                        prev: None,
-                        create_revision: revision,
-                    });
-                    continue;
-                };
-                let prev_ref = match prev.loc {
-                    Loc::Pending(v) => ValueRef::Memory(v),
-                    Loc::Disk { offset, len } => ValueRef::Mapped { map, offset, len },
+                let prev = st.index.apply(&key, revision, value.clone());
+                if prev.is_none() && value.is_none() {
+                    continue; // deleting a key that does not exist
+                }
+                let prev_ref = prev.as_ref().map(|p| match &p.loc {
+                    Loc::Pending(v) => ValueRef::Memory(v.clone()),
+                    Loc::Disk { offset, len } => ValueRef::Mapped {
+                        map: st.map.clone(),
+                        offset: *offset,
+                        len: *len,
+                    },
                     Loc::Tombstone => unreachable!("apply returns live versions only"),
-                };
+                });
                 ops.push(QueuedOp {
                     key: Arc::from(key.as_str()),
                     value,
-                    prev: Some(prev_ref),
-                    create_revision: prev.create_revision,
+                    prev: prev_ref,
+                    create_revision: prev.map_or(revision, |p| p.create_revision),
                 });
             }
             if ops.is_empty() {
