@@ -1,8 +1,5 @@
-//! `kvcache-apiserver`: the command line over the registry and the embedded storage.
-//!
-//! Today it applies manifests, reads and deletes objects in a data directory, with every
-//! admission rule and storage invariant the API server enforces; serving the API over HTTPS to
-//! kubectl is the next step.
+//! `kv-apiserver`: the API server (`serve`), and offline commands over a stopped server's data
+//! directory (`apply`, `get`, `delete`) that run the same admission rules.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,16 +11,18 @@ use kvcache_apiserver::config::Config;
 use kvcache_apiserver::manifest::{self, ApplyError, Outcome};
 use kvcache_apiserver::registry::generic::{DeleteOptions, Deleted, ListOptions};
 use kvcache_apiserver::registry::{Context, Registries, RegistryError, Store, Strategy};
+use kvcache_apiserver::server::{self, ServeOptions};
 use kvcache_apiserver::storage::embedded::{Embedded, Options};
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
-    name = "kvcache-apiserver",
+    name = "kv-apiserver",
     version,
-    about = "worker.gpustack.ai/v1 objects in embedded, crash-safe storage"
+    about = "The worker.gpustack.ai/v1 API server, with embedded crash-safe storage"
 )]
 struct Cli {
-    /// Where the embedded storage keeps its log.
+    /// Where the storage log (`storage/`), certificates (`pki/`) and kubeconfig files live.
     #[arg(long, default_value = "./data", global = true)]
     data_dir: PathBuf,
     /// Server configuration (settings, instance types); defaults when absent.
@@ -35,6 +34,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serves the API over HTTPS; writes <data-dir>/kubeconfig for kubectl.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:6443")]
+        listen: std::net::SocketAddr,
+        /// Seconds between BOOKMARK events on watches that allow them.
+        #[arg(long, default_value_t = 60, hide = true)]
+        watch_bookmark_interval: u64,
+        /// Seconds to keep serving (with /readyz failing) after SIGTERM.
+        #[arg(long, default_value_t = 0)]
+        shutdown_delay: u64,
+    },
     /// Creates or updates the objects in manifest files (a file or a directory of .yaml files).
     Apply {
         #[arg(short = 'f', long = "filename", required = true)]
@@ -78,8 +88,28 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
-    let storage = Embedded::open(&cli.data_dir, Options::default())
-        .with_context(|| format!("opening the storage in {}", cli.data_dir.display()))?;
+    if let Command::Serve {
+        listen,
+        watch_bookmark_interval,
+        shutdown_delay,
+    } = cli.command
+    {
+        let opts = ServeOptions {
+            listen,
+            data_dir: cli.data_dir.clone(),
+            config,
+            bookmark_interval: Duration::from_secs(watch_bookmark_interval.max(1)),
+            shutdown_delay: Duration::from_secs(shutdown_delay),
+        };
+        return Ok(server::serve(opts, stop_signal(Duration::from_secs(shutdown_delay))).await?);
+    }
+    let storage_dir = cli.data_dir.join("storage");
+    let storage = Embedded::open(&storage_dir, Options::default()).with_context(|| {
+        format!(
+            "opening the storage in {} (is kv-apiserver serve running on it?)",
+            storage_dir.display()
+        )
+    })?;
     let reg = Registries::new(
         Arc::new(storage),
         Context {
@@ -112,7 +142,26 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             "KVCachePoolBinding" => delete(&reg.bindings, &namespace, &name).await,
             _ => delete(&reg.model_deployments, &namespace, &name).await,
         },
+        Command::Serve { .. } => Ok(()),
     }
+}
+
+/// SIGINT or SIGTERM, then `delay` (during which `/readyz` already fails).
+async fn stop_signal(delay: Duration) {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+    tracing::info!("stop signal received");
+    tokio::time::sleep(delay).await;
 }
 
 fn resolve(kind: &str) -> anyhow::Result<&'static str> {

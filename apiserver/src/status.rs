@@ -3,16 +3,34 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, Status, StatusCause, StatusDetails};
 use kvcache_api::{GROUP, Kind};
 
+/// A `Failure` Status with no details (errors outside any one resource: authentication,
+/// authorization, negotiation, limits).
+pub fn failure(code: u16, reason: &str, message: impl Into<String>) -> Status {
+    Status {
+        code: Some(i32::from(code)),
+        details: None,
+        message: Some(message.into()),
+        metadata: ListMeta::default(),
+        reason: Some(reason.to_owned()),
+        status: Some("Failure".to_owned()),
+    }
+}
+
 use crate::registry::RegistryError;
 
 /// The HTTP status code and the `Status` body for a refusal of an operation on kind `K`.
 pub fn from_error<K: Kind>(name: &str, e: &RegistryError) -> (u16, Status) {
+    for_resource(K::PLURAL, name, e)
+}
+
+/// [`from_error`] for a resource known by its plural name at run time.
+pub fn for_resource(plural: &str, name: &str, e: &RegistryError) -> (u16, Status) {
     let (code, reason) = match e {
         RegistryError::BadRequest(_) => (400, "BadRequest"),
         RegistryError::Invalid { .. } => (422, "Invalid"),
         RegistryError::NotFound { .. } => (404, "NotFound"),
         RegistryError::AlreadyExists { .. } => (409, "AlreadyExists"),
-        RegistryError::Conflict { .. } => (409, "Conflict"),
+        RegistryError::Conflict { .. } | RegistryError::ApplyConflict { .. } => (409, "Conflict"),
         RegistryError::Expired(_) => (410, "Expired"),
         RegistryError::Unavailable(_) => (503, "ServiceUnavailable"),
         RegistryError::Internal(_) => (500, "InternalError"),
@@ -28,11 +46,21 @@ pub fn from_error<K: Kind>(name: &str, e: &RegistryError) -> (u16, Status) {
                 })
                 .collect(),
         ),
+        RegistryError::ApplyConflict { conflicts, .. } => Some(
+            conflicts
+                .iter()
+                .map(|(field, message)| StatusCause {
+                    field: Some(field.clone()),
+                    message: Some(message.clone()),
+                    reason: Some("FieldManagerConflict".to_owned()),
+                })
+                .collect(),
+        ),
         _ => None,
     };
     let kind = match e {
         RegistryError::Invalid { kind, .. } => (*kind).to_owned(),
-        _ => K::PLURAL.to_owned(),
+        _ => plural.to_owned(),
     };
     let status = Status {
         code: Some(i32::from(code)),

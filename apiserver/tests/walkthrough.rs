@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/walkthrough")
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("../tests/fixtures/walkthrough")
 }
 
 fn cli(data: &std::path::Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvcache-apiserver"))
+    Command::new(env!("CARGO_BIN_EXE_kv-apiserver"))
         .arg("--data-dir")
         .arg(data)
         .args(args)

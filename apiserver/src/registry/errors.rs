@@ -37,6 +37,15 @@ pub enum RegistryError {
         name: String,
         message: String,
     },
+    /// 409: server-side apply would change fields other managers own. `conflicts` holds
+    /// `(field, message)` pairs, such as `(".spec.size", "conflict with \"a\" using ...")`.
+    #[error("{message}")]
+    ApplyConflict {
+        resource: String,
+        name: String,
+        message: String,
+        conflicts: Vec<(String, String)>,
+    },
     /// 410: a continue token or revision that was compacted.
     #[error("{0}")]
     Expired(String),

@@ -59,6 +59,8 @@ pub type Predicate<K> = Arc<dyn Fn(&Object<K>) -> bool + Send + Sync>;
 #[derive(Clone, Default)]
 pub struct ListOptions<K: Kind> {
     pub limit: Option<usize>,
+    /// Read at exactly this revision (`resourceVersionMatch=Exact`); `None` reads the latest.
+    pub revision: Option<u64>,
     pub continue_token: Option<String>,
     pub predicate: Option<Predicate<K>>,
 }
@@ -80,6 +82,11 @@ struct ContinueToken {
 impl<S: Strategy> Store<S> {
     pub fn new(storage: Arc<dyn Storage>, strategy: S, ctx: Context) -> Self {
         Store { storage, strategy, ctx }
+    }
+
+    /// The storage under this registry (for watch and revisions).
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
     }
 
     fn key(namespace: &str, name: &str) -> String {
@@ -111,7 +118,7 @@ impl<S: Strategy> Store<S> {
                 }
                 (Some(t.rv), Some(t.start))
             }
-            None => (None, None),
+            None => (opts.revision, None),
         };
         let filter = opts.predicate.clone().map(|p| {
             let f: crate::storage::ListFilter =
@@ -260,7 +267,9 @@ impl<S: Strategy> Store<S> {
                 }
                 Subresource::Status => {
                     new.spec = old.spec.clone();
+                    let managed_fields = new.metadata.managed_fields.take();
                     new.metadata = old.metadata.clone();
+                    new.metadata.managed_fields = managed_fields;
                 }
             }
             if unchanged(&new, &old) {

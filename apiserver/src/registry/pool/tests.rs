@@ -239,6 +239,7 @@ async fn lists_page_with_continue_tokens_at_one_revision_and_filter_before_the_l
         .list(
             None,
             ListOptions {
+                revision: None,
                 limit: Some(2),
                 continue_token: None,
                 predicate: Some(even.clone()),
@@ -261,6 +262,7 @@ async fn lists_page_with_continue_tokens_at_one_revision_and_filter_before_the_l
         .list(
             None,
             ListOptions {
+                revision: None,
                 limit: Some(2),
                 continue_token: first.continue_token.clone(),
                 predicate: Some(even),
@@ -277,6 +279,7 @@ async fn lists_page_with_continue_tokens_at_one_revision_and_filter_before_the_l
         .list(
             None,
             ListOptions {
+                revision: None,
                 limit: None,
                 continue_token: Some("not-a-token".into()),
                 predicate: None,

@@ -1,0 +1,89 @@
+//! Discovery documents: the legacy `APIGroupList` / `APIGroup` / `APIResourceList`, and the
+//! aggregated `APIGroupDiscoveryList` (apidiscovery.k8s.io v2 and v2beta1) chosen by `Accept`.
+
+use serde_json::{Value, json};
+
+use super::resource::Info;
+use kvcache_api::{API_VERSION, GROUP, VERSION};
+
+const VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+const STATUS_VERBS: &[&str] = &["get", "patch", "update"];
+/// `all` (so `kubectl get all` shows them) only for namespaced kinds, as for built-in kinds.
+fn categories(r: &Info) -> Vec<&'static str> {
+    if r.namespaced {
+        vec!["all", "gpustack"]
+    } else {
+        vec!["gpustack"]
+    }
+}
+
+fn group_version() -> Value {
+    json!({"groupVersion": API_VERSION, "version": VERSION})
+}
+
+/// `GET /apis/worker.gpustack.ai`.
+pub fn api_group() -> Value {
+    json!({"kind": "APIGroup", "apiVersion": "v1", "name": GROUP,
+           "versions": [group_version()], "preferredVersion": group_version()})
+}
+
+/// `GET /apis` (legacy).
+pub fn api_group_list() -> Value {
+    let mut g = api_group();
+    if let Value::Object(m) = &mut g {
+        m.remove("kind");
+        m.remove("apiVersion");
+    }
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [g]})
+}
+
+/// `GET /apis/worker.gpustack.ai/v1`.
+pub fn api_resource_list(resources: &[Info]) -> Value {
+    let mut out = Vec::new();
+    for r in resources {
+        out.push(json!({
+            "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind,
+            "verbs": VERBS, "shortNames": [r.short_name], "categories": categories(r),
+        }));
+        out.push(json!({
+            "name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced,
+            "kind": r.kind, "verbs": STATUS_VERBS,
+        }));
+    }
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": API_VERSION, "resources": out})
+}
+
+/// The aggregated discovery list in `version` (`v2` or `v2beta1`).
+pub fn aggregated(resources: &[Info], version: &str) -> Value {
+    let kind_of = |kind: &str| json!({"group": GROUP, "version": VERSION, "kind": kind});
+    let items: Vec<Value> = resources
+        .iter()
+        .map(|r| {
+            json!({
+                "resource": r.plural, "singularResource": r.singular,
+                "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
+                "responseKind": kind_of(r.kind), "verbs": VERBS, "shortNames": [r.short_name],
+                "categories": categories(r),
+                "subresources": [{"subresource": "status", "responseKind": kind_of(r.kind), "verbs": STATUS_VERBS}],
+            })
+        })
+        .collect();
+    json!({
+        "kind": "APIGroupDiscoveryList", "apiVersion": format!("apidiscovery.k8s.io/{version}"), "metadata": {},
+        "items": [{"metadata": {"name": GROUP}, "versions": [{"version": VERSION, "freshness": "Current", "resources": items}]}],
+    })
+}
+
+/// An empty aggregated list for `/api` (we serve no core group).
+pub fn aggregated_empty(version: &str) -> Value {
+    json!({"kind": "APIGroupDiscoveryList", "apiVersion": format!("apidiscovery.k8s.io/{version}"), "metadata": {}, "items": []})
+}

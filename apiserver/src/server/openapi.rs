@@ -1,0 +1,490 @@
+//! The OpenAPI documents kubectl and kube-aggregator read: v3 (`/openapi/v3` and the
+//! group-version document, addressed by content hash) and v2 (JSON for the aggregator, and the
+//! protobuf form kubectl 1.27 and 1.28 insist on before `apply`, `create` and `explain`).
+//!
+//! Schemas come from the types (schemars), rewritten into the OpenAPI 3.0 dialect Kubernetes
+//! clients understand: `$ref`s under `components/schemas` (`definitions` in v2), nullable unions
+//! collapsed, references with siblings wrapped in `allOf`, lists marked atomic (our server-side
+//! apply treats every list as one field). PATCH operations list JSON patch, merge patch and
+//! apply, never strategic merge patch, so client-side `kubectl apply` sends merge patches.
+
+use serde_json::{Map, Value, json};
+
+use super::resource::Info;
+use kvcache_api::{API_VERSION, GROUP, Kind, Object, VERSION};
+
+/// The documents, built once at start.
+#[derive(Debug, Clone)]
+pub struct Documents {
+    /// The group-version v3 document.
+    pub v3: Vec<u8>,
+    /// Hex SHA-512 of `v3`: its ETag and the `?hash=` of its URL.
+    pub v3_hash: String,
+    /// The `/openapi/v3` discovery document.
+    pub v3_root: Vec<u8>,
+    pub v2_json: Vec<u8>,
+    pub v2_hash: String,
+    pub v2_protobuf: Vec<u8>,
+}
+
+/// `/openapi/v3/apis/worker.gpustack.ai/v1`.
+pub const V3_PATH: &str = "/openapi/v3/apis/worker.gpustack.ai/v1";
+
+/// A gnostic `openapi_v2.Document` with `swagger: "2.0"` and `info {title, version}`: what
+/// kubectl 1.27/1.28 need to proceed. Field 1 (swagger, string), field 2 (info, message with
+/// field 1 title and field 2 version).
+fn v2_protobuf() -> Vec<u8> {
+    fn string_field(tag: u8, s: &str) -> Vec<u8> {
+        let mut out = vec![tag, u8::try_from(s.len()).unwrap_or(0)];
+        out.extend_from_slice(s.as_bytes());
+        out
+    }
+    let mut info = string_field(0x0a, "Kubernetes");
+    info.extend(string_field(0x12, VERSION));
+    let mut doc = string_field(0x0a, "2.0");
+    doc.push(0x12);
+    doc.push(u8::try_from(info.len()).unwrap_or(0));
+    doc.extend(info);
+    doc
+}
+
+pub fn sha512_hex(bytes: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA512, bytes);
+    d.as_ref().iter().map(|b| format!("{b:02X}")).collect()
+}
+
+/// The schema name of a kind: `ai.gpustack.worker.v1.KVCacheBackend`.
+pub fn schema_name(kind: &str) -> String {
+    format!("ai.gpustack.worker.{VERSION}.{kind}")
+}
+
+struct Collector {
+    schemas: Map<String, Value>,
+}
+
+impl Collector {
+    fn add_kind<K: Kind>(&mut self) {
+        let root = schemars::schema_for!(Object<K>);
+        let mut root = serde_json::to_value(root).unwrap_or_default();
+        if let Some(Value::Object(defs)) = root.as_object_mut().and_then(|r| r.remove("$defs")) {
+            for (name, schema) in defs {
+                self.schemas.entry(name).or_insert(schema);
+            }
+        }
+        if let Value::Object(r) = &mut root {
+            r.remove("$schema");
+            r.remove("title");
+            r.insert(
+                "description".into(),
+                Value::String(format!(
+                    "{} is a {} of {API_VERSION}; see `kubectl explain {}.spec`.",
+                    K::KIND,
+                    if K::SCOPE == kvcache_api::Scope::Namespaced {
+                        "namespaced resource"
+                    } else {
+                        "cluster-scoped resource"
+                    },
+                    K::SHORT_NAME
+                )),
+            );
+            if let Some(Value::Object(props)) = r.get_mut("properties") {
+                props.insert(
+                    "apiVersion".into(),
+                    json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object: worker.gpustack.ai/v1."}),
+                );
+                props.insert(
+                    "kind".into(),
+                    json!({"type": "string", "description": format!("Kind is the type of this object: {}.", K::KIND)}),
+                );
+                props.insert(
+                    "metadata".into(),
+                    json!({"allOf": [{"$ref": "#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}], "default": {},
+                           "description": "Standard object's metadata."}),
+                );
+            }
+        }
+        let list = json!({
+            "description": format!("{}List is a list of {}.", K::KIND, K::KIND),
+            "type": "object",
+            "required": ["items"],
+            "properties": {
+                "apiVersion": {"type": "string", "description": "worker.gpustack.ai/v1"},
+                "kind": {"type": "string", "description": format!("{}List", K::KIND)},
+                "items": {"type": "array", "items": {"$ref": format!("#/$defs/{}", schema_name(K::KIND))},
+                          "description": format!("List of {}.", K::PLURAL)},
+                "metadata": {"allOf": [{"$ref": "#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta"}], "default": {},
+                             "description": "Standard list metadata."},
+            },
+            "x-kubernetes-group-version-kind": [{"group": GROUP, "version": VERSION, "kind": format!("{}List", K::KIND)}],
+        });
+        self.schemas.insert(schema_name(K::KIND), root);
+        self.schemas.insert(format!("{}List", schema_name(K::KIND)), list);
+    }
+
+    fn add_meta(&mut self) {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
+        let mut generator = schemars::SchemaGenerator::default();
+        for (name, schema) in [
+            ("ListMeta", generator.subschema_for::<meta::ListMeta>()),
+            ("Status", generator.subschema_for::<meta::Status>()),
+            ("DeleteOptions", generator.subschema_for::<meta::DeleteOptions>()),
+            ("WatchEvent", generator.subschema_for::<meta::WatchEvent<Value>>()),
+        ] {
+            let full = format!("io.k8s.apimachinery.pkg.apis.meta.v1.{name}");
+            let v = serde_json::to_value(schema).unwrap_or_default();
+            if v.get("$ref").is_none() {
+                self.schemas.entry(full).or_insert(v);
+            }
+        }
+        for (name, schema) in generator.take_definitions(true) {
+            self.schemas.entry(name).or_insert(schema);
+        }
+        self.schemas.insert(
+            "io.k8s.apimachinery.pkg.apis.meta.v1.Patch".into(),
+            json!({"type": "object", "description": "Patch is provided to give a concrete name and type to the Kubernetes PATCH request body."}),
+        );
+    }
+}
+
+/// Rewrites a JSON Schema (2020-12, as schemars writes it) into the OpenAPI dialect;
+/// `ref_prefix` is `#/components/schemas/` or `#/definitions/`.
+fn rewrite(schema: &Value, ref_prefix: &str) -> Value {
+    let Value::Object(m) = schema else {
+        return schema.clone();
+    };
+    let mut out = Map::new();
+    for (k, v) in m {
+        match k.as_str() {
+            "properties" => {
+                let props = v
+                    .as_object()
+                    .map(|p| {
+                        p.iter()
+                            .map(|(name, s)| (name.clone(), rewrite(s, ref_prefix)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                out.insert(k.clone(), Value::Object(props));
+            }
+            "$ref" => {
+                let target = v.as_str().unwrap_or_default();
+                let name = target.rsplit('/').next().unwrap_or_default();
+                out.insert(k.clone(), Value::String(format!("{ref_prefix}{name}")));
+            }
+            "type" => match v {
+                Value::Array(types) => {
+                    let non_null: Vec<&Value> = types.iter().filter(|t| t.as_str() != Some("null")).collect();
+                    if let [one] = non_null.as_slice() {
+                        out.insert(k.clone(), (*one).clone());
+                    }
+                }
+                _ => {
+                    out.insert(k.clone(), v.clone());
+                }
+            },
+            "anyOf" | "oneOf" => {
+                let arms: Vec<&Value> = v
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter(|s| s.get("type").and_then(Value::as_str) != Some("null"))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if let [one] = arms.as_slice() {
+                    let one = rewrite(one, ref_prefix);
+                    if one.get("$ref").is_some() {
+                        out.insert("allOf".into(), Value::Array(vec![one]));
+                    } else if let Value::Object(fields) = one {
+                        out.extend(fields);
+                    }
+                } else {
+                    out.insert(
+                        k.clone(),
+                        Value::Array(arms.iter().map(|s| rewrite(s, ref_prefix)).collect()),
+                    );
+                }
+            }
+            "items" | "additionalProperties" => {
+                out.insert(k.clone(), rewrite(v, ref_prefix));
+            }
+            "allOf" => {
+                let arms = v
+                    .as_array()
+                    .map(|a| a.iter().map(|s| rewrite(s, ref_prefix)).collect())
+                    .unwrap_or_default();
+                out.insert(k.clone(), Value::Array(arms));
+            }
+            "$schema" | "$defs" | "title" | "const" => {}
+            _ => {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    // A `$ref` with siblings (a description) is wrapped: OpenAPI ignores siblings of `$ref`.
+    if out.len() > 1
+        && let Some(r) = out.remove("$ref")
+    {
+        out.insert("allOf".into(), json!([{"$ref": r}]));
+    }
+    if out.get("type").and_then(Value::as_str) == Some("array") {
+        out.insert("x-kubernetes-list-type".into(), Value::String("atomic".into()));
+    }
+    Value::Object(out)
+}
+
+fn query_param(name: &str, type_: &str, description: &str) -> Value {
+    json!({"name": name, "in": "query", "description": description, "schema": {"type": type_}, "uniqueItems": true})
+}
+
+fn params(names: &[&str]) -> Vec<Value> {
+    names
+        .iter()
+        .map(|n| match *n {
+            "dryRun" => query_param(
+                n,
+                "string",
+                "When present, indicates that modifications should not be persisted. The only valid value is All.",
+            ),
+            "fieldManager" => query_param(
+                n,
+                "string",
+                "A name associated with the actor or entity that is making these changes.",
+            ),
+            "fieldValidation" => query_param(
+                n,
+                "string",
+                "How to handle unknown and duplicate fields: Ignore, Warn (the default) or Strict.",
+            ),
+            "force" => query_param(
+                n,
+                "boolean",
+                "Force is going to \"force\" Apply requests: re-acquire conflicting fields owned by other people.",
+            ),
+            "gracePeriodSeconds" => query_param(
+                n,
+                "integer",
+                "The duration in seconds before the object should be deleted.",
+            ),
+            "propagationPolicy" => query_param(n, "string", "Whether and how garbage collection will be performed."),
+            "orphanDependents" => query_param(n, "boolean", "Deprecated: use propagationPolicy."),
+            "allowWatchBookmarks" | "watch" | "sendInitialEvents" => query_param(n, "boolean", n),
+            "limit" | "timeoutSeconds" => query_param(n, "integer", n),
+            _ => query_param(n, "string", n),
+        })
+        .collect()
+}
+
+const LIST_PARAMS: &[&str] = &[
+    "allowWatchBookmarks",
+    "continue",
+    "fieldSelector",
+    "labelSelector",
+    "limit",
+    "resourceVersion",
+    "resourceVersionMatch",
+    "sendInitialEvents",
+    "timeoutSeconds",
+    "watch",
+];
+
+fn op(action: &str, kind: &str, id: &str, parameters: &[&str], body: Option<&[&str]>, response: &str) -> Value {
+    let mut o = json!({
+        "operationId": id,
+        "description": format!("{action} {kind}"),
+        "x-kubernetes-action": action,
+        "x-kubernetes-group-version-kind": {"group": GROUP, "version": VERSION, "kind": kind},
+        "parameters": params(parameters),
+        "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{response}")}}}},
+                      "401": {"description": "Unauthorized"}},
+    });
+    if let Some(types) = body {
+        let schema = if action == "patch" {
+            "io.k8s.apimachinery.pkg.apis.meta.v1.Patch".to_owned()
+        } else {
+            response.to_owned()
+        };
+        let content: Map<String, Value> = types
+            .iter()
+            .map(|t| {
+                (
+                    (*t).to_owned(),
+                    json!({"schema": {"$ref": format!("#/components/schemas/{schema}")}}),
+                )
+            })
+            .collect();
+        o["requestBody"] = json!({"content": content, "required": true});
+    }
+    o
+}
+
+fn paths_for(info: &Info) -> Map<String, Value> {
+    let kind = info.kind;
+    let obj = schema_name(kind);
+    let list = format!("{obj}List");
+    let status = "io.k8s.apimachinery.pkg.apis.meta.v1.Status";
+    let base = format!("/apis/{API_VERSION}");
+    let scoped = if info.namespaced {
+        format!("{base}/namespaces/{{namespace}}/{}", info.plural)
+    } else {
+        format!("{base}/{}", info.plural)
+    };
+    let write = &["dryRun", "fieldManager", "fieldValidation"][..];
+    let patch_params = &["dryRun", "fieldManager", "fieldValidation", "force"][..];
+    let delete_params = &["dryRun", "gracePeriodSeconds", "orphanDependents", "propagationPolicy"][..];
+    let patch_types = &[
+        "application/json-patch+json",
+        "application/merge-patch+json",
+        "application/apply-patch+yaml",
+    ][..];
+    let json_body = &["application/json", "application/yaml"][..];
+    let mut deletecollection: Vec<&str> = delete_params.to_vec();
+    deletecollection.extend(LIST_PARAMS);
+    let path_param = |names: &[&str]| -> Value {
+        Value::Array(
+            names
+                .iter()
+                .map(|n| json!({"name": n, "in": "path", "required": true, "schema": {"type": "string"}, "uniqueItems": true}))
+                .collect(),
+        )
+    };
+    let (coll_params, item_params): (Value, Value) = if info.namespaced {
+        (path_param(&["namespace"]), path_param(&["name", "namespace"]))
+    } else {
+        (path_param(&[]), path_param(&["name"]))
+    };
+    let mut paths = Map::new();
+    paths.insert(
+        scoped.clone(),
+        json!({
+            "get": op("list", kind, &format!("list{kind}"), LIST_PARAMS, None, &list),
+            "post": op("post", kind, &format!("create{kind}"), write, Some(json_body), &obj),
+            "delete": op("deletecollection", kind, &format!("deletecollection{kind}"), &deletecollection, None, status),
+            "parameters": coll_params,
+        }),
+    );
+    if info.namespaced {
+        paths.insert(
+            format!("{base}/{}", info.plural),
+            json!({"get": op("list", kind, &format!("list{kind}ForAllNamespaces"), LIST_PARAMS, None, &list), "parameters": []}),
+        );
+    }
+    paths.insert(
+        format!("{scoped}/{{name}}"),
+        json!({
+            "get": op("get", kind, &format!("read{kind}"), &[], None, &obj),
+            "put": op("put", kind, &format!("replace{kind}"), write, Some(json_body), &obj),
+            "patch": op("patch", kind, &format!("patch{kind}"), patch_params, Some(patch_types), &obj),
+            "delete": op("delete", kind, &format!("delete{kind}"), delete_params, None, status),
+            "parameters": item_params.clone(),
+        }),
+    );
+    paths.insert(
+        format!("{scoped}/{{name}}/status"),
+        json!({
+            "get": op("get", kind, &format!("read{kind}Status"), &[], None, &obj),
+            "put": op("put", kind, &format!("replace{kind}Status"), write, Some(json_body), &obj),
+            "patch": op("patch", kind, &format!("patch{kind}Status"), patch_params, Some(patch_types), &obj),
+            "parameters": item_params,
+        }),
+    );
+    paths
+}
+
+/// Builds every document for `resources`.
+pub fn build(resources: &[Info]) -> Documents {
+    let mut c = Collector { schemas: Map::new() };
+    c.add_kind::<kvcache_api::backend::BackendSpec>();
+    c.add_kind::<kvcache_api::pool::PoolSpec>();
+    c.add_kind::<kvcache_api::binding::BindingSpec>();
+    c.add_kind::<kvcache_api::model_deployment::ModelDeploymentSpec>();
+    c.add_meta();
+    let v3_schemas: Map<String, Value> = c
+        .schemas
+        .iter()
+        .map(|(k, v)| (k.clone(), rewrite(v, "#/components/schemas/")))
+        .collect();
+    let mut paths = Map::new();
+    for info in resources {
+        paths.extend(paths_for(info));
+    }
+    let v3 = json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": VERSION},
+        "paths": paths,
+        "components": {"schemas": v3_schemas},
+    });
+    let v3 = serde_json::to_vec(&v3).unwrap_or_default();
+    let v3_hash = sha512_hex(&v3);
+    let v3_root = serde_json::to_vec(&json!({
+        "paths": {format!("apis/{API_VERSION}"): {"serverRelativeURL": format!("{V3_PATH}?hash={v3_hash}")}}
+    }))
+    .unwrap_or_default();
+    let definitions: Map<String, Value> = c
+        .schemas
+        .iter()
+        .map(|(k, v)| (k.clone(), rewrite(v, "#/definitions/")))
+        .collect();
+    let v2 = json!({
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes", "version": VERSION},
+        "paths": {},
+        "definitions": definitions,
+    });
+    let v2_json = serde_json::to_vec(&v2).unwrap_or_default();
+    let v2_hash = sha512_hex(&v2_json);
+    Documents {
+        v3,
+        v3_hash,
+        v3_root,
+        v2_json,
+        v2_hash,
+        v2_protobuf: v2_protobuf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protobuf_v2_is_the_minimal_gnostic_document() {
+        assert_eq!(
+            v2_protobuf(),
+            [
+                0x0a, 0x03, 0x32, 0x2e, 0x30, 0x12, 0x10, 0x0a, 0x0a, 0x4b, 0x75, 0x62, 0x65, 0x72, 0x6e, 0x65, 0x74,
+                0x65, 0x73, 0x12, 0x02, 0x76, 0x31
+            ]
+        );
+    }
+
+    #[test]
+    fn patch_operations_carry_gvk_and_field_validation_and_no_strategic_merge() {
+        let docs = build(&crate::server::api::infos());
+        let v: Value = serde_json::from_slice(&docs.v3).unwrap();
+        let item = &v["paths"]["/apis/worker.gpustack.ai/v1/namespaces/{namespace}/kvcachepoolbindings/{name}"];
+        let patch = &item["patch"];
+        assert_eq!(patch["x-kubernetes-group-version-kind"]["kind"], "KVCachePoolBinding");
+        let names: Vec<&str> = patch["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert!(names.contains(&"fieldValidation"));
+        let content = patch["requestBody"]["content"].as_object().unwrap();
+        assert!(content.contains_key("application/apply-patch+yaml"));
+        assert!(!content.contains_key("application/strategic-merge-patch+json"));
+        // Every reference resolves.
+        let text = String::from_utf8(docs.v3.clone()).unwrap();
+        for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+            let name = r.split('"').next().unwrap();
+            assert!(v["components"]["schemas"].get(name).is_some(), "dangling $ref {name}");
+        }
+        let leader = &v["components"]["schemas"]["Managed"]["properties"]["leader"];
+        assert!(
+            leader.get("allOf").is_some() || leader.get("$ref").is_some(),
+            "{leader}"
+        );
+    }
+}

@@ -1,0 +1,255 @@
+//! The API server's PKI on disk: one CA, a serving certificate for the listen address, and
+//! client certificates for the users the server knows in direct mode, plus the kubeconfig files
+//! that hand those identities to kubectl.
+//!
+//! Everything lives in one directory (`<data-dir>/pki`). A missing file is created; an existing
+//! one is reused, so a restart keeps every kubeconfig valid. The serving certificate is re-issued
+//! (by the same CA) when the set of names it must cover changes. Private keys are written with
+//! mode 0600.
+
+mod kubeconfig;
+
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use time::{Duration, OffsetDateTime};
+
+pub use kubeconfig::{Kubeconfig, KubeconfigUser};
+
+/// Why the PKI could not be loaded or created.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}; move the pki directory aside to start with a new CA")]
+    Rcgen {
+        what: String,
+        #[source]
+        source: rcgen::Error,
+    },
+}
+
+/// A user certificate: who the server will see (CN = user, O = groups).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The file stem: `<name>.crt` and `<name>.key`.
+    pub name: &'static str,
+    pub user: &'static str,
+    pub groups: &'static [&'static str],
+}
+
+/// The administrator: may do everything.
+pub const ADMIN: Identity = Identity {
+    name: "admin",
+    user: "kvcache-admin",
+    groups: &["system:masters"],
+};
+
+/// A read-only user: get, list and watch.
+pub const VIEWER: Identity = Identity {
+    name: "viewer",
+    user: "kvcache-viewer",
+    groups: &["gpustack:viewers"],
+};
+
+/// A certificate and its key, both PEM.
+#[derive(Clone, Debug)]
+pub struct CertPair {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// The loaded PKI.
+#[derive(Clone, Debug)]
+pub struct Pki {
+    pub dir: PathBuf,
+    pub ca: CertPair,
+    pub serving: CertPair,
+    pub admin: CertPair,
+    pub viewer: CertPair,
+}
+
+impl Pki {
+    /// Loads the PKI in `dir`, creating what is missing. `serving_names` are the DNS names and
+    /// IP addresses the serving certificate must cover.
+    pub fn ensure(dir: &Path, serving_names: &[String]) -> Result<Pki, CertError> {
+        fs::create_dir_all(dir).map_err(|source| io(dir, source))?;
+        let ca = load_or_create_ca(dir)?;
+        let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(|e| rcgen_err("reading the CA key", e))?;
+        let issuer =
+            Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).map_err(|e| rcgen_err("reading the CA certificate", e))?;
+
+        let mut names: Vec<String> = serving_names.to_vec();
+        names.sort();
+        names.dedup();
+        let names_file = dir.join("serving.names");
+        let recorded = fs::read_to_string(&names_file).unwrap_or_default();
+        let serving = if recorded == names.join("\n") && dir.join("serving.crt").exists() {
+            read_pair(dir, "serving")?
+        } else {
+            let mut params = leaf_params(&names, "kvcache-apiserver", &[])?;
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+            let pair = issue(&params, &issuer)?;
+            write_pair(dir, "serving", &pair)?;
+            write_file(&names_file, names.join("\n").as_bytes(), 0o644)?;
+            pair
+        };
+        let admin = ensure_client(dir, &ADMIN, &issuer)?;
+        let viewer = ensure_client(dir, &VIEWER, &issuer)?;
+        Ok(Pki {
+            dir: dir.to_owned(),
+            ca,
+            serving,
+            admin,
+            viewer,
+        })
+    }
+}
+
+fn load_or_create_ca(dir: &Path) -> Result<CertPair, CertError> {
+    if dir.join("ca.crt").exists() && dir.join("ca.key").exists() {
+        return read_pair(dir, "ca");
+    }
+    let key = KeyPair::generate().map_err(|e| rcgen_err("generating the CA key", e))?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = dn("kvcache-apiserver-ca", &[]);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - Duration::hours(1);
+    params.not_after = now + Duration::days(3650);
+    let cert = params
+        .self_signed(&key)
+        .map_err(|e| rcgen_err("signing the CA certificate", e))?;
+    let pair = CertPair {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    };
+    write_pair(dir, "ca", &pair)?;
+    Ok(pair)
+}
+
+fn ensure_client(dir: &Path, id: &Identity, issuer: &Issuer<'_, KeyPair>) -> Result<CertPair, CertError> {
+    if dir.join(format!("{}.crt", id.name)).exists() {
+        return read_pair(dir, id.name);
+    }
+    let mut params = leaf_params(&[], id.user, id.groups)?;
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let pair = issue(&params, issuer)?;
+    write_pair(dir, id.name, &pair)?;
+    Ok(pair)
+}
+
+fn leaf_params(names: &[String], common_name: &str, orgs: &[&str]) -> Result<CertificateParams, CertError> {
+    let mut params =
+        CertificateParams::new(names.to_vec()).map_err(|e| rcgen_err("building certificate parameters", e))?;
+    params.distinguished_name = dn(common_name, orgs);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    params.use_authority_key_identifier_extension = true;
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - Duration::hours(1);
+    params.not_after = now + Duration::days(365);
+    Ok(params)
+}
+
+fn dn(common_name: &str, orgs: &[&str]) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    for org in orgs {
+        dn.push(DnType::OrganizationName, *org);
+    }
+    dn.push(DnType::CommonName, common_name);
+    dn
+}
+
+fn issue(params: &CertificateParams, issuer: &Issuer<'_, KeyPair>) -> Result<CertPair, CertError> {
+    let key = KeyPair::generate().map_err(|e| rcgen_err("generating a key", e))?;
+    let cert = params
+        .signed_by(&key, issuer)
+        .map_err(|e| rcgen_err("signing a certificate", e))?;
+    Ok(CertPair {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+fn read_pair(dir: &Path, stem: &str) -> Result<CertPair, CertError> {
+    let read = |ext: &str| {
+        let path = dir.join(format!("{stem}.{ext}"));
+        fs::read_to_string(&path).map_err(|source| io(&path, source))
+    };
+    Ok(CertPair {
+        cert_pem: read("crt")?,
+        key_pem: read("key")?,
+    })
+}
+
+fn write_pair(dir: &Path, stem: &str, pair: &CertPair) -> Result<(), CertError> {
+    write_file(&dir.join(format!("{stem}.key")), pair.key_pem.as_bytes(), 0o600)?;
+    write_file(&dir.join(format!("{stem}.crt")), pair.cert_pem.as_bytes(), 0o644)
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so a crash never leaves a
+/// half-written file behind.
+pub fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CertError> {
+    let tmp = path.with_extension("tmp");
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(|source| io(&tmp, source))?;
+    f.write_all(bytes).map_err(|source| io(&tmp, source))?;
+    f.sync_all().map_err(|source| io(&tmp, source))?;
+    fs::rename(&tmp, path).map_err(|source| io(path, source))
+}
+
+fn io(path: &Path, source: std::io::Error) -> CertError {
+    CertError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn rcgen_err(what: &str, source: rcgen::Error) -> CertError {
+    CertError::Rcgen {
+        what: what.to_owned(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ensure_creates_once_and_reissues_serving_only_when_names_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+        let a = Pki::ensure(dir.path(), &names).unwrap();
+        let b = Pki::ensure(dir.path(), &names).unwrap();
+        assert_eq!(a.ca.cert_pem, b.ca.cert_pem);
+        assert_eq!(a.serving.cert_pem, b.serving.cert_pem);
+        assert_eq!(a.admin.cert_pem, b.admin.cert_pem);
+        let c = Pki::ensure(dir.path(), &["localhost".to_owned(), "127.0.0.2".to_owned()]).unwrap();
+        assert_eq!(a.ca.cert_pem, c.ca.cert_pem);
+        assert_ne!(a.serving.cert_pem, c.serving.cert_pem);
+        assert_eq!(a.viewer.cert_pem, c.viewer.cert_pem);
+        let mode = std::fs::metadata(dir.path().join("ca.key")).unwrap().permissions();
+        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
+    }
+}
