@@ -13,7 +13,8 @@ fn schema_of<K: Kind>() -> (String, String) {
 
 #[test]
 fn checked_in_schemas_are_current() {
-    let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("../openapi/schemas");
+    let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("../openapi/schemas");
     let update = std::env::var_os("KVCACHE_UPDATE_SCHEMAS").is_some();
     let schemas = [
         schema_of::<kvcache_api::backend::BackendSpec>(),

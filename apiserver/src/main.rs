@@ -41,6 +41,9 @@ enum Command {
         /// Seconds between BOOKMARK events on watches that allow them.
         #[arg(long, default_value_t = 60, hide = true)]
         watch_bookmark_interval: u64,
+        /// Changes kept in memory for watches that resume from an older resourceVersion.
+        #[arg(long, default_value_t = 10_000, hide = true)]
+        watch_history: usize,
         /// Seconds to keep serving (with /readyz failing) after SIGTERM.
         #[arg(long, default_value_t = 0)]
         shutdown_delay: u64,
@@ -91,6 +94,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
     if let Command::Serve {
         listen,
         watch_bookmark_interval,
+        watch_history,
         shutdown_delay,
     } = cli.command
     {
@@ -100,6 +104,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             config,
             bookmark_interval: Duration::from_secs(watch_bookmark_interval.max(1)),
             shutdown_delay: Duration::from_secs(shutdown_delay),
+            watch_history,
         };
         return Ok(server::serve(opts, stop_signal(Duration::from_secs(shutdown_delay))).await?);
     }

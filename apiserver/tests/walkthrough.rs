@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("../tests/fixtures/walkthrough")
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/walkthrough")
 }
 
 fn cli(data: &std::path::Path, args: &[&str]) -> Output {

@@ -195,6 +195,17 @@ fn collect(v: &Value, path: &mut FieldPath, out: &mut BTreeMap<FieldPath, Value>
     }
 }
 
+/// Whether applying `applied` over `live` leaves `live` as it is: equal scalars, objects whose
+/// applied keys all agree, lists of the same length whose items agree. Fields the server
+/// defaulted inside an atomic list item are not a conflict.
+fn subset(applied: &Value, live: &Value) -> bool {
+    match (applied, live) {
+        (Value::Object(a), Value::Object(l)) => a.iter().all(|(k, v)| l.get(k).is_some_and(|lv| subset(v, lv))),
+        (Value::Array(a), Value::Array(l)) => a.len() == l.len() && a.iter().zip(l).all(|(x, y)| subset(x, y)),
+        _ => applied == live,
+    }
+}
+
 fn overlaps(a: &[String], b: &[String]) -> bool {
     let n = a.len().min(b.len());
     a[..n] == b[..n]
@@ -321,7 +332,7 @@ pub fn apply(
         let mut lost = FieldSet::new();
         for q in &e.fields {
             for (p, v) in &applied {
-                if overlaps(p, q) && value_at(live, p) != Some(v) {
+                if overlaps(p, q) && !value_at(live, p).is_some_and(|l| subset(v, l)) {
                     if force {
                         lost.insert(q.clone());
                     } else {

@@ -54,6 +54,8 @@ pub struct ServeOptions {
     pub bookmark_interval: Duration,
     /// After a shutdown signal: how long to keep serving with `/readyz` failing.
     pub shutdown_delay: Duration,
+    /// Changes kept for watches resuming from an older revision (older ones get 410).
+    pub watch_history: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,12 +133,19 @@ pub fn prepare_credentials(data_dir: &Path, listen: &SocketAddr) -> Result<(kvca
 /// Runs the server until `stop` resolves, then shuts down gracefully.
 pub async fn serve(opts: ServeOptions, stop: impl std::future::Future<Output = ()> + Send) -> Result<(), ServeError> {
     let storage_dir = opts.data_dir.join("storage");
-    let storage: Arc<dyn Storage> = Arc::new(Embedded::open(&storage_dir, StorageOptions::default()).map_err(
-        |source| ServeError::Storage {
+    let storage: Arc<dyn Storage> = Arc::new(
+        Embedded::open(
+            &storage_dir,
+            StorageOptions {
+                watch_history: opts.watch_history.max(1),
+                ..StorageOptions::default()
+            },
+        )
+        .map_err(|source| ServeError::Storage {
             path: storage_dir.clone(),
             source,
-        },
-    )?);
+        })?,
+    );
     let (pki, written) = prepare_credentials(&opts.data_dir, &opts.listen)?;
     let tls_config = tls::server_config(&pki.ca.cert_pem, &pki.serving.cert_pem, &pki.serving.key_pem)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);

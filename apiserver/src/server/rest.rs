@@ -569,6 +569,7 @@ async fn write(
         Err(r) => return r,
     };
     let ns = rp.namespace.as_str();
+    let mut err_name = rp.name.clone();
     let result: Result<Outcome, RegistryError> = match verb {
         "create" => {
             if !rp.name.is_empty() {
@@ -583,6 +584,11 @@ async fn write(
                 Err(m) if m.starts_with("unsupported:") => return unsupported_media(&ct),
                 Err(m) => return bad_request(m),
             };
+            err_name = value
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
             res.create(ns, value, &params).await
         }
         "update" => {
@@ -610,7 +616,7 @@ async fn write(
                 &out.warnings,
             )
         }
-        Err(e) => registry_error(info, &rp.name, &e),
+        Err(e) => registry_error(info, &err_name, &e),
     }
 }
 

@@ -1,0 +1,311 @@
+//! A running `kv-apiserver serve` on a free loopback port with a fresh data directory, and the
+//! clients that drive it: real kubectl binaries (each version with its own cache directory) and
+//! curl for requests kubectl cannot shape (Accept headers, raw watches, no credentials).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The kubectl versions every core scenario runs against.
+pub const VERSIONS: &[&str] = &["1.27", "1.30", "1.33"];
+
+pub fn kubectl_path(version: &str) -> PathBuf {
+    PathBuf::from(format!("/usr/lib/google-cloud-sdk/bin/kubectl.{version}"))
+}
+
+/// The server process; killed when dropped.
+pub struct Server {
+    child: Child,
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl Server {
+    pub fn start() -> Server {
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let port = free_port();
+            let child = Command::new(env!("CARGO_BIN_EXE_kv-apiserver"))
+                .args([
+                    "serve",
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                    "--watch-bookmark-interval",
+                    "1",
+                    "--watch-history",
+                    "100",
+                ])
+                .arg("--data-dir")
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start kv-apiserver");
+            let mut server = Server { child, dir, port };
+            if server.wait_ready() {
+                return server;
+            }
+        }
+        panic!("kv-apiserver did not become ready on any of 5 ports");
+    }
+
+    fn wait_ready(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            if self.kubeconfig().exists() {
+                let out = self.curl_anon(&["-s", &self.url("/readyz")]);
+                if String::from_utf8_lossy(&out.stdout) == "ok" {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    pub fn viewer_kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("viewer.kubeconfig")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn pki(&self, file: &str) -> PathBuf {
+        self.dir.path().join("pki").join(file)
+    }
+
+    /// kubectl `version` as the admin.
+    pub fn kubectl(&self, version: &str) -> Kubectl {
+        Kubectl {
+            bin: kubectl_path(version),
+            kubeconfig: self.kubeconfig(),
+            cache: self.dir.path().join(format!("cache-{version}")),
+        }
+    }
+
+    pub fn kubectl_with(&self, version: &str, kubeconfig: &Path) -> Kubectl {
+        Kubectl {
+            bin: kubectl_path(version),
+            kubeconfig: kubeconfig.to_owned(),
+            cache: self
+                .dir
+                .path()
+                .join(format!("cache-{version}-{}", kubeconfig.display()).replace('/', "_")),
+        }
+    }
+
+    /// curl as the admin (client certificate), trusting our CA.
+    pub fn curl(&self, args: &[&str]) -> Output {
+        let mut c = Command::new("curl");
+        c.arg("--cacert").arg(self.pki("ca.crt"));
+        c.arg("--cert").arg(self.pki("admin.crt"));
+        c.arg("--key").arg(self.pki("admin.key"));
+        c.args(["--max-time", "20"]).args(args);
+        c.output().expect("run curl")
+    }
+
+    /// curl with no client certificate.
+    pub fn curl_anon(&self, args: &[&str]) -> Output {
+        let mut c = Command::new("curl");
+        c.arg("--cacert").arg(self.pki("ca.crt"));
+        c.args(["--max-time", "20"]).args(args);
+        c.output().expect("run curl")
+    }
+
+    /// A body from curl as the admin, with `extra` arguments.
+    pub fn get_body(&self, path: &str, extra: &[&str]) -> String {
+        let url = self.url(path);
+        let mut args = vec!["-s"];
+        args.extend_from_slice(extra);
+        args.push(&url);
+        String::from_utf8_lossy(&self.curl(&args).stdout).into_owned()
+    }
+}
+
+/// One kubectl binary bound to one kubeconfig and cache directory.
+pub struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+    cache: PathBuf,
+}
+
+/// What a kubectl run printed.
+#[derive(Debug)]
+pub struct Run {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn text(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+}
+
+impl Kubectl {
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.env("KUBECONFIG", &self.kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .arg("--cache-dir")
+            .arg(&self.cache)
+            .args(args);
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Run {
+        self.run_stdin(args, None)
+    }
+
+    pub fn run_stdin(&self, args: &[&str], stdin: Option<&str>) -> Run {
+        let mut c = self.command(args);
+        c.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("run kubectl");
+        if let Some(text) = stdin {
+            use std::io::Write;
+            let mut pipe = child.stdin.take().expect("stdin");
+            pipe.write_all(text.as_bytes()).expect("write stdin");
+        }
+        let out = child.wait_with_output().expect("kubectl output");
+        Run {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Runs and requires success.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let r = self.run(args);
+        assert!(r.ok, "kubectl {args:?} failed: {}", r.text());
+        r.stdout
+    }
+
+    /// Runs and requires failure; returns what it printed.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let r = self.run(args);
+        assert!(!r.ok, "kubectl {args:?} should have failed but printed: {}", r.text());
+        r.text()
+    }
+
+    pub fn apply(&self, args: &[&str], manifest: &str) -> Run {
+        let mut all = vec!["apply", "-f", "-"];
+        all.extend_from_slice(args);
+        self.run_stdin(&all, Some(manifest))
+    }
+
+    /// `kubectl apply -f -` that must succeed.
+    pub fn must_apply(&self, manifest: &str) -> String {
+        let r = self.apply(&[], manifest);
+        assert!(r.ok, "kubectl apply failed: {}\n{manifest}", r.text());
+        r.stdout
+    }
+
+    /// Starts a long-running kubectl (a watch); its stdout lines arrive on the receiver.
+    pub fn spawn_lines(&self, args: &[&str]) -> Background {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start kubectl");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Background { child, lines: rx }
+    }
+}
+
+/// A background process whose lines can be awaited; killed when dropped.
+pub struct Background {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Background {
+    /// Waits for a line containing every `needle`; returns every line seen up to it.
+    pub fn wait_for(&self, needles: &[&str]) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut seen = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let hit = needles.iter().all(|n| line.contains(n));
+                    seen.push(line);
+                    if hit {
+                        return seen;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!("no line containing {needles:?} within 20s; saw {seen:#?}");
+    }
+
+    pub fn wait_exit(mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("background kubectl did not exit within 30s");
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn pool(name: &str, extra_labels: &str) -> String {
+    format!(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata:\n  name: {name}\n  labels: {{{extra_labels}}}\nspec:\n  backends: [mooncake-dram]\n  quota:\n    total: 16Gi\n"
+    )
+}
+
+pub fn binding(ns: &str, name: &str, pool: &str, ceiling: &str) -> String {
+    format!(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  poolRef:\n    name: {pool}\n  quota:\n    ceiling: {ceiling}\n  domain:\n    name: {name}\n    blockSize: 64\n    dtype: bfloat16\n"
+    )
+}
