@@ -79,6 +79,11 @@ enum Command {
     },
 }
 
+/// The server allocates and frees many small buffers per request (JSON values, headers,
+/// field sets); mimalloc's thread-local free lists make that markedly cheaper than glibc's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))

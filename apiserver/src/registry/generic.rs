@@ -107,6 +107,36 @@ impl<S: Strategy> Store<S> {
         namespace: Option<&str>,
         opts: ListOptions<S::Kind>,
     ) -> Result<ObjectList<S::Kind>, RegistryError> {
+        let (page, revision, continue_token) = self.list_stored(namespace, opts).await?;
+        let items = page.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+        Ok(ObjectList {
+            items,
+            resource_version: revision,
+            continue_token,
+        })
+    }
+
+    /// [`Store::list`] without decoding: each item is the stored JSON with its
+    /// `resourceVersion` spliced in, ready to be sent (a list of thousands of objects is mostly
+    /// bytes to copy).
+    pub async fn list_json(
+        &self,
+        namespace: Option<&str>,
+        opts: ListOptions<S::Kind>,
+    ) -> Result<(Vec<Vec<u8>>, u64, Option<String>), RegistryError> {
+        let (page, revision, continue_token) = self.list_stored(namespace, opts).await?;
+        let items = page
+            .iter()
+            .map(super::encoded_with_revision)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((items, revision, continue_token))
+    }
+
+    async fn list_stored(
+        &self,
+        namespace: Option<&str>,
+        opts: ListOptions<S::Kind>,
+    ) -> Result<(Vec<KeyValue>, u64, Option<String>), RegistryError> {
         let prefix = keys::list_prefix::<S::Kind>(namespace);
         let (revision, start_after) = match &opts.continue_token {
             Some(token) => {
@@ -139,12 +169,7 @@ impl<S: Strategy> Store<S> {
             (true, Some(last)) => Some(encode_continue(page.revision, &last.key)),
             _ => None,
         };
-        let items = page.items.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
-        Ok(ObjectList {
-            items,
-            resource_version: page.revision,
-            continue_token,
-        })
+        Ok((page.items, page.revision, continue_token))
     }
 
     /// Creates `obj` in `namespace` (ignored for cluster-scoped kinds).

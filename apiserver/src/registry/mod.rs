@@ -206,6 +206,27 @@ pub fn decode<K: Kind>(kv: &KeyValue) -> Result<Object<K>, RegistryError> {
     Ok(obj)
 }
 
+/// The stored JSON of `kv` with `metadata.resourceVersion` set from the key's revision, without
+/// decoding it. [`encode`] writes `metadata` as an object right after `apiVersion` and `kind`.
+pub fn encoded_with_revision(kv: &KeyValue) -> Result<Vec<u8>, RegistryError> {
+    const META: &[u8] = b"\"metadata\":{";
+    let at = kv
+        .value
+        .windows(META.len())
+        .position(|w| w == META)
+        .ok_or_else(|| RegistryError::Internal(format!("the stored object at {} has no metadata", kv.key)))?
+        + META.len();
+    let rv = format!("\"resourceVersion\":\"{}\"", kv.mod_revision);
+    let mut out = Vec::with_capacity(kv.value.len() + rv.len() + 1);
+    out.extend_from_slice(&kv.value[..at]);
+    out.extend_from_slice(rv.as_bytes());
+    if kv.value.get(at) != Some(&b'}') {
+        out.push(b',');
+    }
+    out.extend_from_slice(&kv.value[at..]);
+    Ok(out)
+}
+
 /// The four stores over one storage.
 pub struct Registries {
     pub backends: Store<backend::BackendStrategy>,
@@ -222,5 +243,36 @@ impl Registries {
             bindings: Store::new(storage.clone(), binding::BindingStrategy, ctx.clone()),
             model_deployments: Store::new(storage, model_deployment::ModelDeploymentStrategy, ctx),
         }
+    }
+}
+
+#[cfg(test)]
+mod encoding_tests {
+    use super::*;
+    use kvcache_api::pool::PoolSpec;
+
+    #[test]
+    fn spliced_json_equals_the_decoded_object() {
+        for labels in [None, Some([("a".to_owned(), "b".to_owned())].into_iter().collect())] {
+            let mut obj = Object::<PoolSpec>::new("p", PoolSpec::default());
+            obj.metadata.labels = labels;
+            let kv = KeyValue {
+                key: "/k".into(),
+                value: encode(&obj).unwrap().into(),
+                create_revision: 3,
+                mod_revision: 7,
+            };
+            let spliced: serde_json::Value = serde_json::from_slice(&encoded_with_revision(&kv).unwrap()).unwrap();
+            assert_eq!(spliced, serde_json::to_value(decode::<PoolSpec>(&kv).unwrap()).unwrap());
+            assert_eq!(spliced["metadata"]["resourceVersion"], "7");
+        }
+        let empty_meta = KeyValue {
+            key: "/k".into(),
+            value: br#"{"apiVersion":"v","kind":"K","metadata":{},"spec":{}}"#.to_vec().into(),
+            create_revision: 1,
+            mod_revision: 2,
+        };
+        let v: serde_json::Value = serde_json::from_slice(&encoded_with_revision(&empty_meta).unwrap()).unwrap();
+        assert_eq!(v["metadata"]["resourceVersion"], "2");
     }
 }

@@ -176,21 +176,20 @@ fn text(code: u16, body: String) -> Response<Body> {
 pub async fn handle(
     api: Arc<Api>,
     req: Request<Incoming>,
-    peer: Option<Arc<Vec<rustls_pki_types::CertificateDer<'static>>>>,
+    user: Arc<Result<User, String>>,
 ) -> Result<Response<Body>, Infallible> {
     let started = Instant::now();
     let audit_id = req
         .headers()
         .get("audit-id")
         .and_then(|v| v.to_str().ok())
-        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
+        .map_or_else(next_audit_id, str::to_owned);
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let mut labels = RequestLabels::default();
-    let user = api.authn.authenticate(peer.as_deref().map(Vec::as_slice));
-    let mut response = match user {
-        Err(msg) => error(401, "Unauthorized", msg),
-        Ok(user) => dispatch(&api, req, &user, &mut labels).await,
+    let mut response = match user.as_ref() {
+        Err(msg) => error(401, "Unauthorized", msg.clone()),
+        Ok(user) => dispatch(&api, req, user, &mut labels).await,
     };
     let code = response.status().as_u16();
     if !labels.verb.is_empty() && labels.verb != "WATCH" {
@@ -353,6 +352,23 @@ async fn dispatch(api: &Arc<Api>, req: Request<Incoming>, user: &User, labels: &
         "/openapi/v2" => openapi_v2(api, &accept, &if_none_match),
         _ => not_found(&path),
     }
+}
+
+/// A unique request id in UUID form: a random prefix per process and a counter (no system call
+/// per request).
+fn next_audit_id() -> String {
+    static PREFIX: std::sync::OnceLock<[u8; 10]> = std::sync::OnceLock::new();
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let p = PREFIX.get_or_init(|| {
+        let mut b = [0u8; 10];
+        b.copy_from_slice(&uuid::Uuid::new_v4().as_bytes()[..10]);
+        b
+    });
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes();
+    let mut bytes = [0u8; 16];
+    bytes[..10].copy_from_slice(p);
+    bytes[10..].copy_from_slice(&n[..6]);
+    uuid::Uuid::from_bytes(bytes).to_string()
 }
 
 fn hv(s: &str) -> HeaderValue {

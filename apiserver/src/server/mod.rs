@@ -207,12 +207,14 @@ pub async fn serve(opts: ServeOptions, stop: impl std::future::Future<Output = (
                 }
                 Err(_) => return,
             };
-            let peer = tls
+            // The client certificate is fixed for the connection: authenticate once.
+            let peer: Option<Vec<_>> = tls
                 .get_ref()
                 .1
                 .peer_certificates()
-                .map(|c| Arc::new(c.iter().map(|d| d.clone().into_owned()).collect::<Vec<_>>()));
-            let service = service_fn(move |req| api::handle(api.clone(), req, peer.clone()));
+                .map(|c| c.iter().map(|d| d.clone().into_owned()).collect());
+            let user = Arc::new(api.authn.authenticate(peer.as_deref()));
+            let service = service_fn(move |req| api::handle(api.clone(), req, user.clone()));
             let builder = auto::Builder::new(TokioExecutor::new());
             let conn = builder.serve_connection(TokioIo::new(tls), service);
             if let Err(e) = watcher.watch(conn.into_owned()).await {

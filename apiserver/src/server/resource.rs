@@ -66,6 +66,18 @@ pub struct Outcome {
 /// The filter of a list or watch, on metadata only.
 pub type MetaFilter = Arc<dyn Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool + Send + Sync>;
 
+/// Whether a stored object passes `filter`, decoding only its metadata (and nothing at all
+/// without a filter).
+pub fn metadata_matches(kv: &KeyValue, filter: Option<&MetaFilter>) -> bool {
+    #[derive(serde::Deserialize)]
+    struct MetaOnly {
+        #[serde(default)]
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    }
+    let Some(f) = filter else { return true };
+    serde_json::from_slice::<MetaOnly>(&kv.value).is_ok_and(|m| f(&m.metadata))
+}
+
 /// A page of a list.
 #[derive(Debug, Clone)]
 pub struct Page {
@@ -81,8 +93,6 @@ pub trait Resource: Send + Sync {
     fn storage(&self) -> &Arc<dyn Storage>;
     /// The storage key prefix of a list or watch.
     fn prefix(&self, namespace: Option<&str>) -> String;
-    /// A stored value as the JSON a client sees, or `None` if `filter` rejects it.
-    fn decode(&self, kv: &KeyValue, filter: Option<&MetaFilter>) -> Result<Option<Value>, RegistryError>;
 
     async fn get(&self, namespace: &str, name: &str) -> Result<Value, RegistryError>;
     async fn list(
@@ -93,6 +103,15 @@ pub trait Resource: Send + Sync {
         revision: Option<u64>,
         filter: Option<MetaFilter>,
     ) -> Result<Page, RegistryError>;
+    /// A list page as ready-to-send JSON objects (no decoding unless `filter` needs it).
+    async fn list_json(
+        &self,
+        namespace: Option<&str>,
+        limit: Option<usize>,
+        continue_token: Option<String>,
+        revision: Option<u64>,
+        filter: Option<MetaFilter>,
+    ) -> Result<(Vec<Vec<u8>>, u64, Option<String>), RegistryError>;
     async fn create(&self, namespace: &str, body: Value, params: &WriteParams) -> Result<Outcome, RegistryError>;
     async fn update(
         &self,
@@ -216,14 +235,6 @@ impl<S: Strategy> Resource for Typed<S> {
         crate::storage::keys::list_prefix::<S::Kind>(namespace)
     }
 
-    fn decode(&self, kv: &KeyValue, filter: Option<&MetaFilter>) -> Result<Option<Value>, RegistryError> {
-        let obj: Object<S::Kind> = crate::registry::decode(kv)?;
-        if filter.is_some_and(|f| !f(&obj.metadata)) {
-            return Ok(None);
-        }
-        to_json(&obj).map(Some)
-    }
-
     async fn get(&self, namespace: &str, name: &str) -> Result<Value, RegistryError> {
         to_json(&self.store.get(namespace, name).await?)
     }
@@ -259,16 +270,51 @@ impl<S: Strategy> Resource for Typed<S> {
         })
     }
 
+    async fn list_json(
+        &self,
+        namespace: Option<&str>,
+        limit: Option<usize>,
+        continue_token: Option<String>,
+        revision: Option<u64>,
+        filter: Option<MetaFilter>,
+    ) -> Result<(Vec<Vec<u8>>, u64, Option<String>), RegistryError> {
+        let predicate: Option<Predicate<S::Kind>> = filter.map(|f| {
+            let p: Predicate<S::Kind> = Arc::new(move |o: &Object<S::Kind>| f(&o.metadata));
+            p
+        });
+        self.store
+            .list_json(
+                namespace,
+                ListOptions {
+                    limit,
+                    revision,
+                    continue_token,
+                    predicate,
+                },
+            )
+            .await
+    }
+
     async fn create(&self, namespace: &str, body: Value, params: &WriteParams) -> Result<Outcome, RegistryError> {
         let name = body
             .pointer("/metadata/name")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        let (mut obj, mut warnings) = typed::<S::Kind>(&name, body.clone(), params.validation)?;
-        let typed_value = to_json(&obj)?;
         let entries = fieldmanager::update(&Value::Null, &body, &[], &params.manager, Part::Main, &meta::now());
-        obj.metadata.managed_fields = Some(prune(entries, &typed_value));
+        let has_null = entries.iter().any(|e| {
+            e.fields
+                .iter()
+                .any(|p| fieldmanager::value_at(&body, p) == Some(&Value::Null))
+        });
+        let (mut obj, mut warnings) = typed::<S::Kind>(&name, body, params.validation)?;
+        // Only fields the request sent and the object kept are owned: prune when decoding
+        // dropped something (unknown fields, nulls).
+        obj.metadata.managed_fields = Some(if warnings.is_empty() && !has_null {
+            fieldmanager::to_entries(&entries)
+        } else {
+            prune(entries, &to_json(&obj)?)
+        });
         let written = self
             .store
             .create(

@@ -291,16 +291,35 @@ async fn list(
         }
     }
     let _ = api;
-    let page = match res
-        .list(
-            Some(ns).filter(|n| !n.is_empty()),
-            limit,
-            continue_token,
-            revision,
-            filter,
-        )
-        .await
-    {
+    let ns = Some(ns).filter(|n| !n.is_empty());
+    if shape == Shape::Json && !pretty {
+        // The common case (kubectl -o json/yaml, informers): stored bytes, spliced.
+        let (items, rv, cont) = match res.list_json(ns, limit, continue_token, revision, filter).await {
+            Ok(p) => p,
+            Err(e) => return registry_error(info, "", &e),
+        };
+        let mut meta = json!({"resourceVersion": rv.to_string()});
+        if let Some(c) = cont {
+            meta["continue"] = json!(c);
+        }
+        let head = format!(
+            r#"{{"kind":"{}List","apiVersion":"{}","metadata":{},"items":["#,
+            info.kind,
+            kvcache_api::API_VERSION,
+            meta
+        );
+        let mut body = Vec::with_capacity(head.len() + items.iter().map(|i| i.len() + 1).sum::<usize>() + 2);
+        body.extend_from_slice(head.as_bytes());
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(item);
+        }
+        body.extend_from_slice(b"]}");
+        return json_response(200, "application/json", body);
+    }
+    let page = match res.list(ns, limit, continue_token, revision, filter).await {
         Ok(p) => p,
         Err(e) => return registry_error(info, "", &e),
     };

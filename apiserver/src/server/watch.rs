@@ -41,6 +41,23 @@ struct Encoder {
 }
 
 impl Encoder {
+    /// An event for a stored object: its stored JSON (with `resourceVersion` spliced in) is
+    /// sent as it is, unless a Table was asked for.
+    fn stored(&mut self, type_: &str, kv: &KeyValue) -> Option<Bytes> {
+        let json = crate::registry::encoded_with_revision(kv).ok()?;
+        if self.table.is_some() {
+            let v: Value = serde_json::from_slice(&json).ok()?;
+            return Some(self.event(type_, &v));
+        }
+        let mut line = Vec::with_capacity(json.len() + 32);
+        line.extend_from_slice(br#"{"type":""#);
+        line.extend_from_slice(type_.as_bytes());
+        line.extend_from_slice(br#"","object":"#);
+        line.extend_from_slice(&json);
+        line.extend_from_slice(b"}\n");
+        Some(Bytes::from(line))
+    }
+
     fn event(&mut self, type_: &str, object: &Value) -> Bytes {
         let object = match self.table {
             Some(include) if type_ != "BOOKMARK" && type_ != "ERROR" => {
@@ -167,30 +184,28 @@ pub async fn run(api: Arc<Api>, res: Arc<dyn Resource>, opts: Options, tx: mpsc:
             create_revision: ev.create_revision,
             mod_revision: ev.revision,
         };
-        let prev = match &ev.prev_value {
-            Some(p) => res.decode(&kv(p), filter).ok().flatten(),
-            None => None,
-        };
-        let (type_, object) = match ev.kind {
-            EventKind::Put => {
-                let cur = res.decode(&kv(&ev.value), filter).ok().flatten();
-                match (cur, prev.is_some(), ev.prev_value.is_some()) {
-                    (Some(c), true, _) => ("MODIFIED", c),
-                    (Some(c), false, _) => ("ADDED", c),
-                    (None, true, _) => match res.decode(&kv(&ev.value), None).ok().flatten() {
-                        Some(c) => ("DELETED", c),
-                        None => continue,
-                    },
-                    (None, false, _) => continue,
-                }
-            }
-            EventKind::Delete => match res.decode(&kv(&ev.value), filter).ok().flatten() {
-                Some(last) => ("DELETED", last),
-                None => continue,
+        let matches = |value: &crate::storage::Value| super::resource::metadata_matches(&kv(value), filter);
+        let was = ev.prev_value.as_ref().is_some_and(matches);
+        let (type_, at) = match ev.kind {
+            EventKind::Put => match (matches(&ev.value), was) {
+                (true, true) => ("MODIFIED", kv(&ev.value)),
+                (true, false) => ("ADDED", kv(&ev.value)),
+                // It stopped matching the selectors: gone from this watcher's view.
+                (false, true) => ("DELETED", kv(&ev.value)),
+                (false, false) => continue,
             },
+            EventKind::Delete if matches(&ev.value) => ("DELETED", kv(&ev.value)),
+            EventKind::Delete => continue,
+        };
+        let Some(line) = enc.stored(type_, &at) else {
+            tracing::warn!(
+                key = ev.key,
+                "a stored object could not be encoded for a watch; skipped"
+            );
+            continue;
         };
         api.metrics.watch_event(info.plural);
-        if tx.send(enc.event(type_, &object)).await.is_err() {
+        if tx.send(line).await.is_err() {
             return;
         }
     }

@@ -17,7 +17,12 @@ use super::{ActiveLog, Options, Queued, Shared, log_path, open_file, sync_dir};
 use crate::storage::watch::{EventKind, WatchEvent};
 use crate::storage::{Result, StorageError};
 
+/// The longest a round waits for more transactions when the previous round was larger (see
+/// [`run`]).
+const LINGER: std::time::Duration = std::time::Duration::from_micros(250);
+
 pub(super) fn run(shared: Arc<Shared>, mut log: ActiveLog) {
+    let mut previous = 0usize;
     loop {
         let batch = {
             let mut q = shared.queue.lock();
@@ -27,7 +32,21 @@ pub(super) fn run(shared: Arc<Shared>, mut log: ActiveLog) {
             if q.txns.is_empty() {
                 return;
             }
-            take_batch(&mut q.txns, shared.options.max_batch_bytes)
+            // Group commit convoy: after a large round, its writers come back a few at a time
+            // (each finishes its request first). Syncing for the first few would split the next
+            // round in two; waiting briefly for the others keeps rounds large. A lone writer
+            // (previous round of one) never waits.
+            if q.txns.len() * 2 < previous {
+                let deadline = std::time::Instant::now() + LINGER;
+                while q.txns.len() * 2 < previous && !q.closing {
+                    if shared.queue_ready.wait_until(&mut q, deadline).timed_out() {
+                        break;
+                    }
+                }
+            }
+            let batch = take_batch(&mut q.txns, shared.options.max_batch_bytes);
+            previous = batch.len();
+            batch
         };
         if let Err(e) = commit(&shared, &mut log, batch) {
             fail(&shared, e);

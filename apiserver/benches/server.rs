@@ -1,0 +1,434 @@
+//! The API server end to end over HTTPS, with etcd's put rate at the same concurrency beside it.
+//!
+//! Run with `cargo bench -p kvcache-apiserver --bench server`. It starts the real
+//! `kv-apiserver serve` (bench profile) with its data on a real disk, connects as the admin
+//! with the client certificate the server wrote, and measures:
+//! - **creates/s**: `WRITERS` concurrent requests on one HTTP/2 connection POST `OBJECTS` pools;
+//!   beside it, a fresh etcd takes the same number of puts of the same size from the same
+//!   number of concurrent writers;
+//! - **gets**: one client, back to back (latency p50/p99), then `WRITERS` clients (gets/s);
+//! - **list**: the time to receive a list of all `OBJECTS` pools (JSON, median of 5);
+//! - **watch**: `WATCHERS` watch streams, while one client patches a pool `UPDATES` times at
+//!   about 200/s; latency is from the start of each write request to its event at each watcher.
+//!
+//! Both stores are durable (fdatasync / WAL fsync before the answer). This is a report: nothing
+//! is asserted about the numbers.
+
+#[path = "support/etcd.rs"]
+mod etcd;
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::task::JoinSet;
+
+const WRITERS: usize = 64;
+const OBJECTS: usize = 10_000;
+const GETS: usize = 5_000;
+const WATCHERS: usize = 100;
+const UPDATES: usize = 200;
+
+/// The running server; killed on drop.
+struct ApiServer {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ApiServer {
+    fn start(scratch: &Path) -> anyhow::Result<ApiServer> {
+        let dir = tempfile::Builder::new().prefix("apiserver-").tempdir_in(scratch)?;
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new(env!("CARGO_BIN_EXE_kv-apiserver"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting kv-apiserver")?;
+        Ok(ApiServer { child, port, dir })
+    }
+}
+
+/// TLS settings of the admin user, from the files the server wrote.
+fn tls_connector(pki: &Path) -> anyhow::Result<tokio_rustls::TlsConnector> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(pki.join("ca.crt"))? {
+        roots.add(ca?)?;
+    }
+    let chain = CertificateDer::pem_file_iter(pki.join("admin.crt"))?.collect::<Result<Vec<_>, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(pki.join("admin.key"))?;
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)?;
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// A stream on an HTTP/2 connection (ALPN h2), as kubectl and client-go use; clones share the
+/// connection.
+#[derive(Clone)]
+struct Client {
+    sender: SendRequest<Full<Bytes>>,
+}
+
+impl Client {
+    async fn connect(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<Client> {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        tcp.set_nodelay(true)?;
+        let stream = tls.connect(ServerName::try_from("localhost")?, tcp).await?;
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        Ok(Client { sender })
+    }
+
+    async fn send(&mut self, method: &str, path: &str, ct: &str, body: Vec<u8>) -> anyhow::Result<(u16, Bytes)> {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(format!("https://localhost{path}"))
+            .header("content-type", ct)
+            .body(Full::new(Bytes::from(body)))?;
+        self.sender.ready().await?;
+        let resp = self.sender.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok((status, body))
+    }
+}
+
+const POOLS: &str = "/apis/worker.gpustack.ai/v1/kvcachepools";
+
+fn pool_body(i: usize) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool",
+        "metadata": {"name": format!("pool-{i:05}"), "labels": {"bench": "server"}},
+        "spec": {"backends": ["mooncake-dram"], "quota": {"total": "16Gi"}},
+    }))
+    .unwrap_or_default()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+async fn wait_ready(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(mut c) = Client::connect(tls, port).await
+            && let Ok((200, _)) = c.send("GET", "/readyz", "application/json", Vec::new()).await
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("kv-apiserver did not become ready")
+}
+
+async fn creates(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<f64> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    let shared = Client::connect(tls, port).await?;
+    for _ in 0..WRITERS {
+        let mut c = shared.clone();
+        let next = next.clone();
+        set.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= OBJECTS {
+                    return anyhow::Ok(());
+                }
+                let (code, body) = c.send("POST", POOLS, "application/json", pool_body(i)).await?;
+                if code != 201 {
+                    bail!("create returned {code}: {}", String::from_utf8_lossy(&body));
+                }
+            }
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    Ok(OBJECTS as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn etcd_puts(scratch: &Path, value_bytes: usize) -> anyhow::Result<f64> {
+    let mut server = etcd::EtcdServer::start(scratch)?;
+    let client = server.connect().await?;
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let value = vec![b'x'; value_bytes];
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    for _ in 0..WRITERS {
+        let mut c = client.clone();
+        let next = next.clone();
+        let value = value.clone();
+        set.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= OBJECTS {
+                    return anyhow::Ok(());
+                }
+                c.put(format!("/registry/bench/pool-{i:05}"), value.clone(), None)
+                    .await?;
+            }
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    let rate = OBJECTS as f64 / started.elapsed().as_secs_f64();
+    drop(client);
+    server.stop()?;
+    Ok(rate)
+}
+
+async fn gets(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<(Duration, Duration, f64, f64)> {
+    let mut c = Client::connect(tls, port).await?;
+    let mut lat = Vec::with_capacity(GETS);
+    let started = Instant::now();
+    for i in 0..GETS {
+        let t = Instant::now();
+        let (code, _) = c
+            .send(
+                "GET",
+                &format!("{POOLS}/pool-{:05}", i % OBJECTS),
+                "application/json",
+                Vec::new(),
+            )
+            .await?;
+        lat.push(t.elapsed());
+        if code != 200 {
+            bail!("get returned {code}");
+        }
+    }
+    let serial_rate = GETS as f64 / started.elapsed().as_secs_f64();
+    lat.sort();
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    let shared = Client::connect(tls, port).await?;
+    for w in 0..WRITERS {
+        let mut c = shared.clone();
+        set.spawn(async move {
+            for i in 0..GETS / WRITERS {
+                c.send(
+                    "GET",
+                    &format!("{POOLS}/pool-{:05}", (w * 97 + i) % OBJECTS),
+                    "application/json",
+                    Vec::new(),
+                )
+                .await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    let parallel_rate = (GETS / WRITERS * WRITERS) as f64 / started.elapsed().as_secs_f64();
+    Ok((
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        serial_rate,
+        parallel_rate,
+    ))
+}
+
+async fn list(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<(Duration, usize, usize)> {
+    let mut c = Client::connect(tls, port).await?;
+    let mut times = Vec::new();
+    let mut items = 0;
+    let mut bytes = 0;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let (code, body) = c.send("GET", POOLS, "application/json", Vec::new()).await?;
+        times.push(t.elapsed());
+        if code != 200 {
+            bail!("list returned {code}");
+        }
+        let v: serde_json::Value = serde_json::from_slice(&body)?;
+        items = v["items"].as_array().map_or(0, Vec::len);
+        bytes = body.len();
+    }
+    times.sort();
+    Ok((times[times.len() / 2], items, bytes))
+}
+
+async fn watch_latency(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<(Duration, Duration, usize)> {
+    let mut c = Client::connect(tls, port).await?;
+    let (_, body) = c
+        .send("GET", &format!("{POOLS}?limit=1"), "application/json", Vec::new())
+        .await?;
+    let v: serde_json::Value = serde_json::from_slice(&body)?;
+    let rv = v["metadata"]["resourceVersion"].as_str().unwrap_or("0").to_owned();
+    let sent: Arc<Mutex<HashMap<usize, Instant>>> = Arc::default();
+    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let mut watchers = JoinSet::new();
+    for _ in 0..WATCHERS {
+        let mut w = Client::connect(tls, port).await?;
+        let path = format!("{POOLS}?watch=true&resourceVersion={rv}&fieldSelector=metadata.name%3Dpool-00000");
+        let req = http::Request::builder()
+            .method("GET")
+            .uri(format!("https://localhost{path}"))
+            .body(Full::new(Bytes::new()))?;
+        let resp = w.sender.send_request(req).await?;
+        let mut body = resp.into_body();
+        let sent = sent.clone();
+        let latencies = latencies.clone();
+        watchers.spawn(async move {
+            let mut buf = Vec::new();
+            let mut seen = 0;
+            while seen < UPDATES {
+                let Some(frame) = body.frame().await else { break };
+                let Ok(data) = frame?.into_data() else { continue };
+                let now = Instant::now();
+                buf.extend_from_slice(&data);
+                while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=pos).collect();
+                    let ev: serde_json::Value = serde_json::from_slice(&line)?;
+                    let seq = ev["object"]["metadata"]["labels"]["seq"]
+                        .as_str()
+                        .and_then(|s| s.parse::<usize>().ok());
+                    if let Some(seq) = seq
+                        && let Some(t) = sent.lock().get(&seq).copied()
+                    {
+                        latencies.lock().push(now - t);
+                        seen += 1;
+                    }
+                }
+            }
+            anyhow::Ok(())
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for seq in 0..UPDATES {
+        let patch = format!(r#"{{"metadata":{{"labels":{{"seq":"{seq}"}}}}}}"#);
+        sent.lock().insert(seq, Instant::now());
+        let (code, body) = c
+            .send(
+                "PATCH",
+                &format!("{POOLS}/pool-00000"),
+                "application/merge-patch+json",
+                patch.into_bytes(),
+            )
+            .await?;
+        if code != 200 {
+            bail!("patch returned {code}: {}", String::from_utf8_lossy(&body));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let deadline = tokio::time::sleep(Duration::from_secs(30));
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            r = watchers.join_next() => match r {
+                Some(r) => r??,
+                None => break,
+            },
+            () = &mut deadline => bail!("watchers did not receive every event within 30s"),
+        }
+    }
+    let mut lat = latencies.lock().clone();
+    lat.sort();
+    Ok((percentile(&lat, 0.5), percentile(&lat, 0.99), lat.len()))
+}
+
+fn main() -> anyhow::Result<()> {
+    let scratch = etcd::scratch_dir()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let server = ApiServer::start(&scratch)?;
+    let pki = server.dir.path().join("pki");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !pki.join("admin.key").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let tls = tls_connector(&pki)?;
+    runtime.block_on(wait_ready(&tls, server.port))?;
+    println!(
+        "kv-apiserver over HTTPS (HTTP/2 as kubectl uses it, one connection per client process, client certificates), data on disk under {}",
+        scratch.display()
+    );
+    println!("clients: tokio runtime with 2 worker threads in this process; server and etcd share the same 2 cores");
+    println!();
+
+    let created = runtime.block_on(creates(&tls, server.port))?;
+    let stored_bytes = {
+        let mut c = runtime.block_on(Client::connect(&tls, server.port))?;
+        let (_, body) =
+            runtime.block_on(c.send("GET", &format!("{POOLS}/pool-00000"), "application/json", Vec::new()))?;
+        body.len()
+    };
+    if std::env::var_os("KV_BENCH_CREATES_ONLY").is_some() {
+        println!("creates/s: {created:.0}");
+        return Ok(());
+    }
+    let etcd_rate = runtime.block_on(etcd_puts(&scratch, stored_bytes))?;
+    println!("creates ({OBJECTS} pools, {WRITERS} concurrent clients):");
+    println!("  kv-apiserver creates/s end to end: {created:>8.0}");
+    println!("  etcd puts/s ({stored_bytes}-byte values):  {etcd_rate:>8.0}");
+    println!("  ratio: {:.2}x", created / etcd_rate);
+    println!();
+
+    let (p50, p99, serial, parallel) = runtime.block_on(gets(&tls, server.port))?;
+    println!("gets ({GETS} by name):");
+    println!(
+        "  one client:  p50 {:.0} us, p99 {:.0} us, {serial:.0} gets/s",
+        us(p50),
+        us(p99)
+    );
+    println!("  {WRITERS} clients: {parallel:.0} gets/s");
+    println!();
+
+    let (median, items, bytes) = runtime.block_on(list(&tls, server.port))?;
+    println!(
+        "list: {items} pools ({bytes} bytes of JSON) in {:.1} ms (median of 5)",
+        median.as_secs_f64() * 1e3
+    );
+    println!();
+
+    let (wp50, wp99, n) = runtime.block_on(watch_latency(&tls, server.port))?;
+    println!("watch ({WATCHERS} watchers x {UPDATES} updates = {n} deliveries, from write start to event):");
+    println!(
+        "  p50 {:.2} ms, p99 {:.2} ms",
+        wp50.as_secs_f64() * 1e3,
+        wp99.as_secs_f64() * 1e3
+    );
+    println!();
+    println!(
+        "goals: creates >= etcd puts at the same concurrency; get p99 < 1 ms; list of 10,000 < 50 ms; watch p99 < 20 ms"
+    );
+    drop(server);
+    Ok(())
+}
