@@ -111,7 +111,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             shutdown_delay: Duration::from_secs(shutdown_delay),
             watch_history,
         };
-        return Ok(server::serve(opts, stop_signal(Duration::from_secs(shutdown_delay))).await?);
+        return Ok(server::serve(opts, stop_signal()).await?);
     }
     let storage_dir = cli.data_dir.join("storage");
     let storage = Embedded::open(&storage_dir, Options::default()).with_context(|| {
@@ -156,8 +156,8 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
     }
 }
 
-/// SIGINT or SIGTERM, then `delay` (during which `/readyz` already fails).
-async fn stop_signal(delay: Duration) {
+/// SIGINT or SIGTERM.
+async fn stop_signal() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {
@@ -171,7 +171,6 @@ async fn stop_signal(delay: Duration) {
         () = term => {}
     }
     tracing::info!("stop signal received");
-    tokio::time::sleep(delay).await;
 }
 
 fn resolve(kind: &str) -> anyhow::Result<&'static str> {

@@ -876,3 +876,155 @@ fn walkthrough() {
         "3"
     );
 }
+
+/// Limits, content types, dry runs on every write, partial metadata, and a graceful shutdown
+/// that ends watches cleanly.
+#[test]
+fn protocol_edges_and_shutdown() {
+    let mut s = Server::start();
+    let k = s.kubectl("1.33");
+    k.must_apply(&pool("m1", ""));
+    let pools = s.url("/apis/worker.gpustack.ai/v1/kvcachepools");
+    let code = |out: std::process::Output| {
+        String::from_utf8_lossy(&out.stdout)
+            .rsplit('\n')
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    // 413 beyond 3 MiB.
+    let big = s.dir.path().join("big.json");
+    std::fs::write(
+        &big,
+        format!(
+            r#"{{"metadata":{{"name":"big","annotations":{{"a":"{}"}}}}}}"#,
+            "x".repeat(4 << 20)
+        ),
+    )
+    .unwrap();
+    let data = format!("@{}", big.display());
+    let out = s.curl(&[
+        "-s",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        &data,
+        &pools,
+    ]);
+    assert_eq!(code(out), "413");
+    // 415 for a patch type we do not know, and for protobuf bodies.
+    let item = format!("{pools}/m1");
+    let out = s.curl(&[
+        "-s",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        "PATCH",
+        "-H",
+        "Content-Type: application/x-unknown",
+        "--data",
+        "{}",
+        &item,
+    ]);
+    assert_eq!(code(out), "415");
+    let out = s.curl(&[
+        "-s",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/vnd.kubernetes.protobuf",
+        "--data",
+        "x",
+        &pools,
+    ]);
+    assert_eq!(code(out), "415");
+    // 406 when only protobuf is acceptable.
+    let out = s.curl(&[
+        "-s",
+        "-w",
+        "\n%{http_code}",
+        "-H",
+        "Accept: application/vnd.kubernetes.protobuf",
+        &pools,
+    ]);
+    assert_eq!(code(out), "406");
+    // dryRun=All on patch and delete changes nothing; other values are refused.
+    let rv = rv_of(&k, &["get", "kvcp", "m1"]);
+    let out = s.curl(&[
+        "-s",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        "PATCH",
+        "-H",
+        "Content-Type: application/merge-patch+json",
+        "--data",
+        r#"{"spec":{"quota":{"total":"1Gi"}}}"#,
+        &format!("{item}?dryRun=All"),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.ends_with("200") && text.contains("\"1Gi\""), "{text}");
+    let out = s.curl(&[
+        "-s",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        "DELETE",
+        &format!("{item}?dryRun=All"),
+    ]);
+    assert_eq!(code(out), "200");
+    assert_eq!(rv_of(&k, &["get", "kvcp", "m1"]), rv);
+    let out = s.curl(&[
+        "-s",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        "DELETE",
+        &format!("{item}?dryRun=Some"),
+    ]);
+    assert_eq!(code(out), "400");
+    // PartialObjectMetadataList, as the garbage collector asks for it.
+    let body = s.get_body(
+        "/apis/worker.gpustack.ai/v1/kvcachepools",
+        &[
+            "-H",
+            "Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json",
+        ],
+    );
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["kind"], "PartialObjectMetadataList");
+    assert_eq!(doc["items"][0]["kind"], "PartialObjectMetadata");
+    assert!(doc["items"][0].get("spec").is_none());
+    // Stale update: 409 Conflict with a Status body.
+    k.ok(&["label", "kvcp", "m1", "fresh=yes"]);
+    let out = s.curl(&["-s", "-w", "\n%{http_code}", "-X", "PUT", "-H", "Content-Type: application/json", "--data", r#"{"apiVersion":"worker.gpustack.ai/v1","kind":"KVCachePool","metadata":{"name":"m1","resourceVersion":"1"},"spec":{"backends":["mooncake-dram"],"quota":{"total":"16Gi"}}}"#, &item]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.ends_with("409") && text.contains("\"reason\":\"Conflict\""),
+        "{text}"
+    );
+    // SIGTERM: readyz fails, watches end cleanly (the stream is closed, not reset), the process exits 0.
+    let watch = std::process::Command::new("curl")
+        .arg("--cacert")
+        .arg(s.dir.path().join("pki/ca.crt"))
+        .arg("--cert")
+        .arg(s.dir.path().join("pki/admin.crt"))
+        .arg("--key")
+        .arg(s.dir.path().join("pki/admin.key"))
+        .args(["-s", "-N", "--max-time", "20", &format!("{pools}?watch=true")])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let status = s.terminate();
+    assert!(status.success(), "server exit: {status}");
+    let out = watch.wait_with_output().unwrap();
+    assert!(out.status.success(), "the watch ended with {:?}", out.status);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"ADDED\""));
+}

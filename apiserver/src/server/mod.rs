@@ -179,6 +179,9 @@ pub async fn serve(opts: ServeOptions, stop: impl std::future::Future<Output = (
     );
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(stop);
+    // After the stop signal: keep serving for `shutdown_delay` with /readyz failing, so that
+    // load balancers take us out before connections are refused.
+    let mut stopping: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     loop {
         let (tcp, peer_addr) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -189,7 +192,13 @@ pub async fn serve(opts: ServeOptions, stop: impl std::future::Future<Output = (
                     continue;
                 }
             },
-            () = &mut stop => break,
+            () = &mut stop, if stopping.is_none() => {
+                tracing::info!(delay = ?opts.shutdown_delay, "stop requested: readyz fails from now on");
+                api.ready.store(false, std::sync::atomic::Ordering::Relaxed);
+                stopping = Some(Box::pin(tokio::time::sleep(opts.shutdown_delay)));
+                continue;
+            }
+            () = async { if let Some(s) = stopping.as_mut() { s.await } }, if stopping.is_some() => break,
         };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();

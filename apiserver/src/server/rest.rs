@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, header};
-use http_body_util::{BodyExt, Limited, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use serde_json::{Value, json};
 
@@ -468,17 +468,33 @@ async fn watch_request(
     r
 }
 
+/// Bodies past the limit are read to their end (up to this much) and dropped, so that the client
+/// finishes sending and reads our 413 instead of seeing its upload cut off.
+const DRAIN_LIMIT_BYTES: usize = 64 * 1024 * 1024;
+
 async fn read_body(req: Request<Incoming>) -> Result<(String, Bytes), Response<Body>> {
     let content_type = header_str(req.headers(), header::CONTENT_TYPE);
-    match Limited::new(req.into_body(), MAX_BODY_BYTES).collect().await {
-        Ok(b) => Ok((content_type, b.to_bytes())),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(error(
+    let mut body = req.into_body();
+    let mut buf = bytes::BytesMut::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| bad_request(format!("reading the request body: {e}")))?;
+        let Ok(data) = frame.into_data() else { continue };
+        total += data.len();
+        if total <= MAX_BODY_BYTES {
+            buf.extend_from_slice(&data);
+        } else if total > DRAIN_LIMIT_BYTES {
+            break;
+        }
+    }
+    if total > MAX_BODY_BYTES {
+        return Err(error(
             413,
             "RequestEntityTooLarge",
-            format!("the request is too large: limit is {MAX_BODY_BYTES} bytes"),
-        )),
-        Err(e) => Err(bad_request(format!("reading the request body: {e}"))),
+            format!("the request is too large: {total} bytes or more; the limit is {MAX_BODY_BYTES} bytes"),
+        ));
     }
+    Ok((content_type, buf.freeze()))
 }
 
 fn parse_object_body(content_type: &str, body: &[u8]) -> Result<Value, String> {
