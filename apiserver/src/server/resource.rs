@@ -307,7 +307,7 @@ impl<S: Strategy> Resource for Typed<S> {
                 .iter()
                 .any(|p| fieldmanager::value_at(&body, p) == Some(&Value::Null))
         });
-        let (mut obj, mut warnings) = typed::<S::Kind>(&name, body, params.validation)?;
+        let (mut obj, warnings) = typed::<S::Kind>(&name, body, params.validation)?;
         // Only fields the request sent and the object kept are owned: prune when decoding
         // dropped something (unknown fields, nulls).
         obj.metadata.managed_fields = Some(if warnings.is_empty() && !has_null {
@@ -315,22 +315,7 @@ impl<S: Strategy> Resource for Typed<S> {
         } else {
             prune(entries, &to_json(&obj)?)
         });
-        let written = self
-            .store
-            .create(
-                namespace,
-                obj,
-                WriteOptions {
-                    dry_run: params.dry_run,
-                },
-            )
-            .await?;
-        warnings.extend(written.warnings);
-        Ok(Outcome {
-            object: to_json(&written.object)?,
-            warnings,
-            created: true,
-        })
+        self.create_typed(namespace, obj, params, warnings).await
     }
 
     async fn update(
@@ -517,6 +502,32 @@ impl<S: Strategy> Resource for Typed<S> {
 }
 
 impl<S: Strategy> Typed<S> {
+    /// The registry's create of a decoded object, as an [`Outcome`].
+    async fn create_typed(
+        &self,
+        namespace: &str,
+        obj: Object<S::Kind>,
+        params: &WriteParams,
+        mut warnings: Vec<String>,
+    ) -> Result<Outcome, RegistryError> {
+        let written = self
+            .store
+            .create(
+                namespace,
+                obj,
+                WriteOptions {
+                    dry_run: params.dry_run,
+                },
+            )
+            .await?;
+        warnings.extend(written.warnings);
+        Ok(Outcome {
+            object: to_json(&written.object)?,
+            warnings,
+            created: true,
+        })
+    }
+
     /// Server-side apply to an object that does not exist: create it from the configuration.
     async fn apply_create(
         &self,
@@ -524,7 +535,7 @@ impl<S: Strategy> Typed<S> {
         name: &str,
         patch: &Patch,
         params: &WriteParams,
-        mut warnings: Vec<String>,
+        warnings: Vec<String>,
     ) -> Result<Outcome, RegistryError> {
         let Patch::Apply(config) = patch else {
             return Err(RegistryError::not_found::<S::Kind>(name));
@@ -543,22 +554,7 @@ impl<S: Strategy> Typed<S> {
         let (mut obj, _) = typed::<S::Kind>(name, a.object, FieldValidation::Ignore)?;
         obj.metadata.name = Some(name.to_owned());
         obj.metadata.managed_fields = Some(prune(a.entries, &to_json(&obj)?));
-        let written = self
-            .store
-            .create(
-                namespace,
-                obj,
-                WriteOptions {
-                    dry_run: params.dry_run,
-                },
-            )
-            .await?;
-        warnings.extend(written.warnings);
-        Ok(Outcome {
-            object: to_json(&written.object)?,
-            warnings,
-            created: true,
-        })
+        self.create_typed(namespace, obj, params, warnings).await
     }
 }
 

@@ -129,7 +129,7 @@ pub async fn handle(
             Ok(obj) => render_object(&info, &obj, shape, include, pretty, 200),
             Err(e) => registry_error(&info, &rp.name, &e),
         },
-        "list" => list(api, &res, &info, &ns, &q, shape, include, pretty).await,
+        "list" => list(&res, &info, &ns, &q, shape, include, pretty).await,
         "watch" => watch_request(api, &res, &info, &ns, &q, shape, include).await,
         "create" | "update" | "patch" => write(&res, &info, &rp, &verb, part, &q, req, user, pretty).await,
         "delete" => delete_one(&res, &info, &ns, &rp.name, &q, req, pretty).await,
@@ -199,9 +199,7 @@ fn parse_rv(q: &Query) -> Result<Option<u64>, Response<Body>> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn list(
-    api: &Arc<Api>,
     res: &Arc<dyn Resource>,
     info: &Info,
     ns: &str,
@@ -290,7 +288,6 @@ async fn list(
             );
         }
     }
-    let _ = api;
     let ns = Some(ns).filter(|n| !n.is_empty());
     if shape == Shape::Json && !pretty {
         // The common case (kubectl -o json/yaml, informers): stored bytes, spliced.
