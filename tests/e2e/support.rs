@@ -15,7 +15,13 @@ use std::time::{Duration, Instant};
 pub const VERSIONS: &[&str] = &["1.27", "1.30", "1.33"];
 
 pub fn kubectl_path(version: &str) -> PathBuf {
-    PathBuf::from(format!("/usr/lib/google-cloud-sdk/bin/kubectl.{version}"))
+    let path = PathBuf::from(format!("/usr/lib/google-cloud-sdk/bin/kubectl.{version}"));
+    assert!(
+        path.exists(),
+        "{} is missing: these tests drive real kubectl {version}; install the Google Cloud SDK kubectl components (kubectl.1.27 ... kubectl.1.33)",
+        path.display()
+    );
+    path
 }
 
 /// The server process; killed when dropped.
