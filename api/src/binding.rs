@@ -13,6 +13,7 @@ pub type KVCachePoolBinding = Object<BindingSpec>;
 /// The domain name stored when a Binding omits one.
 pub const DEFAULT_DOMAIN: &str = "default";
 
+/// Desired state of a KVCachePoolBinding.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BindingSpec {
@@ -22,6 +23,7 @@ pub struct BindingSpec {
     /// Every field is immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain: Option<Domain>,
+    /// The quota this namespace asks the pool for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<BindingQuota>,
 }
@@ -49,21 +51,29 @@ impl BindingSpec {
     }
 }
 
+/// The cache domain: the store tenant and the format of its blocks.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Domain {
+    /// Domain name, the store tenant that holds this cache: a DNS-1123 label not starting with `_`,
+    /// unique per backend. Defaults to `default`; immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Tokens per cache block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_size: Option<i32>,
+    /// KV cache data type in lowercase, as engines spell it (for example `bfloat16`); at most 32
+    /// characters. Engines attached through this Binding use it; immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<String>,
 }
 
+/// The quota a Binding asks for.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BindingQuota {
+    /// Bytes this namespace asks for, as a quantity such as `8Gi`; required, greater than 0 and at
+    /// most the pool's total. The store may grant less.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ceiling: Option<Quantity>,
 }
@@ -72,22 +82,32 @@ pub struct BindingQuota {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BindingStatus {
+    /// Summary of the Binding's state, such as `Provisioning`, `Ready`, `Error` or `Deleting`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// Why the Binding is in its phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase_message: Option<String>,
+    /// Observations of the Binding, one per `type` (such as `QuotaObserved` and `QuotaGranted`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The quota the store records as requested for this domain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_quota: Option<Quantity>,
+    /// The quota the store granted; below the ceiling when the pool's backend is oversubscribed.
+    /// `0` is a real grant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_quota: Option<Quantity>,
+    /// Bytes the store reports this domain holding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Quantity>,
+    /// Whether the domain holds more than its current grant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub over_quota: Option<bool>,
+    /// Number of cache blocks the domain holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocks: Option<i64>,
+    /// Share of lookups that hit the cache, a decimal from 0 to 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hit_rate: Option<String>,
     /// Workloads of this namespace holding the Binding (written by ModelDeployments).

@@ -8,6 +8,7 @@ pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 /// A reference by name to an object in the same namespace (or to a cluster-scoped object).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct LocalObjectReference {
+    /// Name of the referenced object.
     #[serde(default)]
     pub name: String,
 }
@@ -15,8 +16,10 @@ pub struct LocalObjectReference {
 /// One environment variable: `{name, value}`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct EnvVar {
+    /// Name of the variable. Required.
     #[serde(default)]
     pub name: String,
+    /// Value of the variable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
 }
@@ -24,10 +27,12 @@ pub struct EnvVar {
 /// A consumer holding an object: written by the consumer, read by the holder's deletion logic.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
 pub struct UsedBy {
+    /// Kind of the consumer, such as `KVCachePool` or `ModelDeployment`.
     pub kind: String,
     /// Empty for a cluster-scoped consumer; required on the wire but may be `""`.
     #[serde(default)]
     pub namespace: String,
+    /// Name of the consumer.
     pub name: String,
 }
 
@@ -84,6 +89,8 @@ impl Protocol {
 /// `{protocol}` block used by a backend and by a member group.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Transport {
+    /// Data transport: `Auto` (TCP, the default) or `TCP`. `RDMA`, `EFA`, `CANN`, `ROCM`, `MUSA`
+    /// and `MACA` are not supported yet: the server refuses them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Protocol>,
 }
