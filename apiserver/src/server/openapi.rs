@@ -74,10 +74,21 @@ impl Collector {
         if let Value::Object(r) = &mut root {
             r.remove("$schema");
             r.remove("title");
+            let spec_doc = r
+                .get("properties")
+                .and_then(|p| p.get("spec"))
+                .and_then(|s| s.get("$ref"))
+                .and_then(Value::as_str)
+                .and_then(|target| target.rsplit('/').next())
+                .and_then(|name| self.schemas.get(name))
+                .and_then(|s| s.get("description"))
+                .and_then(Value::as_str)
+                .map(|d| format!("{d}\n\n"))
+                .unwrap_or_default();
             r.insert(
                 "description".into(),
                 Value::String(format!(
-                    "{} is a {} of {API_VERSION}; see `kubectl explain {}.spec`.",
+                    "{spec_doc}{} is a {} of {API_VERSION}; see `kubectl explain {}.spec`.",
                     K::KIND,
                     if K::SCOPE == kvcache_api::Scope::Namespaced {
                         "namespaced resource"
@@ -96,6 +107,24 @@ impl Collector {
                     "kind".into(),
                     json!({"type": "string", "description": format!("Kind is the type of this object: {}.", K::KIND)}),
                 );
+                for (field, what) in [
+                    ("spec", format!("The desired state of this {}.", K::KIND)),
+                    (
+                        "status",
+                        format!(
+                            "The observed state of this {}, written by its controller through the status subresource.",
+                            K::KIND
+                        ),
+                    ),
+                ] {
+                    if let Some(Value::Object(p)) = props.get_mut(field) {
+                        let schema = p.remove("$ref").map(|r| json!({"allOf": [{"$ref": r}]}));
+                        if let Some(Value::Object(wrapped)) = schema {
+                            p.extend(wrapped);
+                        }
+                        p.insert("description".into(), Value::String(what));
+                    }
+                }
                 props.insert(
                     "metadata".into(),
                     json!({"allOf": [{"$ref": "#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}], "default": {},
@@ -215,6 +244,9 @@ fn rewrite(schema: &Value, ref_prefix: &str) -> Value {
                     .unwrap_or_default();
                 out.insert(k.clone(), Value::Array(arms));
             }
+            "description" => {
+                out.insert(k.clone(), Value::String(unwrap_lines(v.as_str().unwrap_or_default())));
+            }
             "$schema" | "$defs" | "title" | "const" => {}
             _ => {
                 out.insert(k.clone(), v.clone());
@@ -231,6 +263,15 @@ fn rewrite(schema: &Value, ref_prefix: &str) -> Value {
         out.insert("x-kubernetes-list-type".into(), Value::String("atomic".into()));
     }
     Value::Object(out)
+}
+
+/// Doc comments are wrapped at the source's line width; kubectl wraps again, so single line
+/// breaks become spaces and only blank lines (paragraphs) stay.
+fn unwrap_lines(text: &str) -> String {
+    text.split("\n\n")
+        .map(|para| para.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
 
 fn query_param(name: &str, type_: &str, description: &str) -> Value {
