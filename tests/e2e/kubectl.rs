@@ -133,17 +133,12 @@ fn openapi_and_explain() {
         assert!(out.contains("dtype"), "{v}: {out}");
         k.ok(&["explain", "md", "--recursive"]);
     }
-    // 10: `--output=plaintext-openapiv2` needs the real v2 schema as protobuf; we serve the
-    // minimal gnostic document (enough for 1.27/1.28 apply and explain), so this mode reports
-    // the kind as missing. Chosen: v2 protobuf with full schemas is left for later.
-    let r = s
-        .kubectl("1.33")
-        .run(&["explain", "kvcb", "--output=plaintext-openapiv2"]);
-    assert!(
-        !r.ok,
-        "plaintext-openapiv2 unexpectedly works now; update this test: {}",
-        r.text()
-    );
+    // 10: the v2 document (protobuf, with every definition) serves explain's v2 output.
+    for v in VERSIONS {
+        let out = s.kubectl(v).ok(&["explain", "kvcb.spec.connection.managed.leader", "--output=plaintext-openapiv2"]);
+        assert!(out.contains("leader") && out.contains("allocationStrategy"), "{v}: {out}");
+        s.kubectl(v).ok(&["explain", "kvcpb", "--recursive", "--output=plaintext-openapiv2"]);
+    }
     // 11: the root lists only our group-version; a stale hash redirects.
     let root = s.kubectl("1.33").ok(&["get", "--raw", "/openapi/v3"]);
     let doc: serde_json::Value = serde_json::from_str(&root).unwrap();

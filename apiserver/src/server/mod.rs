@@ -9,7 +9,7 @@
 //! | [`watch`] | watch streams |
 //! | [`table`] | `kubectl get` columns |
 //! | [`selectors`] | label and field selectors |
-//! | [`discovery`], [`openapi`] | what clients learn about the API |
+//! | [`discovery`], [`openapi`], [`openapi_proto`] | what clients learn about the API |
 //! | [`negotiate`] | `Accept` and content types |
 //! | [`auth`], [`tls`] | who is asking, what they may do, and the TLS that tells us |
 //! | [`metrics`] | Prometheus metrics |
@@ -21,6 +21,7 @@ pub mod fieldmanager;
 pub mod metrics;
 pub mod negotiate;
 pub mod openapi;
+pub mod openapi_proto;
 pub mod request;
 pub mod resource;
 pub mod rest;

@@ -30,24 +30,6 @@ pub struct Documents {
 /// `/openapi/v3/apis/worker.gpustack.ai/v1`.
 pub const V3_PATH: &str = "/openapi/v3/apis/worker.gpustack.ai/v1";
 
-/// A gnostic `openapi_v2.Document` with `swagger: "2.0"` and `info {title, version}`: what
-/// kubectl 1.27/1.28 need to proceed. Field 1 (swagger, string), field 2 (info, message with
-/// field 1 title and field 2 version).
-fn v2_protobuf() -> Vec<u8> {
-    fn string_field(tag: u8, s: &str) -> Vec<u8> {
-        let mut out = vec![tag, u8::try_from(s.len()).unwrap_or(0)];
-        out.extend_from_slice(s.as_bytes());
-        out
-    }
-    let mut info = string_field(0x0a, "Kubernetes");
-    info.extend(string_field(0x12, VERSION));
-    let mut doc = string_field(0x0a, "2.0");
-    doc.push(0x12);
-    doc.push(u8::try_from(info.len()).unwrap_or(0));
-    doc.extend(info);
-    doc
-}
-
 pub fn sha512_hex(bytes: &[u8]) -> String {
     let d = ring::digest::digest(&ring::digest::SHA512, bytes);
     d.as_ref().iter().map(|b| format!("{b:02X}")).collect()
@@ -181,6 +163,7 @@ fn rewrite(schema: &Value, ref_prefix: &str) -> Value {
     let Value::Object(m) = schema else {
         return schema.clone();
     };
+    let v2 = ref_prefix == "#/definitions/";
     let mut out = Map::new();
     for (k, v) in m {
         match k.as_str() {
@@ -222,7 +205,7 @@ fn rewrite(schema: &Value, ref_prefix: &str) -> Value {
                     .unwrap_or_default();
                 if let [one] = arms.as_slice() {
                     let one = rewrite(one, ref_prefix);
-                    if one.get("$ref").is_some() {
+                    if one.get("$ref").is_some() && !v2 {
                         out.insert("allOf".into(), Value::Array(vec![one]));
                     } else if let Value::Object(fields) = one {
                         out.extend(fields);
@@ -238,11 +221,19 @@ fn rewrite(schema: &Value, ref_prefix: &str) -> Value {
                 out.insert(k.clone(), rewrite(v, ref_prefix));
             }
             "allOf" => {
-                let arms = v
+                let arms: Vec<Value> = v
                     .as_array()
                     .map(|a| a.iter().map(|s| rewrite(s, ref_prefix)).collect())
                     .unwrap_or_default();
-                out.insert(k.clone(), Value::Array(arms));
+                // v2 readers (kubectl explain with openapiv2) follow `$ref` but not `allOf`.
+                match arms.as_slice() {
+                    [one] if v2 && one.as_object().is_some_and(|o| o.len() == 1 && o.contains_key("$ref")) => {
+                        out.insert("$ref".into(), one["$ref"].clone());
+                    }
+                    _ => {
+                        out.insert(k.clone(), Value::Array(arms));
+                    }
+                }
             }
             "description" => {
                 out.insert(k.clone(), Value::String(unwrap_lines(v.as_str().unwrap_or_default())));
@@ -253,8 +244,10 @@ fn rewrite(schema: &Value, ref_prefix: &str) -> Value {
             }
         }
     }
-    // A `$ref` with siblings (a description) is wrapped: OpenAPI ignores siblings of `$ref`.
-    if out.len() > 1
+    // A `$ref` with siblings (a description) is wrapped in v3, where siblings of `$ref` are
+    // ignored; v2 readers keep them side by side, as Kubernetes' own v2 document does.
+    if !v2
+        && out.len() > 1
         && let Some(r) = out.remove("$ref")
     {
         out.insert("allOf".into(), json!([{"$ref": r}]));
@@ -480,24 +473,13 @@ pub fn build(resources: &[Info]) -> Documents {
         v3_root,
         v2_json,
         v2_hash,
-        v2_protobuf: v2_protobuf(),
+        v2_protobuf: super::openapi_proto::document(&v2),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn protobuf_v2_is_the_minimal_gnostic_document() {
-        assert_eq!(
-            v2_protobuf(),
-            [
-                0x0a, 0x03, 0x32, 0x2e, 0x30, 0x12, 0x10, 0x0a, 0x0a, 0x4b, 0x75, 0x62, 0x65, 0x72, 0x6e, 0x65, 0x74,
-                0x65, 0x73, 0x12, 0x02, 0x76, 0x31
-            ]
-        );
-    }
 
     #[test]
     fn patch_operations_carry_gvk_and_field_validation_and_no_strategic_merge() {
