@@ -54,6 +54,7 @@ pub struct Api {
     pub metrics: Metrics,
     pub authn: Box<dyn Authenticator>,
     pub authz: Box<dyn Authorizer>,
+    /// False once shutdown has begun (`/readyz` fails from then on).
     pub ready: AtomicBool,
     /// Flips to `true` when the server shuts down: watches end.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
@@ -439,8 +440,8 @@ fn health(api: &Api, path: &str, q: &Query) -> Option<Response<Body>> {
     }
     let mut checks: Vec<(&str, bool)> = vec![("ping", true)];
     if base == "readyz" {
-        checks.push(("storage", api.ready.load(Ordering::Relaxed)));
-        checks.push(("shutdown", !*api.shutdown.borrow()));
+        checks.push(("storage", api.storage.health().is_ok()));
+        checks.push(("shutdown", api.ready.load(Ordering::Relaxed)));
     }
     if let Some(excluded) = q.get("exclude") {
         checks.retain(|(n, _)| *n != excluded);

@@ -174,4 +174,9 @@ pub trait Storage: Send + Sync + 'static {
 
     /// Durable changes under `prefix` with a revision greater than `after_revision`.
     async fn watch(&self, prefix: &str, after_revision: u64) -> Result<WatchStream>;
+
+    /// Whether writes can still succeed (`/readyz` reports it).
+    fn health(&self) -> Result<()> {
+        Ok(())
+    }
 }

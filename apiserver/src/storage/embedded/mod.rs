@@ -272,6 +272,13 @@ impl Drop for Embedded {
 
 #[async_trait]
 impl Storage for Embedded {
+    fn health(&self) -> Result<()> {
+        match &self.shared.state.read().failure {
+            Some(f) => Err(StorageError::Unavailable(f.clone())),
+            None => Ok(()),
+        }
+    }
+
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let (version, map) = {
             let st = self.shared.state.read();

@@ -357,9 +357,11 @@ async fn a_power_cut_loses_nothing_that_was_acknowledged() {
     }
     assert!(!acked.is_empty());
     assert!(acked.len() < 400, "writes stopped once syncing failed");
+    assert!(s.health().is_err(), "a failed sync is reported to /readyz");
     let lost = frozen.lock().as_ref().unwrap().lose_unsynced().unwrap();
     drop(s);
     let s = Embedded::open(dir.path(), small()).unwrap();
+    assert!(s.health().is_ok());
     for (key, revision) in &acked {
         let kv = s
             .get(key)
