@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -36,6 +36,29 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed()
 }
 
+/// Most requests served at once, as kube-apiserver's defaults (watches excluded); beyond it 429.
+const MAX_READS_IN_FLIGHT: usize = 400;
+const MAX_WRITES_IN_FLIGHT: usize = 200;
+
+/// Counts one request in flight while it lives.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicUsize, limit: usize) -> Option<InFlight<'a>> {
+        if counter.fetch_add(1, Ordering::AcqRel) >= limit {
+            counter.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(InFlight(counter))
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Cached discovery bodies with their ETags.
 struct Discovery {
     legacy_apis: Vec<u8>,
@@ -56,6 +79,8 @@ pub struct Api {
     pub authz: Box<dyn Authorizer>,
     /// False once shutdown has begun (`/readyz` fails from then on).
     pub ready: AtomicBool,
+    reads_in_flight: AtomicUsize,
+    writes_in_flight: AtomicUsize,
     /// Flips to `true` when the server shuts down: watches end.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     pub bookmark_interval: Duration,
@@ -133,6 +158,8 @@ impl Api {
             authn,
             authz,
             ready: AtomicBool::new(true),
+            reads_in_flight: AtomicUsize::new(0),
+            writes_in_flight: AtomicUsize::new(0),
             shutdown,
             bookmark_interval,
             discovery,
@@ -288,6 +315,23 @@ async fn dispatch(api: &Arc<Api>, req: Request<Incoming>, user: &User, labels: &
                 return error(403, "Forbidden", forbidden_message(user, &create));
             }
         }
+        let (counter, limit) = match verb.as_str() {
+            "get" | "list" => (&api.reads_in_flight, MAX_READS_IN_FLIGHT),
+            _ => (&api.writes_in_flight, MAX_WRITES_IN_FLIGHT),
+        };
+        let _slot = if verb == "watch" {
+            None
+        } else {
+            match InFlight::enter(counter, limit) {
+                Some(slot) => Some(slot),
+                None => {
+                    let mut r = error(429, "TooManyRequests", "too many requests, please try again later");
+                    r.headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    return r;
+                }
+            }
+        };
         return rest::handle(api, res, rp, verb, query, req, user).await;
     }
     *labels = RequestLabels {
@@ -532,4 +576,20 @@ fn openapi_v2(api: &Api, accept: &str, if_none_match: &str) -> Response<Body> {
     r.headers_mut().insert(header::ETAG, hv(&tag));
     r.headers_mut().insert(header::VARY, HeaderValue::from_static("Accept"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_flight_slots_are_bounded_and_released() {
+        let counter = AtomicUsize::new(0);
+        let a = InFlight::enter(&counter, 2).unwrap();
+        let _b = InFlight::enter(&counter, 2).unwrap();
+        assert!(InFlight::enter(&counter, 2).is_none());
+        drop(a);
+        assert!(InFlight::enter(&counter, 2).is_some());
+        assert_eq!(counter.load(Ordering::Relaxed), 1);
+    }
 }
