@@ -171,12 +171,14 @@ pub async fn serve(opts: ServeOptions, stop: impl std::future::Future<Output = (
         shutdown_rx,
         opts.bookmark_interval,
     ));
+    let absolute = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+    let (admin, viewer) = (absolute(&written.kubeconfig), absolute(&written.viewer_kubeconfig));
     println!(
         "kv-apiserver serving {} ; kubeconfig written to {} (use: export KUBECONFIG={} ; kubectl get kvcb). Read-only: {}",
         server_url(&opts.listen),
-        written.kubeconfig.display(),
-        written.kubeconfig.display(),
-        written.viewer_kubeconfig.display()
+        admin.display(),
+        admin.display(),
+        viewer.display()
     );
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(stop);
