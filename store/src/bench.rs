@@ -72,6 +72,7 @@ fn pattern(size: u64, seed: u64) -> Bytes {
 
 /// Runs every phase; calls `emit` with each line as soon as it is measured.
 pub async fn run(client: &Client, cfg: &BenchConfig, mut emit: impl FnMut(&Line)) -> Result<Vec<Line>> {
+    wait_for_capacity(client).await?;
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let mut lines = Vec::new();
     for &size in &cfg.sizes {
@@ -161,6 +162,22 @@ pub async fn run(client: &Client, cfg: &BenchConfig, mut emit: impl FnMut(&Line)
         }
     }
     Ok(lines)
+}
+
+/// Waits (up to a minute) until some member has mounted, so a bench started beside fresh members
+/// measures the store rather than its start-up.
+async fn wait_for_capacity(client: &Client) -> Result<()> {
+    for _ in 0..1200 {
+        let health = client.control().health(crate::proto::HealthRequest {}).await;
+        if health.is_ok_and(|h| h.get_ref().capacity > 0) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(StoreError::new(
+        ErrorCode::NoSpace,
+        "no member mounted a segment within a minute; start members first",
+    ))
 }
 
 /// Removes a bench key, waiting out a read lease if one still protects it.

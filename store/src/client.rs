@@ -148,7 +148,8 @@ impl Client {
         Ok(true)
     }
 
-    async fn locate(&self, key: &str) -> Result<Option<(Location, GetResponse)>> {
+    /// Where a committed value is (granting a read lease), without reading it.
+    pub async fn locate(&self, key: &str) -> Result<Option<(Location, GetResponse)>> {
         let req = GetRequest {
             scope: Some(self.scope.clone()),
             key: key.to_string(),

@@ -306,8 +306,9 @@ impl State {
             return Err(StoreError::new(
                 ErrorCode::TenantQuotaExceeded,
                 format!(
-                    "tenant {tenant:?} has a grant of {grant} bytes, smaller than this {len}-byte value; raise the \
-                     tenant's ceiling or mount more capacity"
+                    "tenant {tenant:?} has a grant of {grant} bytes ({} bytes mounted), smaller than this {len}-byte \
+                     value; raise the tenant's ceiling or mount more capacity",
+                    self.capacity()
                 ),
             ));
         }
