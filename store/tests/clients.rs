@@ -2,6 +2,9 @@
 //! from our `.proto` at test time, and the engine simulator binary reading its settings from the
 //! environment.
 
+// Helpers outside #[test] fns state expectations with unwrap too (see clippy.toml).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::process::Command;

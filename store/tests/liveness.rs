@@ -1,6 +1,9 @@
 //! Member and leader failures: a killed member's objects miss once its TTL passes; a restarted
 //! leader starts cold, members remount, and ranges handed out before are refused.
 
+// Helpers outside #[test] fns state expectations with unwrap too (see clippy.toml).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use bytes::Bytes;

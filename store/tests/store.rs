@@ -1,6 +1,9 @@
 //! A leader, two members and clients on loopback: values round-trip byte for byte under
 //! concurrency; tenants, grants, quota eviction, leases, layouts; multi-tenancy off; metrics.
 
+// Helpers outside #[test] fns state expectations with unwrap too (see clippy.toml).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use bytes::Bytes;

@@ -6,6 +6,9 @@ use std::fmt::Write;
 use super::state::State;
 use crate::metrics::{Family, escape};
 
+/// A per-tenant family: name, help, type, and how to read the value.
+type TenantFamily = (&'static str, &'static str, &'static str, fn(&super::objects::Tenant) -> u64);
+
 pub(super) fn render(s: &State, serving: bool) -> String {
     let mut out = String::new();
     let totals = s.totals();
@@ -70,7 +73,7 @@ pub(super) fn render(s: &State, serving: bool) -> String {
 
     let mut tenants: Vec<_> = s.tenants.iter().collect();
     tenants.sort_by(|a, b| a.0.cmp(b.0));
-    let per_tenant: [(&str, &str, &str, fn(&super::objects::Tenant) -> u64); 9] = [
+    let per_tenant: [TenantFamily; 9] = [
         ("kvstore_tenant_ceiling_bytes", "requested ceiling", "gauge", |t| {
             t.ceiling
         }),

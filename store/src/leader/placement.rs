@@ -158,7 +158,7 @@ mod tests {
         let mut seed = 7u64;
         for i in 0..2000u64 {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            if live.len() > 5 && (seed >> 33) % 3 == 0 {
+            if live.len() > 5 && (seed >> 33).is_multiple_of(3) {
                 let (off, len) = live.swap_remove(((seed >> 40) as usize) % live.len());
                 a.release(off, len);
             } else {
