@@ -9,13 +9,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
+use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{ErrorCode, Result, StoreError};
+use crate::leader::fastport::Method;
 use crate::proto::control_client::ControlClient;
 use crate::proto::store_client::StoreClient;
 use crate::proto::*;
@@ -38,8 +40,107 @@ pub enum PutOutcome {
 pub struct Client {
     store: StoreClient<Channel>,
     channel: Channel,
+    /// the leader's framed metadata port, when it serves one (used instead of gRPC for `Store`)
+    fast: Option<Arc<FastPort>>,
     scope: Scope,
     pool: Arc<Mutex<HashMap<String, Vec<TcpStream>>>>,
+}
+
+/// Pooled connections to the leader's framed metadata port (format in `leader/fastport.rs`).
+#[derive(Debug)]
+struct FastPort {
+    host: String,
+    port: std::sync::atomic::AtomicU32,
+    /// to ask the leader again which port it serves, after a restart
+    channel: Channel,
+    idle: Mutex<Vec<TcpStream>>,
+}
+
+impl FastPort {
+    async fn call<Q: Message, R: Message + Default>(&self, method: Method, req: &Q) -> Result<R> {
+        let mut frame = BytesMut::with_capacity(5 + req.encoded_len());
+        frame.put_u32_le(req.encoded_len() as u32);
+        frame.put_u8(method as u8);
+        req.encode(&mut frame)
+            .map_err(|e| StoreError::new(ErrorCode::Internal, e.to_string()))?;
+        let pooled = self.idle.lock().pop();
+        let reused = pooled.is_some();
+        let first = match pooled {
+            Some(s) => self.exchange(s, &frame).await,
+            None => self.exchange(self.connect().await?, &frame).await,
+        };
+        let (status, body) = match first {
+            Ok(r) => r,
+            // an idle pooled connection the leader closed (it restarted): the request never
+            // reached a live leader, so sending it once more on a fresh connection is safe
+            Err(e) if reused && closed(&e) => self.exchange(self.connect().await?, &frame).await.map_err(transport)?,
+            Err(e) => return Err(transport(e)),
+        };
+        if status != 0 {
+            return Err(wire::refusal(&body));
+        }
+        R::decode(&body[..]).map_err(|e| StoreError::new(ErrorCode::Transport, format!("malformed reply: {e}")))
+    }
+
+    /// Connects to the port, asking the leader for it again if the one known refuses (a
+    /// restarted leader may serve it elsewhere).
+    async fn connect(&self) -> Result<TcpStream> {
+        use std::sync::atomic::Ordering;
+        let port = self.port.load(Ordering::Acquire);
+        let first = TcpStream::connect(format!("{}:{port}", self.host)).await;
+        let s = match first {
+            Ok(s) => s,
+            Err(e) => {
+                let health = ControlClient::new(self.channel.clone()).health(HealthRequest {}).await;
+                let fresh = health.map(|h| h.into_inner().fast_port).unwrap_or(0);
+                if fresh == 0 || fresh == port {
+                    return Err(transport(format!(
+                        "cannot reach the leader's fast port {}:{port}: {e}",
+                        self.host
+                    )));
+                }
+                self.port.store(fresh, Ordering::Release);
+                TcpStream::connect(format!("{}:{fresh}", self.host))
+                    .await
+                    .map_err(|e| {
+                        transport(format!(
+                            "cannot reach the leader's fast port {}:{fresh}: {e}",
+                            self.host
+                        ))
+                    })?
+            }
+        };
+        s.set_nodelay(true).map_err(transport)?;
+        Ok(s)
+    }
+
+    async fn exchange(&self, mut s: TcpStream, frame: &[u8]) -> std::io::Result<(u8, Vec<u8>)> {
+        s.write_all(frame).await?;
+        let mut head = [0u8; 5];
+        s.read_exact(&mut head).await?;
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        if len > MAX_REPLY {
+            return Err(std::io::Error::other("the leader sent an oversized reply"));
+        }
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body).await?;
+        let mut idle = self.idle.lock();
+        if idle.len() < POOL_PER_MEMBER {
+            idle.push(s);
+        }
+        Ok((head[4], body))
+    }
+}
+
+/// Largest fast-port reply accepted.
+const MAX_REPLY: usize = 16 << 20;
+
+fn closed(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        UnexpectedEof | ConnectionReset | BrokenPipe | ConnectionAborted
+    )
 }
 
 fn transport(e: impl std::fmt::Display) -> StoreError {
@@ -65,12 +166,59 @@ impl Client {
             .connect()
             .await
             .map_err(|e| transport(format!("cannot reach the leader at {leader}: {e}")))?;
+        let health = ControlClient::new(channel.clone())
+            .health(HealthRequest {})
+            .await
+            .map_err(status)?;
+        let port = health.into_inner().fast_port;
+        let fast = match leader.rsplit_once(':') {
+            Some((host, _)) if port != 0 => Some(Arc::new(FastPort {
+                host: host.to_string(),
+                port: port.into(),
+                channel: channel.clone(),
+                idle: Mutex::new(Vec::new()),
+            })),
+            _ => None,
+        };
         Ok(Self {
             store: StoreClient::new(channel.clone()),
             channel,
+            fast,
             scope,
             pool: Arc::default(),
         })
+    }
+
+    /// The same client, speaking gRPC to the leader even if it serves the framed port.
+    pub fn grpc_only(mut self) -> Self {
+        self.fast = None;
+        self
+    }
+
+    /// Whether metadata calls go to the leader's framed port.
+    pub fn uses_fast_port(&self) -> bool {
+        self.fast.is_some()
+    }
+
+    async fn put_start(&self, req: PutStartRequest) -> Result<PutStartResponse> {
+        match &self.fast {
+            Some(f) => f.call(Method::PutStart, &req).await,
+            None => Ok(self.store.clone().put_start(req).await.map_err(status)?.into_inner()),
+        }
+    }
+
+    async fn put_commit(&self, req: PutCommitRequest) -> Result<()> {
+        match &self.fast {
+            Some(f) => f.call::<_, PutCommitResponse>(Method::PutCommit, &req).await.map(drop),
+            None => self.store.clone().put_commit(req).await.map(drop).map_err(status),
+        }
+    }
+
+    async fn put_revoke(&self, req: PutRevokeRequest) -> Result<()> {
+        match &self.fast {
+            Some(f) => f.call::<_, PutRevokeResponse>(Method::PutRevoke, &req).await.map(drop),
+            None => self.store.clone().put_revoke(req).await.map(drop).map_err(status),
+        }
     }
 
     /// The same connections, acting for another scope.
@@ -89,13 +237,12 @@ impl Client {
 
     /// Stores `value` under `key`.
     pub async fn put(&self, key: &str, value: Bytes) -> Result<PutOutcome> {
-        let mut store = self.store.clone();
         let start = PutStartRequest {
             scope: Some(self.scope.clone()),
             key: key.to_string(),
             size: value.len() as u64,
         };
-        let r = store.put_start(start).await.map_err(status)?.into_inner();
+        let r = self.put_start(start).await?;
         if r.already_exists {
             return Ok(PutOutcome::AlreadyExisted);
         }
@@ -109,7 +256,7 @@ impl Client {
                 key: key.to_string(),
                 put_id: r.put_id,
             };
-            if let Err(re) = store.put_revoke(revoke).await {
+            if let Err(re) = self.put_revoke(revoke).await {
                 tracing::debug!(error = %re, "revoke after a failed write failed; the leader reclaims it later");
             }
             return Err(e);
@@ -119,7 +266,7 @@ impl Client {
             key: key.to_string(),
             put_id: r.put_id,
         };
-        store.put_commit(commit).await.map_err(status)?;
+        self.put_commit(commit).await?;
         Ok(PutOutcome::Stored)
     }
 
@@ -154,12 +301,17 @@ impl Client {
             scope: Some(self.scope.clone()),
             key: key.to_string(),
         };
-        let r = retry_once(|| {
-            let mut store = self.store.clone();
-            let req = req.clone();
-            async move { store.get(req).await.map(|r| r.into_inner()) }
-        })
-        .await?;
+        let r = match &self.fast {
+            Some(f) => f.call(Method::Get, &req).await?,
+            None => {
+                retry_once(|| {
+                    let mut store = self.store.clone();
+                    let req = req.clone();
+                    async move { store.get(req).await.map(|r| r.into_inner()) }
+                })
+                .await?
+            }
+        };
         if !r.found {
             return Ok(None);
         }
@@ -175,6 +327,12 @@ impl Client {
             scope: Some(self.scope.clone()),
             key: key.to_string(),
         };
+        if let Some(f) = &self.fast {
+            return f
+                .call::<_, ExistsResponse>(Method::Exists, &req)
+                .await
+                .map(|r| r.exists);
+        }
         retry_once(|| {
             let mut store = self.store.clone();
             let req = req.clone();
@@ -202,6 +360,12 @@ impl Client {
             scope: Some(self.scope.clone()),
             key: key.to_string(),
         };
+        if let Some(f) = &self.fast {
+            return f
+                .call::<_, RemoveResponse>(Method::Remove, &req)
+                .await
+                .map(|r| r.removed);
+        }
         Ok(self
             .store
             .clone()
@@ -228,11 +392,9 @@ impl Client {
         if let Some(s) = self.take_conn(addr) {
             return Ok(s);
         }
-        let s = TcpStream::connect(addr)
+        crate::net::connect_data(addr)
             .await
-            .map_err(|e| transport(format!("cannot reach member {addr}: {e}")))?;
-        s.set_nodelay(true).map_err(transport)?;
-        Ok(s)
+            .map_err(|e| transport(format!("cannot reach member {addr}: {e}")))
     }
 
     async fn write(&self, loc: &Location, deadline: u64, value: Bytes) -> Result<()> {

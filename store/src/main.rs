@@ -38,6 +38,10 @@ enum Command {
     Leader {
         #[arg(long, default_value = "127.0.0.1:50051")]
         listen: SocketAddr,
+        /// The framed metadata port (default: the --listen port + 1, or any port when that is 0);
+        /// `off` serves gRPC only.
+        #[arg(long)]
+        fast_listen: Option<String>,
         /// Serve /metrics, /healthz and /readyz here.
         #[arg(long)]
         metrics_listen: Option<SocketAddr>,
@@ -177,11 +181,20 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let rt = match cli.command {
-        Command::Bench { .. } | Command::Tenants { .. } => {
-            tokio::runtime::Builder::new_current_thread().enable_all().build()?
-        }
-        _ => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
+    // One thread per process unless KVSTORE_WORKER_THREADS says otherwise: on a small machine a
+    // request that hops between worker threads pays a cross-core wake-up on every hop, which
+    // costs more than the work itself (see store/README.md).
+    let workers: usize = std::env::var("KVSTORE_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let rt = if workers <= 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()?
     };
     rt.block_on(run(cli.command))
 }
@@ -190,6 +203,7 @@ async fn run(command: Command) -> Result<()> {
     match command {
         Command::Leader {
             listen,
+            fast_listen,
             metrics_listen,
             multi_tenancy,
             default_block_size,
@@ -232,12 +246,30 @@ async fn run(command: Command) -> Result<()> {
                 .await
                 .with_context(|| format!("binding {listen}"))?;
             let grpc = listener.local_addr()?;
+            let fast_addr = match fast_listen.as_deref() {
+                Some("off") => None,
+                Some(a) => Some(
+                    a.parse::<SocketAddr>()
+                        .with_context(|| format!("--fast-listen {a:?}"))?,
+                ),
+                None if listen.port() == 0 => Some(SocketAddr::new(listen.ip(), 0)),
+                None => Some(SocketAddr::new(listen.ip(), listen.port().wrapping_add(1))),
+            };
+            let fast = match fast_addr {
+                Some(a) => Some(
+                    TcpListener::bind(a)
+                        .await
+                        .with_context(|| format!("binding the fast port {a}"))?,
+                ),
+                None => None,
+            };
+            let fast_bound = fast.as_ref().map(|l| l.local_addr()).transpose()?;
             let metrics = serve_metrics(metrics_listen, Arc::new(leader.clone())).await?;
             announce(
                 serde_json::json!({"event": "listening", "role": "leader", "grpc": grpc.to_string(),
-                "metrics": metrics.map(|m| m.to_string())}),
+                "fast": fast_bound.map(|m| m.to_string()), "metrics": metrics.map(|m| m.to_string())}),
             );
-            leader.serve(listener).await.context("leader server stopped")?;
+            leader.serve(listener, fast).await.context("leader server stopped")?;
             Ok(())
         }
         Command::Member {

@@ -88,6 +88,8 @@ async fn a_restarted_leader_starts_cold_and_members_remount() {
         );
     }
     assert_eq!(tenant(&c2, "t").await.objects, 0);
+    // a client from before the restart reconnects on its own (its pooled connections died)
+    assert!(c.get("k1").await.unwrap().is_none());
     // the old leader's location is refused by the member: its segment was remounted
     let reader = kvcache_store::client::Client::connect(&addr, scope("t")).await.unwrap();
     let err = raw_read(&old_loc, old_lease.lease_deadline_unix_ms).await;

@@ -27,7 +27,10 @@ async fn random_values_round_trip_under_16_concurrent_clients() {
     for worker in 0..16u64 {
         let addr = addr.clone();
         tasks.push(tokio::spawn(async move {
+            // half the clients speak gRPC to the leader, half its framed port
             let c = client(&addr, "t").await;
+            assert!(c.uses_fast_port());
+            let c = if worker % 2 == 0 { c } else { c.grpc_only() };
             let mut written = Vec::new();
             for i in 0..24u64 {
                 let seed = worker * 1000 + i;

@@ -7,7 +7,12 @@ use super::state::State;
 use crate::metrics::{Family, escape};
 
 /// A per-tenant family: name, help, type, and how to read the value.
-type TenantFamily = (&'static str, &'static str, &'static str, fn(&super::objects::Tenant) -> u64);
+type TenantFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&super::objects::Tenant) -> u64,
+);
 
 pub(super) fn render(s: &State, serving: bool) -> String {
     let mut out = String::new();

@@ -8,6 +8,7 @@
 //! `metrics` (the Prometheus text of this leader).
 
 mod eviction;
+pub mod fastport;
 pub mod ledger;
 mod members;
 mod metrics;
@@ -18,7 +19,7 @@ pub mod state;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -77,6 +78,7 @@ impl LeaderConfig {
 pub struct Leader {
     state: Arc<Mutex<State>>,
     serving: Arc<AtomicBool>,
+    fast_port: Arc<AtomicU32>,
 }
 
 impl Leader {
@@ -84,6 +86,7 @@ impl Leader {
         Self {
             state: Arc::new(Mutex::new(State::new(cfg))),
             serving: Arc::new(AtomicBool::new(false)),
+            fast_port: Arc::new(AtomicU32::new(0)),
         }
     }
 
@@ -96,10 +99,24 @@ impl Leader {
         self.serving.load(Ordering::Acquire)
     }
 
-    /// Serves gRPC on `listener` until the process ends, with the housekeeping loops (member
-    /// liveness, reservation reaping, watermark eviction) running beside it.
-    pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+    /// The framed metadata port's number, 0 if none is served.
+    pub fn fast_port(&self) -> u32 {
+        self.fast_port.load(Ordering::Acquire)
+    }
+
+    /// Serves gRPC on `listener` (and the framed metadata port on `fast`, if given) until the
+    /// process ends, with the housekeeping loops (member liveness, reservation reaping, watermark
+    /// eviction) running beside it.
+    pub async fn serve(self, listener: TcpListener, fast: Option<TcpListener>) -> std::io::Result<()> {
         let _housekeeping = CancelOnDrop(tokio::spawn(self.clone().housekeeping()));
+        let _fast = match fast {
+            Some(l) => {
+                self.fast_port
+                    .store(u32::from(l.local_addr()?.port()), Ordering::Release);
+                Some(CancelOnDrop(tokio::spawn(fastport::serve(l, self.clone()))))
+            }
+            None => None,
+        };
         let addr: SocketAddr = listener.local_addr()?;
         self.serving.store(true, Ordering::Release);
         tracing::info!(%addr, "leader serving");

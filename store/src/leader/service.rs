@@ -198,6 +198,7 @@ impl Control for Leader {
             used: s.used(),
             members: s.members.len() as u64,
             objects: s.object_count(),
+            fast_port: self.fast_port(),
         })))
     }
 }

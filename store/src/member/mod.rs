@@ -68,9 +68,7 @@ impl Member {
         let grpc = TcpListener::bind(grpc)
             .await
             .map_err(|e| bind_err("gRPC listen address", e))?;
-        let data = TcpListener::bind(data)
-            .await
-            .map_err(|e| bind_err("data listen address", e))?;
+        let data = crate::net::data_listener(data).map_err(|e| bind_err("data listen address", e))?;
         Ok(Self {
             cfg,
             segment,
