@@ -114,21 +114,17 @@ impl FastPort {
         Ok(s)
     }
 
-    async fn exchange(&self, mut s: TcpStream, frame: &[u8]) -> std::io::Result<(u8, Vec<u8>)> {
+    async fn exchange(&self, mut s: TcpStream, frame: &[u8]) -> std::io::Result<(u8, BytesMut)> {
         s.write_all(frame).await?;
-        let mut head = [0u8; 5];
-        s.read_exact(&mut head).await?;
-        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-        if len > MAX_REPLY {
-            return Err(std::io::Error::other("the leader sent an oversized reply"));
-        }
-        let mut body = vec![0u8; len];
-        s.read_exact(&mut body).await?;
+        let mut buf = BytesMut::new();
+        let reply = crate::frame::read(&mut s, &mut buf, MAX_REPLY)
+            .await?
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
         let mut idle = self.idle.lock();
         if idle.len() < POOL_PER_MEMBER {
             idle.push(s);
         }
-        Ok((head[4], body))
+        Ok(reply)
     }
 }
 

@@ -16,6 +16,7 @@ pub mod bench;
 pub mod client;
 pub mod engine_sim;
 pub mod error;
+pub mod frame;
 pub mod leader;
 pub mod member;
 pub mod metrics;

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use bytes::{Buf, BufMut, BytesMut};
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::Leader;
@@ -69,27 +69,22 @@ pub async fn serve(listener: TcpListener, leader: Leader) {
 }
 
 async fn connection(mut s: TcpStream, leader: &Leader) -> std::io::Result<()> {
-    let mut head = [0u8; 5];
-    let mut body = Vec::new();
+    let mut buf = BytesMut::new();
     let mut out = BytesMut::new();
     loop {
-        match s.read_exact(&mut head).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+        let (method, body) = match crate::frame::read(&mut s, &mut buf, MAX_REQUEST).await {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                let e = StoreError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("{e}; this port serves small metadata calls"),
+                );
+                return write_reply(&mut s, &mut out, Err(e)).await;
+            }
             Err(e) => return Err(e),
-        }
-        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-        if len > MAX_REQUEST {
-            let e = StoreError::new(
-                ErrorCode::InvalidArgument,
-                format!("request of {len} bytes is over {MAX_REQUEST}"),
-            );
-            write_reply(&mut s, &mut out, Err(e)).await?;
-            return Ok(());
-        }
-        body.resize(len, 0);
-        s.read_exact(&mut body).await?;
-        let reply = match Method::from_u8(head[4]) {
+        };
+        let reply = match Method::from_u8(method) {
             Some(m) => dispatch(leader, m, &body),
             None => Err(StoreError::new(
                 ErrorCode::InvalidArgument,
