@@ -5,7 +5,8 @@
 # the ratios the store issue sets as goals.
 #
 #   bash store/bench/compare.sh            # ROUNDS=1; OUT=/tmp/kvstore_compare
-#   env: ROUNDS, OUT, SHARED (default ../shared next to the repo), CARGO_TARGET_DIR
+#   env: ROUNDS, OUT, SHARED (default ../shared next to the repo), CARGO_TARGET_DIR,
+#        KVSTORE_BIN (an already built kv-store; skips the build)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -14,8 +15,11 @@ OUT="${OUT:-/tmp/kvstore_compare}"
 ROUNDS="${ROUNDS:-1}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/kvcache-target}"
 mkdir -p "$OUT"
-(cd "$REPO" && cargo build --release --locked -p kvcache-store --bin kv-store)
-BIN="$CARGO_TARGET_DIR/release/kv-store"
+BIN="${KVSTORE_BIN:-}"
+if [[ -z "$BIN" ]]; then
+  (cd "$REPO" && cargo build --release --locked -p kvcache-store --bin kv-store)
+  BIN="$CARGO_TARGET_DIR/release/kv-store"
+fi
 
 STARTED=()
 cleanup() { for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null || true; done; }

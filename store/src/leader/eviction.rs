@@ -62,7 +62,6 @@ impl State {
         if let Some(t) = self.tenants.get_mut(tenant) {
             t.counters.evictions += 1;
         }
-        self.global_evictions += 1;
         freed
     }
 

@@ -40,7 +40,6 @@ pub struct State {
     pub(super) seed: u64,
     /// counters of tenants that were removed from the ledger, so global totals never go down
     pub(super) retired: Counters,
-    pub(super) global_evictions: u64,
 }
 
 impl State {
@@ -55,7 +54,6 @@ impl State {
             tick: 0,
             seed,
             retired: Counters::default(),
-            global_evictions: 0,
         };
         if !s.cfg.multi_tenancy {
             let layout = s.cfg.default_layout.clone();
