@@ -293,6 +293,9 @@ async fn run(command: Command) -> Result<()> {
                 })
                 .filter(|n| !n.is_empty())
                 .unwrap_or_else(|| format!("member-{}", std::process::id()));
+            if capacity == 0 {
+                bail!("--capacity must be greater than 0 (e.g. 8Gi)");
+            }
             let cfg = MemberConfig {
                 leader,
                 name,

@@ -12,7 +12,7 @@ use kvcache_store::error::ErrorCode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_members_objects_miss_within_the_ttl() {
-    let l = leader(&["--tenant", "t=64Mi:64:bfloat16", "--member-ttl", "1s"]);
+    let l = leader(&["--tenant", "t=64Mi:64:bfloat16", "--member-ttl", "3s"]);
     let addr = l.field("grpc");
     let mut m1 = member(&addr, "m1", "32Mi");
     let _m2 = member(&addr, "m2", "32Mi");
@@ -78,7 +78,10 @@ async fn a_restarted_leader_starts_cold_and_members_remount() {
     let (old_loc, old_lease) = c.locate("k0").await.unwrap().unwrap();
 
     l.kill();
-    let _l2 = leader_at(&addr, &tenants);
+    // the fast port moves (any free port): clients must find it again through Health
+    let mut restart_flags = tenants.to_vec();
+    restart_flags.extend_from_slice(&["--fast-listen", "127.0.0.1:0"]);
+    let _l2 = leader_at(&addr, &restart_flags);
     let c2 = client(&addr, "t").await;
     wait_members(&c2, 2).await;
     for i in 0..10u64 {

@@ -35,7 +35,12 @@ impl State {
         }
         let id = self.next_member_id;
         self.next_member_id += 1;
-        let mount_id = uuid::Uuid::new_v4().as_u64_pair().0;
+        let taken = self.members.values().any(|m| m.mount_id == req.mount_id);
+        let mount_id = if req.mount_id != 0 && !taken {
+            req.mount_id
+        } else {
+            uuid::Uuid::new_v4().as_u64_pair().0 | 1
+        };
         self.members.insert(
             id,
             Member {

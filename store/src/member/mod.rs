@@ -120,6 +120,7 @@ impl Member {
             data_addr,
             grpc_addr,
             capacity: self.cfg.capacity,
+            mount_id: 0,
         };
         stay_mounted(&self.cfg.leader, req, &self.segment).await;
         Ok(())
@@ -145,7 +146,16 @@ async fn stay_mounted(leader: &str, req: MountRequest, segment: &Segment) {
                 continue;
             }
         };
-        let mounted = match client.mount(req.clone()).await {
+        // adopt the new mount first: the leader may place values here as soon as it answers
+        let mount_id = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
+        segment.set_mount(mount_id);
+        let mounted = match client
+            .mount(MountRequest {
+                mount_id,
+                ..req.clone()
+            })
+            .await
+        {
             Ok(r) => r.into_inner(),
             Err(e) => {
                 tracing::warn!(%leader, error = %e, "mount refused, retrying");
@@ -155,6 +165,7 @@ async fn stay_mounted(leader: &str, req: MountRequest, segment: &Segment) {
             }
         };
         backoff = Duration::from_millis(100);
+        // the leader keeps the member's choice unless it clashes with another mount
         segment.set_mount(mounted.mount_id);
         tracing::info!(
             member_id = mounted.member_id,
