@@ -16,6 +16,8 @@ pub mod objects;
 pub mod placement;
 mod service;
 pub mod state;
+#[cfg(test)]
+mod tests;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
