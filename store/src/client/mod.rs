@@ -1,18 +1,19 @@
-//! The Rust client: one multiplexed gRPC channel to the leader for metadata, and pooled plain TCP
-//! connections to each member's data port for the bytes. A put is `PutStart` (leader) → write
-//! (member) → `PutCommit` (leader), revoked if the write fails; a get is `Get` (leader, grants a
-//! read lease) → read (member), reported as failed if the lease ran out before the read finished.
-//! Only idempotent metadata calls (get, exists, batch exists) are retried, once, on a transport
-//! failure.
+//! The Rust client: one multiplexed gRPC channel to the leader for metadata (or the leader's
+//! framed port, `fast.rs`, when it serves one), and pooled plain TCP connections to each member's
+//! data port for the bytes (`data.rs`). A put is `PutStart` (leader) → write (member) →
+//! `PutCommit` (leader), revoked if the write fails; a get is `Get` (leader, grants a read lease) →
+//! read (member), reported as failed if the lease ran out before the read finished. Only
+//! idempotent metadata calls (get, exists, batch exists) are retried, once, on a transport failure.
+
+mod data;
+mod fast;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 
@@ -22,9 +23,10 @@ use crate::proto::control_client::ControlClient;
 use crate::proto::store_client::StoreClient;
 use crate::proto::*;
 use crate::time::now_unix_ms;
-use crate::wire::{self, Op, RESPONSE_LEN};
+use data::Sink;
+use fast::FastPort;
 
-/// Idle data connections kept per member.
+/// Idle connections kept per member (and to the leader's fast port).
 const POOL_PER_MEMBER: usize = 64;
 
 /// What a put did.
@@ -44,99 +46,6 @@ pub struct Client {
     fast: Option<Arc<FastPort>>,
     scope: Scope,
     pool: Arc<Mutex<HashMap<String, Vec<TcpStream>>>>,
-}
-
-/// Pooled connections to the leader's framed metadata port (format in `leader/fastport.rs`).
-#[derive(Debug)]
-struct FastPort {
-    host: String,
-    port: std::sync::atomic::AtomicU32,
-    /// to ask the leader again which port it serves, after a restart
-    channel: Channel,
-    idle: Mutex<Vec<TcpStream>>,
-}
-
-impl FastPort {
-    async fn call<Q: Message, R: Message + Default>(&self, method: Method, req: &Q) -> Result<R> {
-        let mut frame = BytesMut::with_capacity(5 + req.encoded_len());
-        frame.put_u32_le(req.encoded_len() as u32);
-        frame.put_u8(method as u8);
-        req.encode(&mut frame)
-            .map_err(|e| StoreError::new(ErrorCode::Internal, e.to_string()))?;
-        let pooled = self.idle.lock().pop();
-        let reused = pooled.is_some();
-        let first = match pooled {
-            Some(s) => self.exchange(s, &frame).await,
-            None => self.exchange(self.connect().await?, &frame).await,
-        };
-        let (status, body) = match first {
-            Ok(r) => r,
-            // an idle pooled connection the leader closed (it restarted): the request never
-            // reached a live leader, so sending it once more on a fresh connection is safe
-            Err(e) if reused && closed(&e) => self.exchange(self.connect().await?, &frame).await.map_err(transport)?,
-            Err(e) => return Err(transport(e)),
-        };
-        if status != 0 {
-            return Err(wire::refusal(&body));
-        }
-        R::decode(&body[..]).map_err(|e| StoreError::new(ErrorCode::Transport, format!("malformed reply: {e}")))
-    }
-
-    /// Connects to the port, asking the leader for it again if the one known refuses (a
-    /// restarted leader may serve it elsewhere).
-    async fn connect(&self) -> Result<TcpStream> {
-        use std::sync::atomic::Ordering;
-        let port = self.port.load(Ordering::Acquire);
-        let first = TcpStream::connect(format!("{}:{port}", self.host)).await;
-        let s = match first {
-            Ok(s) => s,
-            Err(e) => {
-                let health = ControlClient::new(self.channel.clone()).health(HealthRequest {}).await;
-                let fresh = health.map(|h| h.into_inner().fast_port).unwrap_or(0);
-                if fresh == 0 || fresh == port {
-                    return Err(transport(format!(
-                        "cannot reach the leader's fast port {}:{port}: {e}",
-                        self.host
-                    )));
-                }
-                self.port.store(fresh, Ordering::Release);
-                TcpStream::connect(format!("{}:{fresh}", self.host))
-                    .await
-                    .map_err(|e| {
-                        transport(format!(
-                            "cannot reach the leader's fast port {}:{fresh}: {e}",
-                            self.host
-                        ))
-                    })?
-            }
-        };
-        s.set_nodelay(true).map_err(transport)?;
-        Ok(s)
-    }
-
-    async fn exchange(&self, mut s: TcpStream, frame: &[u8]) -> std::io::Result<(u8, BytesMut)> {
-        s.write_all(frame).await?;
-        let mut buf = BytesMut::new();
-        let reply = crate::frame::read(&mut s, &mut buf, MAX_REPLY)
-            .await?
-            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
-        let mut idle = self.idle.lock();
-        if idle.len() < POOL_PER_MEMBER {
-            idle.push(s);
-        }
-        Ok(reply)
-    }
-}
-
-/// Largest fast-port reply accepted.
-const MAX_REPLY: usize = 16 << 20;
-
-fn closed(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(
-        e.kind(),
-        UnexpectedEof | ConnectionReset | BrokenPipe | ConnectionAborted
-    )
 }
 
 fn transport(e: impl std::fmt::Display) -> StoreError {
@@ -371,94 +280,6 @@ impl Client {
             .into_inner()
             .removed)
     }
-
-    fn take_conn(&self, addr: &str) -> Option<TcpStream> {
-        self.pool.lock().get_mut(addr).and_then(Vec::pop)
-    }
-
-    fn give_back(&self, addr: &str, s: TcpStream) {
-        let mut pool = self.pool.lock();
-        let v = pool.entry(addr.to_string()).or_default();
-        if v.len() < POOL_PER_MEMBER {
-            v.push(s);
-        }
-    }
-
-    async fn conn(&self, addr: &str) -> Result<TcpStream> {
-        if let Some(s) = self.take_conn(addr) {
-            return Ok(s);
-        }
-        crate::net::connect_data(addr)
-            .await
-            .map_err(|e| transport(format!("cannot reach member {addr}: {e}")))
-    }
-
-    async fn write(&self, loc: &Location, deadline: u64, value: Bytes) -> Result<()> {
-        let mut s = self.conn(&loc.data_addr).await?;
-        let head = wire::Request {
-            op: Op::Write,
-            mount_id: loc.mount_id,
-            offset: loc.offset,
-            len: value.len() as u64,
-            deadline_unix_ms: deadline,
-        }
-        .encode();
-        let mut buf = Buf::chain(&head[..], value);
-        s.write_all_buf(&mut buf).await.map_err(transport)?;
-        let resp = read_response(&mut s).await?;
-        if resp.ok {
-            self.give_back(&loc.data_addr, s);
-            return Ok(());
-        }
-        let err = read_refusal(&mut s, resp.len).await?;
-        self.give_back(&loc.data_addr, s);
-        Err(err)
-    }
-
-    async fn read(&self, loc: &Location, deadline: u64, sink: Sink<'_>) -> Result<()> {
-        let mut s = self.conn(&loc.data_addr).await?;
-        let head = wire::Request {
-            op: Op::Read,
-            mount_id: loc.mount_id,
-            offset: loc.offset,
-            len: loc.len,
-            deadline_unix_ms: deadline,
-        }
-        .encode();
-        s.write_all(&head).await.map_err(transport)?;
-        let resp = read_response(&mut s).await?;
-        if !resp.ok {
-            let err = read_refusal(&mut s, resp.len).await?;
-            self.give_back(&loc.data_addr, s);
-            return Err(err);
-        }
-        if resp.len != loc.len {
-            return Err(StoreError::new(
-                ErrorCode::Transport,
-                "the member sent a value of the wrong length",
-            ));
-        }
-        match sink {
-            Sink::Slice(out) => {
-                s.read_exact(out).await.map_err(transport)?;
-            }
-            Sink::Fresh(out) => {
-                let mut limited = (&mut s).take(resp.len);
-                while (out.len() as u64) < resp.len {
-                    if limited.read_buf(out).await.map_err(transport)? == 0 {
-                        return Err(transport("the member closed the connection mid-value"));
-                    }
-                }
-            }
-        }
-        self.give_back(&loc.data_addr, s);
-        Ok(())
-    }
-}
-
-enum Sink<'a> {
-    Slice(&'a mut [u8]),
-    Fresh(&'a mut BytesMut),
 }
 
 fn check_lease(started: Instant, r: &GetResponse) -> Result<()> {
@@ -470,21 +291,6 @@ fn check_lease(started: Instant, r: &GetResponse) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-async fn read_response(s: &mut TcpStream) -> Result<wire::Response> {
-    let mut head = [0u8; RESPONSE_LEN];
-    s.read_exact(&mut head).await.map_err(transport)?;
-    wire::Response::decode(&head)
-}
-
-async fn read_refusal(s: &mut TcpStream, len: u64) -> Result<StoreError> {
-    if len > wire::MAX_MESSAGE {
-        return Err(transport("the member sent an oversized refusal"));
-    }
-    let mut msg = vec![0u8; len as usize];
-    s.read_exact(&mut msg).await.map_err(transport)?;
-    Ok(wire::refusal(&msg))
 }
 
 async fn retry_once<T, F, Fut>(mut f: F) -> Result<T>
