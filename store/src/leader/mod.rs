@@ -3,8 +3,9 @@
 //! Bytes never pass through it.
 //!
 //! Map: `state` (the lock-protected tables and engine operations), `ledger` (tenant validation,
-//! grants), `objects` (per-value and per-tenant records), `placement` (free space, segment
-//! choice), `eviction`, `members` (mount, heartbeat, liveness), `service` (the gRPC faces),
+//! grants), `tenants` (the ledger applied), `status` (read-outs), `objects` (per-value and
+//! per-tenant records), `placement` (free space, segment choice), `eviction`, `members` (mount,
+//! heartbeat, liveness), `service` (the gRPC faces), `fastport` (the framed metadata port),
 //! `metrics` (the Prometheus text of this leader).
 
 mod eviction;
@@ -16,6 +17,8 @@ pub mod objects;
 pub mod placement;
 mod service;
 pub mod state;
+mod status;
+mod tenants;
 #[cfg(test)]
 mod tests;
 

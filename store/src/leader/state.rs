@@ -1,16 +1,17 @@
 //! The leader's whole metadata under one lock: members and their free space, tenants and their
-//! objects. Engine operations (two-phase put, get with lease, exists, remove) live here; mounting
-//! is in `members.rs`, eviction in `eviction.rs`.
+//! objects. Engine operations (two-phase put, get with lease, exists, remove) live here; the
+//! ledger in `tenants.rs`, mounting in `members.rs`, eviction in `eviction.rs`, read-outs in
+//! `status.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::LeaderConfig;
-use super::ledger::{self, DEFAULT_TENANT, Layout};
+use super::ledger::DEFAULT_TENANT;
 use super::objects::{Counters, Object, ObjectState, Tenant};
 use super::placement::{self, SegmentAllocator, aligned};
 use crate::error::{ErrorCode, Result, StoreError};
-use crate::proto::{GetResponse, Location, MemberStatus, PutStartResponse, Scope, TenantEntry, TenantStatus};
+use crate::proto::{GetResponse, Location, PutStartResponse, Scope};
 use crate::time::{now_unix_ms, unix_ms_after};
 
 /// Longest key accepted.
@@ -79,117 +80,6 @@ impl State {
 
     pub fn object_count(&self) -> u64 {
         self.tenants.values().map(|t| t.objects.len() as u64).sum()
-    }
-
-    /// Recomputes every grant from the ceilings and the mounted capacity.
-    pub(super) fn recompute_grants(&mut self) {
-        let capacity = self.capacity();
-        if !self.cfg.multi_tenancy {
-            for t in self.tenants.values_mut() {
-                t.ceiling = capacity;
-                t.grant = capacity;
-            }
-            return;
-        }
-        let mut names: Vec<String> = self.tenants.keys().cloned().collect();
-        names.sort();
-        let ceilings: Vec<u64> = names.iter().map(|n| self.tenants[n].ceiling).collect();
-        for (name, grant) in names.iter().zip(ledger::grants(&ceilings, capacity)) {
-            if let Some(t) = self.tenants.get_mut(name) {
-                t.grant = grant;
-            }
-        }
-    }
-
-    /// Replaces the ledger; returns how many objects of removed tenants were dropped.
-    pub fn set_tenants(&mut self, entries: &[TenantEntry]) -> Result<u64> {
-        if !self.cfg.multi_tenancy {
-            return Err(StoreError::new(
-                ErrorCode::InvalidTenantLedger,
-                "multi-tenancy is off on this leader, so it keeps no ledger; start it without --multi-tenancy=false",
-            ));
-        }
-        ledger::validate(entries)?;
-        for e in entries {
-            if let Some(t) = self.tenants.get(&e.name)
-                && let Some(layout) = &t.layout
-                && (layout.block_size != e.block_size || layout.dtype != e.dtype)
-                && !t.objects.is_empty()
-            {
-                return Err(StoreError::new(
-                    ErrorCode::TenantLayoutImmutable,
-                    format!(
-                        "tenant {:?} holds {} objects written with block size {} and dtype {:?}; its layout cannot \
-                         change to block size {} and dtype {:?} while they exist: register a new tenant (domain) \
-                         for the new layout",
-                        e.name,
-                        t.objects.len(),
-                        layout.block_size,
-                        layout.dtype,
-                        e.block_size,
-                        e.dtype
-                    ),
-                ));
-            }
-        }
-        let keep: std::collections::HashSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
-        let removed: Vec<String> = self
-            .tenants
-            .keys()
-            .filter(|n| !keep.contains(n.as_str()))
-            .cloned()
-            .collect();
-        let mut dropped = 0;
-        for name in removed {
-            let keys: Vec<String> = self.tenants[&name].objects.keys().cloned().collect();
-            dropped += keys.len() as u64;
-            for k in keys {
-                self.drop_object(&name, &k);
-            }
-            if let Some(t) = self.tenants.remove(&name) {
-                self.retired.add(&t.counters);
-            }
-        }
-        for e in entries {
-            let t = self.tenants.entry(e.name.clone()).or_default();
-            t.ceiling = e.ceiling;
-            t.layout = Some(Layout {
-                block_size: e.block_size,
-                dtype: e.dtype.clone(),
-            });
-        }
-        self.recompute_grants();
-        Ok(dropped)
-    }
-
-    /// The tenant a request acts for, after the registration and layout checks.
-    fn tenant_name(&self, scope: Option<&Scope>) -> Result<String> {
-        let scope = scope.ok_or_else(|| {
-            StoreError::new(
-                ErrorCode::InvalidArgument,
-                "the request has no scope; send tenant, block_size and dtype",
-            )
-        })?;
-        if !self.cfg.multi_tenancy {
-            if let Some(Some(layout)) = self.tenants.get(DEFAULT_TENANT).map(|t| &t.layout) {
-                ledger::check_layout(DEFAULT_TENANT, layout, scope)?;
-            }
-            return Ok(DEFAULT_TENANT.to_string());
-        }
-        let Some(t) = self.tenants.get(&scope.tenant) else {
-            return Err(StoreError::new(
-                ErrorCode::TenantNotRegistered,
-                format!(
-                    "tenant {:?} is not in the leader's ledger; register it (a KVCachePoolBinding whose domain is \
-                     this name) before writing or reading",
-                    scope.tenant
-                ),
-            ));
-        };
-        if let Some(layout) = &t.layout {
-            ledger::check_layout(&scope.tenant, layout, scope)?;
-        }
-        Ok(scope.tenant.clone())
     }
 
     fn check_key(key: &str) -> Result<()> {
@@ -497,69 +387,8 @@ impl State {
         stale.len() as u64
     }
 
-    pub fn tenant_statuses(&self) -> Vec<TenantStatus> {
-        let mut v: Vec<TenantStatus> = self
-            .tenants
-            .iter()
-            .map(|(name, t)| TenantStatus {
-                name: name.clone(),
-                ceiling: t.ceiling,
-                grant: t.grant,
-                used: t.used,
-                objects: t.objects.len() as u64,
-                block_size: t.layout.as_ref().map_or(0, |l| l.block_size),
-                dtype: t.layout.as_ref().map_or_else(String::new, |l| l.dtype.clone()),
-                over_grant: t.used > t.grant,
-                puts: t.counters.puts,
-                hits: t.counters.hits,
-                misses: t.counters.misses,
-                evictions: t.counters.evictions,
-            })
-            .collect();
-        v.sort_by(|a, b| a.name.cmp(&b.name));
-        v
-    }
-
-    pub fn member_statuses(&self, now: Instant) -> Vec<MemberStatus> {
-        self.members
-            .iter()
-            .map(|(id, m)| MemberStatus {
-                member_id: *id,
-                name: m.name.clone(),
-                data_addr: m.data_addr.clone(),
-                grpc_addr: m.grpc_addr.clone(),
-                capacity: m.alloc.capacity(),
-                used: m.alloc.used(),
-                objects: m.objects,
-                mount_id: m.mount_id,
-                last_heartbeat_ms_ago: now.saturating_duration_since(m.last_seen).as_millis() as u64,
-            })
-            .collect()
-    }
-
-    /// Counters summed over all tenants, present and removed.
-    pub fn totals(&self) -> Counters {
-        let mut c = self.retired;
-        for t in self.tenants.values() {
-            c.add(&t.counters);
-        }
-        c
-    }
-
     pub fn lease_ttl(&self) -> Duration {
         self.cfg.lease_ttl
-    }
-}
-
-impl Counters {
-    pub fn add(&mut self, o: &Counters) {
-        self.puts += o.puts;
-        self.put_revokes += o.put_revokes;
-        self.gets += o.gets;
-        self.hits += o.hits;
-        self.misses += o.misses;
-        self.evictions += o.evictions;
-        self.quota_refusals += o.quota_refusals;
     }
 }
 
