@@ -1,0 +1,59 @@
+"""Reads compare.sh's output directory and prints ours vs the reference, per round, with ratios.
+
+For the reference, each op is compared with its *best* single-key API row (put_from or
+put(bytes), get_into or get(bytes)), so the ratio is never flattered by a slow API choice.
+"""
+import json
+import sys
+
+out, rounds = sys.argv[1], int(sys.argv[2])
+GOALS = {("put", 4 << 20): ("bytes_per_s", 2.0), ("get", 4 << 20): ("bytes_per_s", 2.0),
+         ("put", 64 << 10): ("ops_per_s", 2.0), ("get", 64 << 10): ("ops_per_s", 2.0)}
+
+
+def ref_rows(path):
+    rows = json.load(open(path))["results"]
+    best = {}
+    for r in rows:
+        if r.get("items_per_op", 1) != 1:
+            continue
+        op = {"put_from": "put", "put(bytes)": "put", "get_into": "get", "get(bytes)": "get",
+              "is_exist": "exists"}.get(r["op"])
+        if not op:
+            continue
+        key = (op, r["size"])
+        row = {"ops_per_s": r["ops_per_s"], "bytes_per_s": r["MB_per_s"] * 1e6, "p50_us": r["p50_us"],
+               "p99_us": r["p99_us"], "api": r["op"]}
+        if key not in best or row["ops_per_s"] > best[key]["ops_per_s"]:
+            best[key] = row
+    return best
+
+
+for r in range(1, rounds + 1):
+    ref = ref_rows(f"{out}/ref{r}/mooncake_remote.json")
+    ours = {}
+    for line in open(f"{out}/ours{r}.jsonl"):
+        d = json.loads(line)
+        ours[(d["op"], d["size"])] = d
+    # the reference measures is_exist once, in its 64 KiB run; so do we compare our 64 KiB run's
+    ex = ours[("exists", 64 << 10)]
+    print(f"round {r}")
+    print(f"{'op':7} {'size':>8} | {'ours ops/s':>10} {'MB/s':>7} {'p50us':>7} | {'ref ops/s':>10} {'MB/s':>7} "
+          f"{'p50us':>7} {'ref api':>11} | ratio")
+    for (op, size) in sorted(ours, key=lambda k: (k[1], k[0])):
+        if op == "exists":
+            continue
+        o, f = ours[(op, size)], ref.get((op, size))
+        if not f:
+            continue
+        ratio = o["ops_per_s"] / f["ops_per_s"]
+        goal = GOALS.get((op, size))
+        mark = "" if not goal else (" (goal 2x: " + ("met" if ratio >= goal[1] else "MISSED") + ")")
+        print(f"{op:7} {size:>8} | {o['ops_per_s']:>10.0f} {o['bytes_per_s'] / 1e6:>7.0f} {o['p50_us']:>7.0f} | "
+              f"{f['ops_per_s']:>10.0f} {f['bytes_per_s'] / 1e6:>7.0f} {f['p50_us']:>7.0f} {f['api']:>11} | "
+              f"{ratio:.2f}x{mark}")
+    f = ref[("exists", 0)]
+    ratio = ex["p50_us"] / f["p50_us"]
+    print(f"exists {'':>8} | p50 {ex['p50_us']:.0f} us (ours) vs {f['p50_us']:.0f} us (ref) | "
+          f"{ratio:.2f} of the reference (goal <= 0.5: {'met' if ratio <= 0.5 else 'MISSED'})")
+    print()

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark on this machine: the reference store in "remote" mode (data crosses
+# loopback TCP; ../shared/bench/mooncake_peer.sh) and `kv-store bench` against a leader and one
+# 1 GiB member, alternated ROUNDS times so both see the same background load. Prints a table with
+# the ratios the store issue sets as goals.
+#
+#   bash store/bench/compare.sh            # ROUNDS=1; OUT=/tmp/kvstore_compare
+#   env: ROUNDS, OUT, SHARED (default ../shared next to the repo), CARGO_TARGET_DIR,
+#        KVSTORE_BIN (an already built kv-store; skips the build)
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+SHARED="${SHARED:-$REPO/../shared}"
+OUT="${OUT:-/tmp/kvstore_compare}"
+ROUNDS="${ROUNDS:-1}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/kvcache-target}"
+mkdir -p "$OUT"
+BIN="${KVSTORE_BIN:-}"
+if [[ -z "$BIN" ]]; then
+  (cd "$REPO" && cargo build --release --locked -p kvcache-store --bin kv-store)
+  BIN="$CARGO_TARGET_DIR/release/kv-store"
+fi
+
+STARTED=()
+cleanup() { for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+ours() {  # $1 = output file
+  local port=$((20000 + RANDOM % 20000))
+  "$BIN" leader --listen "127.0.0.1:$port" --tenant bench=2Gi:64:bfloat16 > "$OUT/leader.out" 2> "$OUT/leader.log" &
+  local lp=$!; STARTED+=("$lp")
+  sleep 0.3
+  "$BIN" member --leader "127.0.0.1:$port" --capacity 1Gi --name bench-member > "$OUT/member.out" 2> "$OUT/member.log" &
+  local mp=$!; STARTED+=("$mp")
+  "$BIN" bench --leader "127.0.0.1:$port" --ops 2000 > "$1"
+  kill "$lp" "$mp"; wait "$lp" "$mp" 2>/dev/null || true
+}
+
+for r in $(seq "$ROUNDS"); do
+  echo "== round $r: reference (remote mode)" >&2
+  MODES=remote OUT="$OUT/ref$r" bash "$SHARED/bench/mooncake_peer.sh" > "$OUT/ref$r.log" 2>&1
+  echo "== round $r: kv-store" >&2
+  ours "$OUT/ours$r.jsonl"
+done
+python3 "$HERE/compare.py" "$OUT" "$ROUNDS"

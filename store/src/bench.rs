@@ -1,0 +1,217 @@
+//! `kv-store bench`: put, get and exists against a running store, one sequential client as in the
+//! reference's peer benchmark, for 64 KiB, 1 MiB and 4 MiB values. Prints one JSON line per
+//! operation and size: `{"op","size","ops_per_s","bytes_per_s","p50_us","p99_us"}`.
+//!
+//! Method (the reference's): ops/s = ops ÷ the sum of per-call latencies; a ring of keys of at
+//! most `ring_bytes` per size is written, and a slot is removed outside the timed region before it
+//! is rewritten; reads cycle over the keys just written; the last read is compared byte for byte.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use crate::client::{Client, PutOutcome};
+use crate::error::{ErrorCode, Result, StoreError};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub sizes: Vec<u64>,
+    pub ops: usize,
+    pub max_time: Duration,
+    pub ring_bytes: u64,
+}
+
+/// One output line.
+#[derive(Debug, Clone, Serialize)]
+pub struct Line {
+    pub op: &'static str,
+    pub size: u64,
+    pub ops_per_s: f64,
+    pub bytes_per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+fn summarize(op: &'static str, size: u64, lat: &mut [Duration]) -> Line {
+    lat.sort_unstable();
+    let total: f64 = lat.iter().map(Duration::as_secs_f64).sum();
+    let n = lat.len() as f64;
+    let pct = |p: f64| {
+        if lat.is_empty() {
+            return 0.0;
+        }
+        let i = ((p * n).ceil() as usize).clamp(1, lat.len()) - 1;
+        lat[i].as_secs_f64() * 1e6
+    };
+    let ops_per_s = if total > 0.0 { n / total } else { 0.0 };
+    let bytes_per_s = if op == "exists" { 0.0 } else { ops_per_s * size as f64 };
+    Line {
+        op,
+        size,
+        ops_per_s,
+        bytes_per_s,
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+    }
+}
+
+fn pattern(size: u64, seed: u64) -> Bytes {
+    let mut v = vec![0u8; size as usize];
+    let mut x = seed | 1;
+    for chunk in v.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+    Bytes::from(v)
+}
+
+/// Runs every phase; calls `emit` with each line as soon as it is measured.
+pub async fn run(client: &Client, cfg: &BenchConfig, mut emit: impl FnMut(&Line)) -> Result<Vec<Line>> {
+    wait_for_capacity(client).await?;
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let mut lines = Vec::new();
+    for &size in &cfg.sizes {
+        let ring = (cfg.ring_bytes / size).clamp(1, cfg.ops as u64) as usize;
+        let values: Vec<Bytes> = (0..4).map(|i| pattern(size, size ^ (i + 1))).collect();
+        let key = |slot: usize, round: usize| format!("bench/{run_id}/{size}/{slot}/{round}");
+        // warm-up: one pass over the ring, untimed, so segment pages and connections are ready
+        for slot in 0..ring {
+            client.put(&key(slot, 0), values[slot % 4].clone()).await?;
+        }
+        let mut live: Vec<String> = (0..ring).map(|s| key(s, 0)).collect();
+
+        let mut lat = Vec::with_capacity(cfg.ops);
+        let t0 = Instant::now();
+        for i in 0..cfg.ops {
+            if t0.elapsed() > cfg.max_time {
+                break;
+            }
+            let slot = i % ring;
+            remove_patiently(client, &live[slot]).await?;
+            let k = key(slot, i + 1);
+            let v = values[slot % 4].clone();
+            let start = Instant::now();
+            let outcome = client.put(&k, v).await?;
+            lat.push(start.elapsed());
+            if outcome != PutOutcome::Stored {
+                return Err(StoreError::new(
+                    ErrorCode::Internal,
+                    format!("bench key {k} already existed"),
+                ));
+            }
+            live[slot] = k;
+        }
+        let line = summarize("put", size, &mut lat);
+        emit(&line);
+        lines.push(line);
+
+        let mut lat = Vec::with_capacity(cfg.ops);
+        let mut buf = Vec::new();
+        let t0 = Instant::now();
+        let mut last = 0;
+        for i in 0..cfg.ops {
+            if t0.elapsed() > cfg.max_time {
+                break;
+            }
+            let slot = i % ring;
+            let start = Instant::now();
+            let found = client.get_into(&live[slot], &mut buf).await?;
+            lat.push(start.elapsed());
+            if !found {
+                return Err(StoreError::new(
+                    ErrorCode::Internal,
+                    format!("bench key {} missed", live[slot]),
+                ));
+            }
+            last = slot;
+        }
+        if buf != values[last % 4] {
+            return Err(StoreError::new(
+                ErrorCode::Internal,
+                "a value read back differs from what was written",
+            ));
+        }
+        let line = summarize("get", size, &mut lat);
+        emit(&line);
+        lines.push(line);
+
+        let mut lat = Vec::with_capacity(cfg.ops);
+        let t0 = Instant::now();
+        for i in 0..cfg.ops {
+            if t0.elapsed() > cfg.max_time {
+                break;
+            }
+            let start = Instant::now();
+            let hit = client.exists(&live[i % ring]).await?;
+            lat.push(start.elapsed());
+            if !hit {
+                return Err(StoreError::new(ErrorCode::Internal, "exists missed a key just written"));
+            }
+        }
+        let line = summarize("exists", size, &mut lat);
+        emit(&line);
+        lines.push(line);
+        // leave the space to the next size: leased keys go when their lease ends (or by eviction)
+        for k in &live {
+            let _ = client.remove(k).await;
+        }
+    }
+    Ok(lines)
+}
+
+/// Waits (up to a minute) until some member has mounted, so a bench started beside fresh members
+/// measures the store rather than its start-up.
+async fn wait_for_capacity(client: &Client) -> Result<()> {
+    for _ in 0..1200 {
+        let health = client.control().health(crate::proto::HealthRequest {}).await;
+        if health.is_ok_and(|h| h.get_ref().capacity > 0) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(StoreError::new(
+        ErrorCode::NoSpace,
+        "no member mounted a segment within a minute; start members first",
+    ))
+}
+
+/// Removes a bench key, waiting out a read lease if one still protects it.
+async fn remove_patiently(client: &Client, key: &str) -> Result<()> {
+    for _ in 0..600 {
+        match client.remove(key).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.code == ErrorCode::ObjectHasLease => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::new(
+        ErrorCode::ObjectHasLease,
+        format!("bench key {key} stayed leased for 30 s"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_uses_latency_sums_and_percentiles() {
+        let mut lat: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
+        let l = summarize("put", 1000, &mut lat);
+        assert!((l.p50_us - 50.0).abs() < 1e-9);
+        assert!((l.p99_us - 99.0).abs() < 1e-9);
+        let expected = 100.0 / (5050.0 * 1e-6);
+        assert!((l.ops_per_s - expected).abs() < 1e-6);
+        assert!((l.bytes_per_s - expected * 1000.0).abs() < 1e-3);
+        let json = serde_json::to_string(&l).unwrap();
+        assert!(
+            json.starts_with("{\"op\":\"put\",\"size\":1000,\"ops_per_s\":"),
+            "{json}"
+        );
+    }
+}

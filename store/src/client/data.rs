@@ -1,0 +1,116 @@
+//! The client's side of the members' data port (`wire.rs`): pooled connections, a write sent as
+//! one vectored write, a read received straight into the caller's buffer.
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::{Client, POOL_PER_MEMBER, transport};
+use crate::error::{ErrorCode, Result, StoreError};
+use crate::proto::Location;
+use crate::wire::{self, Op, RESPONSE_LEN};
+
+impl Client {
+    fn take_conn(&self, addr: &str) -> Option<TcpStream> {
+        self.pool.lock().get_mut(addr).and_then(Vec::pop)
+    }
+
+    fn give_back(&self, addr: &str, s: TcpStream) {
+        let mut pool = self.pool.lock();
+        let v = pool.entry(addr.to_string()).or_default();
+        if v.len() < POOL_PER_MEMBER {
+            v.push(s);
+        }
+    }
+
+    async fn conn(&self, addr: &str) -> Result<TcpStream> {
+        if let Some(s) = self.take_conn(addr) {
+            return Ok(s);
+        }
+        crate::net::connect_data(addr)
+            .await
+            .map_err(|e| transport(format!("cannot reach member {addr}: {e}")))
+    }
+
+    pub(super) async fn write(&self, loc: &Location, deadline: u64, value: Bytes) -> Result<()> {
+        let mut s = self.conn(&loc.data_addr).await?;
+        let head = wire::Request {
+            op: Op::Write,
+            mount_id: loc.mount_id,
+            offset: loc.offset,
+            len: value.len() as u64,
+            deadline_unix_ms: deadline,
+        }
+        .encode();
+        let mut buf = Buf::chain(&head[..], value);
+        s.write_all_buf(&mut buf).await.map_err(transport)?;
+        let resp = read_response(&mut s).await?;
+        if resp.ok {
+            self.give_back(&loc.data_addr, s);
+            return Ok(());
+        }
+        let err = read_refusal(&mut s, resp.len).await?;
+        self.give_back(&loc.data_addr, s);
+        Err(err)
+    }
+
+    pub(super) async fn read(&self, loc: &Location, deadline: u64, sink: Sink<'_>) -> Result<()> {
+        let mut s = self.conn(&loc.data_addr).await?;
+        let head = wire::Request {
+            op: Op::Read,
+            mount_id: loc.mount_id,
+            offset: loc.offset,
+            len: loc.len,
+            deadline_unix_ms: deadline,
+        }
+        .encode();
+        s.write_all(&head).await.map_err(transport)?;
+        let resp = read_response(&mut s).await?;
+        if !resp.ok {
+            let err = read_refusal(&mut s, resp.len).await?;
+            self.give_back(&loc.data_addr, s);
+            return Err(err);
+        }
+        if resp.len != loc.len {
+            return Err(StoreError::new(
+                ErrorCode::Transport,
+                "the member sent a value of the wrong length",
+            ));
+        }
+        match sink {
+            Sink::Slice(out) => {
+                s.read_exact(out).await.map_err(transport)?;
+            }
+            Sink::Fresh(out) => {
+                let mut limited = (&mut s).take(resp.len);
+                while (out.len() as u64) < resp.len {
+                    if limited.read_buf(out).await.map_err(transport)? == 0 {
+                        return Err(transport("the member closed the connection mid-value"));
+                    }
+                }
+            }
+        }
+        self.give_back(&loc.data_addr, s);
+        Ok(())
+    }
+}
+
+pub(super) enum Sink<'a> {
+    Slice(&'a mut [u8]),
+    Fresh(&'a mut BytesMut),
+}
+
+async fn read_response(s: &mut TcpStream) -> Result<wire::Response> {
+    let mut head = [0u8; RESPONSE_LEN];
+    s.read_exact(&mut head).await.map_err(transport)?;
+    wire::Response::decode(&head)
+}
+
+async fn read_refusal(s: &mut TcpStream, len: u64) -> Result<StoreError> {
+    if len > wire::MAX_MESSAGE {
+        return Err(transport("the member sent an oversized refusal"));
+    }
+    let mut msg = vec![0u8; len as usize];
+    s.read_exact(&mut msg).await.map_err(transport)?;
+    Ok(wire::refusal(&msg))
+}

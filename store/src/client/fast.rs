@@ -1,0 +1,109 @@
+//! Pooled connections to the leader's framed metadata port (format in `leader/fastport.rs`),
+//! found through `Health.fast_port` and found again after a leader restart.
+
+use bytes::{BufMut, BytesMut};
+use parking_lot::Mutex;
+use prost::Message;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tonic::transport::Channel;
+
+use super::{POOL_PER_MEMBER, transport};
+use crate::error::{ErrorCode, Result, StoreError};
+use crate::leader::fastport::Method;
+use crate::proto::HealthRequest;
+use crate::proto::control_client::ControlClient;
+use crate::wire;
+
+/// Pooled connections to the leader's framed metadata port (format in `leader/fastport.rs`).
+#[derive(Debug)]
+pub(super) struct FastPort {
+    pub(super) host: String,
+    pub(super) port: std::sync::atomic::AtomicU32,
+    /// to ask the leader again which port it serves, after a restart
+    pub(super) channel: Channel,
+    pub(super) idle: Mutex<Vec<TcpStream>>,
+}
+
+impl FastPort {
+    pub(super) async fn call<Q: Message, R: Message + Default>(&self, method: Method, req: &Q) -> Result<R> {
+        let mut frame = BytesMut::with_capacity(5 + req.encoded_len());
+        frame.put_u32_le(req.encoded_len() as u32);
+        frame.put_u8(method as u8);
+        req.encode(&mut frame)
+            .map_err(|e| StoreError::new(ErrorCode::Internal, e.to_string()))?;
+        let pooled = self.idle.lock().pop();
+        let reused = pooled.is_some();
+        let first = match pooled {
+            Some(s) => self.exchange(s, &frame).await,
+            None => self.exchange(self.connect().await?, &frame).await,
+        };
+        let (status, body) = match first {
+            Ok(r) => r,
+            // an idle pooled connection the leader closed (it restarted): the request never
+            // reached a live leader, so sending it once more on a fresh connection is safe
+            Err(e) if reused && closed(&e) => self.exchange(self.connect().await?, &frame).await.map_err(transport)?,
+            Err(e) => return Err(transport(e)),
+        };
+        if status != 0 {
+            return Err(wire::refusal(&body));
+        }
+        R::decode(&body[..]).map_err(|e| StoreError::new(ErrorCode::Transport, format!("malformed reply: {e}")))
+    }
+
+    /// Connects to the port, asking the leader for it again if the one known refuses (a
+    /// restarted leader may serve it elsewhere).
+    async fn connect(&self) -> Result<TcpStream> {
+        use std::sync::atomic::Ordering;
+        let port = self.port.load(Ordering::Acquire);
+        let first = TcpStream::connect(format!("{}:{port}", self.host)).await;
+        let s = match first {
+            Ok(s) => s,
+            Err(e) => {
+                let health = ControlClient::new(self.channel.clone()).health(HealthRequest {}).await;
+                let fresh = health.map(|h| h.into_inner().fast_port).unwrap_or(0);
+                if fresh == 0 || fresh == port {
+                    return Err(transport(format!(
+                        "cannot reach the leader's fast port {}:{port}: {e}",
+                        self.host
+                    )));
+                }
+                self.port.store(fresh, Ordering::Release);
+                TcpStream::connect(format!("{}:{fresh}", self.host))
+                    .await
+                    .map_err(|e| {
+                        transport(format!(
+                            "cannot reach the leader's fast port {}:{fresh}: {e}",
+                            self.host
+                        ))
+                    })?
+            }
+        };
+        s.set_nodelay(true).map_err(transport)?;
+        Ok(s)
+    }
+
+    async fn exchange(&self, mut s: TcpStream, frame: &[u8]) -> std::io::Result<(u8, BytesMut)> {
+        s.write_all(frame).await?;
+        let mut buf = BytesMut::new();
+        let reply = crate::frame::read(&mut s, &mut buf, MAX_REPLY)
+            .await?
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        let mut idle = self.idle.lock();
+        if idle.len() < POOL_PER_MEMBER {
+            idle.push(s);
+        }
+        Ok(reply)
+    }
+}
+
+/// Largest fast-port reply accepted.
+const MAX_REPLY: usize = 16 << 20;
+
+fn closed(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        UnexpectedEof | ConnectionReset | BrokenPipe | ConnectionAborted
+    )
+}

@@ -1,0 +1,276 @@
+//! `kv-store engine-sim`: a stand-in for an inference engine. Sessions send prompts that share
+//! prefixes (a few "system prompts" plus per-request suffixes); each prompt is cut into blocks of
+//! `block_size` tokens, and each block is keyed by a hash of the whole prefix up to it, as engines
+//! key their KV blocks. A block found in the store is a hit (and its bytes are checked); the first
+//! miss ends reuse for that prompt, and every block from there is "computed" and stored.
+//!
+//! Environment (what injection gives an engine Pod, with our own names first):
+//! - `KVSTORE_LEADER` or `MOONCAKE_MASTER`: the leader, HOST:PORT (required);
+//! - `KVSTORE_TENANT` or `MOONCAKE_TENANT_ID`: the tenant (reuse domain), default `default`;
+//! - `KVSTORE_BLOCK_SIZE`: tokens per block (required);
+//! - `KVSTORE_DTYPE`: the KV dtype (required);
+//! - `KVSTORE_SESSIONS` (8), `KVSTORE_REQUESTS` per session (16), `KVSTORE_PREFIXES` (4 shared
+//!   system prompts), `KVSTORE_PREFIX_BLOCKS` (8), `KVSTORE_SUFFIX_BLOCKS` (4),
+//!   `KVSTORE_BLOCK_BYTES` (bytes stored per block, default 64Ki), `KVSTORE_ROUNDS` (1; 0 = run
+//!   until stopped, printing a line per round).
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use crate::client::Client;
+use crate::error::{ErrorCode, Result, StoreError};
+use crate::proto::Scope;
+use crate::quantity::parse_size;
+
+/// The simulator's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimConfig {
+    pub leader: String,
+    pub scope: Scope,
+    pub sessions: usize,
+    pub requests: usize,
+    pub prefixes: usize,
+    pub prefix_blocks: usize,
+    pub suffix_blocks: usize,
+    pub block_bytes: u64,
+    pub rounds: u64,
+}
+
+impl SimConfig {
+    /// Reads the settings from an environment lookup (`std::env::var` in the binary).
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let bad = |m: String| StoreError::new(ErrorCode::InvalidArgument, m);
+        let first = |names: &[&str]| names.iter().find_map(|n| get(n).filter(|v| !v.is_empty()));
+        let leader = first(&["KVSTORE_LEADER", "MOONCAKE_MASTER"])
+            .ok_or_else(|| bad("set KVSTORE_LEADER (or MOONCAKE_MASTER) to the leader's HOST:PORT".into()))?;
+        let tenant = first(&["KVSTORE_TENANT", "MOONCAKE_TENANT_ID"]).unwrap_or_else(|| "default".into());
+        let block_size = first(&["KVSTORE_BLOCK_SIZE"])
+            .ok_or_else(|| bad("set KVSTORE_BLOCK_SIZE to the domain's tokens per block".into()))?
+            .parse::<u32>()
+            .ok()
+            .filter(|b| *b > 0)
+            .ok_or_else(|| bad("KVSTORE_BLOCK_SIZE must be a whole number greater than 0".into()))?;
+        let dtype = first(&["KVSTORE_DTYPE"]).ok_or_else(|| bad("set KVSTORE_DTYPE to the domain's dtype".into()))?;
+        let num = |name: &str, default: u64| -> Result<u64> {
+            match first(&[name]) {
+                None => Ok(default),
+                Some(v) => v
+                    .parse()
+                    .map_err(|_| bad(format!("{name} must be a whole number, not {v:?}"))),
+            }
+        };
+        let block_bytes = match first(&["KVSTORE_BLOCK_BYTES"]) {
+            None => 64 * 1024,
+            Some(v) => parse_size(&v).map_err(|e| bad(format!("KVSTORE_BLOCK_BYTES: {e}")))?,
+        };
+        if block_bytes == 0 {
+            return Err(bad("KVSTORE_BLOCK_BYTES must be greater than 0".into()));
+        }
+        Ok(Self {
+            leader,
+            scope: Scope {
+                tenant,
+                block_size,
+                dtype,
+            },
+            sessions: num("KVSTORE_SESSIONS", 8)?.max(1) as usize,
+            requests: num("KVSTORE_REQUESTS", 16)? as usize,
+            prefixes: num("KVSTORE_PREFIXES", 4)?.max(1) as usize,
+            prefix_blocks: num("KVSTORE_PREFIX_BLOCKS", 8)? as usize,
+            suffix_blocks: num("KVSTORE_SUFFIX_BLOCKS", 4)? as usize,
+            block_bytes,
+            rounds: num("KVSTORE_ROUNDS", 1)?,
+        })
+    }
+}
+
+/// A round's result.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Report {
+    pub tenant: String,
+    pub sessions: usize,
+    pub requests: u64,
+    pub blocks: u64,
+    pub hits: u64,
+    pub stored: u64,
+    pub hit_rate: f64,
+}
+
+/// FNV-1a, 64 bits: stable across builds, so every engine derives the same keys.
+fn fnv(seed: u64, data: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325 ^ seed;
+    for b in data {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Block keys of one prompt: each covers every token up to and including its block.
+pub fn block_keys(tokens: &[u32], block_size: usize, scope: &Scope) -> Vec<String> {
+    let mut keys = Vec::new();
+    let (mut a, mut b) = (fnv(1, scope.dtype.as_bytes()), fnv(2, scope.dtype.as_bytes()));
+    for block in tokens.chunks_exact(block_size.max(1)) {
+        for t in block {
+            a = fnv(a, &t.to_le_bytes());
+            b = fnv(b ^ a, &t.to_le_bytes());
+        }
+        keys.push(format!("kv/{:016x}{:016x}", a, b));
+    }
+    keys
+}
+
+/// The bytes a block's KV would hold: derived from its key, so a hit can be checked.
+pub fn block_value(key: &str, len: u64) -> Bytes {
+    let mut x = fnv(7, key.as_bytes()) | 1;
+    let mut v = vec![0u8; len as usize];
+    for chunk in v.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    Bytes::from(v)
+}
+
+fn prompt(cfg: &SimConfig, session: usize, request: usize, round: u64) -> Vec<u32> {
+    let bs = cfg.scope.block_size as usize;
+    let system = (session + request) % cfg.prefixes;
+    let mut tokens: Vec<u32> = (0..cfg.prefix_blocks * bs)
+        .map(|i| (system * 1_000_003 + i) as u32)
+        .collect();
+    let unique = fnv(round, format!("{session}/{request}").as_bytes());
+    tokens.extend((0..cfg.suffix_blocks * bs).map(|i| (unique as u32).wrapping_add(i as u32 * 7919)));
+    tokens
+}
+
+async fn session(client: Client, cfg: SimConfig, id: usize, round: u64) -> Result<Report> {
+    let mut r = Report::default();
+    for req in 0..cfg.requests {
+        let keys = block_keys(&prompt(&cfg, id, req, round), cfg.scope.block_size as usize, &cfg.scope);
+        r.requests += 1;
+        let mut reusing = true;
+        for key in keys {
+            r.blocks += 1;
+            if reusing && let Some(v) = client.get(&key).await? {
+                if v != block_value(&key, cfg.block_bytes) {
+                    return Err(StoreError::new(
+                        ErrorCode::Internal,
+                        format!("block {key} came back with other bytes"),
+                    ));
+                }
+                r.hits += 1;
+                continue;
+            }
+            reusing = false;
+            client.put(&key, block_value(&key, cfg.block_bytes)).await?;
+            r.stored += 1;
+        }
+    }
+    Ok(r)
+}
+
+/// Runs one round of every session concurrently and sums their reports.
+pub async fn round(client: &Client, cfg: &SimConfig, round: u64) -> Result<Report> {
+    let tasks: Vec<_> = (0..cfg.sessions)
+        .map(|i| tokio::spawn(session(client.clone(), cfg.clone(), i, round)))
+        .collect();
+    let mut total = Report {
+        tenant: cfg.scope.tenant.clone(),
+        sessions: cfg.sessions,
+        ..Report::default()
+    };
+    for t in tasks {
+        let r = t
+            .await
+            .map_err(|e| StoreError::new(ErrorCode::Internal, format!("session panicked: {e}")))??;
+        total.requests += r.requests;
+        total.blocks += r.blocks;
+        total.hits += r.hits;
+        total.stored += r.stored;
+    }
+    total.hit_rate = if total.blocks == 0 {
+        0.0
+    } else {
+        total.hits as f64 / total.blocks as f64
+    };
+    Ok(total)
+}
+
+/// Keys seen per block position, for tests.
+pub fn distinct_keys(cfg: &SimConfig) -> HashMap<String, usize> {
+    let mut m = HashMap::new();
+    for s in 0..cfg.sessions {
+        for r in 0..cfg.requests {
+            for k in block_keys(&prompt(cfg, s, r, 0), cfg.scope.block_size as usize, &cfg.scope) {
+                *m.entry(k).or_default() += 1;
+            }
+        }
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn reads_settings_from_the_environment() {
+        let cfg = SimConfig::from_env(env(&[
+            ("MOONCAKE_MASTER", "127.0.0.1:1"),
+            ("MOONCAKE_TENANT_ID", "qwen"),
+            ("KVSTORE_BLOCK_SIZE", "16"),
+            ("KVSTORE_DTYPE", "bfloat16"),
+            ("KVSTORE_BLOCK_BYTES", "4Ki"),
+        ]))
+        .unwrap();
+        assert_eq!(cfg.leader, "127.0.0.1:1");
+        assert_eq!(cfg.scope.tenant, "qwen");
+        assert_eq!(cfg.block_bytes, 4096);
+        let err = SimConfig::from_env(env(&[("KVSTORE_LEADER", "x:1")])).unwrap_err();
+        assert!(err.message.contains("KVSTORE_BLOCK_SIZE"), "{err}");
+    }
+
+    #[test]
+    fn shared_prefixes_share_block_keys() {
+        let scope = Scope {
+            tenant: "t".into(),
+            block_size: 4,
+            dtype: "bf16".into(),
+        };
+        let a = block_keys(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 4, &scope);
+        let b = block_keys(&[1, 2, 3, 4, 5, 6, 7, 0], 4, &scope);
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0], b[0]);
+        assert_ne!(a[1], b[1]);
+        let other = Scope {
+            dtype: "fp8".into(),
+            ..scope.clone()
+        };
+        assert_ne!(block_keys(&[1, 2, 3, 4], 4, &other)[0], a[0]);
+        let cfg = SimConfig {
+            leader: String::new(),
+            scope,
+            sessions: 4,
+            requests: 4,
+            prefixes: 2,
+            prefix_blocks: 3,
+            suffix_blocks: 1,
+            block_bytes: 8,
+            rounds: 1,
+        };
+        let keys = distinct_keys(&cfg);
+        assert_eq!(
+            keys.values().filter(|n| **n > 1).count(),
+            2 * 3,
+            "each system prompt's blocks are shared"
+        );
+    }
+}

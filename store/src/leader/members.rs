@@ -1,0 +1,110 @@
+//! Member liveness: mounting a segment, heartbeats, and unmounting a member that went silent
+//! (its objects are dropped, because their bytes went with it).
+
+use std::time::Instant;
+
+use super::placement::SegmentAllocator;
+use super::state::{Member, State};
+use crate::error::{ErrorCode, Result, StoreError};
+use crate::proto::{MountRequest, MountResponse};
+
+impl State {
+    /// Mounts a member's segment. A member that mounts again under the same name (it restarted)
+    /// replaces its old mount, whose objects are dropped: it starts empty.
+    pub fn mount(&mut self, req: &MountRequest, now: Instant) -> Result<MountResponse> {
+        if req.name.is_empty() || req.data_addr.is_empty() || req.grpc_addr.is_empty() {
+            return Err(StoreError::new(
+                ErrorCode::InvalidArgument,
+                "a mount needs the member's name, data_addr and grpc_addr",
+            ));
+        }
+        if req.capacity == 0 {
+            return Err(StoreError::new(
+                ErrorCode::InvalidArgument,
+                "a member with capacity 0 has nothing to mount",
+            ));
+        }
+        let old: Vec<u64> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.name == req.name)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in old {
+            self.unmount(id);
+        }
+        let id = self.next_member_id;
+        self.next_member_id += 1;
+        let taken = self.members.values().any(|m| m.mount_id == req.mount_id);
+        let mount_id = if req.mount_id != 0 && !taken {
+            req.mount_id
+        } else {
+            uuid::Uuid::new_v4().as_u64_pair().0 | 1
+        };
+        self.members.insert(
+            id,
+            Member {
+                name: req.name.clone(),
+                data_addr: req.data_addr.clone(),
+                grpc_addr: req.grpc_addr.clone(),
+                mount_id,
+                alloc: SegmentAllocator::new(req.capacity),
+                objects: 0,
+                last_seen: now,
+            },
+        );
+        self.recompute_grants();
+        tracing::info!(member_id = id, name = %req.name, capacity = req.capacity, "member mounted");
+        Ok(MountResponse {
+            member_id: id,
+            mount_id,
+            heartbeat_interval_ms: self.cfg.heartbeat_interval().as_millis() as u64,
+        })
+    }
+
+    /// Records a heartbeat; `false` means the leader does not know this mount and the member must
+    /// mount again.
+    pub fn heartbeat(&mut self, member_id: u64, mount_id: u64, now: Instant) -> bool {
+        match self.members.get_mut(&member_id) {
+            Some(m) if m.mount_id == mount_id => {
+                m.last_seen = now;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Unmounts members silent for longer than the TTL; returns how many.
+    pub fn expire_members(&mut self, now: Instant) -> usize {
+        let ttl = self.cfg.member_ttl;
+        let dead: Vec<u64> = self
+            .members
+            .iter()
+            .filter(|(_, m)| now.saturating_duration_since(m.last_seen) > ttl)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &dead {
+            tracing::warn!(
+                member_id = id,
+                ttl_ms = ttl.as_millis() as u64,
+                "member silent past its ttl, unmounting"
+            );
+            self.unmount(*id);
+        }
+        dead.len()
+    }
+
+    /// Drops a member and every object whose bytes it held.
+    pub(super) fn unmount(&mut self, id: u64) {
+        let Some(member) = self.members.remove(&id) else { return };
+        for t in self.tenants.values_mut() {
+            let before = t.objects.len();
+            t.objects
+                .retain(|_, o| !(o.member == id && o.mount_id == member.mount_id));
+            if t.objects.len() != before {
+                t.used = t.objects.values().map(|o| o.len).sum();
+            }
+        }
+        self.recompute_grants();
+    }
+}

@@ -1,0 +1,68 @@
+//! What the leader knows about one stored value and one tenant: where the bytes are, whether the
+//! put is committed, until when a read lease protects it, and what the tenant is charged.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::ledger::Layout;
+
+/// The lifecycle of a value: reserved by `PutStart`, visible only once `PutCommit` made it
+/// `Committed`, so a reader never sees a partial value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectState {
+    /// Space is held for the writer; `reclaim_at` is when an abandoned put gives it back.
+    Reserved {
+        put_id: u64,
+        reclaim_at: Instant,
+    },
+    Committed,
+}
+
+/// One value's metadata.
+#[derive(Debug, Clone)]
+pub struct Object {
+    pub member: u64,
+    pub mount_id: u64,
+    pub offset: u64,
+    /// the value's size in bytes
+    pub size: u64,
+    /// the allocated (and charged) length: `size` rounded up to the allocation granularity
+    pub len: u64,
+    pub state: ObjectState,
+    /// protected from eviction and removal until then
+    pub lease_until: Instant,
+    /// a global counter value at the last put or read, for least-recently-used ordering
+    pub last_used: u64,
+}
+
+impl Object {
+    /// Committed and not leased at `now`: eviction may take it.
+    pub fn evictable(&self, now: Instant) -> bool {
+        self.state == ObjectState::Committed && self.lease_until <= now
+    }
+}
+
+/// Counters kept per tenant (and, summed, for the whole store).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counters {
+    pub puts: u64,
+    pub put_revokes: u64,
+    pub gets: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub quota_refusals: u64,
+}
+
+/// One tenant: its ledger entry, grant, charge and key space.
+#[derive(Debug, Default)]
+pub struct Tenant {
+    /// `None` only for the default tenant with multi-tenancy off and no layout configured
+    pub layout: Option<Layout>,
+    pub ceiling: u64,
+    pub grant: u64,
+    /// bytes charged: every reserved and committed object's `len`
+    pub used: u64,
+    pub objects: HashMap<String, Object>,
+    pub counters: Counters,
+}

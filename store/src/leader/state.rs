@@ -1,0 +1,397 @@
+//! The leader's whole metadata under one lock: members and their free space, tenants and their
+//! objects. Engine operations (two-phase put, get with lease, exists, remove) live here; the
+//! ledger in `tenants.rs`, mounting in `members.rs`, eviction in `eviction.rs`, read-outs in
+//! `status.rs`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use super::LeaderConfig;
+use super::ledger::DEFAULT_TENANT;
+use super::objects::{Counters, Object, ObjectState, Tenant};
+use super::placement::{self, SegmentAllocator, aligned};
+use crate::error::{ErrorCode, Result, StoreError};
+use crate::proto::{GetResponse, Location, PutStartResponse, Scope};
+use crate::time::{now_unix_ms, unix_ms_after};
+
+/// Longest key accepted.
+pub const MAX_KEY_LEN: usize = 4096;
+
+/// A mounted segment.
+#[derive(Debug)]
+pub struct Member {
+    pub name: String,
+    pub data_addr: String,
+    pub grpc_addr: String,
+    pub mount_id: u64,
+    pub alloc: SegmentAllocator,
+    pub objects: u64,
+    pub last_seen: Instant,
+}
+
+/// Everything the leader knows.
+#[derive(Debug)]
+pub struct State {
+    pub(super) cfg: LeaderConfig,
+    pub(super) members: BTreeMap<u64, Member>,
+    pub(super) tenants: HashMap<String, Tenant>,
+    pub(super) next_member_id: u64,
+    pub(super) next_put_id: u64,
+    pub(super) tick: u64,
+    pub(super) seed: u64,
+    /// counters of tenants that were removed from the ledger, so global totals never go down
+    pub(super) retired: Counters,
+}
+
+impl State {
+    pub fn new(cfg: LeaderConfig) -> Self {
+        let seed = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
+        let mut s = Self {
+            cfg,
+            members: BTreeMap::new(),
+            tenants: HashMap::new(),
+            next_member_id: 1,
+            next_put_id: 1,
+            tick: 0,
+            seed,
+            retired: Counters::default(),
+        };
+        if !s.cfg.multi_tenancy {
+            let layout = s.cfg.default_layout.clone();
+            s.tenants.insert(
+                DEFAULT_TENANT.to_string(),
+                Tenant {
+                    layout,
+                    ..Tenant::default()
+                },
+            );
+            s.recompute_grants();
+        }
+        s
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.members.values().map(|m| m.alloc.capacity()).sum()
+    }
+
+    pub fn used(&self) -> u64 {
+        self.members.values().map(|m| m.alloc.used()).sum()
+    }
+
+    pub fn object_count(&self) -> u64 {
+        self.tenants.values().map(|t| t.objects.len() as u64).sum()
+    }
+
+    fn check_key(key: &str) -> Result<()> {
+        if key.is_empty() || key.len() > MAX_KEY_LEN {
+            return Err(StoreError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "keys must be 1 to {MAX_KEY_LEN} bytes long; this one is {} bytes",
+                    key.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    pub(super) fn location(&self, o: &Object, member_id: u64) -> Option<Location> {
+        let m = self.members.get(&member_id)?;
+        Some(Location {
+            member_id,
+            data_addr: m.data_addr.clone(),
+            grpc_addr: m.grpc_addr.clone(),
+            mount_id: o.mount_id,
+            offset: o.offset,
+            len: o.size,
+        })
+    }
+
+    /// Phase one of a put: charge the tenant, find space, hold it for the writer.
+    pub fn put_start(&mut self, scope: Option<&Scope>, key: &str, size: u64, now: Instant) -> Result<PutStartResponse> {
+        let tenant = self.tenant_name(scope)?;
+        Self::check_key(key)?;
+        if size == 0 || size > self.cfg.max_value_size {
+            return Err(StoreError::new(
+                ErrorCode::ValueTooLarge,
+                format!(
+                    "values must be 1 to {} bytes (--max-value-size); this one is {size} bytes: split it",
+                    self.cfg.max_value_size
+                ),
+            ));
+        }
+        let tick = self.next_tick();
+        if let Some(t) = self.tenants.get_mut(&tenant)
+            && let Some(o) = t.objects.get_mut(key)
+        {
+            // values are immutable and keys content-derived: an existing key means the same bytes
+            o.last_used = tick;
+            return Ok(PutStartResponse {
+                already_exists: true,
+                ..Default::default()
+            });
+        }
+        let len = aligned(size);
+        self.make_room_in_grant(&tenant, len, now)?;
+        let member = self.allocate(len, now).ok_or_else(|| {
+            StoreError::new(
+                ErrorCode::NoSpace,
+                format!(
+                    "no mounted segment has {len} free bytes and nothing evictable is left ({} members, {} of {} \
+                     bytes used); add members, raise their capacity, or retry after leases expire",
+                    self.members.len(),
+                    self.used(),
+                    self.capacity()
+                ),
+            )
+        })?;
+        let put_id = self.next_put_id;
+        self.next_put_id += 1;
+        let reclaim_after = self.cfg.put_ttl + self.cfg.put_grace;
+        let (member_id, offset) = member;
+        let mount_id = self.members.get(&member_id).map_or(0, |m| m.mount_id);
+        let object = Object {
+            member: member_id,
+            mount_id,
+            offset,
+            size,
+            len,
+            state: ObjectState::Reserved {
+                put_id,
+                reclaim_at: now + reclaim_after,
+            },
+            lease_until: now,
+            last_used: tick,
+        };
+        let location = self.location(&object, member_id);
+        if let Some(m) = self.members.get_mut(&member_id) {
+            m.objects += 1;
+        }
+        let t = self
+            .tenants
+            .get_mut(&tenant)
+            .ok_or_else(|| internal("tenant vanished during put"))?;
+        t.used += len;
+        t.objects.insert(key.to_string(), object);
+        Ok(PutStartResponse {
+            already_exists: false,
+            put_id,
+            location,
+            write_deadline_unix_ms: unix_ms_after(self.cfg.put_ttl),
+        })
+    }
+
+    /// Evicts the tenant's own least-recently-used unleased objects until `len` more fits its grant.
+    fn make_room_in_grant(&mut self, tenant: &str, len: u64, now: Instant) -> Result<()> {
+        let (grant, used) = self.tenants.get(tenant).map_or((0, 0), |t| (t.grant, t.used));
+        if len > grant {
+            self.count_quota_refusal(tenant);
+            return Err(StoreError::new(
+                ErrorCode::TenantQuotaExceeded,
+                format!(
+                    "tenant {tenant:?} has a grant of {grant} bytes ({} bytes mounted), smaller than this {len}-byte \
+                     value; raise the tenant's ceiling or mount more capacity",
+                    self.capacity()
+                ),
+            ));
+        }
+        if used + len <= grant {
+            return Ok(());
+        }
+        self.evict_tenant(tenant, used + len - grant, now);
+        let used = self.tenants.get(tenant).map_or(0, |t| t.used);
+        if used + len <= grant {
+            return Ok(());
+        }
+        self.count_quota_refusal(tenant);
+        Err(StoreError::new(
+            ErrorCode::TenantQuotaExceeded,
+            format!(
+                "tenant {tenant:?} uses {used} of its {grant}-byte grant and every object it could evict is leased \
+                 or still being written; retry after read leases expire, or raise the tenant's ceiling"
+            ),
+        ))
+    }
+
+    fn count_quota_refusal(&mut self, tenant: &str) {
+        if let Some(t) = self.tenants.get_mut(tenant) {
+            t.counters.quota_refusals += 1;
+        }
+    }
+
+    /// Finds a segment range of `len`, evicting globally when no segment has room.
+    fn allocate(&mut self, len: u64, now: Instant) -> Option<(u64, u64)> {
+        loop {
+            let candidates: Vec<(u64, u64, u64)> = self
+                .members
+                .iter()
+                .filter(|(_, m)| m.alloc.fits(len))
+                .map(|(id, m)| (*id, m.alloc.free(), m.alloc.capacity()))
+                .collect();
+            if let Some(id) = placement::choose(self.cfg.strategy, &candidates, &mut self.seed) {
+                let m = self.members.get_mut(&id)?;
+                return m.alloc.allocate(len).map(|off| (id, off));
+            }
+            if !self.evict_one_global(now) {
+                return None;
+            }
+        }
+    }
+
+    /// Phase two: the bytes are written; make the value visible.
+    pub fn put_commit(&mut self, scope: Option<&Scope>, key: &str, put_id: u64) -> Result<()> {
+        let tenant = self.tenant_name(scope)?;
+        let tick = self.next_tick();
+        let t = self
+            .tenants
+            .get_mut(&tenant)
+            .ok_or_else(|| internal("tenant vanished"))?;
+        match t.objects.get_mut(key) {
+            Some(o) if o.state == ObjectState::Committed => Ok(()),
+            Some(o) if matches!(o.state, ObjectState::Reserved { put_id: p, .. } if p == put_id) => {
+                o.state = ObjectState::Committed;
+                o.last_used = tick;
+                t.counters.puts += 1;
+                Ok(())
+            }
+            _ => Err(StoreError::new(
+                ErrorCode::PutExpired,
+                format!(
+                    "put {put_id} of key {key:?} is no longer reserved (it expired, its member left, or the leader \
+                     restarted); write the value again from PutStart"
+                ),
+            )),
+        }
+    }
+
+    /// The writer gives up: space and charge are returned.
+    pub fn put_revoke(&mut self, scope: Option<&Scope>, key: &str, put_id: u64) -> Result<()> {
+        let tenant = self.tenant_name(scope)?;
+        let reserved = self
+            .tenants
+            .get(&tenant)
+            .and_then(|t| t.objects.get(key))
+            .is_some_and(|o| matches!(o.state, ObjectState::Reserved { put_id: p, .. } if p == put_id));
+        if reserved {
+            self.drop_object(&tenant, key);
+            if let Some(t) = self.tenants.get_mut(&tenant) {
+                t.counters.put_revokes += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Where a committed value is, granting (or extending) its read lease.
+    pub fn get(&mut self, scope: Option<&Scope>, key: &str, now: Instant) -> Result<GetResponse> {
+        let tenant = self.tenant_name(scope)?;
+        let tick = self.next_tick();
+        let ttl = self.cfg.lease_ttl;
+        let t = self
+            .tenants
+            .get_mut(&tenant)
+            .ok_or_else(|| internal("tenant vanished"))?;
+        t.counters.gets += 1;
+        let Some(o) = t.objects.get_mut(key).filter(|o| o.state == ObjectState::Committed) else {
+            t.counters.misses += 1;
+            return Ok(GetResponse::default());
+        };
+        t.counters.hits += 1;
+        o.lease_until = o.lease_until.max(now + ttl);
+        o.last_used = tick;
+        let o = o.clone();
+        let location = self.location(&o, o.member);
+        Ok(GetResponse {
+            found: location.is_some(),
+            location,
+            lease_deadline_unix_ms: now_unix_ms().saturating_add(ttl.as_millis() as u64),
+            lease_ttl_ms: ttl.as_millis() as u64,
+        })
+    }
+
+    /// Whether a committed value exists; like the reference, a hit also grants a read lease.
+    pub fn exists(&mut self, scope: Option<&Scope>, key: &str, now: Instant) -> Result<bool> {
+        let tenant = self.tenant_name(scope)?;
+        let ttl = self.cfg.lease_ttl;
+        let t = self
+            .tenants
+            .get_mut(&tenant)
+            .ok_or_else(|| internal("tenant vanished"))?;
+        Ok(
+            match t.objects.get_mut(key).filter(|o| o.state == ObjectState::Committed) {
+                Some(o) => {
+                    o.lease_until = o.lease_until.max(now + ttl);
+                    true
+                }
+                None => false,
+            },
+        )
+    }
+
+    /// Removes a committed, unleased value.
+    pub fn remove(&mut self, scope: Option<&Scope>, key: &str, now: Instant) -> Result<bool> {
+        let tenant = self.tenant_name(scope)?;
+        let Some(o) = self.tenants.get(&tenant).and_then(|t| t.objects.get(key)) else {
+            return Ok(false);
+        };
+        if o.state != ObjectState::Committed {
+            return Err(StoreError::new(
+                ErrorCode::PutInProgress,
+                format!("key {key:?} is still being written; remove it after its put commits or expires"),
+            ));
+        }
+        if o.lease_until > now {
+            let left = o.lease_until - now;
+            return Err(StoreError::new(
+                ErrorCode::ObjectHasLease,
+                format!("key {key:?} is leased to a reader for another {left:?}; retry after the lease expires"),
+            ));
+        }
+        self.drop_object(&tenant, key);
+        Ok(true)
+    }
+
+    /// Forgets an object and returns its space and charge.
+    pub(super) fn drop_object(&mut self, tenant: &str, key: &str) -> Option<Object> {
+        let t = self.tenants.get_mut(tenant)?;
+        let o = t.objects.remove(key)?;
+        t.used = t.used.saturating_sub(o.len);
+        if let Some(m) = self.members.get_mut(&o.member)
+            && m.mount_id == o.mount_id
+        {
+            m.alloc.release(o.offset, o.len);
+            m.objects = m.objects.saturating_sub(1);
+        }
+        Some(o)
+    }
+
+    /// Gives back reservations whose writer never committed or revoked.
+    pub fn reap_reservations(&mut self, now: Instant) -> u64 {
+        let mut stale = Vec::new();
+        for (name, t) in &self.tenants {
+            for (key, o) in &t.objects {
+                if let ObjectState::Reserved { reclaim_at, .. } = o.state
+                    && reclaim_at <= now
+                {
+                    stale.push((name.clone(), key.clone()));
+                }
+            }
+        }
+        for (name, key) in &stale {
+            self.drop_object(name, key);
+        }
+        stale.len() as u64
+    }
+
+    pub fn lease_ttl(&self) -> Duration {
+        self.cfg.lease_ttl
+    }
+}
+
+fn internal(msg: &str) -> StoreError {
+    StoreError::new(ErrorCode::Internal, format!("{msg}; this is a bug, please report it"))
+}

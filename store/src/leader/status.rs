@@ -1,0 +1,70 @@
+//! Read-outs of the state for controllers and metrics: per tenant, per member, and totals.
+
+use std::time::Instant;
+
+use super::objects::Counters;
+use super::state::State;
+use crate::proto::{MemberStatus, TenantStatus};
+
+impl State {
+    pub fn tenant_statuses(&self) -> Vec<TenantStatus> {
+        let mut v: Vec<TenantStatus> = self
+            .tenants
+            .iter()
+            .map(|(name, t)| TenantStatus {
+                name: name.clone(),
+                ceiling: t.ceiling,
+                grant: t.grant,
+                used: t.used,
+                objects: t.objects.len() as u64,
+                block_size: t.layout.as_ref().map_or(0, |l| l.block_size),
+                dtype: t.layout.as_ref().map_or_else(String::new, |l| l.dtype.clone()),
+                over_grant: t.used > t.grant,
+                puts: t.counters.puts,
+                hits: t.counters.hits,
+                misses: t.counters.misses,
+                evictions: t.counters.evictions,
+            })
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    pub fn member_statuses(&self, now: Instant) -> Vec<MemberStatus> {
+        self.members
+            .iter()
+            .map(|(id, m)| MemberStatus {
+                member_id: *id,
+                name: m.name.clone(),
+                data_addr: m.data_addr.clone(),
+                grpc_addr: m.grpc_addr.clone(),
+                capacity: m.alloc.capacity(),
+                used: m.alloc.used(),
+                objects: m.objects,
+                mount_id: m.mount_id,
+                last_heartbeat_ms_ago: now.saturating_duration_since(m.last_seen).as_millis() as u64,
+            })
+            .collect()
+    }
+
+    /// Counters summed over all tenants, present and removed.
+    pub fn totals(&self) -> Counters {
+        let mut c = self.retired;
+        for t in self.tenants.values() {
+            c.add(&t.counters);
+        }
+        c
+    }
+}
+
+impl Counters {
+    pub fn add(&mut self, o: &Counters) {
+        self.puts += o.puts;
+        self.put_revokes += o.put_revokes;
+        self.gets += o.gets;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.evictions += o.evictions;
+        self.quota_refusals += o.quota_refusals;
+    }
+}

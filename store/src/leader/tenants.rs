@@ -1,0 +1,120 @@
+//! The ledger applied to the state: replacing it, turning ceilings into grants, and resolving
+//! which tenant a request acts for (registration and layout checks).
+
+use super::ledger::{self, DEFAULT_TENANT, Layout};
+use super::state::State;
+use crate::error::{ErrorCode, Result, StoreError};
+use crate::proto::{Scope, TenantEntry};
+
+impl State {
+    /// Recomputes every grant from the ceilings and the mounted capacity.
+    pub(super) fn recompute_grants(&mut self) {
+        let capacity = self.capacity();
+        if !self.cfg.multi_tenancy {
+            for t in self.tenants.values_mut() {
+                t.ceiling = capacity;
+                t.grant = capacity;
+            }
+            return;
+        }
+        let mut names: Vec<String> = self.tenants.keys().cloned().collect();
+        names.sort();
+        let ceilings: Vec<u64> = names.iter().map(|n| self.tenants[n].ceiling).collect();
+        for (name, grant) in names.iter().zip(ledger::grants(&ceilings, capacity)) {
+            if let Some(t) = self.tenants.get_mut(name) {
+                t.grant = grant;
+            }
+        }
+    }
+
+    /// Replaces the ledger; returns how many objects of removed tenants were dropped.
+    pub fn set_tenants(&mut self, entries: &[TenantEntry]) -> Result<u64> {
+        if !self.cfg.multi_tenancy {
+            return Err(StoreError::new(
+                ErrorCode::InvalidTenantLedger,
+                "multi-tenancy is off on this leader, so it keeps no ledger; start it without --multi-tenancy=false",
+            ));
+        }
+        ledger::validate(entries)?;
+        for e in entries {
+            if let Some(t) = self.tenants.get(&e.name)
+                && let Some(layout) = &t.layout
+                && (layout.block_size != e.block_size || layout.dtype != e.dtype)
+                && !t.objects.is_empty()
+            {
+                return Err(StoreError::new(
+                    ErrorCode::TenantLayoutImmutable,
+                    format!(
+                        "tenant {:?} holds {} objects written with block size {} and dtype {:?}; its layout cannot \
+                         change to block size {} and dtype {:?} while they exist: register a new tenant (domain) \
+                         for the new layout",
+                        e.name,
+                        t.objects.len(),
+                        layout.block_size,
+                        layout.dtype,
+                        e.block_size,
+                        e.dtype
+                    ),
+                ));
+            }
+        }
+        let keep: std::collections::HashSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+        let removed: Vec<String> = self
+            .tenants
+            .keys()
+            .filter(|n| !keep.contains(n.as_str()))
+            .cloned()
+            .collect();
+        let mut dropped = 0;
+        for name in removed {
+            let keys: Vec<String> = self.tenants[&name].objects.keys().cloned().collect();
+            dropped += keys.len() as u64;
+            for k in keys {
+                self.drop_object(&name, &k);
+            }
+            if let Some(t) = self.tenants.remove(&name) {
+                self.retired.add(&t.counters);
+            }
+        }
+        for e in entries {
+            let t = self.tenants.entry(e.name.clone()).or_default();
+            t.ceiling = e.ceiling;
+            t.layout = Some(Layout {
+                block_size: e.block_size,
+                dtype: e.dtype.clone(),
+            });
+        }
+        self.recompute_grants();
+        Ok(dropped)
+    }
+
+    /// The tenant a request acts for, after the registration and layout checks.
+    pub(super) fn tenant_name(&self, scope: Option<&Scope>) -> Result<String> {
+        let scope = scope.ok_or_else(|| {
+            StoreError::new(
+                ErrorCode::InvalidArgument,
+                "the request has no scope; send tenant, block_size and dtype",
+            )
+        })?;
+        if !self.cfg.multi_tenancy {
+            if let Some(Some(layout)) = self.tenants.get(DEFAULT_TENANT).map(|t| &t.layout) {
+                ledger::check_layout(DEFAULT_TENANT, layout, scope)?;
+            }
+            return Ok(DEFAULT_TENANT.to_string());
+        }
+        let Some(t) = self.tenants.get(&scope.tenant) else {
+            return Err(StoreError::new(
+                ErrorCode::TenantNotRegistered,
+                format!(
+                    "tenant {:?} is not in the leader's ledger; register it (a KVCachePoolBinding whose domain is \
+                     this name) before writing or reading",
+                    scope.tenant
+                ),
+            ));
+        };
+        if let Some(layout) = &t.layout {
+            ledger::check_layout(&scope.tenant, layout, scope)?;
+        }
+        Ok(scope.tenant.clone())
+    }
+}

@@ -1,0 +1,250 @@
+//! The leader's tables without processes: time is passed in, so leases, reservations, liveness
+//! and eviction are checked at exact instants.
+
+use std::time::{Duration, Instant};
+
+use super::state::State;
+use super::{LeaderConfig, Strategy};
+use crate::error::ErrorCode;
+use crate::proto::{MountRequest, Scope, TenantEntry};
+
+const MIB: u64 = 1 << 20;
+
+fn scope(t: &str) -> Scope {
+    Scope {
+        tenant: t.into(),
+        block_size: 64,
+        dtype: "bf16".into(),
+    }
+}
+
+fn entry(t: &str, ceiling: u64) -> TenantEntry {
+    TenantEntry {
+        name: t.into(),
+        ceiling,
+        block_size: 64,
+        dtype: "bf16".into(),
+    }
+}
+
+fn mount(s: &mut State, name: &str, capacity: u64, now: Instant) -> u64 {
+    let req = MountRequest {
+        name: name.into(),
+        data_addr: format!("{name}:1"),
+        grpc_addr: format!("{name}:2"),
+        capacity,
+        mount_id: 0,
+    };
+    s.mount(&req, now).unwrap().member_id
+}
+
+fn state(cfg: LeaderConfig) -> (State, Instant) {
+    (State::new(cfg), Instant::now())
+}
+
+/// Reserves and commits `key`.
+fn put(s: &mut State, t: &str, key: &str, size: u64, now: Instant) -> Result<(), ErrorCode> {
+    let r = s.put_start(Some(&scope(t)), key, size, now).map_err(|e| e.code)?;
+    if !r.already_exists {
+        s.put_commit(Some(&scope(t)), key, r.put_id).map_err(|e| e.code)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn reserved_values_are_invisible_until_committed_and_reaped_when_abandoned() {
+    let cfg = LeaderConfig {
+        put_ttl: Duration::from_secs(1),
+        put_grace: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let (mut s, t0) = state(cfg);
+    s.set_tenants(&[entry("t", 8 * MIB)]).unwrap();
+    mount(&mut s, "m", 8 * MIB, t0);
+    let r = s.put_start(Some(&scope("t")), "k", 100, t0).unwrap();
+    assert!(!r.already_exists);
+    assert!(!s.get(Some(&scope("t")), "k", t0).unwrap().found);
+    assert!(!s.exists(Some(&scope("t")), "k", t0).unwrap());
+    assert_eq!(
+        s.remove(Some(&scope("t")), "k", t0).unwrap_err().code,
+        ErrorCode::PutInProgress
+    );
+    assert_eq!(s.used(), 128);
+    // a second writer of the same key does not get a second reservation
+    assert!(s.put_start(Some(&scope("t")), "k", 100, t0).unwrap().already_exists);
+    assert_eq!(s.reap_reservations(t0 + Duration::from_millis(1999)), 0);
+    assert_eq!(s.reap_reservations(t0 + Duration::from_secs(2)), 1);
+    assert_eq!(s.used(), 0);
+    let e = s.put_commit(Some(&scope("t")), "k", r.put_id).unwrap_err();
+    assert_eq!(e.code, ErrorCode::PutExpired);
+}
+
+#[test]
+fn leases_protect_from_removal_and_eviction_until_they_end() {
+    let cfg = LeaderConfig {
+        lease_ttl: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let (mut s, t0) = state(cfg);
+    s.set_tenants(&[entry("t", 2 * MIB)]).unwrap();
+    mount(&mut s, "m", 8 * MIB, t0);
+    put(&mut s, "t", "a", MIB, t0).unwrap();
+    put(&mut s, "t", "b", MIB, t0).unwrap();
+    assert!(s.get(Some(&scope("t")), "a", t0).unwrap().found);
+    assert!(s.exists(Some(&scope("t")), "b", t0).unwrap());
+    assert_eq!(
+        s.remove(Some(&scope("t")), "a", t0).unwrap_err().code,
+        ErrorCode::ObjectHasLease
+    );
+    // the grant is full and both are leased: nothing can make room
+    assert_eq!(put(&mut s, "t", "c", MIB, t0), Err(ErrorCode::TenantQuotaExceeded));
+    let later = t0 + Duration::from_secs(10);
+    put(&mut s, "t", "c", MIB, later).unwrap();
+    assert_eq!(s.tenant_statuses()[0].evictions, 1);
+    assert!(s.remove(Some(&scope("t")), "c", later).unwrap());
+}
+
+#[test]
+fn tenant_eviction_takes_the_least_recently_used_and_only_its_own() {
+    let (mut s, t0) = state(LeaderConfig::default());
+    s.set_tenants(&[entry("t", 3 * MIB), entry("u", 3 * MIB)]).unwrap();
+    mount(&mut s, "m", 16 * MIB, t0);
+    put(&mut s, "u", "x", MIB, t0).unwrap();
+    for k in ["a", "b", "c"] {
+        put(&mut s, "t", k, MIB, t0).unwrap();
+    }
+    // touching "a" makes "b" the least recently used (the lease it takes has ended by `later`)
+    assert!(s.get(Some(&scope("t")), "a", t0).unwrap().found);
+    let later = t0 + Duration::from_secs(11);
+    put(&mut s, "t", "d", MIB, later).unwrap();
+    let present = |s: &mut State, t: &str, k: &str| s.exists(Some(&scope(t)), k, later).unwrap();
+    assert!(!present(&mut s, "t", "b"));
+    assert!(present(&mut s, "t", "a") && present(&mut s, "t", "c") && present(&mut s, "t", "d"));
+    assert!(present(&mut s, "u", "x"));
+}
+
+#[test]
+fn watermark_eviction_frees_a_share_and_prefers_tenants_over_their_grant() {
+    let cfg = LeaderConfig {
+        high_watermark: 0.5,
+        eviction_ratio: 0.25,
+        ..Default::default()
+    };
+    let (mut s, t0) = state(cfg);
+    s.set_tenants(&[entry("big", 8 * MIB), entry("small", 8 * MIB)])
+        .unwrap();
+    mount(&mut s, "m", 8 * MIB, t0);
+    put(&mut s, "small", "s0", MIB, t0).unwrap();
+    for i in 0..4 {
+        put(&mut s, "big", &format!("b{i}"), MIB, t0).unwrap();
+    }
+    assert_eq!(
+        s.watermark_round(t0),
+        2,
+        "5 of 8 MiB used, above half: free a quarter (2 MiB)"
+    );
+    let t = s.tenant_statuses();
+    let (big, small) = (&t[0], &t[1]);
+    // both were within their grant (4 MiB each after the cut), so plain LRU: s0 went first
+    assert_eq!((big.objects, small.objects), (3, 0));
+    assert_eq!(s.watermark_round(t0), 0, "4 of 8 MiB is not above half");
+}
+
+#[test]
+fn a_silent_member_loses_its_objects_and_a_remount_starts_empty() {
+    let cfg = LeaderConfig {
+        member_ttl: Duration::from_secs(2),
+        strategy: Strategy::Random,
+        ..Default::default()
+    };
+    let (mut s, t0) = state(cfg);
+    s.set_tenants(&[entry("t", 64 * MIB)]).unwrap();
+    let m1 = mount(&mut s, "m1", 8 * MIB, t0);
+    for i in 0..4 {
+        put(&mut s, "t", &format!("k{i}"), MIB, t0).unwrap();
+    }
+    assert_eq!(s.tenant_statuses()[0].grant, 8 * MIB);
+    let mount_id = s.member_statuses(t0)[0].mount_id;
+    assert!(s.heartbeat(m1, mount_id, t0 + Duration::from_secs(1)));
+    assert!(!s.heartbeat(m1, mount_id + 1, t0), "a wrong mount is told to remount");
+    assert_eq!(s.expire_members(t0 + Duration::from_secs(3)), 0);
+    assert_eq!(s.expire_members(t0 + Duration::from_millis(3001)), 1);
+    assert_eq!(s.object_count(), 0);
+    assert_eq!(s.tenant_statuses()[0].used, 0);
+    assert_eq!(s.tenant_statuses()[0].grant, 0, "nothing mounted, nothing granted");
+    assert!(!s.heartbeat(m1, mount_id, t0));
+    mount(&mut s, "m1", 8 * MIB, t0);
+    assert!(!s.get(Some(&scope("t")), "k0", t0).unwrap().found);
+}
+
+#[test]
+fn placement_spreads_by_free_ratio_and_reports_no_space() {
+    let (mut s, t0) = state(LeaderConfig::default());
+    s.set_tenants(&[entry("t", 64 * MIB)]).unwrap();
+    mount(&mut s, "a", 4 * MIB, t0);
+    mount(&mut s, "b", 4 * MIB, t0);
+    for i in 0..8 {
+        let r = s.put_start(Some(&scope("t")), &format!("k{i}"), MIB, t0).unwrap();
+        assert!(r.location.is_some());
+    }
+    let m = s.member_statuses(t0);
+    assert_eq!((m[0].used, m[1].used), (4 * MIB, 4 * MIB));
+    // full, and every object is still reserved (not evictable): the grant (cut to the 8 MiB
+    // mounted) is the first limit met
+    let e = s.put_start(Some(&scope("t")), "k8", MIB, t0).unwrap_err();
+    assert_eq!(e.code, ErrorCode::TenantQuotaExceeded);
+    // within the grant but larger than any one segment: no space, and the message says what to do
+    for i in 0..8 {
+        s.put_revoke(Some(&scope("t")), &format!("k{i}"), (i + 1) as u64)
+            .unwrap();
+    }
+    assert_eq!(s.used(), 0);
+    let e = s.put_start(Some(&scope("t")), "huge", 5 * MIB, t0).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoSpace);
+    assert!(e.message.contains("add members"), "{e}");
+}
+
+#[test]
+fn malformed_requests_are_refused_not_panicked_on() {
+    let (mut s, t0) = state(LeaderConfig {
+        max_value_size: MIB,
+        ..Default::default()
+    });
+    s.set_tenants(&[entry("t", 8 * MIB)]).unwrap();
+    mount(&mut s, "m", 8 * MIB, t0);
+    assert_eq!(
+        s.put_start(None, "k", 1, t0).unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
+    assert_eq!(
+        s.put_start(Some(&scope("t")), "", 1, t0).unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
+    let long = "k".repeat(5000);
+    assert_eq!(
+        s.put_start(Some(&scope("t")), &long, 1, t0).unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
+    assert_eq!(
+        s.put_start(Some(&scope("t")), "k", 0, t0).unwrap_err().code,
+        ErrorCode::ValueTooLarge
+    );
+    assert_eq!(
+        s.put_start(Some(&scope("t")), "k", MIB + 1, t0).unwrap_err().code,
+        ErrorCode::ValueTooLarge
+    );
+    assert_eq!(
+        s.put_start(Some(&scope("t")), "k", u64::MAX, t0).unwrap_err().code,
+        ErrorCode::ValueTooLarge
+    );
+    assert_eq!(
+        s.put_commit(Some(&scope("t")), "nope", 7).unwrap_err().code,
+        ErrorCode::PutExpired
+    );
+    assert!(s.put_revoke(Some(&scope("t")), "nope", 7).is_ok());
+    let bad = MountRequest {
+        name: String::new(),
+        ..Default::default()
+    };
+    assert_eq!(s.mount(&bad, t0).unwrap_err().code, ErrorCode::InvalidArgument);
+}

@@ -1,0 +1,27 @@
+//! The KV-cache store: a metadata-only leader, members that hold the bytes in shared-memory
+//! segments, and the client library engines, benchmarks and controllers use to reach them.
+//!
+//! Map:
+//! - [`proto`]: the generated gRPC types (`proto/kvstore.proto`);
+//! - [`error`]: the one place store errors become `tonic::Status` (and back);
+//! - [`quantity`]: `8Gi`/`512Mi`/byte-count parsing for sizes on the command line;
+//! - [`wire`]: the member's framed data port protocol;
+//! - [`leader`]: segments, objects, placement, tenants and quota, leases, eviction, liveness;
+//! - [`member`]: the mapped segment, its gRPC service and data port, mounting and heartbeats;
+//! - [`client`]: pooled connections to a leader and its members;
+//! - [`metrics`]: Prometheus text and health over plain HTTP;
+//! - [`bench`], [`engine_sim`]: the two workload commands.
+
+pub mod bench;
+pub mod client;
+pub mod engine_sim;
+pub mod error;
+pub mod frame;
+pub mod leader;
+pub mod member;
+pub mod metrics;
+pub mod net;
+pub mod proto;
+pub mod quantity;
+pub mod time;
+pub mod wire;

@@ -1,0 +1,132 @@
+//! The member's framed data port (format in `wire.rs`): writes are read from the socket straight
+//! into the segment and reads are sent straight from it, with no copy in between.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Buf;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::segment::Segment;
+use crate::error::StoreError;
+use crate::time::now_unix_ms;
+use crate::wire::{Op, REQUEST_LEN, Request, Response};
+
+/// How long past its deadline a write that already started may take. The leader reuses an
+/// abandoned reservation only after its own grace (`--put-grace`, 30 s), which is longer.
+pub const WRITE_GRACE: Duration = Duration::from_secs(10);
+
+/// Serves the data port until the process ends.
+pub async fn serve(listener: TcpListener, segment: Arc<Segment>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "data port accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let segment = segment.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection(stream, &segment).await {
+                tracing::debug!(%peer, error = %e, "data connection closed");
+            }
+        });
+    }
+}
+
+async fn connection(mut s: TcpStream, segment: &Segment) -> std::io::Result<()> {
+    let mut head = [0u8; REQUEST_LEN];
+    loop {
+        match s.read_exact(&mut head).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let req = match Request::decode(&head) {
+            Ok(r) => r,
+            Err(e) => {
+                // the stream cannot be trusted past a bad header: answer and close
+                return refuse(&mut s, &e).await;
+            }
+        };
+        match req.op {
+            Op::Write => {
+                if !write(&mut s, segment, req).await? {
+                    return Ok(());
+                }
+            }
+            Op::Read => read(&mut s, segment, req).await?,
+        }
+    }
+}
+
+/// Returns `false` when the connection must close.
+async fn write(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::Result<bool> {
+    match segment.begin_write(req.mount_id, req.offset, req.len, req.deadline_unix_ms) {
+        Ok(mut range) => {
+            let left = Duration::from_millis(req.deadline_unix_ms.saturating_sub(now_unix_ms())) + WRITE_GRACE;
+            match tokio::time::timeout(left, s.read_exact(range.bytes_mut())).await {
+                Ok(r) => {
+                    r?;
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        offset = req.offset,
+                        len = req.len,
+                        "write passed its deadline, dropping connection"
+                    );
+                    return Ok(false);
+                }
+            }
+            drop(range);
+            segment.wrote(req.len);
+            s.write_all(&Response { ok: true, len: 0 }.encode()).await?;
+            Ok(true)
+        }
+        Err(e) => {
+            // keep the connection usable by consuming the payload, if it is of a sane size
+            if req.len > segment.capacity() {
+                refuse(s, &e).await?;
+                return Ok(false);
+            }
+            let mut rest = req.len;
+            let mut sink = vec![0u8; 64 * 1024];
+            while rest > 0 {
+                let n = rest.min(sink.len() as u64) as usize;
+                s.read_exact(&mut sink[..n]).await?;
+                rest -= n as u64;
+            }
+            refuse(s, &e).await?;
+            Ok(true)
+        }
+    }
+}
+
+async fn read(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::Result<()> {
+    match segment.begin_read(req.mount_id, req.offset, req.len, req.deadline_unix_ms) {
+        Ok(range) => {
+            let head = Response { ok: true, len: req.len }.encode();
+            let mut buf = Buf::chain(&head[..], range.bytes());
+            s.write_all_buf(&mut buf).await?;
+            drop(range);
+            segment.read(req.len);
+            Ok(())
+        }
+        Err(e) => refuse(s, &e).await,
+    }
+}
+
+async fn refuse(s: &mut TcpStream, e: &StoreError) -> std::io::Result<()> {
+    let msg = e.to_string();
+    let head = Response {
+        ok: false,
+        len: msg.len() as u64,
+    }
+    .encode();
+    let mut buf = Buf::chain(&head[..], msg.as_bytes());
+    s.write_all_buf(&mut buf).await
+}

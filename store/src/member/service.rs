@@ -1,0 +1,62 @@
+//! The member's gRPC face, `SegmentData`: the same writes and reads as the data port, for callers
+//! that speak only gRPC (any language with generated stubs). Values travel as one message, so the
+//! server's message limit is raised to the largest value.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tonic::{Request, Response, Status};
+
+use super::segment::Segment;
+use crate::proto::segment_data_server::{SegmentData, SegmentDataServer};
+use crate::proto::{HealthRequest, HealthResponse, ReadRequest, ReadResponse, WriteRequest, WriteResponse};
+
+/// The gRPC service over a segment.
+#[derive(Debug, Clone)]
+pub struct DataService {
+    pub segment: Arc<Segment>,
+}
+
+impl DataService {
+    pub fn server(self, max_message: usize) -> SegmentDataServer<Self> {
+        SegmentDataServer::new(self)
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message)
+    }
+}
+
+#[tonic::async_trait]
+impl SegmentData for DataService {
+    async fn write(&self, req: Request<WriteRequest>) -> Result<Response<WriteResponse>, Status> {
+        let r = req.into_inner();
+        let len = r.data.len() as u64;
+        let mut range = self
+            .segment
+            .begin_write(r.mount_id, r.offset, len, r.write_deadline_unix_ms)?;
+        range.bytes_mut().copy_from_slice(&r.data);
+        drop(range);
+        self.segment.wrote(len);
+        Ok(Response::new(WriteResponse {}))
+    }
+
+    async fn read(&self, req: Request<ReadRequest>) -> Result<Response<ReadResponse>, Status> {
+        let r = req.into_inner();
+        let range = self
+            .segment
+            .begin_read(r.mount_id, r.offset, r.len, r.lease_deadline_unix_ms)?;
+        let data = Bytes::copy_from_slice(range.bytes());
+        drop(range);
+        self.segment.read(r.len);
+        Ok(Response::new(ReadResponse { data }))
+    }
+
+    async fn health(&self, _req: Request<HealthRequest>) -> Result<Response<HealthResponse>, Status> {
+        let mounted = self.segment.mount_id() != 0;
+        Ok(Response::new(HealthResponse {
+            serving: mounted,
+            role: "member".into(),
+            capacity: self.segment.capacity(),
+            ..Default::default()
+        }))
+    }
+}

@@ -1,0 +1,155 @@
+//! The member's framed data port: one small fixed header, then raw bytes, on a plain TCP
+//! connection that carries one request at a time (connections are pooled and reused).
+//!
+//! Request header, 48 bytes, little-endian:
+//! `magic u32 | op u32 (1 write, 2 read) | mount_id u64 | offset u64 | len u64 | deadline_unix_ms u64 | 0 u64`,
+//! followed by `len` value bytes for a write.
+//! Response header, 16 bytes: `magic u32 | status u32 (0 ok, 1 refused) | len u64`, followed by
+//! `len` value bytes (a read that succeeded) or a UTF-8 "CODE: message" (a refusal).
+
+use crate::error::{ErrorCode, StoreError};
+
+pub const MAGIC: u32 = 0x3144_564b; // "KVD1" as little-endian bytes
+pub const REQUEST_LEN: usize = 48;
+pub const RESPONSE_LEN: usize = 16;
+/// Longest refusal message a client accepts.
+pub const MAX_MESSAGE: u64 = 64 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Write = 1,
+    Read = 2,
+}
+
+/// A decoded request header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub op: Op,
+    pub mount_id: u64,
+    pub offset: u64,
+    pub len: u64,
+    pub deadline_unix_ms: u64,
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl Request {
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&(self.op as u32).to_le_bytes());
+        b[8..16].copy_from_slice(&self.mount_id.to_le_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
+        b[24..32].copy_from_slice(&self.len.to_le_bytes());
+        b[32..40].copy_from_slice(&self.deadline_unix_ms.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Self, StoreError> {
+        let bad = |m: &str| StoreError::new(ErrorCode::InvalidArgument, m.to_string());
+        if u32_at(b, 0) != MAGIC {
+            return Err(bad(
+                "not a kvstore data request (bad magic); connect with the kvstore client",
+            ));
+        }
+        let op = match u32_at(b, 4) {
+            1 => Op::Write,
+            2 => Op::Read,
+            _ => return Err(bad("unknown data op; this member speaks ops 1 (write) and 2 (read)")),
+        };
+        Ok(Self {
+            op,
+            mount_id: u64_at(b, 8),
+            offset: u64_at(b, 16),
+            len: u64_at(b, 24),
+            deadline_unix_ms: u64_at(b, 32),
+        })
+    }
+}
+
+/// A decoded response header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Response {
+    pub ok: bool,
+    pub len: u64,
+}
+
+impl Response {
+    pub fn encode(&self) -> [u8; RESPONSE_LEN] {
+        let mut b = [0u8; RESPONSE_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&(u32::from(!self.ok)).to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; RESPONSE_LEN]) -> Result<Self, StoreError> {
+        if u32_at(b, 0) != MAGIC {
+            return Err(StoreError::new(
+                ErrorCode::Transport,
+                "the data port answered something that is not kvstore",
+            ));
+        }
+        Ok(Self {
+            ok: u32_at(b, 4) == 0,
+            len: u64_at(b, 8),
+        })
+    }
+}
+
+/// Reads a refusal message back into an error.
+pub fn refusal(msg: &[u8]) -> StoreError {
+    let text = String::from_utf8_lossy(msg);
+    match text
+        .split_once(": ")
+        .and_then(|(c, rest)| ErrorCode::parse(c).map(|c| (c, rest)))
+    {
+        Some((code, rest)) => StoreError::new(code, rest),
+        None => StoreError::new(ErrorCode::Internal, text.into_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip() {
+        let r = Request {
+            op: Op::Read,
+            mount_id: 7,
+            offset: 1 << 40,
+            len: 4 << 20,
+            deadline_unix_ms: 123,
+        };
+        assert_eq!(Request::decode(&r.encode()), Ok(r));
+        let s = Response { ok: false, len: 9 };
+        assert_eq!(Response::decode(&s.encode()), Ok(s));
+    }
+
+    #[test]
+    fn garbage_is_refused() {
+        assert!(Request::decode(&[0u8; REQUEST_LEN]).is_err());
+        let mut b = Request {
+            op: Op::Write,
+            mount_id: 1,
+            offset: 0,
+            len: 1,
+            deadline_unix_ms: 0,
+        }
+        .encode();
+        b[4] = 9;
+        assert!(Request::decode(&b).is_err());
+        assert_eq!(refusal(b"STALE_MOUNT: remount").code, ErrorCode::StaleMount);
+    }
+}

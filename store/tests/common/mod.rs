@@ -1,0 +1,148 @@
+//! Test harness: starts real `kv-store` processes on loopback, reads the address each one
+//! announces on its first stdout line, and kills every process it started when dropped.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvcache_store::client::Client;
+use kvcache_store::proto::{GetMembersRequest, GetTenantsRequest, Scope, TenantStatus};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_kv-store");
+
+/// A started process, killed (and reaped) on drop.
+#[derive(Debug)]
+pub struct Proc {
+    pub child: Child,
+    pub announce: serde_json::Value,
+}
+
+impl Proc {
+    pub fn start(args: &[&str]) -> Proc {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start kv-store");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read announce line");
+        let announce = serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad announce {line:?}: {e}"));
+        Proc { child, announce }
+    }
+
+    pub fn field(&self, name: &str) -> String {
+        self.announce[name]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {name} in {}", self.announce))
+            .to_string()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts a leader on an OS-chosen port with extra flags.
+pub fn leader(extra: &[&str]) -> Proc {
+    let mut args = vec!["leader", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    Proc::start(&args)
+}
+
+/// Starts a leader on a given address (for restarts on the same port).
+pub fn leader_at(addr: &str, extra: &[&str]) -> Proc {
+    let mut args = vec!["leader", "--listen", addr];
+    args.extend_from_slice(extra);
+    Proc::start(&args)
+}
+
+/// Starts a member of `capacity` mounted at `leader`.
+pub fn member(leader: &str, name: &str, capacity: &str) -> Proc {
+    Proc::start(&[
+        "member",
+        "--leader",
+        leader,
+        "--capacity",
+        capacity,
+        "--name",
+        name,
+        "--no-prefault",
+    ])
+}
+
+pub fn scope(tenant: &str) -> Scope {
+    Scope {
+        tenant: tenant.into(),
+        block_size: 64,
+        dtype: "bfloat16".into(),
+    }
+}
+
+pub async fn client(leader: &str, tenant: &str) -> Client {
+    Client::connect(leader, scope(tenant)).await.expect("connect to leader")
+}
+
+/// Polls `f` every 20 ms until it holds; panics with `what` after 30 s (a liveness bound, far above
+/// what any of these conditions needs, not a timing assertion).
+pub async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < Duration::from_secs(30), "gave up waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn member_count(c: &Client) -> usize {
+    c.control()
+        .get_members(GetMembersRequest {})
+        .await
+        .map(|r| r.into_inner().members.len())
+        .unwrap_or(0)
+}
+
+pub async fn wait_members(c: &Client, n: usize) {
+    eventually(&format!("{n} members mounted"), || async { member_count(c).await == n }).await;
+}
+
+pub async fn tenant(c: &Client, name: &str) -> TenantStatus {
+    let t = c
+        .control()
+        .get_tenants(GetTenantsRequest {})
+        .await
+        .expect("get tenants")
+        .into_inner();
+    t.tenants
+        .into_iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("tenant {name} not listed"))
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}

@@ -1,0 +1,130 @@
+//! Member and leader failures: a killed member's objects miss once its TTL passes; a restarted
+//! leader starts cold, members remount, and ranges handed out before are refused.
+
+// Helpers outside #[test] fns state expectations with unwrap too (see clippy.toml).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use kvcache_store::error::ErrorCode;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_members_objects_miss_within_the_ttl() {
+    let l = leader(&["--tenant", "t=64Mi:64:bfloat16", "--member-ttl", "3s"]);
+    let addr = l.field("grpc");
+    let mut m1 = member(&addr, "m1", "32Mi");
+    let _m2 = member(&addr, "m2", "32Mi");
+    let c = client(&addr, "t").await;
+    wait_members(&c, 2).await;
+
+    let mut on_m1 = Vec::new();
+    let mut on_m2 = Vec::new();
+    for i in 0..40u64 {
+        let key = format!("k{i}");
+        c.put(&key, Bytes::from(random_bytes(i, 100_000))).await.unwrap();
+        let (loc, _) = c.locate(&key).await.unwrap().unwrap();
+        let name = if loc.data_addr == m1.field("data") { "m1" } else { "m2" };
+        if name == "m1" { on_m1.push(i) } else { on_m2.push(i) }
+    }
+    assert!(
+        !on_m1.is_empty() && !on_m2.is_empty(),
+        "values spread over both members"
+    );
+    // short leases would otherwise keep nothing alive here: locate() leased them for 10 s, and a
+    // dead member's objects go regardless of leases
+    m1.kill();
+    wait_members(&c, 1).await;
+    for i in &on_m1 {
+        assert!(
+            c.get(&format!("k{i}")).await.unwrap().is_none(),
+            "k{i} lived on the killed member"
+        );
+    }
+    for i in &on_m2 {
+        let v = c.get(&format!("k{i}")).await.unwrap().expect("survivor");
+        assert!(v[..] == random_bytes(*i, 100_000)[..]);
+    }
+    let t = tenant(&c, "t").await;
+    assert_eq!(t.objects as usize, on_m2.len());
+    assert_eq!(
+        t.used as usize,
+        on_m2.len() * 100_032,
+        "charges of the lost objects are returned"
+    );
+    // new puts land on the survivor
+    c.put("after", Bytes::from_static(b"still works")).await.unwrap();
+    // a member that comes back under the same name starts empty and mounts again
+    let _m1b = member(&addr, "m1", "32Mi");
+    wait_members(&c, 2).await;
+    assert!(c.get(&format!("k{}", on_m1[0])).await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_leader_starts_cold_and_members_remount() {
+    let tenants = ["--tenant", "t=64Mi:64:bfloat16", "--member-ttl", "2s"];
+    let mut l = leader(&tenants);
+    let addr = l.field("grpc");
+    let _m1 = member(&addr, "m1", "32Mi");
+    let _m2 = member(&addr, "m2", "32Mi");
+    let c = client(&addr, "t").await;
+    wait_members(&c, 2).await;
+    for i in 0..10u64 {
+        c.put(&format!("k{i}"), Bytes::from(random_bytes(i, 50_000)))
+            .await
+            .unwrap();
+    }
+    let (old_loc, old_lease) = c.locate("k0").await.unwrap().unwrap();
+
+    l.kill();
+    // the fast port moves (any free port): clients must find it again through Health
+    let mut restart_flags = tenants.to_vec();
+    restart_flags.extend_from_slice(&["--fast-listen", "127.0.0.1:0"]);
+    let _l2 = leader_at(&addr, &restart_flags);
+    let c2 = client(&addr, "t").await;
+    wait_members(&c2, 2).await;
+    for i in 0..10u64 {
+        assert!(
+            c2.get(&format!("k{i}")).await.unwrap().is_none(),
+            "k{i} must miss after a leader restart"
+        );
+    }
+    assert_eq!(tenant(&c2, "t").await.objects, 0);
+    // a client from before the restart reconnects on its own (its pooled connections died)
+    assert!(c.get("k1").await.unwrap().is_none());
+    // the old leader's location is refused by the member: its segment was remounted
+    let reader = kvcache_store::client::Client::connect(&addr, scope("t")).await.unwrap();
+    let err = raw_read(&old_loc, old_lease.lease_deadline_unix_ms).await;
+    assert_eq!(err, Some(ErrorCode::StaleMount));
+    // and the store works again
+    reader.put("fresh", Bytes::from_static(b"new leader")).await.unwrap();
+    assert_eq!(
+        reader.get("fresh").await.unwrap().unwrap(),
+        Bytes::from_static(b"new leader")
+    );
+}
+
+/// Reads a location straight from the member's data port; returns the refusal code, if any.
+async fn raw_read(loc: &kvcache_store::proto::Location, deadline: u64) -> Option<ErrorCode> {
+    use kvcache_store::wire;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(&loc.data_addr).await.unwrap();
+    let req = wire::Request {
+        op: wire::Op::Read,
+        mount_id: loc.mount_id,
+        offset: loc.offset,
+        len: loc.len,
+        deadline_unix_ms: deadline,
+    };
+    s.write_all(&req.encode()).await.unwrap();
+    let mut head = [0u8; wire::RESPONSE_LEN];
+    s.read_exact(&mut head).await.unwrap();
+    let resp = wire::Response::decode(&head).unwrap();
+    if resp.ok {
+        return None;
+    }
+    let mut msg = vec![0u8; resp.len as usize];
+    s.read_exact(&mut msg).await.unwrap();
+    Some(wire::refusal(&msg).code)
+}
