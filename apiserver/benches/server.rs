@@ -5,8 +5,9 @@
 //! with the client certificate the server wrote, and measures:
 //! - **creates/s**: `WRITERS` concurrent requests on one HTTP/2 connection POST `OBJECTS` pools;
 //!   beside it, a fresh etcd takes the same number of puts of the same size from the same
-//!   number of concurrent writers;
-//! - **gets**: one client, back to back (latency p50/p99), then `WRITERS` clients (gets/s);
+//!   number of concurrent writers; `ROUNDS` alternations, medians reported;
+//! - **gets**: one client, back to back after a warm-up (latency p50/p99), then `WRITERS` concurrent
+//!   requests (gets/s);
 //! - **list**: the time to receive a list of all `OBJECTS` pools (JSON, median of 5);
 //! - **watch**: `WATCHERS` watch streams, while one client patches a pool `UPDATES` times at
 //!   about 200/s; latency is from the start of each write request to its event at each watcher.
@@ -39,6 +40,8 @@ const OBJECTS: usize = 10_000;
 const GETS: usize = 5_000;
 const WATCHERS: usize = 100;
 const UPDATES: usize = 200;
+const ROUNDS: usize = 3;
+const GET_WARM_UP: usize = 500;
 
 /// The running server; killed on drop.
 struct ApiServer {
@@ -55,6 +58,16 @@ impl Drop for ApiServer {
 }
 
 impl ApiServer {
+    /// The admin's TLS settings, once the server has written its certificates.
+    fn connector(&self) -> anyhow::Result<tokio_rustls::TlsConnector> {
+        let pki = self.dir.path().join("pki");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !pki.join("admin.key").exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        tls_connector(&pki)
+    }
+
     fn start(scratch: &Path) -> anyhow::Result<ApiServer> {
         let dir = tempfile::Builder::new().prefix("apiserver-").tempdir_in(scratch)?;
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -214,6 +227,15 @@ async fn etcd_puts(scratch: &Path, value_bytes: usize) -> anyhow::Result<f64> {
 
 async fn gets(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<(Duration, Duration, f64, f64)> {
     let mut c = Client::connect(tls, port).await?;
+    for i in 0..GET_WARM_UP {
+        c.send(
+            "GET",
+            &format!("{POOLS}/pool-{:05}", i % OBJECTS),
+            "application/json",
+            Vec::new(),
+        )
+        .await?;
+    }
     let mut lat = Vec::with_capacity(GETS);
     let started = Instant::now();
     for i in 0..GETS {
@@ -368,14 +390,6 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let server = ApiServer::start(&scratch)?;
-    let pki = server.dir.path().join("pki");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !pki.join("admin.key").exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let tls = tls_connector(&pki)?;
-    runtime.block_on(wait_ready(&tls, server.port))?;
     println!(
         "kv-apiserver over HTTPS (HTTP/2 as kubectl uses it, one connection per client process, client certificates), data on disk under {}",
         scratch.display()
@@ -383,23 +397,45 @@ fn main() -> anyhow::Result<()> {
     println!("clients: tokio runtime with 2 worker threads in this process; server and etcd share the same 2 cores");
     println!();
 
-    let created = runtime.block_on(creates(&tls, server.port))?;
-    let stored_bytes = {
-        let mut c = runtime.block_on(Client::connect(&tls, server.port))?;
-        let (_, body) =
-            runtime.block_on(c.send("GET", &format!("{POOLS}/pool-00000"), "application/json", Vec::new()))?;
-        body.len()
-    };
-    if std::env::var_os("KV_BENCH_CREATES_ONLY").is_some() {
-        println!("creates/s: {created:.0}");
-        return Ok(());
+    // Creates: ROUNDS alternations of a fresh server and a fresh etcd, so both see the same
+    // background; the median of each side and of the per-round ratios is reported.
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    let mut ratios = Vec::new();
+    let mut last = None;
+    for round in 1..=ROUNDS {
+        let server = ApiServer::start(&scratch)?;
+        let tls = server.connector()?;
+        runtime.block_on(wait_ready(&tls, server.port))?;
+        let created = runtime.block_on(creates(&tls, server.port))?;
+        let stored_bytes = {
+            let mut c = runtime.block_on(Client::connect(&tls, server.port))?;
+            let (_, body) =
+                runtime.block_on(c.send("GET", &format!("{POOLS}/pool-00000"), "application/json", Vec::new()))?;
+            body.len()
+        };
+        let etcd_rate = runtime.block_on(etcd_puts(&scratch, stored_bytes))?;
+        println!(
+            "creates round {round}: kv-apiserver {created:.0}/s, etcd {etcd_rate:.0}/s ({stored_bytes}-byte values), ratio {:.2}x",
+            created / etcd_rate
+        );
+        ours.push(created);
+        theirs.push(etcd_rate);
+        ratios.push(created / etcd_rate);
+        last = Some((server, tls));
     }
-    let etcd_rate = runtime.block_on(etcd_puts(&scratch, stored_bytes))?;
-    println!("creates ({OBJECTS} pools, {WRITERS} concurrent clients):");
-    println!("  kv-apiserver creates/s end to end: {created:>8.0}");
-    println!("  etcd puts/s ({stored_bytes}-byte values):  {etcd_rate:>8.0}");
-    println!("  ratio: {:.2}x", created / etcd_rate);
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("creates ({OBJECTS} pools, {WRITERS} concurrent requests, median of {ROUNDS} rounds):");
+    println!("  kv-apiserver creates/s end to end: {:>8.0}", median(&mut ours));
+    println!("  etcd puts/s, same concurrency:     {:>8.0}", median(&mut theirs));
+    println!("  ratio (median of rounds): {:.2}x", median(&mut ratios));
     println!();
+    let Some((server, tls)) = last else { bail!("no rounds") };
+    // Let the store settle (its log may compact after the burst of writes) before timing reads.
+    std::thread::sleep(Duration::from_secs(1));
 
     let (p50, p99, serial, parallel) = runtime.block_on(gets(&tls, server.port))?;
     println!("gets ({GETS} by name):");

@@ -71,7 +71,13 @@ pub fn from_value<T: DeserializeOwned>(
     value: serde_json::Value,
     mode: FieldValidation,
 ) -> Result<Decoded<T>, DecodeError> {
-    decode_with(value, mode)
+    // Fast path: no path tracking (only an error needs the path); unknown fields are still
+    // collected. A failure is decoded again with tracking to name the field.
+    let mut unknown = Vec::new();
+    match serde_ignored::deserialize(&value, |path| unknown.push(format_path(&path))) {
+        Ok(v) => finish(v, &unknown, mode),
+        Err(_) => decode_with(value, mode),
+    }
 }
 
 fn decode_with<'de, D, T>(de: D, mode: FieldValidation) -> Result<Decoded<T>, DecodeError>
@@ -89,6 +95,11 @@ where
         Ok(v) => v,
         Err(e) => return Err(shape_error(track.path().to_string(), e.to_string())),
     };
+    finish(value, &unknown, mode)
+}
+
+/// Applies `mode` to the unknown fields found while decoding `value`.
+fn finish<T>(value: T, unknown: &[String], mode: FieldValidation) -> Result<Decoded<T>, DecodeError> {
     if unknown.is_empty() || mode == FieldValidation::Ignore {
         return Ok(Decoded {
             value,

@@ -43,12 +43,22 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn observe(&self, labels: &RequestLabels, code: u16, seconds: f64) {
-        *self.requests.lock().entry((labels.clone(), code)).or_default() += 1;
+        {
+            let mut requests = self.requests.lock();
+            let key = (labels.clone(), code);
+            *requests.entry(key).or_default() += 1;
+        }
         let mut d = self.durations.lock();
-        let h = d.entry(labels.clone()).or_insert_with(|| Histogram {
-            counts: vec![0; BUCKETS.len()],
-            ..Histogram::default()
-        });
+        if !d.contains_key(labels) {
+            d.insert(
+                labels.clone(),
+                Histogram {
+                    counts: vec![0; BUCKETS.len()],
+                    ..Histogram::default()
+                },
+            );
+        }
+        let Some(h) = d.get_mut(labels) else { return };
         for (i, b) in BUCKETS.iter().enumerate() {
             if seconds <= *b {
                 h.counts[i] += 1;

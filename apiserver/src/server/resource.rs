@@ -57,7 +57,8 @@ pub enum Patch {
 /// A successful write.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    pub object: Value,
+    /// The written object, as JSON bytes (serialized once, straight from the typed object).
+    pub object: Vec<u8>,
     pub warnings: Vec<String>,
     /// An apply created the object (201).
     pub created: bool,
@@ -135,6 +136,10 @@ pub trait Resource: Send + Sync {
 
 fn to_json<K: Kind>(obj: &Object<K>) -> Result<Value, RegistryError> {
     serde_json::to_value(obj).map_err(|e| RegistryError::Internal(format!("encoding {}: {e}", K::KIND)))
+}
+
+fn to_bytes<K: Kind>(obj: &Object<K>) -> Result<Vec<u8>, RegistryError> {
+    serde_json::to_vec(obj).map_err(|e| RegistryError::Internal(format!("encoding {}: {e}", K::KIND)))
 }
 
 /// Decodes a (patched or applied) JSON object, collecting `Warn` warnings.
@@ -388,7 +393,7 @@ impl<S: Strategy> Resource for Typed<S> {
             .await?;
         warnings.extend(written.warnings);
         Ok(Outcome {
-            object: to_json(&written.object)?,
+            object: to_bytes(&written.object)?,
             warnings,
             created: false,
         })
@@ -487,7 +492,7 @@ impl<S: Strategy> Resource for Typed<S> {
         warnings.extend(decode_warnings.into_inner());
         warnings.extend(written.warnings);
         Ok(Outcome {
-            object: to_json(&written.object)?,
+            object: to_bytes(&written.object)?,
             warnings,
             created: false,
         })
@@ -522,7 +527,7 @@ impl<S: Strategy> Typed<S> {
             .await?;
         warnings.extend(written.warnings);
         Ok(Outcome {
-            object: to_json(&written.object)?,
+            object: to_bytes(&written.object)?,
             warnings,
             created: true,
         })

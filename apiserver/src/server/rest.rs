@@ -644,7 +644,12 @@ async fn write(
         Ok(out) => {
             let code = if out.created { 201 } else { 200 };
             with_warnings(
-                render_object(info, &out.object, Shape::Json, IncludeObject::Object, pretty, code),
+                if pretty {
+                    let v: Value = serde_json::from_slice(&out.object).unwrap_or_default();
+                    json_response(code, "application/json", encode(&v, true))
+                } else {
+                    json_response(code, "application/json", out.object)
+                },
                 &out.warnings,
             )
         }
