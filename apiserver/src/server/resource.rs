@@ -45,13 +45,20 @@ pub struct WriteParams {
 /// A patch body by its content type.
 #[derive(Debug, Clone)]
 pub enum Patch {
+    /// An Update operation that edits the current object.
+    Update(UpdatePatch),
+    /// `application/apply-patch+yaml`: server-side apply of this configuration.
+    Apply(Value),
+}
+
+/// The patches of Update operations.
+#[derive(Debug, Clone)]
+pub enum UpdatePatch {
     /// `application/json-patch+json`.
     Json(json_patch::Patch),
     /// `application/merge-patch+json` (and strategic merge patch: our lists are atomic, so the
     /// two agree once directives are refused).
     Merge(Value),
-    /// `application/apply-patch+yaml`: server-side apply of this configuration.
-    Apply(Value),
 }
 
 /// A successful write.
@@ -423,25 +430,18 @@ impl<S: Strategy> Resource for Typed<S> {
                     let current_value = to_json(current)?;
                     let now = meta::now();
                     let (patched, entries) = match &patch {
-                        Patch::Json(ops) => {
+                        Patch::Update(update) => {
                             let mut v = current_value.clone();
-                            json_patch::patch(&mut v, ops).map_err(|e| RegistryError::Invalid {
-                                kind: S::Kind::KIND,
-                                name: name.to_owned(),
-                                errors: json_patch_error(&e),
-                            })?;
-                            check_patched::<S::Kind>(&v, &current_value, name)?;
-                            let entries = match explicit_managed_fields(&v, &current_value) {
-                                Some(given) => fieldmanager::from_entries(&given),
-                                None => {
-                                    fieldmanager::update(&current_value, &v, &entries_of(current), &manager, part, &now)
+                            match update {
+                                UpdatePatch::Json(ops) => {
+                                    json_patch::patch(&mut v, ops).map_err(|e| RegistryError::Invalid {
+                                        kind: S::Kind::KIND,
+                                        name: name.to_owned(),
+                                        errors: json_patch_error(&e),
+                                    })?;
                                 }
-                            };
-                            (v, entries)
-                        }
-                        Patch::Merge(p) => {
-                            let mut v = current_value.clone();
-                            json_patch::merge(&mut v, p);
+                                UpdatePatch::Merge(p) => json_patch::merge(&mut v, p),
+                            }
                             check_patched::<S::Kind>(&v, &current_value, name)?;
                             let entries = match explicit_managed_fields(&v, &current_value) {
                                 Some(given) => fieldmanager::from_entries(&given),

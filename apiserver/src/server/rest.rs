@@ -20,7 +20,7 @@ use super::auth::User;
 use super::fieldmanager::Part;
 use super::negotiate::{self, Shape};
 use super::request::{Query, ResourcePath};
-use super::resource::{Info, MetaFilter, Outcome, Patch, Resource, WriteParams};
+use super::resource::{Info, MetaFilter, Outcome, Patch, Resource, UpdatePatch, WriteParams};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::table::{self, IncludeObject};
 use super::watch;
@@ -685,13 +685,13 @@ fn parse_patch(ct: &str, body: &[u8]) -> Result<Patch, Response<Body>> {
         "application/json-patch+json" => {
             let ops: json_patch::Patch =
                 serde_json::from_slice(body).map_err(|e| bad_request(format!("the JSON patch is not valid: {e}")))?;
-            Ok(Patch::Json(ops))
+            Ok(Patch::Update(UpdatePatch::Json(ops)))
         }
-        "application/merge-patch+json" => Ok(Patch::Merge(json()?)),
+        "application/merge-patch+json" => Ok(Patch::Update(UpdatePatch::Merge(json()?))),
         "application/strategic-merge-patch+json" => {
             let v = json()?;
             check_no_directives(&v).map_err(bad_request)?;
-            Ok(Patch::Merge(v))
+            Ok(Patch::Update(UpdatePatch::Merge(v)))
         }
         "application/apply-patch+yaml" => {
             let text = std::str::from_utf8(body).map_err(|_| bad_request("the apply configuration is not UTF-8"))?;
