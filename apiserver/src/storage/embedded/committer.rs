@@ -100,6 +100,9 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
             "writing {} failed: {e}; the server stops accepting writes",
             log.path.display()
         );
+        // Recorded before any writer hears of it, so that whoever learns of the failure also
+        // finds the store refusing (and /readyz failing).
+        shared.state.write().failure.get_or_insert_with(|| msg.clone());
         for txn in batch {
             let _ = txn.done.send(Err(StorageError::Unavailable(msg.clone())));
         }
