@@ -10,7 +10,7 @@
 use std::fs::OpenOptions;
 use std::path::Path;
 
-use memmap2::MmapMut;
+use memmap2::{MmapMut, MmapOptions};
 use parking_lot::Mutex;
 
 use crate::error::{ErrorCode, StoreError};
@@ -41,9 +41,11 @@ impl SharedMap {
         ));
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
         let mapped = file.set_len(len).and_then(|()| {
+            // The whole segment is faulted in now (MAP_POPULATE): capacity is memory the member
+            // commits up front, and no write then pays a page fault (plus zeroing) per 4 KiB.
             // SAFETY: the file was just created by us with a unique name and is unlinked below, so
             // no other process truncates or writes it behind the mapping.
-            unsafe { MmapMut::map_mut(&file) }
+            unsafe { MmapOptions::new().populate().map_mut(&file) }
         });
         let _ = std::fs::remove_file(&path);
         let mut map = mapped?;
