@@ -11,8 +11,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use support::{Server, VERSIONS, binding, pool};
 
 fn rv_of(k: &support::Kubectl, args: &[&str]) -> String {
@@ -469,13 +467,15 @@ fn watches() {
     // 35 and 36: events in order; --watch-only replays nothing.
     let w = k.spawn_lines(&["get", "kvcp", "-w", "--output-watch-events"]);
     w.wait_for(&["ADDED", "wp"]);
+    let watches = s.watch_requests();
     let only = k.spawn_lines(&["get", "kvcp", "--watch-only"]);
-    std::thread::sleep(Duration::from_millis(500));
+    s.wait_for_watch_requests(watches + 1);
     k.must_apply(&pool("wq", ""));
     w.wait_for(&["ADDED", "wq"]);
     k.ok(&["label", "kvcp", "wq", "x=y"]);
     w.wait_for(&["MODIFIED", "wq"]);
     // 40 and the wait --for=delete.
+    let watches = s.watch_requests();
     let waiter = k.spawn_lines(&["wait", "--for=delete", "kvcp/wq", "--timeout=30s"]);
     let status_wait = k.spawn_lines(&[
         "wait",
@@ -483,7 +483,7 @@ fn watches() {
         "kvcp/wp",
         "--timeout=30s",
     ]);
-    std::thread::sleep(Duration::from_millis(500));
+    s.wait_for_watch_requests(watches + 2);
     k.ok(&[
         "patch",
         "kvcp",
@@ -1041,7 +1041,7 @@ fn protocol_edges_and_shutdown() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    s.wait_for_watch_requests(1);
     let status = s.terminate();
     assert!(status.success(), "server exit: {status}");
     let out = watch.wait_with_output().unwrap();

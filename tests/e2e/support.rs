@@ -91,6 +91,29 @@ impl Server {
         false
     }
 
+    /// How many watch requests the server has answered so far (`apiserver_request_total` with
+    /// verb WATCH): a counter, so a waiter never misses one that came and went.
+    pub fn watch_requests(&self) -> u64 {
+        self.get_body("/metrics", &[])
+            .lines()
+            .filter(|l| l.starts_with("apiserver_request_total{verb=\"WATCH\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Waits until the server has answered `n` watch requests in all. A watch resumes from the
+    /// revision of the list before it, so once it is answered no later change can be missed.
+    pub fn wait_for_watch_requests(&self, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.watch_requests() < n {
+            assert!(
+                Instant::now() < deadline,
+                "the server did not see {n} watch requests within 20s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Sends SIGTERM and waits for the process to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
