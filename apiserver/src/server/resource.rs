@@ -16,7 +16,7 @@ use serde_json::Value;
 use super::fieldmanager::{self, Part};
 use super::table::Column;
 use crate::decode::{self, FieldValidation};
-use crate::registry::generic::{DeleteOptions, Deleted, ListOptions, Predicate, Subresource, WriteOptions};
+use crate::registry::generic::{DeleteOptions, Deleted, ListOptions, Predicate, Subresource, WriteOptions, Written};
 use crate::registry::{RegistryError, Store, Strategy, meta};
 use crate::storage::{KeyValue, Storage};
 
@@ -143,6 +143,16 @@ pub trait Resource: Send + Sync {
 
 fn to_json<K: Kind>(obj: &Object<K>) -> Result<Value, RegistryError> {
     serde_json::to_value(obj).map_err(|e| RegistryError::Internal(format!("encoding {}: {e}", K::KIND)))
+}
+
+/// The answer to a write: the stored object and every warning, the request's first.
+fn outcome<K: Kind>(written: Written<K>, mut warnings: Vec<String>, created: bool) -> Result<Outcome, RegistryError> {
+    warnings.extend(written.warnings);
+    Ok(Outcome {
+        object: to_bytes(&written.object)?,
+        warnings,
+        created,
+    })
 }
 
 fn to_bytes<K: Kind>(obj: &Object<K>) -> Result<Vec<u8>, RegistryError> {
@@ -338,7 +348,7 @@ impl<S: Strategy> Resource for Typed<S> {
         part: Part,
         params: &WriteParams,
     ) -> Result<Outcome, RegistryError> {
-        let (obj, mut warnings) = typed::<S::Kind>(name, body.clone(), params.validation)?;
+        let (obj, warnings) = typed::<S::Kind>(name, body.clone(), params.validation)?;
         let rv = obj
             .metadata
             .resource_version
@@ -398,12 +408,7 @@ impl<S: Strategy> Resource for Typed<S> {
                 },
             )
             .await?;
-        warnings.extend(written.warnings);
-        Ok(Outcome {
-            object: to_bytes(&written.object)?,
-            warnings,
-            created: false,
-        })
+        outcome(written, warnings, false)
     }
 
     async fn patch(
@@ -490,12 +495,7 @@ impl<S: Strategy> Resource for Typed<S> {
             Err(e) => return Err(e),
         };
         warnings.extend(decode_warnings.into_inner());
-        warnings.extend(written.warnings);
-        Ok(Outcome {
-            object: to_bytes(&written.object)?,
-            warnings,
-            created: false,
-        })
+        outcome(written, warnings, false)
     }
 
     async fn delete(&self, namespace: &str, name: &str, opts: DeleteOptions) -> Result<(Value, bool), RegistryError> {
@@ -513,7 +513,7 @@ impl<S: Strategy> Typed<S> {
         namespace: &str,
         obj: Object<S::Kind>,
         params: &WriteParams,
-        mut warnings: Vec<String>,
+        warnings: Vec<String>,
     ) -> Result<Outcome, RegistryError> {
         let written = self
             .store
@@ -525,12 +525,7 @@ impl<S: Strategy> Typed<S> {
                 },
             )
             .await?;
-        warnings.extend(written.warnings);
-        Ok(Outcome {
-            object: to_bytes(&written.object)?,
-            warnings,
-            created: true,
-        })
+        outcome(written, warnings, true)
     }
 
     /// Server-side apply to an object that does not exist: create it from the configuration.
