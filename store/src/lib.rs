@@ -9,6 +9,8 @@
 //! - [`leader`]: segments, objects, placement, tenants and quota, leases, eviction, liveness;
 //! - [`member`]: the mapped segment, its gRPC service and data port, mounting and heartbeats;
 //! - [`client`]: pooled connections to a leader and its members;
+//! - [`spin`]: polling instead of sleeping for a short while, because waking a halted vCPU
+//!   costs more than a metadata call;
 //! - [`metrics`]: Prometheus text and health over plain HTTP;
 //! - [`bench`], [`engine_sim`]: the two workload commands.
 
@@ -23,5 +25,6 @@ pub mod metrics;
 pub mod net;
 pub mod proto;
 pub mod quantity;
+pub mod spin;
 pub mod time;
 pub mod wire;

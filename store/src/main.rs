@@ -78,6 +78,10 @@ enum Command {
         /// Initial ledger entries, NAME=CEILING:BLOCK_SIZE:DTYPE (e.g. team-a=8Gi:64:bfloat16).
         #[arg(long = "tenant")]
         tenants: Vec<String>,
+        /// Keep polling this long after a request instead of sleeping (store/README.md,
+        /// "Polling"); 0 never polls.
+        #[arg(long, default_value = "200us", value_parser = parse_duration)]
+        spin: Duration,
     },
     /// Run a member holding a segment of memory.
     Member {
@@ -105,6 +109,10 @@ enum Command {
         /// Skip touching every page of the segment at start.
         #[arg(long)]
         no_prefault: bool,
+        /// Keep polling this long after a request instead of sleeping (store/README.md,
+        /// "Polling"); 0 never polls.
+        #[arg(long, default_value = "200us", value_parser = parse_duration)]
+        spin: Duration,
     },
     /// Measure put, get and exists; prints JSON lines.
     Bench {
@@ -127,6 +135,9 @@ enum Command {
         ring: u64,
         #[arg(long, value_delimiter = ',', default_value = "64Ki,1Mi,4Mi", value_parser = size)]
         sizes: Vec<u64>,
+        /// Poll this long for each reply before sleeping; 0 never polls.
+        #[arg(long, default_value = "200us", value_parser = parse_duration)]
+        spin: Duration,
     },
     /// Simulate an engine (settings from the environment; see store/README.md).
     EngineSim,
@@ -217,6 +228,7 @@ async fn run(command: Command) -> Result<()> {
             high_watermark,
             eviction_ratio,
             tenants,
+            spin,
         } => {
             if !(0.0..=1.0).contains(&high_watermark) || !(0.0..=1.0).contains(&eviction_ratio) {
                 bail!("--high-watermark and --eviction-ratio are shares of capacity, between 0 and 1");
@@ -235,6 +247,7 @@ async fn run(command: Command) -> Result<()> {
                 max_value_size,
                 high_watermark,
                 eviction_ratio,
+                spin,
                 ..LeaderConfig::default()
             };
             let leader = Leader::new(cfg);
@@ -283,6 +296,7 @@ async fn run(command: Command) -> Result<()> {
             metrics_listen,
             max_value_size,
             no_prefault,
+            spin,
         } => {
             let name = name
                 .or_else(|| std::env::var("HOSTNAME").ok())
@@ -304,6 +318,7 @@ async fn run(command: Command) -> Result<()> {
                 advertise_host,
                 max_value_size,
                 prefault: !no_prefault,
+                spin,
             };
             let member = Member::bind(cfg, listen, data_listen).await?;
             let metrics = serve_metrics(metrics_listen, Arc::new(MemberMetrics(member.segment()))).await?;
@@ -325,13 +340,14 @@ async fn run(command: Command) -> Result<()> {
             max_time,
             ring,
             sizes,
+            spin,
         } => {
             let scope = Scope {
                 tenant: tenant.clone(),
                 block_size,
                 dtype: dtype.clone(),
             };
-            let client = Client::connect(&leader, scope).await?;
+            let client = Client::connect(&leader, scope).await?.with_spin(spin);
             if let Some(ceiling) = register_tenant {
                 let mut control = client.control();
                 let current = control.get_tenants(GetTenantsRequest {}).await?.into_inner();

@@ -14,25 +14,27 @@ pub fn unix_ms_after(d: Duration) -> u64 {
     now_unix_ms().saturating_add(d.as_millis() as u64)
 }
 
-/// Parses `500ms`, `2s`, `5m`, `1h` (a bare number is seconds).
+/// Parses `200us`, `500ms`, `2s`, `5m`, `1h` (a bare number is seconds).
 pub fn parse_duration(input: &str) -> Result<Duration, String> {
     let s = input.trim();
-    let (num, unit_ms) = if let Some(n) = s.strip_suffix("ms") {
+    let (num, unit_us) = if let Some(n) = s.strip_suffix("us") {
         (n, 1)
-    } else if let Some(n) = s.strip_suffix('s') {
+    } else if let Some(n) = s.strip_suffix("ms") {
         (n, 1_000)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1_000_000)
     } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60_000)
+        (n, 60_000_000)
     } else if let Some(n) = s.strip_suffix('h') {
-        (n, 3_600_000)
+        (n, 3_600_000_000)
     } else {
-        (s, 1_000)
+        (s, 1_000_000)
     };
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("invalid duration {input:?}; write a whole number with ms, s, m or h, such as 10s"))?;
-    n.checked_mul(unit_ms)
-        .map(Duration::from_millis)
+        .map_err(|_| format!("invalid duration {input:?}; write a whole number with us, ms, s, m or h, such as 10s"))?;
+    n.checked_mul(unit_us)
+        .map(Duration::from_micros)
         .ok_or_else(|| format!("duration {input:?} is too long"))
 }
 
@@ -42,6 +44,8 @@ mod tests {
 
     #[test]
     fn parses_durations() {
+        assert_eq!(parse_duration("200us"), Ok(Duration::from_micros(200)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));

@@ -1,6 +1,8 @@
 //! The client's side of the members' data port (`wire.rs`): pooled connections, a write sent as
 //! one vectored write, a read received straight into the caller's buffer.
 
+use std::time::Instant;
+
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -34,6 +36,7 @@ impl Client {
 
     pub(super) async fn write(&self, loc: &Location, deadline: u64, value: Bytes) -> Result<()> {
         let mut s = self.conn(&loc.data_addr).await?;
+        let until = Instant::now() + crate::spin::after_transfer(self.spin, value.len() as u64);
         let head = wire::Request {
             op: Op::Write,
             mount_id: loc.mount_id,
@@ -44,7 +47,7 @@ impl Client {
         .encode();
         let mut buf = Buf::chain(&head[..], value);
         s.write_all_buf(&mut buf).await.map_err(transport)?;
-        let resp = read_response(&mut s).await?;
+        let resp = read_response(&mut s, until).await?;
         if resp.ok {
             self.give_back(&loc.data_addr, s);
             return Ok(());
@@ -56,6 +59,7 @@ impl Client {
 
     pub(super) async fn read(&self, loc: &Location, deadline: u64, sink: Sink<'_>) -> Result<()> {
         let mut s = self.conn(&loc.data_addr).await?;
+        let until = Instant::now() + crate::spin::after_transfer(self.spin, loc.len);
         let head = wire::Request {
             op: Op::Read,
             mount_id: loc.mount_id,
@@ -65,7 +69,7 @@ impl Client {
         }
         .encode();
         s.write_all(&head).await.map_err(transport)?;
-        let resp = read_response(&mut s).await?;
+        let resp = read_response(&mut s, until).await?;
         if !resp.ok {
             let err = read_refusal(&mut s, resp.len).await?;
             self.give_back(&loc.data_addr, s);
@@ -79,11 +83,19 @@ impl Client {
         }
         match sink {
             Sink::Slice(out) => {
-                s.read_exact(out).await.map_err(transport)?;
+                let mut got = 0;
+                while got < out.len() {
+                    crate::spin::until_readable(&s, until);
+                    match s.read(&mut out[got..]).await.map_err(transport)? {
+                        0 => return Err(transport("the member closed the connection mid-value")),
+                        n => got += n,
+                    }
+                }
             }
             Sink::Fresh(out) => {
                 let mut limited = (&mut s).take(resp.len);
                 while (out.len() as u64) < resp.len {
+                    crate::spin::until_readable(limited.get_ref(), until);
                     if limited.read_buf(out).await.map_err(transport)? == 0 {
                         return Err(transport("the member closed the connection mid-value"));
                     }
@@ -100,7 +112,8 @@ pub(super) enum Sink<'a> {
     Fresh(&'a mut BytesMut),
 }
 
-async fn read_response(s: &mut TcpStream) -> Result<wire::Response> {
+async fn read_response(s: &mut TcpStream, until: Instant) -> Result<wire::Response> {
+    crate::spin::until_readable(s, until);
     let mut head = [0u8; RESPONSE_LEN];
     s.read_exact(&mut head).await.map_err(transport)?;
     wire::Response::decode(&head)

@@ -23,6 +23,8 @@ pub(super) struct FastPort {
     /// to ask the leader again which port it serves, after a restart
     pub(super) channel: Channel,
     pub(super) idle: Mutex<Vec<TcpStream>>,
+    /// nanoseconds to poll for a reply before sleeping
+    pub(super) spin: std::sync::atomic::AtomicU64,
 }
 
 impl FastPort {
@@ -84,7 +86,9 @@ impl FastPort {
     }
 
     async fn exchange(&self, mut s: TcpStream, frame: &[u8]) -> std::io::Result<(u8, BytesMut)> {
+        let spin = std::time::Duration::from_nanos(self.spin.load(std::sync::atomic::Ordering::Relaxed));
         s.write_all(frame).await?;
+        crate::spin::until_readable(&s, std::time::Instant::now() + spin);
         let mut buf = BytesMut::new();
         let reply = crate::frame::read(&mut s, &mut buf, MAX_REPLY)
             .await?

@@ -46,6 +46,8 @@ pub struct Client {
     fast: Option<Arc<FastPort>>,
     scope: Scope,
     pool: Arc<Mutex<HashMap<String, Vec<TcpStream>>>>,
+    /// how long to poll for a reply before sleeping (`spin.rs`)
+    spin: Duration,
 }
 
 fn transport(e: impl std::fmt::Display) -> StoreError {
@@ -82,6 +84,7 @@ impl Client {
                 port: port.into(),
                 channel: channel.clone(),
                 idle: Mutex::new(Vec::new()),
+                spin: (crate::spin::DEFAULT_SPIN.as_nanos() as u64).into(),
             })),
             _ => None,
         };
@@ -91,7 +94,18 @@ impl Client {
             fast,
             scope,
             pool: Arc::default(),
+            spin: crate::spin::DEFAULT_SPIN,
         })
+    }
+
+    /// The same client, polling up to `spin` for each reply before sleeping (zero: never poll).
+    pub fn with_spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        if let Some(f) = &self.fast {
+            f.spin
+                .store(spin.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        self
     }
 
     /// The same client, speaking gRPC to the leader even if it serves the framed port.

@@ -7,6 +7,7 @@
 //! (0 ok, 1 refused) | len bytes` (the protobuf reply, or a UTF-8 "CODE: message"). One request
 //! at a time per connection; clients pool connections.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Buf, BufMut, BytesMut};
@@ -17,6 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use super::Leader;
 use crate::error::{ErrorCode, StoreError};
 use crate::proto::*;
+use crate::spin::HotWindow;
 
 /// Largest request body accepted (keys are at most 4 KiB; batches are not served here).
 pub const MAX_REQUEST: usize = 1 << 20;
@@ -48,7 +50,7 @@ impl Method {
 }
 
 /// Serves the port until the process ends.
-pub async fn serve(listener: TcpListener, leader: Leader) {
+pub async fn serve(listener: TcpListener, leader: Leader, hot: Arc<HotWindow>) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(c) => c,
@@ -60,15 +62,16 @@ pub async fn serve(listener: TcpListener, leader: Leader) {
         };
         let _ = stream.set_nodelay(true);
         let leader = leader.clone();
+        let hot = hot.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, &leader).await {
+            if let Err(e) = connection(stream, &leader, &hot).await {
                 tracing::debug!(error = %e, "fast port connection closed");
             }
         });
     }
 }
 
-async fn connection(mut s: TcpStream, leader: &Leader) -> std::io::Result<()> {
+async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::io::Result<()> {
     let mut buf = BytesMut::new();
     let mut out = BytesMut::new();
     loop {
@@ -84,14 +87,20 @@ async fn connection(mut s: TcpStream, leader: &Leader) -> std::io::Result<()> {
             }
             Err(e) => return Err(e),
         };
-        let reply = match Method::from_u8(method) {
+        let (reply, transfer) = match Method::from_u8(method) {
             Some(m) => dispatch(leader, m, &body),
-            None => Err(StoreError::new(
-                ErrorCode::InvalidArgument,
-                "unknown method on the fast port",
-            )),
+            None => (
+                Err(StoreError::new(
+                    ErrorCode::InvalidArgument,
+                    "unknown method on the fast port",
+                )),
+                0,
+            ),
         };
         write_reply(&mut s, &mut out, reply).await?;
+        // the same client's next call follows within microseconds, unless it moves a large value
+        // to or from a member first
+        hot.touch_before(transfer);
     }
 }
 
@@ -99,14 +108,23 @@ fn decode<M: Message + Default>(body: &[u8]) -> Result<M, StoreError> {
     M::decode(body).map_err(|e| StoreError::new(ErrorCode::InvalidArgument, format!("malformed request: {e}")))
 }
 
-fn dispatch(leader: &Leader, method: Method, body: &[u8]) -> Result<Vec<u8>, StoreError> {
+/// The reply, and how many bytes the client moves to or from a member before its next call.
+fn dispatch(leader: &Leader, method: Method, body: &[u8]) -> (Result<Vec<u8>, StoreError>, u64) {
+    let mut transfer = 0;
+    let reply = answer(leader, method, body, &mut transfer);
+    (reply, transfer)
+}
+
+fn answer(leader: &Leader, method: Method, body: &[u8], transfer: &mut u64) -> Result<Vec<u8>, StoreError> {
     let now = Instant::now();
     Ok(match method {
         Method::PutStart => {
             let r: PutStartRequest = decode(body)?;
-            leader
-                .with(|s| s.put_start(r.scope.as_ref(), &r.key, r.size, now))?
-                .encode_to_vec()
+            let reply = leader.with(|s| s.put_start(r.scope.as_ref(), &r.key, r.size, now))?;
+            if !reply.already_exists {
+                *transfer = r.size;
+            }
+            reply.encode_to_vec()
         }
         Method::PutCommit => {
             let r: PutCommitRequest = decode(body)?;
@@ -120,7 +138,9 @@ fn dispatch(leader: &Leader, method: Method, body: &[u8]) -> Result<Vec<u8>, Sto
         }
         Method::Get => {
             let r: GetRequest = decode(body)?;
-            leader.with(|s| s.get(r.scope.as_ref(), &r.key, now))?.encode_to_vec()
+            let reply = leader.with(|s| s.get(r.scope.as_ref(), &r.key, now))?;
+            *transfer = reply.location.as_ref().map_or(0, |l| l.len);
+            reply.encode_to_vec()
         }
         Method::Exists => {
             let r: ExistsRequest = decode(body)?;

@@ -51,6 +51,8 @@ pub struct LeaderConfig {
     pub high_watermark: f64,
     pub eviction_ratio: f64,
     pub eviction_interval: Duration,
+    /// how long the metadata port keeps polling after a request (`spin.rs`); zero: never
+    pub spin: Duration,
 }
 
 impl Default for LeaderConfig {
@@ -67,6 +69,7 @@ impl Default for LeaderConfig {
             high_watermark: 0.90,
             eviction_ratio: 0.05,
             eviction_interval: Duration::from_millis(100),
+            spin: crate::spin::DEFAULT_SPIN,
         }
     }
 }
@@ -118,7 +121,8 @@ impl Leader {
             Some(l) => {
                 self.fast_port
                     .store(u32::from(l.local_addr()?.port()), Ordering::Release);
-                Some(CancelOnDrop(tokio::spawn(fastport::serve(l, self.clone()))))
+                let hot = crate::spin::HotWindow::start(self.with(|s| s.cfg.spin));
+                Some(CancelOnDrop(tokio::spawn(fastport::serve(l, self.clone(), hot))))
             }
             None => None,
         };

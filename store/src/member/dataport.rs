@@ -10,6 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::segment::Segment;
 use crate::error::StoreError;
+use crate::spin::HotWindow;
 use crate::time::now_unix_ms;
 use crate::wire::{Op, REQUEST_LEN, Request, Response};
 
@@ -18,7 +19,7 @@ use crate::wire::{Op, REQUEST_LEN, Request, Response};
 pub const WRITE_GRACE: Duration = Duration::from_secs(10);
 
 /// Serves the data port until the process ends.
-pub async fn serve(listener: TcpListener, segment: Arc<Segment>) {
+pub async fn serve(listener: TcpListener, segment: Arc<Segment>, hot: Arc<HotWindow>) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -30,15 +31,16 @@ pub async fn serve(listener: TcpListener, segment: Arc<Segment>) {
         };
         let _ = stream.set_nodelay(true);
         let segment = segment.clone();
+        let hot = hot.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, &segment).await {
+            if let Err(e) = connection(stream, &segment, &hot).await {
                 tracing::debug!(%peer, error = %e, "data connection closed");
             }
         });
     }
 }
 
-async fn connection(mut s: TcpStream, segment: &Segment) -> std::io::Result<()> {
+async fn connection(mut s: TcpStream, segment: &Segment, hot: &HotWindow) -> std::io::Result<()> {
     let mut head = [0u8; REQUEST_LEN];
     loop {
         match s.read_exact(&mut head).await {
@@ -53,6 +55,7 @@ async fn connection(mut s: TcpStream, segment: &Segment) -> std::io::Result<()> 
                 return refuse(&mut s, &e).await;
             }
         };
+        hot.touch();
         match req.op {
             Op::Write => {
                 if !write(&mut s, segment, req).await? {
@@ -61,6 +64,8 @@ async fn connection(mut s: TcpStream, segment: &Segment) -> std::io::Result<()> 
             }
             Op::Read => read(&mut s, segment, req).await?,
         }
+        // the same client's next transfer usually follows within microseconds
+        hot.touch();
     }
 }
 

@@ -34,6 +34,8 @@ pub struct MemberConfig {
     pub advertise_host: Option<String>,
     pub max_value_size: u64,
     pub prefault: bool,
+    /// how long the data port keeps polling after a request (`spin.rs`); zero: never
+    pub spin: Duration,
 }
 
 /// A member with its listeners bound, ready to run.
@@ -97,7 +99,8 @@ impl Member {
         let grpc_addr = self.advertised(self.grpc.local_addr().map_err(|e| bind_err("gRPC", e))?)?;
         let data_addr = self.advertised(self.data.local_addr().map_err(|e| bind_err("data", e))?)?;
         tracing::info!(%grpc_addr, %data_addr, capacity = self.cfg.capacity, "member serving");
-        tokio::spawn(dataport::serve(self.data, self.segment.clone()));
+        let hot = crate::spin::HotWindow::start(self.cfg.spin);
+        tokio::spawn(dataport::serve(self.data, self.segment.clone(), hot));
         let max = usize::try_from(self.cfg.max_value_size)
             .unwrap_or(usize::MAX)
             .saturating_add(64 * 1024);
