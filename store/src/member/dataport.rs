@@ -30,6 +30,7 @@ pub async fn serve(listener: TcpListener, segment: Arc<Segment>, hot: Arc<HotWin
             }
         };
         let _ = stream.set_nodelay(true);
+        crate::net::tune_data_connection(socket2::SockRef::from(&stream), &peer);
         let segment = segment.clone();
         let hot = hot.clone();
         tokio::spawn(async move {
