@@ -61,15 +61,7 @@ impl HotWindow {
 
     /// Marks a request served now: stay hot for another `window`.
     pub fn touch(&self) {
-        self.touch_before(0);
-    }
-
-    /// Marks a request served now whose client will call again only after moving `transfer`
-    /// bytes elsewhere (to or from a member). If that takes longer than the window at 1 GB/s, the
-    /// window is left alone: polling through the transfer would take a core from the two
-    /// processes copying the bytes, and the next call arrives after the window anyway.
-    pub fn touch_before(&self, transfer: u64) {
-        if self.window.is_zero() || Duration::from_nanos(transfer) >= self.window {
+        if self.window.is_zero() {
             return;
         }
         let until = self.nanos() + self.window.as_nanos() as u64;

@@ -87,20 +87,16 @@ async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::
             }
             Err(e) => return Err(e),
         };
-        let (reply, transfer) = match Method::from_u8(method) {
+        let reply = match Method::from_u8(method) {
             Some(m) => dispatch(leader, m, &body),
-            None => (
-                Err(StoreError::new(
-                    ErrorCode::InvalidArgument,
-                    "unknown method on the fast port",
-                )),
-                0,
-            ),
+            None => Err(StoreError::new(
+                ErrorCode::InvalidArgument,
+                "unknown method on the fast port",
+            )),
         };
         write_reply(&mut s, &mut out, reply).await?;
-        // the same client's next call follows within microseconds, unless it moves a large value
-        // to or from a member first
-        hot.touch_before(transfer);
+        // the same client's next call usually follows within microseconds
+        hot.touch();
     }
 }
 
@@ -108,23 +104,14 @@ fn decode<M: Message + Default>(body: &[u8]) -> Result<M, StoreError> {
     M::decode(body).map_err(|e| StoreError::new(ErrorCode::InvalidArgument, format!("malformed request: {e}")))
 }
 
-/// The reply, and how many bytes the client moves to or from a member before its next call.
-fn dispatch(leader: &Leader, method: Method, body: &[u8]) -> (Result<Vec<u8>, StoreError>, u64) {
-    let mut transfer = 0;
-    let reply = answer(leader, method, body, &mut transfer);
-    (reply, transfer)
-}
-
-fn answer(leader: &Leader, method: Method, body: &[u8], transfer: &mut u64) -> Result<Vec<u8>, StoreError> {
+fn dispatch(leader: &Leader, method: Method, body: &[u8]) -> Result<Vec<u8>, StoreError> {
     let now = Instant::now();
     Ok(match method {
         Method::PutStart => {
             let r: PutStartRequest = decode(body)?;
-            let reply = leader.with(|s| s.put_start(r.scope.as_ref(), &r.key, r.size, now))?;
-            if !reply.already_exists {
-                *transfer = r.size;
-            }
-            reply.encode_to_vec()
+            leader
+                .with(|s| s.put_start(r.scope.as_ref(), &r.key, r.size, now))?
+                .encode_to_vec()
         }
         Method::PutCommit => {
             let r: PutCommitRequest = decode(body)?;
@@ -138,9 +125,7 @@ fn answer(leader: &Leader, method: Method, body: &[u8], transfer: &mut u64) -> R
         }
         Method::Get => {
             let r: GetRequest = decode(body)?;
-            let reply = leader.with(|s| s.get(r.scope.as_ref(), &r.key, now))?;
-            *transfer = reply.location.as_ref().map_or(0, |l| l.len);
-            reply.encode_to_vec()
+            leader.with(|s| s.get(r.scope.as_ref(), &r.key, now))?.encode_to_vec()
         }
         Method::Exists => {
             let r: ExistsRequest = decode(body)?;
