@@ -1,6 +1,8 @@
 //! Pooled connections to the leader's framed metadata port (format in `leader/fastport.rs`),
 //! found through `Health.fast_port` and found again after a leader restart.
 
+use std::time::{Duration, Instant};
+
 use bytes::{BufMut, BytesMut};
 use parking_lot::Mutex;
 use prost::Message;
@@ -23,12 +25,16 @@ pub(super) struct FastPort {
     /// to ask the leader again which port it serves, after a restart
     pub(super) channel: Channel,
     pub(super) idle: Mutex<Vec<TcpStream>>,
-    /// nanoseconds to poll for a reply before sleeping
-    pub(super) spin: std::sync::atomic::AtomicU64,
 }
 
 impl FastPort {
-    pub(super) async fn call<Q: Message, R: Message + Default>(&self, method: Method, req: &Q) -> Result<R> {
+    /// One call; polls up to `spin` for the reply before sleeping (`spin.rs`).
+    pub(super) async fn call<Q: Message, R: Message + Default>(
+        &self,
+        method: Method,
+        req: &Q,
+        spin: Duration,
+    ) -> Result<R> {
         let mut frame = BytesMut::with_capacity(5 + req.encoded_len());
         frame.put_u32_le(req.encoded_len() as u32);
         frame.put_u8(method as u8);
@@ -37,14 +43,17 @@ impl FastPort {
         let pooled = self.idle.lock().pop();
         let reused = pooled.is_some();
         let first = match pooled {
-            Some(s) => self.exchange(s, &frame).await,
-            None => self.exchange(self.connect().await?, &frame).await,
+            Some(s) => self.exchange(s, &frame, spin).await,
+            None => self.exchange(self.connect().await?, &frame, spin).await,
         };
         let (status, body) = match first {
             Ok(r) => r,
             // an idle pooled connection the leader closed (it restarted): the request never
             // reached a live leader, so sending it once more on a fresh connection is safe
-            Err(e) if reused && closed(&e) => self.exchange(self.connect().await?, &frame).await.map_err(transport)?,
+            Err(e) if reused && closed(&e) => self
+                .exchange(self.connect().await?, &frame, spin)
+                .await
+                .map_err(transport)?,
             Err(e) => return Err(transport(e)),
         };
         if status != 0 {
@@ -85,10 +94,9 @@ impl FastPort {
         Ok(s)
     }
 
-    async fn exchange(&self, mut s: TcpStream, frame: &[u8]) -> std::io::Result<(u8, BytesMut)> {
-        let spin = std::time::Duration::from_nanos(self.spin.load(std::sync::atomic::Ordering::Relaxed));
+    async fn exchange(&self, mut s: TcpStream, frame: &[u8], spin: Duration) -> std::io::Result<(u8, BytesMut)> {
         s.write_all(frame).await?;
-        crate::spin::until_readable(&s, std::time::Instant::now() + spin);
+        crate::spin::until_readable(&s, Instant::now() + spin);
         let mut buf = BytesMut::new();
         let reply = crate::frame::read(&mut s, &mut buf, MAX_REPLY)
             .await?
