@@ -331,3 +331,136 @@ async fn http_get(addr: &str, path: &str) -> String {
     }
     out
 }
+
+/// The batch calls engines use answer key by key: a refused key does not sink the others, and
+/// a refused key keeps its object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_calls_answer_key_by_key() {
+    use kvcache_store::proto::segment_data_client::SegmentDataClient;
+    use kvcache_store::proto::store_client::StoreClient;
+    use kvcache_store::proto::*;
+
+    let l = leader(&["--tenant", "b=16Mi:64:bfloat16", "--lease-ttl", "5m"]);
+    let addr = l.field("grpc");
+    let _m = member(&addr, "m1", "32Mi");
+    let c = client(&addr, "b").await;
+    wait_members(&c, 1).await;
+    let mut store = StoreClient::connect(format!("http://{addr}")).await.unwrap();
+    let sc = || Some(scope("b"));
+
+    // reserve three values and one that cannot fit the tenant's 16 MiB grant
+    let keys: Vec<String> = ["a", "b", "c", "huge"].iter().map(|k| k.to_string()).collect();
+    let values: Vec<Vec<u8>> = (0..3u64).map(|i| random_bytes(i, 1000 + i as usize)).collect();
+    let mut sizes: Vec<u64> = values.iter().map(|v| v.len() as u64).collect();
+    sizes.push(32 * MIB);
+    let started = store
+        .batch_put_start(BatchPutStartRequest {
+            scope: sc(),
+            keys: keys.clone(),
+            sizes,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    assert_eq!(started.len(), 4);
+    assert!(
+        started[3].reserved.is_none() && !started[3].error.is_empty(),
+        "{:?}",
+        started[3]
+    );
+    let mut ids = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        assert!(started[i].error.is_empty(), "{}: {}", keys[i], started[i].error);
+        let r = started[i].reserved.clone().unwrap();
+        let loc = r.location.unwrap();
+        SegmentDataClient::connect(format!("http://{}", loc.grpc_addr))
+            .await
+            .unwrap()
+            .write(WriteRequest {
+                mount_id: loc.mount_id,
+                offset: loc.offset,
+                write_deadline_unix_ms: r.write_deadline_unix_ms,
+                data: v.clone().into(),
+            })
+            .await
+            .unwrap();
+        ids.push(r.put_id);
+    }
+    // a key that holds no reservation is refused, alone
+    let errors = store
+        .batch_put_commit(BatchPutCommitRequest {
+            scope: sc(),
+            keys: vec!["a".into(), "b".into(), "c".into(), "never".into()],
+            put_ids: vec![ids[0], ids[1], ids[2], ids[2] + 1000],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .errors;
+    assert_eq!(&errors[..3], &["", "", ""], "{errors:?}");
+    assert!(errors[3].starts_with("PUT_EXPIRED"), "{errors:?}");
+    // lists of different lengths are refused whole
+    let err = store
+        .batch_put_commit(BatchPutCommitRequest {
+            scope: sc(),
+            keys: vec!["a".into()],
+            put_ids: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("1 keys but 0 put_ids"), "{err:?}");
+
+    // committed values read back byte for byte; reading `a` leases it
+    assert_eq!(c.get("a").await.unwrap().unwrap()[..], values[0][..]);
+    let removed = store
+        .batch_remove(BatchRemoveRequest {
+            scope: sc(),
+            keys: vec!["a".into(), "b".into(), "missing".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(removed.removed, [false, true, false]);
+    assert!(
+        removed.errors[0].starts_with("OBJECT_HAS_LEASE"),
+        "{:?}",
+        removed.errors
+    );
+    assert_eq!(&removed.errors[1..], &["", ""]);
+
+    let exists = store
+        .batch_exists(BatchExistsRequest {
+            scope: sc(),
+            keys: vec!["a".into(), "b".into(), "c".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .exists;
+    assert_eq!(exists, [true, false, true]);
+    let got = store
+        .batch_get(BatchGetRequest {
+            scope: sc(),
+            keys: vec!["c".into(), "b".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    assert!(got[0].found && !got[1].found);
+    assert_eq!(got[0].location.as_ref().unwrap().len, values[2].len() as u64);
+
+    // a scope the leader does not know refuses the whole batch, removing nothing
+    let err = store
+        .batch_remove(BatchRemoveRequest {
+            scope: Some(scope("stranger")),
+            keys: vec!["c".into()],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(err.message().starts_with("TENANT_NOT_REGISTERED"), "{err:?}");
+    assert!(c.exists("c").await.unwrap());
+}

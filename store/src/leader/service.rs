@@ -142,13 +142,20 @@ impl Store for Leader {
     async fn batch_remove(&self, req: Request<BatchRemoveRequest>) -> Reply<BatchRemoveResponse> {
         let r = req.into_inner();
         let now = Instant::now();
-        let removed = self.with(|s| {
-            r.keys
-                .iter()
-                .map(|k| s.remove(r.scope.as_ref(), k, now))
-                .collect::<Result<Vec<_>, StoreError>>()
+        let (removed, errors) = self.with(|s| {
+            // a bad scope refuses the whole batch before anything is removed
+            s.tenant_name(r.scope.as_ref())?;
+            Ok::<_, StoreError>(
+                r.keys
+                    .iter()
+                    .map(|k| match s.remove(r.scope.as_ref(), k, now) {
+                        Ok(removed) => (removed, String::new()),
+                        Err(e) => (false, e.to_string()),
+                    })
+                    .unzip(),
+            )
         })?;
-        Ok(Response::new(BatchRemoveResponse { removed }))
+        Ok(Response::new(BatchRemoveResponse { removed, errors }))
     }
 }
 

@@ -1,6 +1,7 @@
 """Drives the store from Python with grpcio stubs generated from store/proto/kvstore.proto at run
 time: a two-phase put (PutStart at the leader, Write at the member, PutCommit), a get (Get at the
-leader, Read at the member), byte-for-byte comparison, and the tenant refusal codes.
+leader, Read at the member), byte-for-byte comparison, the batch forms, and the tenant refusal
+codes.
 
 usage: roundtrip.py PROTO_DIR OUT_DIR LEADER_ADDR TENANT
 Prints "ok" and exits 0 on success; anything else is a failure.
@@ -58,6 +59,12 @@ for k, v in values.items():
 assert get("py/absent") is None
 assert store.Exists(pb.ExistsRequest(scope=scope, key="py/0")).exists
 assert not put("py/0", b"again"), "an existing key is a no-op"
+
+# the batch forms engines use, answered key by key
+keys = list(values) + ["py/absent"]
+assert list(store.BatchExists(pb.BatchExistsRequest(scope=scope, keys=keys)).exists) == [True] * 5 + [False]
+found = [r.found for r in store.BatchGet(pb.BatchGetRequest(scope=scope, keys=keys)).results]
+assert found == [True] * 5 + [False], found
 
 stranger = pb.Scope(tenant="nobody", block_size=64, dtype="bfloat16")
 try:
