@@ -452,15 +452,37 @@ async fn batch_calls_answer_key_by_key() {
     assert!(got[0].found && !got[1].found);
     assert_eq!(got[0].location.as_ref().unwrap().len, values[2].len() as u64);
 
-    // a scope the leader does not know refuses the whole batch, removing nothing
-    let err = store
-        .batch_remove(BatchRemoveRequest {
-            scope: Some(scope("stranger")),
-            keys: vec!["c".into()],
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
-    assert!(err.message().starts_with("TENANT_NOT_REGISTERED"), "{err:?}");
+    // a scope the leader does not know refuses the whole batch, changing nothing
+    let stranger = || Some(scope("stranger"));
+    let refusals = [
+        store
+            .batch_remove(BatchRemoveRequest {
+                scope: stranger(),
+                keys: vec!["c".into()],
+            })
+            .await
+            .map(drop),
+        store
+            .batch_put_start(BatchPutStartRequest {
+                scope: stranger(),
+                keys: vec!["x".into()],
+                sizes: vec![1],
+            })
+            .await
+            .map(drop),
+        store
+            .batch_put_commit(BatchPutCommitRequest {
+                scope: stranger(),
+                keys: vec!["x".into()],
+                put_ids: vec![1],
+            })
+            .await
+            .map(drop),
+    ];
+    for r in refusals {
+        let err = r.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+        assert!(err.message().starts_with("TENANT_NOT_REGISTERED"), "{err:?}");
+    }
     assert!(c.exists("c").await.unwrap());
 }

@@ -103,21 +103,24 @@ impl Store for Leader {
         same_len(r.keys.len(), r.sizes.len(), "sizes")?;
         let now = Instant::now();
         let results = self.with(|s| {
-            r.keys
-                .iter()
-                .zip(&r.sizes)
-                .map(|(k, size)| match s.put_start(r.scope.as_ref(), k, *size, now) {
-                    Ok(reserved) => PutStartResult {
-                        reserved: Some(reserved),
-                        error: String::new(),
-                    },
-                    Err(e) => PutStartResult {
-                        reserved: None,
-                        error: e.to_string(),
-                    },
-                })
-                .collect()
-        });
+            s.tenant_name(r.scope.as_ref())?;
+            Ok::<_, StoreError>(
+                r.keys
+                    .iter()
+                    .zip(&r.sizes)
+                    .map(|(k, size)| match s.put_start(r.scope.as_ref(), k, *size, now) {
+                        Ok(reserved) => PutStartResult {
+                            reserved: Some(reserved),
+                            error: String::new(),
+                        },
+                        Err(e) => PutStartResult {
+                            reserved: None,
+                            error: e.to_string(),
+                        },
+                    })
+                    .collect(),
+            )
+        })?;
         Ok(Response::new(BatchPutStartResponse { results }))
     }
 
@@ -125,17 +128,20 @@ impl Store for Leader {
         let r = req.into_inner();
         same_len(r.keys.len(), r.put_ids.len(), "put_ids")?;
         let errors = self.with(|s| {
-            r.keys
-                .iter()
-                .zip(&r.put_ids)
-                .map(|(k, id)| {
-                    s.put_commit(r.scope.as_ref(), k, *id)
-                        .err()
-                        .map(|e| e.to_string())
-                        .unwrap_or_default()
-                })
-                .collect()
-        });
+            s.tenant_name(r.scope.as_ref())?;
+            Ok::<_, StoreError>(
+                r.keys
+                    .iter()
+                    .zip(&r.put_ids)
+                    .map(|(k, id)| {
+                        s.put_commit(r.scope.as_ref(), k, *id)
+                            .err()
+                            .map(|e| e.to_string())
+                            .unwrap_or_default()
+                    })
+                    .collect(),
+            )
+        })?;
         Ok(Response::new(BatchPutCommitResponse { errors }))
     }
 
