@@ -79,7 +79,7 @@ enum Command {
         #[arg(long = "tenant")]
         tenants: Vec<String>,
         /// Keep polling this long after a request instead of sleeping (store/README.md,
-        /// "Polling"); 0 never polls.
+        /// "Performance"); 0 never polls.
         #[arg(long, default_value = "200us", value_parser = parse_duration)]
         spin: Duration,
     },
@@ -110,7 +110,7 @@ enum Command {
         #[arg(long)]
         no_prefault: bool,
         /// Keep polling this long after a request instead of sleeping (store/README.md,
-        /// "Polling"); 0 never polls.
+        /// "Performance"); 0 never polls.
         #[arg(long, default_value = "200us", value_parser = parse_duration)]
         spin: Duration,
     },
