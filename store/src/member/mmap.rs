@@ -40,15 +40,15 @@ impl SharedMap {
             uuid::Uuid::new_v4().simple()
         ));
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-        let mapped = file.set_len(len).and_then(|()| {
-            // The whole segment is faulted in now (MAP_POPULATE): capacity is memory the member
-            // commits up front, and no write then pays a page fault (plus zeroing) per 4 KiB.
-            // SAFETY: the file was just created by us with a unique name and is unlinked below, so
-            // no other process truncates or writes it behind the mapping.
-            unsafe { MmapOptions::new().populate().map_mut(&file) }
-        });
-        let _ = std::fs::remove_file(&path);
-        let mut map = mapped?;
+        // Unlinked at once, before the (slow) sizing and faulting-in: a member stopped at any
+        // point from here on leaves nothing in the directory; the descriptor keeps the memory.
+        std::fs::remove_file(&path)?;
+        file.set_len(len)?;
+        // The whole segment is faulted in now (MAP_POPULATE): capacity is memory the member
+        // commits up front, and no write then pays a page fault (plus zeroing) per 4 KiB.
+        // SAFETY: the file was created by us under a unique name and unlinked before this line,
+        // so no other process can open it to truncate or write it behind the mapping.
+        let mut map = unsafe { MmapOptions::new().populate().map_mut(&file) }?;
         let ptr = map.as_mut_ptr();
         Ok(Self {
             _map: map,
@@ -179,6 +179,9 @@ mod tests {
             0,
             "the file is unlinked"
         );
+        // a segment that cannot be sized leaves nothing behind either
+        assert!(SharedMap::create(dir.path(), u64::MAX).is_err());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         let mut w = m.write_range(0, 100).unwrap();
         w.bytes_mut().fill(7);
         assert_eq!(m.write_range(50, 100).unwrap_err().code, ErrorCode::RangeBusy);
