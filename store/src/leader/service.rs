@@ -102,24 +102,21 @@ impl Store for Leader {
         let r = req.into_inner();
         same_len(r.keys.len(), r.sizes.len(), "sizes")?;
         let now = Instant::now();
-        let results = self.with(|s| {
+        let results = self.with(|s| -> Result<Vec<_>, StoreError> {
             s.tenant_name(r.scope.as_ref())?;
-            Ok::<_, StoreError>(
-                r.keys
-                    .iter()
-                    .zip(&r.sizes)
-                    .map(|(k, size)| match s.put_start(r.scope.as_ref(), k, *size, now) {
-                        Ok(reserved) => PutStartResult {
-                            reserved: Some(reserved),
-                            error: String::new(),
-                        },
-                        Err(e) => PutStartResult {
-                            reserved: None,
-                            error: e.to_string(),
-                        },
-                    })
-                    .collect(),
-            )
+            let each = r.keys.iter().zip(&r.sizes);
+            Ok(each
+                .map(|(k, size)| match s.put_start(r.scope.as_ref(), k, *size, now) {
+                    Ok(reserved) => PutStartResult {
+                        reserved: Some(reserved),
+                        error: String::new(),
+                    },
+                    Err(e) => PutStartResult {
+                        reserved: None,
+                        error: e.to_string(),
+                    },
+                })
+                .collect())
         })?;
         Ok(Response::new(BatchPutStartResponse { results }))
     }
@@ -127,20 +124,17 @@ impl Store for Leader {
     async fn batch_put_commit(&self, req: Request<BatchPutCommitRequest>) -> Reply<BatchPutCommitResponse> {
         let r = req.into_inner();
         same_len(r.keys.len(), r.put_ids.len(), "put_ids")?;
-        let errors = self.with(|s| {
+        let errors = self.with(|s| -> Result<Vec<_>, StoreError> {
             s.tenant_name(r.scope.as_ref())?;
-            Ok::<_, StoreError>(
-                r.keys
-                    .iter()
-                    .zip(&r.put_ids)
-                    .map(|(k, id)| {
-                        s.put_commit(r.scope.as_ref(), k, *id)
-                            .err()
-                            .map(|e| e.to_string())
-                            .unwrap_or_default()
-                    })
-                    .collect(),
-            )
+            let each = r.keys.iter().zip(&r.put_ids);
+            Ok(each
+                .map(|(k, id)| {
+                    s.put_commit(r.scope.as_ref(), k, *id)
+                        .err()
+                        .map(|e| e.to_string())
+                        .unwrap_or_default()
+                })
+                .collect())
         })?;
         Ok(Response::new(BatchPutCommitResponse { errors }))
     }
@@ -148,18 +142,16 @@ impl Store for Leader {
     async fn batch_remove(&self, req: Request<BatchRemoveRequest>) -> Reply<BatchRemoveResponse> {
         let r = req.into_inner();
         let now = Instant::now();
-        let (removed, errors) = self.with(|s| {
+        let (removed, errors) = self.with(|s| -> Result<(Vec<_>, Vec<_>), StoreError> {
             // a bad scope refuses the whole batch before anything is removed
             s.tenant_name(r.scope.as_ref())?;
-            Ok::<_, StoreError>(
-                r.keys
-                    .iter()
-                    .map(|k| match s.remove(r.scope.as_ref(), k, now) {
-                        Ok(removed) => (removed, String::new()),
-                        Err(e) => (false, e.to_string()),
-                    })
-                    .unzip(),
-            )
+            Ok(r.keys
+                .iter()
+                .map(|k| match s.remove(r.scope.as_ref(), k, now) {
+                    Ok(removed) => (removed, String::new()),
+                    Err(e) => (false, e.to_string()),
+                })
+                .unzip())
         })?;
         Ok(Response::new(BatchRemoveResponse { removed, errors }))
     }
