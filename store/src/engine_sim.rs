@@ -22,7 +22,7 @@ use serde::Serialize;
 use crate::client::Client;
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::Scope;
-use crate::quantity::parse_size;
+use kvcache_units::parse_bytes as parse_size;
 
 /// The simulator's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,7 +4,6 @@
 //! Map:
 //! - [`proto`]: the generated gRPC types (`proto/kvstore.proto`);
 //! - [`error`]: the one place store errors become `tonic::Status` (and back);
-//! - [`quantity`]: `8Gi`/`512Mi`/byte-count parsing for sizes on the command line;
 //! - [`wire`]: the member's framed data port protocol;
 //! - [`leader`]: segments, objects, placement, tenants and quota, leases, eviction, liveness;
 //! - [`member`]: the mapped segment, its gRPC service and data port, mounting and heartbeats;
@@ -24,7 +23,6 @@ pub mod member;
 pub mod metrics;
 pub mod net;
 pub mod proto;
-pub mod quantity;
 pub mod spin;
 pub mod time;
 pub mod wire;

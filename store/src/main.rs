@@ -14,8 +14,7 @@ use kvcache_store::leader::{Leader, LeaderConfig, Strategy, ledger::Layout};
 use kvcache_store::member::{Member, MemberConfig, MemberMetrics};
 use kvcache_store::metrics;
 use kvcache_store::proto::{GetTenantsRequest, Scope, SetTenantsRequest, TenantEntry};
-use kvcache_store::quantity::parse_size;
-use kvcache_store::time::parse_duration;
+use kvcache_units::{parse_bytes as parse_size, parse_duration};
 use tokio::net::TcpListener;
 
 #[derive(Debug, Parser)]
