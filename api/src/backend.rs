@@ -46,9 +46,11 @@ impl Kind for BackendSpec {
     const KIND: &'static str = "KVCacheBackend";
     const PLURAL: &'static str = "kvcachebackends";
     const SINGULAR: &'static str = "kvcachebackend";
-    const SHORT_NAME: &'static str = "kvcb";
+    const SHORT_NAMES: &'static [&'static str] = &["kvcb"];
     const SCOPE: Scope = Scope::Cluster;
 }
+
+crate::object::kube_resource!(BackendSpec, kube_core::ClusterResourceScope);
 
 /// The store model a backend implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -325,7 +327,7 @@ impl EndpointName {
 pub struct BackendStatus {
     /// Summary of the backend's state: `Provisioning`, `Ready`, `Degraded`, `Error` or `Deleting`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<crate::conditions::BackendPhase>,
     /// Why the backend is in its phase; empty when `Ready`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase_message: Option<String>,

@@ -33,9 +33,11 @@ impl Kind for BindingSpec {
     const KIND: &'static str = "KVCachePoolBinding";
     const PLURAL: &'static str = "kvcachepoolbindings";
     const SINGULAR: &'static str = "kvcachepoolbinding";
-    const SHORT_NAME: &'static str = "kvcpb";
+    const SHORT_NAMES: &'static [&'static str] = &["kvcpb"];
     const SCOPE: Scope = Scope::Namespaced;
 }
+
+crate::object::kube_resource!(BindingSpec, kube_core::NamespaceResourceScope);
 
 impl BindingSpec {
     pub fn pool_name(&self) -> &str {
@@ -84,7 +86,7 @@ pub struct BindingQuota {
 pub struct BindingStatus {
     /// Summary of the Binding's state, such as `Provisioning`, `Ready`, `Error` or `Deleting`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<crate::conditions::BindingPhase>,
     /// Why the Binding is in its phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase_message: Option<String>,

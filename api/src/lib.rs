@@ -12,12 +12,14 @@
 //! | [`pool`] | `KVCachePool`: quota handed out on one backend |
 //! | [`binding`] | `KVCachePoolBinding`: a namespace's grant on a pool under a fixed cache domain |
 //! | [`model_deployment`] | `ModelDeployment`: an inference workload, optionally attached through a Binding |
+//! | [`conditions`] | every condition type and reason per kind, typed phases, and the helper that records a condition |
 //! | [`common`] | small shapes the kinds share (env vars, references, `usedBy` entries, conditions) |
 //! | [`quantity`] | Kubernetes quantities: wire form and exact parsing |
 
 pub mod backend;
 pub mod binding;
 pub mod common;
+pub mod conditions;
 pub mod model_deployment;
 pub mod object;
 pub mod pool;

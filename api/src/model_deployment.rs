@@ -46,9 +46,11 @@ impl Kind for ModelDeploymentSpec {
     const KIND: &'static str = "ModelDeployment";
     const PLURAL: &'static str = "modeldeployments";
     const SINGULAR: &'static str = "modeldeployment";
-    const SHORT_NAME: &'static str = "md";
+    const SHORT_NAMES: &'static [&'static str] = &["md"];
     const SCOPE: Scope = Scope::Namespaced;
 }
+
+crate::object::kube_resource!(ModelDeploymentSpec, kube_core::NamespaceResourceScope);
 
 /// The model a deployment serves.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -358,7 +360,7 @@ pub struct KvTransfer {
 pub struct ModelDeploymentStatus {
     /// Summary of the deployment's state: `Starting`, `Ready`, `Degraded` or `Deleting`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<crate::conditions::ModelDeploymentPhase>,
     /// Why the deployment is in its phase, such as how many replicas are ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase_message: Option<String>,

@@ -1,4 +1,5 @@
-//! The envelope every kind shares, and the static identity of each kind.
+//! The envelope every kind shares, the static identity of each kind, and the `kube::Resource`
+//! view of an object (so kube-rs clients and controllers use our types directly, no CRD).
 
 use std::borrow::Cow;
 
@@ -33,8 +34,8 @@ pub trait Kind:
     const PLURAL: &'static str;
     /// `kvcachebackend`.
     const SINGULAR: &'static str;
-    /// `kvcb`.
-    const SHORT_NAME: &'static str;
+    /// `["kvcb"]`.
+    const SHORT_NAMES: &'static [&'static str];
     const SCOPE: Scope;
 }
 
@@ -103,3 +104,34 @@ impl<K: Kind> JsonSchema for Object<K> {
         })
     }
 }
+
+/// Implements `kube::Resource` for `Object<$spec>` from its [`Kind`] constants, with the kube
+/// scope type `$scope` (`ClusterResourceScope` or `NamespaceResourceScope`).
+macro_rules! kube_resource {
+    ($spec:ty, $scope:ty) => {
+        impl kube_core::Resource for $crate::object::Object<$spec> {
+            type DynamicType = ();
+            type Scope = $scope;
+
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                <$spec as $crate::object::Kind>::KIND.into()
+            }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                $crate::GROUP.into()
+            }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                $crate::VERSION.into()
+            }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                <$spec as $crate::object::Kind>::PLURAL.into()
+            }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+pub(crate) use kube_resource;

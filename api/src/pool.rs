@@ -26,9 +26,11 @@ impl Kind for PoolSpec {
     const KIND: &'static str = "KVCachePool";
     const PLURAL: &'static str = "kvcachepools";
     const SINGULAR: &'static str = "kvcachepool";
-    const SHORT_NAME: &'static str = "kvcp";
+    const SHORT_NAMES: &'static [&'static str] = &["kvcp"];
     const SCOPE: Scope = Scope::Cluster;
 }
+
+crate::object::kube_resource!(PoolSpec, kube_core::ClusterResourceScope);
 
 impl PoolSpec {
     /// The one backend this pool names, when it names exactly one.
@@ -56,7 +58,7 @@ pub struct PoolQuota {
 pub struct PoolStatus {
     /// Summary of the pool's state, such as `Provisioning`, `Ready`, `Error` or `Deleting`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<crate::conditions::PoolPhase>,
     /// Why the pool is in its phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase_message: Option<String>,

@@ -1,19 +1,42 @@
 //! The API server for `worker.gpustack.ai/v1`: what may be stored, and where it is stored.
 //!
+//! A request passes the filters (`server::filters`), reaches a handler (one per verb), which
+//! calls the registry (the rules, per kind), which writes through the storage (versioned keys,
+//! watch). [`app`] builds all of it from the configuration.
+//!
 //! | module | owns |
 //! |---|---|
-//! | [`config`] | server configuration read by admission (settings, instance types) |
-//! | [`decode`] | request bodies → typed objects, with `fieldValidation` semantics |
-//! | [`registry`] | per-kind strategies (defaults, validation, immutability, claims) and the generic store flow |
-//! | [`status`] | the `metav1.Status` of every refusal |
+//! | [`app`] | the composition root: storage, hub, auth chain, metrics registry, router |
+//! | [`kinds`] | the table of kinds: names, scope, categories, columns, schema, strategy |
+//! | [`server`] | the HTTPS listener, connections, the request filters, graceful shutdown |
+//! | [`handlers`] | one handler per verb, discovery, OpenAPI, health; the router |
+//! | [`auth`] | who is asking (authenticators) and what they may do (authorizers) |
+//! | [`request_info`] | what a request is about: resource, verb, query |
+//! | [`registry`] | per-kind strategies (defaults, validation, immutability, claims) and the generic flow |
 //! | [`storage`] | API persistence: the `Storage` trait, its embedded implementation, watch |
-//! | [`server`] | the HTTPS API server kubectl talks to (`kv-apiserver serve`) |
+//! | [`decode`] | request bodies → bounded values → typed objects, with `fieldValidation` |
+//! | [`status`] | the `metav1.Status` of every refusal |
+//! | [`metrics`] | the API's Prometheus metrics, with bounded labels |
+//! | [`discovery`], [`openapi`] | the documents clients learn the API from |
+//! | [`table`], [`selectors`], [`negotiate`] | `kubectl get` tables, label and field selectors, `Accept` |
+//! | [`config`] | server configuration read by admission (settings, instance types) |
 //! | [`manifest`] | applying multi-document YAML manifests through the registry (the CLI's `apply`) |
 
+pub mod app;
+pub mod auth;
 pub mod config;
 pub mod decode;
+pub mod discovery;
+pub mod handlers;
+pub mod kinds;
 pub mod manifest;
+pub mod metrics;
+pub mod negotiate;
+pub mod openapi;
 pub mod registry;
+pub mod request_info;
+pub mod selectors;
 pub mod server;
 pub mod status;
 pub mod storage;
+pub mod table;

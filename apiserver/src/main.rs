@@ -1,19 +1,21 @@
 //! `kv-apiserver`: the API server (`serve`), and offline commands over a stopped server's data
-//! directory (`apply`, `get`, `delete`) that run the same admission rules.
+//! directory (`apply`, `get`, `delete`) that run the same admission rules. Both build the
+//! application through `app::App::build`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use kvcache_api::{Kind, Object};
+use kvcache_apiserver::app::{App, AppOptions, StorageChoice};
 use kvcache_apiserver::config::Config;
-use kvcache_apiserver::manifest::{self, ApplyError, Outcome};
-use kvcache_apiserver::registry::generic::{DeleteOptions, Deleted, ListOptions};
-use kvcache_apiserver::registry::{Context, Registries, RegistryError, Store, Strategy};
+use kvcache_apiserver::kinds::{self, KindEntry};
+use kvcache_apiserver::manifest::{self, ApplyError};
+use kvcache_apiserver::registry::RegistryError;
+use kvcache_apiserver::registry::dynamic::{Applied, ListParams};
+use kvcache_apiserver::registry::generic::DeleteOptions;
 use kvcache_apiserver::server::{self, ServeOptions};
-use kvcache_apiserver::storage::embedded::{Embedded, Options};
-use std::time::Duration;
+use kvcache_units::parse_duration;
 
 #[derive(Parser)]
 #[command(
@@ -28,6 +30,9 @@ struct Cli {
     /// Server configuration (settings, instance types); defaults when absent.
     #[arg(long, global = true)]
     config: Option<PathBuf>,
+    /// Where the objects are stored: `embedded` (a crash-safe log under <data-dir>/storage).
+    #[arg(long, default_value = "embedded", global = true)]
+    storage: StorageChoice,
     #[command(subcommand)]
     command: Command,
 }
@@ -38,15 +43,15 @@ enum Command {
     Serve {
         #[arg(long, default_value = "127.0.0.1:6443")]
         listen: std::net::SocketAddr,
-        /// Seconds between BOOKMARK events on watches that allow them.
-        #[arg(long, default_value_t = 60, hide = true)]
-        watch_bookmark_interval: u64,
+        /// Time between BOOKMARK events on watches that allow them (`60s`; a bare number is seconds).
+        #[arg(long, default_value = "60s", value_parser = parse_duration, hide = true)]
+        watch_bookmark_interval: Duration,
         /// Changes kept in memory for watches that resume from an older resourceVersion.
         #[arg(long, default_value_t = 10_000, hide = true)]
         watch_history: usize,
-        /// Seconds to keep serving (with /readyz failing) after SIGTERM.
-        #[arg(long, default_value_t = 0)]
-        shutdown_delay: u64,
+        /// How long to keep serving (with /readyz failing) after SIGTERM (`5s`; a bare number is seconds).
+        #[arg(long, default_value = "0s", value_parser = parse_duration)]
+        shutdown_delay: Duration,
     },
     /// Creates or updates the objects in manifest files (a file or a directory of .yaml files).
     Apply {
@@ -61,7 +66,7 @@ enum Command {
     },
     /// Prints objects as YAML.
     Get {
-        /// kvcb, kvcp, kvcpb, md (or any plural, singular or kind name).
+        /// A kind: its short name, plural, singular or kind name (`kubectl api-resources` lists them).
         kind: String,
         name: Option<String>,
         #[arg(short, long, default_value = "default")]
@@ -89,6 +94,7 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     let config = Config::load(cli.config.as_deref())?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -96,6 +102,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
+    let mut opts = AppOptions::new(&cli.data_dir);
+    opts.storage = cli.storage;
+    opts.config = config;
     if let Command::Serve {
         listen,
         watch_bookmark_interval,
@@ -103,35 +112,28 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         shutdown_delay,
     } = cli.command
     {
-        let opts = ServeOptions {
+        opts.watch_history = watch_history;
+        opts.bookmark_interval = watch_bookmark_interval;
+        let app = App::build(opts)?;
+        let serve = ServeOptions {
             listen,
-            data_dir: cli.data_dir.clone(),
-            config,
-            bookmark_interval: Duration::from_secs(watch_bookmark_interval.max(1)),
-            shutdown_delay: Duration::from_secs(shutdown_delay),
-            watch_history,
+            data_dir: cli.data_dir,
+            shutdown_delay,
         };
-        return Ok(server::serve(opts, stop_signal()).await?);
+        return Ok(server::serve(app, serve, stop_signal()).await?);
     }
-    let storage_dir = cli.data_dir.join("storage");
-    let storage = Embedded::open(&storage_dir, Options::default()).with_context(|| {
+    let app = App::build(opts).with_context(|| {
         format!(
-            "opening the storage in {} (is kv-apiserver serve running on it?)",
-            storage_dir.display()
+            "opening the data in {} (is kv-apiserver serve running on it?)",
+            cli.data_dir.display()
         )
     })?;
-    let reg = Registries::new(
-        Arc::new(storage),
-        Context {
-            config: Arc::new(config),
-        },
-    );
     match cli.command {
         Command::Apply {
             files,
             namespace,
             dry_run,
-        } => apply(&reg, &files, &namespace, dry_run).await,
+        } => apply(&app, &files, &namespace, dry_run).await,
         Command::Get {
             kind,
             name,
@@ -139,19 +141,9 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             all_namespaces,
         } => {
             let ns = (!all_namespaces).then_some(namespace.as_str());
-            match resolve(&kind)? {
-                "KVCacheBackend" => get(&reg.backends, ns, name.as_deref()).await,
-                "KVCachePool" => get(&reg.pools, ns, name.as_deref()).await,
-                "KVCachePoolBinding" => get(&reg.bindings, ns, name.as_deref()).await,
-                _ => get(&reg.model_deployments, ns, name.as_deref()).await,
-            }
+            get(&app, resolve(&kind)?, ns, name.as_deref()).await
         }
-        Command::Delete { kind, name, namespace } => match resolve(&kind)? {
-            "KVCacheBackend" => delete(&reg.backends, &namespace, &name).await,
-            "KVCachePool" => delete(&reg.pools, &namespace, &name).await,
-            "KVCachePoolBinding" => delete(&reg.bindings, &namespace, &name).await,
-            _ => delete(&reg.model_deployments, &namespace, &name).await,
-        },
+        Command::Delete { kind, name, namespace } => delete(&app, resolve(&kind)?, &namespace, &name).await,
         Command::Serve { .. } => Ok(()),
     }
 }
@@ -173,9 +165,17 @@ async fn stop_signal() {
     tracing::info!("stop signal received");
 }
 
-fn resolve(kind: &str) -> anyhow::Result<&'static str> {
-    manifest::resolve_kind(kind)
-        .with_context(|| format!("the server doesn't have a resource type {kind:?} (try kvcb, kvcp, kvcpb or md)"))
+fn resolve(word: &str) -> anyhow::Result<&'static KindEntry> {
+    kinds::resolve(word).with_context(|| {
+        let names: Vec<&str> = kinds::KINDS
+            .iter()
+            .filter_map(|k| k.short_names.first().copied())
+            .collect();
+        format!(
+            "the server doesn't have a resource type {word:?} (try {})",
+            names.join(", ")
+        )
+    })
 }
 
 fn manifest_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
@@ -196,21 +196,21 @@ fn manifest_files(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-async fn apply(reg: &Registries, files: &[PathBuf], namespace: &str, dry_run: bool) -> anyhow::Result<()> {
+async fn apply(app: &App, files: &[PathBuf], namespace: &str, dry_run: bool) -> anyhow::Result<()> {
     let mut failed = 0;
     for file in manifest_files(files)? {
         let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
         let docs = manifest::documents(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
         for doc in docs {
-            let applied = manifest::apply(reg, doc, namespace, dry_run).await;
+            let applied = manifest::apply(&app.registry, doc, namespace, dry_run).await;
             for w in &applied.warnings {
                 eprintln!("Warning: {w}");
             }
             let suffix = if dry_run { " (dry run)" } else { "" };
             match applied.result {
-                Ok(Outcome::Created) => println!("{} created{suffix}", applied.object),
-                Ok(Outcome::Configured) => println!("{} configured{suffix}", applied.object),
-                Ok(Outcome::Unchanged) => println!("{} unchanged{suffix}", applied.object),
+                Ok(Applied::Created) => println!("{} created{suffix}", applied.object),
+                Ok(Applied::Configured) => println!("{} configured{suffix}", applied.object),
+                Ok(Applied::Unchanged) => println!("{} unchanged{suffix}", applied.object),
                 Err(ApplyError::Refused { status, .. }) => {
                     failed += 1;
                     eprintln!(
@@ -233,19 +233,26 @@ async fn apply(reg: &Registries, files: &[PathBuf], namespace: &str, dry_run: bo
     Ok(())
 }
 
-async fn get<S: Strategy>(store: &Store<S>, namespace: Option<&str>, name: Option<&str>) -> anyhow::Result<()> {
-    let items: Vec<Object<S::Kind>> = match name {
+fn resource(app: &App, kind: &KindEntry) -> anyhow::Result<std::sync::Arc<dyn kvcache_apiserver::registry::Resource>> {
+    app.registry
+        .resource(kind.plural)
+        .map(|(_, r)| r.clone())
+        .with_context(|| format!("{} is not served", kind.plural))
+}
+
+async fn get(app: &App, kind: &KindEntry, namespace: Option<&str>, name: Option<&str>) -> anyhow::Result<()> {
+    let res = resource(app, kind)?;
+    let ns = if kind.namespaced() { namespace } else { None };
+    let items = match name {
         Some(n) => vec![
-            store
-                .get(namespace.unwrap_or_default(), n)
+            res.get(ns.unwrap_or_default(), n)
                 .await
-                .map_err(report::<S::Kind>(n))?,
+                .map_err(|e| report(kind, n, &e))?,
         ],
         None => {
-            store
-                .list(namespace, ListOptions::default())
+            res.list(ns, ListParams::default())
                 .await
-                .map_err(report::<S::Kind>(""))?
+                .map_err(|e| report(kind, "", &e))?
                 .items
         }
     };
@@ -255,29 +262,27 @@ async fn get<S: Strategy>(store: &Store<S>, namespace: Option<&str>, name: Optio
     Ok(())
 }
 
-async fn delete<S: Strategy>(store: &Store<S>, namespace: &str, name: &str) -> anyhow::Result<()> {
-    match store
-        .delete(namespace, name, DeleteOptions::default())
+async fn delete(app: &App, kind: &KindEntry, namespace: &str, name: &str) -> anyhow::Result<()> {
+    let res = resource(app, kind)?;
+    let ns = if kind.namespaced() { namespace } else { "" };
+    let (_, gone) = res
+        .delete(ns, name, DeleteOptions::default())
         .await
-        .map_err(report::<S::Kind>(name))?
-    {
-        Deleted::Gone(_) => println!("{}.{}/{name} deleted", S::Kind::SINGULAR, kvcache_api::GROUP),
-        Deleted::Pending(_) => println!(
-            "{}.{}/{name} marked for deletion (finalizers hold it)",
-            S::Kind::SINGULAR,
-            kvcache_api::GROUP
-        ),
+        .map_err(|e| report(kind, name, &e))?;
+    let what = format!("{}.{}/{name}", kind.singular, kvcache_api::GROUP);
+    if gone {
+        println!("{what} deleted");
+    } else {
+        println!("{what} marked for deletion (finalizers hold it)");
     }
     Ok(())
 }
 
-fn report<K: Kind>(name: &str) -> impl FnOnce(RegistryError) -> anyhow::Error + '_ {
-    move |e| {
-        let (_, status) = kvcache_apiserver::status::from_error::<K>(name, &e);
-        anyhow::anyhow!(
-            "Error from server ({}): {}",
-            status.reason.unwrap_or_default(),
-            status.message.unwrap_or_default()
-        )
-    }
+fn report(kind: &KindEntry, name: &str, e: &RegistryError) -> anyhow::Error {
+    let (_, status) = kvcache_apiserver::status::for_resource(kind.plural, name, e);
+    anyhow::anyhow!(
+        "Error from server ({}): {}",
+        status.reason.unwrap_or_default(),
+        status.message.unwrap_or_default()
+    )
 }

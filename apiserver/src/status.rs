@@ -27,6 +27,8 @@ pub fn from_error<K: Kind>(name: &str, e: &RegistryError) -> (u16, Status) {
 pub fn for_resource(plural: &str, name: &str, e: &RegistryError) -> (u16, Status) {
     let (code, reason) = match e {
         RegistryError::BadRequest(_) => (400, "BadRequest"),
+        RegistryError::TooLarge(_) => (413, "RequestEntityTooLarge"),
+        RegistryError::TooLargeResourceVersion(_) => (504, "Timeout"),
         RegistryError::Invalid { .. } => (422, "Invalid"),
         RegistryError::NotFound { .. } => (404, "NotFound"),
         RegistryError::AlreadyExists { .. } => (409, "AlreadyExists"),
@@ -56,8 +58,14 @@ pub fn for_resource(plural: &str, name: &str, e: &RegistryError) -> (u16, Status
                 })
                 .collect(),
         ),
+        RegistryError::TooLargeResourceVersion(rv) => Some(vec![StatusCause {
+            field: None,
+            message: Some(format!("Too large resource version: {rv}")),
+            reason: Some("ResourceVersionTooLarge".to_owned()),
+        }]),
         _ => None,
     };
+    let retry_after_seconds = matches!(e, RegistryError::TooLargeResourceVersion(_)).then_some(1);
     let kind = match e {
         RegistryError::Invalid { kind, .. } => (*kind).to_owned(),
         _ => plural.to_owned(),
@@ -69,7 +77,7 @@ pub fn for_resource(plural: &str, name: &str, e: &RegistryError) -> (u16, Status
             group: Some(GROUP.to_owned()),
             kind: Some(kind),
             name: (!name.is_empty()).then(|| name.to_owned()),
-            retry_after_seconds: None,
+            retry_after_seconds,
             uid: None,
         }),
         message: Some(e.to_string()),

@@ -811,7 +811,8 @@ fn authentication_and_authorization() {
     );
     let err = viewer.fails(&["delete", "kvcp", "v1"]);
     assert!(err.contains("Forbidden"), "{err}");
-    // 56: no credentials is anonymous and forbidden; a bearer token is refused with 401.
+    // 56: no credentials is 401 (anonymous access is limited to health and version); a bearer
+    // token is refused with 401 too.
     let out = s.curl_anon(&[
         "-s",
         "-w",
@@ -819,7 +820,12 @@ fn authentication_and_authorization() {
         &s.url("/apis/worker.gpustack.ai/v1/kvcachepools"),
     ]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(text.ends_with("403") && text.contains("system:anonymous"), "{text}");
+    assert!(
+        text.ends_with("401") && text.contains("\"reason\":\"Unauthorized\""),
+        "{text}"
+    );
+    let out = s.curl_anon(&["-s", "-w", "\n%{http_code}", &s.url("/version")]);
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with("200"));
     let out = s.curl_anon(&[
         "-s",
         "-o",
@@ -832,7 +838,7 @@ fn authentication_and_authorization() {
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "401");
     // 57: request-header authentication is for aggregated mode (a front-proxy CA we do not
-    // have in direct mode): the headers alone are ignored.
+    // have in direct mode): the headers alone are no credentials.
     let out = s.curl_anon(&[
         "-s",
         "-o",
@@ -845,7 +851,7 @@ fn authentication_and_authorization() {
         "X-Remote-Group: system:masters",
         &s.url("/apis/worker.gpustack.ai/v1/kvcachepools"),
     ]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "403");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "401");
     // 58: impersonation is refused, never ignored.
     let err = admin.fails(&["--as=bob", "get", "kvcp"]);
     assert!(err.contains("impersonation is not supported yet"), "{err}");

@@ -46,6 +46,13 @@ pub enum RegistryError {
         message: String,
         conflicts: Vec<(String, String)>,
     },
+    /// 413: the request would build more than the server bounds (a JSON patch past 10,000
+    /// operations or copying too much, a YAML alias bomb).
+    #[error("{0}")]
+    TooLarge(String),
+    /// 504: a `resourceVersion` newer than the store after waiting for it.
+    #[error("Too large resource version: {0}")]
+    TooLargeResourceVersion(u64),
     /// 410: a continue token or revision that was compacted.
     #[error("{0}")]
     Expired(String),
@@ -116,6 +123,7 @@ impl RegistryError {
                 K::KIND
             )),
             DecodeError::Invalid(errors) => Self::invalid::<K>(name, errors),
+            DecodeError::TooLarge(msg) => RegistryError::TooLarge(msg),
         }
     }
 }

@@ -10,11 +10,14 @@ use kvcache_api::{Kind, Object};
 use serde::{Deserialize, Serialize};
 
 use super::errors::RegistryError;
-use super::{Admission, Change, Context, Reads, Strategy, decode, encode, meta};
+use super::{Admission, Change, Context, ErrorList, Reads, StatusStrategy, Strategy, decode, encode, meta};
 use crate::storage::{KeyValue, ListRequest, Op, Storage, Txn, TxnOutcome, keys};
 
 /// Retries of the read-decide-commit loop before giving up with a conflict.
 const MAX_ATTEMPTS: usize = 32;
+
+/// How long a list waits for a `resourceVersion` ahead of the store before answering 504.
+const TOO_LARGE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The registry of one kind.
 pub struct Store<S: Strategy> {
@@ -61,6 +64,9 @@ pub struct ListOptions<K: Kind> {
     pub limit: Option<usize>,
     /// Read at exactly this revision (`resourceVersionMatch=Exact`); `None` reads the latest.
     pub revision: Option<u64>,
+    /// Read state at least this new (`resourceVersion=N`, `NotOlderThan`): wait a little for it,
+    /// then refuse with 504.
+    pub min_revision: Option<u64>,
     pub continue_token: Option<String>,
     pub predicate: Option<Predicate<K>>,
 }
@@ -138,6 +144,9 @@ impl<S: Strategy> Store<S> {
         opts: ListOptions<S::Kind>,
     ) -> Result<(Vec<KeyValue>, u64, Option<String>), RegistryError> {
         let prefix = keys::list_prefix::<S::Kind>(namespace);
+        if let Some(min) = opts.min_revision.filter(|m| *m > 0) {
+            self.wait_for(min).await?;
+        }
         let (revision, start_after) = match &opts.continue_token {
             Some(token) => {
                 let t = decode_continue(token)?;
@@ -170,6 +179,20 @@ impl<S: Strategy> Store<S> {
             _ => None,
         };
         Ok((page.items, page.revision, continue_token))
+    }
+
+    /// Returns once reads reflect `revision`, or refuses with 504 after a few seconds (a
+    /// `resourceVersion` ahead of the store, as kube-apiserver answers).
+    pub async fn wait_for(&self, revision: u64) -> Result<(), RegistryError> {
+        match tokio::time::timeout(TOO_LARGE_WAIT, self.storage.wait_for_revision(revision)).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(RegistryError::TooLargeResourceVersion(revision)),
+        }
+    }
+
+    /// The latest revision reads reflect (where a watch without `resourceVersion` starts).
+    pub async fn current_revision(&self) -> Result<u64, RegistryError> {
+        Ok(self.storage.current_revision().await?)
     }
 
     /// Creates `obj` in `namespace` (ignored for cluster-scoped kinds).
@@ -228,7 +251,8 @@ impl<S: Strategy> Store<S> {
         obj: Object<S::Kind>,
         opts: WriteOptions,
     ) -> Result<Written<S::Kind>, RegistryError> {
-        self.replace(namespace, name, obj, opts, Subresource::Main).await
+        self.replace(namespace, name, obj, opts, Subresource::Main, |_, _| Ok(()))
+            .await
     }
 
     /// Replaces the status (PUT on `/status`); everything else is kept as stored.
@@ -239,17 +263,21 @@ impl<S: Strategy> Store<S> {
         obj: Object<S::Kind>,
         opts: WriteOptions,
     ) -> Result<Written<S::Kind>, RegistryError> {
-        self.replace(namespace, name, obj, opts, Subresource::Status).await
+        self.replace(namespace, name, obj, opts, Subresource::Status, |_, _| Ok(()))
+            .await
     }
 
-    /// A PUT: the client's object, valid only against the version it names.
-    async fn replace(
+    /// A PUT: the client's object, valid only against the version it names and only for the
+    /// name and namespace of the URL. `finish` completes the object from the exact stored
+    /// version it replaces (field management).
+    pub async fn replace(
         &self,
         namespace: &str,
         name: &str,
         obj: Object<S::Kind>,
         opts: WriteOptions,
         subresource: Subresource,
+        finish: impl Fn(&Object<S::Kind>, &mut Object<S::Kind>) -> Result<(), RegistryError> + Send + Sync,
     ) -> Result<Written<S::Kind>, RegistryError> {
         let rv = required_resource_version::<S::Kind>(&obj)?;
         check_identity::<S::Kind>(&obj, namespace, name)?;
@@ -257,7 +285,9 @@ impl<S: Strategy> Store<S> {
             if current.metadata.resource_version.as_deref() != Some(rv.as_str()) {
                 return Err(RegistryError::modified::<S::Kind>(name));
             }
-            Ok(obj.clone())
+            let mut new = obj.clone();
+            finish(current, &mut new)?;
+            Ok(new)
         })
         .await
     }
@@ -282,6 +312,7 @@ impl<S: Strategy> Store<S> {
             let mut new = mutate(&old)?;
             meta::prepare_update(&mut new, &old)?;
             let mut warnings = Vec::new();
+            let status = <S::Status as Default>::default();
             match subresource {
                 Subresource::Main => {
                     self.strategy.prepare_for_update(&mut new, &old);
@@ -290,12 +321,7 @@ impl<S: Strategy> Store<S> {
                         new.metadata.generation = Some(old.metadata.generation.unwrap_or(0) + 1);
                     }
                 }
-                Subresource::Status => {
-                    new.spec = old.spec.clone();
-                    let managed_fields = new.metadata.managed_fields.take();
-                    new.metadata = old.metadata.clone();
-                    new.metadata.managed_fields = managed_fields;
-                }
+                Subresource::Status => status.prepare_for_update(&mut new, &old),
             }
             if unchanged(&new, &old) {
                 return Ok(Written { object: old, warnings });
@@ -303,11 +329,11 @@ impl<S: Strategy> Store<S> {
             let mut errs = meta::validate_update::<S::Kind>(&new.metadata, &old.metadata);
             match subresource {
                 Subresource::Main if new.spec != old.spec => {
-                    errs.extend(self.strategy.validate_update(&new, &old, &self.ctx));
+                    errs.extend(self.judge_update(&new, &old));
                     warnings.extend(self.strategy.warnings_on_update(&new, &old, &self.ctx));
                 }
                 Subresource::Main => {}
-                Subresource::Status => errs.extend(self.strategy.validate_status_update(&new, &old)),
+                Subresource::Status => errs.extend(status.validate_update(&new, &old)),
             }
             if !errs.is_empty() {
                 return Err(RegistryError::invalid::<S::Kind>(name, errs));
@@ -423,6 +449,25 @@ impl<S: Strategy> Store<S> {
             }
         }
         Err(RegistryError::modified::<S::Kind>(name))
+    }
+
+    /// The object rules of an update, ratcheted (errors the stored version already had on
+    /// fields left unchanged are dropped), then the update-only rules, which are not.
+    fn judge_update(&self, new: &Object<S::Kind>, old: &Object<S::Kind>) -> ErrorList {
+        let (n, o) = (
+            serde_json::to_value(new).unwrap_or_default(),
+            serde_json::to_value(old).unwrap_or_default(),
+        );
+        let mut errs = self
+            .strategy
+            .validate(new, &self.ctx)
+            .ratchet(&self.strategy.validate(old, &self.ctx), &n, &o);
+        for e in self.strategy.validate_update(new, old, &self.ctx).0 {
+            if !errs.0.contains(&e) {
+                errs.push(e);
+            }
+        }
+        errs
     }
 
     /// Commits `ops` if nothing admission read has changed. `None`: something changed; the

@@ -24,6 +24,7 @@ pub fn now() -> Time {
 /// Sets the system fields of an object being created, after checking what the client may not
 /// set. `namespace` is the request's namespace (ignored for cluster-scoped kinds).
 pub fn prepare_create<K: Kind>(obj: &mut Object<K>, namespace: &str) -> Result<(), RegistryError> {
+    check_type_meta(obj)?;
     obj.api_version = kvcache_api::API_VERSION.to_owned();
     obj.kind = K::KIND.to_owned();
     let m = &mut obj.metadata;
@@ -58,6 +59,26 @@ pub fn prepare_create<K: Kind>(obj: &mut Object<K>, namespace: &str) -> Result<(
     Ok(())
 }
 
+/// An object sent to this kind's endpoint names this kind, or nothing (then it is filled in):
+/// `apiVersion: v1` or `kind: Pod` is refused, never rewritten.
+fn check_type_meta<K: Kind>(obj: &Object<K>) -> Result<(), RegistryError> {
+    if !obj.api_version.is_empty() && obj.api_version != kvcache_api::API_VERSION {
+        return Err(RegistryError::BadRequest(format!(
+            "the API version in the data ({}) does not match the expected API version ({})",
+            obj.api_version,
+            kvcache_api::API_VERSION
+        )));
+    }
+    if !obj.kind.is_empty() && obj.kind != K::KIND {
+        return Err(RegistryError::BadRequest(format!(
+            "the kind in the data ({}) does not match the expected kind ({}) of this endpoint",
+            obj.kind,
+            K::KIND
+        )));
+    }
+    Ok(())
+}
+
 fn random_suffix() -> String {
     uuid::Uuid::new_v4()
         .as_bytes()
@@ -70,6 +91,7 @@ fn random_suffix() -> String {
 /// Keeps the fields only the server sets from the stored object. A different `uid` means the
 /// client edited another incarnation of the object: a conflict.
 pub fn prepare_update<K: Kind>(new: &mut Object<K>, old: &Object<K>) -> Result<(), RegistryError> {
+    check_type_meta(new)?;
     new.api_version = kvcache_api::API_VERSION.to_owned();
     new.kind = K::KIND.to_owned();
     let (n, o) = (&mut new.metadata, &old.metadata);

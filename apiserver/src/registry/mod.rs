@@ -1,19 +1,26 @@
 //! What may be stored: per-kind strategies in the shape of the Kubernetes apiserver's registry,
-//! and the generic store that runs them in a fixed order around a storage transaction.
+//! the generic store that runs them in a fixed order around a storage transaction, and the
+//! registry of every kind (built from [`crate::kinds`]) that handlers call.
 //!
 //! Create: prepare (system fields, clear status) → defaults → validate → inside the storage
 //! transaction: cross-object admission (claims, references) → commit.
-//! Update: the same, with `prepare_for_update` (keep status and system fields), `validate_update`
-//! judging the exact stored version being replaced, inside a read-modify-write retry loop.
+//! Update: the same, with `prepare_for_update` (keep status and system fields) and the object
+//! rules judged against the exact stored version being replaced, inside a read-modify-write retry
+//! loop; errors the stored object already had on fields the update left alone are dropped
+//! (ratcheting, once, in [`generic`]). `/status` writes run the kind's [`StatusStrategy`].
 //!
 //! | module | owns |
 //! |---|---|
 //! | [`generic`] | the create/update/delete/get/list flow shared by every kind |
+//! | [`dynamic`] | every kind behind one object-safe JSON trait, for handlers |
+//! | [`patch`] | JSON patch, merge patch and apply configurations, within bounds |
+//! | [`fieldmanager`] | `managedFields` and server-side apply |
+//! | [`watch`] | watches of one kind: initial state, filtered typed events |
 //! | [`field`] | field paths and Kubernetes-style field errors |
 //! | [`errors`] | registry errors and the storage → API error seam |
 //! | [`meta`] | `metadata` system fields and syntax |
 //! | [`validation`] | syntax checks shared by the kinds |
-//! | [`backend`], [`pool`], [`binding`], [`model_deployment`] | each kind's strategy |
+//! | [`backend`], [`pool`], [`binding`], [`model_deployment`] | each kind's strategy and rules |
 //!
 //! Where is the immutable cache domain enforced? `binding::strategy`, in `validate_update`; the
 //! once-per-backend domain claim is `binding::claims`, checked in the same storage transaction
@@ -21,26 +28,32 @@
 
 pub mod backend;
 pub mod binding;
+pub mod dynamic;
 pub mod errors;
 pub mod field;
+pub mod fieldmanager;
 pub mod generic;
 pub mod meta;
 pub mod model_deployment;
+pub mod patch;
 pub mod pool;
 pub mod validation;
+pub mod watch;
 
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use kvcache_api::{Kind, Object};
 
+pub use self::dynamic::Resource;
 pub use self::errors::RegistryError;
 pub use self::field::{ErrorList, Path};
 pub use self::generic::Store;
 use crate::config::Config;
+use crate::kinds::{KINDS, KindEntry};
 use crate::storage::{Compare, KeyValue, ListRequest, Op, Storage};
 
 /// What admission may consult besides the objects: the server's configuration.
@@ -70,10 +83,13 @@ pub struct Admission {
     pub warnings: Vec<String>,
 }
 
-/// A kind's rules. The hooks keep the names of the Kubernetes apiserver's strategies.
+/// A kind's rules. The hooks keep the names of the Kubernetes apiserver's strategies, and the
+/// generic store calls them in a fixed order.
 #[async_trait]
-pub trait Strategy: Send + Sync + 'static {
+pub trait Strategy: Default + Send + Sync + 'static {
     type Kind: Kind;
+    /// The rules of the `/status` subresource.
+    type Status: StatusStrategy<Kind = Self::Kind>;
 
     /// Clears what a client may not set on create. Status is the controller's.
     fn prepare_for_create(&self, obj: &mut Object<Self::Kind>) {
@@ -83,7 +99,8 @@ pub trait Strategy: Send + Sync + 'static {
     /// Fills defaults, on create and on update.
     fn apply_defaults(&self, obj: &mut Object<Self::Kind>, ctx: &Context);
 
-    /// Object-only rules for a new object.
+    /// Object-only rules. On update they judge the new object, and errors the stored object
+    /// already had on fields the update did not change are dropped.
     fn validate(&self, obj: &Object<Self::Kind>, ctx: &Context) -> ErrorList;
 
     fn warnings_on_create(&self, _obj: &Object<Self::Kind>, _ctx: &Context) -> Vec<String> {
@@ -95,18 +112,13 @@ pub trait Strategy: Send + Sync + 'static {
         new.status = old.status.clone();
     }
 
-    /// Object-only rules for an update, judged against the exact stored version. Only called
-    /// when the spec changed: a metadata-only update (such as removing a finalizer) is never
-    /// re-judged.
+    /// The rules of an update only (what may not change), judged against the exact stored
+    /// version. Only called when the spec changed: a metadata-only update (such as removing a
+    /// finalizer) is never re-judged. These errors are never ratcheted.
     fn validate_update(&self, new: &Object<Self::Kind>, old: &Object<Self::Kind>, ctx: &Context) -> ErrorList;
 
     fn warnings_on_update(&self, _new: &Object<Self::Kind>, _old: &Object<Self::Kind>, _ctx: &Context) -> Vec<String> {
         Vec::new()
-    }
-
-    /// Rules of a status write (the `/status` subresource).
-    fn validate_status_update(&self, _new: &Object<Self::Kind>, _old: &Object<Self::Kind>) -> ErrorList {
-        ErrorList::new()
     }
 
     /// Cross-object rules, run inside the storage transaction: every read goes through `reads`
@@ -119,6 +131,23 @@ pub trait Strategy: Send + Sync + 'static {
     ) -> Result<Admission, RegistryError> {
         Ok(Admission::default())
     }
+}
+
+/// The rules of a kind's `/status` subresource: a status write keeps the stored spec and
+/// metadata (only `managedFields` follow the request) and is judged by `validate_update`.
+pub trait StatusStrategy: Default + Send + Sync + 'static {
+    type Kind: Kind;
+
+    /// Keeps everything but the status from the stored object.
+    fn prepare_for_update(&self, new: &mut Object<Self::Kind>, old: &Object<Self::Kind>) {
+        new.spec = old.spec.clone();
+        let managed_fields = new.metadata.managed_fields.take();
+        new.metadata = old.metadata.clone();
+        new.metadata.managed_fields = managed_fields;
+    }
+
+    /// Rules of a status write.
+    fn validate_update(&self, new: &Object<Self::Kind>, old: &Object<Self::Kind>) -> ErrorList;
 }
 
 /// Reads made by admission, remembered as compares of the transaction that follows.
@@ -180,16 +209,6 @@ impl<'a> Reads<'a> {
     }
 }
 
-/// [`ErrorList::ratchet`] over two objects: errors the stored object already had on fields the
-/// update did not change are dropped.
-pub fn ratchet<K: Kind>(new_errors: ErrorList, old_errors: &ErrorList, new: &Object<K>, old: &Object<K>) -> ErrorList {
-    let (n, o) = (
-        serde_json::to_value(new).unwrap_or_default(),
-        serde_json::to_value(old).unwrap_or_default(),
-    );
-    new_errors.ratchet(old_errors, &n, &o)
-}
-
 /// The stored bytes of an object (its `resourceVersion` is the key's revision, not stored).
 pub fn encode<K: Kind>(obj: &Object<K>) -> Result<Vec<u8>, RegistryError> {
     let mut copy = obj.clone();
@@ -227,22 +246,41 @@ pub fn encoded_with_revision(kv: &KeyValue) -> Result<Vec<u8>, RegistryError> {
     Ok(out)
 }
 
-/// The four stores over one storage.
-pub struct Registries {
-    pub backends: Store<backend::BackendStrategy>,
-    pub pools: Store<pool::PoolStrategy>,
-    pub bindings: Store<binding::BindingStrategy>,
-    pub model_deployments: Store<model_deployment::ModelDeploymentStrategy>,
+/// Every kind's registry over one storage, in the order of [`KINDS`].
+pub struct Registry {
+    storage: Arc<dyn Storage>,
+    ctx: Context,
+    resources: Vec<(&'static KindEntry, Arc<dyn Resource>)>,
 }
 
-impl Registries {
+impl Registry {
     pub fn new(storage: Arc<dyn Storage>, ctx: Context) -> Self {
-        Registries {
-            backends: Store::new(storage.clone(), backend::BackendStrategy, ctx.clone()),
-            pools: Store::new(storage.clone(), pool::PoolStrategy, ctx.clone()),
-            bindings: Store::new(storage.clone(), binding::BindingStrategy, ctx.clone()),
-            model_deployments: Store::new(storage, model_deployment::ModelDeploymentStrategy, ctx),
+        let resources = KINDS
+            .iter()
+            .map(|k| (k, (k.resource)(storage.clone(), ctx.clone())))
+            .collect();
+        Registry {
+            storage,
+            ctx,
+            resources,
         }
+    }
+
+    /// The resource served under `plural`.
+    pub fn resource(&self, plural: &str) -> Option<(&'static KindEntry, &Arc<dyn Resource>)> {
+        self.resources
+            .iter()
+            .find(|(k, _)| k.plural == plural)
+            .map(|(k, r)| (*k, r))
+    }
+
+    /// The typed store of one kind.
+    pub fn store<S: Strategy>(&self) -> Store<S> {
+        Store::new(self.storage.clone(), S::default(), self.ctx.clone())
+    }
+
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
     }
 }
 

@@ -1,5 +1,5 @@
-//! Test support for the admission tables: a registry over a fresh embedded storage, JSON edits
-//! of a base object, and assertions on refusals (reason and field path).
+//! Test support for the admission tables: the typed stores over a fresh embedded storage, JSON
+//! edits of a base object, and assertions on refusals (reason and field path).
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -7,8 +7,12 @@ use std::sync::Arc;
 use kvcache_api::{Kind, Object};
 use serde_json::Value;
 
+use super::backend::BackendStrategy;
+use super::binding::BindingStrategy;
 use super::field::ErrorType;
-use super::{Context, Registries, RegistryError};
+use super::model_deployment::ModelDeploymentStrategy;
+use super::pool::PoolStrategy;
+use super::{Context, RegistryError, Store};
 use crate::config::Config;
 use crate::decode::{self, FieldValidation};
 use crate::storage::Storage;
@@ -40,14 +44,25 @@ impl Harness {
     }
 }
 
+/// The typed store of every kind, as the admission tables drive them.
+pub struct Registries {
+    pub backends: Store<BackendStrategy>,
+    pub pools: Store<PoolStrategy>,
+    pub bindings: Store<BindingStrategy>,
+    pub model_deployments: Store<ModelDeploymentStrategy>,
+}
+
 /// Registries over `storage` with another configuration (for settings changed after admission).
 pub fn registries(storage: Arc<dyn Storage>, config: Config) -> Registries {
-    Registries::new(
-        storage,
-        Context {
-            config: Arc::new(config),
-        },
-    )
+    let ctx = Context {
+        config: Arc::new(config),
+    };
+    Registries {
+        backends: Store::new(storage.clone(), BackendStrategy, ctx.clone()),
+        pools: Store::new(storage.clone(), PoolStrategy, ctx.clone()),
+        bindings: Store::new(storage.clone(), BindingStrategy, ctx.clone()),
+        model_deployments: Store::new(storage, ModelDeploymentStrategy, ctx),
+    }
 }
 
 /// Decodes like a strict request body.

@@ -2,6 +2,8 @@
 //! image references, `host:port` addresses, quantities. Each returns `Err(detail)` with a message
 //! fit for a field error.
 
+use kvcache_api::common::Condition;
+use kvcache_api::conditions::ConditionStatus;
 use kvcache_api::quantity::{ParsedQuantity, Quantity};
 
 use super::field::{ErrorList, Path};
@@ -321,9 +323,120 @@ pub fn labels<'a>(map: impl IntoIterator<Item = (&'a String, &'a String)>, field
     }
 }
 
+/// Longest condition message, as Kubernetes' `ValidateConditions`.
+const MAX_CONDITION_MESSAGE: usize = 32 * 1024;
+const MAX_CONDITION_REASON: usize = 1024;
+
+/// `status.conditions`, as Kubernetes' `metav1validation.ValidateConditions`: each `type` a
+/// qualified name appearing once, `status` one of True, False or Unknown, a CamelCase `reason`,
+/// a message of at most 32 KiB, and a non-negative `observedGeneration`.
+pub fn conditions(conditions: &[Condition], field: &Path, errs: &mut ErrorList) {
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, c) in conditions.iter().enumerate() {
+        let p = field.index(i);
+        if c.type_.is_empty() {
+            errs.required(&p.child("type"), "name the condition type, e.g. Ready");
+        } else if let Err(e) = qualified_name(&c.type_) {
+            errs.invalid(&p.child("type"), &c.type_, e);
+        } else if seen.contains(&c.type_.as_str()) {
+            errs.duplicate(&p.child("type"), &c.type_, "each condition type may appear once");
+        } else {
+            seen.push(&c.type_);
+        }
+        if ConditionStatus::parse(&c.status).is_none() {
+            errs.not_supported(&p.child("status"), &c.status, &["True", "False", "Unknown"]);
+        }
+        let reason_ok = c.reason.chars().next().is_some_and(|ch| ch.is_ascii_alphabetic())
+            && c.reason
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '_' | ',' | ':'))
+            && !c.reason.ends_with([',', ':']);
+        if c.reason.is_empty() {
+            errs.required(&p.child("reason"), "give the reason as one CamelCase word");
+        } else if max_len(&c.reason, MAX_CONDITION_REASON, &p.child("reason"), errs) && !reason_ok {
+            errs.invalid(
+                &p.child("reason"),
+                &c.reason,
+                "a reason is one CamelCase word: letters, digits and '_', starting with a letter",
+            );
+        }
+        max_len(&c.message, MAX_CONDITION_MESSAGE, &p.child("message"), errs);
+        if c.observed_generation.is_some_and(|g| g < 0) {
+            errs.invalid(
+                &p.child("observedGeneration"),
+                c.observed_generation,
+                "must be greater than or equal to 0",
+            );
+        }
+    }
+}
+
+/// A hit rate: a decimal from 0 to 1 with at most four decimals (`0.25`, `1.0`).
+pub fn hit_rate(s: &str, field: &Path, errs: &mut ErrorList) {
+    let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
+    let digits = |t: &str| t.bytes().all(|b| b.is_ascii_digit());
+    let ok = match whole {
+        "0" => frac.len() <= 4 && digits(frac) && (s == "0" || !frac.is_empty()),
+        "1" => frac.len() <= 4 && frac.bytes().all(|b| b == b'0') && (s == "1" || !frac.is_empty()),
+        _ => false,
+    };
+    if !ok {
+        errs.invalid(
+            field,
+            s,
+            "must be a decimal from 0 to 1 with at most four decimals, such as 0.25",
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_conditions_and_hit_rates() {
+        let cond = |t: &str, s: &str, r: &str| Condition {
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            message: String::new(),
+            observed_generation: None,
+            reason: r.to_owned(),
+            status: s.to_owned(),
+            type_: t.to_owned(),
+        };
+        let mut errs = ErrorList::new();
+        conditions(
+            &[
+                cond("Ready", "True", "Serving"),
+                cond("Ready", "Maybe", "bad reason"),
+                cond("", "True", ""),
+            ],
+            &Path::new("status").child("conditions"),
+            &mut errs,
+        );
+        let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "status.conditions[1].type",
+                "status.conditions[1].status",
+                "status.conditions[1].reason",
+                "status.conditions[2].type",
+                "status.conditions[2].reason"
+            ]
+        );
+        for ok in ["0", "1", "0.25", "1.0", "0.0001", "1.0000"] {
+            let mut e = ErrorList::new();
+            hit_rate(ok, &Path::new("h"), &mut e);
+            assert!(e.is_empty(), "{ok}");
+        }
+        for bad in ["", "2", "0.12345", "1.5", "-0.1", "0.", ".5", "1e-3"] {
+            let mut e = ErrorList::new();
+            hit_rate(bad, &Path::new("h"), &mut e);
+            assert!(!e.is_empty(), "{bad}");
+        }
+    }
 
     #[test]
     fn names() {

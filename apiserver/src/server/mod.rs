@@ -1,72 +1,51 @@
-//! The HTTPS API server kubectl talks to: `kv-apiserver serve`.
+//! The HTTPS server kubectl talks to (`kv-apiserver serve`): the PKI and kubeconfig files, the
+//! TLS listener, HTTP/1.1 and HTTP/2 connections into the application's router, and a graceful
+//! shutdown.
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`api`] | the request pipeline (authn → route → authz → handler), system endpoints |
-//! | [`rest`] | the REST verbs on our resources |
-//! | [`resource`] | kinds behind one JSON trait; patches and field management on the way in |
-//! | [`fieldmanager`] | `managedFields` and server-side apply |
-//! | [`watch`] | watch streams |
-//! | [`table`] | `kubectl get` columns |
-//! | [`selectors`] | label and field selectors |
-//! | [`discovery`], [`openapi`], [`openapi_proto`] | what clients learn about the API |
-//! | [`negotiate`] | `Accept` and content types |
-//! | [`auth`], [`tls`] | who is asking, what they may do, and the TLS that tells us |
-//! | [`metrics`] | Prometheus metrics |
+//! | [`filters`] | the per-request filters (metrics, authentication, authorization, limits, span) |
+//! | [`tls`] | the TLS configuration that verifies client certificates |
+//! | [`parse_errors`] | Status bodies for what the HTTP/1 parser refuses on its own |
 
-pub mod api;
-pub mod auth;
-pub mod discovery;
-pub mod fieldmanager;
-pub mod metrics;
-pub mod negotiate;
-pub mod openapi;
-pub mod openapi_proto;
-pub mod request;
-pub mod resource;
-pub mod rest;
-pub mod selectors;
-pub mod table;
+pub mod filters;
+pub mod parse_errors;
 pub mod tls;
-pub mod watch;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
+use tower::Service as _;
 
-use crate::config::Config;
-use crate::registry::{Context, Registries};
-use crate::storage::Storage;
-use crate::storage::embedded::{Embedded, Options as StorageOptions};
+use crate::app::App;
+use crate::auth::ConnectionInfo;
+use crate::auth::x509::ClientCertificate;
 
-/// How to run the server.
+/// How long a client may take to finish its TLS handshake, and then to send its request head.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Most header bytes an HTTP/2 request may carry, as Go's (and kube-apiserver's) 1 MB: a long
+/// path is refused on its stream, never by closing the connection.
+const MAX_HTTP2_HEADER_LIST_BYTES: u32 = 1 << 20;
+
+/// How to serve.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     pub listen: SocketAddr,
+    /// Where `pki/` and the kubeconfig files are written.
     pub data_dir: PathBuf,
-    pub config: Config,
-    /// How often watches with `allowWatchBookmarks` get a BOOKMARK.
-    pub bookmark_interval: Duration,
     /// After a shutdown signal: how long to keep serving with `/readyz` failing.
     pub shutdown_delay: Duration,
-    /// Changes kept for watches resuming from an older revision (older ones get 410).
-    pub watch_history: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("opening the storage in {path}: {source}")]
-    Storage {
-        path: PathBuf,
-        #[source]
-        source: crate::storage::StorageError,
-    },
     #[error("preparing certificates: {0}")]
     Certs(#[from] kvcache_certs::CertError),
     #[error(transparent)]
@@ -131,22 +110,13 @@ pub fn prepare_credentials(data_dir: &Path, listen: &SocketAddr) -> Result<(kvca
     Ok((pki, written))
 }
 
-/// Runs the server until `stop` resolves, then shuts down gracefully.
-pub async fn serve(opts: ServeOptions, stop: impl std::future::Future<Output = ()> + Send) -> Result<(), ServeError> {
-    let storage_dir = opts.data_dir.join("storage");
-    let storage: Arc<dyn Storage> = Arc::new(
-        Embedded::open(
-            &storage_dir,
-            StorageOptions {
-                watch_history: opts.watch_history.max(1),
-                ..StorageOptions::default()
-            },
-        )
-        .map_err(|source| ServeError::Storage {
-            path: storage_dir.clone(),
-            source,
-        })?,
-    );
+/// Serves `app` until `stop` resolves, then shuts down gracefully: `/readyz` fails at once,
+/// serving goes on for the shutdown delay, then watches end and in-flight requests drain.
+pub async fn serve(
+    app: App,
+    opts: ServeOptions,
+    stop: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
     let (pki, written) = prepare_credentials(&opts.data_dir, &opts.listen)?;
     let tls_config = tls::server_config(&pki.ca.cert_pem, &pki.serving.cert_pem, &pki.serving.key_pem)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
@@ -156,21 +126,7 @@ pub async fn serve(opts: ServeOptions, stop: impl std::future::Future<Output = (
             addr: opts.listen,
             source,
         })?;
-    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let registries = Registries::new(
-        storage.clone(),
-        Context {
-            config: Arc::new(opts.config.clone()),
-        },
-    );
-    let api = Arc::new(api::Api::new(
-        registries,
-        storage,
-        Box::new(auth::X509Authenticator),
-        Box::new(auth::StaticPolicy),
-        shutdown_rx,
-        opts.bookmark_interval,
-    ));
+    app.start();
     let absolute = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
     let (admin, viewer) = (absolute(&written.kubeconfig), absolute(&written.viewer_kubeconfig));
     println!(
@@ -180,13 +136,14 @@ pub async fn serve(opts: ServeOptions, stop: impl std::future::Future<Output = (
         admin.display(),
         viewer.display()
     );
+    let app = Arc::new(app);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(stop);
     // After the stop signal: keep serving for `shutdown_delay` with /readyz failing, so that
     // load balancers take us out before connections are refused.
     let mut stopping: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     loop {
-        let (tcp, peer_addr) = tokio::select! {
+        let (tcp, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -197,7 +154,7 @@ pub async fn serve(opts: ServeOptions, stop: impl std::future::Future<Output = (
             },
             () = &mut stop, if stopping.is_none() => {
                 tracing::info!(delay = ?opts.shutdown_delay, "stop requested: readyz fails from now on");
-                api.ready.store(false, std::sync::atomic::Ordering::Relaxed);
+                app.set_unready();
                 stopping = Some(Box::pin(tokio::time::sleep(opts.shutdown_delay)));
                 continue;
             }
@@ -205,38 +162,50 @@ pub async fn serve(opts: ServeOptions, stop: impl std::future::Future<Output = (
         };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
-        let api = api.clone();
+        let app = app.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
-                    api.metrics
-                        .tls_handshake_errors
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tracing::debug!(%peer_addr, "TLS handshake error: {e}");
+                    app.metrics.tls_handshake_error();
+                    tracing::debug!(%remote, "TLS handshake error: {e}");
                     return;
                 }
                 Err(_) => return,
             };
-            // The client certificate is fixed for the connection: authenticate once.
-            let peer: Option<Vec<_>> = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .map(|c| c.iter().map(|d| d.clone().into_owned()).collect());
-            let user = Arc::new(api.authn.authenticate(peer.as_deref()));
-            let service = service_fn(move |req| api::handle(api.clone(), req, user.clone()));
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            // The client certificate is fixed for the connection; its user is parsed once.
+            let client = tls.get_ref().1.peer_certificates().map(|c| {
+                Arc::new(ClientCertificate::new(
+                    c.iter().map(|d| d.clone().into_owned()).collect(),
+                ))
+            });
+            let conn_info = ConnectionInfo::Tls { remote, client };
+            let router = app.router();
+            let service = hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(conn_info.clone());
+                router.clone().call(req)
+            });
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .max_header_list_size(MAX_HTTP2_HEADER_LIST_BYTES)
+                .keep_alive_interval(Some(Duration::from_secs(30)))
+                .keep_alive_timeout(Duration::from_secs(20));
+            let io = TokioIo::new(parse_errors::StatusOnParseError::new(tls));
+            let conn = builder.serve_connection(io, service);
             if let Err(e) = watcher.watch(conn.into_owned()).await {
-                tracing::debug!(%peer_addr, "connection ended: {e}");
+                tracing::debug!(%remote, "connection ended: {e}");
             }
         });
     }
     tracing::info!("shutting down: readyz fails, watches end, in-flight requests drain");
-    api.ready.store(false, std::sync::atomic::Ordering::Relaxed);
-    let _ = shutdown_tx.send(true);
+    app.shut_down();
     drop(listener);
     if tokio::time::timeout(
         opts.shutdown_delay.max(Duration::from_secs(1)) * 10,

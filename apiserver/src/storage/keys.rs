@@ -16,7 +16,12 @@ const REGISTRY: &str = "/registry";
 
 /// Prefix of every object of kind `K`.
 pub fn kind_prefix<K: Kind>() -> String {
-    format!("{REGISTRY}/{GROUP}/{}/", K::PLURAL)
+    kind_prefix_of(K::PLURAL)
+}
+
+/// Prefix of every object of the kind served as `plural`.
+pub fn kind_prefix_of(plural: &str) -> String {
+    format!("{REGISTRY}/{GROUP}/{plural}/")
 }
 
 /// Prefix of the objects of a namespaced kind in one namespace; the kind prefix for

@@ -17,10 +17,12 @@
 //! |---|---|
 //! | [`keys`] | the key layout of objects and claims |
 //! | [`watch`] | the fan-out of durable events to watchers, with bounded history and queues |
+//! | [`metrics`] | commit, sync, log size, compaction and object-count figures |
 //! | [`embedded`] | the default implementation: an append-only, checksummed, group-committed log |
 
 pub mod embedded;
 pub mod keys;
+pub mod metrics;
 pub mod watch;
 
 #[cfg(test)]
@@ -174,6 +176,17 @@ pub trait Storage: Send + Sync + 'static {
 
     /// Durable changes under `prefix` with a revision greater than `after_revision`.
     async fn watch(&self, prefix: &str, after_revision: u64) -> Result<WatchStream>;
+
+    /// How many keys are under `prefix` (the objects-per-kind metric).
+    async fn count(&self, prefix: &str) -> Result<u64> {
+        let page = self
+            .list(ListRequest {
+                prefix: prefix.to_owned(),
+                ..Default::default()
+            })
+            .await?;
+        Ok(u64::try_from(page.items.len()).unwrap_or(u64::MAX))
+    }
 
     /// Whether writes can still succeed (`/readyz` reports it).
     fn health(&self) -> Result<()> {

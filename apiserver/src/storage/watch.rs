@@ -100,18 +100,28 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// A hub whose history starts after `revision` (the state recovered at start-up).
-    pub fn new(revision: u64, history_limit: usize, queue_limit: usize) -> Self {
+    /// A hub keeping `history_limit` events for watchers that start in the past, and queueing
+    /// `queue_limit` events per watcher before closing it as too slow. Its history starts after
+    /// revision 0 until the storage says where it starts ([`Hub::start_after`]).
+    pub fn new(history_limit: usize, queue_limit: usize) -> Self {
         Hub {
             state: Mutex::new(HubState {
                 history: VecDeque::with_capacity(history_limit.min(4096)),
-                complete_from: revision + 1,
+                complete_from: 1,
                 watchers: Vec::new(),
             }),
             history_limit: history_limit.max(1),
             queue_limit: queue_limit.max(1),
             closed_slow: AtomicU64::new(0),
         }
+    }
+
+    /// The history starts after `revision` (the state the storage recovered at start-up):
+    /// watches from before it answer `Expired`.
+    pub fn start_after(&self, revision: u64) {
+        let mut st = self.state.lock();
+        st.history.clear();
+        st.complete_from = revision + 1;
     }
 
     /// Watchers closed because they fell behind, since start.
@@ -208,7 +218,7 @@ mod tests {
 
     #[tokio::test]
     async fn replays_history_then_live_events_under_prefix() {
-        let hub = Hub::new(0, 10, 10);
+        let hub = Hub::new(10, 10);
         hub.publish(vec![ev(1, "/a/1"), ev(2, "/b/1"), ev(3, "/a/2")]);
         let mut w = hub.subscribe("/a/", 1).unwrap();
         hub.publish(vec![ev(4, "/a/3"), ev(5, "/b/2")]);
@@ -220,7 +230,8 @@ mod tests {
 
     #[test]
     fn compacted_history_answers_expired() {
-        let hub = Hub::new(10, 2, 10);
+        let hub = Hub::new(2, 10);
+        hub.start_after(10);
         assert!(hub.subscribe("", 10).is_ok());
         assert!(matches!(hub.subscribe("", 9), Err(StorageError::Expired { .. })));
         hub.publish(vec![ev(11, "k"), ev(12, "k"), ev(13, "k")]);
@@ -234,7 +245,7 @@ mod tests {
 
     #[tokio::test]
     async fn slow_watcher_is_closed_not_skipped() {
-        let hub = Hub::new(0, 100, 2);
+        let hub = Hub::new(100, 2);
         let mut w = hub.subscribe("", 0).unwrap();
         hub.publish(vec![ev(1, "k"), ev(2, "k"), ev(3, "k")]);
         assert_eq!(w.next().await.unwrap().revision, 1);

@@ -1249,7 +1249,7 @@ async fn spec_changes_bump_generation_and_status_writes_do_not() {
     assert_eq!(b.metadata.generation, Some(1));
     let mut s = b.clone();
     s.status = Some(kvcache_api::backend::BackendStatus {
-        phase: Some("Ready".into()),
+        phase: Some(kvcache_api::conditions::BackendPhase::Ready),
         ..Default::default()
     });
     let b = h
@@ -1260,7 +1260,10 @@ async fn spec_changes_bump_generation_and_status_writes_do_not() {
         .unwrap()
         .object;
     assert_eq!(b.metadata.generation, Some(1));
-    assert_eq!(b.status.as_ref().unwrap().phase.as_deref(), Some("Ready"));
+    assert_eq!(
+        b.status.as_ref().unwrap().phase,
+        Some(kvcache_api::conditions::BackendPhase::Ready)
+    );
     let mut spec = b.clone();
     spec.status = None;
     spec.spec.connection.as_mut().unwrap().managed.as_mut().unwrap().members[0].capacity_per_member =

@@ -158,7 +158,7 @@ async fn backends_are_immutable_and_quota_is_not() {
     // Status sent to the main resource is ignored.
     let mut s = p.clone();
     s.status = Some(PoolStatus {
-        phase: Some("Ready".into()),
+        phase: Some(kvcache_api::conditions::PoolPhase::Ready),
         ..Default::default()
     });
     let p = h
@@ -240,6 +240,7 @@ async fn lists_page_with_continue_tokens_at_one_revision_and_filter_before_the_l
             None,
             ListOptions {
                 revision: None,
+                min_revision: None,
                 limit: Some(2),
                 continue_token: None,
                 predicate: Some(even.clone()),
@@ -263,6 +264,7 @@ async fn lists_page_with_continue_tokens_at_one_revision_and_filter_before_the_l
             None,
             ListOptions {
                 revision: None,
+                min_revision: None,
                 limit: Some(2),
                 continue_token: first.continue_token.clone(),
                 predicate: Some(even),
@@ -280,6 +282,7 @@ async fn lists_page_with_continue_tokens_at_one_revision_and_filter_before_the_l
             None,
             ListOptions {
                 revision: None,
+                min_revision: None,
                 limit: None,
                 continue_token: Some("not-a-token".into()),
                 predicate: None,

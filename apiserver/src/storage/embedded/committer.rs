@@ -90,11 +90,17 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
     let (frame, spans) = enc.finish();
     let frame_len = frame.len() as u64;
     let grown = ensure_capacity(shared, log, frame_offset + frame_len)?;
-    if let Err(e) = log
-        .file
-        .write_at(&frame, frame_offset)
-        .and_then(|()| log.file.sync_data())
-    {
+    let written = log.file.write_at(&frame, frame_offset).and_then(|()| {
+        let started = std::time::Instant::now();
+        let synced = log.file.sync_data();
+        shared
+            .options
+            .metrics
+            .fsync_duration
+            .observe(started.elapsed().as_secs_f64());
+        synced
+    });
+    if let Err(e) = written {
         // The queued transactions are not durable and never will be: refuse them all.
         let msg = format!(
             "writing {} failed: {e}; the server stops accepting writes",
@@ -109,6 +115,11 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
         return Err(StorageError::io(format!("writing {}", log.path.display()), e));
     }
     log.write_offset += frame_len;
+    shared
+        .options
+        .metrics
+        .log_bytes
+        .set(i64::try_from(log.write_offset).unwrap_or(i64::MAX));
 
     let value_base = frame_offset + format::FRAME_HEADER_LEN as u64;
     let last_revision = batch.last().map_or(0, |t| t.revision);
@@ -152,6 +163,11 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
                 create_revision: op.create_revision,
             });
         }
+        shared
+            .options
+            .metrics
+            .commit_duration
+            .observe(txn.queued_at.elapsed().as_secs_f64());
         let _ = txn.done.send(Ok(txn.revision));
     }
     shared.hub.publish(events);
@@ -255,6 +271,12 @@ fn compact(shared: &Shared, log: &mut ActiveLog) -> Result<()> {
     }
     let old_path = log.path.clone();
     std::mem::swap(log, &mut new_log);
+    shared.options.metrics.compactions.inc();
+    shared
+        .options
+        .metrics
+        .log_bytes
+        .set(i64::try_from(log.write_offset).unwrap_or(i64::MAX));
     let _ = fs::remove_file(&old_path);
     tracing::info!(
         generation,

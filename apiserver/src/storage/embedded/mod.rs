@@ -75,6 +75,7 @@ use tokio::sync::{oneshot, watch};
 use self::file::{FileWrapper, LogFile, OsFile};
 use self::index::{Index, Loc, ValueRef};
 use self::mmap::LogMap;
+use super::metrics::StorageMetrics;
 use super::watch::Hub;
 use super::{
     Compare, KeyValue, ListRequest, ListResponse, Op, Result, Storage, StorageError, Txn, TxnOutcome, Value,
@@ -96,6 +97,8 @@ pub struct Options {
     pub max_batch_bytes: usize,
     /// Replaces the file I/O (tests inject faults with it).
     pub wrap_file: Option<FileWrapper>,
+    /// Where commit, sync and compaction figures go.
+    pub metrics: StorageMetrics,
 }
 
 impl Default for Options {
@@ -107,6 +110,7 @@ impl Default for Options {
             initial_file_bytes: 4 << 20,
             max_batch_bytes: 8 << 20,
             wrap_file: None,
+            metrics: StorageMetrics::default(),
         }
     }
 }
@@ -138,7 +142,7 @@ struct Shared {
     queue: Mutex<Queue>,
     queue_ready: Condvar,
     durable_tx: watch::Sender<u64>,
-    hub: Hub,
+    hub: Arc<Hub>,
     _lock: File,
 }
 
@@ -164,6 +168,8 @@ struct Queue {
 /// A transaction that has a revision and waits for the committer.
 struct Queued {
     revision: u64,
+    /// When it was queued, for the commit latency.
+    queued_at: std::time::Instant,
     ops: Vec<QueuedOp>,
     done: oneshot::Sender<Result<u64>>,
 }
@@ -186,8 +192,15 @@ struct ActiveLog {
 }
 
 impl Embedded {
-    /// Opens (or creates) the storage in `dir`, replaying its log.
+    /// Opens (or creates) the storage in `dir`, replaying its log, with a watch hub of its own
+    /// (sized by `options`).
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Embedded> {
+        let hub = Arc::new(Hub::new(options.watch_history, options.watch_queue));
+        Self::open_with_hub(dir, options, hub)
+    }
+
+    /// Opens (or creates) the storage in `dir`, publishing durable changes to `hub`.
+    pub fn open_with_hub(dir: impl AsRef<Path>, options: Options, hub: Arc<Hub>) -> Result<Embedded> {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir).map_err(|e| StorageError::io(format!("creating {}", dir.display()), e))?;
         let lock = lock_dir(&dir)?;
@@ -203,7 +216,10 @@ impl Embedded {
         let (durable_tx, _) = watch::channel(recovered.revision);
         let shared = Arc::new(Shared {
             dir,
-            hub: Hub::new(recovered.revision, options.watch_history, options.watch_queue),
+            hub: {
+                hub.start_after(recovered.revision);
+                hub
+            },
             options,
             state: RwLock::new(State {
                 index: recovered.index,
@@ -411,6 +427,7 @@ impl Storage for Embedded {
             let (tx, rx) = oneshot::channel();
             shared.queue.lock().txns.push_back(Queued {
                 revision,
+                queued_at: std::time::Instant::now(),
                 ops,
                 done: tx,
             });

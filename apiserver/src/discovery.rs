@@ -1,9 +1,10 @@
-//! Discovery documents: the legacy `APIGroupList` / `APIGroup` / `APIResourceList`, and the
-//! aggregated `APIGroupDiscoveryList` (apidiscovery.k8s.io v2 and v2beta1) chosen by `Accept`.
+//! Discovery documents, built from the table of kinds: the legacy `APIGroupList` / `APIGroup` /
+//! `APIResourceList`, and the aggregated `APIGroupDiscoveryList` (apidiscovery.k8s.io v2 and
+//! v2beta1) chosen by `Accept`.
 
 use serde_json::{Value, json};
 
-use super::resource::Info;
+use crate::kinds::KindEntry;
 use kvcache_api::{API_VERSION, GROUP, VERSION};
 
 const VERBS: &[&str] = &[
@@ -17,14 +18,6 @@ const VERBS: &[&str] = &[
     "watch",
 ];
 const STATUS_VERBS: &[&str] = &["get", "patch", "update"];
-/// `all` (so `kubectl get all` shows them) only for namespaced kinds, as for built-in kinds.
-fn categories(r: &Info) -> Vec<&'static str> {
-    if r.namespaced {
-        vec!["all", "gpustack"]
-    } else {
-        vec!["gpustack"]
-    }
-}
 
 fn group_version() -> Value {
     json!({"groupVersion": API_VERSION, "version": VERSION})
@@ -47,15 +40,15 @@ pub fn api_group_list() -> Value {
 }
 
 /// `GET /apis/worker.gpustack.ai/v1`.
-pub fn api_resource_list(resources: &[Info]) -> Value {
+pub fn api_resource_list(resources: &[KindEntry]) -> Value {
     let mut out = Vec::new();
     for r in resources {
         out.push(json!({
-            "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind,
-            "verbs": VERBS, "shortNames": [r.short_name], "categories": categories(r),
+            "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced(), "kind": r.kind,
+            "verbs": VERBS, "shortNames": r.short_names, "categories": r.categories,
         }));
         out.push(json!({
-            "name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced,
+            "name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced(),
             "kind": r.kind, "verbs": STATUS_VERBS,
         }));
     }
@@ -63,16 +56,16 @@ pub fn api_resource_list(resources: &[Info]) -> Value {
 }
 
 /// The aggregated discovery list in `version` (`v2` or `v2beta1`).
-pub fn aggregated(resources: &[Info], version: &str) -> Value {
+pub fn aggregated(resources: &[KindEntry], version: &str) -> Value {
     let kind_of = |kind: &str| json!({"group": GROUP, "version": VERSION, "kind": kind});
     let items: Vec<Value> = resources
         .iter()
         .map(|r| {
             json!({
                 "resource": r.plural, "singularResource": r.singular,
-                "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
-                "responseKind": kind_of(r.kind), "verbs": VERBS, "shortNames": [r.short_name],
-                "categories": categories(r),
+                "scope": if r.namespaced() { "Namespaced" } else { "Cluster" },
+                "responseKind": kind_of(r.kind), "verbs": VERBS, "shortNames": r.short_names,
+                "categories": r.categories,
                 "subresources": [{"subresource": "status", "responseKind": kind_of(r.kind), "verbs": STATUS_VERBS}],
             })
         })

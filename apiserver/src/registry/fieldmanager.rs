@@ -20,19 +20,13 @@ use serde_json::{Map, Value};
 pub type FieldPath = Vec<String>;
 pub type FieldSet = BTreeSet<FieldPath>;
 
-/// Which part of the object a request writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part {
-    Main,
-    Status,
-}
+pub use super::generic::Subresource as Part;
 
-impl Part {
-    fn subresource(self) -> Option<String> {
-        match self {
-            Part::Main => None,
-            Part::Status => Some("status".to_owned()),
-        }
+/// The `subresource` a managed fields entry records.
+fn subresource_name(part: Part) -> Option<String> {
+    match part {
+        Part::Main => None,
+        Part::Status => Some("status".to_owned()),
     }
 }
 
@@ -257,7 +251,7 @@ pub fn display(path: &[String]) -> String {
 }
 
 fn touch(entries: &mut Vec<Entry>, manager: &str, apply: bool, part: Part, api_version: &str) -> usize {
-    let sub = part.subresource();
+    let sub = subresource_name(part);
     if let Some(i) = entries
         .iter()
         .position(|e| e.manager == manager && e.apply == apply && e.subresource == sub)
@@ -322,7 +316,7 @@ pub fn apply(
 ) -> Result<Applied, Vec<Conflict>> {
     let applied = leaves(config, part);
     let fields: FieldSet = applied.keys().cloned().collect();
-    let sub = part.subresource();
+    let sub = subresource_name(part);
     let mut out = entries.to_vec();
     let mut conflicts = Vec::new();
     for e in &mut out {

@@ -1,15 +1,22 @@
 //! Decoding request bodies into typed objects, with Kubernetes' `fieldValidation` semantics.
 //!
+//! Bodies are first parsed by [`bounded`] (depth and size bounded, duplicate keys noted), then
+//! decoded into the types:
+//!
 //! - Unknown fields are found while decoding (every field the types skip is reported with its
 //!   path). `Strict` refuses them (400, `strict decoding error: unknown field "spec.foo"`),
 //!   `Warn` drops them and returns one warning each, `Ignore` drops them silently. They are never
-//!   stored.
+//!   stored. Duplicate keys are treated the same way (`duplicate field "metadata.name"`): the
+//!   last value is the one kept.
 //! - A value of the wrong shape where the path is known (an enum value outside its set, a string
 //!   where a number belongs) is a field error (422) naming the path; malformed JSON or YAML is a
 //!   400.
 
+pub mod bounded;
+
 use serde::de::DeserializeOwned;
 
+pub use self::bounded::{BoundedError, Parsed};
 use crate::registry::field::{ErrorList, ErrorType, FieldError, Path};
 
 /// The `fieldValidation` query parameter.
@@ -48,39 +55,59 @@ pub enum DecodeError {
     /// A field has a value of the wrong shape.
     #[error("{0}")]
     Invalid(ErrorList),
+    /// The body would build a value past the bounds (413).
+    #[error("{0}")]
+    TooLarge(String),
+}
+
+impl From<BoundedError> for DecodeError {
+    fn from(e: BoundedError) -> Self {
+        match e {
+            BoundedError::TooLarge => DecodeError::TooLarge(e.to_string()),
+            BoundedError::Syntax(m) => DecodeError::BadRequest(m),
+            BoundedError::TooDeep(_) => DecodeError::BadRequest(e.to_string()),
+        }
+    }
 }
 
 /// Decodes a JSON body.
 pub fn from_json<T: DeserializeOwned>(bytes: &[u8], mode: FieldValidation) -> Result<Decoded<T>, DecodeError> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let decoded = decode_with(&mut de, mode)?;
-    de.end()
-        .map_err(|e| DecodeError::BadRequest(format!("trailing data after the object: {e}")))?;
-    Ok(decoded)
+    from_parsed(bounded::json(bytes)?, mode)
 }
 
 /// Decodes a YAML document (as kubectl's manifests and `apply-patch+yaml` bodies are).
 pub fn from_yaml<T: DeserializeOwned>(text: &str, mode: FieldValidation) -> Result<Decoded<T>, DecodeError> {
-    let value: serde_json::Value =
-        yaml_serde::from_str(text).map_err(|e| DecodeError::BadRequest(format!("the body is not valid YAML: {e}")))?;
-    from_value(value, mode)
+    from_parsed(bounded::yaml(text)?, mode)
 }
 
-/// Decodes an already-parsed JSON value (for example the result of applying a patch).
+/// Decodes a parsed body: unknown fields and duplicate keys are judged together by `mode`.
+pub fn from_parsed<T: DeserializeOwned>(parsed: Parsed, mode: FieldValidation) -> Result<Decoded<T>, DecodeError> {
+    decode_value(parsed.value, &parsed.duplicates, mode)
+}
+
+/// Decodes an already-built JSON value (for example the result of applying a patch).
 pub fn from_value<T: DeserializeOwned>(
     value: serde_json::Value,
+    mode: FieldValidation,
+) -> Result<Decoded<T>, DecodeError> {
+    decode_value(value, &[], mode)
+}
+
+fn decode_value<T: DeserializeOwned>(
+    value: serde_json::Value,
+    duplicates: &[String],
     mode: FieldValidation,
 ) -> Result<Decoded<T>, DecodeError> {
     // Fast path: no path tracking (only an error needs the path); unknown fields are still
     // collected. A failure is decoded again with tracking to name the field.
     let mut unknown = Vec::new();
     match serde_ignored::deserialize(&value, |path| unknown.push(format_path(&path))) {
-        Ok(v) => finish(v, &unknown, mode),
-        Err(_) => decode_with(value, mode),
+        Ok(v) => finish(v, &unknown, duplicates, mode),
+        Err(_) => decode_with(value, duplicates, mode),
     }
 }
 
-fn decode_with<'de, D, T>(de: D, mode: FieldValidation) -> Result<Decoded<T>, DecodeError>
+fn decode_with<'de, D, T>(de: D, duplicates: &[String], mode: FieldValidation) -> Result<Decoded<T>, DecodeError>
 where
     D: serde::Deserializer<'de, Error: std::fmt::Display>,
     T: DeserializeOwned,
@@ -95,18 +122,27 @@ where
         Ok(v) => v,
         Err(e) => return Err(shape_error(track.path().to_string(), e.to_string())),
     };
-    finish(value, &unknown, mode)
+    finish(value, &unknown, duplicates, mode)
 }
 
-/// Applies `mode` to the unknown fields found while decoding `value`.
-fn finish<T>(value: T, unknown: &[String], mode: FieldValidation) -> Result<Decoded<T>, DecodeError> {
-    if unknown.is_empty() || mode == FieldValidation::Ignore {
+/// Applies `mode` to the unknown fields and duplicate keys found while decoding `value`.
+fn finish<T>(
+    value: T,
+    unknown: &[String],
+    duplicates: &[String],
+    mode: FieldValidation,
+) -> Result<Decoded<T>, DecodeError> {
+    if (unknown.is_empty() && duplicates.is_empty()) || mode == FieldValidation::Ignore {
         return Ok(Decoded {
             value,
             warnings: Vec::new(),
         });
     }
-    let messages: Vec<String> = unknown.iter().map(|p| format!("unknown field {p:?}")).collect();
+    let messages: Vec<String> = unknown
+        .iter()
+        .map(|p| format!("unknown field {p:?}"))
+        .chain(duplicates.iter().map(|p| format!("duplicate field {p:?}")))
+        .collect();
     match mode {
         FieldValidation::Strict => Err(DecodeError::BadRequest(format!(
             "strict decoding error: {}",
@@ -255,6 +291,22 @@ mod tests {
             from_json::<KVCacheBackend>(br#"{"spec":{},"spec":{}}"#, FieldValidation::Strict),
             Err(DecodeError::BadRequest(_))
         ));
+    }
+
+    #[test]
+    fn duplicate_keys_follow_field_validation() {
+        let body = br#"{"metadata":{"name":"a","name":"b"},"spec":{}}"#;
+        let err = from_json::<KVCacheBackend>(body, FieldValidation::Strict).unwrap_err();
+        assert!(err.to_string().contains(r#"duplicate field "metadata.name""#), "{err}");
+        let d = from_json::<KVCacheBackend>(body, FieldValidation::Warn).unwrap();
+        assert_eq!(d.warnings, vec![r#"duplicate field "metadata.name""#.to_owned()]);
+        assert_eq!(d.value.metadata.name.as_deref(), Some("b"));
+        assert!(
+            from_json::<KVCacheBackend>(body, FieldValidation::Ignore)
+                .unwrap()
+                .warnings
+                .is_empty()
+        );
     }
 
     #[test]

@@ -8,9 +8,11 @@
 //! apply treats every list as one field). PATCH operations list JSON patch, merge patch and
 //! apply, never strategic merge patch, so client-side `kubectl apply` sends merge patches.
 
+pub mod proto;
+
 use serde_json::{Map, Value, json};
 
-use super::resource::Info;
+use crate::kinds::KindEntry;
 use kvcache_api::{API_VERSION, GROUP, Kind, Object, VERSION};
 
 /// The documents, built once at start.
@@ -40,12 +42,15 @@ pub fn schema_name(kind: &str) -> String {
     format!("ai.gpustack.worker.{VERSION}.{kind}")
 }
 
-struct Collector {
+/// The schemas of the documents being built; each kind adds its own (see the table of kinds).
+#[derive(Debug, Default)]
+pub struct Collector {
     schemas: Map<String, Value>,
 }
 
 impl Collector {
-    fn add_kind<K: Kind>(&mut self) {
+    /// Adds the schemas of kind `K`: the object, its list, and every type they reference.
+    pub fn add_kind<K: Kind>(&mut self) {
         let root = schemars::schema_for!(Object<K>);
         let mut root = serde_json::to_value(root).unwrap_or_default();
         if let Some(Value::Object(defs)) = root.as_object_mut().and_then(|r| r.remove("$defs")) {
@@ -77,7 +82,7 @@ impl Collector {
                     } else {
                         "cluster-scoped resource"
                     },
-                    K::SHORT_NAME
+                    K::SHORT_NAMES.first().copied().unwrap_or(K::PLURAL)
                 )),
             );
             if let Some(Value::Object(props)) = r.get_mut("properties") {
@@ -352,13 +357,13 @@ fn op(action: &str, kind: &str, id: &str, parameters: &[&str], body: Option<&[&s
     o
 }
 
-fn paths_for(info: &Info) -> Map<String, Value> {
+fn paths_for(info: &KindEntry) -> Map<String, Value> {
     let kind = info.kind;
     let obj = schema_name(kind);
     let list = format!("{obj}List");
     let status = "io.k8s.apimachinery.pkg.apis.meta.v1.Status";
     let base = format!("/apis/{API_VERSION}");
-    let scoped = if info.namespaced {
+    let scoped = if info.namespaced() {
         format!("{base}/namespaces/{{namespace}}/{}", info.plural)
     } else {
         format!("{base}/{}", info.plural)
@@ -382,7 +387,7 @@ fn paths_for(info: &Info) -> Map<String, Value> {
                 .collect(),
         )
     };
-    let (coll_params, item_params): (Value, Value) = if info.namespaced {
+    let (coll_params, item_params): (Value, Value) = if info.namespaced() {
         (path_param(&["namespace"]), path_param(&["name", "namespace"]))
     } else {
         (path_param(&[]), path_param(&["name"]))
@@ -397,7 +402,7 @@ fn paths_for(info: &Info) -> Map<String, Value> {
             "parameters": coll_params,
         }),
     );
-    if info.namespaced {
+    if info.namespaced() {
         paths.insert(
             format!("{base}/{}", info.plural),
             json!({"get": op("list", kind, &format!("list{kind}ForAllNamespaces"), LIST_PARAMS, None, &list), "parameters": []}),
@@ -426,12 +431,11 @@ fn paths_for(info: &Info) -> Map<String, Value> {
 }
 
 /// Builds every document for `resources`.
-pub fn build(resources: &[Info]) -> Documents {
-    let mut c = Collector { schemas: Map::new() };
-    c.add_kind::<kvcache_api::backend::BackendSpec>();
-    c.add_kind::<kvcache_api::pool::PoolSpec>();
-    c.add_kind::<kvcache_api::binding::BindingSpec>();
-    c.add_kind::<kvcache_api::model_deployment::ModelDeploymentSpec>();
+pub fn build(kinds: &[KindEntry]) -> Documents {
+    let mut c = Collector::default();
+    for k in kinds {
+        (k.schema)(&mut c);
+    }
     c.add_meta();
     let v3_schemas: Map<String, Value> = c
         .schemas
@@ -439,7 +443,7 @@ pub fn build(resources: &[Info]) -> Documents {
         .map(|(k, v)| (k.clone(), rewrite(v, "#/components/schemas/")))
         .collect();
     let mut paths = Map::new();
-    for info in resources {
+    for info in kinds {
         paths.extend(paths_for(info));
     }
     let v3 = json!({
@@ -473,7 +477,7 @@ pub fn build(resources: &[Info]) -> Documents {
         v3_root,
         v2_json,
         v2_hash,
-        v2_protobuf: super::openapi_proto::document(&v2),
+        v2_protobuf: proto::document(&v2),
     }
 }
 
@@ -483,7 +487,7 @@ mod tests {
 
     #[test]
     fn patch_operations_carry_gvk_and_field_validation_and_no_strategic_merge() {
-        let docs = build(&crate::server::api::infos());
+        let docs = build(&crate::kinds::KINDS);
         let v: Value = serde_json::from_slice(&docs.v3).unwrap();
         let item = &v["paths"]["/apis/worker.gpustack.ai/v1/namespaces/{namespace}/kvcachepoolbindings/{name}"];
         let patch = &item["patch"];

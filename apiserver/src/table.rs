@@ -1,5 +1,6 @@
-//! `kubectl get` output: the `meta.k8s.io/v1` Table of each kind, its columns, and the
-//! human-readable ages kubectl prints verbatim.
+//! `kubectl get` output: the `meta.k8s.io/v1` Table, the columns every kind starts and ends with
+//! (`NAME`, `AGE`), and the human-readable ages kubectl prints verbatim. Each kind's own columns
+//! are in the table of kinds ([`crate::kinds`]).
 
 use serde_json::{Value, json};
 
@@ -18,12 +19,12 @@ pub struct Column {
 const NAME_DESCRIPTION: &str = "Name must be unique within a namespace. Cannot be updated.";
 const AGE_DESCRIPTION: &str = "CreationTimestamp is the time the object was created, shown as an age.";
 
-fn at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
+pub fn at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
     path.iter().try_fold(v, |v, k| v.get(k))
 }
 
 /// A string (or number) at `path`, or an empty cell.
-fn text(v: &Value, path: &[&str]) -> Value {
+pub fn text(v: &Value, path: &[&str]) -> Value {
     match at(v, path) {
         Some(Value::String(s)) => Value::String(s.clone()),
         Some(Value::Number(n)) => Value::String(n.to_string()),
@@ -50,17 +51,8 @@ fn age_cell(v: &Value) -> Value {
     Value::String(age.unwrap_or_else(|| "<unknown>".to_owned()))
 }
 
-fn backend_endpoint(v: &Value) -> Value {
-    let endpoints = at(v, &["status", "endpoints"]).and_then(Value::as_array);
-    let pick = endpoints.and_then(|eps| {
-        eps.iter()
-            .find(|e| e.get("name").and_then(Value::as_str) == Some("Client"))
-            .or_else(|| eps.first())
-    });
-    pick.map_or_else(|| Value::String(String::new()), |e| text(e, &["address"]))
-}
-
-const NAME: Column = Column {
+/// The `NAME` column every kind starts with.
+pub const NAME: Column = Column {
     name: "Name",
     type_: "string",
     description: NAME_DESCRIPTION,
@@ -68,7 +60,8 @@ const NAME: Column = Column {
     cell: name_cell,
 };
 
-const fn age(priority: u8) -> Column {
+/// The `AGE` column; `priority` 1 shows it only with `-o wide`.
+pub const fn age(priority: u8) -> Column {
     Column {
         name: "Age",
         type_: "date",
@@ -78,7 +71,8 @@ const fn age(priority: u8) -> Column {
     }
 }
 
-const fn col(name: &'static str, description: &'static str, cell: fn(&Value) -> Value) -> Column {
+/// A string column.
+pub const fn col(name: &'static str, description: &'static str, cell: fn(&Value) -> Value) -> Column {
     Column {
         name,
         type_: "string",
@@ -87,51 +81,6 @@ const fn col(name: &'static str, description: &'static str, cell: fn(&Value) -> 
         cell,
     }
 }
-
-pub const BACKEND_COLUMNS: &[Column] = &[
-    NAME,
-    col("Type", "spec.type", |v| text(v, &["spec", "type"])),
-    col("Phase", "status.phase", |v| text(v, &["status", "phase"])),
-    col("Endpoint", "status.endpoints (the Client endpoint)", backend_endpoint),
-    col("Capacity", "status.capacity.total", |v| {
-        text(v, &["status", "capacity", "total"])
-    }),
-    age(1),
-];
-
-pub const POOL_COLUMNS: &[Column] = &[
-    NAME,
-    col("Quota", "spec.quota.total", |v| text(v, &["spec", "quota", "total"])),
-    col("Usage", "status.usage.total", |v| {
-        text(v, &["status", "usage", "total"])
-    }),
-    col("Phase", "status.phase", |v| text(v, &["status", "phase"])),
-    col("Endpoint", "status.clientEndpoint", |v| {
-        text(v, &["status", "clientEndpoint"])
-    }),
-    age(0),
-];
-
-pub const BINDING_COLUMNS: &[Column] = &[
-    NAME,
-    col("Pool", "spec.poolRef.name", |v| text(v, &["spec", "poolRef", "name"])),
-    col("Domain", "spec.domain.name", |v| text(v, &["spec", "domain", "name"])),
-    col("Effective", "status.effectiveQuota", |v| {
-        text(v, &["status", "effectiveQuota"])
-    }),
-    col("Usage", "status.usage", |v| text(v, &["status", "usage"])),
-    col("Phase", "status.phase", |v| text(v, &["status", "phase"])),
-    age(0),
-];
-
-pub const MODEL_DEPLOYMENT_COLUMNS: &[Column] = &[
-    NAME,
-    col("Engine", "spec.engine.name", |v| text(v, &["spec", "engine", "name"])),
-    col("Roles", "status.roleSummary", |v| text(v, &["status", "roleSummary"])),
-    col("Phase", "status.phase", |v| text(v, &["status", "phase"])),
-    col("Endpoint", "status.endpoint", |v| text(v, &["status", "endpoint"])),
-    age(0),
-];
 
 /// What each row carries besides its cells (`?includeObject=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -280,19 +229,5 @@ mod tests {
         for (secs, want) in cases {
             assert_eq!(human_duration(secs), want, "{secs}");
         }
-    }
-
-    #[test]
-    fn backend_row_has_empty_cells_for_missing_status() {
-        let obj = json!({"metadata": {"name": "m", "creationTimestamp": "2020-01-01T00:00:00Z"}, "spec": {"type": "Mooncake"}});
-        let r = row(BACKEND_COLUMNS, &obj, IncludeObject::Metadata);
-        assert_eq!(r["cells"][0], "m");
-        assert_eq!(r["cells"][1], "Mooncake");
-        assert_eq!(r["cells"][2], "");
-        assert_eq!(r["cells"][3], "");
-        assert_eq!(r["object"]["kind"], "PartialObjectMetadata");
-        let obj = json!({"metadata": {"name": "m"}, "status": {"endpoints": [
-            {"name": "Admin", "address": "a:1"}, {"name": "Client", "address": "c:2"}]}});
-        assert_eq!(backend_endpoint(&obj), "c:2");
     }
 }

@@ -1,0 +1,257 @@
+//! The composition root: configuration in, the application out. It opens the storage chosen by
+//! `--storage`, builds the watch hub, the auth chain, the one metrics registry, the registry of
+//! every kind and the router behind its filters, and it is where background work (and, next, the
+//! controllers) starts. `serve`, the offline commands and the tests build the application here,
+//! the same way; nothing deeper builds its own.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+
+use crate::auth::anonymous::Anonymous;
+use crate::auth::cache::Cached;
+use crate::auth::policy::StaticPolicy;
+use crate::auth::x509::X509;
+use crate::auth::{Authorizer, Chain, ConnectionInfo, InProcess, NoTokens, User};
+use crate::config::Config;
+use crate::handlers::{self, Api};
+use crate::kinds::KINDS;
+use crate::metrics::ApiMetrics;
+use crate::registry::{Context, Registry};
+use crate::server::filters::{self, Filters};
+use crate::storage::embedded::{Embedded, Options as EmbeddedOptions};
+use crate::storage::metrics::{ResourceLabel, StorageMetrics};
+use crate::storage::watch::Hub;
+use crate::storage::{Storage, StorageError, keys};
+
+/// Which storage holds the objects.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StorageChoice {
+    /// The embedded, crash-safe log under `<data-dir>/storage` (the default).
+    #[default]
+    Embedded,
+}
+
+impl FromStr for StorageChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "" | "embedded" => Ok(StorageChoice::Embedded),
+            other if other.starts_with("etcd://") => Err(format!(
+                "{other:?}: the etcd storage backend is not supported yet; use the embedded storage (--storage embedded, the default)"
+            )),
+            other => Err(format!("{other:?} is not a storage this server knows; use embedded")),
+        }
+    }
+}
+
+/// Everything the application is built from.
+#[derive(Debug, Clone)]
+pub struct AppOptions {
+    pub data_dir: PathBuf,
+    pub storage: StorageChoice,
+    pub config: Config,
+    /// Changes kept for watches resuming from an older revision (older ones get 410).
+    pub watch_history: usize,
+    /// Events queued per watcher before it is closed as too slow.
+    pub watch_queue: usize,
+    /// How often watches with `allowWatchBookmarks` get a BOOKMARK.
+    pub bookmark_interval: Duration,
+    /// How often the objects-per-kind metric is refreshed.
+    pub object_count_interval: Duration,
+}
+
+impl AppOptions {
+    pub fn new(data_dir: impl Into<PathBuf>) -> AppOptions {
+        AppOptions {
+            data_dir: data_dir.into(),
+            storage: StorageChoice::Embedded,
+            config: Config::default(),
+            watch_history: 10_000,
+            watch_queue: 1_000,
+            bookmark_interval: Duration::from_secs(60),
+            object_count_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("opening the storage in {path}: {source}")]
+    Storage {
+        path: PathBuf,
+        #[source]
+        source: StorageError,
+    },
+}
+
+/// The application: storage, registry, the API behind its filters.
+pub struct App {
+    pub storage: Arc<dyn Storage>,
+    pub registry: Arc<Registry>,
+    pub api: Arc<Api>,
+    pub metrics: ApiMetrics,
+    storage_metrics: StorageMetrics,
+    object_count_interval: Duration,
+    router: Router,
+    shutdown: tokio::sync::watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App").finish_non_exhaustive()
+    }
+}
+
+impl App {
+    /// Builds the application: opens the storage and wires everything to it.
+    pub fn build(opts: AppOptions) -> Result<App, AppError> {
+        let mut metrics_registry = prometheus_client::registry::Registry::default();
+        let metrics = ApiMetrics::register(&mut metrics_registry);
+        let storage_metrics = StorageMetrics::register(&mut metrics_registry);
+        let hub = Arc::new(Hub::new(opts.watch_history.max(1), opts.watch_queue.max(1)));
+        let storage: Arc<dyn Storage> = match opts.storage {
+            StorageChoice::Embedded => {
+                let dir = opts.data_dir.join("storage");
+                let options = EmbeddedOptions {
+                    watch_history: opts.watch_history.max(1),
+                    watch_queue: opts.watch_queue.max(1),
+                    metrics: storage_metrics.clone(),
+                    ..EmbeddedOptions::default()
+                };
+                Arc::new(
+                    Embedded::open_with_hub(&dir, options, hub)
+                        .map_err(|source| AppError::Storage { path: dir, source })?,
+                )
+            }
+        };
+        let registry = Arc::new(Registry::new(
+            storage.clone(),
+            Context {
+                config: Arc::new(opts.config),
+            },
+        ));
+        let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
+        let api = Arc::new(Api {
+            registry: registry.clone(),
+            metrics: metrics.clone(),
+            metrics_registry: Arc::new(metrics_registry),
+            storage: storage.clone(),
+            ready: AtomicBool::new(true),
+            shutdown: shutdown_rx,
+            bookmark_interval: opts.bookmark_interval.max(Duration::from_millis(1)),
+            discovery: handlers::discovery::Cache::new(&KINDS),
+            openapi: crate::openapi::build(&KINDS),
+        });
+        let authn = Chain::new(vec![
+            Arc::new(InProcess),
+            Arc::new(X509),
+            Arc::new(NoTokens),
+            Arc::new(Anonymous),
+        ]);
+        let authz: Arc<dyn Authorizer> = Arc::new(Cached::new(StaticPolicy));
+        let filters = Arc::new(Filters::new(authn, authz, metrics.clone()));
+        let router = filters::wrap(handlers::router(api.clone()), filters);
+        Ok(App {
+            storage,
+            registry,
+            api,
+            metrics,
+            storage_metrics,
+            object_count_interval: opts.object_count_interval,
+            router,
+            shutdown,
+        })
+    }
+
+    /// The whole pipeline as a router (a tower `Service`); requests need a [`ConnectionInfo`]
+    /// extension to be authenticated.
+    pub fn router(&self) -> Router {
+        self.router.clone()
+    }
+
+    /// The pipeline for a client inside this process, authenticated as `user`: pass it to
+    /// `kube::Client::new(service, namespace)`, and requests go through every filter without a
+    /// socket.
+    pub fn in_process(&self, user: User) -> InProcessClient {
+        InProcessClient {
+            router: self.router.clone(),
+            conn: ConnectionInfo::InProcess { user },
+        }
+    }
+
+    /// Starts the background work: the objects-per-kind metric. The controllers will start here.
+    pub fn start(&self) {
+        let storage = self.storage.clone();
+        let objects = self.storage_metrics.objects.clone();
+        let interval = self.object_count_interval.max(Duration::from_millis(100));
+        let mut shutdown = self.shutdown.subscribe();
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    _ = shutdown.changed() => return,
+                }
+                for k in &KINDS {
+                    match storage.count(&keys::kind_prefix_of(k.plural)).await {
+                        Ok(n) => {
+                            objects
+                                .get_or_create(&ResourceLabel { resource: k.plural })
+                                .set(i64::try_from(n).unwrap_or(i64::MAX));
+                        }
+                        Err(e) => tracing::debug!(resource = k.plural, error = %e, "counting objects failed"),
+                    }
+                }
+            }
+        });
+    }
+
+    /// From now on `/readyz` fails (a load balancer takes this server out).
+    pub fn set_unready(&self) {
+        self.api.ready.store(false, Ordering::Relaxed);
+    }
+
+    /// Ends every watch and background task.
+    pub fn shut_down(&self) {
+        self.set_unready();
+        let _ = self.shutdown.send(true);
+    }
+}
+
+/// The router as a tower `Service` for a client in this process, under its own identity.
+#[derive(Clone)]
+pub struct InProcessClient {
+    router: Router,
+    conn: ConnectionInfo,
+}
+
+impl std::fmt::Debug for InProcessClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProcessClient").field("conn", &self.conn).finish()
+    }
+}
+
+impl<B> tower::Service<http::Request<B>> for InProcessClient
+where
+    B: axum::body::HttpBody<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = axum::routing::future::RouteFuture<std::convert::Infallible>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        <Router as tower::Service<http::Request<B>>>::poll_ready(&mut self.router, cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        req.extensions_mut().insert(self.conn.clone());
+        self.router.call(req)
+    }
+}
