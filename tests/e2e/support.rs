@@ -45,12 +45,19 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// The server binary: this build's, or another one named by `KV_APISERVER_BIN` (to run a test
+/// against an older build and watch it fail).
+pub fn server_binary() -> PathBuf {
+    std::env::var_os("KV_APISERVER_BIN")
+        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kv-apiserver")), PathBuf::from)
+}
+
 impl Server {
     pub fn start() -> Server {
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("temp dir");
             let port = free_port();
-            let child = Command::new(env!("CARGO_BIN_EXE_kv-apiserver"))
+            let child = Command::new(server_binary())
                 .args([
                     "serve",
                     "--listen",
@@ -126,6 +133,29 @@ impl Server {
             std::thread::sleep(Duration::from_millis(20));
         }
         panic!("kv-apiserver did not exit within 20s of SIGTERM");
+    }
+
+    /// Whether the process still runs and answers `/readyz`.
+    pub fn alive(&mut self) -> bool {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return false;
+        }
+        let out = self.curl_anon(&["-s", &self.url("/readyz")]);
+        String::from_utf8_lossy(&out.stdout) == "ok"
+    }
+
+    /// The most memory the process has held so far (`VmHWM`), in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn pki_file(&self, file: &str) -> PathBuf {
+        self.pki(file)
     }
 
     pub fn kubeconfig(&self) -> PathBuf {

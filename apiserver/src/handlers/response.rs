@@ -109,12 +109,12 @@ pub fn written(out: Outcome, pretty: bool) -> Response {
 /// Adds `warnings` as `Warning: 299 - "..."` headers, each once. Past 4 Ki characters in all,
 /// every warning is cut to 256 characters, and those that still do not fit are dropped.
 pub fn with_warnings(mut r: Response, warnings: &[String]) -> Response {
-    let mut unique: Vec<&str> = Vec::with_capacity(warnings.len());
-    for w in warnings {
-        if !unique.contains(&w.as_str()) {
-            unique.push(w);
-        }
-    }
+    let mut seen = std::collections::HashSet::with_capacity(warnings.len());
+    let unique: Vec<&str> = warnings
+        .iter()
+        .map(String::as_str)
+        .filter(|w| seen.insert(*w))
+        .collect();
     let total: usize = unique.iter().map(|w| w.chars().count()).sum();
     let truncate = total > WARNINGS_TOTAL_CHARS;
     let mut written = 0usize;
