@@ -64,6 +64,9 @@ pub struct AppOptions {
     pub bookmark_interval: Duration,
     /// How often the objects-per-kind metric is refreshed.
     pub object_count_interval: Duration,
+    /// Reads (get, list) and writes served at once before 429, watches apart.
+    pub max_reads_in_flight: usize,
+    pub max_writes_in_flight: usize,
 }
 
 impl AppOptions {
@@ -76,6 +79,8 @@ impl AppOptions {
             watch_queue: 1_000,
             bookmark_interval: Duration::from_secs(60),
             object_count_interval: Duration::from_secs(10),
+            max_reads_in_flight: filters::MAX_READS_IN_FLIGHT,
+            max_writes_in_flight: filters::MAX_WRITES_IN_FLIGHT,
         }
     }
 }
@@ -155,7 +160,10 @@ impl App {
             Arc::new(Anonymous),
         ]);
         let authz: Arc<dyn Authorizer> = Arc::new(Cached::new(StaticPolicy));
-        let filters = Arc::new(Filters::new(authn, authz, metrics.clone()));
+        let mut filters = Filters::new(authn, authz, metrics.clone());
+        filters.max_reads = opts.max_reads_in_flight.max(1);
+        filters.max_writes = opts.max_writes_in_flight.max(1);
+        let filters = Arc::new(filters);
         let router = filters::wrap(handlers::router(api.clone()), filters);
         Ok(App {
             storage,

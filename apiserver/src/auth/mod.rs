@@ -63,6 +63,8 @@ pub enum ConnectionInfo {
     },
     /// A client inside this process (the controllers), under the identity it was built with.
     InProcess { user: User },
+    /// Nothing known about the transport: no credentials but what the request itself carries.
+    Unknown,
 }
 
 /// Why credentials were refused (401).
@@ -125,7 +127,7 @@ impl Authenticator for InProcess {
     async fn authenticate(&self, _: &http::request::Parts, conn: &ConnectionInfo) -> Result<Option<User>, AuthError> {
         Ok(match conn {
             ConnectionInfo::InProcess { user } => Some(user.clone()),
-            ConnectionInfo::Tls { .. } => None,
+            ConnectionInfo::Tls { .. } | ConnectionInfo::Unknown => None,
         })
     }
 }

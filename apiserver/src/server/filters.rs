@@ -109,12 +109,13 @@ async fn observe(State(f): State<Arc<Filters>>, mut req: Request, next: Next) ->
 
 /// Names the user, or answers 401.
 async fn authenticate(State(f): State<Arc<Filters>>, req: Request, next: Next) -> Response {
-    let conn = req.extensions().get::<ConnectionInfo>().cloned();
+    let conn = req
+        .extensions()
+        .get::<ConnectionInfo>()
+        .cloned()
+        .unwrap_or(ConnectionInfo::Unknown);
     let (parts, body) = req.into_parts();
-    let result = match &conn {
-        Some(conn) => f.authn.authenticate(&parts, conn).await,
-        None => Ok(None),
-    };
+    let result = f.authn.authenticate(&parts, &conn).await;
     match result {
         Ok(Some(user)) => {
             let mut req = Request::from_parts(parts, body);
