@@ -4,6 +4,7 @@
 //! Map:
 //! - [`proto`]: the generated gRPC types (`proto/kvstore.proto`);
 //! - [`error`]: the one place store errors become `tonic::Status` (and back);
+//! - [`readiness`]: `Starting` → `Serving` | `Standby` → `Stopping`, observable;
 //! - [`wire`]: the member's framed data port protocol;
 //! - [`leader`]: segments, objects, placement, tenants and quota, leases, eviction, liveness;
 //! - [`member`]: the mapped segment, its gRPC service and data port, mounting and heartbeats;
@@ -23,6 +24,7 @@ pub mod member;
 pub mod metrics;
 pub mod net;
 pub mod proto;
+pub mod readiness;
 pub mod spin;
 pub mod time;
 pub mod wire;
