@@ -143,7 +143,11 @@ impl StoreError {
                     }
                     _ => ErrorCode::Internal,
                 };
-                Self::new(code, format!("{:?}: {}", status.code(), msg))
+                let msg = match std::error::Error::source(status) {
+                    Some(src) => format!("{msg}: {}", chain(src)),
+                    None => msg.to_string(),
+                };
+                Self::new(code, format!("{:?}: {msg}", status.code()))
             }
         }
     }
@@ -157,6 +161,22 @@ impl From<StoreError> for Status {
         }
         status
     }
+}
+
+/// `e` and its sources, joined by ": " on one line (tonic's transport errors keep the cause, such
+/// as "connection refused", in their sources).
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        let s_text = s.to_string();
+        if !out.ends_with(&s_text) {
+            out.push_str(": ");
+            out.push_str(&s_text);
+        }
+        next = s.source();
+    }
+    out
 }
 
 /// Shorthand for results in the store.
@@ -175,6 +195,17 @@ mod tests {
             assert_eq!(StoreError::from_status(&status), e);
         }
     }
+
+    #[test]
+    fn chains_join_causes_on_one_line() {
+        let inner = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let outer = std::io::Error::other(ChainTest(inner));
+        assert_eq!(chain(&outer), "cannot connect: connection refused");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot connect")]
+    struct ChainTest(#[source] std::io::Error);
 
     #[test]
     fn foreign_statuses_become_transport_or_internal() {

@@ -4,6 +4,8 @@
 //! Map:
 //! - [`proto`]: the generated gRPC types (`proto/kvstore.proto`);
 //! - [`error`]: the one place store errors become `tonic::Status` (and back);
+//! - [`flags`]: what the command-line configurations share (the parsers, `ConfigError`, flag
+//!   listings);
 //! - [`readiness`]: `Starting` → `Serving` | `Standby` → `Stopping`, observable;
 //! - [`wire`]: the member's framed data port protocol;
 //! - [`leader`]: segments, objects, placement, tenants and quota, leases, eviction, liveness;
@@ -18,6 +20,7 @@ pub mod bench;
 pub mod client;
 pub mod engine_sim;
 pub mod error;
+pub mod flags;
 pub mod frame;
 pub mod leader;
 pub mod member;
