@@ -5,6 +5,8 @@
 //! Method (the reference's): ops/s = ops ÷ the sum of per-call latencies; a ring of keys of at
 //! most `ring_bytes` per size is written, and a slot is removed outside the timed region before it
 //! is rewritten; reads cycle over the keys just written; the last read is compared byte for byte.
+//!
+//! [`BenchArgs`] are the flags of `kv-store bench`.
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,55 @@ use serde::Serialize;
 
 use crate::client::{Client, PutOutcome};
 use crate::error::{ErrorCode, Result, StoreError};
+use crate::flags;
+use crate::proto::Scope;
+
+/// The flags of `kv-store bench`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct BenchArgs {
+    /// The leader's gRPC address, HOST:PORT.
+    #[arg(long)]
+    pub leader: String,
+    #[arg(long, default_value = "bench")]
+    pub tenant: String,
+    #[arg(long, default_value_t = 64)]
+    pub block_size: u32,
+    #[arg(long, default_value = "bfloat16")]
+    pub dtype: String,
+    /// Add the tenant to the leader's ledger with this ceiling before running.
+    #[arg(long, value_parser = flags::parse_size)]
+    pub register_tenant: Option<u64>,
+    #[arg(long, default_value_t = 2000)]
+    pub ops: usize,
+    #[arg(long, default_value = "20s", value_parser = kvcache_units::parse_duration)]
+    pub max_time: Duration,
+    #[arg(long, default_value = "256Mi", value_parser = flags::parse_size)]
+    pub ring: u64,
+    #[arg(long, value_delimiter = ',', default_value = "64Ki,1Mi,4Mi", value_parser = flags::parse_size)]
+    pub sizes: Vec<u64>,
+    /// Poll this long for each reply before sleeping; 0 never polls.
+    #[arg(long, default_value = "200us", value_parser = kvcache_units::parse_duration)]
+    pub spin: Duration,
+}
+
+impl BenchArgs {
+    pub fn scope(&self) -> Scope {
+        Scope {
+            tenant: self.tenant.clone(),
+            block_size: self.block_size,
+            dtype: self.dtype.clone(),
+        }
+    }
+
+    pub fn config(&self) -> BenchConfig {
+        BenchConfig {
+            sizes: self.sizes.clone(),
+            ops: self.ops,
+            max_time: self.max_time,
+            ring_bytes: self.ring,
+        }
+    }
+}
 
 /// What to run.
 #[derive(Debug, Clone)]

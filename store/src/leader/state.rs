@@ -57,7 +57,7 @@ impl State {
             retired: Counters::default(),
         };
         if !s.cfg.multi_tenancy {
-            let layout = s.cfg.default_layout.clone();
+            let layout = s.cfg.default_layout();
             s.tenants.insert(
                 DEFAULT_TENANT.to_string(),
                 Tenant {
@@ -233,7 +233,7 @@ impl State {
                 .filter(|(_, m)| m.alloc.fits(len))
                 .map(|(id, m)| (*id, m.alloc.free(), m.alloc.capacity()))
                 .collect();
-            if let Some(id) = placement::choose(self.cfg.strategy, &candidates, &mut self.seed) {
+            if let Some(id) = placement::choose(self.cfg.allocation_strategy, &candidates, &mut self.seed) {
                 let m = self.members.get_mut(&id)?;
                 return m.alloc.allocate(len).map(|off| (id, off));
             }
