@@ -92,7 +92,7 @@ impl Membership for Leader {
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
         let r = req.into_inner();
-        let known = self.with(|s| s.heartbeat(r.member_id, r.mount_id, Instant::now()));
+        let known = self.with(|s| s.heartbeat(&r, Instant::now()));
         Ok(Response::new(HeartbeatResponse { need_remount: !known }))
     }
 }
@@ -124,6 +124,7 @@ impl Control for Leader {
         let serving = self.readiness().is_serving();
         Ok(Response::new(self.with(|s| HealthResponse {
             serving,
+            member_ttl_ms: s.cfg.member_ttl.as_millis() as u64,
             role: "leader".into(),
             capacity: s.capacity(),
             used: s.used(),

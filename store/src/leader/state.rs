@@ -24,6 +24,9 @@ pub struct Member {
     pub data_addr: String,
     pub grpc_addr: String,
     pub mount_id: u64,
+    /// the member process's random id: a mount under this name from another live process is
+    /// refused (0: a member that sent none)
+    pub instance_id: u64,
     pub alloc: SegmentAllocator,
     pub objects: u64,
     pub last_seen: Instant,

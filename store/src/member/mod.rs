@@ -44,6 +44,9 @@ pub struct Member {
     metrics: Option<TcpListener>,
     addrs: MemberAddrs,
     readiness: ReadinessHandle,
+    /// random, fresh for this process: tells the leader a remount of ours from another process
+    /// that took the same name
+    instance_id: u64,
 }
 
 /// Where a member's listeners are bound (with port 0 resolved).
@@ -102,6 +105,7 @@ impl Member {
             metrics,
             addrs,
             readiness: ReadinessHandle::new(),
+            instance_id: uuid::Uuid::new_v4().as_u64_pair().0 | 1,
         })
     }
 
@@ -125,7 +129,9 @@ impl Member {
     }
 
     /// Serves the data port, gRPC and the metrics endpoint, and keeps the segment mounted at the
-    /// leader, until `cancel` fires; then stops them and returns `Ok(())`. The member's metrics are registered on `registry`, which the endpoint serves.
+    /// leader, until `cancel` fires; then stops them and returns `Ok(())`. Returns an error if
+    /// the leader keeps refusing the mount (another live member holds this member's name). The
+    /// member's metrics are registered on `registry`, which the endpoint serves.
     pub async fn serve(self, mut registry: Registry, cancel: CancellationToken) -> Result<(), ServeError> {
         let stop = cancel.child_token();
         let req = MountRequest {
@@ -134,6 +140,7 @@ impl Member {
             grpc_addr: self.advertised(self.addrs.grpc),
             capacity: self.cfg.capacity,
             mount_id: 0,
+            instance_id: self.instance_id,
         };
         let Self {
             cfg,

@@ -1,21 +1,28 @@
 //! Keeping the segment mounted: mount, heartbeat, and mount again (starting empty) whenever the
-//! leader does not know this mount.
+//! leader does not know this mount. Every mount names this process's instance id; a leader that
+//! sees the member's name held by another live process refuses with `MEMBER_NAME_TAKEN`, and this
+//! member then retries, one warning per attempt, for twice the leader's member TTL (long enough
+//! for a holder that died to expire) before it gives up with that refusal. It never evicts the
+//! holder.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tonic::transport::{Channel, Endpoint};
 
 use super::segment::Segment;
 use crate::error::{ErrorCode, StoreError};
+use crate::proto::control_client::ControlClient;
 use crate::proto::membership_client::MembershipClient;
-use crate::proto::{HeartbeatRequest, MountRequest, MountResponse};
+use crate::proto::{HealthRequest, HeartbeatRequest, MountRequest, MountResponse};
 use crate::readiness::{Readiness, ReadinessHandle};
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// The member TTL assumed of a leader that does not say (its own default).
+const DEFAULT_MEMBER_TTL: Duration = Duration::from_secs(10);
 
-/// Mounts, heartbeats and remounts for as long as it runs; returns only if `leader` is not a
-/// usable address.
+/// Mounts, heartbeats and remounts until the leader refuses this member's name for longer than
+/// the bound; only that returns (with the refusal).
 pub(super) async fn stay_mounted(
     leader: &str,
     req: MountRequest,
@@ -29,6 +36,8 @@ pub(super) async fn stay_mounted(
         )
     })?;
     let mut backoff = MIN_BACKOFF;
+    // when the name was first refused, and how long refusals are retried
+    let mut refused: Option<(Instant, Duration)> = None;
     loop {
         segment.set_mount(0);
         readiness.set(Readiness::Starting);
@@ -43,12 +52,30 @@ pub(super) async fn stay_mounted(
         let mut client = MembershipClient::new(channel.clone());
         let mounted = match mount(&mut client, &req, segment).await {
             Ok(m) => m,
+            Err(e) if e.code == ErrorCode::MemberNameTaken => {
+                let (since, bound) = match refused {
+                    Some(r) => r,
+                    None => *refused.insert((Instant::now(), 2 * member_ttl(&channel).await)),
+                };
+                if since.elapsed() >= bound {
+                    let waited = kvcache_units::format_duration(Duration::from_secs(bound.as_secs().max(1)));
+                    return Err(StoreError::new(
+                        e.code,
+                        format!("{}; gave up after {waited} of refusals", e.message),
+                    ));
+                }
+                let left_ms = bound.saturating_sub(since.elapsed()).as_millis() as u64;
+                tracing::warn!(name = %req.name, error = %e, gives_up_in_ms = left_ms, "mount refused, retrying");
+                backoff = pause(backoff).await;
+                continue;
+            }
             Err(e) => {
                 tracing::warn!(%leader, error = %e, "mount refused, retrying");
                 backoff = pause(backoff).await;
                 continue;
             }
         };
+        refused = None;
         backoff = MIN_BACKOFF;
         readiness.set(Readiness::Serving);
         tracing::info!(
@@ -56,7 +83,7 @@ pub(super) async fn stay_mounted(
             mount_id = mounted.mount_id,
             "segment mounted"
         );
-        heartbeat(&mut client, &mounted).await;
+        heartbeat(&mut client, &mounted, req.instance_id).await;
     }
 }
 
@@ -88,13 +115,14 @@ async fn mount(
 }
 
 /// Heartbeats until the leader no longer knows the mount.
-async fn heartbeat(client: &mut MembershipClient<Channel>, mounted: &MountResponse) {
+async fn heartbeat(client: &mut MembershipClient<Channel>, mounted: &MountResponse, instance_id: u64) {
     let interval = Duration::from_millis(mounted.heartbeat_interval_ms.max(10));
     loop {
         tokio::time::sleep(interval).await;
         let hb = HeartbeatRequest {
             member_id: mounted.member_id,
             mount_id: mounted.mount_id,
+            instance_id,
         };
         match client.heartbeat(hb).await {
             Ok(r) if r.get_ref().need_remount => {
@@ -104,6 +132,15 @@ async fn heartbeat(client: &mut MembershipClient<Channel>, mounted: &MountRespon
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %StoreError::from_status(&e), "heartbeat failed"),
         }
+    }
+}
+
+/// The leader's member TTL, from its `Health`.
+async fn member_ttl(channel: &Channel) -> Duration {
+    let health = ControlClient::new(channel.clone()).health(HealthRequest {}).await;
+    match health.map(|h| h.into_inner().member_ttl_ms) {
+        Ok(ms) if ms > 0 => Duration::from_millis(ms),
+        _ => DEFAULT_MEMBER_TTL,
     }
 }
 
