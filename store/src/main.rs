@@ -10,7 +10,7 @@ use kvcache_store::bench::{self, BenchArgs};
 use kvcache_store::client::Client;
 use kvcache_store::engine_sim::{self, SimConfig};
 use kvcache_store::error::StoreError;
-use kvcache_store::flags;
+use kvcache_store::flags::{self, format_size};
 use kvcache_store::leader::{Leader, LeaderConfig, LeaderListeners};
 use kvcache_store::member::{Member, MemberConfig};
 use kvcache_store::proto::{GetTenantsRequest, Scope, SetTenantsRequest, TenantEntry};
@@ -162,34 +162,17 @@ async fn run(command: Command) -> Result<()> {
         }
         Command::Bench(args) => {
             let client = Client::connect(&args.leader, args.scope()).await?.with_spin(args.spin);
-            if let Some(ceiling) = args.register_tenant {
-                let mut control = client.control();
-                let current = control
-                    .get_tenants(GetTenantsRequest {})
-                    .await
-                    .map_err(status)?
-                    .into_inner();
-                let mut entries: Vec<TenantEntry> = current
-                    .tenants
-                    .into_iter()
-                    .filter(|t| t.name != args.tenant)
-                    .map(|t| TenantEntry {
-                        name: t.name,
-                        ceiling: t.ceiling,
-                        block_size: t.block_size,
-                        dtype: t.dtype,
-                    })
-                    .collect();
-                entries.push(TenantEntry {
-                    name: args.tenant.clone(),
-                    ceiling,
-                    block_size: args.block_size,
-                    dtype: args.dtype.clone(),
-                });
-                control
-                    .set_tenants(SetTenantsRequest { tenants: entries })
-                    .await
-                    .map_err(status)?;
+            if let Some(t) = bench::ensure_tenant(&client, &args).await?
+                && args.register_tenant.is_none()
+            {
+                eprintln!(
+                    "kv-store bench: tenant {:?} was not in the leader's ledger; registered it with a ceiling of {} \
+                     (block size {}, dtype {})",
+                    t.name,
+                    format_size(t.ceiling),
+                    t.block_size,
+                    t.dtype
+                );
             }
             bench::run(&client, &args.config(), |line| {
                 if let Ok(s) = serde_json::to_string(line) {

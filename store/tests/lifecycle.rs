@@ -1,5 +1,6 @@
 //! The binary at its edges: SIGTERM stops a leader and a member gracefully (exit 0, ports
-//! closed); a failure at the command line is one line on stderr and exit status 1.
+//! closed); `kv-store bench` against a fresh leader registers its own tenant; a failure at the
+//! command line is one line on stderr and exit status 1.
 
 // Helpers outside #[test] fns state expectations with unwrap too (see clippy.toml).
 #![allow(clippy::unwrap_used)]
@@ -77,6 +78,48 @@ fn run(args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .unwrap()
+}
+
+#[test]
+fn bench_registers_its_tenant_on_a_fresh_leader() {
+    let l = leader(&[]);
+    let addr = l.field("grpc");
+    let _m = member(&addr, "m1", "16Mi");
+    let out = run(&[
+        "bench",
+        "--leader",
+        &addr,
+        "--ops",
+        "20",
+        "--sizes",
+        "64Ki",
+        "--max-time",
+        "10s",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed:\n{stdout}\n{stderr}");
+    let ops: Vec<String> = stdout
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}"));
+            assert_eq!(v["size"], 65536, "{l}");
+            assert!(v["ops_per_s"].as_f64().unwrap() > 0.0, "{l}");
+            v["op"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(ops, ["put", "get", "exists"], "{stdout}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with("kv-store bench: tenant \"bench\" was not in the leader's ledger; registered it"),
+        "{stderr}"
+    );
+
+    // the second run finds the tenant and says nothing
+    let again = run(&["bench", "--leader", &addr, "--ops", "5", "--sizes", "4Ki"]);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(again.stderr.is_empty(), "{}", String::from_utf8_lossy(&again.stderr));
 }
 
 #[test]
