@@ -5,6 +5,10 @@
 //! Method (the reference's): ops/s = ops ÷ the sum of per-call latencies; a ring of keys of at
 //! most `ring_bytes` per size is written, and a slot is removed outside the timed region before it
 //! is rewritten; reads cycle over the keys just written; the last read is compared byte for byte.
+//!
+//! [`BenchArgs`] are the flags of `kv-store bench`. Against a leader whose ledger lacks the bench
+//! tenant, [`ensure_tenant`] registers it (with `--register-tenant`, or a ceiling that holds every
+//! size's ring at once, since leased keys of one size outlive its phase).
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +17,116 @@ use serde::Serialize;
 
 use crate::client::{Client, PutOutcome};
 use crate::error::{ErrorCode, Result, StoreError};
+use crate::flags;
+use crate::leader::placement::aligned;
+use crate::proto::{GetTenantsRequest, Scope, SetTenantsRequest, TenantEntry};
+
+/// The flags of `kv-store bench`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct BenchArgs {
+    /// The leader's gRPC address, HOST:PORT.
+    #[arg(long)]
+    pub leader: String,
+    #[arg(long, default_value = "bench")]
+    pub tenant: String,
+    #[arg(long, default_value_t = 64)]
+    pub block_size: u32,
+    #[arg(long, default_value = "bfloat16")]
+    pub dtype: String,
+    /// Add the tenant to the leader's ledger with this ceiling before running (without it, the
+    /// tenant is registered only if the ledger lacks it, with a ceiling that fits the rings).
+    #[arg(long, value_parser = flags::parse_size)]
+    pub register_tenant: Option<u64>,
+    #[arg(long, default_value_t = 2000)]
+    pub ops: usize,
+    #[arg(long, default_value = "20s", value_parser = kvcache_units::parse_duration)]
+    pub max_time: Duration,
+    #[arg(long, default_value = "256Mi", value_parser = flags::parse_size)]
+    pub ring: u64,
+    #[arg(long, value_delimiter = ',', default_value = "64Ki,1Mi,4Mi", value_parser = flags::parse_size)]
+    pub sizes: Vec<u64>,
+    /// Poll this long for each reply before sleeping; 0 never polls.
+    #[arg(long, default_value = "200us", value_parser = kvcache_units::parse_duration)]
+    pub spin: Duration,
+}
+
+impl BenchArgs {
+    pub fn scope(&self) -> Scope {
+        Scope {
+            tenant: self.tenant.clone(),
+            block_size: self.block_size,
+            dtype: self.dtype.clone(),
+        }
+    }
+
+    pub fn config(&self) -> BenchConfig {
+        BenchConfig {
+            sizes: self.sizes.clone(),
+            ops: self.ops,
+            max_time: self.max_time,
+            ring_bytes: self.ring,
+        }
+    }
+}
+
+/// Slots of the key ring for values of `size`.
+fn ring_slots(cfg: &BenchConfig, size: u64) -> u64 {
+    (cfg.ring_bytes / size.max(1)).clamp(1, cfg.ops.max(1) as u64)
+}
+
+/// A ceiling that holds every size's ring (plus the slot being rewritten) at once.
+pub fn ceiling_for(cfg: &BenchConfig) -> u64 {
+    cfg.sizes
+        .iter()
+        .map(|&size| (ring_slots(cfg, size) + 1).saturating_mul(aligned(size)))
+        .fold(0u64, u64::saturating_add)
+        .max(1)
+}
+
+/// Registers the bench tenant with `--register-tenant` (replacing its entry), or, without it,
+/// with [`ceiling_for`] the rings when the leader's ledger lacks the tenant. Returns the entry it
+/// registered, if any. Nothing to do with multi-tenancy off.
+pub async fn ensure_tenant(client: &Client, args: &BenchArgs) -> Result<Option<TenantEntry>> {
+    let status = |s: tonic::Status| StoreError::from_status(&s);
+    let mut control = client.control();
+    let ledger = control
+        .get_tenants(GetTenantsRequest {})
+        .await
+        .map_err(status)?
+        .into_inner();
+    if !ledger.multi_tenancy {
+        return Ok(None);
+    }
+    let present = ledger.tenants.iter().any(|t| t.name == args.tenant);
+    let ceiling = match args.register_tenant {
+        Some(c) => c,
+        None if present => return Ok(None),
+        None => ceiling_for(&args.config()),
+    };
+    let mine = TenantEntry {
+        name: args.tenant.clone(),
+        ceiling,
+        block_size: args.block_size,
+        dtype: args.dtype.clone(),
+    };
+    let mut entries: Vec<TenantEntry> = ledger
+        .tenants
+        .into_iter()
+        .filter(|t| t.name != args.tenant)
+        .map(|t| TenantEntry {
+            name: t.name,
+            ceiling: t.ceiling,
+            block_size: t.block_size,
+            dtype: t.dtype,
+        })
+        .collect();
+    entries.push(mine.clone());
+    control
+        .set_tenants(SetTenantsRequest { tenants: entries })
+        .await
+        .map_err(status)?;
+    Ok(Some(mine))
+}
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -76,7 +190,7 @@ pub async fn run(client: &Client, cfg: &BenchConfig, mut emit: impl FnMut(&Line)
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let mut lines = Vec::new();
     for &size in &cfg.sizes {
-        let ring = (cfg.ring_bytes / size).clamp(1, cfg.ops as u64) as usize;
+        let ring = ring_slots(cfg, size) as usize;
         let values: Vec<Bytes> = (0..4).map(|i| pattern(size, size ^ (i + 1))).collect();
         let key = |slot: usize, round: usize| format!("bench/{run_id}/{size}/{slot}/{round}");
         // warm-up: one pass over the ring, untimed, so segment pages and connections are ready
@@ -198,6 +312,28 @@ async fn remove_patiently(client: &Client, key: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_registered_ceiling_holds_every_ring() {
+        let cfg = BenchConfig {
+            sizes: vec![64 << 10, 1 << 20, 4 << 20],
+            ops: 2000,
+            max_time: Duration::from_secs(20),
+            ring_bytes: 256 << 20,
+        };
+        // 2000 (ops cap) + 1 slots of 64 KiB, 257 of 1 MiB, 65 of 4 MiB
+        assert_eq!(ceiling_for(&cfg), 2001 * (64 << 10) + 257 * (1 << 20) + 65 * (4 << 20));
+        let tiny = BenchConfig {
+            sizes: vec![100],
+            ops: 20,
+            ..cfg
+        };
+        assert_eq!(
+            ceiling_for(&tiny),
+            21 * 128,
+            "sizes are charged at the 64-byte granularity"
+        );
+    }
 
     #[test]
     fn summary_uses_latency_sums_and_percentiles() {

@@ -23,6 +23,7 @@ pub enum ErrorCode {
     PutInProgress,
     PutExpired,
     UnknownMember,
+    MemberNameTaken,
     StaleMount,
     RangeBusy,
     OutOfRange,
@@ -48,6 +49,7 @@ impl ErrorCode {
             Self::PutInProgress => "PUT_IN_PROGRESS",
             Self::PutExpired => "PUT_EXPIRED",
             Self::UnknownMember => "UNKNOWN_MEMBER",
+            Self::MemberNameTaken => "MEMBER_NAME_TAKEN",
             Self::StaleMount => "STALE_MOUNT",
             Self::RangeBusy => "RANGE_BUSY",
             Self::OutOfRange => "OUT_OF_RANGE",
@@ -76,6 +78,7 @@ impl ErrorCode {
             Self::InvalidTenantLedger | Self::InvalidArgument | Self::ValueTooLarge => Code::InvalidArgument,
             Self::PutInProgress | Self::RangeBusy => Code::Aborted,
             Self::PutExpired | Self::UnknownMember => Code::NotFound,
+            Self::MemberNameTaken => Code::AlreadyExists,
             Self::OutOfRange => Code::OutOfRange,
             Self::NotServing | Self::Transport => Code::Unavailable,
             Self::Internal => Code::Internal,
@@ -96,6 +99,7 @@ const ALL: &[ErrorCode] = &[
     ErrorCode::PutInProgress,
     ErrorCode::PutExpired,
     ErrorCode::UnknownMember,
+    ErrorCode::MemberNameTaken,
     ErrorCode::StaleMount,
     ErrorCode::RangeBusy,
     ErrorCode::OutOfRange,
@@ -143,7 +147,11 @@ impl StoreError {
                     }
                     _ => ErrorCode::Internal,
                 };
-                Self::new(code, format!("{:?}: {}", status.code(), msg))
+                let msg = match std::error::Error::source(status) {
+                    Some(src) => format!("{msg}: {}", chain(src)),
+                    None => msg.to_string(),
+                };
+                Self::new(code, format!("{:?}: {msg}", status.code()))
             }
         }
     }
@@ -157,6 +165,22 @@ impl From<StoreError> for Status {
         }
         status
     }
+}
+
+/// `e` and its sources, joined by ": " on one line (tonic's transport errors keep the cause, such
+/// as "connection refused", in their sources).
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        let s_text = s.to_string();
+        if !out.ends_with(&s_text) {
+            out.push_str(": ");
+            out.push_str(&s_text);
+        }
+        next = s.source();
+    }
+    out
 }
 
 /// Shorthand for results in the store.
@@ -175,6 +199,17 @@ mod tests {
             assert_eq!(StoreError::from_status(&status), e);
         }
     }
+
+    #[test]
+    fn chains_join_causes_on_one_line() {
+        let inner = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let outer = std::io::Error::other(ChainTest(inner));
+        assert_eq!(chain(&outer), "cannot connect: connection refused");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot connect")]
+    struct ChainTest(#[source] std::io::Error);
 
     #[test]
     fn foreign_statuses_become_transport_or_internal() {

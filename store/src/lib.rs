@@ -4,25 +4,32 @@
 //! Map:
 //! - [`proto`]: the generated gRPC types (`proto/kvstore.proto`);
 //! - [`error`]: the one place store errors become `tonic::Status` (and back);
+//! - [`flags`]: what the command-line configurations share ([`leader::LeaderConfig`] and
+//!   [`member::MemberConfig`] are the flags of `kv-store leader` and `kv-store member`);
+//! - [`lifecycle`]: binding, serving until a cancellation token fires, draining;
+//! - [`readiness`]: `Starting` → `Serving` | `Standby` → `Stopping`, observable;
 //! - [`wire`]: the member's framed data port protocol;
 //! - [`leader`]: segments, objects, placement, tenants and quota, leases, eviction, liveness;
 //! - [`member`]: the mapped segment, its gRPC service and data port, mounting and heartbeats;
 //! - [`client`]: pooled connections to a leader and its members;
 //! - [`spin`]: polling instead of sleeping for a short while, because waking a halted vCPU
 //!   costs more than a metadata call;
-//! - [`metrics`]: Prometheus text and health over plain HTTP;
+//! - [`metrics`]: `/metrics` (a `prometheus_client` registry), `/healthz` and `/readyz` over HTTP;
 //! - [`bench`], [`engine_sim`]: the two workload commands.
 
 pub mod bench;
 pub mod client;
 pub mod engine_sim;
 pub mod error;
+pub mod flags;
 pub mod frame;
 pub mod leader;
+pub mod lifecycle;
 pub mod member;
 pub mod metrics;
 pub mod net;
 pub mod proto;
+pub mod readiness;
 pub mod spin;
 pub mod time;
 pub mod wire;

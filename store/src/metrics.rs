@@ -1,122 +1,147 @@
-//! Prometheus text helpers and the small HTTP endpoint leader and member expose it on:
-//! `GET /metrics` (text format 0.0.4), `GET /healthz` (alive), `GET /readyz` (200 only while the
-//! process serves). One request per connection; anything else is answered 404 or 405.
+//! The small HTTP endpoint a leader or member serves on `--metrics-listen`: `GET /metrics` (the
+//! process's `prometheus_client` registry in OpenMetrics text), `GET /healthz` (alive), `GET
+//! /readyz` (200 only in [`Readiness::Serving`]; the body names the state either way). Any other
+//! path is 404, any other method 405. Each subsystem registers its metrics on the registry passed
+//! to it (no globals); the leader and member read theirs at scrape time through a `Collector`.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use axum::extract::State;
+use axum::http::{Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
-/// A metric family's name, help and type.
-#[derive(Debug, Clone, Copy)]
-pub struct Family<'a> {
-    name: &'a str,
-    help: &'a str,
-    kind: &'a str,
+use crate::readiness::{Readiness, ReadinessHandle};
+
+/// The `Content-Type` of `/metrics`: what `prometheus_client`'s text encoder writes.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// How long open scrapes may take to finish after a stop before the endpoint closes anyway.
+const DRAIN: Duration = Duration::from_secs(2);
+
+#[derive(Clone)]
+struct Endpoint {
+    registry: Arc<Registry>,
+    readiness: ReadinessHandle,
 }
 
-impl<'a> Family<'a> {
-    pub fn new(name: &'a str, help: &'a str, kind: &'a str) -> Self {
-        Self { name, help, kind }
-    }
-
-    pub fn header(&self, out: &mut String) {
-        let _ = writeln!(
-            out,
-            "# HELP {} {}\n# TYPE {} {}",
-            self.name, self.help, self.name, self.kind
-        );
-    }
-
-    /// Header plus one sample with the given label set (`""` for none).
-    pub fn sample(&self, out: &mut String, labels: &str, v: u64) {
-        self.header(out);
-        let _ = writeln!(out, "{}{labels} {v}", self.name);
-    }
-}
-
-/// Escapes a label value.
-pub fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-/// What the endpoint asks of the process it describes.
-pub trait Source: Send + Sync + 'static {
-    fn metrics(&self) -> String;
-    fn ready(&self) -> bool;
-}
-
-/// Serves the endpoint until the process ends.
-pub async fn serve(listener: TcpListener, source: Arc<dyn Source>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let source = source.clone();
-        tokio::spawn(async move {
-            if let Err(e) = answer(stream, source.as_ref()).await {
-                tracing::debug!(error = %e, "metrics request failed");
-            }
-        });
+/// Serves the endpoint on `listener` until `cancel` fires.
+pub async fn serve(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    readiness: ReadinessHandle,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    let app = axum::Router::new()
+        .fallback(answer)
+        .with_state(Endpoint { registry, readiness });
+    let server = axum::serve(listener, app).with_graceful_shutdown(cancel.clone().cancelled_owned());
+    tokio::select! {
+        r = server => r,
+        () = async { cancel.cancelled().await; tokio::time::sleep(DRAIN).await } => Ok(()),
     }
 }
 
-async fn answer(mut stream: TcpStream, source: &dyn Source) -> std::io::Result<()> {
-    let mut buf = vec![0u8; 8192];
-    let mut n = 0;
-    while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-        if n == buf.len() {
-            return respond(
-                &mut stream,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                "headers too large\n",
-            )
-            .await;
-        }
-        let r = stream.read(&mut buf[n..]).await?;
-        if r == 0 {
-            return Ok(());
-        }
-        n += r;
-    }
-    let head = String::from_utf8_lossy(&buf[..n]);
-    let mut parts = head.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    if method != "GET" {
-        return respond(
-            &mut stream,
-            "405 Method Not Allowed",
-            "text/plain",
+async fn answer(State(ep): State<Endpoint>, method: Method, uri: Uri) -> Response {
+    if method != Method::GET {
+        return (
+            StatusCode::METHOD_NOT_ALLOWED,
+            [(header::ALLOW, "GET")],
             "only GET is served\n",
         )
-        .await;
+            .into_response();
     }
-    match path {
-        "/metrics" => respond(&mut stream, "200 OK", "text/plain; version=0.0.4", &source.metrics()).await,
-        "/healthz" => respond(&mut stream, "200 OK", "text/plain", "ok\n").await,
-        "/readyz" if source.ready() => respond(&mut stream, "200 OK", "text/plain", "ready\n").await,
-        "/readyz" => respond(&mut stream, "503 Service Unavailable", "text/plain", "not serving\n").await,
-        _ => {
-            respond(
-                &mut stream,
-                "404 Not Found",
-                "text/plain",
-                "try /metrics, /healthz or /readyz\n",
+    match uri.path() {
+        "/metrics" => metrics(&ep.registry),
+        "/healthz" => text(StatusCode::OK, "ok\n".to_string()),
+        "/readyz" => {
+            let state = ep.readiness.get();
+            let code = if state == Readiness::Serving {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            text(code, format!("{state}\n"))
+        }
+        _ => text(StatusCode::NOT_FOUND, "try /metrics, /healthz or /readyz\n".to_string()),
+    }
+}
+
+fn metrics(registry: &Registry) -> Response {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, registry) {
+        Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], body).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "encoding metrics failed");
+            text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "encoding metrics failed\n".to_string(),
             )
-            .await
         }
     }
 }
 
-async fn respond(stream: &mut TcpStream, status: &str, ctype: &str, body: &str) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
+fn text(code: StatusCode, body: String) -> Response {
+    (code, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::counter::Counter;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn serves_metrics_health_and_readiness_and_refuses_the_rest() {
+        let mut registry = Registry::default();
+        let c = Counter::<u64>::default();
+        c.inc_by(3);
+        registry.register("test_things", "things counted", c);
+        let readiness = ReadinessHandle::new();
+        let cancel = CancellationToken::new();
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(serve(l, Arc::new(registry), readiness.clone(), cancel.clone()));
+
+        let m = request(addr, "GET", "/metrics").await;
+        assert!(m.starts_with("HTTP/1.1 200"), "{m}");
+        assert!(
+            m.to_lowercase()
+                .contains(&format!("content-type: {OPENMETRICS_CONTENT_TYPE}")),
+            "{m}"
+        );
+        assert!(m.contains("test_things_total 3"), "{m}");
+        assert!(m.trim_end().ends_with("# EOF"), "{m}");
+        assert!(request(addr, "GET", "/healthz").await.starts_with("HTTP/1.1 200"));
+        let r = request(addr, "GET", "/readyz").await;
+        assert!(r.starts_with("HTTP/1.1 503") && r.ends_with("starting\n"), "{r}");
+        readiness.set(Readiness::Serving);
+        let r = request(addr, "GET", "/readyz?verbose").await;
+        assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("serving\n"), "{r}");
+        readiness.set(Readiness::Standby);
+        let r = request(addr, "GET", "/readyz").await;
+        assert!(r.starts_with("HTTP/1.1 503") && r.ends_with("standby\n"), "{r}");
+        assert!(request(addr, "GET", "/nope").await.starts_with("HTTP/1.1 404"));
+        assert!(request(addr, "POST", "/metrics").await.starts_with("HTTP/1.1 405"));
+
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the endpoint stops when cancelled")
+            .unwrap()
+            .unwrap();
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "port closed");
+    }
 }

@@ -40,6 +40,8 @@ pub struct HotWindow {
     until: AtomicU64,
     /// whether the polling task is in its loop (a touch then needs no notification)
     polling: AtomicBool,
+    /// set by [`stop`](Self::stop): the polling task ends
+    stopped: AtomicBool,
     wake: Notify,
 }
 
@@ -51,6 +53,7 @@ impl HotWindow {
             base: Instant::now(),
             until: AtomicU64::new(0),
             polling: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
             wake: Notify::new(),
         });
         if !window.is_zero() {
@@ -61,7 +64,7 @@ impl HotWindow {
 
     /// Marks a request served now: stay hot for another `window`.
     pub fn touch(&self) {
-        if self.window.is_zero() {
+        if self.window.is_zero() || self.stopped.load(Ordering::Relaxed) {
             return;
         }
         let until = self.nanos() + self.window.as_nanos() as u64;
@@ -69,6 +72,13 @@ impl HotWindow {
         if !self.polling.load(Ordering::SeqCst) {
             self.wake.notify_one();
         }
+    }
+
+    /// Ends the polling task (the server it kept hot has stopped); later touches do nothing.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.until.store(0, Ordering::SeqCst);
+        self.wake.notify_one();
     }
 
     fn nanos(&self) -> u64 {
@@ -81,12 +91,15 @@ impl HotWindow {
 }
 
 /// The polling task: sleeps until touched, then turns the runtime over until the window closes.
-/// It lives as long as the runtime it was spawned on.
+/// It lives until [`HotWindow::stop`] (or as long as the runtime it was spawned on).
 async fn poll_while_hot(hot: Arc<HotWindow>) {
     loop {
         let notified = hot.wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        if hot.stopped.load(Ordering::SeqCst) {
+            return;
+        }
         if !hot.hot() {
             notified.await;
             continue;
@@ -172,6 +185,11 @@ mod tests {
         // and a later touch starts it again
         hot.touch();
         wait_for(|| hot.polling.load(Ordering::SeqCst)).await;
+        // a stop ends the task, even mid-window
+        hot.stop();
+        wait_for(|| Arc::strong_count(&hot) == 1).await;
+        hot.touch();
+        assert!(!hot.hot());
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -128,3 +128,63 @@ async fn raw_read(loc: &kvcache_store::proto::Location, deadline: u64) -> Option
     s.read_exact(&mut msg).await.unwrap();
     Some(wire::refusal(&msg).code)
 }
+
+/// Two members on one host started without `--name` both take the host name. The second must be
+/// refused (it never evicts the first), say which name clashes and what to do, and give up with a
+/// non-zero exit once the first has stayed alive for about twice the leader's member TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_member_under_a_live_members_name_is_refused_and_evicts_nothing() {
+    let l = leader(&["--tenant", "t=64Mi:64:bfloat16", "--member-ttl", "2s"]);
+    let addr = l.field("grpc");
+    let first = member(&addr, "same-host", "16Mi");
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    for i in 0..8u64 {
+        c.put(&format!("k{i}"), Bytes::from(random_bytes(i, 10_000)))
+            .await
+            .unwrap();
+    }
+    let err_file = tempfile::NamedTempFile::new().unwrap();
+    let mut second = Proc::start_with_stderr(
+        &[
+            "member",
+            "--leader",
+            &addr,
+            "--capacity",
+            "16Mi",
+            "--name",
+            "same-host",
+            "--no-prefault",
+        ],
+        err_file.reopen().unwrap(),
+    );
+    let mut status = None;
+    eventually("the second member gives up", || {
+        status = status.or_else(|| second.exited());
+        async move { status.is_some() }
+    })
+    .await;
+    assert!(!status.unwrap().success(), "the refused member exits non-zero");
+    let stderr = std::fs::read_to_string(err_file.path()).unwrap();
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("kv-store: error: MEMBER_NAME_TAKEN") && last.contains("\"same-host\""),
+        "{stderr}"
+    );
+    assert!(last.contains("its own --name"), "{stderr}");
+    // the first member kept its mount and every object
+    let members = c
+        .control()
+        .get_members(kvcache_store::proto::GetMembersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .members;
+    assert_eq!(members.len(), 1, "{members:?}");
+    assert_eq!(members[0].data_addr, first.field("data"));
+    assert_eq!(members[0].objects, 8);
+    for i in 0..8u64 {
+        let v = c.get(&format!("k{i}")).await.unwrap().expect("kept");
+        assert!(v[..] == random_bytes(i, 10_000)[..]);
+    }
+}

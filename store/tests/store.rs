@@ -299,10 +299,15 @@ async fn metrics_and_readiness_are_served() {
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
+    let ready = http_get(&l.field("metrics"), "/readyz").await;
     assert!(
-        http_get(&l.field("metrics"), "/readyz")
-            .await
-            .starts_with("HTTP/1.1 200")
+        ready.starts_with("HTTP/1.1 200") && ready.ends_with("serving\n"),
+        "{ready}"
+    );
+    let ready = http_get(&m.field("metrics"), "/readyz").await;
+    assert!(
+        ready.starts_with("HTTP/1.1 200") && ready.ends_with("serving\n"),
+        "{ready}"
     );
     let mtext = http_get(&m.field("metrics"), "/metrics").await;
     assert!(mtext.contains("kvstore_member_ready 1"), "{mtext}");
@@ -321,13 +326,15 @@ async fn metrics_and_readiness_are_served() {
 async fn http_get(addr: &str, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
         .await
         .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     if path == "/metrics" {
         assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        let ctype = "content-type: application/openmetrics-text; version=1.0.0; charset=utf-8";
+        assert!(out.to_lowercase().contains(ctype), "{out}");
     }
     out
 }

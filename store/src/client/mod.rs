@@ -72,7 +72,12 @@ impl Client {
             .connect_timeout(Duration::from_secs(5))
             .connect()
             .await
-            .map_err(|e| transport(format!("cannot reach the leader at {leader}: {e}")))?;
+            .map_err(|e| {
+                transport(format!(
+                    "cannot reach the leader at {leader}: {}",
+                    crate::error::chain(&e)
+                ))
+            })?;
         let health = ControlClient::new(channel.clone())
             .health(HealthRequest {})
             .await

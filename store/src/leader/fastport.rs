@@ -5,7 +5,9 @@
 //!
 //! Request: `len u32 LE | method u8 | len bytes of protobuf`. Response: `len u32 LE | status u8
 //! (0 ok, 1 refused) | len bytes` (the protobuf reply, or a UTF-8 "CODE: message"). One request
-//! at a time per connection; clients pool connections.
+//! at a time per connection; clients pool connections. Each method runs the function of the same
+//! name in `calls.rs`, as gRPC does, and its reply is encoded straight into the connection's
+//! reusable output buffer.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,10 +16,11 @@ use bytes::{Buf, BufMut, BytesMut};
 use prost::Message;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
-use super::Leader;
+use super::{Leader, calls};
 use crate::error::{ErrorCode, StoreError};
-use crate::proto::*;
 use crate::spin::HotWindow;
 
 /// Largest request body accepted (keys are at most 4 KiB; batches are not served here).
@@ -49,10 +52,19 @@ impl Method {
     }
 }
 
-/// Serves the port until the process ends.
-pub async fn serve(listener: TcpListener, leader: Leader, hot: Arc<HotWindow>) {
+/// Serves the port until `cancel` fires, then closes every connection.
+pub async fn serve(listener: TcpListener, leader: Leader, hot: Arc<HotWindow>, cancel: CancellationToken) {
+    // connections are aborted when the port stops, so no per-call work watches the token
+    let mut conns = JoinSet::new();
+    let stop = cancel.cancelled();
+    tokio::pin!(stop);
     loop {
-        let (stream, _) = match listener.accept().await {
+        let accepted = tokio::select! {
+            () = &mut stop => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            a = listener.accept() => a,
+        };
+        let (stream, _) = match accepted {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "fast port accept failed");
@@ -63,12 +75,14 @@ pub async fn serve(listener: TcpListener, leader: Leader, hot: Arc<HotWindow>) {
         let _ = stream.set_nodelay(true);
         let leader = leader.clone();
         let hot = hot.clone();
-        tokio::spawn(async move {
+        conns.spawn(async move {
             if let Err(e) = connection(stream, &leader, &hot).await {
                 tracing::debug!(error = %e, "fast port connection closed");
             }
         });
     }
+    drop(listener);
+    conns.shutdown().await;
 }
 
 async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::io::Result<()> {
@@ -83,18 +97,22 @@ async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::
                     ErrorCode::InvalidArgument,
                     format!("{e}; this port serves small metadata calls"),
                 );
-                return write_reply(&mut s, &mut out, Err(e)).await;
+                refusal(&mut out, &e);
+                return s.write_all(out.chunk()).await;
             }
             Err(e) => return Err(e),
         };
-        let reply = match Method::from_u8(method) {
-            Some(m) => dispatch(leader, m, &body),
+        let served = match Method::from_u8(method) {
+            Some(m) => dispatch(leader, m, &body, &mut out),
             None => Err(StoreError::new(
                 ErrorCode::InvalidArgument,
                 "unknown method on the fast port",
             )),
         };
-        write_reply(&mut s, &mut out, reply).await?;
+        if let Err(e) = served {
+            refusal(&mut out, &e);
+        }
+        s.write_all(out.chunk()).await?;
         // the same client's next call usually follows within microseconds
         hot.touch();
     }
@@ -104,54 +122,36 @@ fn decode<M: Message + Default>(body: &[u8]) -> Result<M, StoreError> {
     M::decode(body).map_err(|e| StoreError::new(ErrorCode::InvalidArgument, format!("malformed request: {e}")))
 }
 
-fn dispatch(leader: &Leader, method: Method, body: &[u8]) -> Result<Vec<u8>, StoreError> {
+/// Decodes the request, runs its call (`calls.rs`, shared with gRPC) and writes the reply frame
+/// into `out`; on an error `out` is left for the caller to overwrite with the refusal.
+fn dispatch(leader: &Leader, method: Method, body: &[u8], out: &mut BytesMut) -> Result<(), StoreError> {
     let now = Instant::now();
-    Ok(match method {
-        Method::PutStart => {
-            let r: PutStartRequest = decode(body)?;
-            leader
-                .with(|s| s.put_start(r.scope.as_ref(), &r.key, r.size, now))?
-                .encode_to_vec()
-        }
-        Method::PutCommit => {
-            let r: PutCommitRequest = decode(body)?;
-            leader.with(|s| s.put_commit(r.scope.as_ref(), &r.key, r.put_id))?;
-            PutCommitResponse {}.encode_to_vec()
-        }
-        Method::PutRevoke => {
-            let r: PutRevokeRequest = decode(body)?;
-            leader.with(|s| s.put_revoke(r.scope.as_ref(), &r.key, r.put_id))?;
-            PutRevokeResponse {}.encode_to_vec()
-        }
-        Method::Get => {
-            let r: GetRequest = decode(body)?;
-            leader.with(|s| s.get(r.scope.as_ref(), &r.key, now))?.encode_to_vec()
-        }
-        Method::Exists => {
-            let r: ExistsRequest = decode(body)?;
-            ExistsResponse {
-                exists: leader.with(|s| s.exists(r.scope.as_ref(), &r.key, now))?,
-            }
-            .encode_to_vec()
-        }
-        Method::Remove => {
-            let r: RemoveRequest = decode(body)?;
-            RemoveResponse {
-                removed: leader.with(|s| s.remove(r.scope.as_ref(), &r.key, now))?,
-            }
-            .encode_to_vec()
-        }
-    })
+    match method {
+        Method::PutStart => reply(out, &calls::put_start(leader, decode(body)?, now)?),
+        Method::PutCommit => reply(out, &calls::put_commit(leader, decode(body)?)?),
+        Method::PutRevoke => reply(out, &calls::put_revoke(leader, decode(body)?)?),
+        Method::Get => reply(out, &calls::get(leader, decode(body)?, now)?),
+        Method::Exists => reply(out, &calls::exists(leader, decode(body)?, now)?),
+        Method::Remove => reply(out, &calls::remove(leader, decode(body)?, now)?),
+    }
 }
 
-async fn write_reply(s: &mut TcpStream, out: &mut BytesMut, reply: Result<Vec<u8>, StoreError>) -> std::io::Result<()> {
+/// `out` = one reply frame carrying `m`, encoded in place.
+fn reply(out: &mut BytesMut, m: &impl Message) -> Result<(), StoreError> {
+    let len = m.encoded_len();
     out.clear();
-    let (status, payload) = match reply {
-        Ok(p) => (0u8, p),
-        Err(e) => (1u8, e.to_string().into_bytes()),
-    };
-    out.put_u32_le(payload.len() as u32);
-    out.put_u8(status);
-    out.put_slice(&payload);
-    s.write_all(out.chunk()).await
+    out.reserve(5 + len);
+    out.put_u32_le(len as u32);
+    out.put_u8(0);
+    m.encode(out)
+        .map_err(|e| StoreError::new(ErrorCode::Internal, format!("encoding the reply: {e}")))
+}
+
+/// `out` = one refusal frame, "CODE: message".
+fn refusal(out: &mut BytesMut, e: &StoreError) {
+    let msg = e.to_string();
+    out.clear();
+    out.put_u32_le(msg.len() as u32);
+    out.put_u8(1);
+    out.put_slice(msg.as_bytes());
 }

@@ -1,16 +1,19 @@
 //! Member liveness: mounting a segment, heartbeats, and unmounting a member that went silent
-//! (its objects are dropped, because their bytes went with it).
+//! (its objects are dropped, because their bytes went with it). A name belongs to one live member
+//! process at a time: a mount under a name that another live process holds is refused
+//! (`MEMBER_NAME_TAKEN`), never allowed to evict it.
 
 use std::time::Instant;
 
 use super::placement::SegmentAllocator;
 use super::state::{Member, State};
 use crate::error::{ErrorCode, Result, StoreError};
-use crate::proto::{MountRequest, MountResponse};
+use crate::proto::{HeartbeatRequest, MountRequest, MountResponse};
 
 impl State {
-    /// Mounts a member's segment. A member that mounts again under the same name (it restarted)
-    /// replaces its old mount, whose objects are dropped: it starts empty.
+    /// Mounts a member's segment. The same process mounting again (its instance id matches)
+    /// replaces its old mount, whose objects are dropped: it starts empty. Another process may
+    /// take a name only once the holder has been silent past the member TTL.
     pub fn mount(&mut self, req: &MountRequest, now: Instant) -> Result<MountResponse> {
         if req.name.is_empty() || req.data_addr.is_empty() || req.grpc_addr.is_empty() {
             return Err(StoreError::new(
@@ -24,12 +27,27 @@ impl State {
                 "a member with capacity 0 has nothing to mount",
             ));
         }
-        let old: Vec<u64> = self
-            .members
-            .iter()
-            .filter(|(_, m)| m.name == req.name)
-            .map(|(id, _)| *id)
-            .collect();
+        let ttl = self.cfg.member_ttl;
+        let same_name = self.members.iter().filter(|(_, m)| m.name == req.name);
+        let mut old = Vec::new();
+        for (id, m) in same_name {
+            let silent = now.saturating_duration_since(m.last_seen);
+            let same_process = req.instance_id != 0 && m.instance_id == req.instance_id;
+            if !same_process && silent <= ttl {
+                tracing::warn!(name = %req.name, holder = %m.data_addr, "mount refused: the name is held by a live member");
+                return Err(StoreError::new(
+                    ErrorCode::MemberNameTaken,
+                    format!(
+                        "member name {:?} is held by another live member (data address {}, last heartbeat {} ms \
+                         ago); give each member on a host its own --name (it defaults to the host name)",
+                        req.name,
+                        m.data_addr,
+                        silent.as_millis()
+                    ),
+                ));
+            }
+            old.push(*id);
+        }
         for id in old {
             self.unmount(id);
         }
@@ -48,6 +66,7 @@ impl State {
                 data_addr: req.data_addr.clone(),
                 grpc_addr: req.grpc_addr.clone(),
                 mount_id,
+                instance_id: req.instance_id,
                 alloc: SegmentAllocator::new(req.capacity),
                 objects: 0,
                 last_seen: now,
@@ -64,9 +83,9 @@ impl State {
 
     /// Records a heartbeat; `false` means the leader does not know this mount and the member must
     /// mount again.
-    pub fn heartbeat(&mut self, member_id: u64, mount_id: u64, now: Instant) -> bool {
-        match self.members.get_mut(&member_id) {
-            Some(m) if m.mount_id == mount_id => {
+    pub fn heartbeat(&mut self, hb: &HeartbeatRequest, now: Instant) -> bool {
+        match self.members.get_mut(&hb.member_id) {
+            Some(m) if m.mount_id == hb.mount_id && (hb.instance_id == 0 || m.instance_id == hb.instance_id) => {
                 m.last_seen = now;
                 true
             }

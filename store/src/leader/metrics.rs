@@ -1,138 +1,231 @@
-//! The leader's Prometheus text: capacity and usage, objects, puts, gets, misses, evictions,
-//! store-wide and per tenant, grant and usage per tenant, and readiness.
+//! The leader's metrics, read from its state at scrape time by a `prometheus_client` collector:
+//! readiness, capacity and usage, objects, and the put/get/eviction counters store-wide, per
+//! tenant (grant, ceiling, usage) and per member (capacity, usage). Labels are tenant and member
+//! names only: bounded by the ledger and the mounted members, never by keys or requests.
+//!
+//! Counters are registered without `_total`; the OpenMetrics encoder appends it, so the sample
+//! names are the ones store/README.md lists (`kvstore_puts_total`, ...).
 
-use std::fmt::Write;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::{Registry, Unit};
 
+use super::Leader;
+use super::objects::{Counters, Tenant};
 use super::state::State;
-use crate::metrics::{Family, escape};
 
-/// A per-tenant family: name, help, type, and how to read the value.
-type TenantFamily = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&super::objects::Tenant) -> u64,
-);
+/// What one scrape reports, copied out under the lock so encoding happens without it.
+#[derive(Debug, Default)]
+struct Snapshot {
+    ready: bool,
+    capacity: u64,
+    used: u64,
+    members: u64,
+    objects: u64,
+    totals: Counters,
+    /// sorted by name
+    tenants: Vec<(String, TenantRow)>,
+    /// (name, capacity, used)
+    segments: Vec<(String, u64, u64)>,
+}
 
-pub(super) fn render(s: &State, serving: bool) -> String {
-    let mut out = String::new();
-    let totals = s.totals();
-    let mut g = |name: &str, help: &str, kind: &str, v: u64| Family::new(name, help, kind).sample(&mut out, "", v);
-    g(
-        "kvstore_leader_ready",
-        "1 while this leader serves requests",
-        "gauge",
-        serving as u64,
-    );
-    g(
-        "kvstore_capacity_bytes",
-        "mounted segment capacity",
-        "gauge",
-        s.capacity(),
-    );
-    g(
-        "kvstore_used_bytes",
-        "bytes allocated in mounted segments",
-        "gauge",
-        s.used(),
-    );
-    g("kvstore_members", "mounted members", "gauge", s.members.len() as u64);
-    g(
-        "kvstore_objects",
-        "objects (reserved and committed)",
-        "gauge",
-        s.object_count(),
-    );
-    g("kvstore_puts_total", "committed puts", "counter", totals.puts);
-    g(
-        "kvstore_put_revokes_total",
-        "revoked puts",
-        "counter",
-        totals.put_revokes,
-    );
-    g("kvstore_gets_total", "get requests", "counter", totals.gets);
-    g(
-        "kvstore_hits_total",
-        "gets that found a committed value",
-        "counter",
-        totals.hits,
-    );
-    g(
-        "kvstore_misses_total",
-        "gets that found nothing",
-        "counter",
-        totals.misses,
-    );
-    g(
-        "kvstore_evictions_total",
-        "objects evicted (watermark, allocation and tenant quota)",
-        "counter",
-        totals.evictions,
-    );
-    g(
-        "kvstore_quota_refusals_total",
-        "puts refused with TENANT_QUOTA_EXCEEDED",
-        "counter",
-        totals.quota_refusals,
-    );
+#[derive(Debug, Clone, Copy)]
+struct TenantRow {
+    ceiling: u64,
+    grant: u64,
+    used: u64,
+    objects: u64,
+    counters: Counters,
+}
 
-    let mut tenants: Vec<_> = s.tenants.iter().collect();
-    tenants.sort_by(|a, b| a.0.cmp(b.0));
-    let per_tenant: [TenantFamily; 9] = [
-        ("kvstore_tenant_ceiling_bytes", "requested ceiling", "gauge", |t| {
-            t.ceiling
-        }),
-        ("kvstore_tenant_grant_bytes", "effective grant", "gauge", |t| t.grant),
-        ("kvstore_tenant_used_bytes", "bytes charged", "gauge", |t| t.used),
-        ("kvstore_tenant_objects", "objects", "gauge", |t| t.objects.len() as u64),
-        ("kvstore_tenant_puts_total", "committed puts", "counter", |t| {
-            t.counters.puts
-        }),
-        ("kvstore_tenant_gets_total", "get requests", "counter", |t| {
-            t.counters.gets
-        }),
-        (
-            "kvstore_tenant_misses_total",
-            "gets that found nothing",
-            "counter",
-            |t| t.counters.misses,
-        ),
-        ("kvstore_tenant_evictions_total", "objects evicted", "counter", |t| {
-            t.counters.evictions
-        }),
-        (
-            "kvstore_tenant_quota_refusals_total",
-            "puts refused at quota",
-            "counter",
-            |t| t.counters.quota_refusals,
-        ),
-    ];
-    for (name, help, kind, f) in per_tenant {
-        let fam = Family::new(name, help, kind);
-        fam.header(&mut out);
-        for (tname, t) in &tenants {
-            let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", escape(tname), f(t));
+impl TenantRow {
+    fn of(t: &Tenant) -> Self {
+        Self {
+            ceiling: t.ceiling,
+            grant: t.grant,
+            used: t.used,
+            objects: t.objects.len() as u64,
+            counters: t.counters,
         }
     }
-    let fam = Family::new("kvstore_member_capacity_bytes", "capacity per member", "gauge");
-    fam.header(&mut out);
-    for m in s.members.values() {
-        let _ = writeln!(
-            out,
-            "kvstore_member_capacity_bytes{{member=\"{}\"}} {}",
-            escape(&m.name),
-            m.alloc.capacity()
-        );
+}
+
+impl Snapshot {
+    fn of(s: &State, ready: bool) -> Self {
+        let mut tenants: Vec<_> = s.tenants.iter().map(|(n, t)| (n.clone(), TenantRow::of(t))).collect();
+        tenants.sort_by(|a, b| a.0.cmp(&b.0));
+        Self {
+            ready,
+            capacity: s.capacity(),
+            used: s.used(),
+            members: s.members.len() as u64,
+            objects: s.object_count(),
+            totals: s.totals(),
+            tenants,
+            segments: s
+                .members
+                .values()
+                .map(|m| (m.name.clone(), m.alloc.capacity(), m.alloc.used()))
+                .collect(),
+        }
     }
-    let fam = Family::new("kvstore_member_used_bytes", "allocated bytes per member", "gauge");
-    fam.header(&mut out);
-    for m in s.members.values() {
-        let _ = writeln!(
-            out,
-            "kvstore_member_used_bytes{{member=\"{}\"}} {}",
-            escape(&m.name),
-            m.alloc.used()
-        );
+}
+
+/// Registers the leader's collector on `registry`.
+pub(super) fn register(leader: &Leader, registry: &mut Registry) {
+    registry.register_collector(Box::new(LeaderCollector(leader.clone())));
+}
+
+#[derive(Debug)]
+struct LeaderCollector(Leader);
+
+type Enc<'a> = DescriptorEncoder<'a>;
+
+fn gauge(e: &mut Enc<'_>, name: &str, help: &str, unit: Option<&Unit>, v: u64) -> Result<(), std::fmt::Error> {
+    let g = ConstGauge::new(v);
+    g.encode(e.encode_descriptor(name, help, unit, g.metric_type())?)
+}
+
+fn counter(e: &mut Enc<'_>, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
+    let c = ConstCounter::new(v);
+    c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+/// One family with one sample per `(label value, value)`.
+fn labelled<'a>(
+    e: &mut Enc<'_>,
+    (name, help, unit): (&str, &str, Option<&Unit>),
+    label: &'static str,
+    counter: bool,
+    rows: impl Iterator<Item = (&'a str, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let kind = if counter {
+        ConstCounter::new(0u64).metric_type()
+    } else {
+        ConstGauge::new(0u64).metric_type()
+    };
+    let mut family = e.encode_descriptor(name, help, unit, kind)?;
+    for (value, v) in rows {
+        let labels = [(label, value)];
+        let sample = family.encode_family(&labels)?;
+        if counter {
+            ConstCounter::new(v).encode(sample)?;
+        } else {
+            ConstGauge::new(v).encode(sample)?;
+        }
     }
-    out
+    Ok(())
+}
+
+type TenantFamily = (&'static str, &'static str, Option<Unit>, bool, fn(&TenantRow) -> u64);
+
+const TENANT_FAMILIES: [TenantFamily; 9] = [
+    (
+        "kvstore_tenant_ceiling",
+        "requested ceiling",
+        Some(Unit::Bytes),
+        false,
+        |t| t.ceiling,
+    ),
+    (
+        "kvstore_tenant_grant",
+        "effective grant",
+        Some(Unit::Bytes),
+        false,
+        |t| t.grant,
+    ),
+    ("kvstore_tenant_used", "bytes charged", Some(Unit::Bytes), false, |t| {
+        t.used
+    }),
+    ("kvstore_tenant_objects", "objects", None, false, |t| t.objects),
+    ("kvstore_tenant_puts", "committed puts", None, true, |t| t.counters.puts),
+    ("kvstore_tenant_gets", "get requests", None, true, |t| t.counters.gets),
+    ("kvstore_tenant_misses", "gets that found nothing", None, true, |t| {
+        t.counters.misses
+    }),
+    ("kvstore_tenant_evictions", "objects evicted", None, true, |t| {
+        t.counters.evictions
+    }),
+    (
+        "kvstore_tenant_quota_refusals",
+        "puts refused at quota",
+        None,
+        true,
+        |t| t.counters.quota_refusals,
+    ),
+];
+
+impl Collector for LeaderCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let ready = self.0.readiness().is_serving();
+        let s = self.0.with(|s| Snapshot::of(s, ready));
+        let bytes = Some(&Unit::Bytes);
+        gauge(
+            &mut e,
+            "kvstore_leader_ready",
+            "1 while this leader serves requests",
+            None,
+            u64::from(s.ready),
+        )?;
+        gauge(
+            &mut e,
+            "kvstore_capacity",
+            "mounted segment capacity",
+            bytes,
+            s.capacity,
+        )?;
+        gauge(
+            &mut e,
+            "kvstore_used",
+            "bytes allocated in mounted segments",
+            bytes,
+            s.used,
+        )?;
+        gauge(&mut e, "kvstore_members", "mounted members", None, s.members)?;
+        gauge(
+            &mut e,
+            "kvstore_objects",
+            "objects (reserved and committed)",
+            None,
+            s.objects,
+        )?;
+        let t = &s.totals;
+        counter(&mut e, "kvstore_puts", "committed puts", t.puts)?;
+        counter(&mut e, "kvstore_put_revokes", "revoked puts", t.put_revokes)?;
+        counter(&mut e, "kvstore_gets", "get requests", t.gets)?;
+        counter(&mut e, "kvstore_hits", "gets that found a committed value", t.hits)?;
+        counter(&mut e, "kvstore_misses", "gets that found nothing", t.misses)?;
+        counter(
+            &mut e,
+            "kvstore_evictions",
+            "objects evicted (watermark, allocation and tenant quota)",
+            t.evictions,
+        )?;
+        counter(
+            &mut e,
+            "kvstore_quota_refusals",
+            "puts refused with TENANT_QUOTA_EXCEEDED",
+            t.quota_refusals,
+        )?;
+        for (name, help, unit, is_counter, f) in &TENANT_FAMILIES {
+            let rows = s.tenants.iter().map(|(n, t)| (n.as_str(), f(t)));
+            labelled(&mut e, (name, help, unit.as_ref()), "tenant", *is_counter, rows)?;
+        }
+        labelled(
+            &mut e,
+            ("kvstore_member_capacity", "capacity per member", bytes),
+            "member",
+            false,
+            s.segments.iter().map(|(n, c, _)| (n.as_str(), *c)),
+        )?;
+        labelled(
+            &mut e,
+            ("kvstore_member_used", "allocated bytes per member", bytes),
+            "member",
+            false,
+            s.segments.iter().map(|(n, _, u)| (n.as_str(), *u)),
+        )
+    }
 }

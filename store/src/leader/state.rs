@@ -24,6 +24,9 @@ pub struct Member {
     pub data_addr: String,
     pub grpc_addr: String,
     pub mount_id: u64,
+    /// the member process's random id: a mount under this name from another live process is
+    /// refused (0: a member that sent none)
+    pub instance_id: u64,
     pub alloc: SegmentAllocator,
     pub objects: u64,
     pub last_seen: Instant,
@@ -57,7 +60,7 @@ impl State {
             retired: Counters::default(),
         };
         if !s.cfg.multi_tenancy {
-            let layout = s.cfg.default_layout.clone();
+            let layout = s.cfg.default_layout();
             s.tenants.insert(
                 DEFAULT_TENANT.to_string(),
                 Tenant {
@@ -233,7 +236,7 @@ impl State {
                 .filter(|(_, m)| m.alloc.fits(len))
                 .map(|(id, m)| (*id, m.alloc.free(), m.alloc.capacity()))
                 .collect();
-            if let Some(id) = placement::choose(self.cfg.strategy, &candidates, &mut self.seed) {
+            if let Some(id) = placement::choose(self.cfg.allocation_strategy, &candidates, &mut self.seed) {
                 let m = self.members.get_mut(&id)?;
                 return m.alloc.allocate(len).map(|off| (id, off));
             }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use super::state::State;
 use super::{LeaderConfig, Strategy};
 use crate::error::ErrorCode;
-use crate::proto::{MountRequest, Scope, TenantEntry};
+use crate::proto::{HeartbeatRequest, MountRequest, Scope, TenantEntry};
 
 const MIB: u64 = 1 << 20;
 
@@ -27,15 +27,29 @@ fn entry(t: &str, ceiling: u64) -> TenantEntry {
     }
 }
 
-fn mount(s: &mut State, name: &str, capacity: u64, now: Instant) -> u64 {
-    let req = MountRequest {
+fn mount_req(name: &str, capacity: u64, instance_id: u64) -> MountRequest {
+    MountRequest {
         name: name.into(),
         data_addr: format!("{name}:1"),
         grpc_addr: format!("{name}:2"),
         capacity,
         mount_id: 0,
-    };
-    s.mount(&req, now).unwrap().member_id
+        instance_id,
+    }
+}
+
+/// Mounts as a fresh process (its own instance id).
+fn mount(s: &mut State, name: &str, capacity: u64, now: Instant) -> u64 {
+    let instance = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
+    s.mount(&mount_req(name, capacity, instance), now).unwrap().member_id
+}
+
+fn hb(member_id: u64, mount_id: u64) -> HeartbeatRequest {
+    HeartbeatRequest {
+        member_id,
+        mount_id,
+        instance_id: 0,
+    }
 }
 
 fn state(cfg: LeaderConfig) -> (State, Instant) {
@@ -154,7 +168,7 @@ fn watermark_eviction_frees_a_share_and_prefers_tenants_over_their_grant() {
 fn a_silent_member_loses_its_objects_and_a_remount_starts_empty() {
     let cfg = LeaderConfig {
         member_ttl: Duration::from_secs(2),
-        strategy: Strategy::Random,
+        allocation_strategy: Strategy::Random,
         ..Default::default()
     };
     let (mut s, t0) = state(cfg);
@@ -165,14 +179,17 @@ fn a_silent_member_loses_its_objects_and_a_remount_starts_empty() {
     }
     assert_eq!(s.tenant_statuses()[0].grant, 8 * MIB);
     let mount_id = s.member_statuses(t0)[0].mount_id;
-    assert!(s.heartbeat(m1, mount_id, t0 + Duration::from_secs(1)));
-    assert!(!s.heartbeat(m1, mount_id + 1, t0), "a wrong mount is told to remount");
+    assert!(s.heartbeat(&hb(m1, mount_id), t0 + Duration::from_secs(1)));
+    assert!(
+        !s.heartbeat(&hb(m1, mount_id + 1), t0),
+        "a wrong mount is told to remount"
+    );
     assert_eq!(s.expire_members(t0 + Duration::from_secs(3)), 0);
     assert_eq!(s.expire_members(t0 + Duration::from_millis(3001)), 1);
     assert_eq!(s.object_count(), 0);
     assert_eq!(s.tenant_statuses()[0].used, 0);
     assert_eq!(s.tenant_statuses()[0].grant, 0, "nothing mounted, nothing granted");
-    assert!(!s.heartbeat(m1, mount_id, t0));
+    assert!(!s.heartbeat(&hb(m1, mount_id), t0));
     mount(&mut s, "m1", 8 * MIB, t0);
     assert!(!s.get(Some(&scope("t")), "k0", t0).unwrap().found);
 }
@@ -247,4 +264,57 @@ fn malformed_requests_are_refused_not_panicked_on() {
         ..Default::default()
     };
     assert_eq!(s.mount(&bad, t0).unwrap_err().code, ErrorCode::InvalidArgument);
+}
+
+#[test]
+fn a_name_held_by_a_live_process_is_refused_until_the_holder_expires() {
+    let cfg = LeaderConfig {
+        member_ttl: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let (mut s, t0) = state(cfg);
+    s.set_tenants(&[entry("t", 64 * MIB)]).unwrap();
+    let first = s.mount(&mount_req("host", 8 * MIB, 11), t0).unwrap();
+    put(&mut s, "t", "k", MIB, t0).unwrap();
+
+    // another process under the same name: refused, and the holder keeps its mount and objects
+    let e = s
+        .mount(&mount_req("host", 8 * MIB, 22), t0 + Duration::from_secs(1))
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::MemberNameTaken);
+    assert!(
+        e.message.contains("\"host\"") && e.message.contains("its own --name"),
+        "{e}"
+    );
+    assert_eq!(s.member_statuses(t0)[0].member_id, first.member_id);
+    assert!(s.get(Some(&scope("t")), "k", t0).unwrap().found);
+    // a process that sends no instance id cannot prove it is the holder either
+    assert!(s.mount(&mount_req("host", 8 * MIB, 0), t0).is_err());
+
+    // the holder heartbeats (with its instance id) and stays; a wrong instance id is told to remount
+    let beat = |instance_id| HeartbeatRequest {
+        member_id: first.member_id,
+        mount_id: first.mount_id,
+        instance_id,
+    };
+    assert!(s.heartbeat(&beat(11), t0 + Duration::from_secs(2)));
+    assert!(!s.heartbeat(&beat(22), t0 + Duration::from_secs(2)));
+    let live = t0 + Duration::from_secs(4);
+    assert!(
+        s.mount(&mount_req("host", 8 * MIB, 22), live).is_err(),
+        "heartbeat at 2 s, ttl 2 s"
+    );
+
+    // the same process mounting again replaces its own mount (it starts empty)
+    let again = s.mount(&mount_req("host", 8 * MIB, 11), live).unwrap();
+    assert_ne!(again.member_id, first.member_id);
+    assert_eq!(s.member_statuses(live).len(), 1);
+    assert!(!s.get(Some(&scope("t")), "k", live).unwrap().found);
+
+    // once the holder is silent past the ttl, a new process may take the name
+    let dead = live + Duration::from_millis(2001);
+    let taken = s.mount(&mount_req("host", 8 * MIB, 22), dead).unwrap();
+    let members = s.member_statuses(dead);
+    assert_eq!(members.len(), 1);
+    assert_eq!(members[0].member_id, taken.member_id);
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 use bytes::Buf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use super::segment::Segment;
 use crate::error::StoreError;
@@ -18,10 +20,20 @@ use crate::wire::{Op, REQUEST_LEN, Request, Response};
 /// abandoned reservation only after its own grace (`--put-grace`, 30 s), which is longer.
 pub const WRITE_GRACE: Duration = Duration::from_secs(10);
 
-/// Serves the data port until the process ends.
-pub async fn serve(listener: TcpListener, segment: Arc<Segment>, hot: Arc<HotWindow>) {
+/// Serves the data port until `cancel` fires, then closes every connection (a transfer cut off
+/// mid-way is refused by its client's checks, and its range is released with the task).
+pub async fn serve(listener: TcpListener, segment: Arc<Segment>, hot: Arc<HotWindow>, cancel: CancellationToken) {
+    // connections are aborted when the port stops, so no per-transfer work watches the token
+    let mut conns = JoinSet::new();
+    let stop = cancel.cancelled();
+    tokio::pin!(stop);
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            () = &mut stop => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "data port accept failed");
@@ -33,12 +45,14 @@ pub async fn serve(listener: TcpListener, segment: Arc<Segment>, hot: Arc<HotWin
         crate::net::tune_data_connection(socket2::SockRef::from(&stream), &peer);
         let segment = segment.clone();
         let hot = hot.clone();
-        tokio::spawn(async move {
+        conns.spawn(async move {
             if let Err(e) = connection(stream, &segment, &hot).await {
                 tracing::debug!(%peer, error = %e, "data connection closed");
             }
         });
     }
+    drop(listener);
+    conns.shutdown().await;
 }
 
 async fn connection(mut s: TcpStream, segment: &Segment, hot: &HotWindow) -> std::io::Result<()> {

@@ -1,55 +1,67 @@
 //! A member: one process per node holding a segment of memory. It maps the segment, mounts it at
 //! the leader, heartbeats, remounts (empty) whenever the leader does not know it, and serves
-//! writes and reads of byte ranges on its data port and over gRPC.
+//! writes and reads of byte ranges on its data port and over gRPC, until its cancellation token
+//! fires.
 //!
-//! Map: `mmap` (the mapping and the only unsafe code), `segment` (transfer checks), `dataport`
-//! (framed TCP), `service` (gRPC `SegmentData`), and here the mount and heartbeat loop.
+//! Map: `config` (the flags, [`MemberConfig`]), `mmap` (the mapping and the only unsafe code),
+//! `segment` (transfer checks), `dataport` (framed TCP), `service` (gRPC `SegmentData`), `mount`
+//! (mounting, heartbeats, refusals), `metrics` (the collector), and here binding and serving.
+//!
+//! Readiness: `Starting` until the segment is mounted (and again while it remounts), `Serving`
+//! while mounted, `Stopping` once the token fires. The protocol has no unmount call, so a stopped
+//! member simply goes silent: the leader drops its segment when its liveness TTL passes.
 
+mod config;
 pub mod dataport;
+pub mod metrics;
 pub mod mmap;
+mod mount;
 pub mod segment;
 pub mod service;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
-use crate::error::{ErrorCode, StoreError};
-use crate::metrics::{Family, Source};
-use crate::proto::membership_client::MembershipClient;
-use crate::proto::{HeartbeatRequest, MountRequest};
+pub use config::MemberConfig;
 use segment::Segment;
 
-/// How a member runs.
-#[derive(Debug, Clone)]
-pub struct MemberConfig {
-    pub leader: String,
-    pub name: String,
-    pub capacity: u64,
-    pub shm_dir: PathBuf,
-    /// host written into the addresses given to the leader (defaults to the listen address's)
-    pub advertise_host: Option<String>,
-    pub max_value_size: u64,
-    pub prefault: bool,
-    /// how long the data port keeps polling after a request (`spin.rs`); zero: never
-    pub spin: Duration,
-}
+use crate::error::{ErrorCode, StoreError};
+use crate::lifecycle::{self, ServeError, Task};
+use crate::proto::MountRequest;
+use crate::readiness::{Readiness, ReadinessHandle};
 
-/// A member with its listeners bound, ready to run.
+/// A member with its segment mapped and its listeners bound, ready to serve.
 #[derive(Debug)]
 pub struct Member {
     cfg: MemberConfig,
     segment: Arc<Segment>,
     grpc: TcpListener,
     data: TcpListener,
+    metrics: Option<TcpListener>,
+    addrs: MemberAddrs,
+    readiness: ReadinessHandle,
+    /// random, fresh for this process: tells the leader a remount of ours from another process
+    /// that took the same name
+    instance_id: u64,
+}
+
+/// Where a member's listeners are bound (with port 0 resolved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberAddrs {
+    pub grpc: SocketAddr,
+    pub data: SocketAddr,
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Member {
-    /// Maps the segment and binds the gRPC and data listeners.
-    pub async fn bind(cfg: MemberConfig, grpc: SocketAddr, data: SocketAddr) -> Result<Self, StoreError> {
+    /// Checks the config, maps the segment (touching every page unless `--no-prefault`) and binds
+    /// the gRPC, data and metrics listeners.
+    pub async fn bind(cfg: MemberConfig) -> Result<Self, ServeError> {
+        cfg.validate()?;
         let map = mmap::SharedMap::create(&cfg.shm_dir, cfg.capacity).map_err(|e| {
             StoreError::new(
                 ErrorCode::Internal,
@@ -61,21 +73,39 @@ impl Member {
             )
         })?;
         let segment = Arc::new(Segment::new(map));
-        if cfg.prefault {
+        if !cfg.no_prefault {
             let s = segment.clone();
             tokio::task::spawn_blocking(move || s.prefault())
                 .await
-                .map_err(|e| bind_err("prefault", e))?;
+                .map_err(|e| StoreError::new(ErrorCode::Internal, format!("prefaulting the segment failed: {e}")))?;
         }
-        let grpc = TcpListener::bind(grpc)
-            .await
-            .map_err(|e| bind_err("gRPC listen address", e))?;
-        let data = crate::net::data_listener(data).map_err(|e| bind_err("data listen address", e))?;
+        let grpc = lifecycle::bind("listen", cfg.listen).await?;
+        let data = crate::net::data_listener(cfg.data_listen).map_err(|source| ServeError::Bind {
+            flag: "data-listen",
+            addr: cfg.data_listen,
+            source,
+        })?;
+        let metrics = match cfg.metrics_listen {
+            Some(a) => Some(lifecycle::bind("metrics-listen", a).await?),
+            None => None,
+        };
+        let addrs = MemberAddrs {
+            grpc: lifecycle::local_addr("listen", &grpc, cfg.listen)?,
+            data: lifecycle::local_addr("data-listen", &data, cfg.data_listen)?,
+            metrics: match (&metrics, cfg.metrics_listen) {
+                (Some(l), Some(a)) => Some(lifecycle::local_addr("metrics-listen", l, a)?),
+                _ => None,
+            },
+        };
         Ok(Self {
             cfg,
             segment,
             grpc,
             data,
+            metrics,
+            addrs,
+            readiness: ReadinessHandle::new(),
+            instance_id: uuid::Uuid::new_v4().as_u64_pair().0 | 1,
         })
     }
 
@@ -83,183 +113,92 @@ impl Member {
         self.segment.clone()
     }
 
-    fn advertised(&self, addr: SocketAddr) -> Result<String, StoreError> {
+    pub fn addrs(&self) -> MemberAddrs {
+        self.addrs
+    }
+
+    pub fn readiness(&self) -> &ReadinessHandle {
+        &self.readiness
+    }
+
+    fn advertised(&self, addr: SocketAddr) -> String {
         match &self.cfg.advertise_host {
-            Some(h) => Ok(format!("{h}:{}", addr.port())),
-            None if addr.ip().is_unspecified() => Err(StoreError::new(
-                ErrorCode::InvalidArgument,
-                "the member listens on an unspecified address; give --advertise-host so engines know where to connect",
-            )),
-            None => Ok(addr.to_string()),
+            Some(h) => format!("{h}:{}", addr.port()),
+            None => addr.to_string(),
         }
     }
 
-    /// Serves and keeps the segment mounted until the process ends.
-    pub async fn run(self) -> Result<(), StoreError> {
-        let grpc_addr = self.advertised(self.grpc.local_addr().map_err(|e| bind_err("gRPC", e))?)?;
-        let data_addr = self.advertised(self.data.local_addr().map_err(|e| bind_err("data", e))?)?;
-        tracing::info!(%grpc_addr, %data_addr, capacity = self.cfg.capacity, "member serving");
-        let hot = crate::spin::HotWindow::start(self.cfg.spin);
-        tokio::spawn(dataport::serve(self.data, self.segment.clone(), hot));
-        let max = usize::try_from(self.cfg.max_value_size)
+    /// Serves the data port, gRPC and the metrics endpoint, and keeps the segment mounted at the
+    /// leader, until `cancel` fires; then stops them and returns `Ok(())`. Returns an error if
+    /// the leader keeps refusing the mount (another live member holds this member's name). The
+    /// member's metrics are registered on `registry`, which the endpoint serves.
+    pub async fn serve(self, mut registry: Registry, cancel: CancellationToken) -> Result<(), ServeError> {
+        let stop = cancel.child_token();
+        let req = MountRequest {
+            name: self.cfg.resolved_name(),
+            data_addr: self.advertised(self.addrs.data),
+            grpc_addr: self.advertised(self.addrs.grpc),
+            capacity: self.cfg.capacity,
+            mount_id: 0,
+            instance_id: self.instance_id,
+        };
+        let Self {
+            cfg,
+            segment,
+            grpc,
+            data,
+            metrics: metrics_listener,
+            readiness,
+            ..
+        } = self;
+        metrics::register(segment.clone(), readiness.clone(), &mut registry);
+        let endpoint = metrics_listener.map(|l| {
+            Task::spawn(crate::metrics::serve(
+                l,
+                Arc::new(registry),
+                readiness.clone(),
+                stop.clone(),
+            ))
+        });
+        tracing::info!(name = %req.name, grpc = %req.grpc_addr, data = %req.data_addr, capacity = cfg.capacity, "member serving");
+        let hot = crate::spin::HotWindow::start(cfg.spin);
+        let dataport = Task::spawn(dataport::serve(data, segment.clone(), hot.clone(), stop.clone()));
+        let max = usize::try_from(cfg.max_value_size)
             .unwrap_or(usize::MAX)
             .saturating_add(64 * 1024);
         let svc = service::DataService {
-            segment: self.segment.clone(),
+            segment: segment.clone(),
+            readiness: readiness.clone(),
         }
         .server(max);
-        let incoming = crate::net::incoming(self.grpc);
-        tokio::spawn(async move {
-            if let Err(e) = tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming(incoming)
-                .await
-            {
-                tracing::error!(error = %e, "member gRPC server stopped");
-            }
-        });
-        let req = MountRequest {
-            name: self.cfg.name.clone(),
-            data_addr,
-            grpc_addr,
-            capacity: self.cfg.capacity,
-            mount_id: 0,
-        };
-        stay_mounted(&self.cfg.leader, req, &self.segment).await;
-        Ok(())
-    }
-}
-
-fn bind_err(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::new(ErrorCode::Internal, format!("cannot set up the {what}: {e}"))
-}
-
-/// Mounts, heartbeats, and mounts again (starting empty) whenever the leader asks.
-async fn stay_mounted(leader: &str, req: MountRequest, segment: &Segment) {
-    let endpoint = format!("http://{leader}");
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        segment.set_mount(0);
-        let mut client = match MembershipClient::connect(endpoint.clone()).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(%leader, error = %e, "leader unreachable, retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                continue;
-            }
-        };
-        // adopt the new mount first: the leader may place values here as soon as it answers
-        let mount_id = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
-        segment.set_mount(mount_id);
-        let mounted = match client
-            .mount(MountRequest {
-                mount_id,
-                ..req.clone()
+        let grpc_server = {
+            let stop = stop.clone();
+            Task::spawn(async move {
+                let server = tonic::transport::Server::builder()
+                    .add_service(svc)
+                    .serve_with_incoming_shutdown(crate::net::incoming(grpc), stop.clone().cancelled_owned());
+                lifecycle::drained(server, &stop, "member gRPC").await
             })
-            .await
-        {
-            Ok(r) => r.into_inner(),
-            Err(e) => {
-                tracing::warn!(%leader, error = %e, "mount refused, retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                continue;
-            }
         };
-        backoff = Duration::from_millis(100);
-        // the leader keeps the member's choice unless it clashes with another mount
-        segment.set_mount(mounted.mount_id);
-        tracing::info!(
-            member_id = mounted.member_id,
-            mount_id = mounted.mount_id,
-            "segment mounted"
-        );
-        let interval = Duration::from_millis(mounted.heartbeat_interval_ms.max(10));
-        loop {
-            tokio::time::sleep(interval).await;
-            let hb = HeartbeatRequest {
-                member_id: mounted.member_id,
-                mount_id: mounted.mount_id,
-            };
-            match client.heartbeat(hb).await {
-                Ok(r) if r.get_ref().need_remount => {
-                    tracing::warn!("leader does not know this mount; remounting empty");
-                    break;
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
-            }
+
+        let mounted = tokio::select! {
+            r = mount::stay_mounted(&cfg.leader, req, &segment, &readiness) => r,
+            () = stop.cancelled() => Ok(()),
+        };
+        readiness.set(Readiness::Stopping);
+        stop.cancel();
+        // ranges of this mount are refused from here on
+        segment.set_mount(0);
+        let grpc_result = grpc_server.join().await.unwrap_or(Ok(()));
+        dataport.join().await;
+        hot.stop();
+        if let Some(t) = endpoint
+            && let Some(Err(e)) = t.join().await
+        {
+            tracing::warn!(error = %e, "metrics endpoint failed");
         }
-    }
-}
-
-/// Metrics and readiness of a member.
-#[derive(Debug)]
-pub struct MemberMetrics(pub Arc<Segment>);
-
-impl Source for MemberMetrics {
-    fn metrics(&self) -> String {
-        use std::sync::atomic::Ordering::Relaxed;
-        let s = &self.0;
-        let c = &s.counters;
-        let mut out = String::new();
-        let mut g = |n: &str, h: &str, k: &str, v: u64| Family::new(n, h, k).sample(&mut out, "", v);
-        g(
-            "kvstore_member_ready",
-            "1 while the segment is mounted at a leader",
-            "gauge",
-            u64::from(s.mount_id() != 0),
-        );
-        g(
-            "kvstore_member_capacity_bytes",
-            "segment capacity",
-            "gauge",
-            s.capacity(),
-        );
-        g(
-            "kvstore_member_writes_total",
-            "values written",
-            "counter",
-            c.writes.load(Relaxed),
-        );
-        g(
-            "kvstore_member_reads_total",
-            "values read",
-            "counter",
-            c.reads.load(Relaxed),
-        );
-        g(
-            "kvstore_member_written_bytes_total",
-            "bytes written",
-            "counter",
-            c.bytes_written.load(Relaxed),
-        );
-        g(
-            "kvstore_member_read_bytes_total",
-            "bytes read",
-            "counter",
-            c.bytes_read.load(Relaxed),
-        );
-        g(
-            "kvstore_member_refusals_total",
-            "transfers refused (stale mount, deadline, range)",
-            "counter",
-            c.refusals.load(Relaxed),
-        );
-        out
-    }
-
-    fn ready(&self) -> bool {
-        self.0.mount_id() != 0
-    }
-}
-
-impl Member {
-    /// The bound gRPC and data addresses.
-    pub fn local_addrs(&self) -> Result<(SocketAddr, SocketAddr), StoreError> {
-        let g = self.grpc.local_addr().map_err(|e| bind_err("gRPC", e))?;
-        let d = self.data.local_addr().map_err(|e| bind_err("data", e))?;
-        Ok((g, d))
+        tracing::info!("member stopped");
+        mounted?;
+        grpc_result
     }
 }

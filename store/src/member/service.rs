@@ -10,11 +10,14 @@ use tonic::{Request, Response, Status};
 use super::segment::Segment;
 use crate::proto::segment_data_server::{SegmentData, SegmentDataServer};
 use crate::proto::{HealthRequest, HealthResponse, ReadRequest, ReadResponse, WriteRequest, WriteResponse};
+use crate::readiness::ReadinessHandle;
 
 /// The gRPC service over a segment.
 #[derive(Debug, Clone)]
 pub struct DataService {
     pub segment: Arc<Segment>,
+    /// `Health.serving`: true only while the segment is mounted
+    pub readiness: ReadinessHandle,
 }
 
 impl DataService {
@@ -51,9 +54,8 @@ impl SegmentData for DataService {
     }
 
     async fn health(&self, _req: Request<HealthRequest>) -> Result<Response<HealthResponse>, Status> {
-        let mounted = self.segment.mount_id() != 0;
         Ok(Response::new(HealthResponse {
-            serving: mounted,
+            serving: self.readiness.is_serving(),
             role: "member".into(),
             capacity: self.segment.capacity(),
             ..Default::default()

@@ -21,12 +21,17 @@ pub struct Proc {
 
 impl Proc {
     pub fn start(args: &[&str]) -> Proc {
+        Self::start_with_stderr(args, Stdio::inherit())
+    }
+
+    /// Like [`start`](Self::start), with the process's stderr sent to `stderr` (e.g. a file).
+    pub fn start_with_stderr(args: &[&str], stderr: impl Into<Stdio>) -> Proc {
         let mut child = Command::new(BIN)
             .args(args)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("start kv-store");
         let stdout = child.stdout.take().expect("stdout");
@@ -41,6 +46,11 @@ impl Proc {
             .as_str()
             .unwrap_or_else(|| panic!("no {name} in {}", self.announce))
             .to_string()
+    }
+
+    /// The exit status, once the process has exited on its own.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("poll kv-store")
     }
 
     pub fn kill(&mut self) {

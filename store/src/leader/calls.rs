@@ -1,0 +1,124 @@
+//! The `Store` calls, one function each, written once for both faces: the gRPC service
+//! (`service.rs`) and the framed fast port (`fastport.rs`) decode a request, call the function
+//! here, and encode what it returns. Each takes the leader's lock once and allocates nothing
+//! beyond its reply.
+
+use std::time::Instant;
+
+use super::Leader;
+use crate::error::{ErrorCode, Result, StoreError};
+use crate::proto::*;
+
+pub fn put_start(leader: &Leader, r: PutStartRequest, now: Instant) -> Result<PutStartResponse> {
+    leader.with(|s| s.put_start(r.scope.as_ref(), &r.key, r.size, now))
+}
+
+pub fn put_commit(leader: &Leader, r: PutCommitRequest) -> Result<PutCommitResponse> {
+    leader.with(|s| s.put_commit(r.scope.as_ref(), &r.key, r.put_id))?;
+    Ok(PutCommitResponse {})
+}
+
+pub fn put_revoke(leader: &Leader, r: PutRevokeRequest) -> Result<PutRevokeResponse> {
+    leader.with(|s| s.put_revoke(r.scope.as_ref(), &r.key, r.put_id))?;
+    Ok(PutRevokeResponse {})
+}
+
+pub fn get(leader: &Leader, r: GetRequest, now: Instant) -> Result<GetResponse> {
+    leader.with(|s| s.get(r.scope.as_ref(), &r.key, now))
+}
+
+pub fn exists(leader: &Leader, r: ExistsRequest, now: Instant) -> Result<ExistsResponse> {
+    let exists = leader.with(|s| s.exists(r.scope.as_ref(), &r.key, now))?;
+    Ok(ExistsResponse { exists })
+}
+
+pub fn remove(leader: &Leader, r: RemoveRequest, now: Instant) -> Result<RemoveResponse> {
+    let removed = leader.with(|s| s.remove(r.scope.as_ref(), &r.key, now))?;
+    Ok(RemoveResponse { removed })
+}
+
+fn same_len(a: usize, b: usize, what: &str) -> Result<()> {
+    if a == b {
+        return Ok(());
+    }
+    Err(StoreError::new(
+        ErrorCode::InvalidArgument,
+        format!("{a} keys but {b} {what}; send one per key"),
+    ))
+}
+
+pub fn batch_exists(leader: &Leader, r: BatchExistsRequest, now: Instant) -> Result<BatchExistsResponse> {
+    let exists = leader.with(|s| {
+        r.keys
+            .iter()
+            .map(|k| s.exists(r.scope.as_ref(), k, now))
+            .collect::<Result<Vec<_>>>()
+    })?;
+    Ok(BatchExistsResponse { exists })
+}
+
+pub fn batch_get(leader: &Leader, r: BatchGetRequest, now: Instant) -> Result<BatchGetResponse> {
+    let results = leader.with(|s| {
+        r.keys
+            .iter()
+            .map(|k| s.get(r.scope.as_ref(), k, now))
+            .collect::<Result<Vec<_>>>()
+    })?;
+    Ok(BatchGetResponse { results })
+}
+
+/// Key by key; a bad scope or lists of different lengths refuse the whole batch first.
+pub fn batch_put_start(leader: &Leader, r: BatchPutStartRequest, now: Instant) -> Result<BatchPutStartResponse> {
+    same_len(r.keys.len(), r.sizes.len(), "sizes")?;
+    let results = leader.with(|s| -> Result<Vec<_>> {
+        s.tenant_name(r.scope.as_ref())?;
+        let each = r.keys.iter().zip(&r.sizes);
+        Ok(each
+            .map(|(k, size)| match s.put_start(r.scope.as_ref(), k, *size, now) {
+                Ok(reserved) => PutStartResult {
+                    reserved: Some(reserved),
+                    error: String::new(),
+                },
+                Err(e) => PutStartResult {
+                    reserved: None,
+                    error: e.to_string(),
+                },
+            })
+            .collect())
+    })?;
+    Ok(BatchPutStartResponse { results })
+}
+
+/// Key by key; a bad scope or lists of different lengths refuse the whole batch first.
+pub fn batch_put_commit(leader: &Leader, r: BatchPutCommitRequest) -> Result<BatchPutCommitResponse> {
+    same_len(r.keys.len(), r.put_ids.len(), "put_ids")?;
+    let errors = leader.with(|s| -> Result<Vec<_>> {
+        s.tenant_name(r.scope.as_ref())?;
+        let each = r.keys.iter().zip(&r.put_ids);
+        Ok(each
+            .map(|(k, id)| {
+                s.put_commit(r.scope.as_ref(), k, *id)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default()
+            })
+            .collect())
+    })?;
+    Ok(BatchPutCommitResponse { errors })
+}
+
+/// Key by key: a leased key is kept (with its refusal) while the others are removed; a bad scope
+/// refuses the whole batch before anything is removed.
+pub fn batch_remove(leader: &Leader, r: BatchRemoveRequest, now: Instant) -> Result<BatchRemoveResponse> {
+    let (removed, errors) = leader.with(|s| -> Result<(Vec<_>, Vec<_>)> {
+        s.tenant_name(r.scope.as_ref())?;
+        Ok(r.keys
+            .iter()
+            .map(|k| match s.remove(r.scope.as_ref(), k, now) {
+                Ok(removed) => (removed, String::new()),
+                Err(e) => (false, e.to_string()),
+            })
+            .unzip())
+    })?;
+    Ok(BatchRemoveResponse { removed, errors })
+}

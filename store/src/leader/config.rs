@@ -1,0 +1,371 @@
+//! `kv-store leader`'s flags, defined once: [`LeaderConfig`] is the clap struct the binary parses,
+//! the value a library caller builds, and (through [`LeaderConfig::to_args`]) the command line a
+//! process runtime spawns. [`LeaderConfig::validate`] holds every check the flags need beyond
+//! their syntax; [`LeaderConfig::flag_names`] lists the long flags, read from clap's definition.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::ValueEnum;
+
+use super::ledger::{self, Layout};
+use super::placement::Strategy;
+use crate::flags::{self, ConfigError, FastListen, format_size, format_time, push};
+use crate::proto::TenantEntry;
+
+/// How a leader runs: every flag of `kv-store leader`.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct LeaderConfig {
+    /// gRPC listen address (Store, Membership, Control).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// The framed metadata port (default: the --listen port + 1, or any port when that is 0);
+    /// `off` serves gRPC only.
+    #[arg(long, value_parser = FastListen::parse)]
+    pub fast_listen: Option<FastListen>,
+    /// Serve /metrics, /healthz and /readyz here.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Only registered tenants may write; `--multi-tenancy=false` puts everything in one tenant.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub multi_tenancy: bool,
+    /// With multi-tenancy off: the block size every client must declare (unset: not checked).
+    #[arg(long, requires = "default_dtype")]
+    pub default_block_size: Option<u32>,
+    /// With multi-tenancy off: the dtype every client must declare (unset: not checked).
+    #[arg(long, requires = "default_block_size")]
+    pub default_dtype: Option<String>,
+    /// How a segment is chosen for a new value.
+    #[arg(long, value_enum, default_value = "free-ratio-first")]
+    pub allocation_strategy: Strategy,
+    /// How long a get or exists protects a value from eviction and removal.
+    #[arg(long, default_value = "10s", value_parser = kvcache_units::parse_duration)]
+    pub lease_ttl: Duration,
+    /// A member silent for longer loses its objects.
+    #[arg(long, default_value = "10s", value_parser = kvcache_units::parse_duration)]
+    pub member_ttl: Duration,
+    /// How long a writer has to send a reserved value.
+    #[arg(long, default_value = "30s", value_parser = kvcache_units::parse_duration)]
+    pub put_ttl: Duration,
+    /// Extra wait before an abandoned reservation is reused (longer than a member's 10 s write grace).
+    #[arg(long, default_value = "30s", value_parser = kvcache_units::parse_duration)]
+    pub put_grace: Duration,
+    /// Largest value accepted.
+    #[arg(long, default_value = "64Mi", value_parser = flags::parse_size)]
+    pub max_value_size: u64,
+    /// Evict when usage passes this share of capacity.
+    #[arg(long, default_value_t = 0.90)]
+    pub high_watermark: f64,
+    /// Share of capacity freed per eviction round.
+    #[arg(long, default_value_t = 0.05)]
+    pub eviction_ratio: f64,
+    /// Initial ledger entries, NAME=CEILING:BLOCK_SIZE:DTYPE (e.g. team-a=8Gi:64:bfloat16).
+    #[arg(long = "tenant", value_parser = flags::parse_tenant)]
+    pub tenants: Vec<TenantEntry>,
+    /// Keep polling this long after a request instead of sleeping (store/README.md,
+    /// "Performance"); 0 never polls.
+    #[arg(long, default_value = "200us", value_parser = kvcache_units::parse_duration)]
+    pub spin: Duration,
+    /// How often the housekeeping (liveness, reservation reaping, watermark eviction) runs. Not a
+    /// flag: the command line cannot set it (tests and embedders can); `to_args` leaves it out.
+    #[arg(skip = DEFAULT_EVICTION_INTERVAL)]
+    pub eviction_interval: Duration,
+}
+
+const DEFAULT_EVICTION_INTERVAL: Duration = Duration::from_millis(100);
+
+impl Default for LeaderConfig {
+    /// The flags' defaults (a unit test holds the two equal).
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            fast_listen: None,
+            metrics_listen: None,
+            multi_tenancy: true,
+            default_block_size: None,
+            default_dtype: None,
+            allocation_strategy: Strategy::FreeRatioFirst,
+            lease_ttl: Duration::from_secs(10),
+            member_ttl: Duration::from_secs(10),
+            put_ttl: Duration::from_secs(30),
+            put_grace: Duration::from_secs(30),
+            max_value_size: 64 << 20,
+            high_watermark: 0.90,
+            eviction_ratio: 0.05,
+            tenants: Vec::new(),
+            spin: crate::spin::DEFAULT_SPIN,
+            eviction_interval: DEFAULT_EVICTION_INTERVAL,
+        }
+    }
+}
+
+impl LeaderConfig {
+    /// Members heartbeat a few times per TTL, at most once per second.
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.member_ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(1))
+    }
+
+    /// The default tenant's layout when multi-tenancy is off (none: not checked).
+    pub fn default_layout(&self) -> Option<Layout> {
+        let block_size = self.default_block_size?;
+        let dtype = self.default_dtype.clone()?;
+        Some(Layout { block_size, dtype })
+    }
+
+    /// The fast port's address: `--fast-listen`, else the gRPC port + 1 (any port when `listen`
+    /// asks for any); `None` when it is off.
+    pub fn fast_addr(&self, listen: SocketAddr) -> Option<SocketAddr> {
+        match self.fast_listen {
+            Some(FastListen::Off) => None,
+            Some(FastListen::At(a)) => Some(a),
+            None if listen.port() == 0 => Some(SocketAddr::new(listen.ip(), 0)),
+            None => Some(SocketAddr::new(listen.ip(), listen.port().wrapping_add(1))),
+        }
+    }
+
+    /// Every check beyond the flags' syntax, each saying what to do.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        flags::share(
+            "high-watermark",
+            self.high_watermark,
+            "eviction starts above it, e.g. 0.90",
+        )?;
+        flags::share("eviction-ratio", self.eviction_ratio, "each round frees it, e.g. 0.05")?;
+        if self.max_value_size == 0 {
+            return Err(ConfigError::new("max-value-size", "must be greater than 0, e.g. 64Mi"));
+        }
+        for (flag, d) in [("lease-ttl", self.lease_ttl), ("member-ttl", self.member_ttl)] {
+            if d.is_zero() {
+                return Err(ConfigError::new(flag, "must be longer than 0, e.g. 10s"));
+            }
+        }
+        if self.put_ttl.is_zero() {
+            return Err(ConfigError::new("put-ttl", "must be longer than 0, e.g. 30s"));
+        }
+        if self.eviction_interval.is_zero() {
+            return Err(ConfigError::new(
+                "eviction-interval",
+                "must be longer than 0 (it is not a flag; set it in code)",
+            ));
+        }
+        if self.default_block_size == Some(0) {
+            return Err(ConfigError::new("default-block-size", "must be greater than 0 tokens"));
+        }
+        if self.default_dtype.as_deref() == Some("") {
+            return Err(ConfigError::new(
+                "default-dtype",
+                "is empty; give the dtype clients write in",
+            ));
+        }
+        if self.default_block_size.is_some() != self.default_dtype.is_some() {
+            return Err(ConfigError::new(
+                "default-block-size",
+                "give --default-block-size and --default-dtype together, or neither",
+            ));
+        }
+        if !self.tenants.is_empty() {
+            if !self.multi_tenancy {
+                return Err(ConfigError::new(
+                    "tenant",
+                    "with --multi-tenancy=false there is no ledger; drop --tenant or turn multi-tenancy on",
+                ));
+            }
+            ledger::validate(&self.tenants).map_err(|e| ConfigError::new("tenant", e.message))?;
+            if let Some(t) = self.tenants.iter().find(|t| t.name.contains('=')) {
+                return Err(ConfigError::new(
+                    "tenant",
+                    format!(
+                        "tenant name {:?} contains '=', which NAME=CEILING:BLOCK_SIZE:DTYPE cannot carry; rename it",
+                        t.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The flags that parse back to this config (every flag, defaults included, so the spawned
+    /// process does not depend on its own defaults). `eviction_interval` is not a flag and is left
+    /// out; durations are exact to the microsecond.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        push(&mut a, "listen", self.listen);
+        if let Some(f) = self.fast_listen {
+            push(&mut a, "fast-listen", f);
+        }
+        if let Some(m) = self.metrics_listen {
+            push(&mut a, "metrics-listen", m);
+        }
+        a.push(format!("--multi-tenancy={}", self.multi_tenancy));
+        if let Some(b) = self.default_block_size {
+            push(&mut a, "default-block-size", b);
+        }
+        if let Some(d) = &self.default_dtype {
+            push(&mut a, "default-dtype", d);
+        }
+        if let Some(v) = self.allocation_strategy.to_possible_value() {
+            push(&mut a, "allocation-strategy", v.get_name());
+        }
+        push(&mut a, "lease-ttl", format_time(self.lease_ttl));
+        push(&mut a, "member-ttl", format_time(self.member_ttl));
+        push(&mut a, "put-ttl", format_time(self.put_ttl));
+        push(&mut a, "put-grace", format_time(self.put_grace));
+        push(&mut a, "max-value-size", format_size(self.max_value_size));
+        push(&mut a, "high-watermark", self.high_watermark);
+        push(&mut a, "eviction-ratio", self.eviction_ratio);
+        for t in &self.tenants {
+            push(&mut a, "tenant", flags::format_tenant(t));
+        }
+        push(&mut a, "spin", format_time(self.spin));
+        a
+    }
+
+    /// Parses `kv-store leader`'s flags (without the program and subcommand names).
+    pub fn parse_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        flags::parse_flags(args)
+    }
+
+    /// The long names (without dashes) of every flag `kv-store leader` accepts, from clap's
+    /// definition of this struct.
+    pub fn flag_names() -> Vec<String> {
+        flags::long_flags::<Self>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_the_flags_defaults() {
+        assert_eq!(
+            LeaderConfig::parse_args::<[&str; 0], &str>([]).unwrap(),
+            LeaderConfig::default()
+        );
+        LeaderConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn to_args_parses_back_to_the_same_config() {
+        let tenant = |name: &str, ceiling| TenantEntry {
+            name: name.into(),
+            ceiling,
+            block_size: 16,
+            dtype: "float16".into(),
+        };
+        let configs = [
+            LeaderConfig::default(),
+            LeaderConfig {
+                listen: "0.0.0.0:0".parse().unwrap(),
+                fast_listen: Some(FastListen::Off),
+                metrics_listen: Some("127.0.0.1:9100".parse().unwrap()),
+                allocation_strategy: Strategy::Random,
+                lease_ttl: Duration::from_millis(1500),
+                member_ttl: Duration::from_secs(120),
+                put_ttl: Duration::from_micros(7),
+                put_grace: Duration::ZERO,
+                max_value_size: 1000,
+                high_watermark: 0.123456789,
+                eviction_ratio: 1.0,
+                tenants: vec![tenant("a", 8 << 30), tenant("b", 12345)],
+                spin: Duration::ZERO,
+                ..Default::default()
+            },
+            LeaderConfig {
+                fast_listen: Some(FastListen::At("[::1]:7000".parse().unwrap())),
+                multi_tenancy: false,
+                default_block_size: Some(32),
+                default_dtype: Some("bfloat16".into()),
+                ..Default::default()
+            },
+        ];
+        for cfg in configs {
+            let args = cfg.to_args();
+            let back = LeaderConfig::parse_args(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert_eq!(back, cfg, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn flag_names_are_the_flags_clap_accepts() {
+        let names = LeaderConfig::flag_names();
+        for n in ["listen", "fast-listen", "tenant", "multi-tenancy", "spin", "put-grace"] {
+            assert!(names.iter().any(|f| f == n), "{n} missing from {names:?}");
+        }
+        assert!(
+            !names.iter().any(|f| f == "eviction-interval" || f == "tenants"),
+            "{names:?}"
+        );
+        assert_eq!(names.len(), 16, "{names:?}");
+        // every name is a flag the parser knows
+        for n in &names {
+            let err = LeaderConfig::parse_args([format!("--{n}=x")]).err();
+            assert!(
+                err.is_none_or(|e| e.kind() != clap::error::ErrorKind::UnknownArgument),
+                "--{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn checks_say_which_flag_and_what_to_do() {
+        let bad = |cfg: LeaderConfig| cfg.validate().unwrap_err();
+        let e = bad(LeaderConfig {
+            high_watermark: 1.5,
+            ..Default::default()
+        });
+        assert_eq!(e.flag, "high-watermark");
+        assert!(e.to_string().contains("between 0 and 1"), "{e}");
+        assert_eq!(
+            bad(LeaderConfig {
+                eviction_ratio: f64::NAN,
+                ..Default::default()
+            })
+            .flag,
+            "eviction-ratio"
+        );
+        assert_eq!(
+            bad(LeaderConfig {
+                max_value_size: 0,
+                ..Default::default()
+            })
+            .flag,
+            "max-value-size"
+        );
+        assert_eq!(
+            bad(LeaderConfig {
+                member_ttl: Duration::ZERO,
+                ..Default::default()
+            })
+            .flag,
+            "member-ttl"
+        );
+        let dup = TenantEntry {
+            name: "a".into(),
+            ceiling: 1,
+            block_size: 1,
+            dtype: "x".into(),
+        };
+        let e = bad(LeaderConfig {
+            tenants: vec![dup.clone(), dup.clone()],
+            ..Default::default()
+        });
+        assert!(e.flag == "tenant" && e.message.contains("listed twice"), "{e}");
+        let e = bad(LeaderConfig {
+            multi_tenancy: false,
+            tenants: vec![dup],
+            ..Default::default()
+        });
+        assert!(e.message.contains("no ledger"), "{e}");
+        let e = LeaderConfig::parse_args(["--fast-listen", "nowhere"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("neither `off` nor"), "{e}");
+        let e = LeaderConfig::parse_args(["--tenant", "a=1Gi"]).unwrap_err().to_string();
+        assert!(e.contains("NAME=CEILING:BLOCK_SIZE:DTYPE"), "{e}");
+    }
+}

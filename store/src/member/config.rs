@@ -1,0 +1,216 @@
+//! `kv-store member`'s flags, defined once: [`MemberConfig`] is the clap struct the binary
+//! parses, the value a library caller builds, and (through [`MemberConfig::to_args`]) the command
+//! line a process runtime spawns. [`MemberConfig::validate`] holds the checks beyond syntax;
+//! [`MemberConfig::flag_names`] lists the long flags, read from clap's definition.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::flags::{self, ConfigError, format_size, format_time, push};
+
+/// How a member runs: every flag of `kv-store member`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct MemberConfig {
+    /// The leader's gRPC address, HOST:PORT.
+    #[arg(long)]
+    pub leader: String,
+    /// Bytes of memory this member holds (e.g. 8Gi).
+    #[arg(long, value_parser = flags::parse_size)]
+    pub capacity: u64,
+    /// gRPC (SegmentData) listen address.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Framed data port listen address.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub data_listen: SocketAddr,
+    /// Stable member name (the node); defaults to the host name. Each member on a host needs its
+    /// own.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Directory of the segment file (unlinked right after it is mapped).
+    #[arg(long, default_value = "/dev/shm")]
+    pub shm_dir: PathBuf,
+    /// Host written into the addresses given to the leader (default: the listen address's).
+    #[arg(long)]
+    pub advertise_host: Option<String>,
+    /// Serve /metrics, /healthz and /readyz here.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Largest value accepted over gRPC.
+    #[arg(long, default_value = "64Mi", value_parser = flags::parse_size)]
+    pub max_value_size: u64,
+    /// Skip touching every page of the segment at start.
+    #[arg(long)]
+    pub no_prefault: bool,
+    /// Keep polling this long after a request instead of sleeping (store/README.md,
+    /// "Performance"); 0 never polls.
+    #[arg(long, default_value = "200us", value_parser = kvcache_units::parse_duration)]
+    pub spin: Duration,
+}
+
+impl MemberConfig {
+    /// A member of `capacity` bytes for the leader at `leader`, every other flag at its default
+    /// (a unit test holds these equal to the flags' defaults).
+    pub fn new(leader: impl Into<String>, capacity: u64) -> Self {
+        Self {
+            leader: leader.into(),
+            capacity,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            name: None,
+            shm_dir: PathBuf::from("/dev/shm"),
+            advertise_host: None,
+            metrics_listen: None,
+            max_value_size: 64 << 20,
+            no_prefault: false,
+            spin: crate::spin::DEFAULT_SPIN,
+        }
+    }
+
+    /// The name the member mounts under: `--name`, else `$HOSTNAME`, else `/etc/hostname`, else
+    /// `member-<pid>`.
+    pub fn resolved_name(&self) -> String {
+        self.name
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .or_else(|| {
+                std::fs::read_to_string("/etc/hostname")
+                    .ok()
+                    .map(|s| s.trim().to_string())
+            })
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| format!("member-{}", std::process::id()))
+    }
+
+    /// Every check beyond the flags' syntax, each saying what to do.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.capacity == 0 {
+            return Err(ConfigError::new("capacity", "must be greater than 0 (e.g. 8Gi)"));
+        }
+        if self.leader.is_empty() || !self.leader.contains(':') {
+            return Err(ConfigError::new(
+                "leader",
+                format!("{:?} is not HOST:PORT; give the leader's gRPC address", self.leader),
+            ));
+        }
+        if self.name.as_deref() == Some("") {
+            return Err(ConfigError::new(
+                "name",
+                "is empty; give the node's name, or leave it out for the host name",
+            ));
+        }
+        if self.max_value_size == 0 {
+            return Err(ConfigError::new("max-value-size", "must be greater than 0, e.g. 64Mi"));
+        }
+        let unspecified = self.listen.ip().is_unspecified() || self.data_listen.ip().is_unspecified();
+        if unspecified && self.advertise_host.is_none() {
+            return Err(ConfigError::new(
+                "advertise-host",
+                "the member listens on an unspecified address (0.0.0.0 or ::); give --advertise-host so engines \
+                 know where to connect",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The flags that parse back to this config (every flag, defaults included). The path is
+    /// written as text, so a non-UTF-8 `shm_dir` does not survive.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        push(&mut a, "leader", &self.leader);
+        push(&mut a, "capacity", format_size(self.capacity));
+        push(&mut a, "listen", self.listen);
+        push(&mut a, "data-listen", self.data_listen);
+        if let Some(n) = &self.name {
+            push(&mut a, "name", n);
+        }
+        push(&mut a, "shm-dir", self.shm_dir.display());
+        if let Some(h) = &self.advertise_host {
+            push(&mut a, "advertise-host", h);
+        }
+        if let Some(m) = self.metrics_listen {
+            push(&mut a, "metrics-listen", m);
+        }
+        push(&mut a, "max-value-size", format_size(self.max_value_size));
+        if self.no_prefault {
+            a.push("--no-prefault".into());
+        }
+        push(&mut a, "spin", format_time(self.spin));
+        a
+    }
+
+    /// Parses `kv-store member`'s flags (without the program and subcommand names).
+    pub fn parse_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        flags::parse_flags(args)
+    }
+
+    /// The long names (without dashes) of every flag `kv-store member` accepts, from clap's
+    /// definition of this struct.
+    pub fn flag_names() -> Vec<String> {
+        flags::long_flags::<Self>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_gives_the_flags_defaults() {
+        let parsed = MemberConfig::parse_args(["--leader", "l:1", "--capacity", "1Gi"]).unwrap();
+        assert_eq!(parsed, MemberConfig::new("l:1", 1 << 30));
+        parsed.validate().unwrap();
+        assert!(
+            MemberConfig::parse_args(["--capacity", "1Gi"]).is_err(),
+            "--leader is required"
+        );
+    }
+
+    #[test]
+    fn to_args_parses_back_to_the_same_config() {
+        let configs = [
+            MemberConfig::new("127.0.0.1:50051", 8 << 30),
+            MemberConfig {
+                listen: "0.0.0.0:7000".parse().unwrap(),
+                data_listen: "[::]:7001".parse().unwrap(),
+                name: Some("node-a".into()),
+                shm_dir: PathBuf::from("/tmp/segments dir"),
+                advertise_host: Some("node-a.local".into()),
+                metrics_listen: Some("127.0.0.1:9101".parse().unwrap()),
+                max_value_size: 4097,
+                no_prefault: true,
+                spin: Duration::from_millis(3),
+                ..MemberConfig::new("leader.svc:50051", 1536 << 20)
+            },
+        ];
+        for cfg in configs {
+            let args = cfg.to_args();
+            let back = MemberConfig::parse_args(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert_eq!(back, cfg, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn flag_names_and_checks() {
+        let names = MemberConfig::flag_names();
+        for n in ["leader", "capacity", "name", "no-prefault", "data-listen", "spin"] {
+            assert!(names.iter().any(|f| f == n), "{n} missing from {names:?}");
+        }
+        assert_eq!(names.len(), 11, "{names:?}");
+        let e = MemberConfig::new("l:1", 0).validate().unwrap_err();
+        assert_eq!(e.to_string(), "--capacity: must be greater than 0 (e.g. 8Gi)");
+        let e = MemberConfig {
+            listen: "0.0.0.0:0".parse().unwrap(),
+            ..MemberConfig::new("l:1", 1)
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.flag, "advertise-host");
+        assert_eq!(MemberConfig::new("nowhere", 1).validate().unwrap_err().flag, "leader");
+    }
+}

@@ -1,0 +1,73 @@
+//! The member's metrics, read at scrape time by a `prometheus_client` collector: readiness, the
+//! segment's capacity, and the transfer counters the data port and gRPC face keep on the segment
+//! (plain atomics, so the data path pays nothing for metrics). No labels.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::{Registry, Unit};
+
+use super::segment::Segment;
+use crate::readiness::ReadinessHandle;
+
+/// Registers a member's collector on `registry`.
+pub fn register(segment: Arc<Segment>, readiness: ReadinessHandle, registry: &mut Registry) {
+    registry.register_collector(Box::new(MemberCollector { segment, readiness }));
+}
+
+#[derive(Debug)]
+struct MemberCollector {
+    segment: Arc<Segment>,
+    readiness: ReadinessHandle,
+}
+
+impl Collector for MemberCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let ready = ConstGauge::new(u64::from(self.readiness.is_serving()));
+        ready.encode(e.encode_descriptor(
+            "kvstore_member_ready",
+            "1 while the segment is mounted at a leader",
+            None,
+            ready.metric_type(),
+        )?)?;
+        let cap = ConstGauge::new(self.segment.capacity());
+        cap.encode(e.encode_descriptor(
+            "kvstore_member_capacity",
+            "segment capacity",
+            Some(&Unit::Bytes),
+            cap.metric_type(),
+        )?)?;
+        let c = &self.segment.counters;
+        let counters = [
+            ("kvstore_member_writes", "values written", None, c.writes.load(Relaxed)),
+            ("kvstore_member_reads", "values read", None, c.reads.load(Relaxed)),
+            (
+                "kvstore_member_written",
+                "bytes written",
+                Some(Unit::Bytes),
+                c.bytes_written.load(Relaxed),
+            ),
+            (
+                "kvstore_member_read",
+                "bytes read",
+                Some(Unit::Bytes),
+                c.bytes_read.load(Relaxed),
+            ),
+            (
+                "kvstore_member_refusals",
+                "transfers refused (stale mount, deadline, range)",
+                None,
+                c.refusals.load(Relaxed),
+            ),
+        ];
+        for (name, help, unit, v) in &counters {
+            let m = ConstCounter::new(*v);
+            m.encode(e.encode_descriptor(name, help, unit.as_ref(), m.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
