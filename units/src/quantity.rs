@@ -245,7 +245,6 @@ fn signed_ceil(negative: bool, whole: u128, has_fraction: bool) -> Option<i64> {
     }
 }
 
-
 /// Why a size was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid size {input:?}: {reason}; write a byte count or a quantity such as 8Gi, 512Mi, 4M or 1e9")]
@@ -365,12 +364,28 @@ mod tests {
         // What the API accepts, a flag accepts too.
         assert_eq!(parse_bytes("1e9"), Ok(1_000_000_000));
         assert_eq!(parse_bytes("1E3"), Ok(1000));
-        for bad in ["", "Gi", "-1", "1.5", "abc", "8GiB", "100m", "99999999999Ei", "0.0000001Ki", "1 Gi"] {
+        for bad in [
+            "",
+            "Gi",
+            "-1",
+            "1.5",
+            "abc",
+            "8GiB",
+            "100m",
+            "99999999999Ei",
+            "0.0000001Ki",
+            "1 Gi",
+        ] {
             assert!(parse_bytes(bad).is_err(), "{bad} should be refused");
         }
         let msg = parse_bytes("8GB").unwrap_err().to_string();
         assert!(msg.contains("8Gi"), "{msg}");
-        assert!(parse_bytes("1.5").unwrap_err().to_string().contains("whole number of bytes"));
+        assert!(
+            parse_bytes("1.5")
+                .unwrap_err()
+                .to_string()
+                .contains("whole number of bytes")
+        );
         assert!(parse_bytes("9Ei").unwrap_err().to_string().contains("2^63-1"));
     }
 }
