@@ -110,9 +110,9 @@ pub struct Leader {
     /// Per-tenant quota ledger on the leader. Defaults to on; an explicit `false` is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multi_tenancy: Option<bool>,
-    /// Extra leader flags, one token per entry (`-flag` or `-flag=value`), added after the ones the
-    /// server renders. Flags a spec field already sets, and flags that would break the store, are
-    /// refused.
+    /// Extra flags of `kv-store leader`, one token per entry (`--flag` or `--flag=value`, such as
+    /// `--lease-ttl=20s`), added after the ones the server renders. Unknown flags, values the
+    /// leader would refuse, and flags a spec field already sets are refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_args: Vec<String>,
     /// Extra environment variables for the leader; names must be unique. Names the server sets
@@ -171,8 +171,9 @@ pub struct MemberGroup {
     /// to 0 (none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_buffer_size: Option<Quantity>,
-    /// Extra member settings, one token per entry (`-key` or `-key=value`), passed to the member as
-    /// configuration. Keys a spec field already sets are refused.
+    /// Extra flags of `kv-store member`, one token per entry (`--flag` or `--flag=value`, such as
+    /// `--no-prefault`). Unknown flags, values the member would refuse, and flags a spec field
+    /// already sets are refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_args: Vec<String>,
     /// Extra environment variables for the members of this group; names must be unique. Names the

@@ -1,87 +1,43 @@
 //! The escape hatches `extraArgs` and `extraEnv` of the leader and of member groups.
 //!
-//! An entry is one flag token (`-flag` or `-flag=value`). Keys that a spec field already renders
-//! (derived) are refused, so an extra argument can never silently override the spec; keys whose
-//! effect would break the store are refused with their own reason. The tables name the store's
-//! flags in the reference's (Mooncake) spelling, which is what manifests written for the
-//! reference carry.
+//! An `extraArgs` entry is one flag token of our store binary, `--flag` or `--flag=value`,
+//! checked against the flags `kv-store leader` and `kv-store member` really have (their one
+//! definition is `kvcache_store::leader::LeaderConfig` and `kvcache_store::member::MemberConfig`)
+//! and parsed as the binary parses it, so a value the process would refuse is refused here.
+//! Flags that a spec field (or the runtime) already renders are refused, so an extra argument can
+//! never silently override the spec.
 
 use kvcache_api::common::EnvVar;
+use kvcache_store::leader::LeaderConfig;
+use kvcache_store::member::MemberConfig;
 
 use crate::registry::field::{ErrorList, Path};
 use crate::registry::validation;
 
-/// Leader flags a spec field renders.
+/// Leader flags the runtime renders from the spec (addresses, the ledger and its switch, the
+/// allocation strategy).
 const LEADER_DERIVED: &[&str] = &[
-    "allocation_strategy",
-    "cluster_id",
-    "enable_ha",
-    "ha_backend_connstring",
-    "ha_backend_type",
-    "rpc_address",
-    "rpc_interface",
-    "enable_offload",
-    "offload_on_evict",
-    "enable_multi_tenants",
-    "tenant_quota_connector_uri",
-    "metrics_port",
-    "pod_name",
-    "pod_namespace",
-    "rpc_port",
+    "listen",
+    "fast-listen",
+    "metrics-listen",
+    "multi-tenancy",
+    "default-block-size",
+    "default-dtype",
+    "allocation-strategy",
+    "tenant",
 ];
 
-/// Leader flags refused with their own reason.
-const LEADER_FORBIDDEN: &[(&str, &str)] = &[
-    (
-        "enable_oplog",
-        "the operation log needs an etcd election backend, which cannot run beside the Kubernetes Lease election, so the leader would not start",
-    ),
-    (
-        "etcd_endpoints",
-        "etcd is not used by this store: the election runs on a Kubernetes Lease",
-    ),
-    (
-        "config_path",
-        "a configuration file makes the leader ignore most command-line flags, so every setting derived from this spec would be dropped silently",
-    ),
-    (
-        "tenant_quota_connector_type",
-        "quota policies are delivered by the operator's connector; another connector leaves the per-tenant quotas unread",
-    ),
-    (
-        "enable_cxl",
-        "the CXL allocator replaces the allocation strategy and advertises capacity that may not exist",
-    ),
-    ("cxl_path", "it is read only with enable_cxl, which is refused"),
-    ("cxl_size", "it is read only with enable_cxl, which is refused"),
-    (
-        "port",
-        "it is a deprecated alias of rpc_port, which always wins, so it would change nothing while looking like a change",
-    ),
-    (
-        "enable_snapshot",
-        "snapshots are not offered: a restored snapshot can serve another key's bytes instead of a miss",
-    ),
-    (
-        "enable_snapshot_restore",
-        "snapshots are not offered: a restored snapshot can serve another key's bytes instead of a miss",
-    ),
-    (
-        "memory_allocator",
-        "it moves the store off the allocator these rules were made for",
-    ),
-];
-
-/// Member configuration keys a spec field renders.
+/// Member flags the runtime renders from the spec and the node (the leader, the capacity, the
+/// addresses and the member's name).
 const MEMBER_DERIVED: &[&str] = &[
-    "enable_ssd_offload",
-    "ssd_offload_path",
-    "global_segment_size",
-    "local_buffer_size",
-    "local_hostname",
-    "master_server_address",
-    "metadata_server",
-    "protocol",
+    "leader",
+    "capacity",
+    "listen",
+    "data-listen",
+    "name",
+    "shm-dir",
+    "advertise-host",
+    "metrics-listen",
 ];
 
 /// Leader environment variables the operator sets.
@@ -112,19 +68,24 @@ pub enum Side {
 
 /// Checks an `extraArgs` list.
 pub fn args(side: Side, entries: &[String], field: &Path, errs: &mut ErrorList) {
+    let (binary, known, derived) = match side {
+        Side::Leader => ("kv-store leader", LeaderConfig::flag_names(), LEADER_DERIVED),
+        Side::Member => ("kv-store member", MemberConfig::flag_names(), MEMBER_DERIVED),
+    };
     let mut seen: Vec<&str> = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let p = field.index(i);
-        if !entry.starts_with('-') {
+        let Some(flag) = entry.strip_prefix("--") else {
             errs.invalid(
                 &p,
                 entry,
-                "each entry is a single flag token such as -flag or -flag=value; a value that starts with a dash goes after '=' in the same token",
+                format!(
+                    "each entry is one flag of {binary}, written --flag or --flag=value (a value goes after '=' in the same entry)"
+                ),
             );
             continue;
-        }
-        let key = entry.trim_start_matches('-');
-        let key = key.split_once('=').map_or(key, |(k, _)| k);
+        };
+        let key = flag.split_once('=').map_or(flag, |(k, _)| k);
         if key.is_empty() || key.chars().any(char::is_whitespace) {
             errs.invalid(&p, entry, "the flag name must be non-empty and contain no whitespace");
             continue;
@@ -133,35 +94,63 @@ pub fn args(side: Side, entries: &[String], field: &Path, errs: &mut ErrorList) 
             errs.duplicate(
                 &p,
                 entry,
-                format!("the flag {key:?} is already given by an earlier entry"),
+                format!("the flag --{key} is already given by an earlier entry"),
             );
             continue;
         }
         seen.push(key);
-        match side {
-            Side::Leader => {
-                if let Some((_, why)) = LEADER_FORBIDDEN.iter().find(|(k, _)| *k == key) {
-                    errs.forbidden(&p, format!("the flag {key:?} is not allowed: {why}"));
-                } else if key.starts_with("snapshot_") {
-                    errs.forbidden(
-                        &p,
-                        format!("the flag {key:?} is not allowed: snapshot flags are read only with enable_snapshot, which is refused"),
-                    );
-                } else if LEADER_DERIVED.contains(&key) {
-                    errs.forbidden(&p, derived_message(key));
-                }
-            }
-            Side::Member => {
-                if MEMBER_DERIVED.contains(&key) {
-                    errs.forbidden(&p, derived_message(key));
-                }
-            }
+        if derived.contains(&key) {
+            errs.forbidden(
+                &p,
+                format!("the flag --{key} is set by the server from this spec; change the spec field that renders it instead"),
+            );
+            continue;
+        }
+        if !known.iter().any(|k| k == key) {
+            let settable: Vec<String> = known
+                .iter()
+                .filter(|k| !derived.contains(&k.as_str()))
+                .map(|k| format!("--{k}"))
+                .collect();
+            errs.invalid(
+                &p,
+                entry,
+                format!(
+                    "{binary} has no flag --{key}; the flags you may set are {}",
+                    settable.join(", ")
+                ),
+            );
+            continue;
+        }
+        if let Err(why) = parses(side, entry) {
+            errs.invalid(&p, entry, why);
         }
     }
 }
 
-fn derived_message(key: &str) -> String {
-    format!("the flag {key:?} is set by the operator from this spec; change the spec field that renders it instead")
+/// Whether `entry` parses and passes the binary's own checks on its own.
+fn parses(side: Side, entry: &str) -> Result<(), String> {
+    let first_line = |e: clap::Error| {
+        let text = e.to_string();
+        text.lines()
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("error: ")
+            .to_owned()
+    };
+    match side {
+        Side::Leader => LeaderConfig::parse_args([entry])
+            .map_err(first_line)?
+            .validate()
+            .map_err(|e| e.to_string()),
+        Side::Member => {
+            // The two required flags are the runtime's; any valid value stands in for them.
+            MemberConfig::parse_args(["--leader=127.0.0.1:1", "--capacity=1Gi", entry])
+                .map_err(first_line)?
+                .validate()
+                .map_err(|e| e.to_string())
+        }
+    }
 }
 
 /// Checks an `extraEnv` list.

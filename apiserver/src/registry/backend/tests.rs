@@ -296,8 +296,19 @@ fn create_cases() -> Vec<(&'static str, Edit, Expect)> {
             refused(NotSupported, "spec.type"),
         ),
         (
-            "extraArgs entry without a dash",
-            |v| set(v, "/spec/connection/managed/leader/extraArgs", json!(["rpc_timeout"])),
+            "extraArgs entry without dashes",
+            |v| set(v, "/spec/connection/managed/leader/extraArgs", json!(["lease-ttl=5s"])),
+            refused(Invalid, "spec.connection.managed.leader.extraArgs[0]"),
+        ),
+        (
+            "extraArgs in the reference's single-dash spelling",
+            |v| {
+                set(
+                    v,
+                    "/spec/connection/managed/leader/extraArgs",
+                    json!(["-rpc_timeout=5000"]),
+                )
+            },
             refused(Invalid, "spec.connection.managed.leader.extraArgs[0]"),
         ),
         (
@@ -306,185 +317,171 @@ fn create_cases() -> Vec<(&'static str, Edit, Expect)> {
                 set(
                     v,
                     "/spec/connection/managed/leader/extraArgs",
-                    json!(["-rpc_timeout", "5000"]),
+                    json!(["--lease-ttl", "20s"]),
                 )
             },
-            refused(Invalid, "spec.connection.managed.leader.extraArgs[1]"),
+            refused(Invalid, "spec.connection.managed.leader.extraArgs[0]"),
         ),
         (
-            "extraArgs duplicate key",
-            |v| set(v, "/spec/connection/managed/leader/extraArgs", json!(["-a=1", "--a=2"])),
+            "extraArgs duplicate flag",
+            |v| {
+                set(
+                    v,
+                    "/spec/connection/managed/leader/extraArgs",
+                    json!(["--lease-ttl=5s", "--lease-ttl=6s"]),
+                )
+            },
             refused(Duplicate, "spec.connection.managed.leader.extraArgs[1]"),
         ),
         (
-            "extraArgs empty key",
+            "extraArgs empty flag",
             |v| set(v, "/spec/connection/managed/leader/extraArgs", json!(["--=1"])),
             refused(Invalid, "spec.connection.managed.leader.extraArgs[0]"),
         ),
         (
-            "derived -enable_ha",
+            "leader flag the binary does not have",
             |v| {
                 set(
                     v,
                     "/spec/connection/managed/leader/extraArgs",
-                    json!(["-enable_ha=false"]),
+                    json!(["--enable-snapshot"]),
+                )
+            },
+            refused(Invalid, "spec.connection.managed.leader.extraArgs[0]"),
+        ),
+        (
+            "leader flag of the reference store",
+            |v| set(v, "/spec/connection/managed/leader/extraArgs", json!(["--rpc_port=1"])),
+            refused(Invalid, "spec.connection.managed.leader.extraArgs[0]"),
+        ),
+        (
+            "leader value the binary refuses",
+            |v| {
+                set(
+                    v,
+                    "/spec/connection/managed/leader/extraArgs",
+                    json!(["--lease-ttl=soon"]),
+                )
+            },
+            refused(Invalid, "spec.connection.managed.leader.extraArgs[0]"),
+        ),
+        (
+            "leader value its checks refuse",
+            |v| {
+                set(
+                    v,
+                    "/spec/connection/managed/leader/extraArgs",
+                    json!(["--high-watermark=1.5"]),
+                )
+            },
+            refused(Invalid, "spec.connection.managed.leader.extraArgs[0]"),
+        ),
+        (
+            "derived --listen",
+            |v| {
+                set(
+                    v,
+                    "/spec/connection/managed/leader/extraArgs",
+                    json!(["--listen=0.0.0.0:1"]),
                 )
             },
             refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
         ),
         (
-            "derived -rpc_port",
-            |v| set(v, "/spec/connection/managed/leader/extraArgs", json!(["-rpc_port=1"])),
-            refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
-        ),
-        (
-            "derived --cluster_id",
+            "derived --multi-tenancy",
             |v| {
                 set(
                     v,
                     "/spec/connection/managed/leader/extraArgs",
-                    json!(["--cluster_id=x"]),
+                    json!(["--multi-tenancy=false"]),
                 )
             },
             refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
         ),
         (
-            "derived -enable_offload",
+            "derived --tenant",
             |v| {
                 set(
                     v,
                     "/spec/connection/managed/leader/extraArgs",
-                    json!(["-enable_offload"]),
+                    json!(["--tenant=a=1Gi:64:bfloat16"]),
                 )
             },
             refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
         ),
         (
-            "derived -enable_multi_tenants",
+            "derived --allocation-strategy",
             |v| {
                 set(
                     v,
                     "/spec/connection/managed/leader/extraArgs",
-                    json!(["-enable_multi_tenants=false"]),
+                    json!(["--allocation-strategy=random"]),
                 )
             },
             refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
         ),
         (
-            "forbidden -config_path",
+            "settable leader flags",
             |v| {
                 set(
                     v,
                     "/spec/connection/managed/leader/extraArgs",
-                    json!(["-config_path=/etc/m.json"]),
-                )
-            },
-            refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
-        ),
-        (
-            "forbidden -enable_cxl",
-            |v| set(v, "/spec/connection/managed/leader/extraArgs", json!(["-enable_cxl"])),
-            refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
-        ),
-        (
-            "forbidden -cxl_size",
-            |v| set(v, "/spec/connection/managed/leader/extraArgs", json!(["-cxl_size=1"])),
-            refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
-        ),
-        (
-            "forbidden -port",
-            |v| set(v, "/spec/connection/managed/leader/extraArgs", json!(["-port=1"])),
-            refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
-        ),
-        (
-            "forbidden -enable_oplog",
-            |v| set(v, "/spec/connection/managed/leader/extraArgs", json!(["-enable_oplog"])),
-            refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
-        ),
-        (
-            "forbidden -etcd_endpoints",
-            |v| {
-                set(
-                    v,
-                    "/spec/connection/managed/leader/extraArgs",
-                    json!(["-etcd_endpoints=http://e:2379"]),
-                )
-            },
-            refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
-        ),
-        (
-            "forbidden -enable_snapshot",
-            |v| {
-                set(
-                    v,
-                    "/spec/connection/managed/leader/extraArgs",
-                    json!(["-enable_snapshot"]),
-                )
-            },
-            refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
-        ),
-        (
-            "forbidden snapshot_* key",
-            |v| {
-                set(
-                    v,
-                    "/spec/connection/managed/leader/extraArgs",
-                    json!(["-snapshot_interval_seconds=5"]),
-                )
-            },
-            refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
-        ),
-        (
-            "forbidden -memory_allocator",
-            |v| {
-                set(
-                    v,
-                    "/spec/connection/managed/leader/extraArgs",
-                    json!(["-memory_allocator=x"]),
-                )
-            },
-            refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
-        ),
-        (
-            "forbidden -tenant_quota_connector_type",
-            |v| {
-                set(
-                    v,
-                    "/spec/connection/managed/leader/extraArgs",
-                    json!(["-tenant_quota_connector_type=x"]),
-                )
-            },
-            refused(Forbidden, "spec.connection.managed.leader.extraArgs[0]"),
-        ),
-        (
-            "reachable leader flags",
-            |v| {
-                set(
-                    v,
-                    "/spec/connection/managed/leader/extraArgs",
-                    json!(["-metrics_host=::", "-default_kv_lease_ttl=10m"]),
+                    json!([
+                        "--lease-ttl=20s",
+                        "--member-ttl=30s",
+                        "--max-value-size=128Mi",
+                        "--high-watermark=0.8",
+                        "--spin=0"
+                    ]),
                 )
             },
             Expect::Admitted,
         ),
         (
-            "member derived -protocol",
+            "member derived --capacity",
             |v| {
                 set(
                     v,
                     "/spec/connection/managed/members/0/extraArgs",
-                    json!(["-protocol=rdma"]),
+                    json!(["--capacity=1Gi"]),
                 )
             },
             refused(Forbidden, "spec.connection.managed.members[0].extraArgs[0]"),
         ),
         (
-            "member -device_name",
+            "member derived --name",
+            |v| set(v, "/spec/connection/managed/members/0/extraArgs", json!(["--name=n"])),
+            refused(Forbidden, "spec.connection.managed.members[0].extraArgs[0]"),
+        ),
+        (
+            "member flag of the reference store",
             |v| {
                 set(
                     v,
                     "/spec/connection/managed/members/0/extraArgs",
-                    json!(["-device_name=mlx5_0"]),
+                    json!(["--protocol=rdma"]),
+                )
+            },
+            refused(Invalid, "spec.connection.managed.members[0].extraArgs[0]"),
+        ),
+        (
+            "member value the binary refuses",
+            |v| {
+                set(
+                    v,
+                    "/spec/connection/managed/members/0/extraArgs",
+                    json!(["--no-prefault=maybe"]),
+                )
+            },
+            refused(Invalid, "spec.connection.managed.members[0].extraArgs[0]"),
+        ),
+        (
+            "settable member flags",
+            |v| {
+                set(
+                    v,
+                    "/spec/connection/managed/members/0/extraArgs",
+                    json!(["--no-prefault", "--max-value-size=16Mi", "--spin=100us"]),
                 )
             },
             Expect::Admitted,
@@ -1128,7 +1125,7 @@ async fn updates_do_not_rejudge_untouched_values() {
     // Admitted before the key was reserved: a stale derived flag and a capacity now refused.
     {
         let m = b.spec.connection.as_mut().unwrap().managed.as_mut().unwrap();
-        m.leader.as_mut().unwrap().extra_args = vec!["-rpc_port=1".into()];
+        m.leader.as_mut().unwrap().extra_args = vec!["--listen=10.0.0.1:1".into()];
         m.members[0].capacity_per_member = Some("0".into());
     }
     b.metadata.finalizers = Some(vec!["gpustack.ai/controlled".into()]);
@@ -1178,7 +1175,7 @@ async fn updates_do_not_rejudge_untouched_values() {
         .leader
         .as_mut()
         .unwrap()
-        .extra_args = vec!["-rpc_port=2".into()];
+        .extra_args = vec!["--listen=10.0.0.1:2".into()];
     check(
         "editing the stale list",
         h.reg
