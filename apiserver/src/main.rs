@@ -12,7 +12,7 @@ use kvcache_apiserver::config::Config;
 use kvcache_apiserver::kinds::{self, KindEntry};
 use kvcache_apiserver::manifest::{self, ApplyError};
 use kvcache_apiserver::registry::RegistryError;
-use kvcache_apiserver::registry::dynamic::{Applied, ListParams};
+use kvcache_apiserver::registry::dynamic::ListParams;
 use kvcache_apiserver::registry::generic::DeleteOptions;
 use kvcache_apiserver::server::{self, ServeOptions};
 use kvcache_units::parse_duration;
@@ -208,9 +208,9 @@ async fn apply(app: &App, files: &[PathBuf], namespace: &str, dry_run: bool) -> 
             }
             let suffix = if dry_run { " (dry run)" } else { "" };
             match applied.result {
-                Ok(Applied::Created) => println!("{} created{suffix}", applied.object),
-                Ok(Applied::Configured) => println!("{} configured{suffix}", applied.object),
-                Ok(Applied::Unchanged) => println!("{} unchanged{suffix}", applied.object),
+                Ok(manifest::Outcome::Created) => println!("{} created{suffix}", applied.object),
+                Ok(manifest::Outcome::Configured) => println!("{} configured{suffix}", applied.object),
+                Ok(manifest::Outcome::Unchanged) => println!("{} unchanged{suffix}", applied.object),
                 Err(ApplyError::Refused { status, .. }) => {
                     failed += 1;
                     eprintln!(

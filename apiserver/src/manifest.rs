@@ -1,12 +1,24 @@
 //! Applying YAML manifests (one or many documents) through the registry, as the command line's
-//! `apply` does: each object is created, or its spec replaced (labels and annotations merged)
-//! when it exists. The kind comes from the table of kinds; every refusal is the registry's own,
-//! with its `metav1.Status`.
+//! `apply` does: each object is decoded strictly and created, or its spec replaced (labels and
+//! annotations merged) when it exists. The kind comes from the table of kinds; every refusal is
+//! the registry's own, with its `metav1.Status`.
 
+use kvcache_api::{Kind, Scope};
+use serde_json::Value;
+
+use crate::decode::FieldValidation;
 use crate::decode::bounded::{self, Parsed};
 use crate::kinds;
-use crate::registry::Registry;
-use crate::registry::dynamic::Applied as Outcome;
+use crate::registry::generic::WriteOptions;
+use crate::registry::{Registry, RegistryError, Store, Strategy};
+
+/// What applying one document did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Created,
+    Configured,
+    Unchanged,
+}
 
 /// The result of one document.
 #[derive(Debug)]
@@ -81,6 +93,61 @@ pub async fn apply(reg: &Registry, doc: Parsed, namespace: &str, dry_run: bool) 
                 warnings: Vec::new(),
             }
         }
+    }
+}
+
+/// The typed half of [`apply`], for one kind: decoded strictly, created, or its spec replaced
+/// with labels and annotations merged.
+pub(crate) async fn apply_typed<S: Strategy>(
+    store: &Store<S>,
+    namespace: &str,
+    doc: Parsed,
+    dry_run: bool,
+) -> Result<(Outcome, Vec<String>), RegistryError> {
+    let name = doc
+        .value
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let (obj, mut warnings) = crate::registry::dynamic::typed::<S::Kind>(&name, doc, FieldValidation::Strict)?;
+    let ns = match <S::Kind as Kind>::SCOPE {
+        Scope::Namespaced => obj
+            .metadata
+            .namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| namespace.to_owned()),
+        Scope::Cluster => String::new(),
+    };
+    let opts = WriteOptions { dry_run };
+    let (outcome, written) = match store.get(&ns, &name).await {
+        Err(RegistryError::NotFound { .. }) => (Outcome::Created, store.create(&ns, obj, opts).await?),
+        Err(e) => return Err(e),
+        Ok(current) => {
+            let mut desired = current.clone();
+            desired.spec = obj.spec;
+            merge(&mut desired.metadata.labels, obj.metadata.labels);
+            merge(&mut desired.metadata.annotations, obj.metadata.annotations);
+            let written = store.update(&ns, &name, desired, opts).await?;
+            let outcome = if written.object.metadata.resource_version == current.metadata.resource_version {
+                Outcome::Unchanged
+            } else {
+                Outcome::Configured
+            };
+            (outcome, written)
+        }
+    };
+    warnings.extend(written.warnings);
+    Ok((outcome, warnings))
+}
+
+fn merge(
+    into: &mut Option<std::collections::BTreeMap<String, String>>,
+    from: Option<std::collections::BTreeMap<String, String>>,
+) {
+    if let Some(from) = from {
+        into.get_or_insert_with(Default::default).extend(from);
     }
 }
 

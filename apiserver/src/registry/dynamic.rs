@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kvcache_api::{Kind, Object};
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -40,14 +40,6 @@ pub struct Outcome {
     pub warnings: Vec<String>,
     /// The object was created (201).
     pub created: bool,
-}
-
-/// What applying a manifest did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Applied {
-    Created,
-    Configured,
-    Unchanged,
 }
 
 /// The filter of a list or watch, on metadata only.
@@ -135,7 +127,7 @@ pub trait Resource: Send + Sync {
         namespace: &str,
         doc: Parsed,
         dry_run: bool,
-    ) -> Result<(Applied, Vec<String>), RegistryError>;
+    ) -> Result<(crate::manifest::Outcome, Vec<String>), RegistryError>;
 }
 
 /// A kind's [`Resource`] over `storage` (the constructor the table of kinds holds).
@@ -164,7 +156,11 @@ fn outcome<K: Kind>(written: Written<K>, mut warnings: Vec<String>, created: boo
 }
 
 /// Decodes a parsed body (unknown fields and duplicate keys judged by `mode`).
-fn typed<K: Kind>(name: &str, body: Parsed, mode: FieldValidation) -> Result<(Object<K>, Vec<String>), RegistryError> {
+pub(crate) fn typed<K: Kind>(
+    name: &str,
+    body: Parsed,
+    mode: FieldValidation,
+) -> Result<(Object<K>, Vec<String>), RegistryError> {
     let d = decode::from_parsed::<Object<K>>(body, mode).map_err(|e| RegistryError::from_decode::<K>(name, e))?;
     Ok((d.value, d.warnings))
 }
@@ -189,34 +185,6 @@ fn drop_status(mut v: Value, part: Part) -> Value {
         m.remove("status");
     }
     v
-}
-
-fn entries_of<K: Kind>(obj: &Object<K>) -> Vec<fieldmanager::Entry> {
-    fieldmanager::from_entries(obj.metadata.managed_fields.as_deref().unwrap_or_default())
-}
-
-/// Drops owned paths that do not exist in the stored object (unknown fields a `Warn` request
-/// sent, which were pruned).
-fn prune(entries: Vec<fieldmanager::Entry>, obj: &Value) -> Vec<ManagedFieldsEntry> {
-    let kept: Vec<fieldmanager::Entry> = entries
-        .into_iter()
-        .map(|mut e| {
-            e.fields.retain(|p| fieldmanager::value_at(obj, p).is_some());
-            e
-        })
-        .collect();
-    fieldmanager::to_entries(&kept)
-}
-
-/// Whether the request set `managedFields` itself (a client resetting or migrating ownership).
-fn explicit_managed_fields(requested: &Value, current: &Value) -> Option<Vec<ManagedFieldsEntry>> {
-    let req = requested.pointer("/metadata/managedFields")?;
-    if Some(req) == current.pointer("/metadata/managedFields") {
-        return None;
-    }
-    let entries: Vec<ManagedFieldsEntry> = serde_json::from_value(req.clone()).unwrap_or_default();
-    // `[{}]` clears them.
-    Some(entries.into_iter().filter(|e| e.manager.is_some()).collect())
 }
 
 fn predicate<K: Kind>(filter: Option<MetaFilter>) -> Option<Predicate<K>> {
@@ -315,7 +283,7 @@ impl<S: Strategy> Resource for Typed<S> {
         obj.metadata.managed_fields = Some(if warnings.is_empty() && !has_null {
             fieldmanager::to_entries(&entries)
         } else {
-            prune(entries, &to_json(&obj)?)
+            fieldmanager::prune(entries, &to_json(&obj)?)
         });
         let written = self
             .store
@@ -362,20 +330,22 @@ impl<S: Strategy> Resource for Typed<S> {
                         new.status = current.status.clone();
                     }
                     let current_value = to_json(current)?;
-                    new.metadata.managed_fields = Some(match explicit_managed_fields(&requested, &current_value) {
-                        Some(given) => given,
-                        None => {
-                            let entries = fieldmanager::update(
-                                &current_value,
-                                &requested,
-                                &entries_of(current),
-                                &manager,
-                                part,
-                                &meta::now(),
-                            );
-                            prune(entries, &to_json(new)?)
-                        }
-                    });
+                    new.metadata.managed_fields = Some(
+                        match fieldmanager::explicit_managed_fields(&requested, &current_value) {
+                            Some(given) => given,
+                            None => {
+                                let entries = fieldmanager::update(
+                                    &current_value,
+                                    &requested,
+                                    &fieldmanager::entries_of(current),
+                                    &manager,
+                                    part,
+                                    &meta::now(),
+                                );
+                                fieldmanager::prune(entries, &to_json(new)?)
+                            }
+                        },
+                    );
                     Ok(())
                 },
             )
@@ -429,11 +399,16 @@ impl<S: Strategy> Resource for Typed<S> {
                                 Patch::Apply(_) => {}
                             }
                             patch::check_patched::<S::Kind>(&v, &current_value, name)?;
-                            let entries = match explicit_managed_fields(&v, &current_value) {
+                            let entries = match fieldmanager::explicit_managed_fields(&v, &current_value) {
                                 Some(given) => fieldmanager::from_entries(&given),
-                                None => {
-                                    fieldmanager::update(&current_value, &v, &entries_of(current), &manager, part, &now)
-                                }
+                                None => fieldmanager::update(
+                                    &current_value,
+                                    &v,
+                                    &fieldmanager::entries_of(current),
+                                    &manager,
+                                    part,
+                                    &now,
+                                ),
                             };
                             (v, entries)
                         }
@@ -441,7 +416,7 @@ impl<S: Strategy> Resource for Typed<S> {
                             let a = fieldmanager::apply(
                                 &current_value,
                                 &config.value,
-                                &entries_of(current),
+                                &fieldmanager::entries_of(current),
                                 &manager,
                                 part,
                                 params.force,
@@ -463,7 +438,7 @@ impl<S: Strategy> Resource for Typed<S> {
                         new.status = current.status.clone();
                     }
                     *decode_warnings.lock() = warnings;
-                    new.metadata.managed_fields = Some(prune(entries, &to_json(&new)?));
+                    new.metadata.managed_fields = Some(fieldmanager::prune(entries, &to_json(&new)?));
                     Ok(new)
                 },
             )
@@ -528,65 +503,12 @@ impl<S: Strategy> Resource for Typed<S> {
         namespace: &str,
         doc: Parsed,
         dry_run: bool,
-    ) -> Result<(Applied, Vec<String>), RegistryError> {
-        self.apply_manifest_typed(namespace, doc, dry_run).await
-    }
-}
-
-fn merge(
-    into: &mut Option<std::collections::BTreeMap<String, String>>,
-    from: Option<std::collections::BTreeMap<String, String>>,
-) {
-    if let Some(from) = from {
-        into.get_or_insert_with(Default::default).extend(from);
+    ) -> Result<(crate::manifest::Outcome, Vec<String>), RegistryError> {
+        crate::manifest::apply_typed(&self.store, namespace, doc, dry_run).await
     }
 }
 
 impl<S: Strategy> Typed<S> {
-    async fn apply_manifest_typed(
-        &self,
-        namespace: &str,
-        doc: Parsed,
-        dry_run: bool,
-    ) -> Result<(Applied, Vec<String>), RegistryError> {
-        let name = doc
-            .value
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        let (obj, mut warnings) = typed::<S::Kind>(&name, doc, FieldValidation::Strict)?;
-        let ns = match <S::Kind as Kind>::SCOPE {
-            kvcache_api::Scope::Namespaced => obj
-                .metadata
-                .namespace
-                .clone()
-                .filter(|n| !n.is_empty())
-                .unwrap_or_else(|| namespace.to_owned()),
-            kvcache_api::Scope::Cluster => String::new(),
-        };
-        let opts = WriteOptions { dry_run };
-        let (outcome, written) = match self.store.get(&ns, &name).await {
-            Err(RegistryError::NotFound { .. }) => (Applied::Created, self.store.create(&ns, obj, opts).await?),
-            Err(e) => return Err(e),
-            Ok(current) => {
-                let mut desired = current.clone();
-                desired.spec = obj.spec;
-                merge(&mut desired.metadata.labels, obj.metadata.labels);
-                merge(&mut desired.metadata.annotations, obj.metadata.annotations);
-                let written = self.store.update(&ns, &name, desired, opts).await?;
-                let outcome = if written.object.metadata.resource_version == current.metadata.resource_version {
-                    Applied::Unchanged
-                } else {
-                    Applied::Configured
-                };
-                (outcome, written)
-            }
-        };
-        warnings.extend(written.warnings);
-        Ok((outcome, warnings))
-    }
-
     /// Server-side apply to an object that does not exist: create it from the configuration.
     async fn apply_create(
         &self,
@@ -609,7 +531,7 @@ impl<S: Strategy> Typed<S> {
         .map_err(|c| patch::apply_conflict::<S::Kind>(name, &c))?;
         let (mut obj, _) = typed_value::<S::Kind>(name, a.object, FieldValidation::Ignore)?;
         obj.metadata.name = Some(name.to_owned());
-        obj.metadata.managed_fields = Some(prune(a.entries, &to_json(&obj)?));
+        obj.metadata.managed_fields = Some(fieldmanager::prune(a.entries, &to_json(&obj)?));
         let written = self
             .store
             .create(

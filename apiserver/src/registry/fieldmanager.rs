@@ -373,6 +373,35 @@ pub fn apply(
     Ok(Applied { object, entries: out })
 }
 
+/// The ownership recorded on `obj`.
+pub fn entries_of<K: kvcache_api::Kind>(obj: &kvcache_api::Object<K>) -> Vec<Entry> {
+    from_entries(obj.metadata.managed_fields.as_deref().unwrap_or_default())
+}
+
+/// Drops owned paths that do not exist in the stored object (unknown fields a `Warn` request
+/// sent, which were pruned).
+pub fn prune(entries: Vec<Entry>, obj: &Value) -> Vec<ManagedFieldsEntry> {
+    let kept: Vec<Entry> = entries
+        .into_iter()
+        .map(|mut e| {
+            e.fields.retain(|p| value_at(obj, p).is_some());
+            e
+        })
+        .collect();
+    to_entries(&kept)
+}
+
+/// Whether the request set `managedFields` itself (a client resetting or migrating ownership).
+pub fn explicit_managed_fields(requested: &Value, current: &Value) -> Option<Vec<ManagedFieldsEntry>> {
+    let req = requested.pointer("/metadata/managedFields")?;
+    if Some(req) == current.pointer("/metadata/managedFields") {
+        return None;
+    }
+    let entries: Vec<ManagedFieldsEntry> = serde_json::from_value(req.clone()).unwrap_or_default();
+    // `[{}]` clears them.
+    Some(entries.into_iter().filter(|e| e.manager.is_some()).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
