@@ -124,8 +124,6 @@ impl App {
             StorageChoice::Embedded => {
                 let dir = opts.data_dir.join("storage");
                 let options = EmbeddedOptions {
-                    watch_history: opts.watch_history.max(1),
-                    watch_queue: opts.watch_queue.max(1),
                     metrics: storage_metrics.clone(),
                     ..EmbeddedOptions::default()
                 };

@@ -183,16 +183,11 @@ impl<S: Strategy> Store<S> {
 
     /// Returns once reads reflect `revision`, or refuses with 504 after a few seconds (a
     /// `resourceVersion` ahead of the store, as kube-apiserver answers).
-    pub async fn wait_for(&self, revision: u64) -> Result<(), RegistryError> {
+    async fn wait_for(&self, revision: u64) -> Result<(), RegistryError> {
         match tokio::time::timeout(TOO_LARGE_WAIT, self.storage.wait_for_revision(revision)).await {
             Ok(r) => Ok(r?),
             Err(_) => Err(RegistryError::TooLargeResourceVersion(revision)),
         }
-    }
-
-    /// The latest revision reads reflect (where a watch without `resourceVersion` starts).
-    pub async fn current_revision(&self) -> Result<u64, RegistryError> {
-        Ok(self.storage.current_revision().await?)
     }
 
     /// Creates `obj` in `namespace` (ignored for cluster-scoped kinds).

@@ -214,12 +214,10 @@ impl Embedded {
             "storage opened"
         );
         let (durable_tx, _) = watch::channel(recovered.revision);
+        hub.start_after(recovered.revision);
         let shared = Arc::new(Shared {
             dir,
-            hub: {
-                hub.start_after(recovered.revision);
-                hub
-            },
+            hub,
             options,
             state: RwLock::new(State {
                 index: recovered.index,
