@@ -92,9 +92,38 @@ impl RequestLabels {
     }
 }
 
+/// The counter and histogram of one label set, looked up once.
+#[derive(Debug, Clone)]
+struct Handles {
+    requests: Counter,
+    duration: Option<Histogram>,
+}
+
+/// Identifies a label set by where its (static) strings live and the code: cheap to hash. Two
+/// keys for equal strings at different addresses map to the same metrics.
+type HandleKey = [usize; 9];
+
+fn handle_key(l: &RequestLabels, code: u16) -> HandleKey {
+    let p = |s: &'static str| s.as_ptr() as usize;
+    [
+        p(l.verb),
+        p(l.dry_run),
+        p(l.group),
+        p(l.version),
+        p(l.resource),
+        p(l.subresource),
+        p(l.scope),
+        p(l.component),
+        usize::from(code),
+    ]
+}
+
 /// Every API metric.
 #[derive(Debug, Clone)]
 pub struct ApiMetrics {
+    /// Handles by label set, so that a request pays for one small hash, not two families'.
+    handles:
+        std::sync::Arc<parking_lot::RwLock<std::collections::HashMap<HandleKey, Handles, foldhash::fast::RandomState>>>,
     requests: Family<CodeLabels, Counter>,
     durations: Family<RequestLabels, Histogram, fn() -> Histogram>,
     longrunning: Family<RequestLabels, Gauge>,
@@ -111,6 +140,7 @@ impl ApiMetrics {
     /// Registers the metrics on `registry`.
     pub fn register(registry: &mut Registry) -> ApiMetrics {
         let m = ApiMetrics {
+            handles: Default::default(),
             requests: Family::default(),
             durations: Family::new_with_constructor(histogram as fn() -> Histogram),
             longrunning: Family::default(),
@@ -155,10 +185,26 @@ impl ApiMetrics {
     /// not timed, as in kube-apiserver.
     pub fn observe(&self, info: &RequestInfo, code: u16, seconds: f64) {
         let labels = RequestLabels::of(info, code);
-        if labels.verb != "WATCH" {
-            self.durations.get_or_create(&labels).observe(seconds);
+        let key = handle_key(&labels, code);
+        let found = self.handles.read().get(&key).cloned();
+        let handles = match found {
+            Some(h) => h,
+            None => {
+                let h = Handles {
+                    duration: (labels.verb != "WATCH").then(|| self.durations.get_or_create(&labels).clone()),
+                    requests: self
+                        .requests
+                        .get_or_create(&CodeLabels { request: labels, code })
+                        .clone(),
+                };
+                self.handles.write().insert(key, h.clone());
+                h
+            }
+        };
+        if let Some(d) = &handles.duration {
+            d.observe(seconds);
         }
-        self.requests.get_or_create(&CodeLabels { request: labels, code }).inc();
+        handles.requests.inc();
     }
 
     /// The gauge of running watches like `info`'s; dropping the guard decrements it.
@@ -214,11 +260,10 @@ pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CON
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request_info::Query;
 
     fn info(method: &str, path: &str) -> RequestInfo {
         let uri: http::Uri = path.parse().unwrap();
-        RequestInfo::parse(&method.parse().unwrap(), uri.path(), &Query::parse(uri.query()))
+        RequestInfo::parse(&method.parse().unwrap(), uri.path(), uri.query())
     }
 
     #[test]

@@ -37,10 +37,15 @@ pub struct RequestInfo {
     pub resource: Option<ResourceInfo>,
     /// `dryRun=All` was asked for.
     pub dry_run: bool,
+    /// The query parameters, decoded once.
+    pub query: Query,
 }
 
 impl RequestInfo {
-    pub fn parse(method: &Method, path: &str, query: &Query) -> RequestInfo {
+    /// Judges a request from its method, path and raw query string.
+    pub fn parse(method: &Method, path: &str, raw_query: Option<&str>) -> RequestInfo {
+        let query = Query::parse(raw_query);
+        let dry_run = query.all("dryRun").any(|v| v == "All");
         let resource = resource_of(path);
         let verb = match &resource {
             Some(r) => resource_verb(method, r.name.is_empty(), query.flag("watch")),
@@ -51,7 +56,8 @@ impl RequestInfo {
             method: method.clone(),
             path: path.to_owned(),
             resource,
-            dry_run: query.all("dryRun").any(|v| v == "All"),
+            dry_run,
+            query,
         }
     }
 
@@ -220,7 +226,7 @@ mod tests {
 
     fn info(method: &str, target: &str) -> RequestInfo {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
-        RequestInfo::parse(&method.parse().unwrap(), path, &Query::parse(Some(query)))
+        RequestInfo::parse(&method.parse().unwrap(), path, Some(query))
     }
 
     #[test]

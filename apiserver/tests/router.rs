@@ -274,8 +274,8 @@ async fn a_watch_sends_the_state_then_changes_one_json_event_per_line() {
             .await;
         }
     }
-    assert_eq!(lines[0]["type"], "ADDED");
-    assert_eq!(lines[1]["type"], "MODIFIED");
+    assert_eq!(lines[0]["type"], "ADDED", "{lines:?}");
+    assert_eq!(lines[1]["type"], "MODIFIED", "{lines:?}");
     for l in &lines {
         assert!(l["object"]["metadata"]["resourceVersion"].as_str().is_some(), "{l}");
     }

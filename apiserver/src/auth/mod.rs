@@ -170,7 +170,7 @@ pub enum Target {
 /// Who wants to do what, as a SubjectAccessReview asks it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Attributes {
-    pub user: User,
+    pub user: Arc<User>,
     pub verb: String,
     pub target: Target,
 }
@@ -266,7 +266,7 @@ mod tests {
     #[test]
     fn forbidden_messages_read_like_kube_apiserver() {
         let attrs = Attributes {
-            user: User::new("u", &[]),
+            user: Arc::new(User::new("u", &[])),
             verb: "create".into(),
             target: Target::Resource(ResourceAttributes {
                 group: "worker.gpustack.ai".into(),

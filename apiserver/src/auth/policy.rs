@@ -51,7 +51,7 @@ mod tests {
 
     fn res(user: User, verb: &str) -> Attributes {
         Attributes {
-            user,
+            user: std::sync::Arc::new(user),
             verb: verb.into(),
             target: Target::Resource(ResourceAttributes {
                 group: "worker.gpustack.ai".into(),
@@ -66,7 +66,7 @@ mod tests {
 
     fn path(user: User, p: &str) -> Attributes {
         Attributes {
-            user,
+            user: std::sync::Arc::new(user),
             verb: "get".into(),
             target: Target::NonResource { path: p.into() },
         }

@@ -258,15 +258,24 @@ impl<'de> Visitor<'de> for Seed<'_> {
         let mut out = Map::new();
         while let Some(key) = map.next_key_seed(KeySeed)? {
             self.state.charge(key.len() + 4)?;
-            self.state.path.borrow_mut().push(Segment::Key(key.clone()));
+            // The key waits on the path while its value is built (errors name it), then moves
+            // into the map: no copy.
+            self.state.path.borrow_mut().push(Segment::Key(key));
             let value = map.next_value_seed(child);
-            self.state.path.borrow_mut().pop();
+            let key = match self.state.path.borrow_mut().pop() {
+                Some(Segment::Key(k)) => k,
+                _ => return Err(de::Error::custom("the body's nesting could not be followed")),
+            };
             let value = value?;
             if out.contains_key(&key) {
-                self.state.path.borrow_mut().push(Segment::Key(key.clone()));
+                self.state.path.borrow_mut().push(Segment::Key(key));
                 let at = self.state.path_text();
-                self.state.path.borrow_mut().pop();
+                let Some(Segment::Key(key)) = self.state.path.borrow_mut().pop() else {
+                    return Err(de::Error::custom("the body's nesting could not be followed"));
+                };
                 self.state.duplicates.borrow_mut().push(at);
+                out.insert(key, value);
+                continue;
             }
             out.insert(key, value);
         }

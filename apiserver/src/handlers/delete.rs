@@ -10,7 +10,7 @@ use super::{Api, body, params, response};
 
 pub async fn handle(State(_api): State<Arc<Api>>, t: Target, request_body: Body) -> Reply {
     let bytes = body::read(request_body).await?;
-    let opts = params::delete(&t.query, &bytes)?;
+    let opts = params::delete(t.query(), &bytes)?;
     let (obj, _gone) = t
         .resource
         .delete(&t.namespace, &t.name, opts)

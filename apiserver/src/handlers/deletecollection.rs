@@ -10,9 +10,9 @@ use super::target::{Reply, Target};
 use super::{Api, body, params, response};
 
 pub async fn handle(State(_api): State<Arc<Api>>, t: Target, request_body: Body) -> Reply {
-    let filter = params::filter(&t.query, "")?;
+    let filter = params::filter(t.query(), "")?;
     let bytes = body::read(request_body).await?;
-    let opts = params::delete(&t.query, &bytes)?;
+    let opts = params::delete(t.query(), &bytes)?;
     let page = t
         .resource
         .delete_collection(t.list_namespace(), filter, opts)

@@ -13,7 +13,7 @@ use crate::negotiate::{self, Shape};
 use crate::table;
 
 pub async fn handle(State(_api): State<Arc<Api>>, t: Target) -> Reply {
-    let include = params::include_object(&t.query)?;
+    let include = params::include_object(t.query())?;
     let obj = t
         .resource
         .get(&t.namespace, &t.name)

@@ -14,8 +14,8 @@ use crate::negotiate::{self, Shape};
 use crate::table;
 
 pub async fn handle(State(_api): State<Arc<Api>>, t: Target) -> Reply {
-    let include = params::include_object(&t.query)?;
-    let list_params = params::list(&t.query, t.kind)?;
+    let include = params::include_object(t.query())?;
+    let list_params = params::list(t.query(), t.kind)?;
     let ns = t.list_namespace();
     let api_version = kvcache_api::API_VERSION;
     if t.shape == Shape::Json && !t.pretty {

@@ -15,7 +15,7 @@ use crate::registry::patch::{self, Patch};
 pub async fn handle(State(_api): State<Arc<Api>>, t: Target, request_body: Body) -> Reply {
     let media = body::media_type(&t.headers);
     let apply = media == "application/apply-patch+yaml";
-    let write = params::write(&t.query, &t.headers, "patch", apply)?;
+    let write = params::write(t.query(), &t.headers, "patch", apply)?;
     let bytes = body::read(request_body).await?;
     let refused = |e| response::registry_error(t.kind, &t.name, &e);
     let json = || bounded::json(&bytes).map_err(body::parse_error);

@@ -30,8 +30,8 @@ pub struct Target {
     /// Empty for collection requests.
     pub name: String,
     pub part: Part,
-    pub query: Query,
-    pub info: RequestInfo,
+    /// What the request is about, as the filters judged it (its query included).
+    pub info: Arc<RequestInfo>,
     pub headers: HeaderMap,
     /// What the client accepts for objects and lists.
     pub shape: Shape,
@@ -43,24 +43,23 @@ impl FromRequestParts<Arc<Api>> for Target {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, api: &Arc<Api>) -> Result<Target, Response> {
-        let query = Query::parse(parts.uri.query());
-        let info = match parts.extensions.get::<RequestInfo>() {
+        let info = match parts.extensions.get::<Arc<RequestInfo>>() {
             Some(i) => i.clone(),
-            None => RequestInfo::parse(&parts.method, parts.uri.path(), &query),
+            None => Arc::new(RequestInfo::parse(&parts.method, parts.uri.path(), parts.uri.query())),
         };
         let path = parts.uri.path();
-        let (Some(kind), Some(r)) = (info.kind(), info.resource.clone()) else {
+        let (Some(kind), Some(r)) = (info.kind(), info.resource.as_ref()) else {
             return Err(not_found(path));
         };
         let Some((_, resource)) = api.registry.resource(kind.plural) else {
             return Err(not_found(path));
         };
-        let api_path = format!("/apis/{}", kvcache_api::API_VERSION);
+        let api_path = || format!("/apis/{}", kvcache_api::API_VERSION);
         if !kind.namespaced() && !r.namespace.is_empty() {
             return Err(error(
                 404,
                 "NotFound",
-                format!("{} is cluster-scoped: use {api_path}/{}", kind.plural, kind.plural),
+                format!("{} is cluster-scoped: use {}/{}", kind.plural, api_path(), kind.plural),
             ));
         }
         if kind.namespaced() && r.namespace.is_empty() && !matches!(info.verb, "list" | "watch") {
@@ -68,8 +67,10 @@ impl FromRequestParts<Arc<Api>> for Target {
                 404,
                 "NotFound",
                 format!(
-                    "{} is namespaced: use {api_path}/namespaces/<namespace>/{}",
-                    kind.plural, kind.plural
+                    "{} is namespaced: use {}/namespaces/<namespace>/{}",
+                    kind.plural,
+                    api_path(),
+                    kind.plural
                 ),
             ));
         }
@@ -101,22 +102,28 @@ impl FromRequestParts<Arc<Api>> for Target {
         let Some(shape) = negotiate::for_objects(accept) else {
             return Err(not_acceptable(accept));
         };
+        let (namespace, name) = (r.namespace.clone(), r.name.clone());
         Ok(Target {
             kind,
             resource: resource.clone(),
-            namespace: r.namespace,
-            name: r.name,
+            namespace,
+            name,
             part,
-            pretty: query.flag("pretty"),
-            query,
+            pretty: info.query.flag("pretty"),
             info,
-            headers: parts.headers.clone(),
+            // The handler's body extractor needs no headers: they move to the target.
+            headers: std::mem::take(&mut parts.headers),
             shape,
         })
     }
 }
 
 impl Target {
+    /// The query parameters.
+    pub fn query(&self) -> &Query {
+        &self.info.query
+    }
+
     /// The namespace to list or watch in: `None` across namespaces (and for cluster-scoped
     /// kinds).
     pub fn list_namespace(&self) -> Option<&str> {

@@ -10,7 +10,7 @@ use super::target::{Reply, Target};
 use super::{Api, body, params, response};
 
 pub async fn handle(State(_api): State<Arc<Api>>, t: Target, request_body: Body) -> Reply {
-    let write = params::write(&t.query, &t.headers, "update", false)?;
+    let write = params::write(t.query(), &t.headers, "update", false)?;
     let bytes = body::read(request_body).await?;
     let parsed = body::object(&t.headers, &bytes)?;
     let out = t

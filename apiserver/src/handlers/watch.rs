@@ -26,8 +26,8 @@ use crate::storage::watch::WatchClosed;
 use crate::table::{self, IncludeObject};
 
 pub async fn handle(State(api): State<Arc<Api>>, t: Target) -> Reply {
-    let include = params::include_object(&t.query)?;
-    let p = params::watch(&t.query, t.kind, &t.name)?;
+    let include = params::include_object(t.query())?;
+    let p = params::watch(t.query(), t.kind, &t.name)?;
     let table = (t.shape == Shape::Table).then_some(include);
     let opened = t
         .resource

@@ -191,12 +191,7 @@ pub async fn serve(
                 .http1()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT);
-            builder
-                .http2()
-                .timer(TokioTimer::new())
-                .max_header_list_size(MAX_HTTP2_HEADER_LIST_BYTES)
-                .keep_alive_interval(Some(Duration::from_secs(30)))
-                .keep_alive_timeout(Duration::from_secs(20));
+            builder.http2().max_header_list_size(MAX_HTTP2_HEADER_LIST_BYTES);
             let io = TokioIo::new(parse_errors::StatusOnParseError::new(tls));
             let conn = builder.serve_connection(io, service);
             if let Err(e) = watcher.watch(conn.into_owned()).await {

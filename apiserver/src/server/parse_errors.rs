@@ -112,6 +112,33 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for StatusOnParseError<IO> {
         Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
+    /// Vectored writes pass straight through (HTTP/2 frames, and HTTP/1 heads with their
+    /// bodies): hyper's own error answers are written alone, so they come through `poll_write`
+    /// or as the only non-empty slice.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let mut non_empty = bufs.iter().filter(|b| !b.is_empty());
+        if let (Some(only), None) = (non_empty.next(), non_empty.next())
+            && only.starts_with(b"HTTP/1.1 4")
+        {
+            return self.poll_write(cx, only);
+        }
+        let this = &mut *self;
+        match this.poll_pending(cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        }
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         match this.poll_pending(cx) {
