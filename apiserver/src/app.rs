@@ -1,6 +1,6 @@
 //! The composition root: configuration in, the application out. It opens the storage chosen by
 //! `--storage`, builds the watch hub, the auth chain, the one metrics registry, the registry of
-//! every kind and the router behind its filters, and it is where background work (and, next, the
+//! every kind and the handlers behind their filters, and it is where background work (and, next, the
 //! controllers) starts. `serve`, the offline commands and the tests build the application here,
 //! the same way; nothing deeper builds its own.
 
@@ -10,10 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use axum::Router;
-
 use crate::auth::anonymous::Anonymous;
-use crate::auth::cache::Cached;
 use crate::auth::policy::StaticPolicy;
 use crate::auth::x509::X509;
 use crate::auth::{Authorizer, Chain, ConnectionInfo, InProcess, NoTokens, User};
@@ -22,7 +19,7 @@ use crate::handlers::{self, Api};
 use crate::kinds::KINDS;
 use crate::metrics::ApiMetrics;
 use crate::registry::{Context, Registry};
-use crate::server::filters::{self, Filters};
+use crate::server::filters::{self, Filters, Pipeline};
 use crate::storage::embedded::{Embedded, Options as EmbeddedOptions};
 use crate::storage::metrics::{ResourceLabel, StorageMetrics};
 use crate::storage::watch::Hub;
@@ -103,7 +100,7 @@ pub struct App {
     pub metrics: ApiMetrics,
     storage_metrics: StorageMetrics,
     object_count_interval: Duration,
-    router: Router,
+    pipeline: Pipeline,
     shutdown: tokio::sync::watch::Sender<bool>,
 }
 
@@ -152,17 +149,20 @@ impl App {
             openapi: crate::openapi::build(&KINDS),
         });
         let authn = Chain::new(vec![
-            Arc::new(InProcess),
             Arc::new(X509),
+            Arc::new(InProcess),
             Arc::new(NoTokens),
             Arc::new(Anonymous),
         ]);
-        let authz: Arc<dyn Authorizer> = Arc::new(Cached::new(StaticPolicy));
+        // The direct-mode policy decides in nanoseconds from the attributes alone; the decision
+        // cache (`auth::cache::Cached`) goes in front of authorizers that ask someone else (a
+        // SubjectAccessReview per request in a cluster).
+        let authz: Arc<dyn Authorizer> = Arc::new(StaticPolicy);
         let mut filters = Filters::new(authn, authz, metrics.clone());
         filters.max_reads = opts.max_reads_in_flight.max(1);
         filters.max_writes = opts.max_writes_in_flight.max(1);
         let filters = Arc::new(filters);
-        let router = filters::wrap(handlers::router(api.clone()), filters);
+        let pipeline = Pipeline::new(handlers::Routes::new(api.clone()), filters);
         Ok(App {
             storage,
             registry,
@@ -170,15 +170,15 @@ impl App {
             metrics,
             storage_metrics,
             object_count_interval: opts.object_count_interval,
-            router,
+            pipeline,
             shutdown,
         })
     }
 
-    /// The whole pipeline as a router (a tower `Service`); requests need a [`ConnectionInfo`]
+    /// The filters and the handlers as one tower `Service`; requests need a [`ConnectionInfo`]
     /// extension to be authenticated.
-    pub fn router(&self) -> Router {
-        self.router.clone()
+    pub fn service(&self) -> Pipeline {
+        self.pipeline.clone()
     }
 
     /// The pipeline for a client inside this process, authenticated as `user`: pass it to
@@ -186,7 +186,7 @@ impl App {
     /// socket.
     pub fn in_process(&self, user: User) -> InProcessClient {
         InProcessClient {
-            router: self.router.clone(),
+            pipeline: self.pipeline.clone(),
             conn: ConnectionInfo::InProcess { user },
         }
     }
@@ -230,10 +230,10 @@ impl App {
     }
 }
 
-/// The router as a tower `Service` for a client in this process, under its own identity.
+/// The pipeline as a tower `Service` for a client in this process, under its own identity.
 #[derive(Clone)]
 pub struct InProcessClient {
-    router: Router,
+    pipeline: Pipeline,
     conn: ConnectionInfo,
 }
 
@@ -250,14 +250,14 @@ where
 {
     type Response = axum::response::Response;
     type Error = std::convert::Infallible;
-    type Future = axum::routing::future::RouteFuture<std::convert::Infallible>;
+    type Future = <Pipeline as tower::Service<http::Request<B>>>::Future;
 
     fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
-        <Router as tower::Service<http::Request<B>>>::poll_ready(&mut self.router, cx)
+        <Pipeline as tower::Service<http::Request<B>>>::poll_ready(&mut self.pipeline, cx)
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         req.extensions_mut().insert(self.conn.clone());
-        self.router.call(req)
+        self.pipeline.call(req)
     }
 }

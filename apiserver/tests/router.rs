@@ -1,5 +1,5 @@
 //! The whole pipeline in process, as the controllers will use it: the application built by
-//! `App::build`, its router called as a tower `Service` with an in-process identity (no socket,
+//! `App::build`, its pipeline called as a tower `Service` with an in-process identity (no socket,
 //! no TLS). Covers each handler, the auth chain (401, 403, non-resource paths), the in-flight
 //! (429) and body (413) limits, and a kube-rs client listing and watching one of our kinds.
 
@@ -80,7 +80,7 @@ impl Answer {
 async fn call(f: &Fixture, user: Option<User>, req: Request<Body>) -> Answer {
     let response = match user {
         Some(u) => f.app.in_process(u).oneshot(req).await.unwrap(),
-        None => f.app.router().oneshot(req).await.unwrap(),
+        None => f.app.service().oneshot(req).await.unwrap(),
     };
     let (parts, body) = response.into_parts();
     Answer {

@@ -45,8 +45,23 @@ pub enum BoundedError {
     TooLarge,
 }
 
-/// Parses a JSON body.
+/// Parses a JSON body. JSON cannot build more than it says (it has no aliases) and its parser
+/// stops at 128 levels, so the common case is serde_json's own parse; only a body that repeats a
+/// key is parsed again, with paths, to name them.
 pub fn json(bytes: &[u8]) -> Result<Parsed, BoundedError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let mut repeated = false;
+    let value = DupCheck(&mut repeated)
+        .deserialize(&mut de)
+        .map_err(|e| BoundedError::Syntax(format!("the body is not valid JSON: {e}")))?;
+    de.end()
+        .map_err(|e| BoundedError::Syntax(format!("trailing data after the JSON object: {e}")))?;
+    if !repeated {
+        return Ok(Parsed {
+            value,
+            duplicates: Vec::new(),
+        });
+    }
     let state = State::default();
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = Seed {
@@ -55,9 +70,73 @@ pub fn json(bytes: &[u8]) -> Result<Parsed, BoundedError> {
     }
     .deserialize(&mut de)
     .map_err(|e| state.classify(format!("the body is not valid JSON: {e}")))?;
-    de.end()
-        .map_err(|e| BoundedError::Syntax(format!("trailing data after the JSON object: {e}")))?;
     Ok(state.finish(value))
+}
+
+/// Builds a value as serde_json does, noting whether any object repeats a key.
+struct DupCheck<'a>(&'a mut bool);
+
+impl<'de> DeserializeSeed<'de> for DupCheck<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DupCheck<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element_seed(DupCheck(&mut *self.0))? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value = map.next_value_seed(DupCheck(&mut *self.0))?;
+            if out.insert(key, value).is_some() {
+                *self.0 = true;
+            }
+        }
+        Ok(Value::Object(out))
+    }
 }
 
 /// Parses one YAML document (a JSON body is YAML too).

@@ -25,20 +25,12 @@ pub fn too_large(at_least: usize) -> Response {
     )
 }
 
-/// Reads `body` (which the body-limit filter bounded at [`MAX_BODY_BYTES`]).
+/// Reads `body`, at most [`MAX_BODY_BYTES`] of it (413 past it, after reading the rest away).
 pub async fn read(body: Body) -> Result<Bytes, Response> {
     let mut body = body;
     let mut buf = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(f) => f,
-            Err(e) if is_length_limit(&e) => {
-                let read = buf.len();
-                drain(body).await;
-                return Err(too_large(read.max(MAX_BODY_BYTES + 1)));
-            }
-            Err(e) => return Err(bad_request(format!("reading the request body: {e}"))),
-        };
+        let frame = frame.map_err(|e| bad_request(format!("reading the request body: {e}")))?;
         let Ok(data) = frame.into_data() else { continue };
         if buf.len() + data.len() > MAX_BODY_BYTES {
             let read = buf.len() + data.len();
@@ -48,17 +40,6 @@ pub async fn read(body: Body) -> Result<Bytes, Response> {
         buf.extend_from_slice(&data);
     }
     Ok(buf.freeze())
-}
-
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        if s.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        source = s.source();
-    }
-    false
 }
 
 /// Reads and drops what is left of a body past the limit, up to [`DRAIN_LIMIT_BYTES`].

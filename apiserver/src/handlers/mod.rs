@@ -35,14 +35,16 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::Request;
+use axum::handler::Handler;
 use axum::response::Response;
 use axum::routing::{MethodRouter, get as on_get};
 use http::Method;
+use tower::ServiceExt;
 
-use self::target::{Reply, Target};
 use crate::metrics::ApiMetrics;
 use crate::registry::Registry;
+use crate::request_info::RequestInfo;
 use crate::storage::Storage;
 
 /// What handlers share.
@@ -62,53 +64,77 @@ pub struct Api {
     pub openapi: crate::openapi::Documents,
 }
 
-/// GET on a collection: a list, or a watch with `?watch=true`.
-async fn collection_get(State(api): State<Arc<Api>>, target: Target) -> Reply {
-    if target.info.verb == "watch" {
-        watch::handle(State(api), target).await
-    } else {
-        list::handle(State(api), target).await
+/// Every path this server answers: a resource request (as the request info judged it) goes
+/// straight to the handler of its verb ([`resource`]); the system paths go through a router.
+/// (Resource paths are not routes: the filters already parsed them, and a router would match
+/// and parse them again for every request.)
+#[derive(Clone)]
+pub struct Routes {
+    system: Router,
+    api: Arc<Api>,
+}
+
+impl Routes {
+    pub fn new(api: Arc<Api>) -> Routes {
+        Routes {
+            system: system_router(api.clone()),
+            api,
+        }
+    }
+
+    /// The answer to `req`, whose request info is `info`.
+    pub async fn serve(self, info: &RequestInfo, req: Request) -> Response {
+        if info.resource.is_some() {
+            return resource(self.api, info, req).await;
+        }
+        match self.system.oneshot(req).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        }
     }
 }
 
-/// GET on an object: the object, or a watch of it with `?watch=true`.
-async fn item_get(State(api): State<Arc<Api>>, target: Target) -> Reply {
-    if target.info.verb == "watch" {
-        watch::handle(State(api), target).await
-    } else {
-        get::handle(State(api), target).await
+/// A request on a resource path: the handler of its verb if the resource is ours, else a 404.
+async fn resource(api: Arc<Api>, info: &RequestInfo, req: Request) -> Response {
+    let Some(r) = info.resource.as_ref().filter(|_| info.kind().is_some()) else {
+        return response::not_found(req.uri().path());
+    };
+    let item = !r.name.is_empty();
+    match (info.verb, item) {
+        ("get", true) => get::handle.call(req, api).await,
+        ("list", false) => list::handle.call(req, api).await,
+        ("watch", _) => watch::handle.call(req, api).await,
+        ("create", false) => create::handle.call(req, api).await,
+        ("update", true) => update::handle.call(req, api).await,
+        ("patch", true) => patch::handle.call(req, api).await,
+        ("delete", true) => delete::handle.call(req, api).await,
+        ("deletecollection", false) => deletecollection::handle.call(req, api).await,
+        _ => {
+            let what = if item {
+                format!("an item of {}", r.resource)
+            } else {
+                r.resource.clone()
+            };
+            response::method_not_allowed(req.method(), &what)
+        }
     }
-}
-
-async fn method_not_allowed(method: Method, uri: http::Uri) -> Response {
-    response::method_not_allowed(&method, uri.path())
 }
 
 async fn not_found(uri: http::Uri) -> Response {
     response::not_found(uri.path())
 }
 
-fn collection() -> MethodRouter<Arc<Api>> {
-    on_get(collection_get)
-        .post(create::handle)
-        .delete(deletecollection::handle)
-        .fallback(method_not_allowed)
-}
-
-fn item() -> MethodRouter<Arc<Api>> {
-    on_get(item_get)
-        .put(update::handle)
-        .patch(patch::handle)
-        .delete(delete::handle)
-        .fallback(method_not_allowed)
+async fn method_not_allowed(method: Method, uri: http::Uri) -> Response {
+    response::method_not_allowed(&method, uri.path())
 }
 
 fn read_only(r: MethodRouter<Arc<Api>>) -> MethodRouter<Arc<Api>> {
     r.fallback(method_not_allowed)
 }
 
-/// The router over every path this server answers; anything else is a 404 Status.
-pub fn router(api: Arc<Api>) -> Router {
+/// The router over the system paths (health, metrics, discovery, OpenAPI); anything else is a
+/// 404 Status.
+fn system_router(api: Arc<Api>) -> Router {
     let group = format!("/apis/{}", kvcache_api::GROUP);
     let version = format!("/apis/{}", kvcache_api::API_VERSION);
     Router::new()
@@ -130,21 +156,6 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/openapi/v3", read_only(on_get(openapi::v3_root)))
         .route("/openapi/v3/", read_only(on_get(openapi::v3_root)))
         .route(crate::openapi::V3_PATH, read_only(on_get(openapi::v3)))
-        .route(&format!("{version}/{{resource}}"), collection())
-        .route(&format!("{version}/{{resource}}/{{name}}"), item())
-        .route(&format!("{version}/{{resource}}/{{name}}/{{subresource}}"), item())
-        .route(
-            &format!("{version}/namespaces/{{namespace}}/{{resource}}"),
-            collection(),
-        )
-        .route(
-            &format!("{version}/namespaces/{{namespace}}/{{resource}}/{{name}}"),
-            item(),
-        )
-        .route(
-            &format!("{version}/namespaces/{{namespace}}/{{resource}}/{{name}}/{{subresource}}"),
-            item(),
-        )
         .fallback(not_found)
         .with_state(api)
 }

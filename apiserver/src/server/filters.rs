@@ -1,7 +1,7 @@
 //! The filters every request passes before its handler, in kube-apiserver's order: request info
 //! and metrics → authentication → authorization → in-flight limits → body limit → a `tracing`
-//! span, as the stages of one tower layer in front of the router ([`Pipeline`]). In-process
-//! clients go through exactly the same pipeline.
+//! span, as the stages of one tower service in front of the handlers ([`Pipeline`]). Connections
+//! and in-process clients go through exactly the same pipeline.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,18 +11,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
 use http::{HeaderValue, header};
-use http_body_util::Limited;
-use tower::{Service, ServiceExt};
+use tower::Service;
 use tracing::Instrument;
 
 use crate::auth::{
     Attributes, Authorizer, Chain, ConnectionInfo, Decision, ResourceAttributes, Target, User, forbidden_message,
 };
+use crate::handlers::Routes;
 use crate::handlers::body::{MAX_BODY_BYTES, drain, too_large};
 use crate::handlers::response::error;
 use crate::metrics::ApiMetrics;
@@ -57,34 +56,50 @@ impl Filters {
     }
 }
 
-/// `router` behind every filter.
-pub fn wrap(router: Router, filters: Arc<Filters>) -> Router {
-    Router::new().fallback_service(Pipeline { filters, router })
-}
-
-/// The filters as one tower layer in front of the router: each request runs the stages below in
-/// kube-apiserver's order, each of which may answer instead of the handler. (Six nested
-/// middlewares cost each request some 20,000 instructions in boxed futures and moves of the
-/// request, measured with callgrind; as stages of one service they cost almost nothing.)
+/// The filters as one tower service in front of the handlers: each request runs the stages below
+/// in kube-apiserver's order, each of which may answer instead of the handler. (Six nested
+/// middlewares, and a router in front of them, cost each request some 20,000 instructions in
+/// boxed futures and moves of the request, measured with callgrind; as stages of one service
+/// they cost almost nothing.) Requests need a [`ConnectionInfo`] extension to be authenticated.
 #[derive(Clone)]
 pub struct Pipeline {
     filters: Arc<Filters>,
-    router: Router,
+    routes: Routes,
 }
 
-impl Service<Request> for Pipeline {
+impl Pipeline {
+    /// `routes` behind every filter.
+    pub fn new(routes: Routes, filters: Arc<Filters>) -> Pipeline {
+        Pipeline { filters, routes }
+    }
+
+    /// The answer to `req` (what [`Service::call`] returns, without needing `&mut`).
+    pub fn handle<B>(&self, req: http::Request<B>) -> Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>
+    where
+        B: axum::body::HttpBody<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
+        let (filters, routes) = (self.filters.clone(), self.routes.clone());
+        Box::pin(async move { Ok(observe(&filters, routes, req.map(Body::new)).await) })
+    }
+}
+
+impl<B> Service<http::Request<B>> for Pipeline
+where
+    B: axum::body::HttpBody<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
     type Response = Response;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        // The router is always ready.
+        // Every stage and handler is always ready.
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request) -> Self::Future {
-        let (filters, router) = (self.filters.clone(), self.router.clone());
-        Box::pin(async move { Ok(observe(&filters, router, req).await) })
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        self.handle(req)
     }
 }
 
@@ -105,17 +120,21 @@ fn audit_id(req: &Request) -> String {
     let mut bytes = [0u8; 16];
     bytes[..10].copy_from_slice(p);
     bytes[10..].copy_from_slice(&n[..6]);
-    uuid::Uuid::from_bytes(bytes).to_string()
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    uuid::Uuid::from_bytes(bytes)
+        .hyphenated()
+        .encode_lower(&mut text)
+        .to_owned()
 }
 
 /// Stage 1 (around the others): judges what the request is about, counts it when answered, and
 /// stamps the response with its request id.
-async fn observe(f: &Filters, router: Router, mut req: Request) -> Response {
+async fn observe(f: &Filters, routes: Routes, mut req: Request) -> Response {
     let started = Instant::now();
     let id = audit_id(&req);
     let info = Arc::new(RequestInfo::parse(req.method(), req.uri().path(), req.uri().query()));
     req.extensions_mut().insert(info.clone());
-    let mut response = filtered(f, router, &info, &id, req).await;
+    let mut response = filtered(f, routes, &info, &id, req).await;
     f.metrics
         .observe(&info, response.status().as_u16(), started.elapsed().as_secs_f64());
     let h = response.headers_mut();
@@ -128,7 +147,7 @@ async fn observe(f: &Filters, router: Router, mut req: Request) -> Response {
 }
 
 /// The stages after request info, in order; the first that answers ends the request.
-async fn filtered(f: &Filters, router: Router, info: &Arc<RequestInfo>, id: &str, req: Request) -> Response {
+async fn filtered(f: &Filters, routes: Routes, info: &Arc<RequestInfo>, id: &str, req: Request) -> Response {
     let (mut parts, body) = req.into_parts();
     let user = match authenticate(f, &parts).await {
         Ok(user) => Arc::new(user),
@@ -150,14 +169,10 @@ async fn filtered(f: &Filters, router: Router, info: &Arc<RequestInfo>, id: &str
     let span = span(info, id, &user);
     parts.extensions.insert(user);
     let started = Instant::now();
-    let response = match router
-        .oneshot(Request::from_parts(parts, body))
+    let response = routes
+        .serve(info, Request::from_parts(parts, body))
         .instrument(span.clone())
-        .await
-    {
-        Ok(r) => r,
-        Err(never) => match never {},
-    };
+        .await;
     span.record("code", response.status().as_u16());
     span.record(
         "duration_us",
@@ -284,9 +299,9 @@ fn limit_in_flight<'a>(f: &'a Filters, info: &RequestInfo) -> Result<Option<Slot
     Slot::enter(counter, limit).map(Some).ok_or(())
 }
 
-/// Stage 5: 413 for a body past [`MAX_BODY_BYTES`]: at once when `Content-Length` says so (the
-/// body is read and dropped so the client can read the answer), else when a handler reads past
-/// it.
+/// Stage 5: 413 for a body past [`MAX_BODY_BYTES`] at once when `Content-Length` says so (the
+/// body is read and dropped so the client can read the answer). A body without a length is held
+/// to the same limit as the handler reads it (`handlers::body::read`).
 async fn limit_body(parts: &http::request::Parts, body: Body) -> Result<Body, Response> {
     let declared = parts
         .headers
@@ -297,7 +312,7 @@ async fn limit_body(parts: &http::request::Parts, body: Body) -> Result<Body, Re
         drain(body).await;
         return Err(too_large(len));
     }
-    Ok(Body::new(Limited::new(body, MAX_BODY_BYTES)))
+    Ok(body)
 }
 
 /// Stage 6: a span per request with the request id, verb, group, resource, namespace, name and

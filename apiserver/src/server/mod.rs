@@ -20,7 +20,6 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tower::Service as _;
 
 use crate::app::App;
 use crate::auth::ConnectionInfo;
@@ -181,10 +180,10 @@ pub async fn serve(
                 ))
             });
             let conn_info = ConnectionInfo::Tls { remote, client };
-            let router = app.router();
+            let pipeline = app.service();
             let service = hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(conn_info.clone());
-                router.clone().call(req)
+                pipeline.handle(req)
             });
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
