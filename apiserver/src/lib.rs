@@ -6,10 +6,10 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`app`] | the composition root: storage, hub, auth chain, metrics registry, router |
+//! | [`app`] | the composition root: storage, hub, auth chain, metrics registry, request pipeline |
 //! | [`kinds`] | the table of kinds: names, scope, categories, columns, schema, strategy |
 //! | [`server`] | the HTTPS listener, connections, the request filters, graceful shutdown |
-//! | [`handlers`] | one handler per verb, discovery, OpenAPI, health; the router |
+//! | [`handlers`] | one handler per verb, discovery, OpenAPI, health; `Routes`, which sends each request to its handler |
 //! | [`auth`] | who is asking (authenticators) and what they may do (authorizers) |
 //! | [`request_info`] | what a request is about: resource, verb, query |
 //! | [`registry`] | per-kind strategies (defaults, validation, immutability, claims) and the generic flow |

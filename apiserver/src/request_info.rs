@@ -2,7 +2,7 @@
 //! (as kube-apiserver's `RequestInfoFactory`): a resource request (`/apis/<group>/<version>/
 //! [namespaces/<ns>/]<resource>[/<name>[/<subresource>]]`) with its Kubernetes verb, or a
 //! non-resource request (discovery, health, metrics). Authorization, limits, metrics and the
-//! span all read it; the router then dispatches on the same path.
+//! span all read it; the handlers are then chosen by it.
 
 use std::collections::HashMap;
 

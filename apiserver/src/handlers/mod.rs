@@ -1,4 +1,4 @@
-//! The HTTP handlers, one file per verb, and the router over the Kubernetes URL space. A handler
+//! The HTTP handlers, one file per verb, and `Routes` over the Kubernetes URL space. A handler
 //! parses its request (options, body) and calls the registry; every rule lives in the registry.
 //!
 //! | module | owns |

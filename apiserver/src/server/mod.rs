@@ -1,5 +1,5 @@
 //! The HTTPS server kubectl talks to (`kv-apiserver serve`): the PKI and kubeconfig files, the
-//! TLS listener, HTTP/1.1 and HTTP/2 connections into the application's router, and a graceful
+//! TLS listener, HTTP/1.1 and HTTP/2 connections into the application's pipeline, and a graceful
 //! shutdown.
 //!
 //! | module | owns |
