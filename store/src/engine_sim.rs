@@ -5,14 +5,17 @@
 //! miss ends reuse for that prompt, and every block from there is "computed" and stored.
 //!
 //! Environment (what injection gives an engine Pod, with our own names first):
-//! - `KVSTORE_LEADER` or `MOONCAKE_MASTER`: the leader, HOST:PORT (required);
+//! - `KVSTORE_LEADER` or `MOONCAKE_MASTER`: the leader, HOST:PORT; without one the engine runs
+//!   with no cache at all (every block is computed, nothing is stored);
 //! - `KVSTORE_TENANT` or `MOONCAKE_TENANT_ID`: the tenant (reuse domain), default `default`;
 //! - `KVSTORE_BLOCK_SIZE`: tokens per block (required);
 //! - `KVSTORE_DTYPE`: the KV dtype (required);
 //! - `KVSTORE_SESSIONS` (8), `KVSTORE_REQUESTS` per session (16), `KVSTORE_PREFIXES` (4 shared
 //!   system prompts), `KVSTORE_PREFIX_BLOCKS` (8), `KVSTORE_SUFFIX_BLOCKS` (4),
 //!   `KVSTORE_BLOCK_BYTES` (bytes stored per block, default 64Ki), `KVSTORE_ROUNDS` (1; 0 = run
-//!   until stopped, printing a line per round).
+//!   until stopped, printing a line per round), `KVSTORE_ROUND_PAUSE` (time between rounds,
+//!   default `0s`), `KVSTORE_AFTER_ROUNDS` (`exit`, the default, or `idle`: stay up, serving no
+//!   more requests, until stopped, as an engine without traffic).
 
 use std::collections::HashMap;
 
@@ -27,7 +30,8 @@ use kvcache_units::parse_bytes as parse_size;
 /// The simulator's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimConfig {
-    pub leader: String,
+    /// The leader, or none for an engine without a cache.
+    pub leader: Option<String>,
     pub scope: Scope,
     pub sessions: usize,
     pub requests: usize,
@@ -36,6 +40,10 @@ pub struct SimConfig {
     pub suffix_blocks: usize,
     pub block_bytes: u64,
     pub rounds: u64,
+    /// Time between rounds.
+    pub pause: std::time::Duration,
+    /// Stay up after the last round instead of exiting.
+    pub idle_after: bool,
 }
 
 impl SimConfig {
@@ -43,8 +51,7 @@ impl SimConfig {
     pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let bad = |m: String| StoreError::new(ErrorCode::InvalidArgument, m);
         let first = |names: &[&str]| names.iter().find_map(|n| get(n).filter(|v| !v.is_empty()));
-        let leader = first(&["KVSTORE_LEADER", "MOONCAKE_MASTER"])
-            .ok_or_else(|| bad("set KVSTORE_LEADER (or MOONCAKE_MASTER) to the leader's HOST:PORT".into()))?;
+        let leader = first(&["KVSTORE_LEADER", "MOONCAKE_MASTER"]);
         let tenant = first(&["KVSTORE_TENANT", "MOONCAKE_TENANT_ID"]).unwrap_or_else(|| "default".into());
         let block_size = first(&["KVSTORE_BLOCK_SIZE"])
             .ok_or_else(|| bad("set KVSTORE_BLOCK_SIZE to the domain's tokens per block".into()))?
@@ -65,6 +72,15 @@ impl SimConfig {
             None => 64 * 1024,
             Some(v) => parse_size(&v).map_err(|e| bad(format!("KVSTORE_BLOCK_BYTES: {e}")))?,
         };
+        let pause = match first(&["KVSTORE_ROUND_PAUSE"]) {
+            None => std::time::Duration::ZERO,
+            Some(v) => kvcache_units::parse_duration(&v).map_err(|e| bad(format!("KVSTORE_ROUND_PAUSE: {e}")))?,
+        };
+        let idle_after = match first(&["KVSTORE_AFTER_ROUNDS"]).as_deref() {
+            None | Some("exit") => false,
+            Some("idle") => true,
+            Some(other) => return Err(bad(format!("KVSTORE_AFTER_ROUNDS must be exit or idle, not {other:?}"))),
+        };
         if block_bytes == 0 {
             return Err(bad("KVSTORE_BLOCK_BYTES must be greater than 0".into()));
         }
@@ -82,6 +98,8 @@ impl SimConfig {
             suffix_blocks: num("KVSTORE_SUFFIX_BLOCKS", 4)? as usize,
             block_bytes,
             rounds: num("KVSTORE_ROUNDS", 1)?,
+            pause,
+            idle_after,
         })
     }
 }
@@ -146,7 +164,7 @@ fn prompt(cfg: &SimConfig, session: usize, request: usize, round: u64) -> Vec<u3
     tokens
 }
 
-async fn session(client: Client, cfg: SimConfig, id: usize, round: u64) -> Result<Report> {
+async fn session(client: Option<Client>, cfg: SimConfig, id: usize, round: u64) -> Result<Report> {
     let mut r = Report::default();
     for req in 0..cfg.requests {
         let keys = block_keys(&prompt(&cfg, id, req, round), cfg.scope.block_size as usize, &cfg.scope);
@@ -154,6 +172,10 @@ async fn session(client: Client, cfg: SimConfig, id: usize, round: u64) -> Resul
         let mut reusing = true;
         for key in keys {
             r.blocks += 1;
+            let Some(client) = client.as_ref() else {
+                // no cache: every block is computed
+                continue;
+            };
             if reusing && let Some(v) = client.get(&key).await? {
                 if v != block_value(&key, cfg.block_bytes) {
                     return Err(StoreError::new(
@@ -172,10 +194,11 @@ async fn session(client: Client, cfg: SimConfig, id: usize, round: u64) -> Resul
     Ok(r)
 }
 
-/// Runs one round of every session concurrently and sums their reports.
-pub async fn round(client: &Client, cfg: &SimConfig, round: u64) -> Result<Report> {
+/// Runs one round of every session concurrently and sums their reports (`client` is `None` for
+/// an engine without a cache).
+pub async fn round(client: Option<&Client>, cfg: &SimConfig, round: u64) -> Result<Report> {
     let tasks: Vec<_> = (0..cfg.sessions)
-        .map(|i| tokio::spawn(session(client.clone(), cfg.clone(), i, round)))
+        .map(|i| tokio::spawn(session(client.cloned(), cfg.clone(), i, round)))
         .collect();
     let mut total = Report {
         tenant: cfg.scope.tenant.clone(),
@@ -231,11 +254,27 @@ mod tests {
             ("KVSTORE_BLOCK_BYTES", "4Ki"),
         ]))
         .unwrap();
-        assert_eq!(cfg.leader, "127.0.0.1:1");
+        assert_eq!(cfg.leader.as_deref(), Some("127.0.0.1:1"));
         assert_eq!(cfg.scope.tenant, "qwen");
         assert_eq!(cfg.block_bytes, 4096);
         let err = SimConfig::from_env(env(&[("KVSTORE_LEADER", "x:1")])).unwrap_err();
         assert!(err.message.contains("KVSTORE_BLOCK_SIZE"), "{err}");
+        let alone = SimConfig::from_env(env(&[("KVSTORE_BLOCK_SIZE", "16"), ("KVSTORE_DTYPE", "fp8")])).unwrap();
+        assert_eq!(alone.leader, None, "no leader: an engine without a cache");
+        let err = SimConfig::from_env(env(&[
+            ("KVSTORE_BLOCK_SIZE", "16"),
+            ("KVSTORE_DTYPE", "fp8"),
+            ("KVSTORE_ROUND_PAUSE", "soon"),
+        ]))
+        .unwrap_err();
+        assert!(err.message.contains("KVSTORE_ROUND_PAUSE"), "{err}");
+        let err = SimConfig::from_env(env(&[
+            ("KVSTORE_BLOCK_SIZE", "16"),
+            ("KVSTORE_DTYPE", "fp8"),
+            ("KVSTORE_AFTER_ROUNDS", "linger"),
+        ]))
+        .unwrap_err();
+        assert!(err.message.contains("exit or idle"), "{err}");
     }
 
     #[test]
@@ -256,7 +295,7 @@ mod tests {
         };
         assert_ne!(block_keys(&[1, 2, 3, 4], 4, &other)[0], a[0]);
         let cfg = SimConfig {
-            leader: String::new(),
+            leader: None,
             scope,
             sessions: 4,
             requests: 4,
@@ -265,6 +304,8 @@ mod tests {
             suffix_blocks: 1,
             block_bytes: 8,
             rounds: 1,
+            pause: std::time::Duration::ZERO,
+            idle_after: false,
         };
         let keys = distinct_keys(&cfg);
         assert_eq!(

@@ -23,6 +23,10 @@ use tokio_util::sync::CancellationToken;
     about = "The KV-cache store: leader, member, bench, engine simulator"
 )]
 struct Cli {
+    /// Stop (gracefully, then at once after 10 s) when standard input closes: a supervisor holds
+    /// the other end of a pipe, so the process never outlives it, even after `kill -9`.
+    #[arg(long, global = true)]
+    exit_with_stdin: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -59,7 +63,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage(&e),
     };
-    match runtime().and_then(|rt| rt.block_on(run(cli.command))) {
+    match runtime().and_then(|rt| rt.block_on(run(cli.command, cli.exit_with_stdin))) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // one line: the message and its causes, joined by ": "
@@ -109,8 +113,9 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     rt.context("starting the async runtime")
 }
 
-/// A token that fires on SIGINT or SIGTERM.
-fn stop_on_signal() -> Result<CancellationToken> {
+/// A token that fires on SIGINT or SIGTERM, and, with `--exit-with-stdin`, when standard input
+/// closes. A process that has not stopped 10 s after its stdin closed exits at once.
+fn stop_on_signal(exit_with_stdin: bool) -> Result<CancellationToken> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
@@ -124,39 +129,73 @@ fn stop_on_signal() -> Result<CancellationToken> {
         tracing::info!(signal = name, "stopping");
         fire.cancel();
     });
+    if exit_with_stdin {
+        watch_stdin(cancel.clone());
+    }
     Ok(cancel)
+}
+
+/// Fires `cancel` when standard input reaches its end (the supervisor is gone), on a plain thread
+/// so that it never holds the runtime open.
+fn watch_stdin(cancel: CancellationToken) {
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        tracing::info!("standard input closed: the supervisor is gone; stopping");
+        cancel.cancel();
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        // The graceful stop had 10 s; a store process keeps nothing on disk, so nothing is cut
+        // short by leaving now, and an orphan that hangs must not outlive its supervisor.
+        #[allow(clippy::disallowed_methods)]
+        std::process::exit(1);
+    });
 }
 
 fn announce(fields: serde_json::Value) {
     println!("{fields}");
 }
 
+/// One JSON line on stdout at every readiness change (`{"event":"readiness","state":"serving"}`),
+/// so a supervisor learns at once that a member mounted or a leader serves.
+fn announce_readiness(role: &'static str, mut rx: tokio::sync::watch::Receiver<kvcache_store::readiness::Readiness>) {
+    tokio::spawn(async move {
+        loop {
+            let state = *rx.borrow_and_update();
+            announce(serde_json::json!({"event": "readiness", "role": role, "state": state.as_str()}));
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
 fn status(s: tonic::Status) -> StoreError {
     StoreError::from_status(&s)
 }
 
-async fn run(command: Command) -> Result<()> {
+async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
     match command {
         Command::Leader(cfg) => {
             let leader = Leader::new(cfg.clone())?;
             let listeners = LeaderListeners::bind(&cfg).await?;
             let a = listeners.addrs();
-            let cancel = stop_on_signal()?;
+            let cancel = stop_on_signal(exit_with_stdin)?;
             announce(
                 serde_json::json!({"event": "listening", "role": "leader", "grpc": a.grpc.to_string(),
                 "fast": a.fast.map(|m| m.to_string()), "metrics": a.metrics.map(|m| m.to_string())}),
             );
+            announce_readiness("leader", leader.readiness().subscribe());
             leader.serve(listeners, Registry::default(), cancel).await?;
             Ok(())
         }
         Command::Member(cfg) => {
             let member = Member::bind(cfg).await?;
             let a = member.addrs();
-            let cancel = stop_on_signal()?;
+            let cancel = stop_on_signal(exit_with_stdin)?;
             announce(
                 serde_json::json!({"event": "listening", "role": "member", "grpc": a.grpc.to_string(),
                 "data": a.data.to_string(), "metrics": a.metrics.map(|m| m.to_string())}),
             );
+            announce_readiness("member", member.readiness().subscribe());
             member.serve(Registry::default(), cancel).await?;
             Ok(())
         }
@@ -184,14 +223,25 @@ async fn run(command: Command) -> Result<()> {
         }
         Command::EngineSim => {
             let cfg = SimConfig::from_env(|k| std::env::var(k).ok())?;
-            let client = Client::connect(&cfg.leader, cfg.scope.clone()).await?;
+            let cancel = stop_on_signal(exit_with_stdin)?;
+            let client = match &cfg.leader {
+                Some(leader) => Some(Client::connect(leader, cfg.scope.clone()).await?),
+                None => None,
+            };
             let mut round = 0;
             loop {
-                let report = engine_sim::round(&client, &cfg, round).await?;
+                let report = engine_sim::round(client.as_ref(), &cfg, round).await?;
                 println!("{}", serde_json::to_string(&report)?);
                 round += 1;
                 if cfg.rounds != 0 && round >= cfg.rounds {
+                    if cfg.idle_after {
+                        cancel.cancelled().await;
+                    }
                     return Ok(());
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(cfg.pause) => {}
+                    () = cancel.cancelled() => return Ok(()),
                 }
             }
         }

@@ -113,6 +113,25 @@ impl State {
         dead.len()
     }
 
+    /// Drops the member mounted under `name` (its process ended); returns whether one was.
+    pub fn remove_member(&mut self, name: &str) -> bool {
+        let ids: Vec<u64> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.name == name)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            tracing::warn!(
+                member_id = id,
+                name,
+                "member process ended (its supervisor says so), unmounting"
+            );
+            self.unmount(*id);
+        }
+        !ids.is_empty()
+    }
+
     /// Drops a member and every object whose bytes it held.
     pub(super) fn unmount(&mut self, id: u64) {
         let Some(member) = self.members.remove(&id) else { return };

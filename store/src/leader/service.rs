@@ -120,6 +120,12 @@ impl Control for Leader {
         })))
     }
 
+    async fn remove_member(&self, req: Request<RemoveMemberRequest>) -> Reply<RemoveMemberResponse> {
+        let name = req.into_inner().name;
+        let removed = self.with(|s| s.remove_member(&name));
+        Ok(Response::new(RemoveMemberResponse { removed }))
+    }
+
     async fn health(&self, _req: Request<HealthRequest>) -> Reply<HealthResponse> {
         let serving = self.readiness().is_serving();
         Ok(Response::new(self.with(|s| HealthResponse {

@@ -195,6 +195,27 @@ fn a_silent_member_loses_its_objects_and_a_remount_starts_empty() {
 }
 
 #[test]
+fn a_member_its_supervisor_saw_end_is_dropped_at_once() {
+    let (mut s, t0) = state(LeaderConfig::default());
+    s.set_tenants(&[entry("t", 64 * MIB)]).unwrap();
+    mount(&mut s, "a", 8 * MIB, t0);
+    mount(&mut s, "b", 8 * MIB, t0);
+    put(&mut s, "t", "k", MIB, t0).unwrap();
+    assert_eq!(s.capacity(), 16 * MIB);
+    assert!(s.remove_member("b"));
+    assert_eq!(
+        s.capacity(),
+        8 * MIB,
+        "its capacity is gone without waiting for the TTL"
+    );
+    assert_eq!(s.tenant_statuses()[0].grant, 8 * MIB);
+    assert!(!s.remove_member("nobody"));
+    // the same name mounts again at once (a new instance), and starts empty
+    assert!(s.mount(&mount_req("b", 8 * MIB, 99), t0).is_ok());
+    assert_eq!(s.capacity(), 16 * MIB);
+}
+
+#[test]
 fn placement_spreads_by_free_ratio_and_reports_no_space() {
     let (mut s, t0) = state(LeaderConfig::default());
     s.set_tenants(&[entry("t", 64 * MIB)]).unwrap();

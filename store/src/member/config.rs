@@ -40,7 +40,7 @@ pub struct MemberConfig {
     /// Largest value accepted over gRPC.
     #[arg(long, default_value = "64Mi", value_parser = flags::parse_size)]
     pub max_value_size: u64,
-    /// Skip touching every page of the segment at start.
+    /// Claim the segment's memory as it is written, instead of faulting every page in at start.
     #[arg(long)]
     pub no_prefault: bool,
     /// Keep polling this long after a request instead of sleeping (store/README.md,

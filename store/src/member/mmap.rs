@@ -32,8 +32,9 @@ unsafe impl Sync for SharedMap {}
 
 impl SharedMap {
     /// Creates a file of `len` bytes in `dir` (normally `/dev/shm`), maps it, and unlinks it so the
-    /// memory goes back to the system when the process ends, however it ends.
-    pub fn create(dir: &Path, len: u64) -> std::io::Result<Self> {
+    /// memory goes back to the system when the process ends, however it ends. With `populate`
+    /// every page is faulted in now; without, memory is claimed as it is written.
+    pub fn create(dir: &Path, len: u64, populate: bool) -> std::io::Result<Self> {
         let path = dir.join(format!(
             "kvstore-segment-{}-{}",
             std::process::id(),
@@ -44,11 +45,16 @@ impl SharedMap {
         // point from here on leaves nothing in the directory; the descriptor keeps the memory.
         std::fs::remove_file(&path)?;
         file.set_len(len)?;
-        // The whole segment is faulted in now (MAP_POPULATE): capacity is memory the member
-        // commits up front, and no write then pays a page fault (plus zeroing) per 4 KiB.
+        // With `populate` the whole segment is faulted in now (MAP_POPULATE): capacity is memory
+        // the member commits up front, and no write then pays a page fault (plus zeroing) per
+        // 4 KiB. Without it (`--no-prefault`) pages are claimed as they are first written.
+        let mut options = MmapOptions::new();
+        if populate {
+            options.populate();
+        }
         // SAFETY: the file was created by us under a unique name and unlinked before this line,
         // so no other process can open it to truncate or write it behind the mapping.
-        let mut map = unsafe { MmapOptions::new().populate().map_mut(&file) }?;
+        let mut map = unsafe { options.map_mut(&file) }?;
         let ptr = map.as_mut_ptr();
         Ok(Self {
             _map: map,
@@ -173,14 +179,14 @@ mod tests {
     #[test]
     fn ranges_exclude_writers() {
         let dir = tempfile::tempdir().unwrap();
-        let m = SharedMap::create(dir.path(), 1 << 16).unwrap();
+        let m = SharedMap::create(dir.path(), 1 << 16, true).unwrap();
         assert_eq!(
             std::fs::read_dir(dir.path()).unwrap().count(),
             0,
             "the file is unlinked"
         );
         // a segment that cannot be sized leaves nothing behind either
-        assert!(SharedMap::create(dir.path(), u64::MAX).is_err());
+        assert!(SharedMap::create(dir.path(), u64::MAX, false).is_err());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         let mut w = m.write_range(0, 100).unwrap();
         w.bytes_mut().fill(7);

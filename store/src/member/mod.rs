@@ -62,7 +62,7 @@ impl Member {
     /// the gRPC, data and metrics listeners.
     pub async fn bind(cfg: MemberConfig) -> Result<Self, ServeError> {
         cfg.validate()?;
-        let map = mmap::SharedMap::create(&cfg.shm_dir, cfg.capacity).map_err(|e| {
+        let map = mmap::SharedMap::create(&cfg.shm_dir, cfg.capacity, !cfg.no_prefault).map_err(|e| {
             StoreError::new(
                 ErrorCode::Internal,
                 format!(
