@@ -296,6 +296,9 @@ pub mod backend {
             MEMBER_CRASH_LOOPING = "MemberCrashLooping",
             MEMBER_INIT_CRASH_LOOPING = "MemberInitCrashLooping",
             SEGMENT_LISTING_NOT_SERVED = "SegmentListingNotServed",
+            /// The members would need more memory than the machine has (local runtime): they
+            /// are not started.
+            INSUFFICIENT_MEMORY = "InsufficientMemory",
         }
     );
     condition!(

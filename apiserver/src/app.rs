@@ -15,10 +15,13 @@ use crate::auth::policy::StaticPolicy;
 use crate::auth::x509::X509;
 use crate::auth::{Authorizer, Chain, ConnectionInfo, InProcess, NoTokens, User};
 use crate::config::Config;
+use crate::controller;
 use crate::handlers::{self, Api};
 use crate::kinds::KINDS;
 use crate::metrics::ApiMetrics;
 use crate::registry::{Context, Registry};
+use crate::runtime::Runtime;
+use crate::runtime::local::{LocalOptions, LocalRuntime};
 use crate::server::filters::{self, Filters, Pipeline};
 use crate::storage::embedded::{Embedded, Options as EmbeddedOptions};
 use crate::storage::metrics::{ResourceLabel, StorageMetrics};
@@ -64,6 +67,22 @@ pub struct AppOptions {
     /// Reads (get, list) and writes served at once before 429, watches apart.
     pub max_reads_in_flight: usize,
     pub max_writes_in_flight: usize,
+    /// The controllers and where their workloads run; `None` serves the API alone.
+    pub controllers: Option<ControllerSetup>,
+}
+
+/// The controllers' settings and their runtime.
+#[derive(Debug, Clone)]
+pub struct ControllerSetup {
+    pub options: controller::Options,
+    pub runtime: RuntimeChoice,
+}
+
+/// Where the controllers run the store and the replicas.
+#[derive(Debug, Clone)]
+pub enum RuntimeChoice {
+    /// Child processes on this machine.
+    Local(LocalOptions),
 }
 
 impl AppOptions {
@@ -78,6 +97,7 @@ impl AppOptions {
             object_count_interval: Duration::from_secs(10),
             max_reads_in_flight: filters::MAX_READS_IN_FLIGHT,
             max_writes_in_flight: filters::MAX_WRITES_IN_FLIGHT,
+            controllers: None,
         }
     }
 }
@@ -102,6 +122,8 @@ pub struct App {
     object_count_interval: Duration,
     pipeline: Pipeline,
     shutdown: tokio::sync::watch::Sender<bool>,
+    controller_metrics: controller::Metrics,
+    controllers: Option<(controller::Options, Arc<dyn Runtime>)>,
 }
 
 impl std::fmt::Debug for App {
@@ -116,6 +138,7 @@ impl App {
         let mut metrics_registry = prometheus_client::registry::Registry::default();
         let metrics = ApiMetrics::register(&mut metrics_registry);
         let storage_metrics = StorageMetrics::register(&mut metrics_registry);
+        let controller_metrics = controller::Metrics::register(&mut metrics_registry);
         let hub = Arc::new(Hub::new(opts.watch_history.max(1), opts.watch_queue.max(1)));
         let storage: Arc<dyn Storage> = match opts.storage {
             StorageChoice::Embedded => {
@@ -130,6 +153,14 @@ impl App {
                 )
             }
         };
+        let controllers = opts.controllers.map(|c| {
+            let mut options = c.options;
+            options.dtype_owned = opts.config.settings.model_deployment_kv_cache_dtype_owned;
+            let runtime: Arc<dyn Runtime> = match c.runtime {
+                RuntimeChoice::Local(local) => Arc::new(LocalRuntime::new(local)),
+            };
+            (options, runtime)
+        });
         let registry = Arc::new(Registry::new(
             storage.clone(),
             Context {
@@ -172,6 +203,8 @@ impl App {
             object_count_interval: opts.object_count_interval,
             pipeline,
             shutdown,
+            controller_metrics,
+            controllers,
         })
     }
 
@@ -191,8 +224,19 @@ impl App {
         }
     }
 
-    /// Starts the background work: the objects-per-kind metric. The controllers will start here.
+    /// Starts the background work: the objects-per-kind metric, and the controllers (acting as
+    /// `system:kvcache-controller` through the request pipeline in this process).
     pub fn start(&self) {
+        if let Some((options, runtime)) = &self.controllers {
+            let user = User::new(controller::CONTROLLER_USER, &["system:authenticated"]);
+            let ctx = Arc::new(controller::Context {
+                client: kube::Client::new(self.in_process(user), "default"),
+                runtime: runtime.clone(),
+                opts: options.clone(),
+                metrics: self.controller_metrics.clone(),
+            });
+            tokio::spawn(controller::run(ctx, self.shutdown.subscribe()));
+        }
         let storage = self.storage.clone();
         let objects = self.storage_metrics.objects.clone();
         let interval = self.object_count_interval.max(Duration::from_millis(100));
@@ -227,6 +271,13 @@ impl App {
     pub fn shut_down(&self) {
         self.set_unready();
         let _ = self.shutdown.send(true);
+    }
+
+    /// Stops every process the runtime runs (after [`App::shut_down`], at server exit).
+    pub async fn stop_workloads(&self) {
+        if let Some((_, runtime)) = &self.controllers {
+            runtime.shutdown().await;
+        }
     }
 }
 

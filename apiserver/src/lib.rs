@@ -19,12 +19,15 @@
 //! | [`metrics`] | the API's Prometheus metrics, with bounded labels |
 //! | [`discovery`], [`openapi`] | the documents clients learn the API from |
 //! | [`table`], [`selectors`], [`negotiate`] | `kubectl get` tables, label and field selectors, `Accept` |
+//! | [`controller`] | one reconcile per kind: run the store and the replicas, report what they do |
+//! | [`runtime`] | where the store's processes and the replicas run (`local`: child processes) |
 //! | [`config`] | server configuration read by admission (settings, instance types) |
 //! | [`manifest`] | applying multi-document YAML manifests through the registry (the CLI's `apply`) |
 
 pub mod app;
 pub mod auth;
 pub mod config;
+pub mod controller;
 pub mod decode;
 pub mod discovery;
 pub mod handlers;
@@ -35,6 +38,7 @@ pub mod negotiate;
 pub mod openapi;
 pub mod registry;
 pub mod request_info;
+pub mod runtime;
 pub mod selectors;
 pub mod server;
 pub mod status;

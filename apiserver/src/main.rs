@@ -7,13 +7,16 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use kvcache_apiserver::app::{App, AppOptions, StorageChoice};
+use kvcache_apiserver::app::{App, AppOptions, ControllerSetup, RuntimeChoice, StorageChoice};
 use kvcache_apiserver::config::Config;
+use kvcache_apiserver::controller;
 use kvcache_apiserver::kinds::{self, KindEntry};
 use kvcache_apiserver::manifest::{self, ApplyError};
 use kvcache_apiserver::registry::RegistryError;
 use kvcache_apiserver::registry::dynamic::ListParams;
 use kvcache_apiserver::registry::generic::DeleteOptions;
+use kvcache_apiserver::runtime::Node;
+use kvcache_apiserver::runtime::local::LocalOptions;
 use kvcache_apiserver::server::{self, ServeOptions};
 use kvcache_units::parse_duration;
 
@@ -52,6 +55,24 @@ enum Command {
         /// How long to keep serving (with /readyz failing) after SIGTERM (`5s`; a bare number is seconds).
         #[arg(long, default_value = "0s", value_parser = parse_duration)]
         shutdown_delay: Duration,
+        /// Run the controllers (`--controllers=false` serves the API alone: objects are stored and
+        /// nothing runs).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        controllers: bool,
+        /// Where the controllers run the store and the replicas: `local` (child processes on this
+        /// machine).
+        #[arg(long, default_value = "local", value_parser = parse_runtime)]
+        runtime: String,
+        /// The stand-in nodes of the local runtime, comma-separated; each is labelled
+        /// kubernetes.io/hostname=<name> and kubernetes.io/os=linux.
+        #[arg(long, default_value = "local-0,local-1", value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// Time between the controllers' passes over a settled object.
+        #[arg(long, default_value = "15s", value_parser = parse_duration)]
+        requeue_interval: Duration,
+        /// The `kv-store` binary the local runtime starts (default: next to this one).
+        #[arg(long)]
+        store_binary: Option<PathBuf>,
     },
     /// Creates or updates the objects in manifest files (a file or a directory of .yaml files).
     Apply {
@@ -84,6 +105,15 @@ enum Command {
     },
 }
 
+/// `local`; the Kubernetes runtime is refused until it exists.
+fn parse_runtime(s: &str) -> Result<String, String> {
+    match s {
+        "local" => Ok(s.to_owned()),
+        "kubernetes" => Err("the kubernetes runtime is not supported yet; use --runtime local".into()),
+        other => Err(format!("{other:?} is not a runtime; use local")),
+    }
+}
+
 /// The server allocates and frees many small buffers per request (JSON values, headers,
 /// field sets); mimalloc's thread-local free lists make that markedly cheaper than glibc's.
 #[global_allocator]
@@ -110,10 +140,39 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         watch_bookmark_interval,
         watch_history,
         shutdown_delay,
+        controllers,
+        runtime: _,
+        nodes,
+        requeue_interval,
+        store_binary,
     } = cli.command
     {
         opts.watch_history = watch_history;
         opts.bookmark_interval = watch_bookmark_interval;
+        if controllers {
+            let mut local = LocalOptions::new(&cli.data_dir);
+            local.nodes = nodes
+                .iter()
+                .filter(|n| !n.is_empty())
+                .map(|n| Node::stand_in(n))
+                .collect();
+            if let Some(bin) = store_binary {
+                local.store_binary = bin;
+            }
+            if !local.store_binary.exists() {
+                bail!(
+                    "the local runtime starts {} and it is not there; build it (cargo build --release -p kvcache-store) or pass --store-binary",
+                    local.store_binary.display()
+                );
+            }
+            opts.controllers = Some(ControllerSetup {
+                options: controller::Options {
+                    requeue: requeue_interval.max(Duration::from_millis(100)),
+                    ..controller::Options::default()
+                },
+                runtime: RuntimeChoice::Local(local),
+            });
+        }
         let app = App::build(opts)?;
         let serve = ServeOptions {
             listen,

@@ -53,7 +53,13 @@ pub fn server_binary() -> PathBuf {
 }
 
 impl Server {
+    /// The API alone (`--controllers=false`): objects are stored and nothing runs.
     pub fn start() -> Server {
+        Server::start_with(&["--controllers=false"])
+    }
+
+    /// The server with `extra` flags.
+    pub fn start_with(extra: &[&str]) -> Server {
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("temp dir");
             let port = free_port();
@@ -67,6 +73,7 @@ impl Server {
                     "--watch-history",
                     "100",
                 ])
+                .args(extra)
                 .arg("--data-dir")
                 .arg(dir.path())
                 .stdout(Stdio::null())

@@ -1,4 +1,5 @@
-//! The direct-mode authorization policy: `system:masters` may do everything, `gpustack:viewers`
+//! The direct-mode authorization policy: `system:masters` may do everything, the controllers
+//! (`system:kvcache-controller`) may do everything with our group's resources, `gpustack:viewers`
 //! may get, list and watch our resources, any authenticated user may read discovery, OpenAPI,
 //! `/version` and `/metrics`, and anyone (the anonymous user included) may read the public health
 //! and version paths. In a cluster, a SubjectAccessReview authorizer takes its place.
@@ -28,6 +29,13 @@ impl Authorizer for StaticPolicy {
     async fn authorize(&self, attrs: &Attributes) -> Decision {
         let user = &attrs.user;
         if user.in_group("system:masters") {
+            return Decision::Allow;
+        }
+        // The controllers write every kind of ours, their status and finalizers included.
+        if user.name == crate::controller::CONTROLLER_USER
+            && let Target::Resource(r) = &attrs.target
+            && r.group == kvcache_api::GROUP
+        {
             return Decision::Allow;
         }
         let reads = matches!(attrs.verb.as_str(), "get" | "head");

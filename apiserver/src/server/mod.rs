@@ -210,5 +210,6 @@ pub async fn serve(
     {
         tracing::warn!("connections still open after the drain timeout; closing them");
     }
+    app.stop_workloads().await;
     Ok(())
 }

@@ -1,0 +1,583 @@
+//! The backend controller: runs a managed backend's leader and one member per matching node per
+//! group through the runtime, and reports what the leader says (`backend.md` §3, with our store's
+//! Control API in place of the reference's HTTP admin port): endpoints, capacity, members, the
+//! conditions LeaderAvailable, CapacityObserved, MembersMounted, PoolWrites and Deletable, and
+//! the phase by the precedence of §3.1. Deletion waits while a pool names the backend.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kube::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kvcache_api::backend::{BackendSpec, BackendStatus, Capacity, Endpoint, EndpointName, MemberStatus};
+use kvcache_api::common::UsedBy;
+use kvcache_api::conditions::backend::{capacity_observed, deletable, leader_available, members_mounted, pool_writes};
+use kvcache_api::conditions::{self, BackendPhase, ConditionStatus, Observation};
+use kvcache_api::{KVCacheBackend, KVCachePool, Quantity};
+use kvcache_store::leader::{LeaderConfig, Strategy};
+use kvcache_store::member::MemberConfig;
+
+use super::leader::{self, LeaderView};
+use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
+use super::{Context, KindLabel, Result};
+use crate::runtime::{MemberPlan, Node, StoreObservation, StorePlan};
+
+const KIND: &str = "KVCacheBackend";
+/// Names listed in a message before "and N more".
+const MAX_NAMES: usize = 20;
+
+/// A pool event wakes the backend it names.
+pub fn for_pool(pool: KVCachePool) -> Option<ObjectRef<KVCacheBackend>> {
+    pool.spec.backend().map(ObjectRef::new)
+}
+
+pub fn error_policy(_: Arc<KVCacheBackend>, error: &super::Error, ctx: Arc<Context>) -> Action {
+    super::retry(KIND, error, &ctx)
+}
+
+pub async fn reconcile(obj: Arc<KVCacheBackend>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconciles.get_or_create(&KindLabel { kind: KIND }).inc();
+    let api: Api<KVCacheBackend> = Api::all(ctx.client.clone());
+    let pools: Api<KVCachePool> = Api::all(ctx.client.clone());
+    let name = obj.name().to_owned();
+    let consumers: Vec<UsedBy> = pools
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.spec.backend() == Some(name.as_str()))
+        .map(|p| UsedBy {
+            kind: "KVCachePool".into(),
+            namespace: String::new(),
+            name: p.name().to_owned(),
+        })
+        .collect();
+    let deleting = obj.metadata.deletion_timestamp.is_some();
+    if deleting && !has_finalizer(&obj) {
+        return Ok(Action::await_change());
+    }
+    if deleting && consumers.is_empty() {
+        // Nothing holds it: stop its processes, then let it go.
+        if ctx.runtime.remove_store(&name).await {
+            remove_finalizer(&api, &obj).await?;
+            return Ok(Action::await_change());
+        }
+        return Ok(Action::requeue(std::time::Duration::from_secs(2)));
+    }
+    if !deleting && add_finalizer(&api, &obj).await? {
+        return Ok(Action::await_change());
+    }
+    let mut st = observe(&obj, &ctx).await;
+    st.used_by = consumers;
+    let now = status::now();
+    let generation = obj.metadata.generation;
+    let held = deletable_observation(&st.used_by).generation(generation);
+    let held_message = held.message.clone();
+    conditions::set(&mut st.conditions, held, &now);
+    if deleting {
+        st.phase = Some(BackendPhase::Deleting);
+        st.phase_message = Some(held_message);
+    }
+    status::write(&api, &obj, st, &ctx).await?;
+    Ok(Action::requeue(ctx.opts.requeue))
+}
+
+fn deletable_observation(used_by: &[UsedBy]) -> Observation {
+    if used_by.is_empty() {
+        return Observation::new(
+            deletable::TYPE,
+            ConditionStatus::True,
+            deletable::UNUSED,
+            "no pool names this backend",
+        );
+    }
+    let names: Vec<String> = used_by.iter().map(|u| format!("{}/{}", u.kind, u.name)).collect();
+    Observation::new(
+        deletable::TYPE,
+        ConditionStatus::False,
+        deletable::IN_USE,
+        format!(
+            "in use by {}; delete those first, then this backend's deletion completes",
+            list(&names)
+        ),
+    )
+}
+
+/// `a, b and 3 more`.
+pub fn list(names: &[String]) -> String {
+    let shown = names.iter().take(MAX_NAMES).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > MAX_NAMES {
+        format!("{shown} and {} more", names.len() - MAX_NAMES)
+    } else {
+        shown
+    }
+}
+
+/// What should run for a managed backend on these nodes, and the groups that match no node.
+pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan, Vec<String>)> {
+    let managed = spec.managed()?;
+    let leader_spec = managed.leader.clone().unwrap_or_default();
+    let mut leader = LeaderConfig {
+        multi_tenancy: leader_spec.multi_tenancy.unwrap_or(true),
+        ..LeaderConfig::default()
+    };
+    leader.allocation_strategy = match leader_spec.allocation_strategy {
+        Some(kvcache_api::backend::AllocationStrategy::Random) => Strategy::Random,
+        _ => Strategy::FreeRatioFirst,
+    };
+    let leader = with_extra_args(leader.to_args(), &leader_spec.extra_args, LeaderConfig::parse_args).unwrap_or(leader);
+    let mut members = Vec::new();
+    let mut unmatched = Vec::new();
+    for (i, group) in managed.members.iter().enumerate() {
+        let selector = group.node_selector.clone().unwrap_or_default();
+        let capacity = group
+            .capacity_per_member
+            .as_ref()
+            .and_then(|q| kvcache_units::parse_bytes(q.as_str()).ok())
+            .unwrap_or(0);
+        let matching: Vec<&Node> = nodes.iter().filter(|n| n.matches(&selector)).collect();
+        if matching.is_empty() {
+            unmatched.push(format!("members[{i}].nodeSelector {}", selector_text(&selector)));
+        }
+        for node in matching {
+            let base = MemberConfig::new(String::from("127.0.0.1:1"), capacity);
+            let config = with_extra_args(base.to_args(), &group.extra_args, MemberConfig::parse_args).unwrap_or(base);
+            members.push(MemberPlan {
+                group: i,
+                node: node.name.clone(),
+                config,
+            });
+        }
+    }
+    Some((
+        StorePlan {
+            backend: name.to_owned(),
+            leader,
+            members,
+        },
+        unmatched,
+    ))
+}
+
+fn selector_text(selector: &BTreeMap<String, String>) -> String {
+    let pairs: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{{{}}}", pairs.join(","))
+}
+
+/// `base` (every flag, as `to_args` writes them) with the flags `extra` names replaced by
+/// `extra`'s values, parsed back into a config. Admission already checked `extra` against the
+/// store's flags; what still fails to parse leaves the config as it was.
+fn with_extra_args<C>(
+    base: Vec<String>,
+    extra: &[String],
+    parse: fn(Vec<String>) -> Result<C, clap::Error>,
+) -> Option<C> {
+    if extra.is_empty() {
+        return None;
+    }
+    let named: Vec<String> = extra
+        .iter()
+        .filter_map(|a| a.strip_prefix("--"))
+        .map(|a| a.split('=').next().unwrap_or(a).to_owned())
+        .collect();
+    let mut out = Vec::new();
+    let mut skip_value = false;
+    for a in base {
+        if skip_value {
+            skip_value = false;
+            if !a.starts_with("--") {
+                continue;
+            }
+        }
+        if let Some(flag) = a.strip_prefix("--")
+            && named.iter().any(|n| n == flag.split('=').next().unwrap_or(flag))
+        {
+            skip_value = !flag.contains('=');
+            continue;
+        }
+        out.push(a);
+    }
+    out.extend(extra.iter().cloned());
+    parse(out).ok()
+}
+
+/// One observation pass: run the workloads (managed), read the leader, build the status.
+async fn observe(obj: &KVCacheBackend, ctx: &Context) -> BackendStatus {
+    let prev = obj.status.clone().unwrap_or_default();
+    let generation = obj.metadata.generation;
+    let now = status::now();
+    let mut st = BackendStatus {
+        conditions: prev.conditions.clone(),
+        ..BackendStatus::default()
+    };
+    let mut set = |st: &mut BackendStatus, o: Observation| {
+        conditions::set(&mut st.conditions, o.generation(generation), &now);
+    };
+    let nodes = ctx.runtime.nodes();
+    let planned = plan(obj.name(), &obj.spec, &nodes);
+    let mut observed: Option<(StorePlan, Vec<String>, StoreObservation)> = None;
+    if let Some((plan, unmatched)) = planned {
+        let obs = ctx.runtime.ensure_store(&plan).await;
+        if let Some(addr) = &obs.client_endpoint {
+            st.endpoints = vec![
+                Endpoint {
+                    name: Some(EndpointName::Client),
+                    address: addr.clone(),
+                },
+                Endpoint {
+                    name: Some(EndpointName::Admin),
+                    address: addr.clone(),
+                },
+            ];
+        }
+        observed = Some((plan, unmatched, obs));
+    } else if let Some(ext) = obj.spec.external() {
+        st.endpoints = ext.endpoints.clone();
+    }
+    let admin = st
+        .endpoints
+        .iter()
+        .find(|e| e.name == Some(EndpointName::Admin))
+        .map(|e| e.address.clone());
+    let Some(admin) = admin else {
+        let msg = "no Admin endpoint is published yet";
+        fail_leader(
+            &mut st,
+            &mut set,
+            leader_available::NO_ADMIN_ENDPOINT.as_str(),
+            msg,
+            &prev,
+        );
+        st.phase = Some(BackendPhase::Error);
+        st.phase_message = Some(msg.into());
+        return st;
+    };
+    let view = match leader::observe(&admin, ctx.opts.leader_timeout).await {
+        Ok(v) if v.health.serving => v,
+        Ok(v) => {
+            let msg = format!(
+                "the leader at {admin} answers but does not serve (role {:?}); it is starting or a standby",
+                v.health.role
+            );
+            fail_leader(
+                &mut st,
+                &mut set,
+                leader_available::SERVICE_PLANE_NOT_ACTIVE.as_str(),
+                &msg,
+                &prev,
+            );
+            st.phase = Some(BackendPhase::Provisioning);
+            st.phase_message = Some(msg);
+            return st;
+        }
+        Err(e) => {
+            let (reason, msg) = match &observed {
+                Some((_, _, obs)) => leader_fault(obs, &e.0),
+                None => (leader_available::LEADER_UNREACHABLE.as_str().to_owned(), e.0.clone()),
+            };
+            fail_leader(&mut st, &mut set, &reason, &msg, &prev);
+            let starting = reason == leader_available::LEADER_STARTING.as_str();
+            st.phase = Some(if starting {
+                BackendPhase::Provisioning
+            } else {
+                BackendPhase::Error
+            });
+            st.phase_message = Some(msg);
+            return st;
+        }
+    };
+    set(
+        &mut st,
+        Observation::new(
+            leader_available::TYPE,
+            ConditionStatus::True,
+            leader_available::SERVING,
+            format!("the leader at {admin} serves (role {})", view.health.role),
+        ),
+    );
+    st.capacity = Some(Capacity {
+        total: Some(bytes(view.health.capacity)),
+        used: Some(bytes(view.health.used)),
+    });
+    set(
+        &mut st,
+        Observation::new(
+            capacity_observed::TYPE,
+            ConditionStatus::True,
+            capacity_observed::OBSERVED,
+            format!(
+                "the leader reports {} of capacity, {} used",
+                kvcache_units::format_bytes(i64::try_from(view.health.capacity).unwrap_or(i64::MAX)),
+                kvcache_units::format_bytes(i64::try_from(view.health.used).unwrap_or(i64::MAX))
+            ),
+        ),
+    );
+    st.members = member_rows(obj, &view, observed.as_ref().map(|(p, _, _)| p));
+    set(&mut st, members_verdict(&view, observed.as_ref()));
+    set(&mut st, writes_verdict(&view));
+    let mounted = conditions::find(&st.conditions, members_mounted::TYPE)
+        .filter(|c| c.status == ConditionStatus::False.as_str())
+        .map(|c| c.message.clone());
+    match mounted {
+        Some(why) => {
+            st.phase = Some(BackendPhase::Degraded);
+            st.phase_message = Some(why);
+        }
+        None => {
+            st.phase = Some(BackendPhase::Ready);
+            st.phase_message = None;
+        }
+    }
+    st
+}
+
+fn bytes(n: u64) -> Quantity {
+    Quantity::from_bytes(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+/// The leader cannot be read: LeaderAvailable, CapacityObserved and MembersMounted are False for
+/// the same reason, PoolWrites is Unknown, and the member list is kept.
+fn fail_leader(
+    st: &mut BackendStatus,
+    set: &mut impl FnMut(&mut BackendStatus, Observation),
+    reason: &str,
+    message: &str,
+    prev: &BackendStatus,
+) {
+    for t in [leader_available::TYPE, capacity_observed::TYPE, members_mounted::TYPE] {
+        set(st, Observation::new(t, ConditionStatus::False, reason, message));
+    }
+    set(
+        st,
+        Observation::new(
+            pool_writes::TYPE,
+            ConditionStatus::Unknown,
+            pool_writes::READ_FAILED,
+            "the leader could not be read",
+        ),
+    );
+    st.members = prev.members.clone();
+}
+
+/// Why a managed leader that could not be read is not serving, from what the runtime saw.
+fn leader_fault(obs: &StoreObservation, error: &str) -> (String, String) {
+    let l = &obs.leader;
+    if let Some(why) = &l.refused {
+        return (leader_available::LEADER_UNSCHEDULABLE.as_str().into(), why.clone());
+    }
+    if !l.ready
+        && let Some(exit) = &l.last_exit
+    {
+        return (
+            leader_available::LEADER_CRASH_LOOPING.as_str().into(),
+            format!(
+                "the leader process ended ({}) and was restarted {} times",
+                exit.describe(),
+                l.restarts
+            ),
+        );
+    }
+    if l.running && l.ready {
+        return (leader_available::LEADER_UNREACHABLE.as_str().into(), error.to_owned());
+    }
+    (
+        leader_available::LEADER_STARTING.as_str().into(),
+        "the leader process is starting".into(),
+    )
+}
+
+fn member_rows(obj: &KVCacheBackend, view: &LeaderView, plan: Option<&StorePlan>) -> Vec<MemberStatus> {
+    let groups = obj.spec.managed().map(|m| m.members.clone()).unwrap_or_default();
+    let mut rows: Vec<MemberStatus> = view
+        .members
+        .iter()
+        .map(|m| {
+            let planned = plan.and_then(|p| p.members.iter().find(|pm| pm.name(&p.backend) == m.name));
+            MemberStatus {
+                segment_id: m.member_id.to_string(),
+                client_id: m.mount_id.to_string(),
+                segment_name: m.name.clone(),
+                node_name: planned.map(|pm| pm.node.clone()),
+                medium: planned
+                    .and_then(|pm| groups.get(pm.group))
+                    .and_then(|g| g.medium)
+                    .map(|md| md.as_str().to_owned()),
+                protocol: Some("tcp".into()),
+                state: Some("OK".into()),
+            }
+        })
+        .collect();
+    rows.sort_by_key(|r| r.segment_id.parse::<u64>().unwrap_or(u64::MAX));
+    rows
+}
+
+fn members_verdict(view: &LeaderView, observed: Option<&(StorePlan, Vec<String>, StoreObservation)>) -> Observation {
+    let mounted: Vec<&str> = view.members.iter().map(|m| m.name.as_str()).collect();
+    let Some((plan, unmatched, obs)) = observed else {
+        // external: the leader's list is all there is
+        return if mounted.is_empty() {
+            Observation::new(
+                members_mounted::TYPE,
+                ConditionStatus::False,
+                members_mounted::NO_SEGMENTS,
+                "the leader has no segment mounted",
+            )
+        } else {
+            Observation::new(
+                members_mounted::TYPE,
+                ConditionStatus::True,
+                members_mounted::MOUNTED,
+                format!("{} segments mounted", mounted.len()),
+            )
+        };
+    };
+    if let Some(why) = obs.members.iter().find_map(|(_, s)| s.refused.clone()) {
+        return Observation::new(
+            members_mounted::TYPE,
+            ConditionStatus::False,
+            members_mounted::INSUFFICIENT_MEMORY,
+            why,
+        );
+    }
+    if plan.members.is_empty() {
+        let msg = if unmatched.is_empty() {
+            "the backend declares no member group".to_owned()
+        } else {
+            format!("{} matches no node", unmatched.join("; "))
+        };
+        return Observation::new(
+            members_mounted::TYPE,
+            ConditionStatus::False,
+            members_mounted::NO_SEGMENTS,
+            msg,
+        );
+    }
+    let missing: Vec<&(MemberPlan, crate::runtime::WorkloadState)> = obs
+        .members
+        .iter()
+        .filter(|(m, _)| !mounted.contains(&m.name(&plan.backend).as_str()))
+        .collect();
+    if missing.is_empty() {
+        let mut msg = format!("{} segments mounted", mounted.len());
+        if !unmatched.is_empty() {
+            msg.push_str(&format!("; {} matches no node", unmatched.join("; ")));
+        }
+        return Observation::new(
+            members_mounted::TYPE,
+            ConditionStatus::True,
+            members_mounted::MOUNTED,
+            msg,
+        );
+    }
+    let crashed: Vec<String> = missing
+        .iter()
+        .filter_map(|(m, s)| {
+            let exit = s.last_exit.as_ref()?;
+            Some(format!(
+                "the member on node {} (group {}) ended ({}); it is restarted with back-off ({} restarts so far)",
+                m.node,
+                m.group,
+                exit.describe(),
+                s.restarts
+            ))
+        })
+        .collect();
+    if !crashed.is_empty() {
+        return Observation::new(
+            members_mounted::TYPE,
+            ConditionStatus::False,
+            members_mounted::MEMBER_CRASH_LOOPING,
+            crashed.join("; "),
+        );
+    }
+    let nodes: Vec<String> = missing
+        .iter()
+        .map(|(m, _)| format!("{} (group {})", m.node, m.group))
+        .collect();
+    let reason = if mounted.is_empty() {
+        members_mounted::NO_SEGMENTS
+    } else {
+        members_mounted::SEGMENTS_SHORT
+    };
+    Observation::new(
+        members_mounted::TYPE,
+        ConditionStatus::False,
+        reason,
+        format!(
+            "{} of {} members mounted; the member on node {} has not registered with the leader",
+            mounted.len(),
+            plan.members.len(),
+            list(&nodes)
+        ),
+    )
+}
+
+fn writes_verdict(view: &LeaderView) -> Observation {
+    let h = &view.health;
+    if h.objects > 0 {
+        return Observation::new(
+            pool_writes::TYPE,
+            ConditionStatus::True,
+            pool_writes::WRITE_OBSERVED,
+            format!("the store holds {} objects", h.objects),
+        );
+    }
+    if h.used > 0 {
+        return Observation::new(
+            pool_writes::TYPE,
+            ConditionStatus::True,
+            pool_writes::ALLOCATION_OBSERVED,
+            "space is allocated in the store",
+        );
+    }
+    Observation::new(
+        pool_writes::TYPE,
+        ConditionStatus::Unknown,
+        pool_writes::NO_WRITES_OBSERVED,
+        "no write has been observed since the leader started",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> BackendSpec {
+        yaml_serde::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn one_member_per_matching_node_and_group() {
+        let s = spec(
+            "type: Mooncake\nconnection:\n  managed:\n    leader: {}\n    members:\n    - nodeSelector: {kubernetes.io/os: linux}\n      capacityPerMember: 1Gi\n    - nodeSelector: {kubernetes.io/hostname: local-1}\n      capacityPerMember: 2Gi\n    - nodeSelector: {zone: nowhere}\n      capacityPerMember: 1Gi\n",
+        );
+        let nodes = [Node::stand_in("local-0"), Node::stand_in("local-1")];
+        let (plan, unmatched) = plan("b", &s, &nodes).unwrap();
+        let names: Vec<String> = plan.members.iter().map(|m| m.name("b")).collect();
+        assert_eq!(
+            names,
+            ["b-member-0-local-0", "b-member-0-local-1", "b-member-1-local-1"]
+        );
+        assert_eq!(plan.members[2].config.capacity, 2 << 30);
+        assert_eq!(unmatched, ["members[2].nodeSelector {zone=nowhere}"]);
+        assert!(plan.leader.multi_tenancy);
+    }
+
+    #[test]
+    fn extra_args_replace_the_flags_they_name() {
+        let s = spec(
+            "type: Mooncake\nconnection:\n  managed:\n    leader:\n      multiTenancy: false\n      extraArgs: [\"--lease-ttl\", \"3s\", \"--eviction-ratio=0.2\"]\n    members: []\n",
+        );
+        let (plan, _) = plan("b", &s, &[]).unwrap();
+        assert_eq!(plan.leader.lease_ttl, std::time::Duration::from_secs(3));
+        assert!((plan.leader.eviction_ratio - 0.2).abs() < 1e-9);
+        assert!(!plan.leader.multi_tenancy);
+    }
+
+    #[test]
+    fn long_lists_are_cut() {
+        let names: Vec<String> = (0..25).map(|i| format!("p{i}")).collect();
+        assert!(list(&names).ends_with("p19 and 5 more"));
+    }
+}

@@ -1,0 +1,283 @@
+//! The Binding controller (`pool-binding-injection.md` §2.5–2.7): reads the Binding's tenant back
+//! from the leader (`requestedQuota`, `effectiveQuota` — the grant, never computed here — `usage`,
+//! `overQuota`, blocks and hit rate), lists the workloads that hold it (`usedBy`), reports
+//! DomainExclusive, QuotaObserved and QuotaGranted, and holds its deletion while a
+//! ModelDeployment uses it (Releasable False, HeldByWorkloads).
+
+use std::sync::Arc;
+
+use kube::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kvcache_api::binding::BindingStatus;
+use kvcache_api::common::UsedBy;
+use kvcache_api::conditions::binding::{domain_exclusive, quota_granted, quota_observed, releasable};
+use kvcache_api::conditions::{self, BindingPhase, ConditionStatus, Observation};
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment, Quantity};
+
+use super::backend::list;
+use super::leader;
+use super::pool::hit_rate;
+use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
+use super::{Context, KindLabel, Result};
+
+const KIND: &str = "KVCachePoolBinding";
+
+/// A deployment event wakes the Binding it attaches through.
+pub fn for_deployment(md: ModelDeployment) -> Option<ObjectRef<KVCachePoolBinding>> {
+    let name = md.spec.binding_name()?;
+    Some(ObjectRef::new(name).within(md.namespace()))
+}
+
+/// A pool event wakes its Bindings.
+pub fn for_pool(bindings: &Store<KVCachePoolBinding>, pool: &KVCachePool) -> Vec<ObjectRef<KVCachePoolBinding>> {
+    bindings
+        .state()
+        .iter()
+        .filter(|b| b.spec.pool_name() == pool.name())
+        .map(|b| ObjectRef::new(b.name()).within(b.namespace()))
+        .collect()
+}
+
+pub fn error_policy(_: Arc<KVCachePoolBinding>, error: &super::Error, ctx: Arc<Context>) -> Action {
+    super::retry(KIND, error, &ctx)
+}
+
+fn bytes(n: u64) -> Quantity {
+    Quantity::from_bytes(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconciles.get_or_create(&KindLabel { kind: KIND }).inc();
+    let ns = obj.namespace().to_owned();
+    let api: Api<KVCachePoolBinding> = Api::namespaced(ctx.client.clone(), &ns);
+    let deployments: Api<ModelDeployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut used_by: Vec<UsedBy> = deployments
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|m| m.spec.binding_name() == Some(obj.name()))
+        .map(|m| UsedBy {
+            kind: "ModelDeployment".into(),
+            namespace: String::new(),
+            name: m.name().to_owned(),
+        })
+        .collect();
+    used_by.sort_by(|a, b| a.name.cmp(&b.name));
+    let generation = obj.metadata.generation;
+    let now = status::now();
+    let prev = obj.status.clone().unwrap_or_default();
+    let set = |st: &mut BindingStatus, o: Observation| {
+        conditions::set(&mut st.conditions, o.generation(generation), &now);
+    };
+
+    if obj.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer(&obj) {
+            return Ok(Action::await_change());
+        }
+        if used_by.is_empty() {
+            remove_finalizer(&api, &obj).await?;
+            return Ok(Action::await_change());
+        }
+        let mut st = prev;
+        let names: Vec<String> = used_by.iter().map(|u| format!("{}/{}", u.kind, u.name)).collect();
+        let msg = format!(
+            "held by {} in this namespace; delete them first, then this Binding's deletion completes",
+            list(&names)
+        );
+        set(
+            &mut st,
+            Observation::new(
+                releasable::TYPE,
+                ConditionStatus::False,
+                releasable::HELD_BY_WORKLOADS,
+                &msg,
+            ),
+        );
+        st.used_by = used_by;
+        st.phase = Some(BindingPhase::Deleting);
+        st.phase_message = Some(msg);
+        status::write(&api, &obj, st, &ctx).await?;
+        return Ok(Action::requeue(ctx.opts.requeue));
+    }
+    if add_finalizer(&api, &obj).await? {
+        return Ok(Action::await_change());
+    }
+
+    let mut st = BindingStatus {
+        conditions: prev.conditions.clone(),
+        used_by,
+        ..BindingStatus::default()
+    };
+    // Storage admits a domain once per backend, atomically with the write.
+    set(
+        &mut st,
+        Observation::new(
+            domain_exclusive::TYPE,
+            ConditionStatus::True,
+            domain_exclusive::EXCLUSIVE,
+            format!(
+                "this Binding alone holds the domain {:?} on its backend",
+                obj.spec.domain_name()
+            ),
+        ),
+    );
+    let tenant = obj.spec.domain_name().to_owned();
+    let backend = resolve_backend(&ctx, obj.spec.pool_name()).await?;
+    let admin = backend
+        .as_ref()
+        .and_then(|b| super::pool::endpoint_of(b, kvcache_api::backend::EndpointName::Admin));
+    let read = match &admin {
+        Some(a) => leader::tenants(a, ctx.opts.leader_timeout).await.map_err(|e| e.0),
+        None => Err(format!(
+            "the pool {:?} has no backend that publishes an endpoint yet",
+            obj.spec.pool_name()
+        )),
+    };
+    match read {
+        Err(e) => {
+            // figures kept from the last pass
+            st.requested_quota = prev.requested_quota.clone();
+            st.effective_quota = prev.effective_quota.clone();
+            st.usage = prev.usage.clone();
+            st.over_quota = prev.over_quota;
+            set(
+                &mut st,
+                Observation::new(
+                    quota_observed::TYPE,
+                    ConditionStatus::False,
+                    quota_observed::MASTER_NOT_SCRAPED,
+                    e,
+                ),
+            );
+        }
+        Ok(t) if !t.multi_tenancy => {
+            set(
+                &mut st,
+                Observation::new(
+                    quota_observed::TYPE,
+                    ConditionStatus::True,
+                    quota_observed::NO_TENANT_LEDGER,
+                    "the leader keeps no tenant ledger (multi-tenancy is off)",
+                ),
+            );
+            set(
+                &mut st,
+                Observation::new(
+                    quota_granted::TYPE,
+                    ConditionStatus::True,
+                    quota_granted::UNENFORCED,
+                    "no per-domain quota is in force: writes land in the store's default tenant, bounded only by its capacity",
+                ),
+            );
+            if let Some(d) = t.tenants.iter().find(|x| x.name == "default") {
+                st.usage = Some(bytes(d.used));
+                st.blocks = Some(i64::try_from(d.objects).unwrap_or(i64::MAX));
+                st.hit_rate = hit_rate(d.hits, d.misses);
+            }
+        }
+        Ok(t) => match t.tenants.iter().find(|x| x.name == tenant) {
+            None => {
+                set(
+                    &mut st,
+                    Observation::new(
+                        quota_observed::TYPE,
+                        ConditionStatus::True,
+                        quota_observed::TENANT_NOT_IN_LEDGER,
+                        format!("the leader's ledger has no tenant {tenant:?} yet; the pool writes it"),
+                    ),
+                );
+                set(
+                    &mut st,
+                    Observation::new(
+                        quota_granted::TYPE,
+                        ConditionStatus::False,
+                        quota_granted::NO_LEDGER_ENTRY,
+                        format!("the leader would refuse writes of tenant {tenant:?} until the pool registers it"),
+                    ),
+                );
+            }
+            Some(x) => {
+                st.requested_quota = Some(bytes(x.ceiling));
+                st.effective_quota = Some(bytes(x.grant));
+                st.usage = Some(bytes(x.used));
+                st.over_quota = Some(x.over_grant);
+                st.blocks = Some(i64::try_from(x.objects).unwrap_or(i64::MAX));
+                st.hit_rate = hit_rate(x.hits, x.misses);
+                set(
+                    &mut st,
+                    Observation::new(
+                        quota_observed::TYPE,
+                        ConditionStatus::True,
+                        quota_observed::OBSERVED,
+                        format!(
+                            "read from the leader's ledger: the tenant {tenant:?}, its grant and its usage (reserved writes included)"
+                        ),
+                    ),
+                );
+                let fmt = |n: u64| kvcache_units::format_bytes(i64::try_from(n).unwrap_or(i64::MAX));
+                set(
+                    &mut st,
+                    if x.grant > 0 {
+                        Observation::new(
+                            quota_granted::TYPE,
+                            ConditionStatus::True,
+                            quota_granted::GRANTED,
+                            format!("granted {} of the {} asked for", fmt(x.grant), fmt(x.ceiling)),
+                        )
+                    } else {
+                        Observation::new(
+                            quota_granted::TYPE,
+                            ConditionStatus::False,
+                            quota_granted::ZERO_GRANTED,
+                            "the leader grants nothing: see the pool's CapacityAllocatable (nothing mounted) or its oversubscription",
+                        )
+                    },
+                );
+            }
+        },
+    }
+    let (phase, message) = phase(&st);
+    st.phase = Some(phase);
+    st.phase_message = message;
+    status::write(&api, &obj, st, &ctx).await?;
+    Ok(Action::requeue(ctx.opts.requeue))
+}
+
+async fn resolve_backend(ctx: &Context, pool: &str) -> Result<Option<KVCacheBackend>> {
+    if pool.is_empty() {
+        return Ok(None);
+    }
+    let Some(pool) = Api::<KVCachePool>::all(ctx.client.clone()).get_opt(pool).await? else {
+        return Ok(None);
+    };
+    let Some(backend) = pool.spec.backend() else {
+        return Ok(None);
+    };
+    Ok(Api::<KVCacheBackend>::all(ctx.client.clone()).get_opt(backend).await?)
+}
+
+/// §2.7: the first axis that is not True is an Error, a missing one Provisioning, else Ready.
+fn phase(st: &BindingStatus) -> (BindingPhase, Option<String>) {
+    let axes = [domain_exclusive::TYPE, quota_observed::TYPE, quota_granted::TYPE];
+    for t in axes {
+        if let Some(c) = conditions::find(&st.conditions, t)
+            && c.status != ConditionStatus::True.as_str()
+        {
+            return (BindingPhase::Error, Some(c.message.clone()));
+        }
+    }
+    for t in axes {
+        if conditions::find(&st.conditions, t).is_none() {
+            return (
+                BindingPhase::Provisioning,
+                Some(format!("{} has not been observed yet", t.as_str())),
+            );
+        }
+    }
+    (
+        BindingPhase::Ready,
+        conditions::find(&st.conditions, quota_observed::TYPE).map(|c| c.message.clone()),
+    )
+}

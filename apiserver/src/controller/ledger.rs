@@ -1,0 +1,253 @@
+//! The tenant ledger of a backend, as the pools render it: one entry per Binding of every pool on
+//! the backend (its domain, ceiling and layout), set on the leader whole with `SetTenants` when it
+//! differs from what the leader holds, never partially.
+
+use kvcache_api::conditions::pool::{quota_ledger_available, quota_policy_writable};
+use kvcache_api::conditions::{ConditionStatus, Observation};
+use kvcache_api::pool::PoolStatus;
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, Quantity};
+use kvcache_store::proto::{GetTenantsResponse, TenantEntry};
+
+use super::{Context, leader};
+
+/// Bytes of a quantity; 0 when it does not parse (admission refuses those).
+pub fn quantity_bytes(q: Option<&Quantity>) -> u64 {
+    q.and_then(|q| kvcache_units::parse_bytes(q.as_str()).ok()).unwrap_or(0)
+}
+
+/// The tenant a Binding declares in the ledger.
+pub fn tenant_entry(b: &KVCachePoolBinding) -> TenantEntry {
+    let d = b.spec.domain.clone().unwrap_or_default();
+    TenantEntry {
+        name: b.spec.domain_name().to_owned(),
+        ceiling: quantity_bytes(b.spec.quota.as_ref().and_then(|q| q.ceiling.as_ref())),
+        block_size: d.block_size.and_then(|v| u32::try_from(v).ok()).unwrap_or(0),
+        dtype: d.dtype.unwrap_or_default(),
+    }
+}
+
+/// Whether a Binding's tenant stays in the ledger: live, or deleting while workloads still hold it.
+pub fn in_ledger(b: &KVCachePoolBinding) -> bool {
+    b.metadata.deletion_timestamp.is_none() || b.status.as_ref().is_some_and(|s| !s.used_by.is_empty())
+}
+
+/// The whole ledger of `backend`: the tenants of every Binding of every pool on it, except `without`.
+pub fn render_ledger(
+    backend: &str,
+    pools: &[KVCachePool],
+    bindings: &[KVCachePoolBinding],
+    without: Option<&str>,
+) -> Vec<TenantEntry> {
+    let names: Vec<&str> = pools
+        .iter()
+        .filter(|p| p.spec.backend() == Some(backend) && Some(p.name()) != without)
+        .map(|p| p.name())
+        .collect();
+    let mut out: Vec<TenantEntry> = bindings
+        .iter()
+        .filter(|b| names.contains(&b.spec.pool_name()) && in_ledger(b))
+        .map(tenant_entry)
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Whether the leader's ledger already is `desired` (names, ceilings and layouts).
+pub fn same_ledger(current: &GetTenantsResponse, desired: &[TenantEntry]) -> bool {
+    let mut have: Vec<(String, u64, u32, String)> = current
+        .tenants
+        .iter()
+        .map(|t| (t.name.clone(), t.ceiling, t.block_size, t.dtype.clone()))
+        .collect();
+    have.sort();
+    let want: Vec<(String, u64, u32, String)> = desired
+        .iter()
+        .map(|t| (t.name.clone(), t.ceiling, t.block_size, t.dtype.clone()))
+        .collect();
+    have == want
+}
+
+/// Reads the leader's ledger and sets it whole when it differs from what the Bindings declare;
+/// returns the ledger as the leader then holds it.
+pub async fn converge_ledger(
+    admin: &str,
+    backend: &KVCacheBackend,
+    pools: &[KVCachePool],
+    bindings: &[KVCachePoolBinding],
+    ctx: &Context,
+    st: &mut PoolStatus,
+    set: &impl Fn(&mut PoolStatus, Observation),
+) -> Option<GetTenantsResponse> {
+    let timeout = ctx.opts.leader_timeout;
+    let unreachable = |st: &mut PoolStatus, set: &dyn Fn(&mut PoolStatus, Observation), msg: String| {
+        set(
+            st,
+            Observation::new(
+                quota_ledger_available::TYPE,
+                ConditionStatus::False,
+                quota_ledger_available::LEDGER_UNREACHABLE,
+                &msg,
+            ),
+        );
+        set(
+            st,
+            Observation::new(
+                quota_policy_writable::TYPE,
+                ConditionStatus::Unknown,
+                quota_policy_writable::LEDGER_UNREACHABLE,
+                msg,
+            ),
+        );
+    };
+    let current = match leader::tenants(admin, timeout).await {
+        Ok(t) => t,
+        Err(e) => {
+            unreachable(st, set, e.0);
+            return None;
+        }
+    };
+    if !current.multi_tenancy {
+        let msg = "the leader keeps no tenant ledger (multi-tenancy is off)".to_owned();
+        set(
+            st,
+            Observation::new(
+                quota_ledger_available::TYPE,
+                ConditionStatus::False,
+                quota_ledger_available::MULTI_TENANCY_DISABLED,
+                &msg,
+            ),
+        );
+        set(
+            st,
+            Observation::new(
+                quota_policy_writable::TYPE,
+                ConditionStatus::Unknown,
+                quota_policy_writable::MULTI_TENANCY_DISABLED,
+                msg,
+            ),
+        );
+        return None;
+    }
+    set(
+        st,
+        Observation::new(
+            quota_ledger_available::TYPE,
+            ConditionStatus::True,
+            quota_ledger_available::AVAILABLE,
+            "the leader keeps a tenant ledger",
+        ),
+    );
+    let desired = render_ledger(backend.name(), pools, bindings, None);
+    let written = desired.len();
+    let on_backend = pools
+        .iter()
+        .filter(|p| p.spec.backend() == Some(backend.name()))
+        .count();
+    let current = if same_ledger(&current, &desired) {
+        current
+    } else {
+        match leader::set_tenants(admin, timeout, desired).await {
+            Ok(dropped) => {
+                tracing::info!(
+                    backend = backend.name(),
+                    tenants = written,
+                    dropped,
+                    "tenant ledger set"
+                );
+                match leader::tenants(admin, timeout).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        unreachable(st, set, e.0);
+                        return None;
+                    }
+                }
+            }
+            Err(e) if e.is_refusal() => {
+                set(
+                    st,
+                    Observation::new(
+                        quota_policy_writable::TYPE,
+                        ConditionStatus::False,
+                        quota_policy_writable::QUOTA_POLICY_NOT_WRITABLE,
+                        format!("the leader refused the ledger, nothing was applied: {e}"),
+                    ),
+                );
+                return Some(current);
+            }
+            Err(e) => {
+                unreachable(st, set, e.0);
+                return None;
+            }
+        }
+    };
+    set(
+        st,
+        Observation::new(
+            quota_policy_writable::TYPE,
+            ConditionStatus::True,
+            quota_policy_writable::WRITABLE,
+            format!("the ledger holds {written} domains across {on_backend} pools on the backend"),
+        ),
+    );
+    Some(current)
+}
+
+#[cfg(test)]
+mod tests {
+    use kvcache_api::common::UsedBy;
+
+    use super::*;
+
+    fn binding(ns: &str, name: &str, pool: &str, domain: Option<&str>, ceiling: &str) -> KVCachePoolBinding {
+        let mut d = serde_json::json!({"blockSize": 64, "dtype": "bfloat16"});
+        if let Some(n) = domain {
+            d["name"] = n.into();
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"poolRef": {"name": pool}, "quota": {"ceiling": ceiling}, "domain": d}
+        }))
+        .unwrap()
+    }
+
+    fn pool(name: &str, backend: &str) -> KVCachePool {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name}, "spec": {"backends": [backend], "quota": {"total": "16Gi"}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_ledger_holds_every_binding_of_every_pool_on_the_backend() {
+        let pools = [pool("p1", "b"), pool("p2", "b"), pool("other", "c")];
+        let bindings = [
+            binding("team-a", "a", "p1", None, "8Gi"),
+            binding("team-b", "x", "p2", Some("qwen"), "1Gi"),
+            binding("team-c", "y", "other", Some("llama"), "1Gi"),
+        ];
+        let l = render_ledger("b", &pools, &bindings, None);
+        let names: Vec<&str> = l.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["default", "qwen"]);
+        assert_eq!(l[0].ceiling, 8 << 30);
+        assert_eq!((l[0].block_size, l[0].dtype.as_str()), (64, "bfloat16"));
+        let without = render_ledger("b", &pools, &bindings, Some("p2"));
+        assert_eq!(without.len(), 1, "a released pool's tenants leave the ledger");
+    }
+
+    #[test]
+    fn a_deleting_binding_leaves_the_ledger_unless_workloads_hold_it() {
+        let pools = [pool("p1", "b")];
+        let mut b = binding("team-a", "a", "p1", None, "1Gi");
+        b.metadata.deletion_timestamp = Some(crate::registry::meta::now());
+        assert!(render_ledger("b", &pools, std::slice::from_ref(&b), None).is_empty());
+        b.status = Some(kvcache_api::binding::BindingStatus {
+            used_by: vec![UsedBy {
+                kind: "ModelDeployment".into(),
+                namespace: String::new(),
+                name: "m".into(),
+            }],
+            ..Default::default()
+        });
+        assert_eq!(render_ledger("b", &pools, &[b], None).len(), 1);
+    }
+}

@@ -1,0 +1,227 @@
+//! The controllers: one `reconcile` plus `error_policy` per kind, on kube-rs's runtime, reaching
+//! our API through a `kube::Client` (in direct mode, the request pipeline in this process, under
+//! the identity `system:kvcache-controller`) and running the store's processes through a
+//! [`Runtime`].
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`backend`] | a backend's leader and members, and its status read from the leader |
+//! | [`pool`] | a pool's status and the whole tenant ledger of its backend (`SetTenants`) |
+//! | [`binding`] | a Binding's grant read back from the leader, and its deletion hold |
+//! | [`model_deployment`] | a deployment's replicas with the injected environment, and `CacheAttached` |
+//! | [`injection`] | what a replica receives: the one function both runtimes use |
+//! | [`leader`] | reading a leader's Control API (health, members, tenants) with timeouts |
+//! | [`ledger`] | the whole tenant ledger of a backend, rendered from the Bindings and converged |
+//! | [`status`] | writing `/status` only when it changed; the finalizer |
+//!
+//! Passes are triggered by watches (an object and the objects that name it) and by a fixed
+//! requeue ([`Options::requeue`], 15 s by default). A failed pass is logged, counted
+//! (`kvcache_controller_reconcile_errors_total`) and retried with back-off; nothing a user writes
+//! can make a controller stop.
+
+pub mod backend;
+pub mod binding;
+pub mod injection;
+pub mod leader;
+pub mod ledger;
+pub mod model_deployment;
+pub mod pool;
+pub mod status;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::runtime::controller::Action;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client};
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+
+use kube::runtime::reflector::ObjectRef;
+
+use crate::runtime::{Changed, Runtime};
+
+/// The user the controllers act as.
+pub const CONTROLLER_USER: &str = "system:kvcache-controller";
+/// The finalizer that holds a deletion until the controller has released what it owns.
+pub const FINALIZER: &str = "gpustack.ai/controlled";
+
+/// How the controllers run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Time between passes of a settled object.
+    pub requeue: Duration,
+    /// Time allowed for each call to a leader.
+    pub leader_timeout: Duration,
+    /// The `model-deployment-kv-cache-dtype-owned` setting: engines get `--kv-cache-dtype`.
+    pub dtype_owned: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            requeue: Duration::from_secs(15),
+            leader_timeout: Duration::from_secs(5),
+            dtype_owned: true,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplicaLabel {
+    pub namespace: String,
+    pub deployment: String,
+    pub replica: String,
+}
+
+/// The controllers' metrics, on the server's registry.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    pub reconciles: Family<KindLabel, Counter>,
+    pub errors: Family<KindLabel, Counter>,
+    pub status_writes: Family<KindLabel, Counter>,
+    /// Each engine replica's latest hit rate, as it reported it.
+    pub replica_hit_ratio: Family<ReplicaLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut prometheus_client::registry::Registry) -> Metrics {
+        let m = Metrics::default();
+        registry.register(
+            "kvcache_controller_reconcile",
+            "Reconcile passes, by kind",
+            m.reconciles.clone(),
+        );
+        registry.register(
+            "kvcache_controller_reconcile_errors",
+            "Reconcile passes that failed and were retried, by kind",
+            m.errors.clone(),
+        );
+        registry.register(
+            "kvcache_controller_status_writes",
+            "Status writes, by kind (a settled system makes none)",
+            m.status_writes.clone(),
+        );
+        registry.register(
+            "kvcache_replica_cache_hit_ratio",
+            "Share of the blocks of an engine replica's latest round found in the store",
+            m.replica_hit_ratio.clone(),
+        );
+        m
+    }
+}
+
+/// What every reconcile gets.
+pub struct Context {
+    pub client: Client,
+    pub runtime: Arc<dyn Runtime>,
+    pub opts: Options,
+    pub metrics: Metrics,
+}
+
+/// Why a pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the API refused a request: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Serialize(#[from] serde_json::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Shared by every kind's `error_policy`: counts the failure and retries soon.
+fn retry(kind: &'static str, error: &Error, ctx: &Context) -> Action {
+    ctx.metrics.errors.get_or_create(&KindLabel { kind }).inc();
+    tracing::warn!(kind, "reconcile failed, retrying: {error}");
+    Action::requeue(Duration::from_secs(2))
+}
+
+/// The runtime's changes, as the objects to look at again.
+fn changes<K>(
+    ctx: &Context,
+    to: fn(Changed) -> Option<ObjectRef<K>>,
+) -> impl futures::Stream<Item = ObjectRef<K>> + Send + 'static
+where
+    K: kube::Resource<DynamicType = ()> + 'static,
+{
+    let rx = ctx.runtime.changes();
+    futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(c) => return Some((c, rx)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+    .filter_map(move |c| futures::future::ready(to(c)))
+}
+
+/// Runs the four controllers until `shutdown` turns true.
+pub async fn run(ctx: Arc<Context>, shutdown: tokio::sync::watch::Receiver<bool>) {
+    let stop = move || {
+        let mut rx = shutdown.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let client = ctx.client.clone();
+    let backends: Api<KVCacheBackend> = Api::all(client.clone());
+    let pools: Api<KVCachePool> = Api::all(client.clone());
+    let bindings: Api<KVCachePoolBinding> = Api::all(client.clone());
+    let deployments: Api<ModelDeployment> = Api::all(client.clone());
+    let cfg = watcher::Config::default;
+
+    let backend = Controller::new(backends.clone(), cfg())
+        .watches(pools.clone(), cfg(), backend::for_pool)
+        .reconcile_on(changes(&ctx, |c| match c {
+            Changed::Store(name) => Some(ObjectRef::new(&name)),
+            Changed::Replicas(_) => None,
+        }))
+        .graceful_shutdown_on(stop())
+        .run(backend::reconcile, backend::error_policy, ctx.clone())
+        .for_each(|_| async {});
+    let pool = Controller::new(pools.clone(), cfg());
+    let pool_store = pool.store();
+    let pool = pool
+        .watches(bindings.clone(), cfg(), pool::for_binding)
+        .watches(backends.clone(), cfg(), move |b| pool::for_backend(&pool_store, &b))
+        .graceful_shutdown_on(stop())
+        .run(pool::reconcile, pool::error_policy, ctx.clone())
+        .for_each(|_| async {});
+    let binding = Controller::new(bindings.clone(), cfg());
+    let binding_store = binding.store();
+    let binding = binding
+        .watches(deployments.clone(), cfg(), binding::for_deployment)
+        .watches(pools.clone(), cfg(), move |p| binding::for_pool(&binding_store, &p))
+        .graceful_shutdown_on(stop())
+        .run(binding::reconcile, binding::error_policy, ctx.clone())
+        .for_each(|_| async {});
+    let deployment = Controller::new(deployments.clone(), cfg());
+    let deployment_store = deployment.store();
+    let deployment = deployment
+        .watches(bindings.clone(), cfg(), move |b| {
+            model_deployment::for_binding(&deployment_store, &b)
+        })
+        .reconcile_on(changes(&ctx, |c| match c {
+            Changed::Replicas(owner) => {
+                let (ns, name) = owner.split_once('/')?;
+                Some(ObjectRef::new(name).within(ns))
+            }
+            Changed::Store(_) => None,
+        }))
+        .graceful_shutdown_on(stop())
+        .run(model_deployment::reconcile, model_deployment::error_policy, ctx.clone())
+        .for_each(|_| async {});
+    futures::join!(backend, pool, binding, deployment);
+}

@@ -1,0 +1,99 @@
+//! Writing what a pass observed: `/status` replaced only when it differs from what is stored (a
+//! settled system makes no writes), and the finalizer added to live objects and removed once
+//! their release is done, each a JSON patch guarded by a `test` of the list it changes.
+
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use kvcache_api::{Kind, Object};
+use serde_json::json;
+
+use super::{Context, FINALIZER, KindLabel, Result};
+
+/// Replaces the status of `obj` with `status` unless it is already that; returns whether it wrote.
+pub async fn write<K>(api: &Api<Object<K>>, obj: &Object<K>, status: K::Status, ctx: &Context) -> Result<bool>
+where
+    K: Kind,
+    Object<K>: kube::Resource<DynamicType = ()>,
+{
+    if obj.status.as_ref() == Some(&status) {
+        return Ok(false);
+    }
+    let mut next = obj.clone();
+    next.status = Some(status);
+    api.replace_status(obj.name(), &PostParams::default(), &next).await?;
+    ctx.metrics
+        .status_writes
+        .get_or_create(&KindLabel { kind: K::KIND })
+        .inc();
+    Ok(true)
+}
+
+/// Whether `obj` carries our finalizer.
+pub fn has_finalizer<K: Kind>(obj: &Object<K>) -> bool {
+    obj.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|n| n == FINALIZER))
+}
+
+/// Adds our finalizer to a live object that lacks it; returns whether it did (the object changed,
+/// so its watch event brings the next pass).
+pub async fn add_finalizer<K>(api: &Api<Object<K>>, obj: &Object<K>) -> Result<bool>
+where
+    K: Kind,
+    Object<K>: kube::Resource<DynamicType = ()>,
+{
+    if has_finalizer(obj) {
+        return Ok(false);
+    }
+    let patch = match &obj.metadata.finalizers {
+        None => json!([{"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]),
+        Some(list) => json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": list},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER},
+        ]),
+    };
+    api.patch(
+        obj.name(),
+        &PatchParams::default(),
+        &Patch::<()>::Json(serde_json::from_value(patch)?),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// Removes our finalizer: the object's release is complete.
+pub async fn remove_finalizer<K>(api: &Api<Object<K>>, obj: &Object<K>) -> Result<()>
+where
+    K: Kind,
+    Object<K>: kube::Resource<DynamicType = ()>,
+{
+    let Some(list) = &obj.metadata.finalizers else {
+        return Ok(());
+    };
+    let Some(i) = list.iter().position(|n| n == FINALIZER) else {
+        return Ok(());
+    };
+    let patch = json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": list},
+        {"op": "remove", "path": format!("/metadata/finalizers/{i}")},
+    ]);
+    match api
+        .patch(
+            obj.name(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(patch)?),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // already gone: the release is complete either way
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A timestamp for conditions set in this pass.
+pub fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    crate::registry::meta::now()
+}

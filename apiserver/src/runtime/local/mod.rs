@@ -1,0 +1,458 @@
+//! The local runtime (`--runtime local`, the default): every store process and engine replica
+//! is a child process of the server on this machine, and the "nodes" are stand-ins from the
+//! server's configuration.
+//!
+//! - Leader: `kv-store leader` on two free loopback ports (gRPC, fast port), kept for the
+//!   backend's life in this server (and in `<data-dir>/runtime/<backend>.ports` across server
+//!   restarts), so the published Client endpoint survives leader restarts.
+//! - Members: `kv-store member --name <backend>-member-<group>-<node>` per matching node, with
+//!   `--no-prefault` (memory is claimed as it is written). A backend whose members would need more
+//!   memory than the machine (or its shared-memory filesystem) has is refused, not started.
+//! - Replicas: `kv-store engine-sim` with exactly the injected environment.
+//! - Logs: `<data-dir>/logs/<backend>/<process>.log`, and
+//!   `<data-dir>/logs/_deployments/<namespace>/<name>/<replica>.log` (`_` is never in a name).
+//!
+//! The store processes run with `--spin 0`: on a laptop they share cores with everything else.
+
+pub mod process;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use kvcache_store::flags::{FastListen, format_size};
+use tokio::sync::Mutex;
+
+use self::process::{Hooks, ProcessSpec, Supervised};
+use super::{Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, StoreObservation, StorePlan};
+
+/// The simulated engine's workload: a few rounds of prompts, then idle (an engine with no
+/// traffic), so that a settled walkthrough settles.
+const ENGINE_WORKLOAD: &[(&str, &str)] = &[
+    ("KVSTORE_ROUNDS", "3"),
+    ("KVSTORE_ROUND_PAUSE", "2s"),
+    ("KVSTORE_AFTER_ROUNDS", "idle"),
+    ("KVSTORE_BLOCK_BYTES", "16Ki"),
+];
+
+/// How the local runtime runs.
+#[derive(Clone, Debug)]
+pub struct LocalOptions {
+    pub data_dir: PathBuf,
+    /// The `kv-store` binary.
+    pub store_binary: PathBuf,
+    pub nodes: Vec<Node>,
+    /// Time between SIGTERM and SIGKILL.
+    pub grace: Duration,
+    /// Bytes of memory members may claim in total; `None` reads the machine's.
+    pub memory_limit: Option<u64>,
+    /// Where members map their segments.
+    pub shm_dir: PathBuf,
+}
+
+impl LocalOptions {
+    /// Two stand-in nodes, `local-0` and `local-1`, and the `kv-store` next to this executable.
+    pub fn new(data_dir: impl Into<PathBuf>) -> LocalOptions {
+        LocalOptions {
+            data_dir: data_dir.into(),
+            store_binary: sibling_binary("kv-store"),
+            nodes: vec![Node::stand_in("local-0"), Node::stand_in("local-1")],
+            grace: Duration::from_secs(10),
+            memory_limit: None,
+            shm_dir: PathBuf::from("/dev/shm"),
+        }
+    }
+}
+
+/// `name` in the directory of the running executable (`target/<profile>/` in a build).
+pub fn sibling_binary(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+#[derive(Debug)]
+struct Store {
+    grpc: SocketAddr,
+    fast: SocketAddr,
+    leader: Supervised,
+    /// Keyed by member name.
+    members: HashMap<String, Supervised>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    stores: HashMap<String, Store>,
+    replicas: HashMap<String, HashMap<String, Supervised>>,
+}
+
+/// Child processes on this machine.
+#[derive(Debug)]
+pub struct LocalRuntime {
+    opts: LocalOptions,
+    state: Mutex<State>,
+    changes: tokio::sync::broadcast::Sender<Changed>,
+}
+
+impl LocalRuntime {
+    pub fn new(opts: LocalOptions) -> LocalRuntime {
+        LocalRuntime {
+            opts,
+            state: Mutex::new(State::default()),
+            changes: tokio::sync::broadcast::channel(256).0,
+        }
+    }
+
+    fn notify(&self, what: Changed) -> Hooks {
+        let tx = self.changes.clone();
+        Hooks {
+            on_exit: None,
+            on_change: Some(std::sync::Arc::new(move || {
+                let _ = tx.send(what.clone());
+            })),
+        }
+    }
+
+    /// A member's hooks: when its process ends, the leader drops its mount at once (it would
+    /// otherwise keep the capacity until the member TTL ran out, and refuse the restarted member
+    /// its name until then).
+    fn member_hooks(&self, backend: &str, leader: SocketAddr, name: String) -> Hooks {
+        let mut hooks = self.notify(Changed::Store(backend.to_owned()));
+        hooks.on_exit = Some(std::sync::Arc::new(move || {
+            let name = name.clone();
+            Box::pin(async move {
+                let removed = tokio::time::timeout(Duration::from_secs(2), async {
+                    let client = kvcache_store::client::Client::connect(
+                        &leader.to_string(),
+                        kvcache_store::proto::Scope::default(),
+                    )
+                    .await
+                    .ok()?;
+                    client
+                        .control()
+                        .remove_member(kvcache_store::proto::RemoveMemberRequest { name: name.clone() })
+                        .await
+                        .ok()
+                })
+                .await;
+                tracing::info!(member = %name, removed = ?removed.ok().flatten().map(|r| r.into_inner().removed), "member process ended; told the leader");
+            })
+        }));
+        hooks
+    }
+
+    fn log(&self, parts: &[&str]) -> PathBuf {
+        let mut p = self.opts.data_dir.join("logs");
+        for part in parts {
+            p.push(part);
+        }
+        p
+    }
+
+    fn store_env() -> Vec<(String, String)> {
+        std::env::var("RUST_LOG")
+            .map(|v| vec![("RUST_LOG".to_owned(), v)])
+            .unwrap_or_default()
+    }
+
+    /// A replica's environment: what injection gave it, with the client configuration file
+    /// written under the data directory (its path replacing the Pod's mount path), and the
+    /// simulated workload's pace unless injection set it.
+    fn replica_env(&self, owner: &str, r: &super::Replica) -> Vec<(String, String)> {
+        let mut env = r.env.clone();
+        if let Some(cfg) = &r.client_config {
+            let path = self
+                .opts
+                .data_dir
+                .join("runtime")
+                .join("_deployments")
+                .join(owner)
+                .join(format!("{}.json", r.name));
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let _ = std::fs::write(&path, cfg);
+            for (k, v) in env.iter_mut() {
+                if k == "MOONCAKE_CONFIG_PATH" {
+                    *v = path.display().to_string();
+                }
+            }
+        }
+        for (k, v) in ENGINE_WORKLOAD {
+            if !env.iter().any(|(n, _)| n == k) {
+                env.push(((*k).to_owned(), (*v).to_owned()));
+            }
+        }
+        env
+    }
+
+    /// The leader's ports: the remembered ones when still free, else new free ones.
+    fn leader_ports(&self, backend: &str) -> (SocketAddr, SocketAddr) {
+        let file = self.opts.data_dir.join("runtime").join(format!("{backend}.ports"));
+        if let Ok(text) = std::fs::read_to_string(&file) {
+            let addrs: Vec<SocketAddr> = text.split_whitespace().filter_map(|a| a.parse().ok()).collect();
+            if let [grpc, fast] = addrs[..]
+                && TcpListener::bind(grpc).is_ok()
+                && TcpListener::bind(fast).is_ok()
+            {
+                return (grpc, fast);
+            }
+        }
+        let (grpc, fast) = (free_port(), free_port());
+        if let Some(dir) = file.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let _ = std::fs::write(&file, format!("{grpc} {fast}\n"));
+        (grpc, fast)
+    }
+
+    /// Bytes members may claim: the machine's memory, and no more than the shared-memory
+    /// filesystem holds.
+    fn memory_limit(&self) -> u64 {
+        if let Some(l) = self.opts.memory_limit {
+            return l;
+        }
+        let ram = mem_total().unwrap_or(u64::MAX);
+        let shm = rustix::fs::statvfs(&self.opts.shm_dir)
+            .map(|s| s.f_blocks.saturating_mul(s.f_frsize))
+            .unwrap_or(u64::MAX);
+        ram.min(shm)
+    }
+}
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn mem_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn store_args(sub: &str, flags: Vec<String>) -> Vec<String> {
+    let mut a = vec!["--exit-with-stdin".to_owned(), sub.to_owned()];
+    a.extend(flags);
+    a
+}
+
+/// `old` when it runs `spec` already (and was not refused); otherwise `old` is stopped and
+/// `spec` started.
+async fn converge(old: Option<Supervised>, spec: ProcessSpec, grace: Duration, hooks: Hooks) -> Supervised {
+    match old {
+        Some(s) if s.spec == spec && s.state().refused.is_none() => s,
+        Some(s) => {
+            s.stop().await;
+            Supervised::start(spec, grace, hooks)
+        }
+        None => Supervised::start(spec, grace, hooks),
+    }
+}
+
+#[async_trait]
+impl Runtime for LocalRuntime {
+    fn nodes(&self) -> Vec<Node> {
+        self.opts.nodes.clone()
+    }
+
+    fn changes(&self) -> tokio::sync::broadcast::Receiver<Changed> {
+        self.changes.subscribe()
+    }
+
+    async fn ensure_store(&self, plan: &StorePlan) -> StoreObservation {
+        let mut state = self.state.lock().await;
+        let (grpc, fast) = match state.stores.get(&plan.backend) {
+            Some(s) => (s.grpc, s.fast),
+            None => self.leader_ports(&plan.backend),
+        };
+        let mut leader_cfg = plan.leader.clone();
+        leader_cfg.listen = grpc;
+        leader_cfg.fast_listen = Some(FastListen::At(fast));
+        leader_cfg.metrics_listen = None;
+        leader_cfg.spin = Duration::ZERO;
+        let leader_spec = ProcessSpec {
+            program: self.opts.store_binary.clone(),
+            args: store_args("leader", leader_cfg.to_args()),
+            env: Self::store_env(),
+            log: self.log(&[&plan.backend, "leader.log"]),
+        };
+        // Memory: what the other backends' members claim plus this plan's.
+        let others: u64 = state
+            .stores
+            .iter()
+            .filter(|(name, _)| **name != plan.backend)
+            .flat_map(|(_, s)| s.members.values())
+            .filter_map(|m| member_capacity(&m.spec))
+            .sum();
+        let wanted: u64 = plan.members.iter().map(|m| m.config.capacity).sum();
+        let limit = self.memory_limit();
+        let refusal = (others.saturating_add(wanted) > limit).then(|| {
+            format!(
+                "the members need {} of memory ({} more for other backends) and this machine has {}; lower capacityPerMember or select fewer nodes",
+                format_size(wanted),
+                format_size(others),
+                format_size(limit)
+            )
+        });
+        let (leader, mut members) = match state.stores.remove(&plan.backend) {
+            Some(s) => (Some(s.leader), s.members),
+            None => (None, HashMap::new()),
+        };
+        let leader = converge(
+            leader,
+            leader_spec,
+            self.opts.grace,
+            self.notify(Changed::Store(plan.backend.clone())),
+        )
+        .await;
+        let endpoint = grpc.to_string();
+        let mut wanted_names = Vec::new();
+        for m in &plan.members {
+            let name = m.name(&plan.backend);
+            wanted_names.push(name.clone());
+            let mut cfg = m.config.clone();
+            cfg.leader = endpoint.clone();
+            cfg.name = Some(name.clone());
+            cfg.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+            cfg.data_listen = SocketAddr::from(([127, 0, 0, 1], 0));
+            cfg.shm_dir = self.opts.shm_dir.clone();
+            cfg.metrics_listen = None;
+            cfg.no_prefault = true;
+            cfg.spin = Duration::ZERO;
+            let spec = ProcessSpec {
+                program: self.opts.store_binary.clone(),
+                args: store_args("member", cfg.to_args()),
+                env: Self::store_env(),
+                log: self.log(&[&plan.backend, &format!("member-{}-{}.log", m.group, m.node)]),
+            };
+            let old = members.remove(&name);
+            let member = match &refusal {
+                Some(why) => {
+                    if let Some(old) = old {
+                        old.stop().await;
+                    }
+                    Supervised::refused(spec, why.clone())
+                }
+                None => {
+                    let hooks = self.member_hooks(&plan.backend, grpc, name.clone());
+                    converge(old, spec, self.opts.grace, hooks).await
+                }
+            };
+            members.insert(name, member);
+        }
+        // members no longer planned
+        let gone: Vec<String> = members.keys().filter(|n| !wanted_names.contains(n)).cloned().collect();
+        for n in gone {
+            if let Some(s) = members.remove(&n) {
+                s.stop().await;
+            }
+        }
+        let store = Store {
+            grpc,
+            fast,
+            leader,
+            members,
+        };
+        let observation = StoreObservation {
+            client_endpoint: Some(endpoint),
+            leader: store.leader.state(),
+            members: plan
+                .members
+                .iter()
+                .map(|m| {
+                    let st = store
+                        .members
+                        .get(&m.name(&plan.backend))
+                        .map(Supervised::state)
+                        .unwrap_or_default();
+                    (m.clone(), st)
+                })
+                .collect(),
+        };
+        state.stores.insert(plan.backend.clone(), store);
+        observation
+    }
+
+    async fn remove_store(&self, backend: &str) -> bool {
+        let store = self.state.lock().await.stores.remove(backend);
+        if let Some(store) = store {
+            let stops = store.members.into_values().map(Supervised::stop);
+            futures::future::join_all(stops).await;
+            store.leader.stop().await;
+        }
+        let _ = std::fs::remove_file(self.opts.data_dir.join("runtime").join(format!("{backend}.ports")));
+        true
+    }
+
+    async fn ensure_replicas(&self, plan: &ReplicaPlan) -> Vec<ReplicaObservation> {
+        let mut state = self.state.lock().await;
+        let mut running = state.replicas.remove(&plan.owner).unwrap_or_default();
+        let mut out = Vec::new();
+        let dir: Vec<&str> = plan.owner.split('/').collect();
+        for r in &plan.replicas {
+            let mut parts = vec!["_deployments"];
+            parts.extend(dir.iter().copied());
+            let file = format!("{}.log", r.name);
+            parts.push(&file);
+            let spec = ProcessSpec {
+                program: self.opts.store_binary.clone(),
+                args: vec!["--exit-with-stdin".into(), "engine-sim".into()],
+                env: self.replica_env(&plan.owner, r),
+                log: self.log(&parts),
+            };
+            let hooks = self.notify(Changed::Replicas(plan.owner.clone()));
+            let old = running.remove(&r.name);
+            let s = match old {
+                Some(old) if plan.hold_rollout && old.state().refused.is_none() => old,
+                old => converge(old, spec, self.opts.grace, hooks).await,
+            };
+            out.push(ReplicaObservation {
+                name: r.name.clone(),
+                role: r.role.clone(),
+                state: s.state(),
+                cache: s.report(),
+            });
+            state
+                .replicas
+                .entry(plan.owner.clone())
+                .or_default()
+                .insert(r.name.clone(), s);
+        }
+        futures::future::join_all(running.into_values().map(Supervised::stop)).await;
+        out
+    }
+
+    async fn remove_replicas(&self, owner: &str) -> bool {
+        let replicas = self.state.lock().await.replicas.remove(owner);
+        if let Some(r) = replicas {
+            futures::future::join_all(r.into_values().map(Supervised::stop)).await;
+        }
+        true
+    }
+
+    async fn shutdown(&self) {
+        let state = std::mem::take(&mut *self.state.lock().await);
+        let mut stops = Vec::new();
+        for (_, r) in state.replicas {
+            stops.extend(r.into_values().map(Supervised::stop));
+        }
+        for (_, s) in state.stores {
+            stops.extend(s.members.into_values().map(Supervised::stop));
+            stops.push(s.leader.stop());
+        }
+        futures::future::join_all(stops).await;
+    }
+}
+
+/// The `--capacity` of a member's command line.
+fn member_capacity(spec: &ProcessSpec) -> Option<u64> {
+    let i = spec.args.iter().position(|a| a == "--capacity")?;
+    kvcache_units::parse_bytes(spec.args.get(i + 1)?).ok()
+}

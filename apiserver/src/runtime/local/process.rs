@@ -1,0 +1,407 @@
+//! One supervised child process: started in its own process group with its stdout and stderr
+//! in a log file, restarted with exponential back-off when it exits, stopped with SIGTERM and
+//! then SIGKILL after a grace period.
+//!
+//! A child never outlives the server: its standard input is a pipe the supervisor holds, and the
+//! store binary runs with `--exit-with-stdin`, so when the server ends in any way (even
+//! `kill -9`) the kernel closes the pipe and the child stops. `kill_on_drop` covers the direct
+//! child as well when the supervisor itself is dropped.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::{CacheReport, Exit, WorkloadState};
+
+/// First wait before a restart; doubled after every quick exit up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A run this long resets the back-off.
+const STABLE_RUN: Duration = Duration::from_secs(60);
+/// Bytes read from the end of the log for an exit's message.
+const LOG_TAIL_BYTES: u64 = 2048;
+/// Lines of it kept.
+const LOG_TAIL_LINES: usize = 5;
+
+/// What to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessSpec {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// The whole environment (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    pub log: PathBuf,
+}
+
+/// Called when an instance ended on its own, before it is restarted.
+pub type ExitHook = Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+/// Called whenever the observed state changes (started, ready, a report, ended).
+pub type ChangeHook = Arc<dyn Fn() + Send + Sync>;
+
+/// What to call around a supervised process.
+#[derive(Clone, Default)]
+pub struct Hooks {
+    pub on_exit: Option<ExitHook>,
+    pub on_change: Option<ChangeHook>,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks").finish_non_exhaustive()
+    }
+}
+
+impl Hooks {
+    fn changed(&self) {
+        if let Some(f) = &self.on_change {
+            f();
+        }
+    }
+}
+
+/// What the supervisor observed, shared with the runtime.
+#[derive(Debug, Default)]
+struct Observed {
+    state: WorkloadState,
+    report: Option<CacheReport>,
+}
+
+/// A running supervisor; dropping it does not stop the child (call [`Supervised::stop`]).
+#[derive(Debug)]
+pub struct Supervised {
+    pub spec: ProcessSpec,
+    observed: Arc<Mutex<Observed>>,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Supervised {
+    /// Starts supervising `spec` (the first start happens at once).
+    pub fn start(spec: ProcessSpec, grace: Duration, hooks: Hooks) -> Supervised {
+        let observed = Arc::new(Mutex::new(Observed::default()));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(supervise(spec.clone(), observed.clone(), stop.clone(), grace, hooks));
+        Supervised {
+            spec,
+            observed,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// A supervisor that never starts anything: the workload is refused for `why`.
+    pub fn refused(spec: ProcessSpec, why: String) -> Supervised {
+        let observed = Observed {
+            state: WorkloadState {
+                refused: Some(why),
+                ..WorkloadState::default()
+            },
+            report: None,
+        };
+        Supervised {
+            spec,
+            observed: Arc::new(Mutex::new(observed)),
+            stop: CancellationToken::new(),
+            task: None,
+        }
+    }
+
+    pub fn state(&self) -> WorkloadState {
+        self.lock().state.clone()
+    }
+
+    pub fn report(&self) -> Option<CacheReport> {
+        self.lock().report.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Observed> {
+        self.observed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Stops the child (SIGTERM to its group, SIGKILL after the grace) and the supervision.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+fn now() -> SystemTime {
+    SystemTime::now()
+}
+
+async fn supervise(
+    spec: ProcessSpec,
+    observed: Arc<Mutex<Observed>>,
+    stop: CancellationToken,
+    grace: Duration,
+    hooks: Hooks,
+) {
+    let set = |f: &dyn Fn(&mut Observed)| {
+        f(&mut observed.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        hooks.changed();
+    };
+    let mut backoff = FIRST_BACKOFF;
+    let mut first = true;
+    loop {
+        if !first {
+            set(&|o| o.state.restarts += 1);
+        }
+        first = false;
+        let started = Instant::now();
+        let mut child = match spawn(&spec).await {
+            Ok(child) => child,
+            Err(e) => {
+                let exit = Exit {
+                    code: None,
+                    signal: None,
+                    log_tail: format!("could not start {}: {e}", spec.program.display()),
+                    at: now(),
+                };
+                set(&|o| {
+                    o.state.running = false;
+                    o.state.ready = false;
+                    o.state.last_exit = Some(exit.clone());
+                });
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = stop.cancelled() => return,
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        set(&|o| {
+            o.state.running = true;
+            o.state.ready = false;
+            o.state.started = Some(now());
+        });
+        let reader = child.stdout.take().map(|out| {
+            let observed = observed.clone();
+            let log = spec.log.clone();
+            tokio::spawn(read_stdout(out, log, observed, hooks.clone()))
+        });
+        // The pipe the child watches: held here until the child is done with.
+        let stdin = child.stdin.take();
+        let status = tokio::select! {
+            status = child.wait() => status,
+            () = stop.cancelled() => {
+                terminate(&mut child, grace).await;
+                drop(stdin);
+                if let Some(r) = reader { r.abort(); }
+                set(&|o| { o.state.running = false; o.state.ready = false; });
+                return;
+            }
+        };
+        drop(stdin);
+        if let Some(r) = reader {
+            let _ = r.await;
+        }
+        let (code, signal) = match &status {
+            Ok(s) => {
+                use std::os::unix::process::ExitStatusExt;
+                (s.code(), s.signal())
+            }
+            Err(_) => (None, None),
+        };
+        let exit = Exit {
+            code,
+            signal,
+            log_tail: tail(&spec.log).await,
+            at: now(),
+        };
+        tracing::warn!(program = %spec.program.display(), log = %spec.log.display(), "{}", exit.describe());
+        {
+            // recorded first, announced once the exit hook has run (the leader then knows too)
+            let mut o = observed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            o.state.running = false;
+            o.state.ready = false;
+            o.state.last_exit = Some(exit.clone());
+        }
+        if let Some(hook) = &hooks.on_exit {
+            hook().await;
+        }
+        hooks.changed();
+        if started.elapsed() >= STABLE_RUN {
+            backoff = FIRST_BACKOFF;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = stop.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+async fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
+    if let Some(dir) = spec.log.parent() {
+        tokio::fs::create_dir_all(dir).await?;
+    }
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&spec.log)?;
+    let mut cmd = Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .process_group(0)
+        .kill_on_drop(true);
+    cmd.spawn()
+}
+
+/// Sends SIGTERM to the child's process group, then SIGKILL once `grace` has passed.
+async fn terminate(child: &mut Child, grace: Duration) {
+    let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) else {
+        return;
+    };
+    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::TERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        let _ = child.wait().await;
+    }
+}
+
+/// Copies the child's stdout into its log, noting readiness and cache reports: a store process
+/// announces `{"event":"readiness","state":"serving"}` (a member once mounted, a leader once it
+/// serves); an engine prints one report per round.
+async fn read_stdout(out: tokio::process::ChildStdout, log: PathBuf, observed: Arc<Mutex<Observed>>, hooks: Hooks) {
+    let mut file = match tokio::fs::OpenOptions::new().create(true).append(true).open(&log).await {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!(log = %log.display(), "cannot open the log: {e}");
+            None
+        }
+    };
+    let mut lines = BufReader::new(out).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if let Some(f) = file.as_mut() {
+            let _ = f.write_all(line.as_bytes()).await;
+            let _ = f.write_all(b"\n").await;
+        }
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        {
+            let mut o = observed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let event = value.get("event").and_then(|e| e.as_str());
+            if event == Some("readiness") {
+                o.state.ready = value.get("state").and_then(|s| s.as_str()) == Some("serving");
+            } else if event == Some("listening") {
+                // bound, not yet serving: the readiness line follows
+            } else if let Ok(report) = serde_json::from_value::<CacheReport>(value) {
+                o.state.ready = true;
+                o.report = Some(report);
+            } else {
+                continue;
+            }
+        }
+        hooks.changed();
+    }
+}
+
+/// The last lines of a log, joined with ` | `.
+async fn tail(log: &PathBuf) -> String {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let Ok(mut f) = tokio::fs::File::open(log).await else {
+        return String::new();
+    };
+    let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let _ = f
+        .seek(std::io::SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)))
+        .await;
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf).await;
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str, log: PathBuf) -> ProcessSpec {
+        ProcessSpec {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: vec![],
+            log,
+        }
+    }
+
+    async fn until(s: &Supervised, f: impl Fn(&WorkloadState) -> bool) -> WorkloadState {
+        for _ in 0..200 {
+            let st = s.state();
+            if f(&st) {
+                return st;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("state never reached: {:?}", s.state());
+    }
+
+    #[tokio::test]
+    async fn an_exit_is_recorded_with_its_log_and_restarted() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Supervised::start(
+            sh("echo starting >&2; echo broken >&2; exit 3", dir.path().join("x.log")),
+            Duration::from_secs(1),
+            Hooks::default(),
+        );
+        let st = until(&s, |st| st.restarts >= 1).await;
+        let exit = st.last_exit.unwrap();
+        assert_eq!(exit.code, Some(3));
+        assert!(exit.log_tail.contains("broken"), "{}", exit.log_tail);
+        s.stop().await;
+    }
+
+    #[tokio::test]
+    async fn stop_terminates_the_whole_group_and_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        // the shell's child (sleep) is in the same group and must go too
+        let script = format!(
+            "sleep 60 & echo $! > {}; echo '{{\"event\":\"readiness\",\"state\":\"serving\"}}'; wait",
+            pidfile.display()
+        );
+        let s = Supervised::start(
+            sh(&script, dir.path().join("y.log")),
+            Duration::from_secs(2),
+            Hooks::default(),
+        );
+        until(&s, |st| st.ready).await;
+        let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        s.stop().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .unwrap()
+                    .contains(" Z "),
+            "the grandchild was left running"
+        );
+    }
+
+    #[tokio::test]
+    async fn reports_on_stdout_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = r#"{"tenant":"t","blocks":10,"hits":4,"stored":6,"hit_rate":0.4}"#;
+        let s = Supervised::start(
+            sh(&format!("echo '{line}'; sleep 30"), dir.path().join("z.log")),
+            Duration::from_secs(1),
+            Hooks::default(),
+        );
+        until(&s, |st| st.ready).await;
+        assert_eq!(s.report().unwrap().hits, 4);
+        s.stop().await;
+        let log = std::fs::read_to_string(dir.path().join("z.log")).unwrap();
+        assert!(log.contains("hit_rate"), "stdout goes to the log too: {log}");
+    }
+}

@@ -1,0 +1,235 @@
+//! Where the store's processes and the engine replicas run: the [`Runtime`] trait the controllers
+//! drive, the plans they hand it (what should run) and the observations it returns (what runs).
+//!
+//! A plan says *what* should run in the runtime's own neutral terms: a leader with its
+//! `LeaderConfig`, a member per node and group with its `MemberConfig`, replicas with the
+//! environment injection computed. The runtime decides *how*: [`local`] runs child processes on
+//! this machine; a Kubernetes runtime renders workloads. Controllers never see processes or Pods,
+//! only [`WorkloadState`]s.
+
+pub mod local;
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use kvcache_store::leader::LeaderConfig;
+use kvcache_store::member::MemberConfig;
+
+/// A node workloads may be placed on, with its labels (`kubernetes.io/hostname`, ...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Node {
+    /// A stand-in node labelled as kubelet labels a Linux node.
+    pub fn stand_in(name: &str) -> Node {
+        let labels = BTreeMap::from([
+            ("kubernetes.io/hostname".to_owned(), name.to_owned()),
+            ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ]);
+        Node {
+            name: name.to_owned(),
+            labels,
+        }
+    }
+
+    /// Whether every label of `selector` is on this node (an empty selector matches every node).
+    pub fn matches(&self, selector: &BTreeMap<String, String>) -> bool {
+        selector.iter().all(|(k, v)| self.labels.get(k) == Some(v))
+    }
+}
+
+/// What should run for one backend: its leader and one member per (group, node).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StorePlan {
+    /// The backend's name.
+    pub backend: String,
+    /// The leader's flags; the runtime chooses the addresses it listens on.
+    pub leader: LeaderConfig,
+    pub members: Vec<MemberPlan>,
+}
+
+/// One member: the group it belongs to, the node it runs on, its flags (the runtime fills in the
+/// leader's address and the listen addresses).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemberPlan {
+    pub group: usize,
+    pub node: String,
+    pub config: MemberConfig,
+}
+
+impl MemberPlan {
+    /// The member's stable name, as the leader lists it: unique per backend, naming its node.
+    pub fn name(&self, backend: &str) -> String {
+        format!("{backend}-member-{}-{}", self.group, self.node)
+    }
+}
+
+/// What runs for one backend.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StoreObservation {
+    /// The address engines and controllers reach the leader at, HOST:PORT; stable across leader
+    /// restarts.
+    pub client_endpoint: Option<String>,
+    pub leader: WorkloadState,
+    /// One per member of the plan, in its order.
+    pub members: Vec<(MemberPlan, WorkloadState)>,
+}
+
+/// What should run for one ModelDeployment: its replicas, each with exactly the environment
+/// injection computed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaPlan {
+    /// `<namespace>/<name>` of the deployment.
+    pub owner: String,
+    pub replicas: Vec<Replica>,
+    /// Keep replicas that run with another environment instead of rolling them (the cache
+    /// connection did not resolve in this pass; new replicas are still started).
+    pub hold_rollout: bool,
+}
+
+/// One engine replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replica {
+    /// `<role>-<ordinal>`.
+    pub name: String,
+    pub role: String,
+    /// The whole environment the engine receives.
+    pub env: Vec<(String, String)>,
+    /// Arguments for the engine (its connector flags); the local engine simulator ignores them.
+    pub args: Vec<String>,
+    /// A client configuration file the engine reads (vLLM), whose path the environment names.
+    pub client_config: Option<String>,
+}
+
+/// What runs of one replica, and the last account it gave of its cache.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReplicaObservation {
+    pub name: String,
+    pub role: String,
+    pub state: WorkloadState,
+    /// The engine's latest report of its cache use, once it gave one.
+    pub cache: Option<CacheReport>,
+}
+
+/// An engine's account of one round of requests.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+pub struct CacheReport {
+    pub blocks: u64,
+    pub hits: u64,
+    pub stored: u64,
+    pub hit_rate: f64,
+}
+
+/// The state of one supervised workload (a process here, a Pod in a cluster).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkloadState {
+    /// Runs now.
+    pub running: bool,
+    /// Ready to serve (for the store: listening; for an engine: it served a round).
+    pub ready: bool,
+    /// Restarts since the runtime first started it.
+    pub restarts: u32,
+    /// When the current (or last) instance started.
+    pub started: Option<SystemTime>,
+    /// Why the last instance ended, if one did.
+    pub last_exit: Option<Exit>,
+    /// Why it cannot be started at all (for example not enough memory on the machine).
+    pub refused: Option<String>,
+}
+
+/// How an instance ended: its exit code or signal and the last lines it logged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub log_tail: String,
+    pub at: SystemTime,
+}
+
+impl Exit {
+    /// `exit code 1` or `killed by signal 9`, then the log lines.
+    pub fn describe(&self) -> String {
+        let how = match (self.code, self.signal) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(s)) => format!("killed by signal {s}"),
+            (None, None) => "ended".to_owned(),
+        };
+        if self.log_tail.is_empty() {
+            how
+        } else {
+            format!("{how}; last log lines: {}", self.log_tail)
+        }
+    }
+}
+
+/// Whose workloads changed (a process started, became ready, reported or ended): the
+/// controllers look again at once rather than at their next requeue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Changed {
+    /// A backend's leader or members.
+    Store(String),
+    /// A deployment's replicas (`<namespace>/<name>`).
+    Replicas(String),
+}
+
+/// Where the controllers' workloads run.
+#[async_trait]
+pub trait Runtime: Send + Sync + std::fmt::Debug {
+    /// The nodes member groups are placed on.
+    fn nodes(&self) -> Vec<Node>;
+
+    /// Changes to the workloads, as they happen.
+    fn changes(&self) -> tokio::sync::broadcast::Receiver<Changed>;
+
+    /// Converges the backend's workloads to `plan` (starts what is missing, rolls what changed,
+    /// stops what is no longer planned) and reports what runs.
+    async fn ensure_store(&self, plan: &StorePlan) -> StoreObservation;
+
+    /// Stops every workload of the backend; `true` once nothing of it is left.
+    async fn remove_store(&self, backend: &str) -> bool;
+
+    /// Converges a deployment's replicas to `plan` and reports them, in the plan's order.
+    async fn ensure_replicas(&self, plan: &ReplicaPlan) -> Vec<ReplicaObservation>;
+
+    /// Stops every replica of `owner`; `true` once none is left.
+    async fn remove_replicas(&self, owner: &str) -> bool;
+
+    /// Stops everything (server shutdown).
+    async fn shutdown(&self);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_match_stand_in_labels() {
+        let n = Node::stand_in("local-1");
+        assert!(n.matches(&BTreeMap::new()));
+        assert!(n.matches(&BTreeMap::from([("kubernetes.io/os".into(), "linux".into())])));
+        assert!(!n.matches(&BTreeMap::from([("kubernetes.io/hostname".into(), "local-0".into())])));
+    }
+
+    #[test]
+    fn an_exit_names_its_code_or_signal_and_the_log() {
+        let at = SystemTime::UNIX_EPOCH;
+        let e = Exit {
+            code: Some(1),
+            signal: None,
+            log_tail: "boom".into(),
+            at,
+        };
+        assert_eq!(e.describe(), "exit code 1; last log lines: boom");
+        let k = Exit {
+            code: None,
+            signal: Some(9),
+            log_tail: String::new(),
+            at,
+        };
+        assert_eq!(k.describe(), "killed by signal 9");
+    }
+}
