@@ -1,0 +1,357 @@
+//! The walkthrough happens: real kubectl applies `../shared/examples/walkthrough/01..03` (our
+//! copies in `tests/fixtures/walkthrough/`) to `kv-apiserver serve` with its controllers and the
+//! local runtime, and sees the store assemble, the quota take effect and the workload attach.
+//!
+//! Member capacities are 1Gi instead of 8Gi (and the pool's total and the Binding's ceiling are
+//! scaled the same way), so the suite fits any CI machine; members claim memory only as it is
+//! written either way. The controllers requeue every 2 s here (15 s by default).
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use support::{Kubectl, Server};
+
+const KUBECTL: &str = "1.33";
+const REQUEUE: Duration = Duration::from_secs(2);
+
+fn manifest(file: &str) -> String {
+    let path = format!("{}/../tests/fixtures/walkthrough/{file}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .replace("capacityPerMember: 8Gi", "capacityPerMember: 1Gi")
+        .replace("total: 16Gi", "total: 2Gi")
+        .replace("ceiling: 8Gi", "ceiling: 1Gi")
+}
+
+fn server() -> Server {
+    Server::start_with(&["--requeue-interval", "2s"])
+}
+
+/// Polls `f` every 100 ms until it gives a value, for at most `secs`.
+fn eventually<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {secs}s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `kubectl get <what> -o jsonpath=<path>`, empty when it fails.
+fn jp(k: &Kubectl, what: &[&str], path: &str) -> String {
+    let mut args = vec!["get"];
+    args.extend_from_slice(what);
+    let p = format!("jsonpath={path}");
+    args.extend(["-o", &p]);
+    let r = k.run(&args);
+    if r.ok { r.stdout } else { String::new() }
+}
+
+/// `status|reason|message` of a condition.
+fn condition(k: &Kubectl, what: &[&str], type_: &str) -> String {
+    jp(
+        k,
+        what,
+        &format!(
+            "{{.status.conditions[?(@.type==\"{type_}\")].status}}|{{.status.conditions[?(@.type==\"{type_}\")].reason}}|{{.status.conditions[?(@.type==\"{type_}\")].message}}"
+        ),
+    )
+}
+
+const KVCB: &[&str] = &["kvcb", "mooncake-dram"];
+const KVCP: &[&str] = &["kvcp", "shared-dram"];
+const KVCPB: &[&str] = &["-n", "team-a", "kvcpb", "team-a"];
+const MD: &[&str] = &["-n", "team-a", "md", "qwen-chat"];
+
+fn wait_ready_backend(k: &Kubectl, capacity: &str) {
+    eventually(60, "kvcb Ready with the full capacity", || {
+        (jp(k, KVCB, "{.status.phase} {.status.capacity.total}") == format!("Ready {capacity}")).then_some(())
+    });
+}
+
+fn wait_granted(k: &Kubectl, effective: &str) {
+    eventually(60, "kvcpb QuotaGranted with EFFECTIVE", || {
+        let c = condition(k, KVCPB, "QuotaGranted");
+        let e = jp(k, KVCPB, "{.status.effectiveQuota}");
+        (c.starts_with("True|Granted|") && e == effective).then_some(())
+    });
+}
+
+fn wait_attached(k: &Kubectl) {
+    eventually(60, "md CacheAttached True", || {
+        condition(k, MD, "CacheAttached")
+            .starts_with("True|CacheActive|")
+            .then_some(())
+    });
+}
+
+/// The leader's gRPC port, from the published Client endpoint.
+fn leader_port(k: &Kubectl) -> String {
+    let ep = jp(k, KVCB, "{.status.endpoints[?(@.name==\"Client\")].address}");
+    ep.rsplit(':').next().unwrap_or_default().to_owned()
+}
+
+/// kv-store processes of the store whose leader listens on `port` (leader, members, engines).
+fn store_processes(port: &str) -> BTreeSet<(u32, String)> {
+    let mut out = BTreeSet::new();
+    let needle = format!("127.0.0.1:{port}");
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if !cmd.contains("kv-store") {
+            continue;
+        }
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if cmd.contains(&needle) || String::from_utf8_lossy(&environ).contains(&needle) {
+            out.insert((pid, cmd));
+        }
+    }
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+/// Status writes the controllers made so far (their metric).
+fn status_writes(s: &Server) -> u64 {
+    s.get_body("/metrics", &[])
+        .lines()
+        .filter(|l| l.starts_with("kvcache_controller_status_writes_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn apply_walkthrough(k: &Kubectl) {
+    k.must_apply(&manifest("01-backend.yaml"));
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    k.must_apply(&manifest("03-model-deployment.yaml"));
+}
+
+/// Steps 1–3 in order; the figures are the store's; a settled walkthrough writes nothing; a killed
+/// member is reported and comes back.
+#[test]
+fn the_walkthrough_runs_on_one_machine() {
+    let s = server();
+    let k = s.kubectl(KUBECTL);
+    k.must_apply(&manifest("01-backend.yaml"));
+    wait_ready_backend(&k, "2Gi");
+    let table = k.ok(&["get", "kvcb"]);
+    let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(row.len(), 5, "{table}");
+    assert_eq!(
+        (row[0], row[1], row[2], row[4]),
+        ("mooncake-dram", "Mooncake", "Ready", "2Gi")
+    );
+    assert!(row[3].starts_with("127.0.0.1:"), "{table}");
+    for t in ["LeaderAvailable", "CapacityObserved", "MembersMounted"] {
+        assert!(
+            condition(&k, KVCB, t).starts_with("True|"),
+            "{t}: {}",
+            condition(&k, KVCB, t)
+        );
+    }
+    let nodes = jp(&k, KVCB, "{.status.members[*].nodeName}");
+    let nodes: BTreeSet<&str> = nodes.split_whitespace().collect();
+    assert_eq!(
+        nodes,
+        BTreeSet::from(["local-0", "local-1"]),
+        "one member per stand-in node"
+    );
+
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    wait_granted(&k, "1Gi");
+    assert_eq!(jp(&k, KVCP, "{.status.phase}"), "Ready");
+    assert_eq!(jp(&k, KVCPB, "{.status.requestedQuota}"), "1Gi");
+
+    k.must_apply(&manifest("03-model-deployment.yaml"));
+    wait_attached(&k);
+    assert!(condition(&k, MD, "DomainRegistered").starts_with("True|Registered|"));
+    // The second replica reads blocks the first wrote (they share system prompts).
+    let hit = eventually(60, "server-1 reports a hit rate above 0", || {
+        s.get_body("/metrics", &[])
+            .lines()
+            .find(|l| l.starts_with("kvcache_replica_cache_hit_ratio{") && l.contains("replica=\"server-1\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .filter(|r| *r > 0.0)
+    });
+    assert!(hit > 0.0);
+    assert_eq!(jp(&k, MD, "{.status.roleSummary}"), "2S");
+    let described = k.ok(&["describe", "kvcb", "mooncake-dram"]);
+    for needle in ["LeaderAvailable", "MembersMounted", "Serving", "Mounted", "Capacity"] {
+        assert!(described.contains(needle), "describe lacks {needle}: {described}");
+    }
+
+    // Settled: once the engines are idle, three requeue intervals pass without a status write.
+    let mut last = status_writes(&s);
+    eventually(90, "the walkthrough settles", || {
+        std::thread::sleep(REQUEUE * 2);
+        let now = status_writes(&s);
+        let settled = now == last;
+        last = now;
+        settled.then_some(())
+    });
+    let before = status_writes(&s);
+    std::thread::sleep(REQUEUE * 3 + Duration::from_millis(500));
+    assert_eq!(status_writes(&s), before, "a settled walkthrough wrote status");
+
+    // SIGKILL one member: MembersMounted names its node and the capacity halves, then both return.
+    let port = leader_port(&k);
+    let member = store_processes(&port)
+        .into_iter()
+        .find(|(_, c)| c.contains(" member ") && c.contains("mooncake-dram-member-0-local-1"))
+        .expect("the member process on local-1");
+    let watch = k.spawn_lines(&[
+        "get",
+        "kvcb",
+        "mooncake-dram",
+        "-w",
+        "-o",
+        "jsonpath={.status.capacity.total}|{.status.conditions[?(@.type==\"MembersMounted\")].status}|{.status.conditions[?(@.type==\"MembersMounted\")].message}{\"\\n\"}",
+    ]);
+    std::process::Command::new("kill")
+        .args(["-KILL", &member.0.to_string()])
+        .status()
+        .unwrap();
+    let seen = watch.wait_for(&["1Gi|False|", "local-1"]);
+    assert!(seen.last().unwrap().contains("signal 9"), "{seen:?}");
+    watch.wait_for(&["2Gi|True|"]);
+}
+
+/// Deleting in creation order is held at each step, then completes, leaving no process behind;
+/// and `kill -9` of the server leaves no store process running.
+#[test]
+fn deletion_in_creation_order_is_held_then_completes() {
+    let s = server();
+    let k = s.kubectl(KUBECTL);
+    apply_walkthrough(&k);
+    wait_ready_backend(&k, "2Gi");
+    wait_granted(&k, "1Gi");
+    wait_attached(&k);
+    let port = leader_port(&k);
+    let processes = store_processes(&port);
+    assert_eq!(processes.len(), 5, "leader, two members, two engines: {processes:?}");
+
+    k.ok(&["delete", "kvcb", "mooncake-dram", "--wait=false"]);
+    eventually(30, "the backend held by the pool", || {
+        let c = condition(&k, KVCB, "Deletable");
+        (jp(&k, KVCB, "{.status.phase}") == "Deleting"
+            && c.starts_with("False|InUse|")
+            && c.contains("KVCachePool/shared-dram"))
+        .then_some(())
+    });
+    k.ok(&["delete", "kvcp", "shared-dram", "--wait=false"]);
+    eventually(30, "the pool held by the Binding", || {
+        let c = condition(&k, KVCP, "Releasable");
+        (c.starts_with("False|HeldByBindings|") && c.contains("team-a/team-a")).then_some(())
+    });
+    k.ok(&["-n", "team-a", "delete", "kvcpb", "team-a", "--wait=false"]);
+    eventually(30, "the Binding held by the deployment", || {
+        let c = condition(&k, KVCPB, "Releasable");
+        (c.starts_with("False|HeldByWorkloads|") && c.contains("ModelDeployment/qwen-chat")).then_some(())
+    });
+    // The store still serves while it is held.
+    assert!(processes.iter().all(|(p, _)| alive(*p)));
+    k.ok(&["-n", "team-a", "delete", "md", "qwen-chat", "--wait=false"]);
+    for (what, args) in [("md", MD), ("kvcpb", KVCPB), ("kvcp", KVCP), ("kvcb", KVCB)] {
+        eventually(60, &format!("{what} deleted"), || {
+            let mut a = vec!["get"];
+            a.extend_from_slice(args);
+            let r = k.run(&a);
+            (!r.ok && r.stderr.contains("NotFound")).then_some(())
+        });
+    }
+    eventually(30, "no store process left", || {
+        processes.iter().all(|(p, _)| !alive(*p)).then_some(())
+    });
+
+    // kill -9 of the server: its children stop on their own.
+    k.must_apply(&manifest("01-backend.yaml"));
+    wait_ready_backend(&k, "2Gi");
+    let processes = store_processes(&leader_port(&k));
+    assert_eq!(processes.len(), 3, "{processes:?}");
+    drop(s); // SIGKILL
+    eventually(20, "no store process outlives the server", || {
+        processes.iter().all(|(p, _)| !alive(*p)).then_some(())
+    });
+}
+
+/// The three manifests applied in reverse order converge to the same state.
+#[test]
+fn reverse_order_converges() {
+    let s = server();
+    let k = s.kubectl(KUBECTL);
+    k.must_apply(&manifest("03-model-deployment.yaml"));
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    k.must_apply(&manifest("01-backend.yaml"));
+    wait_ready_backend(&k, "2Gi");
+    wait_granted(&k, "1Gi");
+    wait_attached(&k);
+    assert_eq!(jp(&k, KVCP, "{.status.phase}"), "Ready");
+    assert_eq!(jp(&k, MD, "{.status.phase}"), "Ready");
+}
+
+/// Without multi-tenancy: the pool is admitted with a warning, the Binding is granted
+/// `Unenforced`, and no EFFECTIVE figure is shown.
+#[test]
+fn a_single_tenant_backend_leaves_quota_unenforced() {
+    let s = server();
+    let k = s.kubectl(KUBECTL);
+    k.must_apply(&manifest("01-backend.yaml").replace("leader: {}", "leader:\n        multiTenancy: false"));
+    wait_ready_backend(&k, "2Gi");
+    let r = k.apply(&[], &manifest("02-pool-binding.yaml"));
+    assert!(r.ok, "{}", r.text());
+    assert!(
+        r.stderr.contains("Warning") && r.stderr.contains("multiTenancy: false"),
+        "{}",
+        r.text()
+    );
+    eventually(60, "QuotaGranted True Unenforced", || {
+        condition(&k, KVCPB, "QuotaGranted")
+            .starts_with("True|Unenforced|")
+            .then_some(())
+    });
+    assert_eq!(jp(&k, KVCPB, "{.status.effectiveQuota}"), "");
+    let row = k.ok(&["-n", "team-a", "get", "kvcpb", "team-a"]);
+    assert_eq!(
+        row.lines().nth(1).unwrap_or_default().split_whitespace().count(),
+        6,
+        "EFFECTIVE is empty: {row}"
+    );
+    assert_eq!(jp(&k, KVCPB, "{.status.phase}"), "Ready");
+}
+
+/// Ceilings past the mounted capacity get proportional grants, read from the leader.
+#[test]
+fn oversubscribed_ceilings_get_proportional_grants() {
+    let s = server();
+    let k = s.kubectl(KUBECTL);
+    k.must_apply(&manifest("01-backend.yaml"));
+    wait_ready_backend(&k, "2Gi");
+    k.must_apply(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata:\n  name: shared-dram\nspec:\n  backends: [mooncake-dram]\n  quota:\n    total: 4Gi\n",
+    );
+    for (ns, ceiling) in [("team-a", "3Gi"), ("team-b", "1Gi")] {
+        k.must_apply(&format!(
+            "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata:\n  name: {ns}\n  namespace: {ns}\nspec:\n  poolRef:\n    name: shared-dram\n  quota:\n    ceiling: {ceiling}\n  domain:\n    name: {ns}\n    blockSize: 64\n    dtype: bfloat16\n"
+        ));
+    }
+    for (ns, grant) in [("team-a", "1536Mi"), ("team-b", "512Mi")] {
+        eventually(60, &format!("{ns} granted {grant}"), || {
+            let what = ["-n", ns, "kvcpb", ns];
+            let e = jp(&k, &what, "{.status.effectiveQuota}");
+            (e == grant && condition(&k, &what, "QuotaGranted").starts_with("True|Granted|")).then_some(())
+        });
+    }
+    assert!(
+        condition(&k, KVCP, "QuotaWithinTotal").starts_with("True|"),
+        "4Gi asked of a 4Gi pool"
+    );
+}
