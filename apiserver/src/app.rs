@@ -224,7 +224,7 @@ impl App {
         }
     }
 
-    /// Starts the background work: the objects-per-kind metric, and the controllers (acting as
+    /// Starts the background work: the objects-per-kind metric, the expiry of old Events, and the controllers (acting as
     /// `system:kvcache-controller` through the request pipeline in this process).
     pub fn start(&self) {
         if let Some((options, runtime)) = &self.controllers {
@@ -247,6 +247,10 @@ impl App {
                 tokio::select! {
                     _ = ticker.tick() => {}
                     _ = shutdown.changed() => return,
+                }
+                let expired = crate::events::expire(&storage, crate::events::TTL).await;
+                if expired > 0 {
+                    tracing::debug!(expired, "events past their TTL deleted");
                 }
                 for k in &KINDS {
                     match storage.count(&keys::kind_prefix_of(k.plural)).await {

@@ -1,6 +1,6 @@
 //! Discovery documents, built from the table of kinds: the legacy `APIGroupList` / `APIGroup` /
 //! `APIResourceList`, and the aggregated `APIGroupDiscoveryList` (apidiscovery.k8s.io v2 and
-//! v2beta1) chosen by `Accept`.
+//! v2beta1) chosen by `Accept`; and the core group's, which holds Events alone (direct mode).
 
 use serde_json::{Value, json};
 
@@ -76,7 +76,30 @@ pub fn aggregated(resources: &[KindEntry], version: &str) -> Value {
     })
 }
 
-/// An empty aggregated list for `/api` (we serve no core group).
-pub fn aggregated_empty(version: &str) -> Value {
-    json!({"kind": "APIGroupDiscoveryList", "apiVersion": format!("apidiscovery.k8s.io/{version}"), "metadata": {}, "items": []})
+/// The verbs of the core Events served in direct mode (`crate::events`).
+const EVENT_VERBS: &[&str] = &["create", "get", "list", "watch"];
+
+/// The aggregated list for `/api`: the core group, with Events only.
+pub fn aggregated_core(version: &str) -> Value {
+    let event = json!({
+        "resource": "events", "singularResource": "event", "scope": "Namespaced",
+        "responseKind": {"group": "", "version": "v1", "kind": "Event"}, "verbs": EVENT_VERBS,
+        "shortNames": ["ev"],
+    });
+    json!({
+        "kind": "APIGroupDiscoveryList", "apiVersion": format!("apidiscovery.k8s.io/{version}"), "metadata": {},
+        "items": [{"metadata": {"name": ""}, "versions": [{"version": "v1", "freshness": "Current", "resources": [event]}]}],
+    })
+}
+
+/// `GET /api` (legacy).
+pub fn core_versions() -> Value {
+    json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+}
+
+/// `GET /api/v1`: Events only.
+pub fn core_resources() -> Value {
+    json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+        {"name": "events", "singularName": "event", "namespaced": true, "kind": "Event", "verbs": EVENT_VERBS, "shortNames": ["ev"]}
+    ]})
 }

@@ -18,6 +18,7 @@
 //! | [`status`] | the `metav1.Status` of every refusal |
 //! | [`metrics`] | the API's Prometheus metrics, with bounded labels |
 //! | [`discovery`], [`openapi`] | the documents clients learn the API from |
+//! | [`events`] | core `v1` Events in direct mode: what the controllers did, for `kubectl describe` |
 //! | [`table`], [`selectors`], [`negotiate`] | `kubectl get` tables, label and field selectors, `Accept` |
 //! | [`controller`] | one reconcile per kind: run the store and the replicas, report what they do |
 //! | [`runtime`] | where the store's processes and the replicas run (`local`: child processes) |
@@ -30,6 +31,7 @@ pub mod config;
 pub mod controller;
 pub mod decode;
 pub mod discovery;
+pub mod events;
 pub mod handlers;
 pub mod kinds;
 pub mod manifest;

@@ -70,15 +70,21 @@ impl RequestLabels {
 
     /// The labels of a request, from what it was judged to be about.
     pub fn of(info: &RequestInfo, code: u16) -> RequestLabels {
-        let (Some(kind), Some(r)) = (info.kind().filter(|_| code != 401), info.resource.as_ref()) else {
+        let core_events = code != 401 && info.is_core_events();
+        let (group, version, resource) = match info.kind().filter(|_| code != 401) {
+            Some(kind) => (kvcache_api::GROUP, kvcache_api::VERSION, kind.plural),
+            None if core_events => ("", "v1", "events"),
+            None => return RequestLabels::unknown(info.method_verb()),
+        };
+        let Some(r) = info.resource.as_ref() else {
             return RequestLabels::unknown(info.method_verb());
         };
         RequestLabels {
             verb: info.metric_verb(),
             dry_run: if info.dry_run { "All" } else { "" },
-            group: kvcache_api::GROUP,
-            version: kvcache_api::VERSION,
-            resource: kind.plural,
+            group,
+            version,
+            resource,
             subresource: if r.subresource == "status" { "status" } else { "" },
             scope: if !r.name.is_empty() {
                 "resource"

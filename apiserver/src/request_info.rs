@@ -70,6 +70,13 @@ impl RequestInfo {
         kinds::by_plural(&r.resource)
     }
 
+    /// Whether the request is on the core Events (`/api/v1/.../events`), served in direct mode.
+    pub fn is_core_events(&self) -> bool {
+        self.resource
+            .as_ref()
+            .is_some_and(|r| r.group.is_empty() && r.version == "v1" && r.resource == "events")
+    }
+
     /// kube-apiserver's metric verb: `LIST`, `WATCH`, `GET`, `POST`, `PUT`, `PATCH`, `DELETE`.
     pub fn metric_verb(&self) -> &'static str {
         match self.verb {
@@ -134,9 +141,12 @@ fn non_resource_verb(method: &Method) -> &'static str {
 /// The resource of `/apis/<group>/<version>/...` with at least a resource segment; discovery of
 /// a group or version is a non-resource request, as in Kubernetes.
 fn resource_of(path: &str) -> Option<ResourceInfo> {
-    let rest = path.strip_prefix("/apis/")?;
-    let segs: Vec<&str> = rest.split('/').collect();
-    if segs.len() < 3 || segs.iter().any(|s| s.is_empty()) {
+    // `/api/v1/...` is the core group (""), `/apis/<group>/<version>/...` any other.
+    let (segs, core) = match path.strip_prefix("/api/") {
+        Some(rest) => (std::iter::once("").chain(rest.split('/')).collect::<Vec<&str>>(), true),
+        None => (path.strip_prefix("/apis/")?.split('/').collect(), false),
+    };
+    if segs.len() < 3 || segs.iter().skip(usize::from(core)).any(|s| s.is_empty()) {
         return None;
     }
     let (group, version, tail) = (segs[0], segs[1], &segs[2..]);

@@ -570,3 +570,92 @@ async fn a_kube_client_lists_and_watches_through_the_router_in_process() {
         other => panic!("expected an in-stream 410, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn core_events_are_created_listed_by_involved_object_and_not_updated() {
+    let f = app();
+    let discovery = as_admin(&f, "GET", "/api/v1", "", Body::empty()).await;
+    assert_eq!(discovery.json()["resources"][0]["name"], "events");
+    let event = |name: &str, object: &str| {
+        json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
+               "involvedObject": {"apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "name": object, "uid": "u-1"},
+               "reason": "Serving", "message": "the leader serves", "type": "Normal"})
+        .to_string()
+    };
+    let ctl = User::new("system:kvcache-controller", &["system:authenticated"]);
+    for (name, object) in [("a.1", "m"), ("b.1", "other")] {
+        let created = call(
+            &f,
+            Some(ctl.clone()),
+            req(
+                "POST",
+                "/api/v1/namespaces/default/events",
+                "application/json",
+                event(name, object),
+            ),
+        )
+        .await;
+        assert_eq!(created.code, StatusCode::CREATED, "{}", created.text());
+        assert!(created.json()["metadata"]["resourceVersion"].as_str().is_some());
+    }
+    // what kubectl describe asks for
+    let listed = as_admin(
+        &f,
+        "GET",
+        "/api/v1/events?fieldSelector=involvedObject.name%3Dm%2CinvolvedObject.namespace%3D%2CinvolvedObject.kind%3DKVCacheBackend%2CinvolvedObject.uid%3Du-1&limit=500",
+        "",
+        Body::empty(),
+    )
+    .await;
+    let items = listed.json()["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(items.len(), 1, "{}", listed.text());
+    assert_eq!(items[0]["metadata"]["name"], "a.1");
+    let put = as_admin(
+        &f,
+        "PUT",
+        "/api/v1/namespaces/default/events/a.1",
+        "application/json",
+        event("a.1", "m"),
+    )
+    .await;
+    put.refused(405, "MethodNotAllowed");
+    let bad = as_admin(&f, "GET", "/api/v1/events?fieldSelector=spec.x%3D1", "", Body::empty()).await;
+    bad.refused(400, "BadRequest");
+    let missing = as_admin(
+        &f,
+        "POST",
+        "/api/v1/namespaces/default/events",
+        "application/json",
+        json!({"metadata": {"name": "c"}}).to_string(),
+    )
+    .await;
+    let s = missing.refused(422, "Invalid");
+    assert_eq!(s["details"]["causes"][0]["field"], "involvedObject");
+    // a viewer reads them, may not write them; the controller may not touch other core resources
+    let v = call(
+        &f,
+        Some(viewer()),
+        req("GET", "/api/v1/namespaces/default/events", "", Body::empty()),
+    )
+    .await;
+    assert_eq!(v.code, StatusCode::OK);
+    let w = call(
+        &f,
+        Some(viewer()),
+        req(
+            "POST",
+            "/api/v1/namespaces/default/events",
+            "application/json",
+            event("d.1", "m"),
+        ),
+    )
+    .await;
+    w.refused(403, "Forbidden");
+    let pods = call(
+        &f,
+        Some(ctl),
+        req("GET", "/api/v1/namespaces/default/pods", "", Body::empty()),
+    )
+    .await;
+    pods.refused(403, "Forbidden");
+}

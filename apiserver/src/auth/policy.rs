@@ -1,5 +1,5 @@
 //! The direct-mode authorization policy: `system:masters` may do everything, the controllers
-//! (`system:kvcache-controller`) may do everything with our group's resources, `gpustack:viewers`
+//! (`system:kvcache-controller`) may do everything with our group's resources and Events, `gpustack:viewers`
 //! may get, list and watch our resources, any authenticated user may read discovery, OpenAPI,
 //! `/version` and `/metrics`, and anyone (the anonymous user included) may read the public health
 //! and version paths. In a cluster, a SubjectAccessReview authorizer takes its place.
@@ -34,7 +34,7 @@ impl Authorizer for StaticPolicy {
         // The controllers write every kind of ours, their status and finalizers included.
         if user.name == crate::controller::CONTROLLER_USER
             && let Target::Resource(r) = &attrs.target
-            && r.group == kvcache_api::GROUP
+            && (r.group == kvcache_api::GROUP || (r.group.is_empty() && r.resource == "events"))
         {
             return Decision::Allow;
         }

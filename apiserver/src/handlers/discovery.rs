@@ -22,8 +22,10 @@ pub struct Cache {
     resources: Vec<u8>,
     v2: (Vec<u8>, String),
     v2beta1: (Vec<u8>, String),
-    empty_v2: Vec<u8>,
-    empty_v2beta1: Vec<u8>,
+    core_v2: Vec<u8>,
+    core_v2beta1: Vec<u8>,
+    core_versions: Vec<u8>,
+    core_resources: Vec<u8>,
 }
 
 fn etag(bytes: &[u8]) -> String {
@@ -41,8 +43,10 @@ impl Cache {
             resources: enc(docs::api_resource_list(kinds)),
             v2: (v2.clone(), etag(&v2)),
             v2beta1: (v2beta1.clone(), etag(&v2beta1)),
-            empty_v2: enc(docs::aggregated_empty("v2")),
-            empty_v2beta1: enc(docs::aggregated_empty("v2beta1")),
+            core_v2: enc(docs::aggregated_core("v2")),
+            core_v2beta1: enc(docs::aggregated_core("v2beta1")),
+            core_versions: enc(docs::core_versions()),
+            core_resources: enc(docs::core_resources()),
         }
     }
 }
@@ -77,22 +81,24 @@ pub async fn apis(State(api): State<Arc<Api>>, headers: HeaderMap) -> Response {
     }
 }
 
-/// `GET /api`: the core group is not served.
+/// `GET /api`: the core group, which serves Events alone (direct mode).
 pub async fn core(State(api): State<Arc<Api>>, headers: HeaderMap) -> Response {
     match negotiate::for_discovery(header_str(&headers, header::ACCEPT)) {
         Some(Shape::Discovery(v)) => {
             let body = if v == "v2" {
-                api.discovery.empty_v2.clone()
+                api.discovery.core_v2.clone()
             } else {
-                api.discovery.empty_v2beta1.clone()
+                api.discovery.core_v2beta1.clone()
             };
             response::bytes(200, &negotiate::content_type(Shape::Discovery(v)), body)
         }
-        _ => response::json(
-            200,
-            br#"{"kind":"APIVersions","versions":[],"serverAddressByClientCIDRs":[]}"#.to_vec(),
-        ),
+        _ => response::json(200, api.discovery.core_versions.clone()),
     }
+}
+
+/// `GET /api/v1`.
+pub async fn core_resources(State(api): State<Arc<Api>>) -> Response {
+    response::json(200, api.discovery.core_resources.clone())
 }
 
 /// `GET /apis/worker.gpustack.ai`.

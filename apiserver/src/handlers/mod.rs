@@ -19,6 +19,7 @@ pub mod create;
 pub mod delete;
 pub mod deletecollection;
 pub mod discovery;
+pub mod events;
 pub mod get;
 pub mod health;
 pub mod list;
@@ -96,6 +97,9 @@ impl Routes {
 
 /// A request on a resource path: the handler of its verb if the resource is ours, else a 404.
 async fn resource(api: Arc<Api>, info: &RequestInfo, req: Request) -> Response {
+    if info.is_core_events() {
+        return events::handle(api, info, req).await;
+    }
     let Some(r) = info.resource.as_ref().filter(|_| info.kind().is_some()) else {
         return response::not_found(req.uri().path());
     };
@@ -148,6 +152,7 @@ fn system_router(api: Arc<Api>) -> Router {
         .route("/version", read_only(on_get(discovery::version)))
         .route("/api", read_only(on_get(discovery::core)))
         .route("/api/", read_only(on_get(discovery::core)))
+        .route("/api/v1", read_only(on_get(discovery::core_resources)))
         .route("/apis", read_only(on_get(discovery::apis)))
         .route("/apis/", read_only(on_get(discovery::apis)))
         .route(&group, read_only(on_get(discovery::group)))

@@ -1,0 +1,351 @@
+//! Core `v1` Events in direct mode (decision 9 of the spec): created by the controllers, read by
+//! `kubectl describe` (a list by `involvedObject` field selectors) and `kubectl get events`, and
+//! watched. In a cluster kube-apiserver serves them instead. Only create, get, list and watch are
+//! served; updates and deletes are refused (405), and events expire after [`TTL`] as
+//! kube-apiserver's `--event-ttl` makes them.
+//!
+//! Stored under `/registry/core/events/<namespace>/<name>` as the JSON kubectl reads, with the
+//! storage revision as `resourceVersion`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Event;
+use serde_json::{Value, json};
+
+use crate::status::failure;
+use crate::storage::{Compare, KeyValue, ListRequest, Op, Storage, Txn, TxnOutcome};
+use crate::table::{Column, at, col, human_duration, text};
+
+/// How long an event is kept.
+pub const TTL: Duration = Duration::from_secs(3600);
+const PREFIX: &str = "/registry/core/events/";
+/// Largest page of a list.
+const MAX_LIMIT: usize = 500;
+
+/// A refusal: its HTTP code and Status.
+#[derive(Debug)]
+pub struct Refusal(pub u16, pub Box<k8s_openapi::apimachinery::pkg::apis::meta::v1::Status>);
+
+fn refuse(code: u16, reason: &str, message: impl Into<String>) -> Refusal {
+    Refusal(code, Box::new(failure(code, reason, message)))
+}
+
+/// The prefix of a namespace's events, or of all.
+pub fn prefix(namespace: Option<&str>) -> String {
+    match namespace {
+        Some(ns) => format!("{PREFIX}{ns}/"),
+        None => PREFIX.to_owned(),
+    }
+}
+
+/// The stored JSON with its revision as `resourceVersion`.
+pub fn with_revision(kv: &KeyValue) -> Option<Value> {
+    let mut v: Value = serde_json::from_slice(&kv.value).ok()?;
+    v["metadata"]["resourceVersion"] = json!(kv.mod_revision.to_string());
+    Some(v)
+}
+
+/// A field selector over the fields `kubectl describe` and `kubectl get events` use:
+/// `involvedObject.{kind,namespace,name,uid,apiVersion,resourceVersion,fieldPath}`, `reason`,
+/// `type`, `source`, `reportingComponent`, `metadata.name` and `metadata.namespace`, with `=`,
+/// `==` and `!=`. A term with no operator (`involvedObject.UID`, as kubectl 1.27 sends for an
+/// empty UID) matches an empty value.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FieldSelector(Vec<(Vec<String>, bool, String)>);
+
+const FIELDS: &[&str] = &[
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
+    "reason",
+    "type",
+    "source",
+    "reportingComponent",
+    "metadata.name",
+    "metadata.namespace",
+];
+
+impl FieldSelector {
+    pub fn parse(s: &str) -> Result<FieldSelector, Refusal> {
+        let mut terms = Vec::new();
+        for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let (field, eq, value) = if let Some((f, v)) = term.split_once("!=") {
+                (f, false, v)
+            } else if let Some((f, v)) = term.split_once("==") {
+                (f, true, v)
+            } else if let Some((f, v)) = term.split_once('=') {
+                (f, true, v)
+            } else {
+                (term, true, "")
+            };
+            let known = FIELDS.iter().find(|k| k.eq_ignore_ascii_case(field)).ok_or_else(|| {
+                refuse(
+                    400,
+                    "BadRequest",
+                    format!(
+                        "field label not supported: {field}; events can be selected by {}",
+                        FIELDS.join(", ")
+                    ),
+                )
+            })?;
+            let path = match *known {
+                "source" => vec!["source".to_owned(), "component".to_owned()],
+                k => k.split('.').map(str::to_owned).collect(),
+            };
+            terms.push((path, eq, value.to_owned()));
+        }
+        Ok(FieldSelector(terms))
+    }
+
+    pub fn matches(&self, event: &Value) -> bool {
+        self.0.iter().all(|(path, eq, want)| {
+            let refs: Vec<&str> = path.iter().map(String::as_str).collect();
+            let have = at(event, &refs).and_then(Value::as_str).unwrap_or_default();
+            (have == want) == *eq
+        })
+    }
+}
+
+/// Stores a new event in `namespace` (the request path's); returns it as stored.
+pub async fn create(storage: &Arc<dyn Storage>, namespace: &str, body: &[u8]) -> Result<Value, Refusal> {
+    let event: Event = serde_json::from_slice(body)
+        .map_err(|e| refuse(400, "BadRequest", format!("the body is not a v1 Event: {e}")))?;
+    let mut v = serde_json::to_value(&event).map_err(|e| refuse(500, "InternalError", e.to_string()))?;
+    let meta = &event.metadata;
+    if let Some(ns) = meta.namespace.as_deref()
+        && !ns.is_empty()
+        && ns != namespace
+    {
+        return Err(refuse(
+            400,
+            "BadRequest",
+            format!("the namespace of the object ({ns}) does not match the namespace on the request ({namespace})"),
+        ));
+    }
+    let name = match (meta.name.as_deref(), meta.generate_name.as_deref()) {
+        (Some(n), _) if !n.is_empty() => n.to_owned(),
+        (_, Some(g)) if !g.is_empty() => format!("{g}{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+        _ => {
+            return Err(invalid("metadata.name", "name or generateName is required"));
+        }
+    };
+    if name.len() > 253
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+    {
+        return Err(invalid(
+            "metadata.name",
+            "a lowercase RFC 1123 subdomain of at most 253 characters is required",
+        ));
+    }
+    let involved = &event.involved_object;
+    if involved.kind.as_deref().unwrap_or_default().is_empty()
+        || involved.name.as_deref().unwrap_or_default().is_empty()
+    {
+        return Err(invalid(
+            "involvedObject",
+            "the kind and name of the object the event is about are required",
+        ));
+    }
+    v["apiVersion"] = json!("v1");
+    v["kind"] = json!("Event");
+    v["metadata"]["name"] = json!(name);
+    v["metadata"]["namespace"] = json!(namespace);
+    v["metadata"]["uid"] = json!(uuid::Uuid::new_v4().to_string());
+    v["metadata"]["creationTimestamp"] = json!(crate::registry::meta::now());
+    if let Some(m) = v["metadata"].as_object_mut() {
+        m.remove("resourceVersion");
+        m.remove("generateName");
+    }
+    let key = format!("{}{name}", prefix(Some(namespace)));
+    let bytes = serde_json::to_vec(&v).map_err(|e| refuse(500, "InternalError", e.to_string()))?;
+    let txn = Txn {
+        compares: vec![Compare::ModRevision {
+            key: key.clone(),
+            revision: 0,
+        }],
+        ops: vec![Op::Put {
+            key,
+            value: bytes.into(),
+        }],
+    };
+    match storage.txn(txn).await {
+        Ok(TxnOutcome::Committed { revision }) => {
+            v["metadata"]["resourceVersion"] = json!(revision.to_string());
+            Ok(v)
+        }
+        Ok(TxnOutcome::CompareFailed { .. }) => Err(refuse(
+            409,
+            "AlreadyExists",
+            format!("events \"{name}\" already exists"),
+        )),
+        Err(e) => Err(refuse(503, "ServiceUnavailable", e.to_string())),
+    }
+}
+
+fn invalid(field: &str, message: &str) -> Refusal {
+    let mut s = failure(422, "Invalid", format!("Event is invalid: {field}: {message}"));
+    s.details = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::StatusDetails {
+        kind: Some("Event".into()),
+        causes: Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::StatusCause {
+            field: Some(field.into()),
+            message: Some(message.into()),
+            reason: Some("FieldValueRequired".into()),
+        }]),
+        ..Default::default()
+    });
+    Refusal(422, Box::new(s))
+}
+
+/// One event.
+pub async fn get(storage: &Arc<dyn Storage>, namespace: &str, name: &str) -> Result<Value, Refusal> {
+    let key = format!("{}{name}", prefix(Some(namespace)));
+    match storage.get(&key).await {
+        Ok(Some(kv)) => with_revision(&kv).ok_or_else(|| refuse(500, "InternalError", "a stored event is not JSON")),
+        Ok(None) => Err(refuse(404, "NotFound", format!("events \"{name}\" not found"))),
+        Err(e) => Err(refuse(503, "ServiceUnavailable", e.to_string())),
+    }
+}
+
+/// A page of events matching `fields` and `labels`, and the list's revision and continue key.
+pub async fn list(
+    storage: &Arc<dyn Storage>,
+    namespace: Option<&str>,
+    fields: FieldSelector,
+    labels: crate::selectors::LabelSelector,
+    limit: Option<usize>,
+    continue_after: Option<String>,
+) -> Result<(Vec<Value>, u64, Option<String>), Refusal> {
+    let filter = Arc::new(move |kv: &KeyValue| {
+        serde_json::from_slice::<Value>(&kv.value).is_ok_and(|v| {
+            let l: Option<std::collections::BTreeMap<String, String>> =
+                serde_json::from_value(v["metadata"]["labels"].clone()).ok();
+            fields.matches(&v) && labels.matches(l.as_ref())
+        })
+    });
+    let limit = limit.unwrap_or(MAX_LIMIT).clamp(1, MAX_LIMIT);
+    let r = storage
+        .list(ListRequest {
+            prefix: prefix(namespace),
+            revision: None,
+            start_after: continue_after,
+            limit: Some(limit),
+            filter: Some(filter),
+        })
+        .await
+        .map_err(|e| refuse(503, "ServiceUnavailable", e.to_string()))?;
+    let next = if r.more {
+        r.items.last().map(|kv| kv.key.clone())
+    } else {
+        None
+    };
+    Ok((r.items.iter().filter_map(with_revision).collect(), r.revision, next))
+}
+
+/// Deletes the events older than `ttl`; returns how many.
+pub async fn expire(storage: &Arc<dyn Storage>, ttl: Duration) -> usize {
+    let Ok(r) = storage
+        .list(ListRequest {
+            prefix: PREFIX.to_owned(),
+            ..ListRequest::default()
+        })
+        .await
+    else {
+        return 0;
+    };
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let old: Vec<&KeyValue> = r
+        .items
+        .iter()
+        .filter(|kv| {
+            serde_json::from_slice::<Event>(&kv.value)
+                .ok()
+                .and_then(|e| e.metadata.creation_timestamp)
+                .is_some_and(|t| now.duration_since(t.0).unsigned_abs() > ttl)
+        })
+        .collect();
+    let mut n = 0;
+    for kv in old {
+        let txn = Txn {
+            compares: vec![Compare::ModRevision {
+                key: kv.key.clone(),
+                revision: kv.mod_revision,
+            }],
+            ops: vec![Op::Delete { key: kv.key.clone() }],
+        };
+        if matches!(storage.txn(txn).await, Ok(TxnOutcome::Committed { .. })) {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// When the event last happened: `lastTimestamp`, else `eventTime`, else its creation.
+fn last_seen(v: &Value) -> Value {
+    let t = ["lastTimestamp", "eventTime"]
+        .iter()
+        .find_map(|f| v.get(*f).and_then(Value::as_str))
+        .or_else(|| at(v, &["metadata", "creationTimestamp"]).and_then(Value::as_str));
+    let Some(ts) = t.and_then(|s| s.parse::<k8s_openapi::jiff::Timestamp>().ok()) else {
+        return json!("<unknown>");
+    };
+    let secs = k8s_openapi::jiff::Timestamp::now()
+        .duration_since(ts)
+        .as_secs()
+        .max(0)
+        .unsigned_abs();
+    json!(human_duration(secs))
+}
+
+fn object(v: &Value) -> Value {
+    let kind = at(v, &["involvedObject", "kind"])
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let name = at(v, &["involvedObject", "name"])
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    json!(format!("{}/{name}", kind.to_ascii_lowercase()))
+}
+
+/// What `kubectl get events` prints, as kube-apiserver's columns.
+pub const COLUMNS: &[Column] = &[
+    col("Last Seen", "when the event last happened", last_seen),
+    col("Type", "Normal or Warning", |v| text(v, &["type"])),
+    col("Reason", "why the event happened", |v| text(v, &["reason"])),
+    col("Object", "the object the event is about", object),
+    col("Message", "what happened", |v| text(v, &["message"])),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describe_selectors_match_the_involved_object() {
+        let e = json!({"involvedObject": {"kind": "KVCacheBackend", "name": "m", "namespace": "", "uid": "u1"}, "reason": "LeaderStarted", "type": "Normal"});
+        let s = FieldSelector::parse(
+            "involvedObject.name=m,involvedObject.namespace=,involvedObject.kind=KVCacheBackend,involvedObject.uid=u1",
+        )
+        .unwrap();
+        assert!(s.matches(&e));
+        assert!(!FieldSelector::parse("involvedObject.name=other").unwrap().matches(&e));
+        assert!(FieldSelector::parse("type!=Warning").unwrap().matches(&e));
+        // kubectl 1.27 sends `involvedObject.UID` without a value for an empty uid
+        assert!(!FieldSelector::parse("involvedObject.UID").unwrap().matches(&e));
+        let err = FieldSelector::parse("spec.nodeName=x").unwrap_err();
+        assert_eq!(err.0, 400);
+    }
+
+    #[test]
+    fn the_table_names_the_object_by_kind() {
+        let e = json!({"involvedObject": {"kind": "KVCacheBackend", "name": "m"}, "metadata": {"creationTimestamp": "2020-01-01T00:00:00Z"}});
+        assert_eq!(object(&e), "kvcachebackend/m");
+        assert_ne!(last_seen(&e), "<unknown>");
+    }
+}
