@@ -135,8 +135,8 @@ fn apply_walkthrough(k: &Kubectl) {
     k.must_apply(&manifest("03-model-deployment.yaml"));
 }
 
-/// Steps 1–3 in order; the figures are the store's; a settled walkthrough writes nothing; a killed
-/// member is reported and comes back.
+/// Steps 1–3 in order; the figures are the store's; describe shows conditions and events; a
+/// settled walkthrough writes nothing; a killed member is reported and comes back.
 #[test]
 fn the_walkthrough_runs_on_one_machine() {
     let s = server();
@@ -184,10 +184,28 @@ fn the_walkthrough_runs_on_one_machine() {
     });
     assert!(hit > 0.0);
     assert_eq!(jp(&k, MD, "{.status.roleSummary}"), "2S");
-    let described = k.ok(&["describe", "kvcb", "mooncake-dram"]);
-    for needle in ["LeaderAvailable", "MembersMounted", "Serving", "Mounted", "Capacity"] {
+    // describe shows the conditions and what the controllers did (core v1 Events).
+    let described = eventually(30, "describe shows the leader's event", || {
+        let d = k.ok(&["describe", "kvcb", "mooncake-dram"]);
+        d.contains("LeaderAvailable is True").then_some(d)
+    });
+    for needle in [
+        "LeaderAvailable",
+        "MembersMounted",
+        "Serving",
+        "Mounted",
+        "Capacity",
+        "Events:",
+        "kvcache-controller",
+    ] {
         assert!(described.contains(needle), "describe lacks {needle}: {described}");
     }
+    let events = k.ok(&["get", "events", "-A"]);
+    assert!(events.contains("kvcachebackend/mooncake-dram"), "{events}");
+    assert!(
+        events.contains("modeldeployment/qwen-chat") && events.contains("CacheActive"),
+        "{events}"
+    );
 
     // Settled: once the engines are idle, three requeue intervals pass without a status write.
     let mut last = status_writes(&s);
@@ -223,6 +241,11 @@ fn the_walkthrough_runs_on_one_machine() {
     let seen = watch.wait_for(&["1Gi|False|", "local-1"]);
     assert!(seen.last().unwrap().contains("signal 9"), "{seen:?}");
     watch.wait_for(&["2Gi|True|"]);
+    let described = k.ok(&["describe", "kvcb", "mooncake-dram"]);
+    assert!(
+        described.contains("MemberCrashLooping"),
+        "the lost member is an event: {described}"
+    );
 }
 
 /// Deleting in creation order is held at each step, then completes, leaving no process behind;
@@ -271,6 +294,19 @@ fn deletion_in_creation_order_is_held_then_completes() {
     eventually(30, "no store process left", || {
         processes.iter().all(|(p, _)| !alive(*p)).then_some(())
     });
+    // nor a segment file: members unlink theirs as soon as it is mapped
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            processes
+                .iter()
+                .any(|(p, _)| n.starts_with(&format!("kvstore-segment-{p}-")))
+        })
+        .collect();
+    assert!(left.is_empty(), "segment files left behind: {left:?}");
 
     // kill -9 of the server: its children stop on their own.
     k.must_apply(&manifest("01-backend.yaml"));
@@ -328,7 +364,8 @@ fn a_single_tenant_backend_leaves_quota_unenforced() {
     assert_eq!(jp(&k, KVCPB, "{.status.phase}"), "Ready");
 }
 
-/// Ceilings past the mounted capacity get proportional grants, read from the leader.
+/// Ceilings past the mounted capacity get proportional grants, read from the leader; larger
+/// members roll and the grants follow.
 #[test]
 fn oversubscribed_ceilings_get_proportional_grants() {
     let s = server();
@@ -354,4 +391,21 @@ fn oversubscribed_ceilings_get_proportional_grants() {
         condition(&k, KVCP, "QuotaWithinTotal").starts_with("True|"),
         "4Gi asked of a 4Gi pool"
     );
+    // Larger members roll, the capacity follows, and the ceilings now fit: full grants.
+    k.ok(&[
+        "patch",
+        "kvcb",
+        "mooncake-dram",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/connection/managed/members/0/capacityPerMember","value":"2Gi"}]"#,
+    ]);
+    wait_ready_backend(&k, "4Gi");
+    for (ns, grant) in [("team-a", "3Gi"), ("team-b", "1Gi")] {
+        eventually(60, &format!("{ns} granted its whole ceiling {grant}"), || {
+            (jp(&k, &["-n", ns, "kvcpb", ns], "{.status.effectiveQuota}") == grant).then_some(())
+        });
+    }
+    let described = k.ok(&["-n", "team-a", "describe", "kvcpb", "team-a"]);
+    assert!(described.contains("GrantChanged"), "{described}");
 }

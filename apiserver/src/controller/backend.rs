@@ -147,6 +147,7 @@ pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan
                 group: i,
                 node: node.name.clone(),
                 config,
+                env: env_pairs(&group.extra_env),
             });
         }
     }
@@ -154,10 +155,17 @@ pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan
         StorePlan {
             backend: name.to_owned(),
             leader,
+            leader_env: env_pairs(&leader_spec.extra_env),
             members,
         },
         unmatched,
     ))
+}
+
+fn env_pairs(env: &[kvcache_api::common::EnvVar]) -> Vec<(String, String)> {
+    env.iter()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect()
 }
 
 fn selector_text(selector: &BTreeMap<String, String>) -> String {
@@ -287,13 +295,26 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context) -> BackendStatus {
             return st;
         }
     };
+    // A leader keeps nothing across restarts: say since when it serves, so a cold cache is
+    // explained (a restart of the leader or of this server moves the time, and records an event).
+    let since = observed
+        .as_ref()
+        .and_then(|(_, _, obs)| obs.leader.started)
+        .and_then(|t| k8s_openapi::jiff::Timestamp::try_from(t).ok())
+        .map(|t| {
+            format!(
+                " since {}, when its cache started empty",
+                t.strftime("%Y-%m-%dT%H:%M:%SZ")
+            )
+        })
+        .unwrap_or_default();
     set(
         &mut st,
         Observation::new(
             leader_available::TYPE,
             ConditionStatus::True,
             leader_available::SERVING,
-            format!("the leader at {admin} serves (role {})", view.health.role),
+            format!("the leader at {admin} serves (role {}){since}", view.health.role),
         ),
     );
     st.capacity = Some(Capacity {
@@ -573,6 +594,45 @@ mod tests {
         assert_eq!(plan.leader.lease_ttl, std::time::Duration::from_secs(3));
         assert!((plan.leader.eviction_ratio - 0.2).abs() < 1e-9);
         assert!(!plan.leader.multi_tenancy);
+    }
+
+    fn view(names: &[&str]) -> LeaderView {
+        LeaderView {
+            health: kvcache_store::proto::HealthResponse::default(),
+            members: names
+                .iter()
+                .map(|n| kvcache_store::proto::MemberStatus {
+                    name: (*n).to_owned(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn members_mounted_names_the_missing_node_or_the_selector() {
+        let nodes = [Node::stand_in("local-0"), Node::stand_in("local-1")];
+        let s = spec(
+            "type: Mooncake\nconnection:\n  managed:\n    leader: {}\n    members:\n    - nodeSelector: {kubernetes.io/os: linux}\n      capacityPerMember: 1Gi\n",
+        );
+        let (p, unmatched) = plan("b", &s, &nodes).unwrap();
+        let obs = StoreObservation {
+            members: p.members.iter().map(|m| (m.clone(), Default::default())).collect(),
+            ..Default::default()
+        };
+        let both = (p.clone(), unmatched.clone(), obs.clone());
+        let v = members_verdict(&view(&["b-member-0-local-0", "b-member-0-local-1"]), Some(&both));
+        assert_eq!((v.status, v.reason.as_str()), (ConditionStatus::True, "Mounted"));
+        let v = members_verdict(&view(&["b-member-0-local-0"]), Some(&both));
+        assert_eq!((v.status, v.reason.as_str()), (ConditionStatus::False, "SegmentsShort"));
+        assert!(v.message.contains("local-1"), "{}", v.message);
+        let none = spec(
+            "type: Mooncake\nconnection:\n  managed:\n    leader: {}\n    members:\n    - nodeSelector: {zone: a}\n      capacityPerMember: 1Gi\n",
+        );
+        let (p, unmatched) = plan("b", &none, &nodes).unwrap();
+        let v = members_verdict(&view(&[]), Some(&(p, unmatched, StoreObservation::default())));
+        assert_eq!(v.reason, "NoSegments");
+        assert!(v.message.contains("{zone=a}"), "{}", v.message);
     }
 
     #[test]

@@ -241,7 +241,16 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
     let (phase, message) = phase(&st);
     st.phase = Some(phase);
     st.phase_message = message;
-    status::write(&api, &obj, st, &ctx).await?;
+    let grant_changed =
+        prev.effective_quota.is_some() && st.effective_quota.is_some() && prev.effective_quota != st.effective_quota;
+    let grant = format!(
+        "the leader now grants {} (was {})",
+        st.effective_quota.as_ref().map(Quantity::as_str).unwrap_or_default(),
+        prev.effective_quota.as_ref().map(Quantity::as_str).unwrap_or_default()
+    );
+    if status::write(&api, &obj, st, &ctx).await? && grant_changed {
+        super::events::record(&ctx, &obj, false, "GrantChanged", &grant).await;
+    }
     Ok(Action::requeue(ctx.opts.requeue))
 }
 

@@ -13,6 +13,7 @@
 //! | [`leader`] | reading a leader's Control API (health, members, tenants) with timeouts |
 //! | [`ledger`] | the whole tenant ledger of a backend, rendered from the Bindings and converged |
 //! | [`status`] | writing `/status` only when it changed; the finalizer |
+//! | [`events`] | the Events recorded when a condition changes |
 //!
 //! Passes are triggered by watches (an object and the objects that name it) and by a fixed
 //! requeue ([`Options::requeue`], 15 s by default). A failed pass is logged, counted
@@ -21,6 +22,7 @@
 
 pub mod backend;
 pub mod binding;
+pub mod events;
 pub mod injection;
 pub mod leader;
 pub mod ledger;
@@ -142,6 +144,14 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Shared by every kind's `error_policy`: counts the failure and retries soon.
 fn retry(kind: &'static str, error: &Error, ctx: &Context) -> Action {
     ctx.metrics.errors.get_or_create(&KindLabel { kind }).inc();
+    if let Error::Kube(kube::Error::Api(s)) = error
+        && s.code == 409
+    {
+        // The pass read an object older than the one stored (its own last write, or a user's):
+        // look again at once, from the newer one.
+        tracing::debug!(kind, "reconcile met a newer object, retrying: {error}");
+        return Action::requeue(Duration::from_millis(200));
+    }
     tracing::warn!(kind, "reconcile failed, retrying: {error}");
     Action::requeue(Duration::from_secs(2))
 }

@@ -1,5 +1,5 @@
 //! Writing what a pass observed: `/status` replaced only when it differs from what is stored (a
-//! settled system makes no writes), and the finalizer added to live objects and removed once
+//! settled system makes no writes), with an event for every condition that changed, and the finalizer added to live objects and removed once
 //! their release is done, each a JSON patch guarded by a `test` of the list it changes.
 
 use kube::Api;
@@ -18,13 +18,20 @@ where
     if obj.status.as_ref() == Some(&status) {
         return Ok(false);
     }
+    let changed = super::events::transitions(
+        &super::events::conditions_of(obj.status.as_ref()),
+        &super::events::conditions_of(Some(&status)),
+    );
     let mut next = obj.clone();
     next.status = Some(status);
-    api.replace_status(obj.name(), &PostParams::default(), &next).await?;
+    let written = api.replace_status(obj.name(), &PostParams::default(), &next).await?;
     ctx.metrics
         .status_writes
         .get_or_create(&KindLabel { kind: K::KIND })
         .inc();
+    for (warning, reason, message) in changed {
+        super::events::record(ctx, &written, warning, &reason, &message).await;
+    }
     Ok(true)
 }
 

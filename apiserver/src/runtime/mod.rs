@@ -49,6 +49,8 @@ pub struct StorePlan {
     pub backend: String,
     /// The leader's flags; the runtime chooses the addresses it listens on.
     pub leader: LeaderConfig,
+    /// Extra environment of the leader (`leader.extraEnv`).
+    pub leader_env: Vec<(String, String)>,
     pub members: Vec<MemberPlan>,
 }
 
@@ -59,6 +61,8 @@ pub struct MemberPlan {
     pub group: usize,
     pub node: String,
     pub config: MemberConfig,
+    /// Extra environment (the group's `extraEnv`).
+    pub env: Vec<(String, String)>,
 }
 
 impl MemberPlan {

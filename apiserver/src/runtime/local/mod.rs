@@ -280,7 +280,7 @@ impl Runtime for LocalRuntime {
         let leader_spec = ProcessSpec {
             program: self.opts.store_binary.clone(),
             args: store_args("leader", leader_cfg.to_args()),
-            env: Self::store_env(),
+            env: [Self::store_env(), plan.leader_env.clone()].concat(),
             log: self.log(&[&plan.backend, "leader.log"]),
         };
         // Memory: what the other backends' members claim plus this plan's.
@@ -329,7 +329,7 @@ impl Runtime for LocalRuntime {
             let spec = ProcessSpec {
                 program: self.opts.store_binary.clone(),
                 args: store_args("member", cfg.to_args()),
-                env: Self::store_env(),
+                env: [Self::store_env(), m.env.clone()].concat(),
                 log: self.log(&[&plan.backend, &format!("member-{}-{}.log", m.group, m.node)]),
             };
             let old = members.remove(&name);
@@ -455,4 +455,45 @@ impl Runtime for LocalRuntime {
 fn member_capacity(spec: &ProcessSpec) -> Option<u64> {
     let i = spec.args.iter().position(|a| a == "--capacity")?;
     kvcache_units::parse_bytes(spec.args.get(i + 1)?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::MemberPlan;
+    use kvcache_store::leader::LeaderConfig;
+    use kvcache_store::member::MemberConfig;
+
+    #[tokio::test]
+    async fn members_that_would_need_more_memory_than_the_machine_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = LocalOptions::new(dir.path());
+        opts.store_binary = dir.path().join("no-such-kv-store");
+        opts.memory_limit = Some(1 << 30);
+        let rt = LocalRuntime::new(opts);
+        let member = |node: &str| MemberPlan {
+            group: 0,
+            node: node.into(),
+            config: MemberConfig::new("127.0.0.1:1", 1 << 30),
+            env: vec![],
+        };
+        let plan = StorePlan {
+            backend: "b".into(),
+            leader: LeaderConfig::default(),
+            leader_env: vec![],
+            members: vec![member("local-0"), member("local-1")],
+        };
+        let obs = rt.ensure_store(&plan).await;
+        assert_eq!(obs.members.len(), 2);
+        for (_, st) in &obs.members {
+            let why = st.refused.as_deref().unwrap_or_default();
+            assert!(why.contains("2Gi") && why.contains("lower capacityPerMember"), "{why}");
+            assert!(!st.running);
+        }
+        assert!(
+            obs.client_endpoint.is_some(),
+            "the leader still gets its stable endpoint"
+        );
+        rt.shutdown().await;
+    }
 }
