@@ -8,8 +8,8 @@
 //! - `KVSTORE_LEADER` or `MOONCAKE_MASTER`: the leader, HOST:PORT; without one the engine runs
 //!   with no cache at all (every block is computed, nothing is stored);
 //! - `KVSTORE_TENANT` or `MOONCAKE_TENANT_ID`: the tenant (reuse domain), default `default`;
-//! - `KVSTORE_BLOCK_SIZE`: tokens per block (required);
-//! - `KVSTORE_DTYPE`: the KV dtype (required);
+//! - `KVSTORE_BLOCK_SIZE`: tokens per block (required with a leader; 16 without);
+//! - `KVSTORE_DTYPE`: the KV dtype (required with a leader; `auto` without);
 //! - `KVSTORE_SESSIONS` (8), `KVSTORE_REQUESTS` per session (16), `KVSTORE_PREFIXES` (4 shared
 //!   system prompts), `KVSTORE_PREFIX_BLOCKS` (8), `KVSTORE_SUFFIX_BLOCKS` (4),
 //!   `KVSTORE_BLOCK_BYTES` (bytes stored per block, default 64Ki), `KVSTORE_ROUNDS` (1; 0 = run
@@ -53,13 +53,17 @@ impl SimConfig {
         let first = |names: &[&str]| names.iter().find_map(|n| get(n).filter(|v| !v.is_empty()));
         let leader = first(&["KVSTORE_LEADER", "MOONCAKE_MASTER"]);
         let tenant = first(&["KVSTORE_TENANT", "MOONCAKE_TENANT_ID"]).unwrap_or_else(|| "default".into());
+        // Without a cache the layout only shapes the simulated prompts.
         let block_size = first(&["KVSTORE_BLOCK_SIZE"])
+            .or_else(|| leader.is_none().then(|| "16".to_owned()))
             .ok_or_else(|| bad("set KVSTORE_BLOCK_SIZE to the domain's tokens per block".into()))?
             .parse::<u32>()
             .ok()
             .filter(|b| *b > 0)
             .ok_or_else(|| bad("KVSTORE_BLOCK_SIZE must be a whole number greater than 0".into()))?;
-        let dtype = first(&["KVSTORE_DTYPE"]).ok_or_else(|| bad("set KVSTORE_DTYPE to the domain's dtype".into()))?;
+        let dtype = first(&["KVSTORE_DTYPE"])
+            .or_else(|| leader.is_none().then(|| "auto".to_owned()))
+            .ok_or_else(|| bad("set KVSTORE_DTYPE to the domain's dtype".into()))?;
         let num = |name: &str, default: u64| -> Result<u64> {
             match first(&[name]) {
                 None => Ok(default),
@@ -259,8 +263,11 @@ mod tests {
         assert_eq!(cfg.block_bytes, 4096);
         let err = SimConfig::from_env(env(&[("KVSTORE_LEADER", "x:1")])).unwrap_err();
         assert!(err.message.contains("KVSTORE_BLOCK_SIZE"), "{err}");
-        let alone = SimConfig::from_env(env(&[("KVSTORE_BLOCK_SIZE", "16"), ("KVSTORE_DTYPE", "fp8")])).unwrap();
-        assert_eq!(alone.leader, None, "no leader: an engine without a cache");
+        let alone = SimConfig::from_env(env(&[])).unwrap();
+        assert_eq!(
+            alone.leader, None,
+            "no leader: an engine without a cache, which needs no layout"
+        );
         let err = SimConfig::from_env(env(&[
             ("KVSTORE_BLOCK_SIZE", "16"),
             ("KVSTORE_DTYPE", "fp8"),

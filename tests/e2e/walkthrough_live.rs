@@ -362,6 +362,16 @@ fn a_single_tenant_backend_leaves_quota_unenforced() {
         "EFFECTIVE is empty: {row}"
     );
     assert_eq!(jp(&k, KVCPB, "{.status.phase}"), "Ready");
+    // A deployment without kvCache runs with no cache at all.
+    let plain = manifest("03-model-deployment.yaml").replace("  kvCache:\n    poolRef:\n      name: team-a\n", "");
+    assert!(!plain.contains("kvCache"), "{plain}");
+    k.must_apply(&plain);
+    eventually(60, "a deployment without a cache is Ready", || {
+        (jp(&k, MD, "{.status.phase} {.status.roles[0].ready}") == "Ready 2").then_some(())
+    });
+    assert!(condition(&k, MD, "CacheAttached").starts_with("True|NotApplicable|"));
+    assert!(condition(&k, MD, "DomainRegistered").starts_with("True|NotApplicable|"));
+    assert_eq!(jp(&k, MD, "{.status.kvCache}"), "");
 }
 
 /// Ceilings past the mounted capacity get proportional grants, read from the leader; larger
