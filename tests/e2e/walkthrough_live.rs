@@ -51,6 +51,13 @@ fn jp(k: &Kubectl, what: &[&str], path: &str) -> String {
     if r.ok { r.stdout } else { String::new() }
 }
 
+/// Waits until a jsonpath reads `want`.
+fn wait_jp(k: &Kubectl, what: &[&str], path: &str, want: &str) {
+    eventually(60, &format!("{what:?} {path} = {want:?}"), || {
+        (jp(k, what, path) == want).then_some(())
+    });
+}
+
 /// `status|reason|message` of a condition.
 fn condition(k: &Kubectl, what: &[&str], type_: &str) -> String {
     jp(
@@ -168,7 +175,7 @@ fn the_walkthrough_runs_on_one_machine() {
 
     k.must_apply(&manifest("02-pool-binding.yaml"));
     wait_granted(&k, "1Gi");
-    assert_eq!(jp(&k, KVCP, "{.status.phase}"), "Ready");
+    wait_jp(&k, KVCP, "{.status.phase}", "Ready");
     assert_eq!(jp(&k, KVCPB, "{.status.requestedQuota}"), "1Gi");
 
     k.must_apply(&manifest("03-model-deployment.yaml"));
@@ -183,7 +190,9 @@ fn the_walkthrough_runs_on_one_machine() {
             .filter(|r| *r > 0.0)
     });
     assert!(hit > 0.0);
-    assert_eq!(jp(&k, MD, "{.status.roleSummary}"), "2S");
+    eventually(60, "both replicas ready", || {
+        (jp(&k, MD, "{.status.roleSummary} {.status.phase}") == "2S Ready").then_some(())
+    });
     // describe shows the conditions and what the controllers did (core v1 Events).
     let described = eventually(30, "describe shows the leader's event", || {
         let d = k.ok(&["describe", "kvcb", "mooncake-dram"]);
@@ -200,11 +209,16 @@ fn the_walkthrough_runs_on_one_machine() {
     ] {
         assert!(described.contains(needle), "describe lacks {needle}: {described}");
     }
-    let events = k.ok(&["get", "events", "-A"]);
-    assert!(events.contains("kvcachebackend/mooncake-dram"), "{events}");
-    assert!(
-        events.contains("modeldeployment/qwen-chat") && events.contains("CacheActive"),
-        "{events}"
+    eventually(
+        30,
+        "kubectl get events -A lists the backend's and the deployment's events",
+        || {
+            let events = k.ok(&["get", "events", "-A"]);
+            (events.contains("kvcachebackend/mooncake-dram")
+                && events.contains("modeldeployment/qwen-chat")
+                && events.contains("CacheActive"))
+            .then_some(())
+        },
     );
 
     // Settled: once the engines are idle, three requeue intervals pass without a status write.
@@ -241,11 +255,11 @@ fn the_walkthrough_runs_on_one_machine() {
     let seen = watch.wait_for(&["1Gi|False|", "local-1"]);
     assert!(seen.last().unwrap().contains("signal 9"), "{seen:?}");
     watch.wait_for(&["2Gi|True|"]);
-    let described = k.ok(&["describe", "kvcb", "mooncake-dram"]);
-    assert!(
-        described.contains("MemberCrashLooping"),
-        "the lost member is an event: {described}"
-    );
+    eventually(30, "the lost member is an event", || {
+        k.ok(&["describe", "kvcb", "mooncake-dram"])
+            .contains("MemberCrashLooping")
+            .then_some(())
+    });
 }
 
 /// Deleting in creation order is held at each step, then completes, leaving no process behind;
@@ -330,8 +344,8 @@ fn reverse_order_converges() {
     wait_ready_backend(&k, "2Gi");
     wait_granted(&k, "1Gi");
     wait_attached(&k);
-    assert_eq!(jp(&k, KVCP, "{.status.phase}"), "Ready");
-    assert_eq!(jp(&k, MD, "{.status.phase}"), "Ready");
+    wait_jp(&k, KVCP, "{.status.phase}", "Ready");
+    wait_jp(&k, MD, "{.status.phase}", "Ready");
 }
 
 /// Without multi-tenancy: the pool is admitted with a warning, the Binding is granted
@@ -416,6 +430,9 @@ fn oversubscribed_ceilings_get_proportional_grants() {
             (jp(&k, &["-n", ns, "kvcpb", ns], "{.status.effectiveQuota}") == grant).then_some(())
         });
     }
-    let described = k.ok(&["-n", "team-a", "describe", "kvcpb", "team-a"]);
-    assert!(described.contains("GrantChanged"), "{described}");
+    eventually(30, "the grant change is an event", || {
+        k.ok(&["-n", "team-a", "describe", "kvcpb", "team-a"])
+            .contains("GrantChanged")
+            .then_some(())
+    });
 }
