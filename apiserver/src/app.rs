@@ -24,6 +24,7 @@ use crate::runtime::Runtime;
 use crate::runtime::local::{LocalOptions, LocalRuntime};
 use crate::server::filters::{self, Filters, Pipeline};
 use crate::storage::embedded::{Embedded, Options as EmbeddedOptions};
+use crate::storage::etcd::{Etcd, EtcdOptions};
 use crate::storage::metrics::{ResourceLabel, StorageMetrics};
 use crate::storage::watch::Hub;
 use crate::storage::{Storage, StorageError, keys};
@@ -34,6 +35,8 @@ pub enum StorageChoice {
     /// The embedded, crash-safe log under `<data-dir>/storage` (the default).
     #[default]
     Embedded,
+    /// An etcd cluster (`etcd://host:port[,host:port...]`).
+    Etcd(EtcdOptions),
 }
 
 impl FromStr for StorageChoice {
@@ -42,10 +45,10 @@ impl FromStr for StorageChoice {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "" | "embedded" => Ok(StorageChoice::Embedded),
-            other if other.starts_with("etcd://") => Err(format!(
-                "{other:?}: the etcd storage backend is not supported yet; use the embedded storage (--storage embedded, the default)"
+            other if other.starts_with("etcd://") => EtcdOptions::parse(other).map(StorageChoice::Etcd),
+            other => Err(format!(
+                "{other:?} is not a storage this server knows; use embedded or etcd://host:port[,host:port...]"
             )),
-            other => Err(format!("{other:?} is not a storage this server knows; use embedded")),
         }
     }
 }
@@ -110,6 +113,10 @@ pub enum AppError {
         #[source]
         source: StorageError,
     },
+    #[error("connecting to etcd: {0}")]
+    Etcd(#[source] StorageError),
+    #[error("the etcd storage is opened with App::open (it connects over the network)")]
+    NeedsOpen,
 }
 
 /// The application: storage, registry, the API behind its filters.
@@ -133,15 +140,32 @@ impl std::fmt::Debug for App {
 }
 
 impl App {
-    /// Builds the application: opens the storage and wires everything to it.
+    /// Opens the storage chosen (connecting to etcd when that is the one) and builds the
+    /// application on it.
+    pub async fn open(opts: AppOptions) -> Result<App, AppError> {
+        let StorageChoice::Etcd(etcd) = &opts.storage else {
+            return App::build(opts);
+        };
+        let hub = Arc::new(Hub::new(opts.watch_history.max(1), opts.watch_queue.max(1)));
+        let storage = Etcd::connect(etcd, hub).await.map_err(AppError::Etcd)?;
+        App::build_on(opts, Some(Arc::new(storage)))
+    }
+
+    /// Builds the application: opens the embedded storage and wires everything to it.
     pub fn build(opts: AppOptions) -> Result<App, AppError> {
+        App::build_on(opts, None)
+    }
+
+    fn build_on(opts: AppOptions, opened: Option<Arc<dyn Storage>>) -> Result<App, AppError> {
         let mut metrics_registry = prometheus_client::registry::Registry::default();
         let metrics = ApiMetrics::register(&mut metrics_registry);
         let storage_metrics = StorageMetrics::register(&mut metrics_registry);
         let controller_metrics = controller::Metrics::register(&mut metrics_registry);
-        let hub = Arc::new(Hub::new(opts.watch_history.max(1), opts.watch_queue.max(1)));
-        let storage: Arc<dyn Storage> = match opts.storage {
-            StorageChoice::Embedded => {
+        let storage: Arc<dyn Storage> = match (opts.storage, opened) {
+            (_, Some(storage)) => storage,
+            (StorageChoice::Etcd(_), None) => return Err(AppError::NeedsOpen),
+            (StorageChoice::Embedded, None) => {
+                let hub = Arc::new(Hub::new(opts.watch_history.max(1), opts.watch_queue.max(1)));
                 let dir = opts.data_dir.join("storage");
                 let options = EmbeddedOptions {
                     metrics: storage_metrics.clone(),

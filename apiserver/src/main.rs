@@ -33,9 +33,22 @@ struct Cli {
     /// Server configuration (settings, instance types); defaults when absent.
     #[arg(long, global = true)]
     config: Option<PathBuf>,
-    /// Where the objects are stored: `embedded` (a crash-safe log under <data-dir>/storage).
+    /// Where the objects are stored: `embedded` (a crash-safe log under <data-dir>/storage), or
+    /// `etcd://host:port[,host:port...]`.
     #[arg(long, default_value = "embedded", global = true)]
     storage: StorageChoice,
+    /// With etcd: the prefix of every key this server writes.
+    #[arg(long, default_value = "/kvcache", global = true)]
+    storage_prefix: String,
+    /// With etcd: the CA that signed etcd's serving certificate (PEM); turns TLS on.
+    #[arg(long, global = true)]
+    etcd_cafile: Option<PathBuf>,
+    /// With etcd: a client certificate (PEM), with --etcd-keyfile.
+    #[arg(long, global = true, requires = "etcd_keyfile")]
+    etcd_certfile: Option<PathBuf>,
+    /// With etcd: the client certificate's key (PEM), with --etcd-certfile.
+    #[arg(long, global = true, requires = "etcd_certfile")]
+    etcd_keyfile: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -131,9 +144,44 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(run(cli, config))
 }
 
+/// The storage flags as one choice: the prefix and TLS files go with `--storage etcd://...`.
+fn storage_choice(cli: &Cli) -> anyhow::Result<StorageChoice> {
+    let mut choice = cli.storage.clone();
+    match &mut choice {
+        StorageChoice::Etcd(etcd) => {
+            if !cli.storage_prefix.starts_with('/') || cli.storage_prefix.len() < 2 {
+                bail!(
+                    "--storage-prefix {:?}: give an absolute key prefix such as /kvcache",
+                    cli.storage_prefix
+                );
+            }
+            etcd.prefix = cli.storage_prefix.clone();
+            let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+            if let Some(ca) = &cli.etcd_cafile {
+                let identity = match (&cli.etcd_certfile, &cli.etcd_keyfile) {
+                    (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+                    _ => None,
+                };
+                etcd.tls = Some(kvcache_apiserver::storage::etcd::EtcdTls {
+                    ca: read(ca)?,
+                    identity,
+                });
+            } else if cli.etcd_certfile.is_some() {
+                bail!("--etcd-certfile needs --etcd-cafile (the CA of etcd's serving certificate)");
+            }
+        }
+        StorageChoice::Embedded => {
+            if cli.etcd_cafile.is_some() || cli.etcd_certfile.is_some() {
+                bail!("--etcd-cafile, --etcd-certfile and --etcd-keyfile go with --storage etcd://host:port");
+            }
+        }
+    }
+    Ok(choice)
+}
+
 async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
     let mut opts = AppOptions::new(&cli.data_dir);
-    opts.storage = cli.storage;
+    opts.storage = storage_choice(&cli)?;
     opts.config = config;
     if let Command::Serve {
         listen,
@@ -149,6 +197,11 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
     {
         opts.watch_history = watch_history;
         opts.bookmark_interval = watch_bookmark_interval;
+        if controllers && matches!(opts.storage, StorageChoice::Etcd(_)) {
+            bail!(
+                "the controllers do not run on the etcd storage yet: they need the election that keeps them on one replica at a time, which is not built; serve with --controllers=false, or use the embedded storage"
+            );
+        }
         if controllers {
             let mut local = LocalOptions::new(&cli.data_dir);
             local.nodes = nodes
@@ -173,7 +226,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
                 runtime: RuntimeChoice::Local(local),
             });
         }
-        let app = App::build(opts)?;
+        let app = App::open(opts).await?;
         let serve = ServeOptions {
             listen,
             data_dir: cli.data_dir,
@@ -181,7 +234,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         };
         return Ok(server::serve(app, serve, stop_signal()).await?);
     }
-    let app = App::build(opts).with_context(|| {
+    let app = App::open(opts).await.with_context(|| {
         format!(
             "opening the data in {} (is kv-apiserver serve running on it?)",
             cli.data_dir.display()

@@ -19,8 +19,10 @@
 //! | [`watch`] | the fan-out of durable events to watchers, with bounded history and queues |
 //! | [`metrics`] | commit, sync, log size, compaction and object-count figures |
 //! | [`embedded`] | the default implementation: an append-only, checksummed, group-committed log |
+//! | [`etcd`] | the same trait over an etcd cluster (`--storage etcd://...`), for several replicas |
 
 pub mod embedded;
+pub mod etcd;
 pub mod keys;
 pub mod metrics;
 pub mod watch;
