@@ -24,11 +24,69 @@ pub fn kubectl_path(version: &str) -> PathBuf {
     path
 }
 
-/// The server process; killed when dropped.
+/// A single-member etcd (Debian's `/usr/bin/etcd`) on free loopback ports; killed when dropped.
+pub struct Etcd {
+    child: Child,
+    pub endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Etcd {
+    pub fn start() -> Etcd {
+        let bin = "/usr/bin/etcd";
+        assert!(
+            Path::new(bin).exists(),
+            "{bin} is missing: these tests run against Debian's etcd (./scripts/setup installs it)"
+        );
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (client, peer) = (free_port(), free_port());
+        let endpoint = format!("127.0.0.1:{client}");
+        let child = Command::new(bin)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args([
+                "--listen-client-urls",
+                &format!("http://{endpoint}"),
+                "--advertise-client-urls",
+                &format!("http://{endpoint}"),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-cluster",
+                &format!("default=http://127.0.0.1:{peer}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        Etcd {
+            child,
+            endpoint,
+            _dir: dir,
+        }
+    }
+
+    /// `--storage etcd://...` for a server on this etcd.
+    pub fn storage_flag(&self) -> String {
+        format!("etcd://{}", self.endpoint)
+    }
+}
+
+/// The server process; killed when dropped (before its etcd, if it has one).
 pub struct Server {
     child: Child,
     pub dir: tempfile::TempDir,
     pub port: u16,
+    /// The etcd of a server started with `KV_TEST_STORAGE=etcd`.
+    etcd: Option<Etcd>,
 }
 
 impl Drop for Server {
@@ -53,8 +111,17 @@ pub fn server_binary() -> PathBuf {
 }
 
 impl Server {
-    /// The API alone (`--controllers=false`): objects are stored and nothing runs.
+    /// The API alone (`--controllers=false`): objects are stored and nothing runs. With
+    /// `KV_TEST_STORAGE=etcd` the server stores them in an etcd of its own (the kubectl suite
+    /// runs that way too in `.ci/run`).
     pub fn start() -> Server {
+        if std::env::var("KV_TEST_STORAGE").as_deref() == Ok("etcd") {
+            let etcd = Etcd::start();
+            let storage = etcd.storage_flag();
+            let mut s = Server::start_with(&["--controllers=false", "--storage", &storage]);
+            s.etcd = Some(etcd);
+            return s;
+        }
         Server::start_with(&["--controllers=false"])
     }
 
@@ -80,7 +147,12 @@ impl Server {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("start kv-apiserver");
-            let mut server = Server { child, dir, port };
+            let mut server = Server {
+                child,
+                dir,
+                port,
+                etcd: None,
+            };
             if server.wait_ready() {
                 return server;
             }
@@ -89,7 +161,7 @@ impl Server {
     }
 
     fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;

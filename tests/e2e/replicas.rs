@@ -1,0 +1,125 @@
+//! Two `kv-apiserver serve` replicas on one etcd (Debian's, started here and stopped at the end):
+//! the invariants that live in storage transactions hold across replicas exactly as in one
+//! process, and a write on one is seen by watches on the other. The replicas serve the API alone
+//! (`--controllers=false`): running the controllers on exactly one replica needs the election
+//! that is not built yet, and the server refuses controllers on etcd until then.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{Etcd, Server, binding, pool};
+
+const KUBECTL: &str = "1.33";
+
+fn replica(etcd: &Etcd) -> Server {
+    let storage = etcd.storage_flag();
+    Server::start_with(&["--controllers=false", "--storage", &storage])
+}
+
+#[test]
+fn a_domain_is_claimed_once_across_replicas() {
+    let etcd = Etcd::start();
+    let (a, b) = (replica(&etcd), replica(&etcd));
+    let (ka, kb) = (a.kubectl(KUBECTL), b.kubectl(KUBECTL));
+    ka.must_apply(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata:\n  name: mooncake-dram\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {}\n      members:\n      - nodeSelector: {}\n        medium: DRAM\n        capacityPerMember: 1Gi\n",
+    );
+    kb.must_apply(&pool("shared-dram", ""));
+    // 16 Bindings in 16 namespaces, all claiming domain "shared", half through each replica, at once.
+    let results: Vec<bool> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..16)
+            .map(|i| {
+                let k = if i % 2 == 0 { &ka } else { &kb };
+                scope.spawn(move || {
+                    let manifest = binding(&format!("ns{i}"), "b", "shared-dram", "1Gi")
+                        .replace("name: b\n    blockSize", "name: shared\n    blockSize");
+                    k.apply(&[], &manifest).ok
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        results.iter().filter(|ok| **ok).count(),
+        1,
+        "exactly one claim wins: {results:?}"
+    );
+    let listed = ka.ok(&["get", "kvcpb", "-A", "-o", "name"]);
+    assert_eq!(listed.lines().count(), 1, "exactly one is stored: {listed}");
+    assert_eq!(
+        kb.ok(&["get", "kvcpb", "-A", "-o", "name"]),
+        listed,
+        "both replicas read the same"
+    );
+}
+
+#[test]
+fn a_watch_on_one_replica_sees_every_write_of_the_other_in_order() {
+    let etcd = Etcd::start();
+    let (a, b) = (replica(&etcd), replica(&etcd));
+    let rv = b.get_body("/apis/worker.gpustack.ai/v1/kvcachepools", &[]);
+    let rv: serde_json::Value = serde_json::from_str(&rv).unwrap();
+    let rv = rv["metadata"]["resourceVersion"].as_str().unwrap().to_owned();
+    // A raw watch on B from that revision.
+    let mut watch = Command::new("curl")
+        .arg("--cacert")
+        .arg(b.pki_file("ca.crt"))
+        .arg("--cert")
+        .arg(b.pki_file("admin.crt"))
+        .arg("--key")
+        .arg(b.pki_file("admin.key"))
+        .args(["-sN", "--max-time", "60"])
+        .arg(b.url(&format!(
+            "/apis/worker.gpustack.ai/v1/kvcachepools?watch=true&resourceVersion={rv}"
+        )))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = watch.stdout.take().unwrap();
+    let ka = a.kubectl(KUBECTL);
+    const N: usize = 30;
+    for i in 0..N {
+        ka.must_apply(&pool(&format!("p{i:02}"), ""));
+    }
+    ka.ok(&["delete", "kvcp", "p00"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    for line in BufReader::new(out).lines().map_while(Result::ok) {
+        let ev: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let name = ev["object"]["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let rv: u64 = ev["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0);
+        seen.push((ev["type"].as_str().unwrap_or_default().to_owned(), name, rv));
+        if seen.len() == N + 1 || Instant::now() > deadline {
+            break;
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert_eq!(seen.len(), N + 1, "every write, no gaps: {seen:?}");
+    for (i, (kind, name, _)) in seen.iter().take(N).enumerate() {
+        assert_eq!((kind.as_str(), name.as_str()), ("ADDED", format!("p{i:02}").as_str()));
+    }
+    assert_eq!((seen[N].0.as_str(), seen[N].1.as_str()), ("DELETED", "p00"));
+    assert!(seen.windows(2).all(|w| w[0].2 < w[1].2), "in revision order: {seen:?}");
+}
+
+#[test]
+fn controllers_are_refused_on_etcd_until_their_election_exists() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(support::server_binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--storage", &etcd.storage_flag()])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--controllers=false"), "{err}");
+}
