@@ -79,6 +79,11 @@ impl EtcdServer {
         })
     }
 
+    /// The client URL (`http://127.0.0.1:<port>`).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
     /// Connects once etcd answers `status`, retrying for a bounded time.
     pub async fn connect(&mut self) -> anyhow::Result<etcd_client::Client> {
         let deadline = Instant::now() + ETCD_READY_TIMEOUT;
