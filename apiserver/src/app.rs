@@ -258,6 +258,7 @@ impl App {
                 runtime: runtime.clone(),
                 opts: options.clone(),
                 metrics: self.controller_metrics.clone(),
+                ledger_locks: Default::default(),
             });
             tokio::spawn(controller::run(ctx, self.shutdown.subscribe()));
         }

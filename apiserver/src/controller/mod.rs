@@ -128,6 +128,17 @@ pub struct Context {
     pub runtime: Arc<dyn Runtime>,
     pub opts: Options,
     pub metrics: Metrics,
+    /// One lock per backend around reading the Bindings and setting the ledger: passes of two
+    /// pools on one backend run concurrently, and the later `SetTenants` must not be rendered
+    /// from a read older than the earlier one's (it would drop the other pool's tenants).
+    pub ledger_locks: parking_lot::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Context {
+    /// The lock of `backend`'s ledger.
+    pub fn ledger_lock(&self, backend: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.ledger_locks.lock().entry(backend.to_owned()).or_default().clone()
+    }
 }
 
 /// Why a pass failed.

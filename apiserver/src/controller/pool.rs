@@ -67,6 +67,12 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
     ctx.metrics.reconciles.get_or_create(&KindLabel { kind: KIND }).inc();
     let api: Api<KVCachePool> = Api::all(ctx.client.clone());
     let backends: Api<KVCacheBackend> = Api::all(ctx.client.clone());
+    // Read the Bindings and set the ledger under the backend's lock (see `Context::ledger_locks`).
+    let lock = obj.spec.backend().map(|b| ctx.ledger_lock(b));
+    let _guard = match &lock {
+        Some(l) => Some(l.lock().await),
+        None => None,
+    };
     let bindings: Vec<KVCachePoolBinding> = Api::<KVCachePoolBinding>::all(ctx.client.clone())
         .list(&Default::default())
         .await?
