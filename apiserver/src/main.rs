@@ -86,6 +86,10 @@ enum Command {
         /// The `kv-store` binary the local runtime starts (default: next to this one).
         #[arg(long)]
         store_binary: Option<PathBuf>,
+        /// Where the CA and certificates live (default `<data-dir>/pki`); replicas given the same
+        /// directory share one CA and serving certificate, so one kubeconfig reaches any of them.
+        #[arg(long)]
+        pki_dir: Option<PathBuf>,
     },
     /// Creates or updates the objects in manifest files (a file or a directory of .yaml files).
     Apply {
@@ -193,6 +197,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         nodes,
         requeue_interval,
         store_binary,
+        pki_dir,
     } = cli.command
     {
         opts.watch_history = watch_history;
@@ -231,6 +236,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             listen,
             data_dir: cli.data_dir,
             shutdown_delay,
+            pki_dir,
         };
         return Ok(server::serve(app, serve, stop_signal()).await?);
     }

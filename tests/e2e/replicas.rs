@@ -123,3 +123,39 @@ fn controllers_are_refused_on_etcd_until_their_election_exists() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--controllers=false"), "{err}");
 }
+
+#[test]
+fn replicas_sharing_a_pki_dir_are_reached_with_one_kubeconfig() {
+    let etcd = Etcd::start();
+    let pki = tempfile::tempdir().unwrap();
+    let storage = etcd.storage_flag();
+    let pki_dir = pki.path().display().to_string();
+    let flags = ["--controllers=false", "--storage", &storage, "--pki-dir", &pki_dir];
+    let a = Server::start_with(&flags);
+    let b = Server::start_with(&flags);
+    let ka = a.kubectl(KUBECTL);
+    ka.must_apply(&pool("shared", ""));
+    // A's kubeconfig, pointed at B: B presents the same serving certificate and trusts the same
+    // client CA.
+    let through_b = ka.ok(&["--server", &b.url(""), "get", "kvcp", "shared", "-o", "name"]);
+    assert_eq!(through_b.trim(), "kvcachepool.worker.gpustack.ai/shared");
+}
+
+#[test]
+fn readyz_follows_the_replicas_own_connection_to_etcd() {
+    let etcd = Etcd::start();
+    let s = replica(&etcd);
+    assert_eq!(s.get_body("/readyz", &[]), "ok");
+    drop(etcd);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = s.curl_anon(&["-s", "-o", "/dev/null", "-w", "%{http_code}", &s.url("/readyz")]);
+        if String::from_utf8_lossy(&out.stdout) == "503" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "/readyz still passes with etcd gone");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let verbose = s.get_body("/readyz?verbose", &[]);
+    assert!(verbose.contains("[-]storage"), "{verbose}");
+}

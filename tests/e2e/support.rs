@@ -87,6 +87,8 @@ pub struct Server {
     pub port: u16,
     /// The etcd of a server started with `KV_TEST_STORAGE=etcd`.
     etcd: Option<Etcd>,
+    /// `--pki-dir`, when given.
+    pki_dir: Option<PathBuf>,
 }
 
 impl Drop for Server {
@@ -147,11 +149,17 @@ impl Server {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("start kv-apiserver");
+            let pki_dir = extra
+                .iter()
+                .position(|a| *a == "--pki-dir")
+                .and_then(|i| extra.get(i + 1))
+                .map(PathBuf::from);
             let mut server = Server {
                 child,
                 dir,
                 port,
                 etcd: None,
+                pki_dir,
             };
             if server.wait_ready() {
                 return server;
@@ -250,7 +258,10 @@ impl Server {
     }
 
     fn pki(&self, file: &str) -> PathBuf {
-        self.dir.path().join("pki").join(file)
+        self.pki_dir
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join("pki"))
+            .join(file)
     }
 
     /// kubectl `version` as the admin.

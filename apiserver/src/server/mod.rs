@@ -41,6 +41,9 @@ pub struct ServeOptions {
     pub data_dir: PathBuf,
     /// After a shutdown signal: how long to keep serving with `/readyz` failing.
     pub shutdown_delay: Duration,
+    /// Where the CA and certificates live (`<data-dir>/pki` unless `--pki-dir`): replicas that
+    /// share it share one CA and serving certificate, so one kubeconfig reaches any of them.
+    pub pki_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,8 +88,13 @@ fn server_url(listen: &SocketAddr) -> String {
 }
 
 /// Creates the PKI if needed and writes both kubeconfig files.
-pub fn prepare_credentials(data_dir: &Path, listen: &SocketAddr) -> Result<(kvcache_certs::Pki, Written), ServeError> {
-    let pki = kvcache_certs::Pki::ensure(&data_dir.join("pki"), &serving_names(listen))?;
+pub fn prepare_credentials(
+    data_dir: &Path,
+    pki_dir: Option<&Path>,
+    listen: &SocketAddr,
+) -> Result<(kvcache_certs::Pki, Written), ServeError> {
+    let dir = pki_dir.map_or_else(|| data_dir.join("pki"), Path::to_path_buf);
+    let pki = kvcache_certs::Pki::ensure(&dir, &serving_names(listen))?;
     let server = server_url(listen);
     let written = Written {
         kubeconfig: data_dir.join("kubeconfig"),
@@ -116,7 +124,7 @@ pub async fn serve(
     opts: ServeOptions,
     stop: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let (pki, written) = prepare_credentials(&opts.data_dir, &opts.listen)?;
+    let (pki, written) = prepare_credentials(&opts.data_dir, opts.pki_dir.as_deref(), &opts.listen)?;
     let tls_config = tls::server_config(&pki.ca.cert_pem, &pki.serving.cert_pem, &pki.serving.key_pem)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
     let listener = TcpListener::bind(opts.listen)
