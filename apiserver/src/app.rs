@@ -79,6 +79,9 @@ pub struct AppOptions {
 pub struct ControllerSetup {
     pub options: controller::Options,
     pub runtime: RuntimeChoice,
+    /// Campaign for the controllers' Lease first (several replicas on one etcd); `None` runs
+    /// them at once (the embedded storage has one server).
+    pub election: Option<controller::election::ElectionOptions>,
 }
 
 /// Where the controllers run the store and the replicas.
@@ -131,6 +134,7 @@ pub struct App {
     shutdown: tokio::sync::watch::Sender<bool>,
     controller_metrics: controller::Metrics,
     controllers: Option<(controller::Options, Arc<dyn Runtime>)>,
+    election: Option<controller::election::ElectionOptions>,
 }
 
 impl std::fmt::Debug for App {
@@ -177,6 +181,7 @@ impl App {
                 )
             }
         };
+        let election = opts.controllers.as_ref().and_then(|c| c.election.clone());
         let controllers = opts.controllers.map(|c| {
             let mut options = c.options;
             options.dtype_owned = opts.config.settings.model_deployment_kv_cache_dtype_owned;
@@ -229,6 +234,7 @@ impl App {
             shutdown,
             controller_metrics,
             controllers,
+            election,
         })
     }
 
@@ -260,7 +266,22 @@ impl App {
                 metrics: self.controller_metrics.clone(),
                 ledger_locks: Default::default(),
             });
-            tokio::spawn(controller::run(ctx, self.shutdown.subscribe()));
+            match &self.election {
+                None => {
+                    ctx.metrics.leader.set(1);
+                    tokio::spawn(controller::run(ctx, self.shutdown.subscribe()));
+                }
+                Some(election) => {
+                    let (leading, rx) = tokio::sync::watch::channel(false);
+                    tokio::spawn(controller::election::campaign(
+                        self.storage.clone(),
+                        election.clone(),
+                        leading,
+                        self.shutdown.subscribe(),
+                    ));
+                    tokio::spawn(lead(ctx, rx, self.shutdown.subscribe()));
+                }
+            }
         }
         let storage = self.storage.clone();
         let objects = self.storage_metrics.objects.clone();
@@ -306,6 +327,41 @@ impl App {
     pub async fn stop_workloads(&self) {
         if let Some((_, runtime)) = &self.controllers {
             runtime.shutdown().await;
+        }
+    }
+}
+
+/// Runs the controllers for each term this replica holds their Lease: started when it leads,
+/// stopped (and the runtime's workloads with them) when it stops leading or the server stops.
+async fn lead(
+    ctx: Arc<controller::Context>,
+    mut leading: tokio::sync::watch::Receiver<bool>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let closed = tokio::select! {
+            r = async { leading.wait_for(|l| *l).await.is_err() } => r,
+            () = async { let _ = shutdown.wait_for(|s| *s).await; } => true,
+        };
+        if closed {
+            return;
+        }
+        ctx.metrics.leader.set(1);
+        let (end, term) = tokio::sync::watch::channel(false);
+        let running = tokio::spawn(controller::run(ctx.clone(), term));
+        let stopping = tokio::select! {
+            () = async { let _ = leading.wait_for(|l| !*l).await; } => false,
+            () = async { let _ = shutdown.wait_for(|s| *s).await; } => true,
+        };
+        end.send_replace(true);
+        let _ = running.await;
+        ctx.metrics.leader.set(0);
+        if !stopping {
+            // a deposed leader's workloads belong to the next leader now
+            ctx.runtime.shutdown().await;
+        }
+        if stopping {
+            return;
         }
     }
 }

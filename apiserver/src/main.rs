@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use kvcache_apiserver::app::{App, AppOptions, ControllerSetup, RuntimeChoice, StorageChoice};
 use kvcache_apiserver::config::Config;
 use kvcache_apiserver::controller;
+use kvcache_apiserver::controller::election::ElectionOptions;
 use kvcache_apiserver::kinds::{self, KindEntry};
 use kvcache_apiserver::manifest::{self, ApplyError};
 use kvcache_apiserver::registry::RegistryError;
@@ -86,6 +87,16 @@ enum Command {
         /// The `kv-store` binary the local runtime starts (default: next to this one).
         #[arg(long)]
         store_binary: Option<PathBuf>,
+        /// On etcd: how long the controllers' Lease lasts without renewal before another replica
+        /// takes over.
+        #[arg(long, default_value = "15s", value_parser = parse_duration)]
+        leader_elect_lease_duration: Duration,
+        /// On etcd: how long the leading replica keeps trying to renew before it stops leading.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        leader_elect_renew_deadline: Duration,
+        /// On etcd: time between campaign rounds.
+        #[arg(long, default_value = "2s", value_parser = parse_duration)]
+        leader_elect_retry_period: Duration,
         /// Where the CA and certificates live (default `<data-dir>/pki`); replicas given the same
         /// directory share one CA and serving certificate, so one kubeconfig reaches any of them.
         #[arg(long)]
@@ -198,15 +209,13 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         requeue_interval,
         store_binary,
         pki_dir,
+        leader_elect_lease_duration,
+        leader_elect_renew_deadline,
+        leader_elect_retry_period,
     } = cli.command
     {
         opts.watch_history = watch_history;
         opts.bookmark_interval = watch_bookmark_interval;
-        if controllers && matches!(opts.storage, StorageChoice::Etcd(_)) {
-            bail!(
-                "the controllers do not run on the etcd storage yet: they need the election that keeps them on one replica at a time, which is not built; serve with --controllers=false, or use the embedded storage"
-            );
-        }
         if controllers {
             let mut local = LocalOptions::new(&cli.data_dir);
             local.nodes = nodes
@@ -229,6 +238,19 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
                     ..controller::Options::default()
                 },
                 runtime: RuntimeChoice::Local(local),
+                // On etcd several replicas may serve: the controllers run on the one that holds
+                // their Lease.
+                election: matches!(opts.storage, StorageChoice::Etcd(_)).then(|| ElectionOptions {
+                    identity: format!(
+                        "{}-{}",
+                        std::fs::read_to_string("/etc/hostname")
+                            .map_or_else(|_| "kv-apiserver".to_owned(), |h| h.trim().to_owned()),
+                        &uuid::Uuid::new_v4().simple().to_string()[..8]
+                    ),
+                    lease_duration: leader_elect_lease_duration,
+                    renew_deadline: leader_elect_renew_deadline,
+                    retry_period: leader_elect_retry_period,
+                }),
             });
         }
         let app = App::open(opts).await?;

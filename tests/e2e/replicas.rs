@@ -1,8 +1,7 @@
 //! Two `kv-apiserver serve` replicas on one etcd (Debian's, started here and stopped at the end):
 //! the invariants that live in storage transactions hold across replicas exactly as in one
-//! process, and a write on one is seen by watches on the other. The replicas serve the API alone
-//! (`--controllers=false`): running the controllers on exactly one replica needs the election
-//! that is not built yet, and the server refuses controllers on etcd until then.
+//! process, and a write on one is seen by watches on the other; the controllers run on the one
+//! replica that holds their Lease, and move when it dies.
 
 mod support;
 
@@ -109,19 +108,87 @@ fn a_watch_on_one_replica_sees_every_write_of_the_other_in_order() {
     assert!(seen.windows(2).all(|w| w[0].2 < w[1].2), "in revision order: {seen:?}");
 }
 
+fn leads(s: &Server) -> bool {
+    s.get_body("/metrics", &[])
+        .lines()
+        .any(|l| l.starts_with("kvcache_controller_leader ") && l.ends_with(" 1"))
+}
+
+/// The controllers run on exactly one replica (the holder of their Lease, kept in etcd); when
+/// that replica is killed the other takes over within the lease and the store runs again.
 #[test]
-fn controllers_are_refused_on_etcd_until_their_election_exists() {
+fn the_controllers_fail_over_to_the_other_replica() {
     let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(support::server_binary())
-        .args(["serve", "--listen", "127.0.0.1:0", "--storage", &etcd.storage_flag()])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--controllers=false"), "{err}");
+    let pki = tempfile::tempdir().unwrap();
+    let storage = etcd.storage_flag();
+    let pki_dir = pki.path().display().to_string();
+    let flags = [
+        "--storage",
+        &storage,
+        "--pki-dir",
+        &pki_dir,
+        "--requeue-interval",
+        "2s",
+        "--leader-elect-lease-duration",
+        "3s",
+        "--leader-elect-renew-deadline",
+        "2s",
+        "--leader-elect-retry-period",
+        "500ms",
+    ];
+    let a = Server::start_with(&flags);
+    let b = Server::start_with(&flags);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(leads(&a) || leads(&b)) {
+        assert!(Instant::now() < deadline, "no replica took the controllers' Lease");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(leads(&a) != leads(&b), "exactly one replica runs the controllers");
+    let (leader, other) = if leads(&a) { (a, b) } else { (b, a) };
+    let k = other.kubectl(KUBECTL);
+    k.must_apply(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata:\n  name: mooncake-dram\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {}\n      members:\n      - nodeSelector: {}\n        medium: DRAM\n        capacityPerMember: 1Gi\n",
+    );
+    let ready = |k: &support::Kubectl| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = k.run(&[
+                "get",
+                "kvcb",
+                "mooncake-dram",
+                "-o",
+                "jsonpath={.status.phase} {.status.capacity.total} {.status.endpoints[0].address}",
+            ]);
+            if out.ok && out.stdout.starts_with("Ready 2Gi ") {
+                return out.stdout;
+            }
+            assert!(Instant::now() < deadline, "not Ready: {}", out.text());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let before = ready(&k);
+    drop(leader); // SIGKILL: its store processes follow it
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !leads(&other) {
+        assert!(
+            Instant::now() < deadline,
+            "the other replica did not take the controllers over"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The new leader runs the store itself: Ready again, at its own endpoint.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = ready(&k);
+        if now != before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store did not move to the new leader: {now}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[test]

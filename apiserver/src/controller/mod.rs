@@ -14,6 +14,7 @@
 //! | [`ledger`] | the whole tenant ledger of a backend, rendered from the Bindings and converged |
 //! | [`status`] | writing `/status` only when it changed; the finalizer |
 //! | [`events`] | the Events recorded when a condition changes |
+//! | [`election`] | which replica runs the controllers (a Lease in the storage), on etcd |
 //!
 //! Passes are triggered by watches (an object and the objects that name it) and by a fixed
 //! requeue ([`Options::requeue`], 15 s by default). A failed pass is logged, counted
@@ -22,6 +23,7 @@
 
 pub mod backend;
 pub mod binding;
+pub mod election;
 pub mod events;
 pub mod injection;
 pub mod leader;
@@ -93,6 +95,8 @@ pub struct Metrics {
     pub status_writes: Family<KindLabel, Counter>,
     /// Each engine replica's latest hit rate, as it reported it.
     pub replica_hit_ratio: Family<ReplicaLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// 1 while this replica runs the controllers.
+    pub leader: Gauge,
 }
 
 impl Metrics {
@@ -112,6 +116,11 @@ impl Metrics {
             "kvcache_controller_status_writes",
             "Status writes, by kind (a settled system makes none)",
             m.status_writes.clone(),
+        );
+        registry.register(
+            "kvcache_controller_leader",
+            "1 while this replica runs the controllers (it holds their Lease), else 0",
+            m.leader.clone(),
         );
         registry.register(
             "kvcache_replica_cache_hit_ratio",
