@@ -226,3 +226,147 @@ fn readyz_follows_the_replicas_own_connection_to_etcd() {
     let verbose = s.get_body("/readyz?verbose", &[]);
     assert!(verbose.contains("[-]storage"), "{verbose}");
 }
+
+/// Ten times: SIGKILL the replica that runs the controllers while writes go on; the other takes
+/// over within the lease, no acknowledged write is lost, and the backend's status comes back.
+#[test]
+fn ten_failovers_under_write_load_lose_no_acknowledged_write() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let etcd = Etcd::start();
+    let pki = tempfile::tempdir().unwrap();
+    let storage = etcd.storage_flag();
+    let pki_dir = pki.path().display().to_string();
+    let flags: Vec<String> = [
+        "--storage",
+        &storage,
+        "--pki-dir",
+        &pki_dir,
+        "--requeue-interval",
+        "2s",
+        "--leader-elect-lease-duration",
+        "3s",
+        "--leader-elect-renew-deadline",
+        "2s",
+        "--leader-elect-retry-period",
+        "500ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let start = || Server::start_with(&flags.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut servers = vec![start(), start()];
+    let lease = Duration::from_secs(3);
+    servers[0].kubectl(KUBECTL).must_apply(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata:\n  name: mooncake-dram\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {}\n      members:\n      - nodeSelector: {}\n        medium: DRAM\n        capacityPerMember: 1Gi\n",
+    );
+    // Writers: create pools through whichever replica answers; remember every acknowledged one.
+    let urls = Arc::new(Mutex::new(servers.iter().map(|s| s.url("")).collect::<Vec<_>>()));
+    let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let done = Arc::new(AtomicBool::new(false));
+    let (ca, cert, key) = (
+        servers[0].pki_file("ca.crt"),
+        servers[0].pki_file("admin.crt"),
+        servers[0].pki_file("admin.key"),
+    );
+    let writer = {
+        let (urls, acked, done) = (urls.clone(), acked.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !done.load(Ordering::Relaxed) {
+                i += 1;
+                let name = format!("w-{i:05}");
+                let body = format!(
+                    r#"{{"apiVersion":"worker.gpustack.ai/v1","kind":"KVCachePool","metadata":{{"name":"{name}"}},"spec":{{"backends":["mooncake-dram"],"quota":{{"total":"1Gi"}}}}}}"#
+                );
+                let targets = urls.lock().unwrap().clone();
+                for url in targets {
+                    let out = Command::new("curl")
+                        .arg("--cacert")
+                        .arg(&ca)
+                        .arg("--cert")
+                        .arg(&cert)
+                        .arg("--key")
+                        .arg(&key)
+                        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5"])
+                        .args(["-H", "content-type: application/json", "-d", &body])
+                        .arg(format!("{url}/apis/worker.gpustack.ai/v1/kvcachepools"))
+                        .output()
+                        .unwrap();
+                    let code = String::from_utf8_lossy(&out.stdout).into_owned();
+                    if code == "201" {
+                        acked.lock().unwrap().push(name.clone());
+                        break;
+                    }
+                    if code == "409" {
+                        // an earlier attempt landed, though its answer was lost
+                        break;
+                    }
+                }
+            }
+        })
+    };
+    let ready = |s: &Server| {
+        let out = s.kubectl(KUBECTL).run(&[
+            "get",
+            "kvcb",
+            "mooncake-dram",
+            "-o",
+            "jsonpath={.status.phase} {.status.capacity.total}",
+        ]);
+        out.ok && out.stdout == "Ready 2Gi"
+    };
+    for round in 0..10 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let leader = loop {
+            if let Some(i) = servers.iter().position(leads) {
+                break i;
+            }
+            assert!(Instant::now() < deadline, "round {round}: nobody leads");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let survivor = 1 - leader;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ready(&servers[survivor]) {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the backend is not Ready before the kill"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let killed_at = Instant::now();
+        let killed = servers.remove(leader); // SIGKILL on drop
+        drop(killed);
+        let survivor = 0;
+        while !leads(&servers[survivor]) {
+            assert!(
+                killed_at.elapsed() < lease * 4,
+                "round {round}: no takeover within the lease (waited {:?})",
+                killed_at.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // a fresh replica in place of the killed one
+        servers.push(start());
+        *urls.lock().unwrap() = servers.iter().map(|s| s.url("")).collect();
+    }
+    done.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready(&servers[0]) {
+        assert!(
+            Instant::now() < deadline,
+            "the backend's status did not come back after the last failover"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let listed = servers[0].kubectl(KUBECTL).ok(&["get", "kvcp", "-o", "name"]);
+    let acked = acked.lock().unwrap().clone();
+    assert!(acked.len() > 10, "the writers made progress: {}", acked.len());
+    for name in &acked {
+        assert!(
+            listed.contains(&format!("kvcachepool.worker.gpustack.ai/{name}\n")),
+            "acknowledged write {name} lost"
+        );
+    }
+}
