@@ -41,6 +41,9 @@ struct Cli {
     /// With etcd: the prefix of every key this server writes.
     #[arg(long, default_value = "/kvcache", global = true)]
     storage_prefix: String,
+    /// With etcd: time between compactions (to the revision of the previous one); 0 never compacts.
+    #[arg(long, default_value = "5m", value_parser = parse_duration, global = true)]
+    etcd_compaction_interval: Duration,
     /// With etcd: the CA that signed etcd's serving certificate (PEM); turns TLS on.
     #[arg(long, global = true)]
     etcd_cafile: Option<PathBuf>,
@@ -171,6 +174,7 @@ fn storage_choice(cli: &Cli) -> anyhow::Result<StorageChoice> {
                 );
             }
             etcd.prefix = cli.storage_prefix.clone();
+            etcd.compaction_interval = cli.etcd_compaction_interval;
             let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
             if let Some(ca) = &cli.etcd_cafile {
                 let identity = match (&cli.etcd_certfile, &cli.etcd_keyfile) {

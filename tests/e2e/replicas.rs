@@ -260,6 +260,10 @@ fn ten_failovers_under_write_load_lose_no_acknowledged_write() {
     servers[0].kubectl(KUBECTL).must_apply(
         "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata:\n  name: mooncake-dram\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {}\n      members:\n      - nodeSelector: {}\n        medium: DRAM\n        capacityPerMember: 1Gi\n",
     );
+    servers[0].kubectl(KUBECTL).must_apply(&pool("shared-dram", ""));
+    servers[0]
+        .kubectl(KUBECTL)
+        .must_apply(&binding("team-a", "team-a", "shared-dram", "1Gi"));
     // Writers: create pools through whichever replica answers; remember every acknowledged one.
     let urls = Arc::new(Mutex::new(servers.iter().map(|s| s.url("")).collect::<Vec<_>>()));
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -361,6 +365,28 @@ fn ten_failovers_under_write_load_lose_no_acknowledged_write() {
         assert!(
             Instant::now() < deadline,
             "the backend's status did not come back after the last failover"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The Binding's grant is read back from the store the last leader runs.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = servers[0].kubectl(KUBECTL).run(&[
+            "-n",
+            "team-a",
+            "get",
+            "kvcpb",
+            "team-a",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"QuotaGranted\")].status} {.status.effectiveQuota}",
+        ]);
+        if out.ok && out.stdout == "True 1Gi" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the Binding is not granted after the failovers: {}",
+            out.text()
         );
         std::thread::sleep(Duration::from_millis(200));
     }
