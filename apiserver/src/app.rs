@@ -29,6 +29,9 @@ use crate::storage::metrics::{ResourceLabel, StorageMetrics};
 use crate::storage::watch::Hub;
 use crate::storage::{Storage, StorageError, keys};
 
+/// How often Events past their TTL are looked for.
+const EVENT_EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
+
 /// Which storage holds the objects.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum StorageChoice {
@@ -289,14 +292,19 @@ impl App {
         let mut shutdown = self.shutdown.subscribe();
         tokio::spawn(async move {
             let mut ticker = tokio::time::interval(interval);
+            let mut last_expiry = std::time::Instant::now();
             loop {
                 tokio::select! {
                     _ = ticker.tick() => {}
                     _ = shutdown.changed() => return,
                 }
-                let expired = crate::events::expire(&storage, crate::events::TTL).await;
-                if expired > 0 {
-                    tracing::debug!(expired, "events past their TTL deleted");
+                // Events live an hour: a scan a minute is plenty.
+                if last_expiry.elapsed() >= EVENT_EXPIRY_INTERVAL {
+                    last_expiry = std::time::Instant::now();
+                    let expired = crate::events::expire(&storage, crate::events::TTL).await;
+                    if expired > 0 {
+                        tracing::debug!(expired, "events past their TTL deleted");
+                    }
                 }
                 for k in &KINDS {
                     match storage.count(&keys::kind_prefix_of(k.plural)).await {

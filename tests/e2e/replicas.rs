@@ -9,9 +9,51 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Etcd, Server, binding, pool};
+use support::{Etcd, Kubectl, Server, binding, eventually, eventually_within, pool};
 
 const KUBECTL: &str = "1.33";
+
+const BACKEND: &str = "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata:\n  name: mooncake-dram\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {}\n      members:\n      - nodeSelector: {}\n        medium: DRAM\n        capacityPerMember: 1Gi\n";
+/// The Lease timings of the failover tests.
+const LEASE: Duration = Duration::from_secs(3);
+const RETRY: Duration = Duration::from_millis(500);
+
+/// Flags of a replica with controllers on `etcd`, sharing `pki`, with short Lease timings.
+fn electing(etcd: &Etcd, pki: &tempfile::TempDir) -> Vec<String> {
+    [
+        "--storage",
+        &etcd.storage_flag(),
+        "--pki-dir",
+        &pki.path().display().to_string(),
+        "--requeue-interval",
+        "2s",
+        "--leader-elect-lease-duration",
+        "3s",
+        "--leader-elect-renew-deadline",
+        "2s",
+        "--leader-elect-retry-period",
+        "500ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn start(flags: &[String]) -> Server {
+    Server::start_with(&flags.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// `phase capacity endpoint` of the backend.
+fn backend_state(k: &Kubectl) -> String {
+    let out = k.run(&[
+        "get",
+        "kvcb",
+        "mooncake-dram",
+        "-o",
+        "jsonpath={.status.phase} {.status.capacity.total} {.status.endpoints[0].address}",
+    ]);
+    if out.ok { out.stdout } else { String::new() }
+}
 
 fn replica(etcd: &Etcd) -> Server {
     let storage = etcd.storage_flag();
@@ -23,9 +65,7 @@ fn a_domain_is_claimed_once_across_replicas() {
     let etcd = Etcd::start();
     let (a, b) = (replica(&etcd), replica(&etcd));
     let (ka, kb) = (a.kubectl(KUBECTL), b.kubectl(KUBECTL));
-    ka.must_apply(
-        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata:\n  name: mooncake-dram\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {}\n      members:\n      - nodeSelector: {}\n        medium: DRAM\n        capacityPerMember: 1Gi\n",
-    );
+    ka.must_apply(BACKEND);
     kb.must_apply(&pool("shared-dram", ""));
     // 16 Bindings in 16 namespaces, all claiming domain "shared", half through each replica, at once.
     let results: Vec<bool> = std::thread::scope(|scope| {
@@ -120,75 +160,28 @@ fn leads(s: &Server) -> bool {
 fn the_controllers_fail_over_to_the_other_replica() {
     let etcd = Etcd::start();
     let pki = tempfile::tempdir().unwrap();
-    let storage = etcd.storage_flag();
-    let pki_dir = pki.path().display().to_string();
-    let flags = [
-        "--storage",
-        &storage,
-        "--pki-dir",
-        &pki_dir,
-        "--requeue-interval",
-        "2s",
-        "--leader-elect-lease-duration",
-        "3s",
-        "--leader-elect-renew-deadline",
-        "2s",
-        "--leader-elect-retry-period",
-        "500ms",
-    ];
-    let a = Server::start_with(&flags);
-    let b = Server::start_with(&flags);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !(leads(&a) || leads(&b)) {
-        assert!(Instant::now() < deadline, "no replica took the controllers' Lease");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let flags = electing(&etcd, &pki);
+    let (a, b) = (start(&flags), start(&flags));
+    eventually(30, "a replica takes the controllers' Lease", || {
+        (leads(&a) || leads(&b)).then_some(())
+    });
     assert!(leads(&a) != leads(&b), "exactly one replica runs the controllers");
     let (leader, other) = if leads(&a) { (a, b) } else { (b, a) };
     let k = other.kubectl(KUBECTL);
-    k.must_apply(
-        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata:\n  name: mooncake-dram\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {}\n      members:\n      - nodeSelector: {}\n        medium: DRAM\n        capacityPerMember: 1Gi\n",
-    );
-    let ready = |k: &support::Kubectl| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let out = k.run(&[
-                "get",
-                "kvcb",
-                "mooncake-dram",
-                "-o",
-                "jsonpath={.status.phase} {.status.capacity.total} {.status.endpoints[0].address}",
-            ]);
-            if out.ok && out.stdout.starts_with("Ready 2Gi ") {
-                return out.stdout;
-            }
-            assert!(Instant::now() < deadline, "not Ready: {}", out.text());
-            std::thread::sleep(Duration::from_millis(200));
-        }
+    k.must_apply(BACKEND);
+    let ready = || {
+        let s = backend_state(&k);
+        s.starts_with("Ready 2Gi ").then_some(s)
     };
-    let before = ready(&k);
+    let before = eventually(60, "the backend is Ready", ready);
     drop(leader); // SIGKILL: its store processes follow it
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !leads(&other) {
-        assert!(
-            Instant::now() < deadline,
-            "the other replica did not take the controllers over"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    eventually(30, "the other replica takes the controllers over", || {
+        leads(&other).then_some(())
+    });
     // The new leader runs the store itself: Ready again, at its own endpoint.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let now = ready(&k);
-        if now != before {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the store did not move to the new leader: {now}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    eventually(60, "the store moves to the new leader", || {
+        ready().filter(|now| *now != before)
+    });
 }
 
 #[test]
@@ -214,15 +207,10 @@ fn readyz_follows_the_replicas_own_connection_to_etcd() {
     let s = replica(&etcd);
     assert_eq!(s.get_body("/readyz", &[]), "ok");
     drop(etcd);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually(30, "/readyz fails with etcd gone", || {
         let out = s.curl_anon(&["-s", "-o", "/dev/null", "-w", "%{http_code}", &s.url("/readyz")]);
-        if String::from_utf8_lossy(&out.stdout) == "503" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "/readyz still passes with etcd gone");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        (String::from_utf8_lossy(&out.stdout) == "503").then_some(())
+    });
     let verbose = s.get_body("/readyz?verbose", &[]);
     assert!(verbose.contains("[-]storage"), "{verbose}");
 }
@@ -235,31 +223,9 @@ fn ten_failovers_under_write_load_lose_no_acknowledged_write() {
     use std::sync::{Arc, Mutex};
     let etcd = Etcd::start();
     let pki = tempfile::tempdir().unwrap();
-    let storage = etcd.storage_flag();
-    let pki_dir = pki.path().display().to_string();
-    let flags: Vec<String> = [
-        "--storage",
-        &storage,
-        "--pki-dir",
-        &pki_dir,
-        "--requeue-interval",
-        "2s",
-        "--leader-elect-lease-duration",
-        "3s",
-        "--leader-elect-renew-deadline",
-        "2s",
-        "--leader-elect-retry-period",
-        "500ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let start = || Server::start_with(&flags.iter().map(String::as_str).collect::<Vec<_>>());
-    let mut servers = vec![start(), start()];
-    let (lease, retry) = (Duration::from_secs(3), Duration::from_millis(500));
-    servers[0].kubectl(KUBECTL).must_apply(
-        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata:\n  name: mooncake-dram\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {}\n      members:\n      - nodeSelector: {}\n        medium: DRAM\n        capacityPerMember: 1Gi\n",
-    );
+    let flags = electing(&etcd, &pki);
+    let mut servers = vec![start(&flags), start(&flags)];
+    servers[0].kubectl(KUBECTL).must_apply(BACKEND);
     servers[0].kubectl(KUBECTL).must_apply(&pool("shared-dram", ""));
     servers[0]
         .kubectl(KUBECTL)
@@ -311,66 +277,39 @@ fn ten_failovers_under_write_load_lose_no_acknowledged_write() {
         })
     };
     let ready = |s: &Server| {
-        let out = s.kubectl(KUBECTL).run(&[
-            "get",
-            "kvcb",
-            "mooncake-dram",
-            "-o",
-            "jsonpath={.status.phase} {.status.capacity.total}",
-        ]);
-        out.ok && out.stdout == "Ready 2Gi"
+        backend_state(&s.kubectl(KUBECTL))
+            .starts_with("Ready 2Gi ")
+            .then_some(())
     };
     for round in 0..10 {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let leader = loop {
-            if let Some(i) = servers.iter().position(leads) {
-                break i;
-            }
-            assert!(Instant::now() < deadline, "round {round}: nobody leads");
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        let survivor = 1 - leader;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !ready(&servers[survivor]) {
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: the backend is not Ready before the kill"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let leader = eventually(30, &format!("round {round}: a replica leads"), || {
+            servers.iter().position(leads)
+        });
+        eventually(
+            60,
+            &format!("round {round}: the backend is Ready before the kill"),
+            || ready(&servers[1 - leader]),
+        );
         let killed_at = Instant::now();
-        let killed = servers.remove(leader); // SIGKILL on drop
-        drop(killed);
-        let survivor = 0;
+        drop(servers.remove(leader)); // SIGKILL
         // The lease runs from the holder's last renewal (at most one retry period before the
         // kill), judged on the survivor's clock from when it saw that renewal.
-        let bound = lease + retry * 2 + Duration::from_secs(1);
-        while !leads(&servers[survivor]) {
-            assert!(
-                killed_at.elapsed() < bound,
-                "round {round}: no takeover within the lease (waited {:?}, bound {bound:?})",
-                killed_at.elapsed()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let bound = LEASE + RETRY * 2 + Duration::from_secs(1);
+        eventually_within(bound, &format!("round {round}: takeover within the lease"), || {
+            leads(&servers[0]).then_some(())
+        });
         eprintln!("round {round}: takeover after {:?}", killed_at.elapsed());
         // a fresh replica in place of the killed one
-        servers.push(start());
+        servers.push(start(&flags));
         *urls.lock().unwrap() = servers.iter().map(|s| s.url("")).collect();
     }
     done.store(true, Ordering::Relaxed);
     writer.join().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !ready(&servers[0]) {
-        assert!(
-            Instant::now() < deadline,
-            "the backend's status did not come back after the last failover"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    eventually(60, "the backend's status comes back after the last failover", || {
+        ready(&servers[0])
+    });
     // The Binding's grant is read back from the store the last leader runs.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    eventually(60, "the Binding is granted after the failovers", || {
         let out = servers[0].kubectl(KUBECTL).run(&[
             "-n",
             "team-a",
@@ -380,16 +319,8 @@ fn ten_failovers_under_write_load_lose_no_acknowledged_write() {
             "-o",
             "jsonpath={.status.conditions[?(@.type==\"QuotaGranted\")].status} {.status.effectiveQuota}",
         ]);
-        if out.ok && out.stdout == "True 1Gi" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the Binding is not granted after the failovers: {}",
-            out.text()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        (out.ok && out.stdout == "True 1Gi").then_some(())
+    });
     let listed = servers[0].kubectl(KUBECTL).ok(&["get", "kvcp", "-o", "name"]);
     let acked = acked.lock().unwrap().clone();
     assert!(acked.len() > 10, "the writers made progress: {}", acked.len());

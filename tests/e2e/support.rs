@@ -11,6 +11,23 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// Polls `f` every 50 ms until it gives a value; fails the test after `within`.
+pub fn eventually_within<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// [`eventually_within`] `secs` seconds.
+pub fn eventually<T>(secs: u64, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    eventually_within(Duration::from_secs(secs), what, f)
+}
+
 /// The kubectl versions every core scenario runs against.
 pub const VERSIONS: &[&str] = &["1.27", "1.30", "1.33"];
 

@@ -9,9 +9,9 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use support::{Kubectl, Server};
+use support::{Kubectl, Server, eventually};
 
 const KUBECTL: &str = "1.33";
 const REQUEUE: Duration = Duration::from_secs(2);
@@ -27,18 +27,6 @@ fn manifest(file: &str) -> String {
 
 fn server() -> Server {
     Server::start_with(&["--requeue-interval", "2s"])
-}
-
-/// Polls `f` every 100 ms until it gives a value, for at most `secs`.
-fn eventually<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {secs}s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// `kubectl get <what> -o jsonpath=<path>`, empty when it fails.

@@ -4,24 +4,24 @@
 //! conditions LeaderAvailable, CapacityObserved, MembersMounted, PoolWrites and Deletable, and
 //! the phase by the precedence of §3.1. Deletion waits while a pool names the backend.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kube::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kvcache_api::backend::{BackendSpec, BackendStatus, Capacity, Endpoint, EndpointName, MemberStatus};
+use kvcache_api::backend::{BackendStatus, Capacity, Endpoint, EndpointName, MemberStatus};
 use kvcache_api::common::UsedBy;
 use kvcache_api::conditions::backend::{capacity_observed, deletable, leader_available, members_mounted, pool_writes};
 use kvcache_api::conditions::{self, BackendPhase, ConditionStatus, Observation};
-use kvcache_api::{KVCacheBackend, KVCachePool, Quantity};
-use kvcache_store::leader::{LeaderConfig, Strategy};
-use kvcache_store::member::MemberConfig;
+use kvcache_api::{KVCacheBackend, KVCachePool};
 
-use super::leader::{self, LeaderView};
+use super::leader::{Leader, LeaderView};
 use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
 use super::{Context, KindLabel, Result};
-use crate::runtime::{MemberPlan, Node, StoreObservation, StorePlan};
+use crate::runtime::{MemberPlan, StoreObservation, StorePlan};
+
+mod plan;
+pub use plan::plan;
 
 const KIND: &str = "KVCacheBackend";
 /// Names listed in a message before "and N more".
@@ -70,7 +70,7 @@ pub async fn reconcile(obj: Arc<KVCacheBackend>, ctx: Arc<Context>) -> Result<Ac
     }
     let mut st = observe(&obj, &ctx).await;
     st.used_by = consumers;
-    let now = status::now();
+    let now = crate::registry::meta::now();
     let generation = obj.metadata.generation;
     let held = deletable_observation(&st.used_by).generation(generation);
     let held_message = held.message.clone();
@@ -114,107 +114,11 @@ pub fn list(names: &[String]) -> String {
     }
 }
 
-/// What should run for a managed backend on these nodes, and the groups that match no node.
-pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan, Vec<String>)> {
-    let managed = spec.managed()?;
-    let leader_spec = managed.leader.clone().unwrap_or_default();
-    let mut leader = LeaderConfig {
-        multi_tenancy: leader_spec.multi_tenancy.unwrap_or(true),
-        ..LeaderConfig::default()
-    };
-    leader.allocation_strategy = match leader_spec.allocation_strategy {
-        Some(kvcache_api::backend::AllocationStrategy::Random) => Strategy::Random,
-        _ => Strategy::FreeRatioFirst,
-    };
-    let leader = with_extra_args(leader.to_args(), &leader_spec.extra_args, LeaderConfig::parse_args).unwrap_or(leader);
-    let mut members = Vec::new();
-    let mut unmatched = Vec::new();
-    for (i, group) in managed.members.iter().enumerate() {
-        let selector = group.node_selector.clone().unwrap_or_default();
-        let capacity = group
-            .capacity_per_member
-            .as_ref()
-            .and_then(|q| kvcache_units::parse_bytes(q.as_str()).ok())
-            .unwrap_or(0);
-        let matching: Vec<&Node> = nodes.iter().filter(|n| n.matches(&selector)).collect();
-        if matching.is_empty() {
-            unmatched.push(format!("members[{i}].nodeSelector {}", selector_text(&selector)));
-        }
-        for node in matching {
-            let base = MemberConfig::new(String::from("127.0.0.1:1"), capacity);
-            let config = with_extra_args(base.to_args(), &group.extra_args, MemberConfig::parse_args).unwrap_or(base);
-            members.push(MemberPlan {
-                group: i,
-                node: node.name.clone(),
-                config,
-                env: env_pairs(&group.extra_env),
-            });
-        }
-    }
-    Some((
-        StorePlan {
-            backend: name.to_owned(),
-            leader,
-            leader_env: env_pairs(&leader_spec.extra_env),
-            members,
-        },
-        unmatched,
-    ))
-}
-
-fn env_pairs(env: &[kvcache_api::common::EnvVar]) -> Vec<(String, String)> {
-    env.iter()
-        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
-        .collect()
-}
-
-fn selector_text(selector: &BTreeMap<String, String>) -> String {
-    let pairs: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    format!("{{{}}}", pairs.join(","))
-}
-
-/// `base` (every flag, as `to_args` writes them) with the flags `extra` names replaced by
-/// `extra`'s values, parsed back into a config. Admission already checked `extra` against the
-/// store's flags; what still fails to parse leaves the config as it was.
-fn with_extra_args<C>(
-    base: Vec<String>,
-    extra: &[String],
-    parse: fn(Vec<String>) -> Result<C, clap::Error>,
-) -> Option<C> {
-    if extra.is_empty() {
-        return None;
-    }
-    let named: Vec<String> = extra
-        .iter()
-        .filter_map(|a| a.strip_prefix("--"))
-        .map(|a| a.split('=').next().unwrap_or(a).to_owned())
-        .collect();
-    let mut out = Vec::new();
-    let mut skip_value = false;
-    for a in base {
-        if skip_value {
-            skip_value = false;
-            if !a.starts_with("--") {
-                continue;
-            }
-        }
-        if let Some(flag) = a.strip_prefix("--")
-            && named.iter().any(|n| n == flag.split('=').next().unwrap_or(flag))
-        {
-            skip_value = !flag.contains('=');
-            continue;
-        }
-        out.push(a);
-    }
-    out.extend(extra.iter().cloned());
-    parse(out).ok()
-}
-
 /// One observation pass: run the workloads (managed), read the leader, build the status.
 async fn observe(obj: &KVCacheBackend, ctx: &Context) -> BackendStatus {
     let prev = obj.status.clone().unwrap_or_default();
     let generation = obj.metadata.generation;
-    let now = status::now();
+    let now = crate::registry::meta::now();
     let mut st = BackendStatus {
         conditions: prev.conditions.clone(),
         ..BackendStatus::default()
@@ -261,7 +165,8 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context) -> BackendStatus {
         st.phase_message = Some(msg.into());
         return st;
     };
-    let view = match leader::observe(&admin, ctx.opts.leader_timeout).await {
+    let read = async { Leader::connect(&admin, ctx.opts.leader_timeout).await?.observe().await };
+    let view = match read.await {
         Ok(v) if v.health.serving => v,
         Ok(v) => {
             let msg = format!(
@@ -318,8 +223,8 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context) -> BackendStatus {
         ),
     );
     st.capacity = Some(Capacity {
-        total: Some(bytes(view.health.capacity)),
-        used: Some(bytes(view.health.used)),
+        total: Some(super::quantity(view.health.capacity)),
+        used: Some(super::quantity(view.health.used)),
     });
     set(
         &mut st,
@@ -329,8 +234,8 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context) -> BackendStatus {
             capacity_observed::OBSERVED,
             format!(
                 "the leader reports {} of capacity, {} used",
-                kvcache_units::format_bytes(i64::try_from(view.health.capacity).unwrap_or(i64::MAX)),
-                kvcache_units::format_bytes(i64::try_from(view.health.used).unwrap_or(i64::MAX))
+                super::human(view.health.capacity),
+                super::human(view.health.used)
             ),
         ),
     );
@@ -351,10 +256,6 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context) -> BackendStatus {
         }
     }
     st
-}
-
-fn bytes(n: u64) -> Quantity {
-    Quantity::from_bytes(i64::try_from(n).unwrap_or(i64::MAX))
 }
 
 /// The leader cannot be read: LeaderAvailable, CapacityObserved and MembersMounted are False for
@@ -563,37 +464,11 @@ fn writes_verdict(view: &LeaderView) -> Observation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::Node;
+    use kvcache_api::backend::BackendSpec;
 
     fn spec(yaml: &str) -> BackendSpec {
         yaml_serde::from_str(yaml).unwrap()
-    }
-
-    #[test]
-    fn one_member_per_matching_node_and_group() {
-        let s = spec(
-            "type: Mooncake\nconnection:\n  managed:\n    leader: {}\n    members:\n    - nodeSelector: {kubernetes.io/os: linux}\n      capacityPerMember: 1Gi\n    - nodeSelector: {kubernetes.io/hostname: local-1}\n      capacityPerMember: 2Gi\n    - nodeSelector: {zone: nowhere}\n      capacityPerMember: 1Gi\n",
-        );
-        let nodes = [Node::stand_in("local-0"), Node::stand_in("local-1")];
-        let (plan, unmatched) = plan("b", &s, &nodes).unwrap();
-        let names: Vec<String> = plan.members.iter().map(|m| m.name("b")).collect();
-        assert_eq!(
-            names,
-            ["b-member-0-local-0", "b-member-0-local-1", "b-member-1-local-1"]
-        );
-        assert_eq!(plan.members[2].config.capacity, 2 << 30);
-        assert_eq!(unmatched, ["members[2].nodeSelector {zone=nowhere}"]);
-        assert!(plan.leader.multi_tenancy);
-    }
-
-    #[test]
-    fn extra_args_replace_the_flags_they_name() {
-        let s = spec(
-            "type: Mooncake\nconnection:\n  managed:\n    leader:\n      multiTenancy: false\n      extraArgs: [\"--lease-ttl\", \"3s\", \"--eviction-ratio=0.2\"]\n    members: []\n",
-        );
-        let (plan, _) = plan("b", &s, &[]).unwrap();
-        assert_eq!(plan.leader.lease_ttl, std::time::Duration::from_secs(3));
-        assert!((plan.leader.eviction_ratio - 0.2).abs() < 1e-9);
-        assert!(!plan.leader.multi_tenancy);
     }
 
     fn view(names: &[&str]) -> LeaderView {

@@ -16,9 +16,9 @@ use kvcache_api::conditions::{self, BindingPhase, ConditionStatus, Observation};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment, Quantity};
 
 use super::backend::list;
-use super::leader;
+use super::leader::Leader;
 use super::pool::hit_rate;
-use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
+use super::status::{self, Axes, add_finalizer, has_finalizer, remove_finalizer};
 use super::{Context, KindLabel, Result};
 
 const KIND: &str = "KVCachePoolBinding";
@@ -43,10 +43,6 @@ pub fn error_policy(_: Arc<KVCachePoolBinding>, error: &super::Error, ctx: Arc<C
     super::retry(KIND, error, &ctx)
 }
 
-fn bytes(n: u64) -> Quantity {
-    Quantity::from_bytes(i64::try_from(n).unwrap_or(i64::MAX))
-}
-
 pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Result<Action> {
     ctx.metrics.reconciles.get_or_create(&KindLabel { kind: KIND }).inc();
     let ns = obj.namespace().to_owned();
@@ -66,7 +62,7 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
         .collect();
     used_by.sort_by(|a, b| a.name.cmp(&b.name));
     let generation = obj.metadata.generation;
-    let now = status::now();
+    let now = crate::registry::meta::now();
     let prev = obj.status.clone().unwrap_or_default();
     let set = |st: &mut BindingStatus, o: Observation| {
         conditions::set(&mut st.conditions, o.generation(generation), &now);
@@ -129,7 +125,10 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
         .as_ref()
         .and_then(|b| super::pool::endpoint_of(b, kvcache_api::backend::EndpointName::Admin));
     let read = match &admin {
-        Some(a) => leader::tenants(a, ctx.opts.leader_timeout).await.map_err(|e| e.0),
+        Some(a) => match Leader::connect(a, ctx.opts.leader_timeout).await {
+            Ok(l) => l.tenants().await.map_err(|e| e.0),
+            Err(e) => Err(e.0),
+        },
         None => Err(format!(
             "the pool {:?} has no backend that publishes an endpoint yet",
             obj.spec.pool_name()
@@ -172,7 +171,7 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
                 ),
             );
             if let Some(d) = t.tenants.iter().find(|x| x.name == "default") {
-                st.usage = Some(bytes(d.used));
+                st.usage = Some(super::quantity(d.used));
                 st.blocks = Some(i64::try_from(d.objects).unwrap_or(i64::MAX));
                 st.hit_rate = hit_rate(d.hits, d.misses);
             }
@@ -199,9 +198,9 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
                 );
             }
             Some(x) => {
-                st.requested_quota = Some(bytes(x.ceiling));
-                st.effective_quota = Some(bytes(x.grant));
-                st.usage = Some(bytes(x.used));
+                st.requested_quota = Some(super::quantity(x.ceiling));
+                st.effective_quota = Some(super::quantity(x.grant));
+                st.usage = Some(super::quantity(x.used));
                 st.over_quota = Some(x.over_grant);
                 st.blocks = Some(i64::try_from(x.objects).unwrap_or(i64::MAX));
                 st.hit_rate = hit_rate(x.hits, x.misses);
@@ -216,7 +215,6 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
                         ),
                     ),
                 );
-                let fmt = |n: u64| kvcache_units::format_bytes(i64::try_from(n).unwrap_or(i64::MAX));
                 set(
                     &mut st,
                     if x.grant > 0 {
@@ -224,7 +222,11 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
                             quota_granted::TYPE,
                             ConditionStatus::True,
                             quota_granted::GRANTED,
-                            format!("granted {} of the {} asked for", fmt(x.grant), fmt(x.ceiling)),
+                            format!(
+                                "granted {} of the {} asked for",
+                                super::human(x.grant),
+                                super::human(x.ceiling)
+                            ),
                         )
                     } else {
                         Observation::new(
@@ -270,23 +272,15 @@ async fn resolve_backend(ctx: &Context, pool: &str) -> Result<Option<KVCacheBack
 /// §2.7: the first axis that is not True is an Error, a missing one Provisioning, else Ready.
 fn phase(st: &BindingStatus) -> (BindingPhase, Option<String>) {
     let axes = [domain_exclusive::TYPE, quota_observed::TYPE, quota_granted::TYPE];
-    for t in axes {
-        if let Some(c) = conditions::find(&st.conditions, t)
-            && c.status != ConditionStatus::True.as_str()
-        {
-            return (BindingPhase::Error, Some(c.message.clone()));
-        }
+    match status::axes(&st.conditions, &axes, |_| false) {
+        Axes::Fault(message) => (BindingPhase::Error, Some(message)),
+        Axes::Missing(t) => (
+            BindingPhase::Provisioning,
+            Some(format!("{t} has not been observed yet")),
+        ),
+        Axes::Clear => (
+            BindingPhase::Ready,
+            conditions::find(&st.conditions, quota_observed::TYPE).map(|c| c.message.clone()),
+        ),
     }
-    for t in axes {
-        if conditions::find(&st.conditions, t).is_none() {
-            return (
-                BindingPhase::Provisioning,
-                Some(format!("{} has not been observed yet", t.as_str())),
-            );
-        }
-    }
-    (
-        BindingPhase::Ready,
-        conditions::find(&st.conditions, quota_observed::TYPE).map(|c| c.message.clone()),
-    )
 }

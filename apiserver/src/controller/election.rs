@@ -169,11 +169,12 @@ mod tests {
     use super::*;
     use crate::storage::embedded::Embedded;
 
+    /// Short enough for a test, with a renew deadline a loaded machine still meets.
     fn fast(id: &str) -> ElectionOptions {
         ElectionOptions {
             identity: id.into(),
-            lease_duration: Duration::from_millis(600),
-            renew_deadline: Duration::from_millis(400),
+            lease_duration: Duration::from_secs(4),
+            renew_deadline: Duration::from_secs(3),
             retry_period: Duration::from_millis(100),
         }
     }
@@ -196,7 +197,15 @@ mod tests {
         let a = tokio::spawn(campaign(storage.clone(), fast("a"), a_lead, a_stop_rx));
         until(&mut a_rx, true).await;
         tokio::spawn(campaign(storage.clone(), fast("b"), b_lead, b_stop_rx));
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // B has seen A's Lease renewed (A's record moved on) while it stayed a follower.
+        let first = storage.get(KEY).await.unwrap().unwrap().mod_revision;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while storage.get(KEY).await.unwrap().unwrap().mod_revision < first + 3 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("A renews its Lease");
         assert!(*a_rx.borrow() && !*b_rx.borrow(), "exactly one leads");
         // A stops gracefully: it releases, and B leads without waiting out the lease.
         a_stop.send_replace(true);

@@ -1,14 +1,16 @@
 //! Reading and writing a leader through its Control API (`kvstore.v1.Control`): health and
-//! capacity, mounted members, and the tenant ledger. Every call has a deadline, so an unreachable
-//! leader is an observation ("unreachable: ..."), never a stuck pass.
+//! capacity, mounted members, and the tenant ledger. A pass connects once ([`Leader::connect`])
+//! and makes its calls on that channel; every call has a deadline, so an unreachable leader is an
+//! observation ("unreachable: ..."), never a stuck pass.
 
 use std::time::Duration;
 
-use kvcache_store::client::Client;
+use kvcache_store::proto::control_client::ControlClient;
 use kvcache_store::proto::{
-    GetMembersRequest, GetTenantsRequest, GetTenantsResponse, HealthRequest, HealthResponse, MemberStatus, Scope,
+    GetMembersRequest, GetTenantsRequest, GetTenantsResponse, HealthRequest, HealthResponse, MemberStatus,
     SetTenantsRequest, TenantEntry,
 };
+use tonic::transport::{Channel, Endpoint};
 
 /// A leader's answer, read in one pass.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,56 +31,73 @@ impl LeaderError {
     }
 }
 
-async fn control(endpoint: &str, timeout: Duration) -> Result<Client, LeaderError> {
-    tokio::time::timeout(timeout, Client::connect(endpoint, Scope::default()))
-        .await
-        .map_err(|_| LeaderError(format!("the leader at {endpoint} did not answer within {timeout:?}")))?
-        .map_err(|e| LeaderError(format!("cannot reach the leader at {endpoint}: {e}")))
-}
-
-async fn call<T>(
-    endpoint: &str,
+/// One channel to a leader's Control API.
+pub struct Leader {
+    endpoint: String,
     timeout: Duration,
-    what: &str,
-    f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-) -> Result<T, LeaderError> {
-    match tokio::time::timeout(timeout, f).await {
-        Err(_) => Err(LeaderError(format!(
-            "{what} at the leader {endpoint} did not answer within {timeout:?}"
-        ))),
-        Ok(Err(s)) => Err(LeaderError(format!("{what} at the leader {endpoint}: {}", s.message()))),
-        Ok(Ok(r)) => Ok(r.into_inner()),
+    control: ControlClient<Channel>,
+}
+
+impl Leader {
+    /// Connects to the leader at `endpoint` (HOST:PORT); each call then has `timeout`.
+    pub async fn connect(endpoint: &str, timeout: Duration) -> Result<Leader, LeaderError> {
+        let unreachable = |e: String| LeaderError(format!("cannot reach the leader at {endpoint}: {e}"));
+        let channel = Endpoint::from_shared(format!("http://{endpoint}"))
+            .map_err(|e| unreachable(e.to_string()))?
+            .connect_timeout(timeout)
+            .timeout(timeout)
+            .connect()
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        Ok(Leader {
+            endpoint: endpoint.to_owned(),
+            timeout,
+            control: ControlClient::new(channel),
+        })
     }
-}
 
-/// Health (capacity, whether it serves) and the mounted members.
-pub async fn observe(endpoint: &str, timeout: Duration) -> Result<LeaderView, LeaderError> {
-    let client = control(endpoint, timeout).await?;
-    let mut c = client.control();
-    let health = call(endpoint, timeout, "Health", c.health(HealthRequest {})).await?;
-    let members = call(endpoint, timeout, "GetMembers", c.get_members(GetMembersRequest {}))
-        .await?
-        .members;
-    Ok(LeaderView { health, members })
-}
+    async fn call<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, LeaderError> {
+        let endpoint = &self.endpoint;
+        match tokio::time::timeout(self.timeout, f).await {
+            Err(_) => Err(LeaderError(format!(
+                "{what} at the leader {endpoint} did not answer within {:?}",
+                self.timeout
+            ))),
+            Ok(Err(s)) => Err(LeaderError(format!("{what} at the leader {endpoint}: {}", s.message()))),
+            Ok(Ok(r)) => Ok(r.into_inner()),
+        }
+    }
 
-/// The ledger with grants and usage.
-pub async fn tenants(endpoint: &str, timeout: Duration) -> Result<GetTenantsResponse, LeaderError> {
-    let client = control(endpoint, timeout).await?;
-    let mut c = client.control();
-    call(endpoint, timeout, "GetTenants", c.get_tenants(GetTenantsRequest {})).await
-}
+    /// Health (capacity, whether it serves) and the mounted members.
+    pub async fn observe(&self) -> Result<LeaderView, LeaderError> {
+        let health = self
+            .call("Health", self.control.clone().health(HealthRequest {}))
+            .await?;
+        let members = self
+            .call("GetMembers", self.control.clone().get_members(GetMembersRequest {}))
+            .await?
+            .members;
+        Ok(LeaderView { health, members })
+    }
 
-/// Replaces the whole ledger.
-pub async fn set_tenants(endpoint: &str, timeout: Duration, tenants: Vec<TenantEntry>) -> Result<u64, LeaderError> {
-    let client = control(endpoint, timeout).await?;
-    let mut c = client.control();
-    Ok(call(
-        endpoint,
-        timeout,
-        "SetTenants",
-        c.set_tenants(SetTenantsRequest { tenants }),
-    )
-    .await?
-    .objects_dropped)
+    /// The ledger with grants and usage.
+    pub async fn tenants(&self) -> Result<GetTenantsResponse, LeaderError> {
+        self.call("GetTenants", self.control.clone().get_tenants(GetTenantsRequest {}))
+            .await
+    }
+
+    /// Replaces the whole ledger; returns how many objects of removed tenants were dropped.
+    pub async fn set_tenants(&self, tenants: Vec<TenantEntry>) -> Result<u64, LeaderError> {
+        let r = self
+            .call(
+                "SetTenants",
+                self.control.clone().set_tenants(SetTenantsRequest { tenants }),
+            )
+            .await?;
+        Ok(r.objects_dropped)
+    }
 }

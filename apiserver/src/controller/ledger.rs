@@ -8,7 +8,8 @@ use kvcache_api::pool::PoolStatus;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, Quantity};
 use kvcache_store::proto::{GetTenantsResponse, TenantEntry};
 
-use super::{Context, leader};
+use super::Context;
+use super::leader::{self, Leader};
 
 /// Bytes of a quantity; 0 when it does not parse (admission refuses those).
 pub fn quantity_bytes(q: Option<&Quantity>) -> u64 {
@@ -67,6 +68,37 @@ pub fn same_ledger(current: &GetTenantsResponse, desired: &[TenantEntry]) -> boo
     have == want
 }
 
+/// Why a pool has no ledger to write: both ledger conditions say so with one reason.
+#[derive(Clone, Copy, Debug)]
+pub enum NoLedger {
+    /// The backend keeps none (multi-tenancy is off); not a fault for the phase.
+    MultiTenancyDisabled,
+    /// The leader could not be read.
+    Unreachable,
+}
+
+/// QuotaLedgerAvailable False and QuotaPolicyWritable Unknown, for `why`.
+pub fn no_ledger(st: &mut PoolStatus, set: &impl Fn(&mut PoolStatus, Observation), why: NoLedger, msg: &str) {
+    let (available, writable) = match why {
+        NoLedger::MultiTenancyDisabled => (
+            quota_ledger_available::MULTI_TENANCY_DISABLED,
+            quota_policy_writable::MULTI_TENANCY_DISABLED,
+        ),
+        NoLedger::Unreachable => (
+            quota_ledger_available::LEDGER_UNREACHABLE,
+            quota_policy_writable::LEDGER_UNREACHABLE,
+        ),
+    };
+    set(
+        st,
+        Observation::new(quota_ledger_available::TYPE, ConditionStatus::False, available, msg),
+    );
+    set(
+        st,
+        Observation::new(quota_policy_writable::TYPE, ConditionStatus::Unknown, writable, msg),
+    );
+}
+
 /// Reads the leader's ledger and sets it whole when it differs from what the Bindings declare;
 /// returns the ledger as the leader then holds it.
 pub async fn converge_ledger(
@@ -78,54 +110,21 @@ pub async fn converge_ledger(
     st: &mut PoolStatus,
     set: &impl Fn(&mut PoolStatus, Observation),
 ) -> Option<GetTenantsResponse> {
-    let timeout = ctx.opts.leader_timeout;
-    let unreachable = |st: &mut PoolStatus, set: &dyn Fn(&mut PoolStatus, Observation), msg: String| {
-        set(
-            st,
-            Observation::new(
-                quota_ledger_available::TYPE,
-                ConditionStatus::False,
-                quota_ledger_available::LEDGER_UNREACHABLE,
-                &msg,
-            ),
-        );
-        set(
-            st,
-            Observation::new(
-                quota_policy_writable::TYPE,
-                ConditionStatus::Unknown,
-                quota_policy_writable::LEDGER_UNREACHABLE,
-                msg,
-            ),
-        );
+    let read = async {
+        let leader = Leader::connect(admin, ctx.opts.leader_timeout).await?;
+        let current = leader.tenants().await?;
+        Ok::<_, leader::LeaderError>((leader, current))
     };
-    let current = match leader::tenants(admin, timeout).await {
-        Ok(t) => t,
+    let (leader, current) = match read.await {
+        Ok(r) => r,
         Err(e) => {
-            unreachable(st, set, e.0);
+            no_ledger(st, set, NoLedger::Unreachable, &e.0);
             return None;
         }
     };
     if !current.multi_tenancy {
-        let msg = "the leader keeps no tenant ledger (multi-tenancy is off)".to_owned();
-        set(
-            st,
-            Observation::new(
-                quota_ledger_available::TYPE,
-                ConditionStatus::False,
-                quota_ledger_available::MULTI_TENANCY_DISABLED,
-                &msg,
-            ),
-        );
-        set(
-            st,
-            Observation::new(
-                quota_policy_writable::TYPE,
-                ConditionStatus::Unknown,
-                quota_policy_writable::MULTI_TENANCY_DISABLED,
-                msg,
-            ),
-        );
+        let msg = "the leader keeps no tenant ledger (multi-tenancy is off)";
+        no_ledger(st, set, NoLedger::MultiTenancyDisabled, msg);
         return None;
     }
     set(
@@ -146,22 +145,18 @@ pub async fn converge_ledger(
     let current = if same_ledger(&current, &desired) {
         current
     } else {
-        match leader::set_tenants(admin, timeout, desired).await {
-            Ok(dropped) => {
-                tracing::info!(
-                    backend = backend.name(),
-                    tenants = written,
-                    dropped,
-                    "tenant ledger set"
-                );
-                match leader::tenants(admin, timeout).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        unreachable(st, set, e.0);
-                        return None;
-                    }
-                }
-            }
+        let set_and_read = async {
+            let dropped = leader.set_tenants(desired).await?;
+            tracing::info!(
+                backend = backend.name(),
+                tenants = written,
+                dropped,
+                "tenant ledger set"
+            );
+            leader.tenants().await
+        };
+        match set_and_read.await {
+            Ok(t) => t,
             Err(e) if e.is_refusal() => {
                 set(
                     st,
@@ -175,7 +170,7 @@ pub async fn converge_ledger(
                 return Some(current);
             }
             Err(e) => {
-                unreachable(st, set, e.0);
+                no_ledger(st, set, NoLedger::Unreachable, &e.0);
                 return None;
             }
         }

@@ -161,6 +161,16 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A byte count the store reported, as a binary-SI quantity (`16Gi`).
+pub fn quantity(bytes: u64) -> kvcache_api::Quantity {
+    kvcache_api::Quantity::from_bytes(i64::try_from(bytes).unwrap_or(i64::MAX))
+}
+
+/// The same, as text for a message.
+pub fn human(bytes: u64) -> String {
+    quantity(bytes).0
+}
+
 /// Shared by every kind's `error_policy`: counts the failure and retries soon.
 fn retry(kind: &'static str, error: &Error, ctx: &Context) -> Action {
     ctx.metrics.errors.get_or_create(&KindLabel { kind }).inc();

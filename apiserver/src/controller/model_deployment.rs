@@ -56,7 +56,7 @@ pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
         return Ok(Action::await_change());
     }
     let generation = obj.metadata.generation;
-    let now = status::now();
+    let now = crate::registry::meta::now();
     let prev = obj.status.clone().unwrap_or_default();
     let mut st = ModelDeploymentStatus {
         conditions: prev.conditions.clone(),

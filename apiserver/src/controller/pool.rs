@@ -23,9 +23,11 @@ use kvcache_api::pool::{NamespacedName, PoolDomain, PoolStatus, PoolUsage};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, Quantity};
 
 use super::backend::list;
-use super::leader;
-use super::ledger::{converge_ledger, in_ledger, quantity_bytes, render_ledger, same_ledger, tenant_entry};
-use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
+use super::leader::{self, Leader};
+use super::ledger::{
+    NoLedger, converge_ledger, in_ledger, no_ledger, quantity_bytes, render_ledger, same_ledger, tenant_entry,
+};
+use super::status::{self, Axes, add_finalizer, has_finalizer, remove_finalizer};
 use super::{Context, KindLabel, Result};
 
 const KIND: &str = "KVCachePool";
@@ -85,7 +87,7 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
         None => None,
     };
     let generation = obj.metadata.generation;
-    let now = status::now();
+    let now = crate::registry::meta::now();
     let mut st = PoolStatus {
         conditions: obj.status.clone().unwrap_or_default().conditions,
         ..PoolStatus::default()
@@ -125,14 +127,15 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
             && let Some(admin) = admin_of(b)
         {
             let desired = render_ledger(b.name(), &pools, &bindings, Some(&name));
-            let current = leader::tenants(&admin, ctx.opts.leader_timeout).await;
-            let released = match current {
-                Ok(t) if !t.multi_tenancy || same_ledger(&t, &desired) => Ok(()),
-                Ok(_) => leader::set_tenants(&admin, ctx.opts.leader_timeout, desired)
-                    .await
-                    .map(|_| ()),
-                Err(e) => Err(e),
+            let release = async {
+                let leader = Leader::connect(&admin, ctx.opts.leader_timeout).await?;
+                let t = leader.tenants().await?;
+                if t.multi_tenancy && !same_ledger(&t, &desired) {
+                    leader.set_tenants(desired).await?;
+                }
+                Ok::<_, leader::LeaderError>(())
             };
+            let released = release.await;
             if let Err(e) = released {
                 let msg = format!("the leader's ledger could not be updated without this pool's domains: {e}");
                 set(
@@ -175,7 +178,6 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
         .filter(|b| in_ledger(b))
         .map(|b| tenant_entry(b).ceiling)
         .sum();
-    let fmt = |n: u64| kvcache_units::format_bytes(i64::try_from(n).unwrap_or(i64::MAX));
     set(
         &mut st,
         if asked <= total {
@@ -183,7 +185,11 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
                 quota_within_total::TYPE,
                 ConditionStatus::True,
                 quota_within_total::WITHIN_TOTAL,
-                format!("the Bindings ask for {} of the pool's {}", fmt(asked), fmt(total)),
+                format!(
+                    "the Bindings ask for {} of the pool's {}",
+                    super::human(asked),
+                    super::human(total)
+                ),
             )
         } else {
             Observation::new(
@@ -192,8 +198,8 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
                 quota_within_total::OVERSUBSCRIBED,
                 format!(
                     "the Bindings ask for {} in all, more than the pool's {}; the store grants in proportion",
-                    fmt(asked),
-                    fmt(total)
+                    super::human(asked),
+                    super::human(total)
                 ),
             )
         },
@@ -279,24 +285,7 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
             "the KVCacheBackend {:?} runs without multi-tenancy: no per-domain quota, one default tenant",
             backend.name()
         );
-        set(
-            &mut st,
-            Observation::new(
-                quota_ledger_available::TYPE,
-                ConditionStatus::False,
-                quota_ledger_available::MULTI_TENANCY_DISABLED,
-                &msg,
-            ),
-        );
-        set(
-            &mut st,
-            Observation::new(
-                quota_policy_writable::TYPE,
-                ConditionStatus::Unknown,
-                quota_policy_writable::MULTI_TENANCY_DISABLED,
-                &msg,
-            ),
-        );
+        no_ledger(&mut st, &set, NoLedger::MultiTenancyDisabled, &msg);
     }
     if let Some(t) = &ledger {
         let names: Vec<&str> = st.domains.iter().map(|d| d.name.as_str()).collect();
@@ -308,7 +297,7 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
         } else if !held.is_empty() {
             let used: u64 = held.iter().map(|x| x.used).sum();
             st.usage = Some(PoolUsage {
-                total: Some(Quantity::from_bytes(i64::try_from(used).unwrap_or(i64::MAX))),
+                total: Some(super::quantity(used)),
             });
         }
         for d in &mut st.domains {
@@ -344,7 +333,7 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
                 capacity_allocatable::TYPE,
                 ConditionStatus::True,
                 capacity_allocatable::ALLOCATABLE,
-                format!("the backend has {} to grant", fmt(n)),
+                format!("the backend has {} to grant", super::human(n)),
             ),
         },
     );
@@ -376,28 +365,21 @@ fn phase(st: &PoolStatus) -> (PoolPhase, Option<String>) {
         quota_policy_writable::TYPE,
         capacity_allocatable::TYPE,
     ];
-    let multi_off = |c: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition| c.reason == "MultiTenancyDisabled";
-    for t in axes {
-        if let Some(c) = conditions::find(&st.conditions, t)
-            && c.status != ConditionStatus::True.as_str()
-            && !multi_off(c)
-        {
-            return (PoolPhase::Error, Some(c.message.clone()));
+    let multi_off = |reason: &str| reason == quota_ledger_available::MULTI_TENANCY_DISABLED.as_str();
+    match status::axes(&st.conditions, &axes, multi_off) {
+        Axes::Fault(message) => (PoolPhase::Error, Some(message)),
+        Axes::Missing(t) => (PoolPhase::Provisioning, Some(format!("{t} has not been observed yet"))),
+        Axes::Clear => {
+            let single =
+                conditions::find(&st.conditions, quota_ledger_available::TYPE).is_some_and(|c| multi_off(&c.reason));
+            (
+                PoolPhase::Ready,
+                single.then(|| {
+                    "a single-tenant pool: the backend serves one domain, without per-domain quota".to_owned()
+                }),
+            )
         }
     }
-    for t in axes {
-        if conditions::find(&st.conditions, t).is_none() {
-            return (
-                PoolPhase::Provisioning,
-                Some(format!("{} has not been observed yet", t.as_str())),
-            );
-        }
-    }
-    let single = conditions::find(&st.conditions, quota_ledger_available::TYPE).is_some_and(multi_off);
-    (
-        PoolPhase::Ready,
-        single.then(|| "a single-tenant pool: the backend serves one domain, without per-domain quota".to_owned()),
-    )
 }
 
 #[cfg(test)]

@@ -100,7 +100,35 @@ where
     }
 }
 
-/// A timestamp for conditions set in this pass.
-pub fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
-    crate::registry::meta::now()
+/// Where a kind's phase axes stand (the rule of `pool-binding-injection.md` §1.5 and §2.7).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Axes {
+    /// The first axis present and not `True` (and not excused), with its message: `Error`.
+    Fault(String),
+    /// The first axis not observed yet: `Provisioning`.
+    Missing(&'static str),
+    /// Every axis `True` (or excused): `Ready`.
+    Clear,
+}
+
+/// Scans `axes` in order: a present axis that is not `True` is a fault unless `excused` says its
+/// reason is no fault; then the first missing one; else clear.
+pub fn axes(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    axes: &[kvcache_api::conditions::ConditionType],
+    excused: impl Fn(&str) -> bool,
+) -> Axes {
+    use kvcache_api::conditions::{ConditionStatus, find};
+    for t in axes {
+        if let Some(c) = find(conditions, *t)
+            && c.status != ConditionStatus::True.as_str()
+            && !excused(&c.reason)
+        {
+            return Axes::Fault(c.message.clone());
+        }
+    }
+    match axes.iter().find(|t| find(conditions, **t).is_none()) {
+        Some(t) => Axes::Missing(t.as_str()),
+        None => Axes::Clear,
+    }
 }

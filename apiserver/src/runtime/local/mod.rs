@@ -46,7 +46,7 @@ pub struct LocalOptions {
     pub nodes: Vec<Node>,
     /// Time between SIGTERM and SIGKILL.
     pub grace: Duration,
-    /// Bytes of memory members may claim in total; `None` reads the machine's.
+    /// Bytes of memory members may claim in total; `None` reads the machine's (once).
     pub memory_limit: Option<u64>,
     /// Where members map their segments.
     pub shm_dir: PathBuf,
@@ -98,7 +98,14 @@ pub struct LocalRuntime {
 }
 
 impl LocalRuntime {
-    pub fn new(opts: LocalOptions) -> LocalRuntime {
+    pub fn new(mut opts: LocalOptions) -> LocalRuntime {
+        if opts.memory_limit.is_none() {
+            let ram = mem_total().unwrap_or(u64::MAX);
+            let shm = rustix::fs::statvfs(&opts.shm_dir)
+                .map(|s| s.f_blocks.saturating_mul(s.f_frsize))
+                .unwrap_or(u64::MAX);
+            opts.memory_limit = Some(ram.min(shm));
+        }
         LocalRuntime {
             opts,
             state: Mutex::new(State::default()),
@@ -210,16 +217,9 @@ impl LocalRuntime {
     }
 
     /// Bytes members may claim: the machine's memory, and no more than the shared-memory
-    /// filesystem holds.
+    /// filesystem holds (read once, when the runtime is made).
     fn memory_limit(&self) -> u64 {
-        if let Some(l) = self.opts.memory_limit {
-            return l;
-        }
-        let ram = mem_total().unwrap_or(u64::MAX);
-        let shm = rustix::fs::statvfs(&self.opts.shm_dir)
-            .map(|s| s.f_blocks.saturating_mul(s.f_frsize))
-            .unwrap_or(u64::MAX);
-        ram.min(shm)
+        self.opts.memory_limit.unwrap_or(u64::MAX)
     }
 }
 

@@ -379,14 +379,14 @@ mod tests {
         until(&s, |st| st.ready).await;
         let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
         s.stop().await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(
-            !std::path::Path::new(&format!("/proc/{pid}")).exists()
-                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .unwrap()
-                    .contains(" Z "),
-            "the grandchild was left running"
-        );
+        let gone = || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| st.contains(") Z "));
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !gone() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the grandchild was left running");
     }
 
     #[tokio::test]

@@ -32,6 +32,11 @@ fn free_port() -> u16 {
 }
 
 fn start_etcd() -> EtcdProcess {
+    start_etcd_with("http", &[])
+}
+
+/// An etcd serving clients over `scheme` (`http` or `https`), with `extra` flags (TLS files).
+fn start_etcd_with(scheme: &str, extra: &[String]) -> EtcdProcess {
     assert!(
         std::path::Path::new(ETCD).exists(),
         "{ETCD} is missing: the etcd storage tests run against Debian's etcd (apt-get install etcd-server, or ./scripts/setup)"
@@ -44,9 +49,9 @@ fn start_etcd() -> EtcdProcess {
         .arg(dir.path().join("data"))
         .args([
             "--listen-client-urls",
-            &format!("http://{endpoint}"),
+            &format!("{scheme}://{endpoint}"),
             "--advertise-client-urls",
-            &format!("http://{endpoint}"),
+            &format!("{scheme}://{endpoint}"),
             "--listen-peer-urls",
             &format!("http://127.0.0.1:{peer}"),
             "--initial-advertise-peer-urls",
@@ -54,6 +59,7 @@ fn start_etcd() -> EtcdProcess {
             "--initial-cluster",
             &format!("default=http://127.0.0.1:{peer}"),
         ])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -65,21 +71,23 @@ fn start_etcd() -> EtcdProcess {
     }
 }
 
+/// Connects with `opts`, retrying while etcd starts.
+async fn connect_with(opts: &EtcdOptions) -> Etcd {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match Etcd::connect(opts, Arc::new(Hub::new(1000, 1000))).await {
+            Ok(e) => return e,
+            Err(e) if Instant::now() >= deadline => panic!("etcd at {:?} never answered: {e}", opts.endpoints),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
 async fn connect(etcd: &EtcdProcess, prefix: &str) -> Etcd {
     let mut opts = EtcdOptions::parse(&format!("etcd://{}", etcd.endpoint)).unwrap();
     opts.prefix = prefix.into();
     opts.compaction_interval = Duration::ZERO;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match Etcd::connect(&opts, Arc::new(Hub::new(1000, 1000))).await {
-            Ok(e) => return e,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("etcd at {} never answered: {e}", etcd.endpoint),
-        }
-    }
+    connect_with(&opts).await
 }
 
 fn put(key: &str, v: &str) -> Op {
@@ -194,40 +202,19 @@ async fn tls_to_etcd_with_a_client_certificate() {
     let pki_dir = tempfile::tempdir().unwrap();
     let pki = kvcache_certs::Pki::ensure(pki_dir.path(), &["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
     let p = |f: &str| pki_dir.path().join(f).display().to_string();
-    let dir = tempfile::tempdir().unwrap();
-    let (client, peer) = (free_port(), free_port());
-    let endpoint = format!("127.0.0.1:{client}");
-    let child = Command::new(ETCD)
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .args([
-            "--listen-client-urls",
-            &format!("https://{endpoint}"),
-            "--advertise-client-urls",
-            &format!("https://{endpoint}"),
-            "--listen-peer-urls",
-            &format!("http://127.0.0.1:{peer}"),
-            "--initial-advertise-peer-urls",
-            &format!("http://127.0.0.1:{peer}"),
-            "--initial-cluster",
-            &format!("default=http://127.0.0.1:{peer}"),
-            "--cert-file",
-            &p("serving.crt"),
-            "--key-file",
-            &p("serving.key"),
-            "--trusted-ca-file",
-            &p("ca.crt"),
-            "--client-cert-auth",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start etcd");
-    let etcd = EtcdProcess {
-        child,
-        endpoint,
-        _dir: dir,
-    };
+    let tls: Vec<String> = [
+        "--cert-file",
+        &p("serving.crt"),
+        "--key-file",
+        &p("serving.key"),
+        "--trusted-ca-file",
+        &p("ca.crt"),
+        "--client-cert-auth",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let etcd = start_etcd_with("https", &tls);
     let mut opts = EtcdOptions::parse(&format!("etcd://{}", etcd.endpoint)).unwrap();
     opts.compaction_interval = Duration::ZERO;
     opts.request_timeout = Duration::from_secs(3);
@@ -238,17 +225,7 @@ async fn tls_to_etcd_with_a_client_certificate() {
             pki.admin.key_pem.clone().into_bytes(),
         )),
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let s = loop {
-        match Etcd::connect(&opts, Arc::new(Hub::new(100, 100))).await {
-            Ok(s) => break s,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("TLS connection to etcd failed: {e}"),
-        }
-    };
+    let s = connect_with(&opts).await;
     s.txn(Txn {
         compares: vec![],
         ops: vec![put("/tls", "yes")],

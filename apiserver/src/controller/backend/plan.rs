@@ -1,0 +1,144 @@
+//! What should run for a managed backend: its leader's flags and one member per (group,
+//! matching node), each with the group's `extraArgs` and `extraEnv` applied to the store's own
+//! flag definitions (`LeaderConfig`, `MemberConfig`).
+
+use std::collections::BTreeMap;
+
+use kvcache_api::backend::BackendSpec;
+use kvcache_store::leader::{LeaderConfig, Strategy};
+use kvcache_store::member::MemberConfig;
+
+use crate::runtime::{MemberPlan, Node, StorePlan};
+
+/// What should run for a managed backend on these nodes, and the groups that match no node.
+pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan, Vec<String>)> {
+    let managed = spec.managed()?;
+    let leader_spec = managed.leader.clone().unwrap_or_default();
+    let mut leader = LeaderConfig {
+        multi_tenancy: leader_spec.multi_tenancy.unwrap_or(true),
+        ..LeaderConfig::default()
+    };
+    leader.allocation_strategy = match leader_spec.allocation_strategy {
+        Some(kvcache_api::backend::AllocationStrategy::Random) => Strategy::Random,
+        _ => Strategy::FreeRatioFirst,
+    };
+    let leader = with_extra_args(leader.to_args(), &leader_spec.extra_args, LeaderConfig::parse_args).unwrap_or(leader);
+    let mut members = Vec::new();
+    let mut unmatched = Vec::new();
+    for (i, group) in managed.members.iter().enumerate() {
+        let selector = group.node_selector.clone().unwrap_or_default();
+        let capacity = group
+            .capacity_per_member
+            .as_ref()
+            .and_then(|q| kvcache_units::parse_bytes(q.as_str()).ok())
+            .unwrap_or(0);
+        let matching: Vec<&Node> = nodes.iter().filter(|n| n.matches(&selector)).collect();
+        if matching.is_empty() {
+            unmatched.push(format!("members[{i}].nodeSelector {}", selector_text(&selector)));
+        }
+        for node in matching {
+            let base = MemberConfig::new(String::from("127.0.0.1:1"), capacity);
+            let config = with_extra_args(base.to_args(), &group.extra_args, MemberConfig::parse_args).unwrap_or(base);
+            members.push(MemberPlan {
+                group: i,
+                node: node.name.clone(),
+                config,
+                env: env_pairs(&group.extra_env),
+            });
+        }
+    }
+    Some((
+        StorePlan {
+            backend: name.to_owned(),
+            leader,
+            leader_env: env_pairs(&leader_spec.extra_env),
+            members,
+        },
+        unmatched,
+    ))
+}
+
+fn env_pairs(env: &[kvcache_api::common::EnvVar]) -> Vec<(String, String)> {
+    env.iter()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect()
+}
+
+fn selector_text(selector: &BTreeMap<String, String>) -> String {
+    let pairs: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{{{}}}", pairs.join(","))
+}
+
+/// `base` (every flag, as `to_args` writes them) with the flags `extra` names replaced by
+/// `extra`'s values, parsed back into a config. Admission already checked `extra` against the
+/// store's flags; what still fails to parse leaves the config as it was.
+fn with_extra_args<C>(
+    base: Vec<String>,
+    extra: &[String],
+    parse: fn(Vec<String>) -> Result<C, clap::Error>,
+) -> Option<C> {
+    if extra.is_empty() {
+        return None;
+    }
+    let named: Vec<String> = extra
+        .iter()
+        .filter_map(|a| a.strip_prefix("--"))
+        .map(|a| a.split('=').next().unwrap_or(a).to_owned())
+        .collect();
+    let mut out = Vec::new();
+    let mut skip_value = false;
+    for a in base {
+        if skip_value {
+            skip_value = false;
+            if !a.starts_with("--") {
+                continue;
+            }
+        }
+        if let Some(flag) = a.strip_prefix("--")
+            && named.iter().any(|n| n == flag.split('=').next().unwrap_or(flag))
+        {
+            skip_value = !flag.contains('=');
+            continue;
+        }
+        out.push(a);
+    }
+    out.extend(extra.iter().cloned());
+    parse(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> BackendSpec {
+        yaml_serde::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn one_member_per_matching_node_and_group() {
+        let s = spec(
+            "type: Mooncake\nconnection:\n  managed:\n    leader: {}\n    members:\n    - nodeSelector: {kubernetes.io/os: linux}\n      capacityPerMember: 1Gi\n    - nodeSelector: {kubernetes.io/hostname: local-1}\n      capacityPerMember: 2Gi\n    - nodeSelector: {zone: nowhere}\n      capacityPerMember: 1Gi\n",
+        );
+        let nodes = [Node::stand_in("local-0"), Node::stand_in("local-1")];
+        let (plan, unmatched) = plan("b", &s, &nodes).unwrap();
+        let names: Vec<String> = plan.members.iter().map(|m| m.name("b")).collect();
+        assert_eq!(
+            names,
+            ["b-member-0-local-0", "b-member-0-local-1", "b-member-1-local-1"]
+        );
+        assert_eq!(plan.members[2].config.capacity, 2 << 30);
+        assert_eq!(unmatched, ["members[2].nodeSelector {zone=nowhere}"]);
+        assert!(plan.leader.multi_tenancy);
+    }
+
+    #[test]
+    fn extra_args_replace_the_flags_they_name() {
+        let s = spec(
+            "type: Mooncake\nconnection:\n  managed:\n    leader:\n      multiTenancy: false\n      extraArgs: [\"--lease-ttl\", \"3s\", \"--eviction-ratio=0.2\"]\n    members: []\n",
+        );
+        let (plan, _) = plan("b", &s, &[]).unwrap();
+        assert_eq!(plan.leader.lease_ttl, std::time::Duration::from_secs(3));
+        assert!((plan.leader.eviction_ratio - 0.2).abs() < 1e-9);
+        assert!(!plan.leader.multi_tenancy);
+    }
+}
