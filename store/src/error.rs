@@ -25,6 +25,7 @@ pub enum ErrorCode {
     UnknownMember,
     MemberNameTaken,
     StaleMount,
+    StaleEpoch,
     RangeBusy,
     OutOfRange,
     LeaseExpired,
@@ -51,6 +52,7 @@ impl ErrorCode {
             Self::UnknownMember => "UNKNOWN_MEMBER",
             Self::MemberNameTaken => "MEMBER_NAME_TAKEN",
             Self::StaleMount => "STALE_MOUNT",
+            Self::StaleEpoch => "STALE_EPOCH",
             Self::RangeBusy => "RANGE_BUSY",
             Self::OutOfRange => "OUT_OF_RANGE",
             Self::LeaseExpired => "LEASE_EXPIRED",
@@ -74,6 +76,7 @@ impl ErrorCode {
             | Self::TenantLayoutImmutable
             | Self::ObjectHasLease
             | Self::StaleMount
+            | Self::StaleEpoch
             | Self::LeaseExpired => Code::FailedPrecondition,
             Self::InvalidTenantLedger | Self::InvalidArgument | Self::ValueTooLarge => Code::InvalidArgument,
             Self::PutInProgress | Self::RangeBusy => Code::Aborted,
@@ -101,6 +104,7 @@ const ALL: &[ErrorCode] = &[
     ErrorCode::UnknownMember,
     ErrorCode::MemberNameTaken,
     ErrorCode::StaleMount,
+    ErrorCode::StaleEpoch,
     ErrorCode::RangeBusy,
     ErrorCode::OutOfRange,
     ErrorCode::LeaseExpired,

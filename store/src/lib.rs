@@ -6,6 +6,7 @@
 //! - [`error`]: the one place store errors become `tonic::Status` (and back);
 //! - [`flags`]: what the command-line configurations share ([`leader::LeaderConfig`] and
 //!   [`member::MemberConfig`] are the flags of `kv-store leader` and `kv-store member`);
+//! - [`election`]: a Lease campaign (client-go's rules) whose term is the leader's epoch;
 //! - [`lifecycle`]: binding, serving until a cancellation token fires, draining;
 //! - [`readiness`]: `Starting` → `Serving` | `Standby` → `Stopping`, observable;
 //! - [`wire`]: the member's framed data port protocol;
@@ -19,6 +20,7 @@
 
 pub mod bench;
 pub mod client;
+pub mod election;
 pub mod engine_sim;
 pub mod error;
 pub mod flags;

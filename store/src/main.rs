@@ -155,12 +155,21 @@ fn announce(fields: serde_json::Value) {
 }
 
 /// One JSON line on stdout at every readiness change (`{"event":"readiness","state":"serving"}`),
-/// so a supervisor learns at once that a member mounted or a leader serves.
-fn announce_readiness(role: &'static str, mut rx: tokio::sync::watch::Receiver<kvcache_store::readiness::Readiness>) {
+/// so a supervisor learns at once that a member mounted or a leader serves; a leader's line also
+/// carries the epoch it serves under.
+fn announce_readiness(
+    role: &'static str,
+    mut rx: tokio::sync::watch::Receiver<kvcache_store::readiness::Readiness>,
+    epoch: impl Fn() -> Option<u64> + Send + 'static,
+) {
     tokio::spawn(async move {
         loop {
             let state = *rx.borrow_and_update();
-            announce(serde_json::json!({"event": "readiness", "role": role, "state": state.as_str()}));
+            let mut line = serde_json::json!({"event": "readiness", "role": role, "state": state.as_str()});
+            if let Some(e) = epoch() {
+                line["epoch"] = e.into();
+            }
+            announce(line);
             if rx.changed().await.is_err() {
                 return;
             }
@@ -183,7 +192,8 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
                 serde_json::json!({"event": "listening", "role": "leader", "grpc": a.grpc.to_string(),
                 "fast": a.fast.map(|m| m.to_string()), "metrics": a.metrics.map(|m| m.to_string())}),
             );
-            announce_readiness("leader", leader.readiness().subscribe());
+            let l = leader.clone();
+            announce_readiness("leader", leader.readiness().subscribe(), move || Some(l.epoch()));
             leader.serve(listeners, Registry::default(), cancel).await?;
             Ok(())
         }
@@ -195,7 +205,7 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
                 serde_json::json!({"event": "listening", "role": "member", "grpc": a.grpc.to_string(),
                 "data": a.data.to_string(), "metrics": a.metrics.map(|m| m.to_string())}),
             );
-            announce_readiness("member", member.readiness().subscribe());
+            announce_readiness("member", member.readiness().subscribe(), || None);
             member.serve(Registry::default(), cancel).await?;
             Ok(())
         }

@@ -2,7 +2,8 @@
 //! connection that carries one request at a time (connections are pooled and reused).
 //!
 //! Request header, 48 bytes, little-endian:
-//! `magic u32 | op u32 (1 write, 2 read) | mount_id u64 | offset u64 | len u64 | deadline_unix_ms u64 | 0 u64`,
+//! `magic u32 | op u32 (1 write, 2 read) | mount_id u64 | offset u64 | len u64 | deadline_unix_ms u64 | epoch u64`,
+//! (`epoch`: the leader's, from the Location; a member refuses an epoch older than its newest),
 //! followed by `len` value bytes for a write.
 //! Response header, 16 bytes: `magic u32 | status u32 (0 ok, 1 refused) | len u64`, followed by
 //! `len` value bytes (a read that succeeded) or a UTF-8 "CODE: message" (a refusal).
@@ -29,6 +30,8 @@ pub struct Request {
     pub offset: u64,
     pub len: u64,
     pub deadline_unix_ms: u64,
+    /// the epoch of the leader that handed the range out
+    pub epoch: u64,
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -52,6 +55,7 @@ impl Request {
         b[16..24].copy_from_slice(&self.offset.to_le_bytes());
         b[24..32].copy_from_slice(&self.len.to_le_bytes());
         b[32..40].copy_from_slice(&self.deadline_unix_ms.to_le_bytes());
+        b[40..48].copy_from_slice(&self.epoch.to_le_bytes());
         b
     }
 
@@ -73,6 +77,7 @@ impl Request {
             offset: u64_at(b, 16),
             len: u64_at(b, 24),
             deadline_unix_ms: u64_at(b, 32),
+            epoch: u64_at(b, 40),
         })
     }
 }
@@ -131,6 +136,7 @@ mod tests {
             offset: 1 << 40,
             len: 4 << 20,
             deadline_unix_ms: 123,
+            epoch: 42,
         };
         assert_eq!(Request::decode(&r.encode()), Ok(r));
         let s = Response { ok: false, len: 9 };
@@ -146,6 +152,7 @@ mod tests {
             offset: 0,
             len: 1,
             deadline_unix_ms: 0,
+            epoch: 0,
         }
         .encode();
         b[4] = 9;

@@ -116,6 +116,7 @@ async fn raw_read(loc: &kvcache_store::proto::Location, deadline: u64) -> Option
         offset: loc.offset,
         len: loc.len,
         deadline_unix_ms: deadline,
+        epoch: loc.epoch,
     };
     s.write_all(&req.encode()).await.unwrap();
     let mut head = [0u8; wire::RESPONSE_LEN];

@@ -389,6 +389,7 @@ async fn batch_calls_answer_key_by_key() {
                 offset: loc.offset,
                 write_deadline_unix_ms: r.write_deadline_unix_ms,
                 data: v.clone().into(),
+                epoch: loc.epoch,
             })
             .await
             .unwrap();

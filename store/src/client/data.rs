@@ -43,6 +43,7 @@ impl Client {
             offset: loc.offset,
             len: value.len() as u64,
             deadline_unix_ms: deadline,
+            epoch: loc.epoch,
         }
         .encode();
         let mut buf = Buf::chain(&head[..], value);
@@ -66,6 +67,7 @@ impl Client {
             offset: loc.offset,
             len: loc.len,
             deadline_unix_ms: deadline,
+            epoch: loc.epoch,
         }
         .encode();
         s.write_all(&head).await.map_err(transport)?;

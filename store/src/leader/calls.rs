@@ -10,30 +10,30 @@ use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::*;
 
 pub fn put_start(leader: &Leader, r: PutStartRequest, now: Instant) -> Result<PutStartResponse> {
-    leader.with(|s| s.put_start(r.scope.as_ref(), &r.key, r.size, now))
+    leader.serving(|s| s.put_start(r.scope.as_ref(), &r.key, r.size, now))
 }
 
 pub fn put_commit(leader: &Leader, r: PutCommitRequest) -> Result<PutCommitResponse> {
-    leader.with(|s| s.put_commit(r.scope.as_ref(), &r.key, r.put_id))?;
+    leader.serving(|s| s.put_commit(r.scope.as_ref(), &r.key, r.put_id))?;
     Ok(PutCommitResponse {})
 }
 
 pub fn put_revoke(leader: &Leader, r: PutRevokeRequest) -> Result<PutRevokeResponse> {
-    leader.with(|s| s.put_revoke(r.scope.as_ref(), &r.key, r.put_id))?;
+    leader.serving(|s| s.put_revoke(r.scope.as_ref(), &r.key, r.put_id))?;
     Ok(PutRevokeResponse {})
 }
 
 pub fn get(leader: &Leader, r: GetRequest, now: Instant) -> Result<GetResponse> {
-    leader.with(|s| s.get(r.scope.as_ref(), &r.key, now))
+    leader.serving(|s| s.get(r.scope.as_ref(), &r.key, now))
 }
 
 pub fn exists(leader: &Leader, r: ExistsRequest, now: Instant) -> Result<ExistsResponse> {
-    let exists = leader.with(|s| s.exists(r.scope.as_ref(), &r.key, now))?;
+    let exists = leader.serving(|s| s.exists(r.scope.as_ref(), &r.key, now))?;
     Ok(ExistsResponse { exists })
 }
 
 pub fn remove(leader: &Leader, r: RemoveRequest, now: Instant) -> Result<RemoveResponse> {
-    let removed = leader.with(|s| s.remove(r.scope.as_ref(), &r.key, now))?;
+    let removed = leader.serving(|s| s.remove(r.scope.as_ref(), &r.key, now))?;
     Ok(RemoveResponse { removed })
 }
 
@@ -48,7 +48,7 @@ fn same_len(a: usize, b: usize, what: &str) -> Result<()> {
 }
 
 pub fn batch_exists(leader: &Leader, r: BatchExistsRequest, now: Instant) -> Result<BatchExistsResponse> {
-    let exists = leader.with(|s| {
+    let exists = leader.serving(|s| {
         r.keys
             .iter()
             .map(|k| s.exists(r.scope.as_ref(), k, now))
@@ -58,7 +58,7 @@ pub fn batch_exists(leader: &Leader, r: BatchExistsRequest, now: Instant) -> Res
 }
 
 pub fn batch_get(leader: &Leader, r: BatchGetRequest, now: Instant) -> Result<BatchGetResponse> {
-    let results = leader.with(|s| {
+    let results = leader.serving(|s| {
         r.keys
             .iter()
             .map(|k| s.get(r.scope.as_ref(), k, now))
@@ -70,7 +70,7 @@ pub fn batch_get(leader: &Leader, r: BatchGetRequest, now: Instant) -> Result<Ba
 /// Key by key; a bad scope or lists of different lengths refuse the whole batch first.
 pub fn batch_put_start(leader: &Leader, r: BatchPutStartRequest, now: Instant) -> Result<BatchPutStartResponse> {
     same_len(r.keys.len(), r.sizes.len(), "sizes")?;
-    let results = leader.with(|s| -> Result<Vec<_>> {
+    let results = leader.serving(|s| -> Result<Vec<_>> {
         s.tenant_name(r.scope.as_ref())?;
         let each = r.keys.iter().zip(&r.sizes);
         Ok(each
@@ -92,7 +92,7 @@ pub fn batch_put_start(leader: &Leader, r: BatchPutStartRequest, now: Instant) -
 /// Key by key; a bad scope or lists of different lengths refuse the whole batch first.
 pub fn batch_put_commit(leader: &Leader, r: BatchPutCommitRequest) -> Result<BatchPutCommitResponse> {
     same_len(r.keys.len(), r.put_ids.len(), "put_ids")?;
-    let errors = leader.with(|s| -> Result<Vec<_>> {
+    let errors = leader.serving(|s| -> Result<Vec<_>> {
         s.tenant_name(r.scope.as_ref())?;
         let each = r.keys.iter().zip(&r.put_ids);
         Ok(each
@@ -110,7 +110,7 @@ pub fn batch_put_commit(leader: &Leader, r: BatchPutCommitRequest) -> Result<Bat
 /// Key by key: a leased key is kept (with its refusal) while the others are removed; a bad scope
 /// refuses the whole batch before anything is removed.
 pub fn batch_remove(leader: &Leader, r: BatchRemoveRequest, now: Instant) -> Result<BatchRemoveResponse> {
-    let (removed, errors) = leader.with(|s| -> Result<(Vec<_>, Vec<_>)> {
+    let (removed, errors) = leader.serving(|s| -> Result<(Vec<_>, Vec<_>)> {
         s.tenant_name(r.scope.as_ref())?;
         Ok(r.keys
             .iter()

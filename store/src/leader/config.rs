@@ -4,6 +4,7 @@
 //! their syntax; [`LeaderConfig::flag_names`] lists the long flags, read from clap's definition.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::ValueEnum;
@@ -66,6 +67,37 @@ pub struct LeaderConfig {
     /// "Performance"); 0 never polls.
     #[arg(long, default_value = "200us", value_parser = kvcache_units::parse_duration)]
     pub spin: Duration,
+    /// How the serving leader is chosen: `none` (this process serves as soon as it listens) or
+    /// `kubernetes` (it serves only while it holds the Lease `--lease`; see `election.rs`).
+    #[arg(long, value_enum, default_value = "none")]
+    pub election: Election,
+    /// With `--election kubernetes`: the Lease, NAMESPACE/NAME.
+    #[arg(long)]
+    pub lease: Option<String>,
+    /// With `--election kubernetes`: the kubeconfig of the Lease API (default: `KUBECONFIG`,
+    /// `~/.kube/config`, or the in-cluster service account).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The identity written into the Lease (default: the advertised gRPC address, HOST:PORT,
+    /// which Lease-addressed members connect to).
+    #[arg(long)]
+    pub identity: Option<String>,
+    /// Host written into the advertised address (default: the listen address's).
+    #[arg(long)]
+    pub advertise_host: Option<String>,
+    /// The fast port clients are told to use (`Health.fast_port`), when something in front of
+    /// the leaders forwards it (a Service); default: the port this process serves.
+    #[arg(long)]
+    pub advertise_fast_port: Option<u16>,
+    /// How long the Lease is honoured after its holder last renewed it (whole seconds).
+    #[arg(long, default_value = "2s", value_parser = kvcache_units::parse_duration)]
+    pub lease_duration: Duration,
+    /// A holder that has not renewed for this long stops serving (shorter than the lease).
+    #[arg(long, default_value = "1500ms", value_parser = kvcache_units::parse_duration)]
+    pub renew_deadline: Duration,
+    /// Time between a holder's renewals and between a standby's attempts.
+    #[arg(long, default_value = "250ms", value_parser = kvcache_units::parse_duration)]
+    pub retry_period: Duration,
     /// How often the housekeeping (liveness, reservation reaping, watermark eviction) runs. Not a
     /// flag: the command line cannot set it (tests and embedders can); `to_args` leaves it out.
     #[arg(skip = DEFAULT_EVICTION_INTERVAL)]
@@ -73,6 +105,24 @@ pub struct LeaderConfig {
 }
 
 const DEFAULT_EVICTION_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How the serving leader is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Election {
+    /// No election: the process serves as soon as it listens (one leader per backend).
+    None,
+    /// A Kubernetes Lease: only the holder serves; the others are standbys.
+    Kubernetes,
+}
+
+/// The election defaults: a 2 s lease renewed every 250 ms, served at most 1.5 s after the last
+/// renewal was sent. client-go's 15 s / 10 s / 2 s make a crash failover take about 15 s; these
+/// make it about 2 s (store/README.md, "High availability"), at four Lease writes per second.
+pub const ELECTION_TIMINGS: crate::election::Timings = crate::election::Timings {
+    lease_duration: Duration::from_secs(2),
+    renew_deadline: Duration::from_millis(1500),
+    retry_period: Duration::from_millis(250),
+};
 
 impl Default for LeaderConfig {
     /// The flags' defaults (a unit test holds the two equal).
@@ -94,15 +144,25 @@ impl Default for LeaderConfig {
             eviction_ratio: 0.05,
             tenants: Vec::new(),
             spin: crate::spin::DEFAULT_SPIN,
+            election: Election::None,
+            lease: None,
+            kubeconfig: None,
+            identity: None,
+            advertise_host: None,
+            advertise_fast_port: None,
+            lease_duration: ELECTION_TIMINGS.lease_duration,
+            renew_deadline: ELECTION_TIMINGS.renew_deadline,
+            retry_period: ELECTION_TIMINGS.retry_period,
             eviction_interval: DEFAULT_EVICTION_INTERVAL,
         }
     }
 }
 
 impl LeaderConfig {
-    /// Members heartbeat a few times per TTL, at most once per second.
+    /// Members heartbeat four times per TTL, and at least every 500 ms (so they notice a new
+    /// leader within half a second of it serving).
     pub fn heartbeat_interval(&self) -> Duration {
-        (self.member_ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(1))
+        (self.member_ttl / 4).clamp(Duration::from_millis(50), Duration::from_millis(500))
     }
 
     /// The default tenant's layout when multi-tenancy is off (none: not checked).
@@ -123,8 +183,52 @@ impl LeaderConfig {
         }
     }
 
+    /// The election's timings.
+    pub fn timings(&self) -> crate::election::Timings {
+        crate::election::Timings {
+            lease_duration: self.lease_duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+        }
+    }
+
+    /// The Lease of `--election kubernetes`.
+    pub fn lease_ref(&self) -> Option<crate::election::kube::LeaseRef> {
+        crate::election::kube::LeaseRef::parse(self.lease.as_deref()?).ok()
+    }
+
+    /// The gRPC address others are told (`--advertise-host` with the bound port).
+    pub fn advertised(&self, bound: SocketAddr) -> String {
+        match &self.advertise_host {
+            Some(h) => format!("{h}:{}", bound.port()),
+            None => bound.to_string(),
+        }
+    }
+
     /// Every check beyond the flags' syntax, each saying what to do.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        match self.election {
+            Election::Kubernetes => {
+                let lease = self.lease.as_deref().ok_or_else(|| {
+                    ConfigError::new(
+                        "lease",
+                        "--election kubernetes needs the Lease to campaign for, NAMESPACE/NAME",
+                    )
+                })?;
+                crate::election::kube::LeaseRef::parse(lease).map_err(|e| ConfigError::new("lease", e))?;
+                self.timings()
+                    .validate()
+                    .map_err(|e| ConfigError::new("lease-duration", e))?;
+            }
+            Election::None => {
+                if self.lease.is_some() || self.kubeconfig.is_some() || self.identity.is_some() {
+                    return Err(ConfigError::new(
+                        "lease",
+                        "--lease, --kubeconfig and --identity go with --election kubernetes",
+                    ));
+                }
+            }
+        }
         flags::share(
             "high-watermark",
             self.high_watermark,
@@ -217,6 +321,27 @@ impl LeaderConfig {
             push(&mut a, "tenant", flags::format_tenant(t));
         }
         push(&mut a, "spin", format_time(self.spin));
+        if let Some(v) = self.election.to_possible_value() {
+            push(&mut a, "election", v.get_name());
+        }
+        if let Some(l) = &self.lease {
+            push(&mut a, "lease", l);
+        }
+        if let Some(k) = &self.kubeconfig {
+            push(&mut a, "kubeconfig", k.display());
+        }
+        if let Some(i) = &self.identity {
+            push(&mut a, "identity", i);
+        }
+        if let Some(h) = &self.advertise_host {
+            push(&mut a, "advertise-host", h);
+        }
+        if let Some(p) = self.advertise_fast_port {
+            push(&mut a, "advertise-fast-port", p);
+        }
+        push(&mut a, "lease-duration", format_time(self.lease_duration));
+        push(&mut a, "renew-deadline", format_time(self.renew_deadline));
+        push(&mut a, "retry-period", format_time(self.retry_period));
         a
     }
 
@@ -273,6 +398,15 @@ mod tests {
                 eviction_ratio: 1.0,
                 tenants: vec![tenant("a", 8 << 30), tenant("b", 12345)],
                 spin: Duration::ZERO,
+                election: Election::Kubernetes,
+                lease: Some("kvcache-system/b-leader".into()),
+                kubeconfig: Some("/tmp/store.kubeconfig".into()),
+                identity: Some("127.0.0.1:7".into()),
+                advertise_host: Some("10.0.0.1".into()),
+                advertise_fast_port: Some(7001),
+                lease_duration: Duration::from_secs(15),
+                renew_deadline: Duration::from_secs(10),
+                retry_period: Duration::from_secs(2),
                 ..Default::default()
             },
             LeaderConfig {
@@ -300,7 +434,7 @@ mod tests {
             !names.iter().any(|f| f == "eviction-interval" || f == "tenants"),
             "{names:?}"
         );
-        assert_eq!(names.len(), 16, "{names:?}");
+        assert_eq!(names.len(), 25, "{names:?}");
         // every name is a flag the parser knows
         for n in &names {
             let err = LeaderConfig::parse_args([format!("--{n}=x")]).err();
@@ -367,5 +501,34 @@ mod tests {
         assert!(e.contains("neither `off` nor"), "{e}");
         let e = LeaderConfig::parse_args(["--tenant", "a=1Gi"]).unwrap_err().to_string();
         assert!(e.contains("NAME=CEILING:BLOCK_SIZE:DTYPE"), "{e}");
+    }
+
+    #[test]
+    fn the_election_needs_its_lease_and_sane_timings() {
+        let elect = |args: &[&str]| LeaderConfig::parse_args(args).unwrap().validate();
+        assert_eq!(elect(&["--election", "kubernetes"]).unwrap_err().flag, "lease");
+        assert_eq!(
+            elect(&["--election", "kubernetes", "--lease", "no-namespace"])
+                .unwrap_err()
+                .flag,
+            "lease"
+        );
+        elect(&["--election", "kubernetes", "--lease", "ns/b-leader"]).unwrap();
+        let e = elect(&[
+            "--election",
+            "kubernetes",
+            "--lease",
+            "ns/b-leader",
+            "--renew-deadline",
+            "3s",
+        ])
+        .unwrap_err();
+        assert!(
+            e.flag == "lease-duration" && e.message.contains("renew deadline"),
+            "{e}"
+        );
+        let e = elect(&["--lease", "ns/b-leader"]).unwrap_err();
+        assert!(e.message.contains("--election kubernetes"), "{e}");
+        assert!(ELECTION_TIMINGS.validate().is_ok());
     }
 }

@@ -78,6 +78,7 @@ impl State {
             member_id: id,
             mount_id,
             heartbeat_interval_ms: self.cfg.heartbeat_interval().as_millis() as u64,
+            epoch: self.epoch,
         })
     }
 

@@ -23,6 +23,7 @@ mod service;
 pub mod state;
 mod status;
 mod tenants;
+mod term;
 #[cfg(test)]
 mod tests;
 
@@ -31,10 +32,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
-pub use config::LeaderConfig;
+pub use config::{ELECTION_TIMINGS, Election, LeaderConfig};
 pub use placement::Strategy;
 pub use serve::{LeaderAddrs, LeaderListeners};
 pub use state::State;
+pub use term::Gate;
 
 use crate::flags::ConfigError;
 use crate::readiness::ReadinessHandle;
@@ -45,6 +47,10 @@ pub struct Leader {
     state: Arc<Mutex<State>>,
     readiness: ReadinessHandle,
     fast_port: Arc<AtomicU32>,
+    /// whether it may serve now (the election's deadline; `term.rs`)
+    gate: Arc<Gate>,
+    /// the gRPC address it is bound to, once bound
+    bound: Arc<Mutex<Option<std::net::SocketAddr>>>,
 }
 
 impl Leader {
@@ -63,12 +69,44 @@ impl Leader {
             state: Arc::new(Mutex::new(state)),
             readiness: ReadinessHandle::new(),
             fast_port: Arc::new(AtomicU32::new(0)),
+            gate: Arc::new(Gate::default()),
+            bound: Arc::default(),
         })
     }
 
     /// Runs `f` on the locked state.
     pub fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         f(&mut self.state.lock())
+    }
+
+    /// Runs `f` on the locked state if this leader serves now (`NOT_SERVING` otherwise): every
+    /// call that reads or changes the metadata goes through here.
+    pub fn serving<R>(&self, f: impl FnOnce(&mut State) -> crate::error::Result<R>) -> crate::error::Result<R> {
+        let mut s = self.state.lock();
+        self.gate.check()?;
+        f(&mut s)
+    }
+
+    /// Whether it serves now: ready, and (under an election) holding the Lease.
+    pub fn is_serving(&self) -> bool {
+        self.readiness.is_serving() && self.gate.is_open()
+    }
+
+    /// The epoch it serves (or last served) under.
+    pub fn epoch(&self) -> u64 {
+        self.with(|s| s.epoch)
+    }
+
+    /// The identity it campaigns as: `--identity`, else its advertised gRPC address.
+    pub fn identity(&self) -> String {
+        let cfg = self.config();
+        if let Some(i) = cfg.identity {
+            return i;
+        }
+        match *self.bound.lock() {
+            Some(a) => cfg.advertised(a),
+            None => cfg.advertised(cfg.listen),
+        }
     }
 
     /// This leader's readiness (`Health.serving`, `/readyz`); an election may drive it.
@@ -79,6 +117,15 @@ impl Leader {
     /// The framed metadata port's number, 0 if none is served.
     pub fn fast_port(&self) -> u32 {
         self.fast_port.load(Ordering::Acquire)
+    }
+
+    /// The fast port clients are told: `--advertise-fast-port`, else the one served (0: none).
+    pub fn advertised_fast_port(&self) -> u32 {
+        match (self.fast_port(), self.with(|s| s.cfg.advertise_fast_port)) {
+            (0, _) => 0,
+            (_, Some(p)) => u32::from(p),
+            (p, None) => p,
+        }
     }
 
     /// A copy of the configuration it runs with.

@@ -12,7 +12,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{Leader, LeaderConfig, fastport, metrics, service};
+use super::{Election, Leader, LeaderConfig, fastport, metrics, service};
 use crate::lifecycle::{self, ServeError, Task};
 use crate::readiness::Readiness;
 
@@ -109,14 +109,23 @@ impl Leader {
             }
             Task::spawn(fastport::serve(l, self.clone(), hot.clone(), stop.clone()))
         });
-        self.readiness.set(Readiness::Serving);
-        tracing::info!(grpc = %addrs.grpc, fast = ?addrs.fast, metrics = ?addrs.metrics, "leader serving");
+        *self.bound.lock() = Some(addrs.grpc);
+        let election = if self.with(|s| s.cfg.election) == Election::None {
+            self.gate.open();
+            self.readiness.set(Readiness::Serving);
+            tracing::info!(grpc = %addrs.grpc, fast = ?addrs.fast, metrics = ?addrs.metrics, "leader serving");
+            None
+        } else {
+            tracing::info!(grpc = %addrs.grpc, fast = ?addrs.fast, metrics = ?addrs.metrics, "leader listening; campaigning for the Lease");
+            Some(Task::spawn(self.clone().run_election(stop.clone())))
+        };
 
         let stopping = {
-            let (stop, readiness) = (stop.clone(), self.readiness.clone());
+            let (stop, readiness, gate) = (stop.clone(), self.readiness.clone(), self.gate.clone());
             async move {
                 stop.cancelled().await;
                 readiness.set(Readiness::Stopping);
+                gate.shut();
             }
         };
         let server = service::router(self.clone()).serve_with_incoming_shutdown(crate::net::incoming(grpc), stopping);
@@ -127,6 +136,9 @@ impl Leader {
             t.join().await;
         }
         self.fast_port.store(0, Ordering::Release);
+        if let Some(t) = election {
+            t.join().await;
+        }
         hot.stop();
         housekeeping.join().await;
         if let Some(t) = endpoint

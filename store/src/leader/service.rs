@@ -87,12 +87,12 @@ impl Store for Leader {
 impl Membership for Leader {
     async fn mount(&self, req: Request<MountRequest>) -> Reply<MountResponse> {
         let r = req.into_inner();
-        Ok(Response::new(self.with(|s| s.mount(&r, Instant::now()))?))
+        Ok(Response::new(self.serving(|s| s.mount(&r, Instant::now()))?))
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
         let r = req.into_inner();
-        let known = self.with(|s| s.heartbeat(&r, Instant::now()));
+        let known = self.serving(|s| Ok(s.heartbeat(&r, Instant::now())))?;
         Ok(Response::new(HeartbeatResponse { need_remount: !known }))
     }
 }
@@ -101,42 +101,53 @@ impl Membership for Leader {
 impl Control for Leader {
     async fn set_tenants(&self, req: Request<SetTenantsRequest>) -> Reply<SetTenantsResponse> {
         let r = req.into_inner();
-        let objects_dropped = self.with(|s| s.set_tenants(&r.tenants))?;
+        let objects_dropped = self.serving(|s| s.set_tenants(&r.tenants))?;
         tracing::info!(tenants = r.tenants.len(), objects_dropped, "tenant ledger set");
         Ok(Response::new(SetTenantsResponse { objects_dropped }))
     }
 
     async fn get_tenants(&self, _req: Request<GetTenantsRequest>) -> Reply<GetTenantsResponse> {
-        Ok(Response::new(self.with(|s| GetTenantsResponse {
-            multi_tenancy: s.cfg.multi_tenancy,
-            tenants: s.tenant_statuses(),
-        })))
+        Ok(Response::new(self.serving(|s| {
+            Ok(GetTenantsResponse {
+                multi_tenancy: s.cfg.multi_tenancy,
+                tenants: s.tenant_statuses(),
+            })
+        })?))
     }
 
     async fn get_members(&self, _req: Request<GetMembersRequest>) -> Reply<GetMembersResponse> {
         let now = Instant::now();
-        Ok(Response::new(self.with(|s| GetMembersResponse {
-            members: s.member_statuses(now),
-        })))
+        Ok(Response::new(self.serving(|s| {
+            Ok(GetMembersResponse {
+                members: s.member_statuses(now),
+            })
+        })?))
     }
 
     async fn remove_member(&self, req: Request<RemoveMemberRequest>) -> Reply<RemoveMemberResponse> {
         let name = req.into_inner().name;
-        let removed = self.with(|s| s.remove_member(&name));
+        let removed = self.serving(|s| Ok(s.remove_member(&name)))?;
         Ok(Response::new(RemoveMemberResponse { removed }))
     }
 
     async fn health(&self, _req: Request<HealthRequest>) -> Reply<HealthResponse> {
-        let serving = self.readiness().is_serving();
+        let serving = self.is_serving();
+        let role = if self.readiness().get() == crate::readiness::Readiness::Standby {
+            "standby"
+        } else {
+            "leader"
+        };
+        let fast_port = self.advertised_fast_port();
         Ok(Response::new(self.with(|s| HealthResponse {
             serving,
+            epoch: s.epoch,
             member_ttl_ms: s.cfg.member_ttl.as_millis() as u64,
-            role: "leader".into(),
+            role: role.into(),
             capacity: s.capacity(),
             used: s.used(),
             members: s.members.len() as u64,
             objects: s.object_count(),
-            fast_port: self.fast_port(),
+            fast_port,
         })))
     }
 }

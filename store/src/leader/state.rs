@@ -44,6 +44,9 @@ pub struct State {
     pub(super) seed: u64,
     /// counters of tenants that were removed from the ledger, so global totals never go down
     pub(super) retired: Counters,
+    /// the term this state belongs to (the Lease's `leaseTransitions`; 0 without an election):
+    /// every range handed out carries it, and members refuse older ones
+    pub(super) epoch: u64,
 }
 
 impl State {
@@ -58,6 +61,7 @@ impl State {
             tick: 0,
             seed,
             retired: Counters::default(),
+            epoch: 0,
         };
         if !s.cfg.multi_tenancy {
             let layout = s.cfg.default_layout();
@@ -112,7 +116,13 @@ impl State {
             mount_id: o.mount_id,
             offset: o.offset,
             len: o.size,
+            epoch: self.epoch,
         })
+    }
+
+    /// The term this state serves.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Phase one of a put: charge the tenant, find space, hold it for the writer.

@@ -9,12 +9,20 @@ use std::time::Duration;
 
 use crate::flags::{self, ConfigError, format_size, format_time, push};
 
+/// `--leader k8s://NAMESPACE/NAME`: follow the holder of an election Lease.
+pub const LEASE_SCHEME: &str = "k8s://";
+
 /// How a member runs: every flag of `kv-store member`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct MemberConfig {
-    /// The leader's gRPC address, HOST:PORT.
+    /// Where the serving leader is: its gRPC address, HOST:PORT (a Service in front of the
+    /// leaders), or `k8s://NAMESPACE/NAME` to follow the holder of that election Lease.
     #[arg(long)]
     pub leader: String,
+    /// With `--leader k8s://…`: the kubeconfig of the Lease API (default: `KUBECONFIG`,
+    /// `~/.kube/config`, or the in-cluster service account).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
     /// Bytes of memory this member holds (e.g. 8Gi).
     #[arg(long, value_parser = flags::parse_size)]
     pub capacity: u64,
@@ -55,6 +63,7 @@ impl MemberConfig {
     pub fn new(leader: impl Into<String>, capacity: u64) -> Self {
         Self {
             leader: leader.into(),
+            kubeconfig: None,
             capacity,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             data_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -83,16 +92,37 @@ impl MemberConfig {
             .unwrap_or_else(|| format!("member-{}", std::process::id()))
     }
 
+    /// The Lease `--leader k8s://NAMESPACE/NAME` names.
+    pub fn leader_lease(&self) -> Option<crate::election::kube::LeaseRef> {
+        let l = self.leader.strip_prefix(LEASE_SCHEME)?;
+        crate::election::kube::LeaseRef::parse(l).ok()
+    }
+
     /// Every check beyond the flags' syntax, each saying what to do.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.capacity == 0 {
             return Err(ConfigError::new("capacity", "must be greater than 0 (e.g. 8Gi)"));
         }
-        if self.leader.is_empty() || !self.leader.contains(':') {
-            return Err(ConfigError::new(
-                "leader",
-                format!("{:?} is not HOST:PORT; give the leader's gRPC address", self.leader),
-            ));
+        match self.leader.strip_prefix(LEASE_SCHEME) {
+            Some(lease) => {
+                crate::election::kube::LeaseRef::parse(lease).map_err(|e| ConfigError::new("leader", e))?;
+            }
+            None if self.leader.is_empty() || !self.leader.contains(':') => {
+                return Err(ConfigError::new(
+                    "leader",
+                    format!(
+                        "{:?} is neither HOST:PORT nor k8s://NAMESPACE/NAME; give the leader's gRPC address or its Lease",
+                        self.leader
+                    ),
+                ));
+            }
+            None if self.kubeconfig.is_some() => {
+                return Err(ConfigError::new(
+                    "kubeconfig",
+                    "goes with --leader k8s://NAMESPACE/NAME",
+                ));
+            }
+            None => {}
         }
         if self.name.as_deref() == Some("") {
             return Err(ConfigError::new(
@@ -119,6 +149,9 @@ impl MemberConfig {
     pub fn to_args(&self) -> Vec<String> {
         let mut a = Vec::new();
         push(&mut a, "leader", &self.leader);
+        if let Some(k) = &self.kubeconfig {
+            push(&mut a, "kubeconfig", k.display());
+        }
         push(&mut a, "capacity", format_size(self.capacity));
         push(&mut a, "listen", self.listen);
         push(&mut a, "data-listen", self.data_listen);
@@ -187,6 +220,10 @@ mod tests {
                 spin: Duration::from_millis(3),
                 ..MemberConfig::new("leader.svc:50051", 1536 << 20)
             },
+            MemberConfig {
+                kubeconfig: Some("/tmp/store.kubeconfig".into()),
+                ..MemberConfig::new("k8s://kvcache-system/b-leader", 1 << 30)
+            },
         ];
         for cfg in configs {
             let args = cfg.to_args();
@@ -201,7 +238,7 @@ mod tests {
         for n in ["leader", "capacity", "name", "no-prefault", "data-listen", "spin"] {
             assert!(names.iter().any(|f| f == n), "{n} missing from {names:?}");
         }
-        assert_eq!(names.len(), 11, "{names:?}");
+        assert_eq!(names.len(), 12, "{names:?}");
         let e = MemberConfig::new("l:1", 0).validate().unwrap_err();
         assert_eq!(e.to_string(), "--capacity: must be greater than 0 (e.g. 8Gi)");
         let e = MemberConfig {
@@ -212,5 +249,17 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.flag, "advertise-host");
         assert_eq!(MemberConfig::new("nowhere", 1).validate().unwrap_err().flag, "leader");
+        assert_eq!(
+            MemberConfig::new("k8s://no-name", 1).validate().unwrap_err().flag,
+            "leader"
+        );
+        MemberConfig::new("k8s://ns/b-leader", 1).validate().unwrap();
+        let e = MemberConfig {
+            kubeconfig: Some("/k".into()),
+            ..MemberConfig::new("l:1", 1)
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.flag, "kubeconfig");
     }
 }

@@ -10,7 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::segment::Segment;
+use super::segment::{Grant, Segment};
 use crate::error::StoreError;
 use crate::spin::HotWindow;
 use crate::time::now_unix_ms;
@@ -84,9 +84,18 @@ async fn connection(mut s: TcpStream, segment: &Segment, hot: &HotWindow) -> std
     }
 }
 
+fn grant(req: &Request) -> Grant {
+    Grant {
+        mount_id: req.mount_id,
+        epoch: req.epoch,
+        offset: req.offset,
+        deadline_unix_ms: req.deadline_unix_ms,
+    }
+}
+
 /// Returns `false` when the connection must close.
 async fn write(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::Result<bool> {
-    match segment.begin_write(req.mount_id, req.offset, req.len, req.deadline_unix_ms) {
+    match segment.begin_write(grant(&req), req.len) {
         Ok(mut range) => {
             let left = Duration::from_millis(req.deadline_unix_ms.saturating_sub(now_unix_ms())) + WRITE_GRACE;
             match tokio::time::timeout(left, s.read_exact(range.bytes_mut())).await {
@@ -127,7 +136,7 @@ async fn write(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::R
 }
 
 async fn read(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::Result<()> {
-    match segment.begin_read(req.mount_id, req.offset, req.len, req.deadline_unix_ms) {
+    match segment.begin_read(grant(&req), req.len) {
         Ok(range) => {
             let head = Response { ok: true, len: req.len }.encode();
             let mut buf = Buf::chain(&head[..], range.bytes());

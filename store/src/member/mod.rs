@@ -26,7 +26,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use config::MemberConfig;
+pub use config::{LEASE_SCHEME, MemberConfig};
 use segment::Segment;
 
 use crate::error::{ErrorCode, StoreError};
@@ -182,7 +182,7 @@ impl Member {
         };
 
         let mounted = tokio::select! {
-            r = mount::stay_mounted(&cfg.leader, req, &segment, &readiness) => r,
+            r = mount::stay_mounted(&cfg.leader, cfg.kubeconfig.as_deref(), req, &segment, &readiness) => r,
             () = stop.cancelled() => Ok(()),
         };
         readiness.set(Readiness::Stopping);

@@ -1,15 +1,29 @@
-//! Keeping the segment mounted: mount, heartbeat, and mount again (starting empty) whenever the
-//! leader does not know this mount. Every mount names this process's instance id; a leader that
-//! sees the member's name held by another live process refuses with `MEMBER_NAME_TAKEN`, and this
-//! member then retries, one warning per attempt, for twice the leader's member TTL (long enough
-//! for a holder that died to expire) before it gives up with that refusal. It never evicts the
-//! holder.
+//! Keeping the segment mounted: find the serving leader, mount, heartbeat, and mount again
+//! (starting empty) whenever the leader does not know this mount or another leader serves.
+//!
+//! - **Finding the leader**: `--leader HOST:PORT` is one stable address (a Service in front of
+//!   the leaders, which leads to the ready one); `--leader k8s://NAMESPACE/NAME` follows the
+//!   holder of that election Lease, read before every mount, after every failed heartbeat, and
+//!   whenever a watch says the Lease changed.
+//! - **Fencing**: every mount answer carries the leader's epoch. A mount from an epoch older than
+//!   one this member has mounted under is refused here (that leader was deposed), and the data
+//!   path refuses ranges of older epochs (`segment.rs`).
+//! - **Failover**: a heartbeat that fails is retried within 100 ms on a fresh connection (the
+//!   old one may lead to a leader that stopped, or hangs); a leader that answers `need_remount`
+//!   (it restarted, or a standby took over) gets a new mount at once.
+//! - **Names**: every mount names this process's instance id; a leader that sees the member's
+//!   name held by another live process refuses with `MEMBER_NAME_TAKEN`, and this member then
+//!   retries, one warning per attempt, for twice the leader's member TTL (long enough for a
+//!   holder that died to expire) before it gives up with that refusal. It never evicts the
+//!   holder.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tonic::transport::{Channel, Endpoint};
 
 use super::segment::Segment;
+use crate::election::kube::{KubeLeases, LeaseRef};
 use crate::error::{ErrorCode, StoreError};
 use crate::proto::control_client::ControlClient;
 use crate::proto::membership_client::MembershipClient;
@@ -20,31 +34,96 @@ const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// The member TTL assumed of a leader that does not say (its own default).
 const DEFAULT_MEMBER_TTL: Duration = Duration::from_secs(10);
+/// How long a connection attempt or a heartbeat may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Where the serving leader is found.
+enum Finder {
+    Fixed(String),
+    Lease(LeaseRef, Box<KubeLeases>),
+}
+
+impl Finder {
+    async fn new(leader: &str, kubeconfig: Option<&Path>) -> Result<Finder, StoreError> {
+        let Some(lease) = leader.strip_prefix(super::config::LEASE_SCHEME) else {
+            return Ok(Finder::Fixed(leader.to_owned()));
+        };
+        let at = LeaseRef::parse(lease).map_err(|e| StoreError::new(ErrorCode::InvalidArgument, e))?;
+        let client = crate::election::kube::client(kubeconfig)
+            .await
+            .map_err(|e| StoreError::new(ErrorCode::InvalidArgument, e))?;
+        Ok(Finder::Lease(at.clone(), Box::new(KubeLeases::new(client, at))))
+    }
+
+    /// The serving leader's address now.
+    async fn find(&self) -> Result<String, StoreError> {
+        match self {
+            Finder::Fixed(a) => Ok(a.clone()),
+            Finder::Lease(at, leases) => match leases.holder().await {
+                Ok(Some(h)) => Ok(h),
+                Ok(None) => Err(StoreError::new(
+                    ErrorCode::NotServing,
+                    format!("the Lease {at} names no holder yet (an election is under way)"),
+                )),
+                Err(e) => Err(StoreError::new(ErrorCode::Transport, e.to_string())),
+            },
+        }
+    }
+
+    /// Resolves when the leader may have changed (Lease addressing only).
+    async fn changed(&self) {
+        match self {
+            Finder::Fixed(_) => std::future::pending().await,
+            Finder::Lease(_, leases) => crate::election::LeaseStore::changed(leases.as_ref()).await,
+        }
+    }
+}
+
+async fn connect(addr: &str) -> Result<Channel, StoreError> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}")).map_err(|e| {
+        StoreError::new(
+            ErrorCode::InvalidArgument,
+            format!("leader address {addr:?} is not a usable HOST:PORT: {e}"),
+        )
+    })?;
+    endpoint
+        .connect_timeout(CALL_TIMEOUT)
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(|e| {
+            StoreError::new(
+                ErrorCode::Transport,
+                format!("leader {addr} unreachable: {}", crate::error::chain(&e)),
+            )
+        })
+}
 
 /// Mounts, heartbeats and remounts until the leader refuses this member's name for longer than
 /// the bound; only that returns (with the refusal).
 pub(super) async fn stay_mounted(
     leader: &str,
+    kubeconfig: Option<&Path>,
     req: MountRequest,
     segment: &Segment,
     readiness: &ReadinessHandle,
 ) -> Result<(), StoreError> {
-    let endpoint = Endpoint::from_shared(format!("http://{leader}")).map_err(|e| {
-        StoreError::new(
-            ErrorCode::InvalidArgument,
-            format!("--leader {leader:?} is not a usable HOST:PORT: {e}"),
-        )
-    })?;
+    let finder = Finder::new(leader, kubeconfig).await?;
     let mut backoff = MIN_BACKOFF;
     // when the name was first refused, and how long refusals are retried
     let mut refused: Option<(Instant, Duration)> = None;
     loop {
         segment.set_mount(0);
         readiness.set(Readiness::Starting);
-        let channel = match endpoint.connect().await {
+        let attempt = async {
+            let addr = finder.find().await?;
+            let channel = connect(&addr).await?;
+            Ok::<_, StoreError>((addr, channel))
+        };
+        let (addr, channel) = match attempt.await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(%leader, error = %crate::error::chain(&e), "leader unreachable, retrying");
+                tracing::warn!(%leader, error = %e, "no leader to mount at, retrying");
                 backoff = pause(backoff).await;
                 continue;
             }
@@ -70,7 +149,7 @@ pub(super) async fn stay_mounted(
                 continue;
             }
             Err(e) => {
-                tracing::warn!(%leader, error = %e, "mount refused, retrying");
+                tracing::warn!(%addr, error = %e, "mount refused, retrying");
                 backoff = pause(backoff).await;
                 continue;
             }
@@ -79,16 +158,18 @@ pub(super) async fn stay_mounted(
         backoff = MIN_BACKOFF;
         readiness.set(Readiness::Serving);
         tracing::info!(
+            %addr,
             member_id = mounted.member_id,
             mount_id = mounted.mount_id,
+            epoch = mounted.epoch,
             "segment mounted"
         );
-        heartbeat(&mut client, &mounted, req.instance_id).await;
+        heartbeat(&finder, &addr, client, &mounted, req.instance_id).await;
     }
 }
 
 /// One mount: adopt a fresh mount id first (the leader may place values here as soon as it
-/// answers), then ask.
+/// answers), then ask; an answer from an epoch older than one seen is refused.
 async fn mount(
     client: &mut MembershipClient<Channel>,
     req: &MountRequest,
@@ -100,37 +181,93 @@ async fn mount(
         mount_id,
         ..req.clone()
     };
-    match client.mount(asked).await {
-        Ok(r) => {
+    match tokio::time::timeout(CALL_TIMEOUT, client.mount(asked)).await {
+        Ok(Ok(r)) => {
             let r = r.into_inner();
+            if !segment.see_epoch(r.epoch) {
+                segment.set_mount(0);
+                return Err(StoreError::new(
+                    ErrorCode::StaleEpoch,
+                    format!(
+                        "the leader serves epoch {}, older than epoch {} this member mounted under: it was deposed",
+                        r.epoch,
+                        segment.epoch()
+                    ),
+                ));
+            }
             // the leader keeps the member's choice unless it clashes with another mount
             segment.set_mount(r.mount_id);
             Ok(r)
         }
-        Err(status) => {
+        Ok(Err(status)) => {
             segment.set_mount(0);
             Err(StoreError::from_status(&status))
+        }
+        Err(_) => {
+            segment.set_mount(0);
+            Err(StoreError::new(
+                ErrorCode::Transport,
+                "the mount was not answered in time",
+            ))
         }
     }
 }
 
-/// Heartbeats until the leader no longer knows the mount.
-async fn heartbeat(client: &mut MembershipClient<Channel>, mounted: &MountResponse, instance_id: u64) {
+/// Heartbeats until the mount must be made again: the leader does not know it, or another
+/// leader holds the Lease.
+async fn heartbeat(
+    finder: &Finder,
+    addr: &str,
+    mut client: MembershipClient<Channel>,
+    mounted: &MountResponse,
+    instance_id: u64,
+) {
     let interval = Duration::from_millis(mounted.heartbeat_interval_ms.max(10));
+    let mut failing: Option<Instant> = None;
+    let mut backoff = MIN_BACKOFF;
     loop {
-        tokio::time::sleep(interval).await;
+        let wait = if failing.is_some() { backoff } else { interval };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = finder.changed() => {}
+        }
+        if let Finder::Lease(..) = finder
+            && let Ok(now) = finder.find().await
+            && now != addr
+        {
+            tracing::warn!(from = %addr, to = %now, "another leader holds the Lease; remounting there");
+            return;
+        }
         let hb = HeartbeatRequest {
             member_id: mounted.member_id,
             mount_id: mounted.mount_id,
             instance_id,
         };
-        match client.heartbeat(hb).await {
-            Ok(r) if r.get_ref().need_remount => {
-                tracing::warn!("leader does not know this mount; remounting empty");
+        match tokio::time::timeout(CALL_TIMEOUT.max(interval), client.heartbeat(hb)).await {
+            Ok(Ok(r)) if r.get_ref().need_remount => {
+                tracing::warn!(%addr, "leader does not know this mount; remounting empty");
                 return;
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %StoreError::from_status(&e), "heartbeat failed"),
+            Ok(Ok(_)) => {
+                failing = None;
+                backoff = MIN_BACKOFF;
+            }
+            failed => {
+                let why = match failed {
+                    Ok(Err(s)) => StoreError::from_status(&s).to_string(),
+                    _ => "not answered in time".to_owned(),
+                };
+                // keep trying: a leader that comes back (or takes over at this address)
+                // answers need_remount if it lost the mount
+                if failing.replace(Instant::now()).is_none() {
+                    tracing::warn!(%addr, error = %why, "heartbeat failed; retrying");
+                }
+                // a fresh connection: the old one may lead to a leader that stopped or hangs
+                if let Ok(c) = connect(addr).await {
+                    client = MembershipClient::new(c);
+                }
+                backoff = (backoff * 2).min(interval);
+            }
         }
     }
 }

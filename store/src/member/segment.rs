@@ -1,6 +1,12 @@
 //! One member's segment as the data path sees it: the mapped memory, the mount it currently
-//! belongs to, and the checks every transfer passes (right mount, deadline not passed, range in
-//! bounds and not in use by a conflicting transfer).
+//! belongs to, the newest leader epoch it has mounted under, and the checks every transfer passes
+//! (right mount, no older epoch, deadline not passed, range in bounds and not in use by a
+//! conflicting transfer).
+//!
+//! Fencing: the epoch only rises ([`Segment::see_epoch`]). A range from a leader whose epoch is
+//! older than the newest this member mounted under is refused (`STALE_EPOCH`) before the mount
+//! is even compared, so a paused or partitioned leader that lost its Lease can place no byte and
+//! serve none.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -18,12 +24,24 @@ pub struct DataCounters {
     pub refusals: AtomicU64,
 }
 
+/// Where a transfer goes, as the leader granted it: the mount and epoch it was placed under, the
+/// offset, and the deadline (the write deadline or the read lease; 0: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub mount_id: u64,
+    pub epoch: u64,
+    pub offset: u64,
+    pub deadline_unix_ms: u64,
+}
+
 /// The segment and its current mount.
 #[derive(Debug)]
 pub struct Segment {
     map: SharedMap,
     /// 0 while not mounted
     mount_id: AtomicU64,
+    /// the newest leader epoch mounted under
+    epoch: AtomicU64,
     pub counters: DataCounters,
 }
 
@@ -32,6 +50,7 @@ impl Segment {
         Self {
             map,
             mount_id: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
             counters: DataCounters::default(),
         }
     }
@@ -49,7 +68,28 @@ impl Segment {
         self.mount_id.store(mount_id, Ordering::Release);
     }
 
-    fn check(&self, mount_id: u64, deadline_unix_ms: u64, what: &str) -> Result<()> {
+    /// The newest leader epoch this segment was mounted under.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Records a leader's epoch (it only rises); returns `false`, changing nothing, when `epoch`
+    /// is older than one already seen (that leader was deposed).
+    pub fn see_epoch(&self, epoch: u64) -> bool {
+        self.epoch.fetch_max(epoch, Ordering::AcqRel) <= epoch
+    }
+
+    fn check(&self, mount_id: u64, epoch: u64, deadline_unix_ms: u64, what: &str) -> Result<()> {
+        let newest = self.epoch();
+        if epoch < newest {
+            self.counters.refusals.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::new(
+                ErrorCode::StaleEpoch,
+                format!(
+                    "this range comes from leader epoch {epoch}, and this member has mounted under epoch {newest} since:                      that leader was deposed; ask the serving leader again"
+                ),
+            ));
+        }
         let current = self.mount_id();
         if current == 0 || mount_id != current {
             self.counters.refusals.fetch_add(1, Ordering::Relaxed);
@@ -70,14 +110,16 @@ impl Segment {
     }
 
     /// A range to write a reserved value into (`deadline` is the reservation's write deadline).
-    pub fn begin_write(&self, mount_id: u64, offset: u64, len: u64, deadline: u64) -> Result<WriteRange<'_>> {
-        self.check(mount_id, deadline, "write")?;
+    pub fn begin_write(&self, at: Grant, len: u64) -> Result<WriteRange<'_>> {
+        self.check(at.mount_id, at.epoch, at.deadline_unix_ms, "write")?;
+        let offset = at.offset;
         self.map.write_range(offset, len)
     }
 
     /// A range to read a committed value from (`deadline` is its read lease).
-    pub fn begin_read(&self, mount_id: u64, offset: u64, len: u64, deadline: u64) -> Result<ReadRange<'_>> {
-        self.check(mount_id, deadline, "read lease")?;
+    pub fn begin_read(&self, at: Grant, len: u64) -> Result<ReadRange<'_>> {
+        self.check(at.mount_id, at.epoch, at.deadline_unix_ms, "read lease")?;
+        let offset = at.offset;
         self.map.read_range(offset, len)
     }
 
@@ -99,5 +141,43 @@ impl Segment {
 
     pub fn prefault(&self) {
         self.map.prefault();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_of_an_older_epoch_are_refused_before_the_mount_is_compared() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = Segment::new(SharedMap::create(dir.path(), 1 << 16, false).unwrap());
+        seg.set_mount(11);
+        assert!(seg.see_epoch(3));
+        let at = |mount_id, epoch| Grant {
+            mount_id,
+            epoch,
+            offset: 0,
+            deadline_unix_ms: 0,
+        };
+        assert!(seg.begin_write(at(11, 3), 64).is_ok());
+        let stale = seg.begin_write(at(11, 2), 64).map(drop).unwrap_err();
+        assert_eq!(stale.code, ErrorCode::StaleEpoch);
+        assert!(
+            stale.message.contains("epoch 2") && stale.message.contains("epoch 3"),
+            "{stale}"
+        );
+        assert_eq!(
+            seg.begin_read(at(12, 3), 64).map(drop).unwrap_err().code,
+            ErrorCode::StaleMount
+        );
+        // the epoch only rises: an older leader's mount is not accepted
+        assert!(!seg.see_epoch(2));
+        assert_eq!(seg.epoch(), 3);
+        assert!(seg.see_epoch(4));
+        assert_eq!(
+            seg.begin_read(at(11, 3), 64).map(drop).unwrap_err().code,
+            ErrorCode::StaleEpoch
+        );
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tonic::{Request, Response, Status};
 
-use super::segment::Segment;
+use super::segment::{Grant, Segment};
 use crate::proto::segment_data_server::{SegmentData, SegmentDataServer};
 use crate::proto::{HealthRequest, HealthResponse, ReadRequest, ReadResponse, WriteRequest, WriteResponse};
 use crate::readiness::ReadinessHandle;
@@ -33,9 +33,15 @@ impl SegmentData for DataService {
     async fn write(&self, req: Request<WriteRequest>) -> Result<Response<WriteResponse>, Status> {
         let r = req.into_inner();
         let len = r.data.len() as u64;
-        let mut range = self
-            .segment
-            .begin_write(r.mount_id, r.offset, len, r.write_deadline_unix_ms)?;
+        let mut range = self.segment.begin_write(
+            Grant {
+                mount_id: r.mount_id,
+                epoch: r.epoch,
+                offset: r.offset,
+                deadline_unix_ms: r.write_deadline_unix_ms,
+            },
+            len,
+        )?;
         range.bytes_mut().copy_from_slice(&r.data);
         drop(range);
         self.segment.wrote(len);
@@ -44,9 +50,15 @@ impl SegmentData for DataService {
 
     async fn read(&self, req: Request<ReadRequest>) -> Result<Response<ReadResponse>, Status> {
         let r = req.into_inner();
-        let range = self
-            .segment
-            .begin_read(r.mount_id, r.offset, r.len, r.lease_deadline_unix_ms)?;
+        let range = self.segment.begin_read(
+            Grant {
+                mount_id: r.mount_id,
+                epoch: r.epoch,
+                offset: r.offset,
+                deadline_unix_ms: r.lease_deadline_unix_ms,
+            },
+            r.len,
+        )?;
         let data = Bytes::copy_from_slice(range.bytes());
         drop(range);
         self.segment.read(r.len);

@@ -34,7 +34,7 @@ def put(key, value):
         return False
     loc = r.location
     member = rpc.SegmentDataStub(grpc.insecure_channel(loc.grpc_addr, options=OPTS))
-    member.Write(pb.WriteRequest(mount_id=loc.mount_id, offset=loc.offset,
+    member.Write(pb.WriteRequest(mount_id=loc.mount_id, epoch=loc.epoch, offset=loc.offset,
                                  write_deadline_unix_ms=r.write_deadline_unix_ms, data=value))
     store.PutCommit(pb.PutCommitRequest(scope=scope, key=key, put_id=r.put_id))
     return True
@@ -46,7 +46,7 @@ def get(key):
         return None
     loc = r.location
     member = rpc.SegmentDataStub(grpc.insecure_channel(loc.grpc_addr, options=OPTS))
-    return member.Read(pb.ReadRequest(mount_id=loc.mount_id, offset=loc.offset, len=loc.len,
+    return member.Read(pb.ReadRequest(mount_id=loc.mount_id, epoch=loc.epoch, offset=loc.offset, len=loc.len,
                                       lease_deadline_unix_ms=r.lease_deadline_unix_ms)).data
 
 
