@@ -1,6 +1,7 @@
 //! Discovery documents, built from the table of kinds: the legacy `APIGroupList` / `APIGroup` /
 //! `APIResourceList`, and the aggregated `APIGroupDiscoveryList` (apidiscovery.k8s.io v2 and
-//! v2beta1) chosen by `Accept`; and the core group's, which holds Events alone (direct mode).
+//! v2beta1) chosen by `Accept`; the core group's, which holds Events alone, and
+//! `coordination.k8s.io`'s, which holds Leases alone (both only in direct mode).
 
 use serde_json::{Value, json};
 
@@ -29,14 +30,44 @@ pub fn api_group() -> Value {
            "versions": [group_version()], "preferredVersion": group_version()})
 }
 
-/// `GET /apis` (legacy).
+/// `GET /apis` (legacy): our group, then the Leases of direct mode.
 pub fn api_group_list() -> Value {
-    let mut g = api_group();
-    if let Value::Object(m) = &mut g {
-        m.remove("kind");
-        m.remove("apiVersion");
-    }
-    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [g]})
+    let groups: Vec<Value> = [api_group(), lease_group()]
+        .into_iter()
+        .map(|mut g| {
+            if let Value::Object(m) = &mut g {
+                m.remove("kind");
+                m.remove("apiVersion");
+            }
+            g
+        })
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// The group of the Leases served in direct mode (`crate::leases`); never part of an
+/// APIService.
+const LEASE_GROUP: &str = crate::request_info::LEASE_GROUP;
+const LEASE_VERBS: &[&str] = &["create", "delete", "get", "list", "patch", "update", "watch"];
+
+/// `GET /apis/coordination.k8s.io`.
+pub fn lease_group() -> Value {
+    let v = json!({"groupVersion": format!("{LEASE_GROUP}/v1"), "version": "v1"});
+    json!({"kind": "APIGroup", "apiVersion": "v1", "name": LEASE_GROUP, "versions": [v.clone()], "preferredVersion": v})
+}
+
+/// `GET /apis/coordination.k8s.io/v1`.
+pub fn lease_resources() -> Value {
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{LEASE_GROUP}/v1"), "resources": [
+        {"name": "leases", "singularName": "lease", "namespaced": true, "kind": "Lease", "verbs": LEASE_VERBS}
+    ]})
+}
+
+fn aggregated_leases() -> Value {
+    json!({"metadata": {"name": LEASE_GROUP}, "versions": [{"version": "v1", "freshness": "Current", "resources": [{
+        "resource": "leases", "singularResource": "lease", "scope": "Namespaced",
+        "responseKind": {"group": LEASE_GROUP, "version": "v1", "kind": "Lease"}, "verbs": LEASE_VERBS,
+    }]}]})
 }
 
 /// `GET /apis/worker.gpustack.ai/v1`.
@@ -72,7 +103,10 @@ pub fn aggregated(resources: &[KindEntry], version: &str) -> Value {
         .collect();
     json!({
         "kind": "APIGroupDiscoveryList", "apiVersion": format!("apidiscovery.k8s.io/{version}"), "metadata": {},
-        "items": [{"metadata": {"name": GROUP}, "versions": [{"version": VERSION, "freshness": "Current", "resources": items}]}],
+        "items": [
+            {"metadata": {"name": GROUP}, "versions": [{"version": VERSION, "freshness": "Current", "resources": items}]},
+            aggregated_leases(),
+        ],
     })
 }
 

@@ -13,38 +13,22 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Event;
 use serde_json::{Value, json};
 
-use crate::status::failure;
+pub use crate::plain::Refusal;
+use crate::plain::{PlainKind, refuse};
 use crate::storage::{Compare, KeyValue, ListRequest, Op, Storage, Txn, TxnOutcome};
 use crate::table::{Column, at, col, human_duration, text};
 
 /// How long an event is kept.
 pub const TTL: Duration = Duration::from_secs(3600);
-const PREFIX: &str = "/registry/core/events/";
-/// Largest page of a list.
-const MAX_LIMIT: usize = 500;
 
-/// A refusal: its HTTP code and Status.
-#[derive(Debug)]
-pub struct Refusal(pub u16, pub Box<k8s_openapi::apimachinery::pkg::apis::meta::v1::Status>);
-
-fn refuse(code: u16, reason: &str, message: impl Into<String>) -> Refusal {
-    Refusal(code, Box::new(failure(code, reason, message)))
-}
-
-/// The prefix of a namespace's events, or of all.
-pub fn prefix(namespace: Option<&str>) -> String {
-    match namespace {
-        Some(ns) => format!("{PREFIX}{ns}/"),
-        None => PREFIX.to_owned(),
-    }
-}
-
-/// The stored JSON with its revision as `resourceVersion`.
-pub fn with_revision(kv: &KeyValue) -> Option<Value> {
-    let mut v: Value = serde_json::from_slice(&kv.value).ok()?;
-    v["metadata"]["resourceVersion"] = json!(kv.mod_revision.to_string());
-    Some(v)
-}
+/// Core Events, stored under `/registry/core/events/<namespace>/<name>`.
+pub const EVENTS: PlainKind = PlainKind {
+    kind: "Event",
+    plural: "events",
+    api_version: "v1",
+    prefix: "/registry/core/events/",
+    columns: COLUMNS,
+};
 
 /// A field selector over the fields `kubectl describe` and `kubectl get events` use:
 /// `involvedObject.{kind,namespace,name,uid,apiVersion,resourceVersion,fieldPath}`, `reason`,
@@ -163,7 +147,7 @@ pub async fn create(storage: &Arc<dyn Storage>, namespace: &str, body: &[u8]) ->
         m.remove("resourceVersion");
         m.remove("generateName");
     }
-    let key = format!("{}{name}", prefix(Some(namespace)));
+    let key = EVENTS.key(namespace, &name);
     let bytes = serde_json::to_vec(&v).map_err(|e| refuse(500, "InternalError", e.to_string()))?;
     let txn = Txn {
         compares: vec![Compare::ModRevision {
@@ -190,69 +174,14 @@ pub async fn create(storage: &Arc<dyn Storage>, namespace: &str, body: &[u8]) ->
 }
 
 fn invalid(field: &str, message: &str) -> Refusal {
-    let mut s = failure(422, "Invalid", format!("Event is invalid: {field}: {message}"));
-    s.details = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::StatusDetails {
-        kind: Some("Event".into()),
-        causes: Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::StatusCause {
-            field: Some(field.into()),
-            message: Some(message.into()),
-            reason: Some("FieldValueRequired".into()),
-        }]),
-        ..Default::default()
-    });
-    Refusal(422, Box::new(s))
-}
-
-/// One event.
-pub async fn get(storage: &Arc<dyn Storage>, namespace: &str, name: &str) -> Result<Value, Refusal> {
-    let key = format!("{}{name}", prefix(Some(namespace)));
-    match storage.get(&key).await {
-        Ok(Some(kv)) => with_revision(&kv).ok_or_else(|| refuse(500, "InternalError", "a stored event is not JSON")),
-        Ok(None) => Err(refuse(404, "NotFound", format!("events \"{name}\" not found"))),
-        Err(e) => Err(refuse(503, "ServiceUnavailable", e.to_string())),
-    }
-}
-
-/// A page of events matching `fields` and `labels`, and the list's revision and continue key.
-pub async fn list(
-    storage: &Arc<dyn Storage>,
-    namespace: Option<&str>,
-    fields: FieldSelector,
-    labels: crate::selectors::LabelSelector,
-    limit: Option<usize>,
-    continue_after: Option<String>,
-) -> Result<(Vec<Value>, u64, Option<String>), Refusal> {
-    let filter = Arc::new(move |kv: &KeyValue| {
-        serde_json::from_slice::<Value>(&kv.value).is_ok_and(|v| {
-            let l: Option<std::collections::BTreeMap<String, String>> =
-                serde_json::from_value(v["metadata"]["labels"].clone()).ok();
-            fields.matches(&v) && labels.matches(l.as_ref())
-        })
-    });
-    let limit = limit.unwrap_or(MAX_LIMIT).clamp(1, MAX_LIMIT);
-    let r = storage
-        .list(ListRequest {
-            prefix: prefix(namespace),
-            revision: None,
-            start_after: continue_after,
-            limit: Some(limit),
-            filter: Some(filter),
-        })
-        .await
-        .map_err(|e| refuse(503, "ServiceUnavailable", e.to_string()))?;
-    let next = if r.more {
-        r.items.last().map(|kv| kv.key.clone())
-    } else {
-        None
-    };
-    Ok((r.items.iter().filter_map(with_revision).collect(), r.revision, next))
+    crate::plain::invalid("Event", "", field, "FieldValueRequired", message)
 }
 
 /// Deletes the events older than `ttl`; returns how many.
 pub async fn expire(storage: &Arc<dyn Storage>, ttl: Duration) -> usize {
     let Ok(r) = storage
         .list(ListRequest {
-            prefix: PREFIX.to_owned(),
+            prefix: EVENTS.prefix.to_owned(),
             ..ListRequest::default()
         })
         .await

@@ -18,7 +18,9 @@
 //! | [`status`] | the `metav1.Status` of every refusal |
 //! | [`metrics`] | the API's Prometheus metrics, with bounded labels |
 //! | [`discovery`], [`openapi`] | the documents clients learn the API from |
+//! | [`plain`] | built-in kinds stored as plain JSON in direct mode (what Events and Leases share) |
 //! | [`events`] | core `v1` Events in direct mode: what the controllers did, for `kubectl describe` |
+//! | [`leases`] | `coordination.k8s.io/v1` Leases in direct mode: the store's leader election |
 //! | [`table`], [`selectors`], [`negotiate`] | `kubectl get` tables, label and field selectors, `Accept` |
 //! | [`controller`] | one reconcile per kind: run the store and the replicas, report what they do |
 //! | [`runtime`] | where the store's processes and the replicas run (`local`: child processes) |
@@ -34,10 +36,12 @@ pub mod discovery;
 pub mod events;
 pub mod handlers;
 pub mod kinds;
+pub mod leases;
 pub mod manifest;
 pub mod metrics;
 pub mod negotiate;
 pub mod openapi;
+pub mod plain;
 pub mod registry;
 pub mod request_info;
 pub mod runtime;

@@ -218,6 +218,14 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         leader_elect_retry_period,
     } = cli.command
     {
+        let timings = kvcache_store::election::Timings {
+            lease_duration: leader_elect_lease_duration,
+            renew_deadline: leader_elect_renew_deadline,
+            retry_period: leader_elect_retry_period,
+        };
+        if let Err(e) = timings.validate() {
+            bail!("--leader-elect-lease-duration, --leader-elect-renew-deadline, --leader-elect-retry-period: {e}");
+        }
         opts.watch_history = watch_history;
         opts.bookmark_interval = watch_bookmark_interval;
         if controllers {

@@ -71,9 +71,11 @@ impl RequestLabels {
     /// The labels of a request, from what it was judged to be about.
     pub fn of(info: &RequestInfo, code: u16) -> RequestLabels {
         let core_events = code != 401 && info.is_core_events();
+        let leases = code != 401 && info.is_leases();
         let (group, version, resource) = match info.kind().filter(|_| code != 401) {
             Some(kind) => (kvcache_api::GROUP, kvcache_api::VERSION, kind.plural),
             None if core_events => ("", "v1", "events"),
+            None if leases => (crate::request_info::LEASE_GROUP, "v1", "leases"),
             None => return RequestLabels::unknown(info.method_verb()),
         };
         let Some(r) = info.resource.as_ref() else {

@@ -10,6 +10,9 @@ use http::Method;
 
 use crate::kinds::{self, KindEntry};
 
+/// The group of the Leases served in direct mode (`crate::leases`).
+pub const LEASE_GROUP: &str = "coordination.k8s.io";
+
 /// The resource part of a resource request. Strings are as sent: they are judged later.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ResourceInfo {
@@ -75,6 +78,13 @@ impl RequestInfo {
         self.resource
             .as_ref()
             .is_some_and(|r| r.group.is_empty() && r.version == "v1" && r.resource == "events")
+    }
+
+    /// Whether the request is on `coordination.k8s.io/v1` Leases, served in direct mode.
+    pub fn is_leases(&self) -> bool {
+        self.resource
+            .as_ref()
+            .is_some_and(|r| r.group == LEASE_GROUP && r.version == "v1" && r.resource == "leases")
     }
 
     /// kube-apiserver's metric verb: `LIST`, `WATCH`, `GET`, `POST`, `PUT`, `PATCH`, `DELETE`.

@@ -62,6 +62,14 @@ pub const VIEWER: Identity = Identity {
     groups: &["gpustack:viewers"],
 };
 
+/// The store's processes: leaders campaign for their Lease, Lease-addressed members read it
+/// (`coordination.k8s.io` Leases only).
+pub const STORE: Identity = Identity {
+    name: "store",
+    user: "system:kvcache-store",
+    groups: &[],
+};
+
 /// A certificate and its key, both PEM.
 #[derive(Clone, Debug)]
 pub struct CertPair {
@@ -77,6 +85,7 @@ pub struct Pki {
     pub serving: CertPair,
     pub admin: CertPair,
     pub viewer: CertPair,
+    pub store: CertPair,
 }
 
 impl Pki {
@@ -106,12 +115,14 @@ impl Pki {
         };
         let admin = ensure_client(dir, &ADMIN, &issuer)?;
         let viewer = ensure_client(dir, &VIEWER, &issuer)?;
+        let store = ensure_client(dir, &STORE, &issuer)?;
         Ok(Pki {
             dir: dir.to_owned(),
             ca,
             serving,
             admin,
             viewer,
+            store,
         })
     }
 }

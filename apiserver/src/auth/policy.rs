@@ -1,5 +1,6 @@
 //! The direct-mode authorization policy: `system:masters` may do everything, the controllers
-//! (`system:kvcache-controller`) may do everything with our group's resources and Events, `gpustack:viewers`
+//! (`system:kvcache-controller`) may do everything with our group's resources, Events and Leases,
+//! the store's processes (`system:kvcache-store`) may read and write Leases, `gpustack:viewers`
 //! may get, list and watch our resources, any authenticated user may read discovery, OpenAPI,
 //! `/version` and `/metrics`, and anyone (the anonymous user included) may read the public health
 //! and version paths. In a cluster, a SubjectAccessReview authorizer takes its place.
@@ -10,6 +11,9 @@ use super::anonymous;
 use super::{Attributes, Authorizer, Decision, Target};
 
 const READ_VERBS: &[&str] = &["get", "list", "watch"];
+/// What the store's processes do with Leases: campaign (create, get, update), watch for a
+/// release, and nothing else.
+const LEASE_VERBS: &[&str] = &["create", "get", "list", "watch", "update"];
 
 #[derive(Debug, Default)]
 pub struct StaticPolicy;
@@ -34,7 +38,19 @@ impl Authorizer for StaticPolicy {
         // The controllers write every kind of ours, their status and finalizers included.
         if user.name == crate::controller::CONTROLLER_USER
             && let Target::Resource(r) = &attrs.target
-            && (r.group == kvcache_api::GROUP || (r.group.is_empty() && r.resource == "events"))
+            && (r.group == kvcache_api::GROUP
+                || (r.group.is_empty() && r.resource == "events")
+                || r.group == crate::request_info::LEASE_GROUP)
+        {
+            return Decision::Allow;
+        }
+        // The store's leaders campaign for their Leases; Lease-addressed members read them.
+        if user.name == kvcache_certs::STORE.user
+            && let Target::Resource(r) = &attrs.target
+            && r.group == crate::request_info::LEASE_GROUP
+            && r.resource == "leases"
+            && r.subresource.is_empty()
+            && LEASE_VERBS.contains(&attrs.verb.as_str())
         {
             return Decision::Allow;
         }
@@ -100,5 +116,24 @@ mod tests {
             Decision::Deny(_)
         ));
         assert_eq!(p.authorize(&path(User::anonymous(), "/readyz")).await, Decision::Allow);
+    }
+
+    #[tokio::test]
+    async fn the_store_may_campaign_for_leases_and_nothing_else() {
+        let p = StaticPolicy;
+        let store = || User::new(kvcache_certs::STORE.user, &["system:authenticated"]);
+        let lease = |verb: &str| {
+            let mut a = res(store(), verb);
+            if let Target::Resource(r) = &mut a.target {
+                r.group = "coordination.k8s.io".into();
+                r.resource = "leases".into();
+            }
+            a
+        };
+        for verb in ["create", "get", "update", "watch", "list"] {
+            assert_eq!(p.authorize(&lease(verb)).await, Decision::Allow, "{verb}");
+        }
+        assert!(matches!(p.authorize(&lease("delete")).await, Decision::Deny(_)));
+        assert!(matches!(p.authorize(&res(store(), "get")).await, Decision::Deny(_)));
     }
 }

@@ -1,20 +1,27 @@
-//! Which replica runs the controllers: a Lease (`coordination.k8s.io/v1`, `kube-system/
-//! kvcache-controller`) kept in the server's own storage, campaigned for as client-go's leader
-//! election does. Every write is a compare-and-swap on the record's revision; a holder's record is
-//! judged expired on the local clock, from when this replica last saw it *change* (never from the
-//! remote `renewTime`); a leader that cannot renew within the renew deadline stops leading before
-//! the lease can run out; a leader that stops gracefully releases the Lease.
+//! Which replica runs the controllers: the Lease `kube-system/kvcache-controller`
+//! (`coordination.k8s.io/v1`, served by this server like any Lease), campaigned for with the
+//! store's election (`kvcache_store::election`: client-go's rules) over the served Lease functions
+//! in this process. Every write is a compare-and-swap on the record's revision; a holder's record
+//! is judged expired on the local clock, from when this replica last saw it *change*; a leader
+//! that cannot renew within the renew deadline stops leading before the lease can run out; a
+//! leader that stops gracefully releases the Lease.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use async_trait::async_trait;
+use k8s_openapi::api::coordination::v1::Lease;
+use kvcache_store::election::{Event, LeaseError, LeaseStore, Timings};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
-use crate::storage::{Compare, Op, Storage, Txn, TxnOutcome};
+use crate::leases::{self, LEASES};
+use crate::storage::Storage;
 
-/// Where the Lease is stored (the key a served Lease of that name would have).
+/// Where the Lease is: `kube-system/kvcache-controller`, a served Lease like any other.
+pub const NAMESPACE: &str = "kube-system";
+pub const NAME: &str = "kvcache-controller";
+/// Its storage key.
 pub const KEY: &str = "/registry/coordination.k8s.io/leases/kube-system/kvcache-controller";
 
 /// The campaign's timings.
@@ -29,53 +36,66 @@ pub struct ElectionOptions {
 impl ElectionOptions {
     /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry.
     pub fn new(identity: impl Into<String>) -> ElectionOptions {
+        let t = Timings::CLIENT_GO;
         ElectionOptions {
             identity: identity.into(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
+            lease_duration: t.lease_duration,
+            renew_deadline: t.renew_deadline,
+            retry_period: t.retry_period,
         }
     }
 }
 
-fn now() -> MicroTime {
-    MicroTime(k8s_openapi::jiff::Timestamp::now())
+/// The Lease through the same functions that serve `coordination.k8s.io/v1` Leases
+/// ([`crate::leases`]), in this process: validation, system fields, compare-and-swap.
+struct StoredLease {
+    storage: Arc<dyn Storage>,
 }
 
-fn record(identity: &str, lease: Duration, transitions: i32, acquired: Option<MicroTime>) -> Vec<u8> {
-    let l = Lease {
-        metadata: ObjectMeta {
-            name: Some("kvcache-controller".into()),
-            namespace: Some("kube-system".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(identity.to_owned()),
-            lease_duration_seconds: Some(i32::try_from(lease.as_secs()).unwrap_or(i32::MAX)),
-            acquire_time: acquired.or_else(|| Some(now())),
-            renew_time: Some(now()),
-            lease_transitions: Some(transitions),
-            ..LeaseSpec::default()
-        }),
-    };
-    let mut v = serde_json::to_value(&l).unwrap_or_default();
-    v["apiVersion"] = "coordination.k8s.io/v1".into();
-    v["kind"] = "Lease".into();
-    serde_json::to_vec(&v).unwrap_or_default()
+fn refused(r: crate::plain::Refusal) -> LeaseError {
+    if r.0 == 409 {
+        LeaseError::Conflict
+    } else {
+        LeaseError::Other(r.1.message.unwrap_or_default())
+    }
 }
 
-async fn cas(storage: &Arc<dyn Storage>, revision: u64, value: Vec<u8>) -> bool {
-    let txn = Txn {
-        compares: vec![Compare::ModRevision {
-            key: KEY.into(),
-            revision,
-        }],
-        ops: vec![Op::Put {
-            key: KEY.into(),
-            value: value.into(),
-        }],
-    };
-    matches!(storage.txn(txn).await, Ok(TxnOutcome::Committed { .. }))
+fn typed(v: serde_json::Value) -> Result<Lease, LeaseError> {
+    serde_json::from_value(v).map_err(|e| LeaseError::Other(format!("a stored Lease does not decode: {e}")))
+}
+
+fn untyped(l: &Lease) -> Result<serde_json::Value, LeaseError> {
+    serde_json::to_value(l).map_err(|e| LeaseError::Other(e.to_string()))
+}
+
+#[async_trait]
+impl LeaseStore for StoredLease {
+    async fn get(&self) -> Result<Option<Lease>, LeaseError> {
+        match LEASES.get(&self.storage, NAMESPACE, NAME).await {
+            Ok(v) => typed(v).map(Some),
+            Err(r) if r.0 == 404 => Ok(None),
+            Err(r) => Err(refused(r)),
+        }
+    }
+
+    async fn create(&self, lease: Lease) -> Result<Lease, LeaseError> {
+        let v = leases::create(&self.storage, NAMESPACE, &untyped(&lease)?)
+            .await
+            .map_err(refused)?;
+        typed(v)
+    }
+
+    async fn update(&self, lease: Lease) -> Result<Lease, LeaseError> {
+        if lease.metadata.resource_version.is_none() {
+            return Err(LeaseError::Other(
+                "an update needs the resourceVersion it replaces".into(),
+            ));
+        }
+        let (v, _) = leases::update(&self.storage, NAMESPACE, NAME, &untyped(&lease)?)
+            .await
+            .map_err(refused)?;
+        typed(v)
+    }
 }
 
 /// Campaigns until `stop` turns true, telling `leading` whether this replica leads; releases the
@@ -86,82 +106,23 @@ pub async fn campaign(
     leading: watch::Sender<bool>,
     mut stop: watch::Receiver<bool>,
 ) {
-    // The record as last seen (revision) and when it was first seen so, on our clock.
-    let mut seen: Option<(u64, Instant)> = None;
-    let mut renewed: Option<Instant> = None;
-    loop {
-        let current = storage.get(KEY).await;
-        let is_leader = *leading.borrow();
-        match current {
-            Ok(None) => {
-                if cas(&storage, 0, record(&opts.identity, opts.lease_duration, 0, None)).await {
-                    renewed = Some(Instant::now());
-                    tracing::info!(identity = %opts.identity, "acquired the controllers' Lease");
-                    leading.send_replace(true);
-                }
-            }
-            Ok(Some(kv)) => {
-                let lease: Option<Lease> = serde_json::from_slice(&kv.value).ok();
-                let spec = lease.and_then(|l| l.spec).unwrap_or_default();
-                let holder = spec.holder_identity.unwrap_or_default();
-                let transitions = spec.lease_transitions.unwrap_or(0);
-                if seen.is_none_or(|(r, _)| r != kv.mod_revision) {
-                    seen = Some((kv.mod_revision, Instant::now()));
-                }
-                let expired = holder.is_empty() || seen.is_some_and(|(_, at)| at.elapsed() > opts.lease_duration);
-                if holder == opts.identity {
-                    let value = record(&opts.identity, opts.lease_duration, transitions, spec.acquire_time);
-                    if cas(&storage, kv.mod_revision, value).await {
-                        renewed = Some(Instant::now());
-                        leading.send_replace(true);
-                    }
-                } else if expired {
-                    let value = record(&opts.identity, opts.lease_duration, transitions + 1, None);
-                    if cas(&storage, kv.mod_revision, value).await {
-                        renewed = Some(Instant::now());
-                        tracing::info!(identity = %opts.identity, previous = %holder, "took over the controllers' Lease");
-                        leading.send_replace(true);
-                    }
-                } else if is_leader {
-                    tracing::warn!(identity = %opts.identity, holder = %holder, "another replica holds the controllers' Lease");
-                    leading.send_replace(false);
-                }
-            }
-            Err(e) => tracing::warn!("reading the controllers' Lease failed: {e}"),
-        }
-        // Stop leading before the lease can run out for the others.
-        let leads = *leading.borrow();
-        if leads && renewed.is_none_or(|r| r.elapsed() > opts.renew_deadline) {
-            tracing::warn!(identity = %opts.identity, "could not renew the controllers' Lease in time; stepping down");
-            leading.send_replace(false);
-        }
-        tokio::select! {
-            () = tokio::time::sleep(opts.retry_period) => {}
-            () = async { let _ = stop.wait_for(|s| *s).await; } => {
-                let was_leading = *leading.borrow();
-                if was_leading {
-                    release(&storage, &opts).await;
-                    leading.send_replace(false);
-                }
-                return;
-            }
-        }
-    }
-}
-
-/// Gives the Lease up (an empty holder), so another replica takes over at once.
-async fn release(storage: &Arc<dyn Storage>, opts: &ElectionOptions) {
-    let Ok(Some(kv)) = storage.get(KEY).await else { return };
-    let lease: Option<Lease> = serde_json::from_slice(&kv.value).ok();
-    let spec = lease.and_then(|l| l.spec).unwrap_or_default();
-    if spec.holder_identity.as_deref() != Some(opts.identity.as_str()) {
-        return;
-    }
-    let mut v: serde_json::Value = serde_json::from_slice(&kv.value).unwrap_or_default();
-    v["spec"]["holderIdentity"] = "".into();
-    if cas(storage, kv.mod_revision, serde_json::to_vec(&v).unwrap_or_default()).await {
-        tracing::info!(identity = %opts.identity, "released the controllers' Lease");
-    }
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    let stopper = tokio::spawn(async move {
+        let _ = stop.wait_for(|s| *s).await;
+        cancel.cancel();
+    });
+    let timings = Timings {
+        lease_duration: opts.lease_duration,
+        renew_deadline: opts.renew_deadline,
+        retry_period: opts.retry_period,
+    };
+    let on = |e: Event| {
+        leading.send_replace(!matches!(e, Event::Deposed));
+    };
+    let store = StoredLease { storage };
+    kvcache_store::election::campaign(&store, NAME, &opts.identity, timings, on, token).await;
+    stopper.abort();
 }
 
 #[cfg(test)]

@@ -26,6 +26,8 @@ pub struct Cache {
     core_v2beta1: Vec<u8>,
     core_versions: Vec<u8>,
     core_resources: Vec<u8>,
+    lease_group: Vec<u8>,
+    lease_resources: Vec<u8>,
 }
 
 fn etag(bytes: &[u8]) -> String {
@@ -47,6 +49,8 @@ impl Cache {
             core_v2beta1: enc(docs::aggregated_core("v2beta1")),
             core_versions: enc(docs::core_versions()),
             core_resources: enc(docs::core_resources()),
+            lease_group: enc(docs::lease_group()),
+            lease_resources: enc(docs::lease_resources()),
         }
     }
 }
@@ -109,6 +113,16 @@ pub async fn group(State(api): State<Arc<Api>>) -> Response {
 /// `GET /apis/worker.gpustack.ai/v1`.
 pub async fn resources(State(api): State<Arc<Api>>) -> Response {
     response::json(200, api.discovery.resources.clone())
+}
+
+/// `GET /apis/coordination.k8s.io`.
+pub async fn lease_group(State(api): State<Arc<Api>>) -> Response {
+    response::json(200, api.discovery.lease_group.clone())
+}
+
+/// `GET /apis/coordination.k8s.io/v1`.
+pub async fn lease_resources(State(api): State<Arc<Api>>) -> Response {
+    response::json(200, api.discovery.lease_resources.clone())
 }
 
 /// `GET /version`: Kubernetes 1.33, so kubectl's dispatcher picks kubectl 1.33.

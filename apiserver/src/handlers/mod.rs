@@ -22,10 +22,12 @@ pub mod discovery;
 pub mod events;
 pub mod get;
 pub mod health;
+pub mod leases;
 pub mod list;
 pub mod openapi;
 pub mod params;
 pub mod patch;
+pub mod plain;
 pub mod response;
 pub mod target;
 pub mod update;
@@ -100,6 +102,9 @@ async fn resource(api: Arc<Api>, info: &RequestInfo, req: Request) -> Response {
     if info.is_core_events() {
         return events::handle(api, info, req).await;
     }
+    if info.is_leases() {
+        return leases::handle(api, info, req).await;
+    }
     let Some(r) = info.resource.as_ref().filter(|_| info.kind().is_some()) else {
         return response::not_found(req.uri().path());
     };
@@ -122,6 +127,15 @@ async fn resource(api: Arc<Api>, info: &RequestInfo, req: Request) -> Response {
             response::method_not_allowed(req.method(), &what)
         }
     }
+}
+
+/// The request's `Accept`, JSON when it names none.
+pub fn accept(req: &Request) -> String {
+    req.headers()
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_owned()
 }
 
 async fn not_found(uri: http::Uri) -> Response {
@@ -157,10 +171,16 @@ fn system_router(api: Arc<Api>) -> Router {
         .route("/apis/", read_only(on_get(discovery::apis)))
         .route(&group, read_only(on_get(discovery::group)))
         .route(&version, read_only(on_get(discovery::resources)))
+        .route("/apis/coordination.k8s.io", read_only(on_get(discovery::lease_group)))
+        .route(
+            "/apis/coordination.k8s.io/v1",
+            read_only(on_get(discovery::lease_resources)),
+        )
         .route("/openapi/v2", read_only(on_get(openapi::v2)))
         .route("/openapi/v3", read_only(on_get(openapi::v3_root)))
         .route("/openapi/v3/", read_only(on_get(openapi::v3_root)))
         .route(crate::openapi::V3_PATH, read_only(on_get(openapi::v3)))
+        .route(crate::openapi::LEASE_V3_PATH, read_only(on_get(openapi::lease_v3)))
         .fallback(not_found)
         .with_state(api)
 }

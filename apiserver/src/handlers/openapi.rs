@@ -9,7 +9,7 @@ use http::{HeaderMap, HeaderValue, header};
 
 use super::Api;
 use super::response::{self, not_acceptable};
-use crate::openapi::V3_PATH;
+use crate::openapi::{LEASE_V3_PATH, V3_PATH};
 use crate::request_info::Query;
 
 fn header_str(h: &HeaderMap, name: header::HeaderName) -> &str {
@@ -31,25 +31,40 @@ pub async fn v3_root(State(api): State<Arc<Api>>) -> Response {
 
 /// `GET /openapi/v3/apis/worker.gpustack.ai/v1`.
 pub async fn v3(State(api): State<Arc<Api>>, uri: http::Uri, headers: HeaderMap) -> Response {
-    let accept = header_str(&headers, header::ACCEPT);
+    group_version(&api.openapi.v3, &api.openapi.v3_hash, V3_PATH, &uri, &headers)
+}
+
+/// `GET /openapi/v3/apis/coordination.k8s.io/v1`: the Leases of direct mode.
+pub async fn lease_v3(State(api): State<Arc<Api>>, uri: http::Uri, headers: HeaderMap) -> Response {
+    group_version(
+        &api.openapi.lease_v3,
+        &api.openapi.lease_v3_hash,
+        LEASE_V3_PATH,
+        &uri,
+        &headers,
+    )
+}
+
+/// A group-version document, redirected to its current hash, with its ETag.
+fn group_version(doc: &[u8], hash: &str, path: &str, uri: &http::Uri, headers: &HeaderMap) -> Response {
+    let accept = header_str(headers, header::ACCEPT);
     if !accepts_json(accept) {
         return not_acceptable(accept);
     }
     let q = Query::parse(uri.query());
-    let hash = &api.openapi.v3_hash;
     if let Some(asked) = q.get("hash")
         && asked != hash
     {
         let mut r = response::json(301, Vec::new());
         r.headers_mut()
-            .insert(header::LOCATION, hv(&format!("{V3_PATH}?hash={hash}")));
+            .insert(header::LOCATION, hv(&format!("{path}?hash={hash}")));
         return r;
     }
     let tag = format!("\"{hash}\"");
-    let mut r = if header_str(&headers, header::IF_NONE_MATCH) == tag {
+    let mut r = if header_str(headers, header::IF_NONE_MATCH) == tag {
         response::json(304, Vec::new())
     } else {
-        response::json(200, api.openapi.v3.clone())
+        response::json(200, doc.to_vec())
     };
     let h = r.headers_mut();
     h.insert(header::ETAG, hv(&tag));

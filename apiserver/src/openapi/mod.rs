@@ -22,6 +22,9 @@ pub struct Documents {
     pub v3: Vec<u8>,
     /// Hex SHA-512 of `v3`: its ETag and the `?hash=` of its URL.
     pub v3_hash: String,
+    /// The Leases' group-version v3 document (direct mode), and its hash.
+    pub lease_v3: Vec<u8>,
+    pub lease_v3_hash: String,
     /// The `/openapi/v3` discovery document.
     pub v3_root: Vec<u8>,
     pub v2_json: Vec<u8>,
@@ -327,12 +330,20 @@ const LIST_PARAMS: &[&str] = &[
     "watch",
 ];
 
-fn op(action: &str, kind: &str, id: &str, parameters: &[&str], body: Option<&[&str]>, response: &str) -> Value {
+/// The group, version and kind an operation is on.
+#[derive(Debug, Clone, Copy)]
+struct Gvk<'a> {
+    group: &'a str,
+    version: &'a str,
+    kind: &'a str,
+}
+
+fn op(action: &str, gvk: Gvk<'_>, id: &str, parameters: &[&str], body: Option<&[&str]>, response: &str) -> Value {
     let mut o = json!({
         "operationId": id,
-        "description": format!("{action} {kind}"),
+        "description": format!("{action} {}", gvk.kind),
         "x-kubernetes-action": action,
-        "x-kubernetes-group-version-kind": {"group": GROUP, "version": VERSION, "kind": kind},
+        "x-kubernetes-group-version-kind": {"group": gvk.group, "version": gvk.version, "kind": gvk.kind},
         "parameters": params(parameters),
         "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{response}")}}}},
                       "401": {"description": "Unauthorized"}},
@@ -359,6 +370,11 @@ fn op(action: &str, kind: &str, id: &str, parameters: &[&str], body: Option<&[&s
 
 fn paths_for(info: &KindEntry) -> Map<String, Value> {
     let kind = info.kind;
+    let gvk = Gvk {
+        group: GROUP,
+        version: VERSION,
+        kind,
+    };
     let obj = schema_name(kind);
     let list = format!("{obj}List");
     let status = "io.k8s.apimachinery.pkg.apis.meta.v1.Status";
@@ -396,38 +412,126 @@ fn paths_for(info: &KindEntry) -> Map<String, Value> {
     paths.insert(
         scoped.clone(),
         json!({
-            "get": op("list", kind, &format!("list{kind}"), LIST_PARAMS, None, &list),
-            "post": op("post", kind, &format!("create{kind}"), write, Some(json_body), &obj),
-            "delete": op("deletecollection", kind, &format!("deletecollection{kind}"), &deletecollection, None, status),
+            "get": op("list", gvk, &format!("list{kind}"), LIST_PARAMS, None, &list),
+            "post": op("post", gvk, &format!("create{kind}"), write, Some(json_body), &obj),
+            "delete": op("deletecollection", gvk, &format!("deletecollection{kind}"), &deletecollection, None, status),
             "parameters": coll_params,
         }),
     );
     if info.namespaced() {
         paths.insert(
             format!("{base}/{}", info.plural),
-            json!({"get": op("list", kind, &format!("list{kind}ForAllNamespaces"), LIST_PARAMS, None, &list), "parameters": []}),
+            json!({"get": op("list", gvk, &format!("list{kind}ForAllNamespaces"), LIST_PARAMS, None, &list), "parameters": []}),
         );
     }
     paths.insert(
         format!("{scoped}/{{name}}"),
         json!({
-            "get": op("get", kind, &format!("read{kind}"), &[], None, &obj),
-            "put": op("put", kind, &format!("replace{kind}"), write, Some(json_body), &obj),
-            "patch": op("patch", kind, &format!("patch{kind}"), patch_params, Some(patch_types), &obj),
-            "delete": op("delete", kind, &format!("delete{kind}"), delete_params, None, status),
+            "get": op("get", gvk, &format!("read{kind}"), &[], None, &obj),
+            "put": op("put", gvk, &format!("replace{kind}"), write, Some(json_body), &obj),
+            "patch": op("patch", gvk, &format!("patch{kind}"), patch_params, Some(patch_types), &obj),
+            "delete": op("delete", gvk, &format!("delete{kind}"), delete_params, None, status),
             "parameters": item_params.clone(),
         }),
     );
     paths.insert(
         format!("{scoped}/{{name}}/status"),
         json!({
-            "get": op("get", kind, &format!("read{kind}Status"), &[], None, &obj),
-            "put": op("put", kind, &format!("replace{kind}Status"), write, Some(json_body), &obj),
-            "patch": op("patch", kind, &format!("patch{kind}Status"), patch_params, Some(patch_types), &obj),
+            "get": op("get", gvk, &format!("read{kind}Status"), &[], None, &obj),
+            "put": op("put", gvk, &format!("replace{kind}Status"), write, Some(json_body), &obj),
+            "patch": op("patch", gvk, &format!("patch{kind}Status"), patch_params, Some(patch_types), &obj),
             "parameters": item_params,
         }),
     );
     paths
+}
+
+/// `/openapi/v3/apis/coordination.k8s.io/v1`: the Leases of direct mode (`crate::leases`).
+pub const LEASE_V3_PATH: &str = "/openapi/v3/apis/coordination.k8s.io/v1";
+
+/// The group-version document of the Leases served in direct mode: the Lease schema (from
+/// k8s-openapi's types) and the operations `crate::leases` serves.
+fn lease_document() -> Value {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
+    let mut generator = schemars::SchemaGenerator::default();
+    let _ = generator.subschema_for::<Lease>();
+    let _ = generator.subschema_for::<meta::ListMeta>();
+    let _ = generator.subschema_for::<meta::Status>();
+    let _ = generator.subschema_for::<meta::DeleteOptions>();
+    let mut schemas: Map<String, Value> = generator
+        .take_definitions(true)
+        .into_iter()
+        .map(|(k, v)| (k, rewrite(&v, "#/components/schemas/")))
+        .collect();
+    let lease = "io.k8s.api.coordination.v1.Lease";
+    if let Some(Value::Object(l)) = schemas.get_mut(lease) {
+        l.insert(
+            "x-kubernetes-group-version-kind".into(),
+            json!([{"group": "coordination.k8s.io", "version": "v1", "kind": "Lease"}]),
+        );
+    }
+    schemas.insert(
+        format!("{lease}List"),
+        json!({
+            "description": "LeaseList is a list of Lease objects.", "type": "object", "required": ["items"],
+            "properties": {
+                "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                "items": {"type": "array", "items": {"$ref": format!("#/components/schemas/{lease}")}, "x-kubernetes-list-type": "atomic"},
+                "metadata": {"allOf": [{"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta"}], "default": {}},
+            },
+            "x-kubernetes-group-version-kind": [{"group": "coordination.k8s.io", "version": "v1", "kind": "LeaseList"}],
+        }),
+    );
+    schemas.insert(
+        "io.k8s.apimachinery.pkg.apis.meta.v1.Patch".into(),
+        json!({"type": "object", "description": "Patch is provided to give a concrete name and type to the Kubernetes PATCH request body."}),
+    );
+    let gvk = Gvk {
+        group: "coordination.k8s.io",
+        version: "v1",
+        kind: "Lease",
+    };
+    let list = format!("{lease}List");
+    let status = "io.k8s.apimachinery.pkg.apis.meta.v1.Status";
+    let base = "/apis/coordination.k8s.io/v1";
+    let json_body = &["application/json", "application/yaml"][..];
+    let patch_types = &[
+        "application/json-patch+json",
+        "application/merge-patch+json",
+        "application/strategic-merge-patch+json",
+    ][..];
+    let path_param = |names: &[&str]| -> Value {
+        Value::Array(
+            names
+                .iter()
+                .map(|n| json!({"name": n, "in": "path", "required": true, "schema": {"type": "string"}, "uniqueItems": true}))
+                .collect(),
+        )
+    };
+    let paths = json!({
+        format!("{base}/leases"): {
+            "get": op("list", gvk, "listLeaseForAllNamespaces", LIST_PARAMS, None, &list), "parameters": [],
+        },
+        format!("{base}/namespaces/{{namespace}}/leases"): {
+            "get": op("list", gvk, "listNamespacedLease", LIST_PARAMS, None, &list),
+            "post": op("post", gvk, "createNamespacedLease", &[], Some(json_body), lease),
+            "parameters": path_param(&["namespace"]),
+        },
+        format!("{base}/namespaces/{{namespace}}/leases/{{name}}"): {
+            "get": op("get", gvk, "readNamespacedLease", &[], None, lease),
+            "put": op("put", gvk, "replaceNamespacedLease", &[], Some(json_body), lease),
+            "patch": op("patch", gvk, "patchNamespacedLease", &[], Some(patch_types), lease),
+            "delete": op("delete", gvk, "deleteNamespacedLease", &[], None, status),
+            "parameters": path_param(&["name", "namespace"]),
+        },
+    });
+    json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1"},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    })
 }
 
 /// Builds every document for `resources`.
@@ -454,8 +558,13 @@ pub fn build(kinds: &[KindEntry]) -> Documents {
     });
     let v3 = serde_json::to_vec(&v3).unwrap_or_default();
     let v3_hash = sha512_hex(&v3);
+    let lease_v3 = serde_json::to_vec(&lease_document()).unwrap_or_default();
+    let lease_v3_hash = sha512_hex(&lease_v3);
     let v3_root = serde_json::to_vec(&json!({
-        "paths": {format!("apis/{API_VERSION}"): {"serverRelativeURL": format!("{V3_PATH}?hash={v3_hash}")}}
+        "paths": {
+            format!("apis/{API_VERSION}"): {"serverRelativeURL": format!("{V3_PATH}?hash={v3_hash}")},
+            "apis/coordination.k8s.io/v1": {"serverRelativeURL": format!("{LEASE_V3_PATH}?hash={lease_v3_hash}")},
+        }
     }))
     .unwrap_or_default();
     let definitions: Map<String, Value> = c
@@ -474,6 +583,8 @@ pub fn build(kinds: &[KindEntry]) -> Documents {
     Documents {
         v3,
         v3_hash,
+        lease_v3,
+        lease_v3_hash,
         v3_root,
         v2_json,
         v2_hash,
@@ -508,6 +619,20 @@ mod tests {
             let name = r.split('"').next().unwrap();
             assert!(v["components"]["schemas"].get(name).is_some(), "dangling $ref {name}");
         }
+        let leases: Value = serde_json::from_slice(&docs.lease_v3).unwrap();
+        let text = String::from_utf8(docs.lease_v3.clone()).unwrap();
+        for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+            let name = r.split('"').next().unwrap();
+            assert!(
+                leases["components"]["schemas"].get(name).is_some(),
+                "dangling $ref {name} in the Lease document"
+            );
+        }
+        let spec = &leases["components"]["schemas"]["io.k8s.api.coordination.v1.LeaseSpec"]["properties"];
+        assert!(
+            spec.get("holderIdentity").is_some() && spec.get("leaseTransitions").is_some(),
+            "{spec}"
+        );
         let leader = &v["components"]["schemas"]["Managed"]["properties"]["leader"];
         assert!(
             leader.get("allOf").is_some() || leader.get("$ref").is_some(),

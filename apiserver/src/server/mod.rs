@@ -87,7 +87,11 @@ fn server_url(listen: &SocketAddr) -> String {
     }
 }
 
-/// Creates the PKI if needed and writes both kubeconfig files.
+/// The kubeconfig the local runtime hands the store's processes (`<data-dir>/store.kubeconfig`):
+/// the election's Lease API.
+pub const STORE_KUBECONFIG: &str = "store.kubeconfig";
+
+/// Creates the PKI if needed and writes the kubeconfig files (admin, viewer, store).
 pub fn prepare_credentials(
     data_dir: &Path,
     pki_dir: Option<&Path>,
@@ -100,9 +104,11 @@ pub fn prepare_credentials(
         kubeconfig: data_dir.join("kubeconfig"),
         viewer_kubeconfig: data_dir.join("viewer.kubeconfig"),
     };
+    let store_kubeconfig = data_dir.join(STORE_KUBECONFIG);
     for (path, user, creds) in [
         (&written.kubeconfig, "kvcache-admin", &pki.admin),
         (&written.viewer_kubeconfig, "kvcache-viewer", &pki.viewer),
+        (&store_kubeconfig, kvcache_certs::STORE.user, &pki.store),
     ] {
         kvcache_certs::Kubeconfig {
             server: &server,

@@ -1,0 +1,185 @@
+//! The list and watch responses of the built-in kinds served in direct mode
+//! ([`crate::plain`]): Events and Leases share them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderValue, header};
+use serde_json::{Value, json};
+
+use super::Api;
+use super::response;
+use crate::negotiate::{self, Shape};
+use crate::plain::{PlainKind, Refusal, continue_key, continue_token};
+use crate::request_info::RequestInfo;
+use crate::storage::EventKind;
+use crate::table;
+
+type Response = axum::response::Response;
+
+/// Which objects a list or watch wants.
+pub type Keep = Arc<dyn Fn(&Value) -> bool + Send + Sync>;
+
+pub fn refused(Refusal(code, status): Refusal) -> Response {
+    response::status(code, &status)
+}
+
+/// A page of `kind` in `ns` (JSON, or a Table for kubectl), with `limit` and `continue`.
+pub async fn list(
+    api: &Api,
+    info: &RequestInfo,
+    kind: &PlainKind,
+    ns: Option<&str>,
+    keep: Keep,
+    accept: &str,
+    pretty: bool,
+) -> Response {
+    let limit = info
+        .query
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let after = info.query.get("continue").filter(|c| !c.is_empty()).map(continue_key);
+    if after.as_deref().is_some_and(|a| !a.starts_with(&kind.prefix(ns))) {
+        return response::error(
+            410,
+            "Expired",
+            "the continue token is not valid for this list; list again",
+        );
+    }
+    let (items, revision, next) = match kind.list(&api.storage, ns, keep, limit, after).await {
+        Ok(page) => page,
+        Err(e) => return refused(e),
+    };
+    let rv = revision.to_string();
+    let cont = next.as_deref().map(continue_token).unwrap_or_default();
+    match negotiate::for_objects(accept) {
+        Some(Shape::Table) => {
+            let include = match super::params::include_object(&info.query) {
+                Ok(i) => i,
+                Err(r) => return r,
+            };
+            let t = table::table(kind.columns, &items, include, &rv, &cont, true);
+            response::bytes(
+                200,
+                &negotiate::content_type(Shape::Table),
+                response::encode(&t, pretty),
+            )
+        }
+        Some(_) => {
+            let mut meta = json!({"resourceVersion": rv});
+            if !cont.is_empty() {
+                meta["continue"] = json!(cont);
+            }
+            let body = json!({"kind": format!("{}List", kind.kind), "apiVersion": kind.api_version, "metadata": meta, "items": items});
+            response::json(200, response::encode(&body, pretty))
+        }
+        None => response::not_acceptable(accept),
+    }
+}
+
+/// `ADDED`, `MODIFIED` and `DELETED` lines of `kind` in `ns` from the given `resourceVersion`
+/// (or from the current state, sent first as `ADDED`), until the timeout or shutdown; a start
+/// older than the history is an in-stream 410 `ERROR`.
+pub async fn watch(api: &Arc<Api>, info: &RequestInfo, kind: &PlainKind, ns: Option<&str>, keep: Keep) -> Response {
+    let name = info.resource.as_ref().map(|r| r.name.clone()).unwrap_or_default();
+    let keep = move |v: &Value| keep(v) && (name.is_empty() || v["metadata"]["name"] == name.as_str());
+    let from = info
+        .query
+        .get("resourceVersion")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    let timeout = info
+        .query
+        .get("timeoutSeconds")
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(Duration::from_secs(1800), Duration::from_secs);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(256);
+    let line = |kind: &str, object: &Value| {
+        let mut b = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+        b.push(b'\n');
+        Bytes::from(b)
+    };
+    let mut initial = Vec::new();
+    let start = if from == 0 {
+        let all: Keep = Arc::new(|_| true);
+        let mut after = None;
+        loop {
+            match kind.list(&api.storage, ns, all.clone(), None, after).await {
+                Ok((items, rev, next)) => {
+                    initial.extend(items);
+                    if next.is_none() {
+                        break rev;
+                    }
+                    after = next;
+                }
+                Err(e) => return refused(e),
+            }
+        }
+    } else {
+        from
+    };
+    match api.storage.watch(&kind.prefix(ns), start).await {
+        Ok(mut stream) => {
+            let mut shutdown = api.shutdown.clone();
+            let guard = api.metrics.longrunning(info);
+            tokio::spawn(async move {
+                let _guard = guard;
+                for v in initial.iter().filter(|v| keep(v)) {
+                    if tx.send(line("ADDED", v)).await.is_err() {
+                        return;
+                    }
+                }
+                let deadline = tokio::time::sleep(timeout);
+                tokio::pin!(deadline);
+                loop {
+                    let ev = tokio::select! {
+                        ev = stream.next() => ev,
+                        () = &mut deadline => return,
+                        _ = shutdown.changed() => return,
+                    };
+                    let Ok(ev) = ev else { return };
+                    let kv = crate::storage::KeyValue {
+                        key: ev.key.clone(),
+                        value: ev.value.clone(),
+                        create_revision: 0,
+                        mod_revision: ev.revision,
+                    };
+                    let Some(v) = crate::plain::with_revision(&kv) else {
+                        continue;
+                    };
+                    if !keep(&v) {
+                        continue;
+                    }
+                    let kind = match (ev.kind, ev.prev_value.is_some()) {
+                        (EventKind::Delete, _) => "DELETED",
+                        (EventKind::Put, true) => "MODIFIED",
+                        (EventKind::Put, false) => "ADDED",
+                    };
+                    if tx.send(line(kind, &v)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Err(crate::storage::StorageError::Expired { requested, oldest }) => {
+            let status = crate::status::failure(
+                410,
+                "Expired",
+                format!("too old resource version: {requested} ({oldest})"),
+            );
+            let _ = tx.try_send(line("ERROR", &serde_json::to_value(status).unwrap_or_default()));
+        }
+        Err(e) => return response::error(503, "ServiceUnavailable", e.to_string()),
+    }
+    let stream = futures::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx)
+            .map(|chunk| chunk.map(Ok::<Bytes, std::convert::Infallible>))
+    });
+    let mut r = Response::new(Body::from_stream(stream));
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
