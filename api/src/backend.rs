@@ -343,12 +343,28 @@ pub struct BackendStatus {
     /// Store capacity as the leader reports it; absent while it has not been observed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Capacity>,
+    /// Leader replicas: how many should run and how many are ready. Under an election exactly
+    /// one serves and the others are standbys that are deliberately not ready, so `3 desired /
+    /// 1 ready` is the healthy state. Absent for an external backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<LeaderReplicas>,
     /// Segments the leader reports as mounted, one row per member, sorted by `segmentID`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<MemberStatus>,
     /// Consumers holding this backend (written by pools).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub used_by: Vec<UsedBy>,
+}
+
+/// Leader replicas, desired and ready.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderReplicas {
+    /// Leader replicas that should run (`spec.connection.managed.leader.replicas`; 1 without an
+    /// election).
+    pub replicas: i32,
+    /// Leader replicas that are ready: the one that serves (two, briefly, during a handover).
+    pub ready_replicas: i32,
 }
 
 /// Store capacity as the leader reports it.

@@ -268,6 +268,7 @@ impl App {
                 opts: options.clone(),
                 metrics: self.controller_metrics.clone(),
                 ledger_locks: Default::default(),
+                lease_holders: Default::default(),
             });
             match &self.election {
                 None => {

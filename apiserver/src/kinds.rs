@@ -123,8 +123,30 @@ const BACKEND_COLUMNS: &[Column] = &[
     col("Capacity", "status.capacity.total", |v| {
         text(v, &["status", "capacity", "total"])
     }),
+    wide(col(
+        "Leaders",
+        "status.leader: ready/desired leader replicas (one serves, the others stand by)",
+        leaders,
+    )),
     age(1),
 ];
+
+/// `1/3`: ready of desired leader replicas.
+fn leaders(v: &Value) -> Value {
+    match (
+        at(v, &["status", "leader", "readyReplicas"]).and_then(Value::as_i64),
+        at(v, &["status", "leader", "replicas"]).and_then(Value::as_i64),
+    ) {
+        (Some(ready), Some(desired)) => Value::String(format!("{ready}/{desired}")),
+        _ => Value::String(String::new()),
+    }
+}
+
+/// `c` shown only with `-o wide`.
+const fn wide(mut c: Column) -> Column {
+    c.priority = 1;
+    c
+}
 
 const POOL_COLUMNS: &[Column] = &[
     NAME,

@@ -20,7 +20,9 @@ use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
 use super::{Context, KindLabel, Result};
 use crate::runtime::{MemberPlan, StoreObservation, StorePlan};
 
+mod election;
 mod plan;
+pub use election::HANDOVER;
 pub use plan::plan;
 
 const KIND: &str = "KVCacheBackend";
@@ -58,8 +60,9 @@ pub async fn reconcile(obj: Arc<KVCacheBackend>, ctx: Arc<Context>) -> Result<Ac
         return Ok(Action::await_change());
     }
     if deleting && consumers.is_empty() {
-        // Nothing holds it: stop its processes, then let it go.
+        // Nothing holds it: stop its processes, delete its election Lease, then let it go.
         if ctx.runtime.remove_store(&name).await {
+            election::delete_lease(&ctx, &name).await?;
             remove_finalizer(&api, &obj).await?;
             return Ok(Action::await_change());
         }
@@ -114,8 +117,26 @@ pub fn list(names: &[String]) -> String {
     }
 }
 
-/// One observation pass: run the workloads (managed), read the leader, build the status.
+/// One observation pass: run the workloads (managed), read the leader, build the status, then
+/// the leader replicas and the election.
 async fn observe(obj: &KVCacheBackend, ctx: &Context) -> BackendStatus {
+    let (mut st, observed) = read_leader(obj, ctx).await;
+    if let Some((plan, _, obs)) = &observed {
+        let generation = obj.metadata.generation;
+        let now = crate::registry::meta::now();
+        let mut set = |st: &mut BackendStatus, o: Observation| {
+            conditions::set(&mut st.conditions, o.generation(generation), &now);
+        };
+        election::observe(&mut st, obj, plan, obs, ctx, &mut set).await;
+    }
+    st
+}
+
+type Observed = Option<(StorePlan, Vec<String>, StoreObservation)>;
+
+/// Runs the workloads (managed) and reads the leader: endpoints, capacity, members, the
+/// leader's conditions and the phase.
+async fn read_leader(obj: &KVCacheBackend, ctx: &Context) -> (BackendStatus, Observed) {
     let prev = obj.status.clone().unwrap_or_default();
     let generation = obj.metadata.generation;
     let now = crate::registry::meta::now();
@@ -163,7 +184,7 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context) -> BackendStatus {
         );
         st.phase = Some(BackendPhase::Error);
         st.phase_message = Some(msg.into());
-        return st;
+        return (st, observed);
     };
     let read = async { Leader::connect(&admin, ctx.opts.leader_timeout).await?.observe().await };
     let view = match read.await {
@@ -182,7 +203,7 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context) -> BackendStatus {
             );
             st.phase = Some(BackendPhase::Provisioning);
             st.phase_message = Some(msg);
-            return st;
+            return (st, observed);
         }
         Err(e) => {
             let (reason, msg) = match &observed {
@@ -197,14 +218,14 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context) -> BackendStatus {
                 BackendPhase::Error
             });
             st.phase_message = Some(msg);
-            return st;
+            return (st, observed);
         }
     };
     // A leader keeps nothing across restarts: say since when it serves, so a cold cache is
     // explained (a restart of the leader or of this server moves the time, and records an event).
     let since = observed
         .as_ref()
-        .and_then(|(_, _, obs)| obs.leader.started)
+        .and_then(|(_, _, obs)| obs.leader().ready_since)
         .and_then(|t| k8s_openapi::jiff::Timestamp::try_from(t).ok())
         .map(|t| {
             format!(
@@ -255,7 +276,7 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context) -> BackendStatus {
             st.phase_message = None;
         }
     }
-    st
+    (st, observed)
 }
 
 /// The leader cannot be read: LeaderAvailable, CapacityObserved and MembersMounted are False for
@@ -284,7 +305,7 @@ fn fail_leader(
 
 /// Why a managed leader that could not be read is not serving, from what the runtime saw.
 fn leader_fault(obs: &StoreObservation, error: &str) -> (String, String) {
-    let l = &obs.leader;
+    let l = &obs.leader();
     if let Some(why) = &l.refused {
         return (leader_available::LEADER_UNSCHEDULABLE.as_str().into(), why.clone());
     }

@@ -141,6 +141,9 @@ pub struct Context {
     /// pools on one backend run concurrently, and the later `SetTenants` must not be rendered
     /// from a read older than the earlier one's (it would drop the other pool's tenants).
     pub ledger_locks: parking_lot::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The last non-empty holder of each backend's election Lease and its term, for the
+    /// handover event.
+    pub lease_holders: parking_lot::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Context {
@@ -194,6 +197,11 @@ fn changes<K>(
 where
     K: kube::Resource<DynamicType = ()> + 'static,
 {
+    all_changes(ctx).filter_map(move |c| futures::future::ready(to(c)))
+}
+
+/// Every change the runtime reports.
+fn all_changes(ctx: &Context) -> impl futures::Stream<Item = Changed> + Send + 'static {
     let rx = ctx.runtime.changes();
     futures::stream::unfold(rx, |mut rx| async move {
         loop {
@@ -204,7 +212,6 @@ where
             }
         }
     })
-    .filter_map(move |c| futures::future::ready(to(c)))
 }
 
 /// Runs the four controllers until `shutdown` turns true.
@@ -233,7 +240,25 @@ pub async fn run(ctx: Arc<Context>, shutdown: tokio::sync::watch::Receiver<bool>
         .for_each(|_| async {});
     let pool = Controller::new(pools.clone(), cfg());
     let pool_store = pool.store();
+    // A backend's workloads changed (a new leader serves, a member remounted): its pools write
+    // the ledger again at once, rather than after the backend's status moved.
+    let store_changes = {
+        let pools = pool.store();
+        all_changes(&ctx).flat_map(move |c| {
+            let refs = match c {
+                Changed::Store(backend) => pools
+                    .state()
+                    .iter()
+                    .filter(|p| p.spec.backend() == Some(backend.as_str()))
+                    .map(|p| ObjectRef::new(p.name()))
+                    .collect(),
+                Changed::Replicas(_) => Vec::new(),
+            };
+            futures::stream::iter(refs)
+        })
+    };
     let pool = pool
+        .reconcile_on(store_changes)
         .watches(bindings.clone(), cfg(), pool::for_binding)
         .watches(backends.clone(), cfg(), move |b| pool::for_backend(&pool_store, &b))
         .graceful_shutdown_on(stop())

@@ -52,6 +52,20 @@ pub struct StorePlan {
     /// Extra environment of the leader (`leader.extraEnv`).
     pub leader_env: Vec<(String, String)>,
     pub members: Vec<MemberPlan>,
+    /// How many leaders run and how the serving one is chosen; `None`: one leader, no election.
+    pub election: Option<ElectionPlan>,
+}
+
+/// Leaders elected through a Lease: one serves, the others stand by (not ready).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElectionPlan {
+    /// Leader processes (Pods), 1 to 5.
+    pub replicas: u32,
+    /// The Lease's name (`<backend>-leader`); the runtime chooses its namespace.
+    pub lease: String,
+    /// Members read the holder from the Lease (`memberAddressing: Lease`) instead of reaching
+    /// the leaders through one stable address (`Service`).
+    pub members_follow_lease: bool,
 }
 
 /// One member: the group it belongs to, the node it runs on, its flags (the runtime fills in the
@@ -78,9 +92,41 @@ pub struct StoreObservation {
     /// The address engines and controllers reach the leader at, HOST:PORT; stable across leader
     /// restarts.
     pub client_endpoint: Option<String>,
-    pub leader: WorkloadState,
+    /// One per leader replica, in order.
+    pub leaders: Vec<WorkloadState>,
+    /// Where the election's Lease is (`namespace`, `name`), when the plan elects.
+    pub lease: Option<(String, String)>,
     /// One per member of the plan, in its order.
     pub members: Vec<(MemberPlan, WorkloadState)>,
+}
+
+impl StoreObservation {
+    /// The leaders as one workload: the serving one when one is ready, else the first; with
+    /// restarts summed and the latest exit.
+    pub fn leader(&self) -> WorkloadState {
+        let mut one = self
+            .leaders
+            .iter()
+            .find(|l| l.ready)
+            .or_else(|| self.leaders.first())
+            .cloned()
+            .unwrap_or_default();
+        one.running = self.leaders.iter().any(|l| l.running);
+        one.restarts = self.leaders.iter().map(|l| l.restarts).sum();
+        if !one.ready {
+            one.last_exit = self
+                .leaders
+                .iter()
+                .filter_map(|l| l.last_exit.clone())
+                .max_by_key(|e| e.at);
+        }
+        one
+    }
+
+    /// Leader replicas that are ready (serving).
+    pub fn ready_leaders(&self) -> usize {
+        self.leaders.iter().filter(|l| l.ready).count()
+    }
 }
 
 /// What should run for one ModelDeployment: its replicas, each with exactly the environment
@@ -139,6 +185,9 @@ pub struct WorkloadState {
     pub restarts: u32,
     /// When the current (or last) instance started.
     pub started: Option<SystemTime>,
+    /// Since when the current instance is ready (for a leader: since it serves, with an empty
+    /// cache).
+    pub ready_since: Option<SystemTime>,
     /// Why the last instance ended, if one did.
     pub last_exit: Option<Exit>,
     /// Why it cannot be started at all (for example not enough memory on the machine).
@@ -185,6 +234,9 @@ pub enum Changed {
 pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// The nodes member groups are placed on.
     fn nodes(&self) -> Vec<Node>;
+
+    /// The namespace of the backends' election Leases.
+    fn lease_namespace(&self) -> &str;
 
     /// Changes to the workloads, as they happen.
     fn changes(&self) -> tokio::sync::broadcast::Receiver<Changed>;

@@ -8,7 +8,9 @@ use kvcache_api::backend::BackendSpec;
 use kvcache_store::leader::{LeaderConfig, Strategy};
 use kvcache_store::member::MemberConfig;
 
-use crate::runtime::{MemberPlan, Node, StorePlan};
+use kvcache_api::backend::{ElectionBackend, MemberAddressing};
+
+use crate::runtime::{ElectionPlan, MemberPlan, Node, StorePlan};
 
 /// What should run for a managed backend on these nodes, and the groups that match no node.
 pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan, Vec<String>)> {
@@ -47,15 +49,28 @@ pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan
             });
         }
     }
+    // The election is on unless switched off, even at one replica (spec §5.1); off means one
+    // leader, whatever the count says.
+    let election = (leader_spec.election_backend != Some(ElectionBackend::None)).then(|| ElectionPlan {
+        replicas: leader_spec.replicas.unwrap_or(1).clamp(1, 5) as u32,
+        lease: lease_name(name),
+        members_follow_lease: leader_spec.member_addressing == Some(MemberAddressing::Lease),
+    });
     Some((
         StorePlan {
             backend: name.to_owned(),
             leader,
             leader_env: env_pairs(&leader_spec.extra_env),
             members,
+            election,
         },
         unmatched,
     ))
+}
+
+/// The election Lease of a backend: `<backend>-leader`.
+pub fn lease_name(backend: &str) -> String {
+    format!("{backend}-leader")
 }
 
 fn env_pairs(env: &[kvcache_api::common::EnvVar]) -> Vec<(String, String)> {
@@ -129,6 +144,26 @@ mod tests {
         assert_eq!(plan.members[2].config.capacity, 2 << 30);
         assert_eq!(unmatched, ["members[2].nodeSelector {zone=nowhere}"]);
         assert!(plan.leader.multi_tenancy);
+        let e = plan
+            .election
+            .expect("the election is on by default, at one replica too");
+        assert_eq!(
+            (e.replicas, e.lease.as_str(), e.members_follow_lease),
+            (1, "b-leader", false)
+        );
+    }
+
+    #[test]
+    fn the_election_follows_the_switches() {
+        let three = spec(
+            "type: Mooncake\nconnection:\n  managed:\n    leader:\n      replicas: 3\n      memberAddressing: Lease\n    members: []\n",
+        );
+        let e = plan("b", &three, &[]).unwrap().0.election.unwrap();
+        assert_eq!((e.replicas, e.members_follow_lease), (3, true));
+        let off = spec(
+            "type: Mooncake\nconnection:\n  managed:\n    leader:\n      electionBackend: None\n    members: []\n",
+        );
+        assert_eq!(plan("b", &off, &[]).unwrap().0.election, None);
     }
 
     #[test]

@@ -15,7 +15,8 @@ use crate::registry::field::{ErrorList, Path};
 use crate::registry::validation;
 
 /// Leader flags the runtime renders from the spec (addresses, the ledger and its switch, the
-/// allocation strategy).
+/// allocation strategy, the election and its Lease). The election's timings
+/// (`--lease-duration`, `--renew-deadline`, `--retry-period`) are left to `extraArgs`.
 const LEADER_DERIVED: &[&str] = &[
     "listen",
     "fast-listen",
@@ -25,12 +26,19 @@ const LEADER_DERIVED: &[&str] = &[
     "default-dtype",
     "allocation-strategy",
     "tenant",
+    "election",
+    "lease",
+    "kubeconfig",
+    "identity",
+    "advertise-host",
+    "advertise-fast-port",
 ];
 
 /// Member flags the runtime renders from the spec and the node (the leader, the capacity, the
 /// addresses and the member's name).
 const MEMBER_DERIVED: &[&str] = &[
     "leader",
+    "kubeconfig",
     "capacity",
     "listen",
     "data-listen",

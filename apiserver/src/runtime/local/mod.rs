@@ -2,10 +2,18 @@
 //! is a child process of the server on this machine, and the "nodes" are stand-ins from the
 //! server's configuration.
 //!
-//! - Leader: `kv-store leader` on two free loopback ports (gRPC, fast port), kept for the
-//!   backend's life in this server (and in `<data-dir>/runtime/<backend>.ports` across server
-//!   restarts), so the published Client endpoint survives leader restarts.
-//! - Members: `kv-store member --name <backend>-member-<group>-<node>` per matching node, with
+//! - Front ([`front`]): two loopback ports (gRPC, fast port) per backend that forward to the
+//!   serving leader, as the leader Service does in a cluster; kept for the backend's life in
+//!   this server (and in `<data-dir>/runtime/<backend>.ports` across server restarts), so the
+//!   published Client endpoint survives leader restarts and failovers.
+//! - Leaders: `kv-store leader` per replica, each on its own free loopback ports, told to
+//!   advertise the front's fast port. With the election on (`electionBackend: Kubernetes`, even
+//!   at one replica) each campaigns for the Lease `kvcache-system/<backend>-leader` through this
+//!   server's own Lease API, with `<data-dir>/store.kubeconfig`; one serves, the others stand by.
+//!   Scaling adds or removes replicas from the end and never restarts the ones that stay.
+//! - Members: `kv-store member --name <backend>-member-<group>-<node>` per matching node, given
+//!   the front's address (`memberAddressing: Service`) or `k8s://kvcache-system/<backend>-leader`
+//!   (`Lease`), with
 //!   `--no-prefault` (memory is claimed as it is written). A backend whose members would need more
 //!   memory than the machine (or its shared-memory filesystem) has is refused, not started.
 //! - Replicas: `kv-store engine-sim` with exactly the injected environment.
@@ -14,6 +22,7 @@
 //!
 //! The store processes run with `--spin 0`: on a laptop they share cores with everything else.
 
+pub mod front;
 pub mod process;
 
 use std::collections::HashMap;
@@ -23,8 +32,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use kvcache_store::flags::{FastListen, format_size};
+use kvcache_store::leader::{Election, LeaderConfig};
 use tokio::sync::Mutex;
 
+use self::front::{Endpoint, Front};
 use self::process::{Hooks, ProcessSpec, Supervised};
 use super::{Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, StoreObservation, StorePlan};
 
@@ -74,11 +85,16 @@ pub fn sibling_binary(name: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
+/// The namespace of the store's election Leases in direct mode.
+pub const LEASE_NAMESPACE: &str = "kvcache-system";
+
 #[derive(Debug)]
 struct Store {
-    grpc: SocketAddr,
-    fast: SocketAddr,
-    leader: Supervised,
+    front: Front,
+    /// Each leader replica's own (gRPC, fast) ports, by index; kept while the store lives so a
+    /// replica that stays is never restarted.
+    leader_ports: Vec<(SocketAddr, SocketAddr)>,
+    leaders: Vec<Supervised>,
     /// Keyed by member name.
     members: HashMap<String, Supervised>,
 }
@@ -196,24 +212,47 @@ impl LocalRuntime {
         env
     }
 
-    /// The leader's ports: the remembered ones when still free, else new free ones.
-    fn leader_ports(&self, backend: &str) -> (SocketAddr, SocketAddr) {
+    /// The backend's front: on the remembered ports when they are still free, else on new ones
+    /// (remembered from then on).
+    fn front(&self, backend: &str) -> std::io::Result<Front> {
         let file = self.opts.data_dir.join("runtime").join(format!("{backend}.ports"));
         if let Ok(text) = std::fs::read_to_string(&file) {
             let addrs: Vec<SocketAddr> = text.split_whitespace().filter_map(|a| a.parse().ok()).collect();
             if let [grpc, fast] = addrs[..]
-                && TcpListener::bind(grpc).is_ok()
-                && TcpListener::bind(fast).is_ok()
+                && let Ok(f) = Front::bind(grpc, fast)
             {
-                return (grpc, fast);
+                return Ok(f);
             }
         }
-        let (grpc, fast) = (free_port(), free_port());
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let f = Front::bind(any, any)?;
         if let Some(dir) = file.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        let _ = std::fs::write(&file, format!("{grpc} {fast}\n"));
-        (grpc, fast)
+        let _ = std::fs::write(&file, format!("{} {}\n", f.grpc, f.fast));
+        Ok(f)
+    }
+
+    /// The kubeconfig the store's processes reach the Lease API with.
+    fn store_kubeconfig(&self) -> PathBuf {
+        self.opts.data_dir.join(crate::server::STORE_KUBECONFIG)
+    }
+
+    /// A leader replica's flags: its own ports, the front's fast port advertised, and the
+    /// election's Lease.
+    fn leader_config(&self, plan: &StorePlan, ports: (SocketAddr, SocketAddr), front: &Front) -> LeaderConfig {
+        let mut cfg = plan.leader.clone();
+        cfg.listen = ports.0;
+        cfg.fast_listen = Some(FastListen::At(ports.1));
+        cfg.advertise_fast_port = Some(front.fast.port());
+        cfg.metrics_listen = None;
+        cfg.spin = Duration::ZERO;
+        if let Some(e) = &plan.election {
+            cfg.election = Election::Kubernetes;
+            cfg.lease = Some(format!("{LEASE_NAMESPACE}/{}", e.lease));
+            cfg.kubeconfig = Some(self.store_kubeconfig());
+        }
+        cfg
     }
 
     /// Bytes members may claim: the machine's memory, and no more than the shared-memory
@@ -262,27 +301,71 @@ impl Runtime for LocalRuntime {
         self.opts.nodes.clone()
     }
 
+    fn lease_namespace(&self) -> &str {
+        LEASE_NAMESPACE
+    }
+
     fn changes(&self) -> tokio::sync::broadcast::Receiver<Changed> {
         self.changes.subscribe()
     }
 
     async fn ensure_store(&self, plan: &StorePlan) -> StoreObservation {
         let mut state = self.state.lock().await;
-        let (grpc, fast) = match state.stores.get(&plan.backend) {
-            Some(s) => (s.grpc, s.fast),
-            None => self.leader_ports(&plan.backend),
+        let existing = state.stores.remove(&plan.backend);
+        let (front, mut leader_ports, old_leaders, mut members) = match existing {
+            Some(s) => (s.front, s.leader_ports, s.leaders, s.members),
+            None => match self.front(&plan.backend) {
+                Ok(f) => (f, Vec::new(), Vec::new(), HashMap::new()),
+                Err(e) => {
+                    let why = format!("cannot listen on a loopback port for the backend's front address: {e}");
+                    return StoreObservation {
+                        leaders: vec![crate::runtime::WorkloadState {
+                            refused: Some(why),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    };
+                }
+            },
         };
-        let mut leader_cfg = plan.leader.clone();
-        leader_cfg.listen = grpc;
-        leader_cfg.fast_listen = Some(FastListen::At(fast));
-        leader_cfg.metrics_listen = None;
-        leader_cfg.spin = Duration::ZERO;
-        let leader_spec = ProcessSpec {
-            program: self.opts.store_binary.clone(),
-            args: store_args("leader", leader_cfg.to_args()),
-            env: [Self::store_env(), plan.leader_env.clone()].concat(),
-            log: self.log(&[&plan.backend, "leader.log"]),
-        };
+        let replicas = plan.election.as_ref().map_or(1, |e| e.replicas.max(1)) as usize;
+        while leader_ports.len() < replicas {
+            leader_ports.push((free_port(), free_port()));
+        }
+        // Leaders: replica i keeps its ports and flags, so scaling never restarts one that stays.
+        let mut old_leaders = old_leaders.into_iter();
+        let mut leaders = Vec::new();
+        for (i, ports) in leader_ports.iter().take(replicas).enumerate() {
+            let cfg = self.leader_config(plan, *ports, &front);
+            let spec = ProcessSpec {
+                program: self.opts.store_binary.clone(),
+                args: store_args("leader", cfg.to_args()),
+                env: [Self::store_env(), plan.leader_env.clone()].concat(),
+                log: self.log(&[&plan.backend, &format!("leader-{i}.log")]),
+            };
+            let mut hooks = self.notify(Changed::Store(plan.backend.clone()));
+            let (reselect, notify) = (front.reselector(), hooks.on_change.take());
+            hooks.on_change = Some(std::sync::Arc::new(move || {
+                reselect();
+                if let Some(n) = &notify {
+                    n();
+                }
+            }));
+            leaders.push(converge(old_leaders.next(), spec, self.opts.grace, hooks).await);
+        }
+        // replicas scaled away, from the end
+        futures::future::join_all(old_leaders.map(Supervised::stop)).await;
+        front.set_endpoints(
+            leaders
+                .iter()
+                .zip(&leader_ports)
+                .map(|(l, (grpc, fast))| Endpoint {
+                    grpc: *grpc,
+                    fast: *fast,
+                    probe: l.probe(),
+                })
+                .collect(),
+        );
         // Memory: what the other backends' members claim plus this plan's.
         let others: u64 = state
             .stores
@@ -301,24 +384,23 @@ impl Runtime for LocalRuntime {
                 format_size(limit)
             )
         });
-        let (leader, mut members) = match state.stores.remove(&plan.backend) {
-            Some(s) => (Some(s.leader), s.members),
-            None => (None, HashMap::new()),
-        };
-        let leader = converge(
-            leader,
-            leader_spec,
-            self.opts.grace,
-            self.notify(Changed::Store(plan.backend.clone())),
-        )
-        .await;
-        let endpoint = grpc.to_string();
+        let endpoint = front.grpc.to_string();
+        let follow = plan.election.as_ref().filter(|e| e.members_follow_lease);
         let mut wanted_names = Vec::new();
         for m in &plan.members {
             let name = m.name(&plan.backend);
             wanted_names.push(name.clone());
             let mut cfg = m.config.clone();
-            cfg.leader = endpoint.clone();
+            match follow {
+                Some(e) => {
+                    cfg.leader = format!("{}{LEASE_NAMESPACE}/{}", kvcache_store::member::LEASE_SCHEME, e.lease);
+                    cfg.kubeconfig = Some(self.store_kubeconfig());
+                }
+                None => {
+                    cfg.leader = endpoint.clone();
+                    cfg.kubeconfig = None;
+                }
+            }
             cfg.name = Some(name.clone());
             cfg.listen = SocketAddr::from(([127, 0, 0, 1], 0));
             cfg.data_listen = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -341,7 +423,7 @@ impl Runtime for LocalRuntime {
                     Supervised::refused(spec, why.clone())
                 }
                 None => {
-                    let hooks = self.member_hooks(&plan.backend, grpc, name.clone());
+                    let hooks = self.member_hooks(&plan.backend, front.grpc, name.clone());
                     converge(old, spec, self.opts.grace, hooks).await
                 }
             };
@@ -355,14 +437,18 @@ impl Runtime for LocalRuntime {
             }
         }
         let store = Store {
-            grpc,
-            fast,
-            leader,
+            front,
+            leader_ports,
+            leaders,
             members,
         };
         let observation = StoreObservation {
             client_endpoint: Some(endpoint),
-            leader: store.leader.state(),
+            leaders: store.leaders.iter().map(Supervised::state).collect(),
+            lease: plan
+                .election
+                .as_ref()
+                .map(|e| (self.lease_namespace().to_owned(), e.lease.clone())),
             members: plan
                 .members
                 .iter()
@@ -385,7 +471,7 @@ impl Runtime for LocalRuntime {
         if let Some(store) = store {
             let stops = store.members.into_values().map(Supervised::stop);
             futures::future::join_all(stops).await;
-            store.leader.stop().await;
+            futures::future::join_all(store.leaders.into_iter().map(Supervised::stop)).await;
         }
         let _ = std::fs::remove_file(self.opts.data_dir.join("runtime").join(format!("{backend}.ports")));
         true
@@ -445,7 +531,7 @@ impl Runtime for LocalRuntime {
         }
         for (_, s) in state.stores {
             stops.extend(s.members.into_values().map(Supervised::stop));
-            stops.push(s.leader.stop());
+            stops.extend(s.leaders.into_iter().map(Supervised::stop));
         }
         futures::future::join_all(stops).await;
     }
@@ -461,7 +547,6 @@ fn member_capacity(spec: &ProcessSpec) -> Option<u64> {
 mod tests {
     use super::*;
     use crate::runtime::MemberPlan;
-    use kvcache_store::leader::LeaderConfig;
     use kvcache_store::member::MemberConfig;
 
     #[tokio::test]
@@ -482,6 +567,7 @@ mod tests {
             leader: LeaderConfig::default(),
             leader_env: vec![],
             members: vec![member("local-0"), member("local-1")],
+            election: None,
         };
         let obs = rt.ensure_store(&plan).await;
         assert_eq!(obs.members.len(), 2);

@@ -69,6 +69,25 @@ impl Hooks {
 struct Observed {
     state: WorkloadState,
     report: Option<CacheReport>,
+    /// The epoch a leader announced with its last readiness line.
+    epoch: Option<u64>,
+}
+
+/// A live view of whether a supervised leader serves, and under which epoch (what a Service's
+/// endpoints know of a Pod's readiness).
+#[derive(Debug, Clone)]
+pub struct Probe(Arc<Mutex<Observed>>);
+
+impl Probe {
+    /// The epoch it serves under, while it is ready.
+    pub fn serving(&self) -> Option<u64> {
+        let o = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if o.state.ready {
+            Some(o.epoch.unwrap_or(0))
+        } else {
+            None
+        }
+    }
 }
 
 /// A running supervisor; dropping it does not stop the child (call [`Supervised::stop`]).
@@ -102,6 +121,7 @@ impl Supervised {
                 ..WorkloadState::default()
             },
             report: None,
+            epoch: None,
         };
         Supervised {
             spec,
@@ -117,6 +137,11 @@ impl Supervised {
 
     pub fn report(&self) -> Option<CacheReport> {
         self.lock().report.clone()
+    }
+
+    /// A live view of its readiness and epoch.
+    pub fn probe(&self) -> Probe {
+        Probe(self.observed.clone())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Observed> {
@@ -292,10 +317,18 @@ async fn read_stdout(out: tokio::process::ChildStdout, log: PathBuf, observed: A
             let mut o = observed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let event = value.get("event").and_then(|e| e.as_str());
             if event == Some("readiness") {
-                o.state.ready = value.get("state").and_then(|s| s.as_str()) == Some("serving");
+                let ready = value.get("state").and_then(|s| s.as_str()) == Some("serving");
+                if ready && !o.state.ready {
+                    o.state.ready_since = Some(SystemTime::now());
+                }
+                o.state.ready = ready;
+                o.epoch = value.get("epoch").and_then(serde_json::Value::as_u64);
             } else if event == Some("listening") {
                 // bound, not yet serving: the readiness line follows
             } else if let Ok(report) = serde_json::from_value::<CacheReport>(value) {
+                if !o.state.ready {
+                    o.state.ready_since = Some(SystemTime::now());
+                }
                 o.state.ready = true;
                 o.report = Some(report);
             } else {

@@ -1,0 +1,192 @@
+//! A managed backend's leader replicas (`backend.md` §5): how many run and are ready
+//! (`status.leader`), whether the Lease names a holder (ElectionObserved, §5.7), whether every
+//! replica runs the current configuration (RolloutComplete, §5.6), and the
+//! `KVCacheLeaderHandover` event when the holder changes (another replica, or the same address
+//! restarted: the Lease's term tells them apart). None of these moves the phase.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kvcache_api::KVCacheBackend;
+use kvcache_api::backend::{BackendStatus, LeaderReplicas};
+use kvcache_api::conditions::backend::{election_observed, rollout_complete};
+use kvcache_api::conditions::{self, ConditionStatus, Observation};
+
+use crate::controller::Context;
+use crate::runtime::{StoreObservation, StorePlan};
+
+/// The event recorded when another leader replica takes over.
+pub const HANDOVER: &str = "KVCacheLeaderHandover";
+
+/// Leader replicas, the rollout, the election and the handover event, from what the runtime
+/// runs and what the Lease says.
+pub async fn observe(
+    st: &mut BackendStatus,
+    obj: &KVCacheBackend,
+    plan: &StorePlan,
+    obs: &StoreObservation,
+    ctx: &Context,
+    set: &mut impl FnMut(&mut BackendStatus, Observation),
+) {
+    let desired = plan.election.as_ref().map_or(1, |e| e.replicas);
+    let ready = obs.ready_leaders();
+    st.leader = Some(LeaderReplicas {
+        replicas: i32::try_from(desired).unwrap_or(i32::MAX),
+        ready_replicas: i32::try_from(ready).unwrap_or(i32::MAX),
+    });
+    set(st, rollout(desired as usize, obs));
+    let Some((ns, name)) = &obs.lease else {
+        conditions::remove(&mut st.conditions, election_observed::TYPE);
+        ctx.lease_holders.lock().remove(obj.name());
+        return;
+    };
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
+    let read = leases.get_opt(name).await;
+    let at = format!("{ns}/{name}");
+    let holder = match &read {
+        Ok(Some(l)) => kvcache_store::election::holder(l),
+        _ => None,
+    };
+    let transitions = match &read {
+        Ok(Some(l)) => l.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0),
+        _ => 0,
+    };
+    let observation = match (&read, &holder) {
+        (Err(e), _) => Observation::new(
+            election_observed::TYPE,
+            ConditionStatus::Unknown,
+            election_observed::LEASE_UNREADABLE,
+            format!("the Lease {at} could not be read: {e}"),
+        ),
+        (Ok(_), Some(_)) => Observation::new(
+            election_observed::TYPE,
+            ConditionStatus::True,
+            election_observed::ELECTING,
+            format!(
+                "the Lease {at} names a holder (leaseTransitions {transitions}); one leader replica serves, {} stand by",
+                desired.saturating_sub(1)
+            ),
+        ),
+        (Ok(_), None) if ready == 0 => Observation::new(
+            election_observed::TYPE,
+            ConditionStatus::Unknown,
+            election_observed::LEADER_STARTING,
+            format!("no leader replica is ready yet; the Lease {at} names no holder"),
+        ),
+        (Ok(_), None) => Observation::new(
+            election_observed::TYPE,
+            ConditionStatus::False,
+            election_observed::NO_HOLDER,
+            format!(
+                "a leader replica is ready but the Lease {at} is missing or names no holder: the leader may run without \
+                 an election backend, lack access to the Lease, or still be in its first campaign"
+            ),
+        ),
+    };
+    set(st, observation);
+    let handed_over = {
+        let mut holders = ctx.lease_holders.lock();
+        match (&read, holder) {
+            (Ok(None), _) => {
+                holders.remove(obj.name());
+                false
+            }
+            // a holder at the same address after a restart is another process: the term tells
+            (Ok(Some(_)), Some(h)) => {
+                let term = format!("{h} (term {transitions})");
+                holders
+                    .insert(obj.name().to_owned(), term.clone())
+                    .is_some_and(|before| before != term)
+            }
+            _ => false,
+        }
+    };
+    if handed_over {
+        crate::controller::events::record(
+            ctx,
+            obj,
+            false,
+            HANDOVER,
+            &format!(
+                "another leader replica took over the Lease {at} (leaseTransitions {transitions}); it serves with an empty \
+                 cache: members remount and every key written before misses until it is written again"
+            ),
+        )
+        .await;
+    }
+}
+
+/// Deletes the backend's election Lease once its leaders stopped (the store creates it; nothing
+/// of a deleted backend is left behind).
+pub async fn delete_lease(ctx: &Context, backend: &str) -> crate::controller::Result<()> {
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ctx.runtime.lease_namespace());
+    match leases
+        .delete(&super::plan::lease_name(backend), &Default::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+    .inspect(|()| {
+        ctx.lease_holders.lock().remove(backend);
+    })
+}
+
+/// RolloutComplete: every desired replica runs the current configuration.
+fn rollout(desired: usize, obs: &StoreObservation) -> Observation {
+    let running = obs.leaders.iter().filter(|l| l.running && l.refused.is_none()).count();
+    if obs.leaders.len() != desired {
+        return Observation::new(
+            rollout_complete::TYPE,
+            ConditionStatus::False,
+            rollout_complete::REPLICAS_PENDING,
+            format!("{} leader replicas exist and {desired} are wanted", obs.leaders.len()),
+        );
+    }
+    if running == desired {
+        return Observation::new(
+            rollout_complete::TYPE,
+            ConditionStatus::True,
+            rollout_complete::COMPLETE,
+            format!("every one of the {desired} leader replicas runs the current configuration"),
+        );
+    }
+    Observation::new(
+        rollout_complete::TYPE,
+        ConditionStatus::False,
+        rollout_complete::PROGRESSING,
+        format!(
+            "{running} of {desired} leader replicas run the current configuration; the others are starting or restarting"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::WorkloadState;
+
+    #[test]
+    fn rollout_counts_running_replicas() {
+        let up = WorkloadState {
+            running: true,
+            ..Default::default()
+        };
+        let obs = |leaders: Vec<WorkloadState>| StoreObservation {
+            leaders,
+            ..Default::default()
+        };
+        assert_eq!(
+            rollout(3, &obs(vec![up.clone(); 3])).reason,
+            rollout_complete::COMPLETE.as_str()
+        );
+        assert_eq!(
+            rollout(3, &obs(vec![up.clone(), up.clone(), WorkloadState::default()])).reason,
+            rollout_complete::PROGRESSING.as_str()
+        );
+        assert_eq!(
+            rollout(3, &obs(vec![up])).reason,
+            rollout_complete::REPLICAS_PENDING.as_str()
+        );
+    }
+}
