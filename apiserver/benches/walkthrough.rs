@@ -7,102 +7,13 @@
 //! Run with `cargo build --release -p kvcache-store && cargo bench -p kvcache-apiserver --bench
 //! walkthrough` (the server starts the `kv-store` next to its own binary).
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod live;
+
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use live::{kubectl, manifest, start, until};
 
 const RUNS: usize = 5;
-const KUBECTL: &str = "/usr/lib/google-cloud-sdk/bin/kubectl.1.33";
-
-struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // SIGTERM: the server stops its store processes before it exits
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn manifest(file: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/walkthrough")
-        .join(file)
-}
-
-fn kubectl(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(KUBECTL)
-        .env("KUBECONFIG", dir.join("kubeconfig"))
-        .arg("--cache-dir")
-        .arg(dir.join("kubectl-cache"))
-        .args(args)
-        .output()
-        .context("running kubectl")?;
-    if !out.status.success() {
-        bail!("kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn start() -> anyhow::Result<Server> {
-    let dir = tempfile::tempdir()?;
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let store = PathBuf::from(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
-    if !store.exists() {
-        bail!(
-            "{} is missing: build it first (cargo build --release -p kvcache-store)",
-            store.display()
-        );
-    }
-    let child = Command::new(env!("CARGO_BIN_EXE_kv-apiserver"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let server = Server { child, dir };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if server.dir.path().join("kubeconfig").exists() && kubectl(server.dir.path(), &["get", "kvcb"]).is_ok() {
-            return Ok(server);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("kv-apiserver did not become ready")
-}
-
-/// Polls a jsonpath until it equals `want`; returns when it did.
-fn until(dir: &Path, what: &[&str], path: &str, want: &str) -> anyhow::Result<Instant> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut args = vec!["get"];
-    args.extend_from_slice(what);
-    let p = format!("jsonpath={path}");
-    args.extend(["-o", &p]);
-    while Instant::now() < deadline {
-        if kubectl(dir, &args).is_ok_and(|v| v == want) {
-            return Ok(Instant::now());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    bail!("{what:?} {path} did not become {want:?} within 120 s")
-}
 
 fn run() -> anyhow::Result<(Duration, Duration)> {
     let s = start()?;

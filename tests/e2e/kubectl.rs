@@ -19,6 +19,75 @@ fn rv_of(k: &support::Kubectl, args: &[&str]) -> String {
     k.ok(&a)
 }
 
+/// Leases in direct mode, as the store's election uses them: discovery and OpenAPI name the
+/// group; kubectl creates (client-side apply), lists as a table, applies again (a strategic
+/// merge patch), patches (merge and JSON), refuses a replace with a stale `resourceVersion`,
+/// and deletes.
+#[test]
+fn leases_in_direct_mode() {
+    let s = Server::start();
+    for v in VERSIONS {
+        let k = s.kubectl(v);
+        let ns = format!("ns-{}", v.replace('.', "-"));
+        let out = k.ok(&["api-resources", "--api-group=coordination.k8s.io"]);
+        assert!(
+            out.contains("leases") && out.contains("Lease") && out.contains("true"),
+            "{v}: {out}"
+        );
+        let lease = format!(
+            "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: l\n  namespace: {ns}\nspec:\n  holderIdentity: a\n  leaseDurationSeconds: 2\n"
+        );
+        k.must_apply(&lease);
+        let out = k.ok(&["-n", &ns, "get", "leases"]);
+        let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(rows[0], ["NAME", "HOLDER", "AGE"], "{v}: {out}");
+        assert_eq!(rows[1][..2], ["l", "a"], "{v}: {out}");
+        k.must_apply(&lease.replace("holderIdentity: a", "holderIdentity: b"));
+        let get = |path: &str| k.ok(&["-n", &ns, "get", "lease", "l", "-o", &format!("jsonpath={path}")]);
+        assert_eq!(get("{.spec.holderIdentity}"), "b", "{v}");
+        let stale = get("{.metadata.resourceVersion}");
+        k.ok(&[
+            "-n",
+            &ns,
+            "patch",
+            "lease",
+            "l",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"leaseTransitions":3}}"#,
+        ]);
+        k.ok(&[
+            "-n",
+            &ns,
+            "patch",
+            "lease",
+            "l",
+            "--type=json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/holderIdentity","value":"c"}]"#,
+        ]);
+        assert_eq!(get("{.spec.holderIdentity} {.spec.leaseTransitions}"), "c 3", "{v}");
+        let replace = format!(
+            "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: l\n  namespace: {ns}\n  resourceVersion: \"{stale}\"\nspec:\n  holderIdentity: d\n"
+        );
+        let r = k.run_stdin(&["replace", "-f", "-"], Some(&replace));
+        assert!(
+            !r.ok && r.stderr.contains("the object has been modified"),
+            "{v}: {}",
+            r.stderr
+        );
+        assert_eq!(get("{.spec.holderIdentity}"), "c", "{v}: nothing written");
+        let out = k.ok(&["-n", &ns, "delete", "lease", "l"]);
+        assert!(out.contains("\"l\" deleted"), "{v}: {out}");
+        let r = k.run(&["-n", &ns, "get", "lease", "l"]);
+        assert!(!r.ok && r.stderr.contains("NotFound"), "{v}: {}", r.stderr);
+    }
+    let root = s.get_body("/openapi/v3", &[]);
+    assert!(root.contains("apis/coordination.k8s.io/v1"), "{root}");
+    let doc = s.get_body("/openapi/v3/apis/coordination.k8s.io/v1", &[]);
+    assert!(doc.contains("io.k8s.api.coordination.v1.LeaseSpec"), "{doc}");
+}
+
 /// Items 1–7: version, api-resources (aggregated v2 on 1.30+, v2beta1 on 1.27), raw discovery,
 /// ETags, health without credentials.
 #[test]
@@ -355,7 +424,7 @@ fn tables_selectors_and_paging() {
         assert!(out.lines().nth(1).unwrap().trim_end().ends_with('s'), "{v}: age: {out}");
         // 25
         let out = k.ok(&["get", "kvcb", "-o", "wide"]);
-        assert!(out.lines().next().unwrap().ends_with("AGE"), "{v}: {out}");
+        assert!(out.lines().next().unwrap().ends_with("LEADERS   AGE"), "{v}: {out}");
     }
     // 26: -A and cluster-scoped.
     k.must_apply(&binding("team-a", "b1", "a1", "1Gi"));

@@ -489,3 +489,107 @@ pub fn binding(ns: &str, name: &str, pool: &str, ceiling: &str) -> String {
         "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  poolRef:\n    name: {pool}\n  quota:\n    ceiling: {ceiling}\n  domain:\n    name: {name}\n    blockSize: 64\n    dtype: bfloat16\n"
     )
 }
+
+/// The walkthrough's manifests and what tests read of its objects.
+pub mod walkthrough {
+    use std::collections::BTreeSet;
+
+    use super::{Kubectl, Server, eventually};
+
+    pub fn manifest(file: &str) -> String {
+        let path = format!("{}/../tests/fixtures/walkthrough/{file}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+            .replace("capacityPerMember: 8Gi", "capacityPerMember: 1Gi")
+            .replace("total: 16Gi", "total: 2Gi")
+            .replace("ceiling: 8Gi", "ceiling: 1Gi")
+    }
+
+    /// `kubectl get <what> -o jsonpath=<path>`, empty when it fails.
+    pub fn jp(k: &Kubectl, what: &[&str], path: &str) -> String {
+        let mut args = vec!["get"];
+        args.extend_from_slice(what);
+        let p = format!("jsonpath={path}");
+        args.extend(["-o", &p]);
+        let r = k.run(&args);
+        if r.ok { r.stdout } else { String::new() }
+    }
+
+    /// Waits until a jsonpath reads `want`.
+    pub fn wait_jp(k: &Kubectl, what: &[&str], path: &str, want: &str) {
+        eventually(60, &format!("{what:?} {path} = {want:?}"), || {
+            (jp(k, what, path) == want).then_some(())
+        });
+    }
+
+    /// `status|reason|message` of a condition.
+    pub fn condition(k: &Kubectl, what: &[&str], type_: &str) -> String {
+        jp(
+            k,
+            what,
+            &format!(
+                "{{.status.conditions[?(@.type==\"{type_}\")].status}}|{{.status.conditions[?(@.type==\"{type_}\")].reason}}|{{.status.conditions[?(@.type==\"{type_}\")].message}}"
+            ),
+        )
+    }
+
+    pub const KVCB: &[&str] = &["kvcb", "mooncake-dram"];
+    pub const KVCP: &[&str] = &["kvcp", "shared-dram"];
+    pub const KVCPB: &[&str] = &["-n", "team-a", "kvcpb", "team-a"];
+    pub const MD: &[&str] = &["-n", "team-a", "md", "qwen-chat"];
+
+    pub fn wait_ready_backend(k: &Kubectl, capacity: &str) {
+        eventually(60, "kvcb Ready with the full capacity", || {
+            (jp(k, KVCB, "{.status.phase} {.status.capacity.total}") == format!("Ready {capacity}")).then_some(())
+        });
+    }
+
+    pub fn wait_granted(k: &Kubectl, effective: &str) {
+        eventually(60, "kvcpb QuotaGranted with EFFECTIVE", || {
+            let c = condition(k, KVCPB, "QuotaGranted");
+            let e = jp(k, KVCPB, "{.status.effectiveQuota}");
+            (c.starts_with("True|Granted|") && e == effective).then_some(())
+        });
+    }
+
+    pub fn wait_attached(k: &Kubectl) {
+        eventually(60, "md CacheAttached True", || {
+            condition(k, MD, "CacheAttached")
+                .starts_with("True|CacheActive|")
+                .then_some(())
+        });
+    }
+
+    /// The leader's gRPC port, from the published Client endpoint.
+    pub fn leader_port(k: &Kubectl) -> String {
+        let ep = jp(k, KVCB, "{.status.endpoints[?(@.name==\"Client\")].address}");
+        ep.rsplit(':').next().unwrap_or_default().to_owned()
+    }
+
+    /// kv-store processes of `s`'s store whose front listens on `port` (leaders, members, engines).
+    pub fn store_processes(s: &Server, port: &str) -> BTreeSet<(u32, String)> {
+        let mut out = BTreeSet::new();
+        let needle = format!("127.0.0.1:{port}");
+        // leaders reach the Lease API with this server's store kubeconfig
+        let data_dir = s.dir.path().display().to_string();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if !cmd.contains("kv-store") {
+                continue;
+            }
+            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+            if cmd.contains(&needle) || cmd.contains(&data_dir) || String::from_utf8_lossy(&environ).contains(&needle) {
+                out.insert((pid, cmd));
+            }
+        }
+        out
+    }
+
+    pub fn alive(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    }
+}

@@ -11,108 +11,14 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use support::walkthrough::*;
 use support::{Kubectl, Server, eventually};
 
 const KUBECTL: &str = "1.33";
 const REQUEUE: Duration = Duration::from_secs(2);
 
-fn manifest(file: &str) -> String {
-    let path = format!("{}/../tests/fixtures/walkthrough/{file}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-        .replace("capacityPerMember: 8Gi", "capacityPerMember: 1Gi")
-        .replace("total: 16Gi", "total: 2Gi")
-        .replace("ceiling: 8Gi", "ceiling: 1Gi")
-}
-
 fn server() -> Server {
     Server::start_with(&["--requeue-interval", "2s"])
-}
-
-/// `kubectl get <what> -o jsonpath=<path>`, empty when it fails.
-fn jp(k: &Kubectl, what: &[&str], path: &str) -> String {
-    let mut args = vec!["get"];
-    args.extend_from_slice(what);
-    let p = format!("jsonpath={path}");
-    args.extend(["-o", &p]);
-    let r = k.run(&args);
-    if r.ok { r.stdout } else { String::new() }
-}
-
-/// Waits until a jsonpath reads `want`.
-fn wait_jp(k: &Kubectl, what: &[&str], path: &str, want: &str) {
-    eventually(60, &format!("{what:?} {path} = {want:?}"), || {
-        (jp(k, what, path) == want).then_some(())
-    });
-}
-
-/// `status|reason|message` of a condition.
-fn condition(k: &Kubectl, what: &[&str], type_: &str) -> String {
-    jp(
-        k,
-        what,
-        &format!(
-            "{{.status.conditions[?(@.type==\"{type_}\")].status}}|{{.status.conditions[?(@.type==\"{type_}\")].reason}}|{{.status.conditions[?(@.type==\"{type_}\")].message}}"
-        ),
-    )
-}
-
-const KVCB: &[&str] = &["kvcb", "mooncake-dram"];
-const KVCP: &[&str] = &["kvcp", "shared-dram"];
-const KVCPB: &[&str] = &["-n", "team-a", "kvcpb", "team-a"];
-const MD: &[&str] = &["-n", "team-a", "md", "qwen-chat"];
-
-fn wait_ready_backend(k: &Kubectl, capacity: &str) {
-    eventually(60, "kvcb Ready with the full capacity", || {
-        (jp(k, KVCB, "{.status.phase} {.status.capacity.total}") == format!("Ready {capacity}")).then_some(())
-    });
-}
-
-fn wait_granted(k: &Kubectl, effective: &str) {
-    eventually(60, "kvcpb QuotaGranted with EFFECTIVE", || {
-        let c = condition(k, KVCPB, "QuotaGranted");
-        let e = jp(k, KVCPB, "{.status.effectiveQuota}");
-        (c.starts_with("True|Granted|") && e == effective).then_some(())
-    });
-}
-
-fn wait_attached(k: &Kubectl) {
-    eventually(60, "md CacheAttached True", || {
-        condition(k, MD, "CacheAttached")
-            .starts_with("True|CacheActive|")
-            .then_some(())
-    });
-}
-
-/// The leader's gRPC port, from the published Client endpoint.
-fn leader_port(k: &Kubectl) -> String {
-    let ep = jp(k, KVCB, "{.status.endpoints[?(@.name==\"Client\")].address}");
-    ep.rsplit(':').next().unwrap_or_default().to_owned()
-}
-
-/// kv-store processes of the store whose leader listens on `port` (leader, members, engines).
-fn store_processes(port: &str) -> BTreeSet<(u32, String)> {
-    let mut out = BTreeSet::new();
-    let needle = format!("127.0.0.1:{port}");
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmd = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if !cmd.contains("kv-store") {
-            continue;
-        }
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        if cmd.contains(&needle) || String::from_utf8_lossy(&environ).contains(&needle) {
-            out.insert((pid, cmd));
-        }
-    }
-    out
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
 }
 
 /// Status writes the controllers made so far (their metric).
@@ -224,7 +130,7 @@ fn the_walkthrough_runs_on_one_machine() {
 
     // SIGKILL one member: MembersMounted names its node and the capacity halves, then both return.
     let port = leader_port(&k);
-    let member = store_processes(&port)
+    let member = store_processes(&s, &port)
         .into_iter()
         .find(|(_, c)| c.contains(" member ") && c.contains("mooncake-dram-member-0-local-1"))
         .expect("the member process on local-1");
@@ -261,7 +167,7 @@ fn deletion_in_creation_order_is_held_then_completes() {
     wait_granted(&k, "1Gi");
     wait_attached(&k);
     let port = leader_port(&k);
-    let processes = store_processes(&port);
+    let processes = store_processes(&s, &port);
     assert_eq!(processes.len(), 5, "leader, two members, two engines: {processes:?}");
 
     k.ok(&["delete", "kvcb", "mooncake-dram", "--wait=false"]);
@@ -313,7 +219,7 @@ fn deletion_in_creation_order_is_held_then_completes() {
     // kill -9 of the server: its children stop on their own.
     k.must_apply(&manifest("01-backend.yaml"));
     wait_ready_backend(&k, "2Gi");
-    let processes = store_processes(&leader_port(&k));
+    let processes = store_processes(&s, &leader_port(&k));
     assert_eq!(processes.len(), 3, "{processes:?}");
     drop(s); // SIGKILL
     eventually(20, "no store process outlives the server", || {

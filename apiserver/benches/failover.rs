@@ -1,0 +1,176 @@
+//! How long the store is unusable when its serving leader goes away, with walkthrough steps 1,
+//! 2 and 4 applied (three leader processes, two 8Gi members) on a fresh `kv-apiserver serve`
+//! with the local runtime and the election's default timings:
+//!
+//! - crash failover: SIGKILL of the serving leader → the first put that succeeds through the
+//!   backend's Client endpoint;
+//! - graceful handover: SIGTERM of the serving leader (it stops serving and releases the
+//!   Lease) → the first successful put.
+//!
+//! A put needs a leader that serves, members mounted at it, and the tenant's ledger entry
+//! written by the pool controller, so this is the whole outage an engine sees. 20 of each;
+//! p50 and p99 (nearest rank) are printed beside the reference store's ~16 s on one node
+//! (`../shared/spec/backend.md` §5.8). A report: nothing is asserted about the numbers.
+//!
+//! Run with `cargo build --release -p kvcache-store && cargo bench -p kvcache-apiserver --bench
+//! failover`.
+
+mod live;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use kvcache_store::client::Client;
+use kvcache_store::proto::{HealthRequest, Scope};
+use live::{kubectl, manifest, start, until};
+
+const ROUNDS: usize = 20;
+/// The reference store's failover on one node.
+const REFERENCE: Duration = Duration::from_secs(16);
+
+fn scope() -> Scope {
+    Scope {
+        tenant: "default".into(),
+        block_size: 64,
+        dtype: "bfloat16".into(),
+    }
+}
+
+/// The serving leader's address, from the Lease.
+fn holder(dir: &std::path::Path) -> anyhow::Result<String> {
+    let h = kubectl(
+        dir,
+        &[
+            "-n",
+            "kvcache-system",
+            "get",
+            "lease",
+            "mooncake-dram-leader",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ],
+    )?;
+    if h.is_empty() {
+        bail!("the Lease names no holder");
+    }
+    Ok(h)
+}
+
+/// The leader process listening on `addr`.
+fn pid_of(addr: &str) -> anyhow::Result<u32> {
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&std::fs::read(entry.path().join("cmdline")).unwrap_or_default())
+            .replace('\0', " ");
+        if cmd.contains("kv-store") && cmd.contains(" leader ") && cmd.contains(&format!("--listen {addr} ")) {
+            return Ok(pid);
+        }
+    }
+    bail!("no leader process listens on {addr}")
+}
+
+/// Waits until a leader serves through `front` with both members and a put succeeds.
+async fn whole(front: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(c) = Client::connect(front, scope()).await
+            && let Ok(h) = c.control().health(HealthRequest {}).await
+            && h.get_ref().serving
+            && h.get_ref().members == 2
+            && c.put("bench/warm", Bytes::from_static(b"warm")).await.is_ok()
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("the store did not become whole within 60 s")
+}
+
+/// Sends `signal` to the serving leader; returns the time until a put through `front` succeeds.
+async fn outage(dir: &std::path::Path, front: &str, signal: &str, key: &str) -> anyhow::Result<Duration> {
+    let pid = pid_of(&holder(dir)?)?;
+    let client = Client::connect(front, scope()).await?;
+    let value = Bytes::from(vec![7u8; 16 << 10]);
+    let t0 = Instant::now();
+    let killed = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .context("running kill")?;
+    if !killed.success() {
+        bail!("kill {signal} {pid} failed");
+    }
+    let mut n = 0u64;
+    while t0.elapsed() < Duration::from_secs(120) {
+        n += 1;
+        if client.put(&format!("{key}/{n}"), value.clone()).await.is_ok() {
+            return Ok(t0.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    bail!("no put succeeded within 120 s of {signal}")
+}
+
+fn percentile(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+fn main() -> anyhow::Result<()> {
+    if std::env::args().any(|a| a == "--list") {
+        return Ok(());
+    }
+    let s = start()?;
+    let d = s.dir.path();
+    for file in ["01-backend.yaml", "02-pool-binding.yaml", "04-high-availability.yaml"] {
+        kubectl(d, &["apply", "-f", &manifest(file).display().to_string()])?;
+    }
+    until(
+        d,
+        &["kvcb", "mooncake-dram"],
+        "{.status.phase} {.status.capacity.total} {.status.leader.replicas}/{.status.leader.readyReplicas}",
+        "Ready 16Gi 3/1",
+    )?;
+    let front = kubectl(
+        d,
+        &[
+            "get",
+            "kvcb",
+            "mooncake-dram",
+            "-o",
+            "jsonpath={.status.endpoints[?(@.name==\"Client\")].address}",
+        ],
+    )?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    println!(
+        "leader failover on the local runtime: 3 leader replicas, 2 members of 8Gi, default election timings (lease 2s, renew deadline 1.5s, retry 250ms); {ROUNDS} of each"
+    );
+    let mut report = Vec::new();
+    for (name, signal) in [
+        ("crash failover (SIGKILL)", "-KILL"),
+        ("graceful handover (SIGTERM)", "-TERM"),
+    ] {
+        let mut times = Vec::new();
+        for i in 0..ROUNDS {
+            rt.block_on(whole(&front))?;
+            let t = rt.block_on(outage(d, &front, signal, &format!("bench/{signal}/{i}")))?;
+            println!("{name} {}: first successful put after {:.3} s", i + 1, t.as_secs_f64());
+            times.push(t);
+        }
+        let (p50, p99) = (percentile(&mut times, 0.50), percentile(&mut times, 0.99));
+        report.push(format!(
+            "{name}: p50 {:.2} s, p99 {:.2} s (reference ~{} s: {:.1}x shorter at p50)",
+            p50.as_secs_f64(),
+            p99.as_secs_f64(),
+            REFERENCE.as_secs(),
+            REFERENCE.as_secs_f64() / p50.as_secs_f64().max(1e-3)
+        ));
+    }
+    for line in report {
+        println!("{line}");
+    }
+    Ok(())
+}

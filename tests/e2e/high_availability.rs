@@ -1,0 +1,366 @@
+//! Walkthrough steps 4 and 5 happen: three leader processes elected through a Lease that our
+//! own server serves, one serving and two standing by; crash failovers under an engine's load
+//! that never serve a wrong byte and leave the cache cold; and a paused leader that lost its
+//! Lease and can place no byte when it resumes (the fence is the Lease's term, carried by every
+//! range the leader hands out).
+//!
+//! Capacities are scaled down as in `walkthrough_live.rs` (1Gi members, a 1Gi ceiling).
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command, Stdio};
+
+use bytes::Bytes;
+use kvcache_store::client::Client;
+use kvcache_store::proto::{
+    HealthRequest, PutCommitRequest, PutStartRequest, Scope, WriteRequest, segment_data_client::SegmentDataClient,
+    store_client::StoreClient,
+};
+use support::walkthrough::*;
+use support::{Kubectl, Server, eventually};
+
+const KUBECTL: &str = "1.33";
+const LEASE: &[&str] = &["-n", "kvcache-system", "lease", "mooncake-dram-leader"];
+
+fn server() -> Server {
+    Server::start_with(&["--requeue-interval", "2s"])
+}
+
+/// The walkthrough's tenant, as injection describes it to an engine.
+fn scope() -> Scope {
+    Scope {
+        tenant: "default".into(),
+        block_size: 64,
+        dtype: "bfloat16".into(),
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// The Lease's holder and term.
+fn holder(k: &Kubectl) -> Option<(String, u64)> {
+    let out = jp(k, LEASE, "{.spec.holderIdentity} {.spec.leaseTransitions}");
+    let (h, t) = out.split_once(' ')?;
+    Some((h.to_owned(), t.parse().unwrap_or(0))).filter(|(h, _)| !h.is_empty())
+}
+
+/// The leader process listening on `addr`.
+fn leader_pid(s: &Server, port: &str, addr: &str) -> u32 {
+    store_processes(s, port)
+        .into_iter()
+        .find(|(_, c)| c.contains(" leader ") && c.contains(&format!("--listen {addr} ")))
+        .unwrap_or_else(|| panic!("no leader process listens on {addr}"))
+        .0
+}
+
+fn leaders(s: &Server, port: &str) -> BTreeSet<u32> {
+    store_processes(s, port)
+        .into_iter()
+        .filter(|(_, c)| c.contains(" leader "))
+        .map(|(p, _)| p)
+        .collect()
+}
+
+fn signal(sig: &str, pid: u32) {
+    assert!(
+        Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill runs")
+            .success()
+    );
+}
+
+/// The store is whole again: a leader serves through the front with both members mounted.
+fn wait_whole(front: &str, capacity: u64) {
+    eventually(30, "the new leader serves with both members mounted", || {
+        rt().block_on(async {
+            let c = Client::connect(front, scope()).await.ok()?;
+            let h = c.control().health(HealthRequest {}).await.ok()?.into_inner();
+            (h.serving && h.members == 2 && h.capacity == capacity).then_some(())
+        })
+    });
+}
+
+fn apply_with_standbys(k: &Kubectl) {
+    k.must_apply(&manifest("01-backend.yaml"));
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    k.must_apply(&manifest("04-high-availability.yaml"));
+    wait_ready_backend(k, "2Gi");
+    wait_jp(
+        k,
+        KVCB,
+        "{.status.leader.replicas}/{.status.leader.readyReplicas}",
+        "3/1",
+    );
+    wait_granted(k, "1Gi");
+}
+
+/// Step 4: `leader.replicas: 3` adds two standbys and touches nothing else: the first leader
+/// process and both members keep running (same pids), the status reads 3 desired / 1 ready, and
+/// the Lease names a holder.
+#[test]
+fn step_four_adds_two_standbys_and_keeps_every_process() {
+    let s = server();
+    let k = s.kubectl(KUBECTL);
+    k.must_apply(&manifest("01-backend.yaml"));
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    k.must_apply(&manifest("03-model-deployment.yaml"));
+    wait_ready_backend(&k, "2Gi");
+    wait_granted(&k, "1Gi");
+    wait_attached(&k);
+    let port = leader_port(&k);
+    assert!(
+        condition(&k, KVCB, "ElectionObserved").starts_with("True|Electing|"),
+        "the election runs at one replica too"
+    );
+    let before = store_processes(&s, &port);
+    let first = leaders(&s, &port);
+    assert_eq!(first.len(), 1, "{before:?}");
+    let members: BTreeSet<u32> = before
+        .iter()
+        .filter(|(_, c)| c.contains(" member "))
+        .map(|(p, _)| *p)
+        .collect();
+    assert_eq!(members.len(), 2, "{before:?}");
+
+    k.must_apply(&manifest("04-high-availability.yaml"));
+    wait_jp(
+        &k,
+        KVCB,
+        "{.status.leader.replicas}/{.status.leader.readyReplicas}",
+        "3/1",
+    );
+    eventually(30, "three leader processes", || {
+        (leaders(&s, &port).len() == 3).then_some(())
+    });
+    eventually(30, "ElectionObserved and RolloutComplete", || {
+        (condition(&k, KVCB, "ElectionObserved").starts_with("True|Electing|")
+            && condition(&k, KVCB, "RolloutComplete").starts_with("True|Complete|"))
+        .then_some(())
+    });
+    let after = store_processes(&s, &port);
+    for (pid, cmd) in &before {
+        assert!(
+            after.iter().any(|(p, _)| p == pid),
+            "{cmd} (pid {pid}) was restarted by the scale-up"
+        );
+    }
+    assert!(first.is_subset(&leaders(&s, &port)), "the first leader keeps running");
+    let (h, _) = holder(&k).expect("the Lease names a holder");
+    assert_eq!(
+        leader_pid(&s, &port, &h),
+        *first.iter().next().unwrap(),
+        "the first leader still serves"
+    );
+    let wide = k.ok(&["get", "kvcb", "-o", "wide"]);
+    assert!(wide.contains("LEADERS") && wide.contains("1/3"), "{wide}");
+    let described = k.ok(&["describe", "kvcb", "mooncake-dram"]);
+    assert!(
+        described.contains("Ready Replicas:") && described.contains("ElectionObserved"),
+        "{described}"
+    );
+    let leases = k.ok(&["get", "leases", "-n", "kvcache-system"]);
+    assert!(
+        leases.contains("mooncake-dram-leader") && leases.contains(&h),
+        "{leases}"
+    );
+    // the workload stays attached, the Binding granted
+    wait_attached(&k);
+    wait_granted(&k, "1Gi");
+}
+
+/// An engine simulator against the Client endpoint, forever, printing a report per round.
+fn engine(front: &str, dir: &std::path::Path) -> Child {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
+    Command::new(bin)
+        .arg("engine-sim")
+        .env_clear()
+        .envs([
+            ("KVSTORE_LEADER", front),
+            ("KVSTORE_TENANT", "default"),
+            ("KVSTORE_BLOCK_SIZE", "64"),
+            ("KVSTORE_DTYPE", "bfloat16"),
+            ("KVSTORE_BLOCK_BYTES", "16Ki"),
+            ("KVSTORE_SESSIONS", "4"),
+            ("KVSTORE_REQUESTS", "8"),
+            ("KVSTORE_ROUNDS", "0"),
+            ("KVSTORE_ROUND_PAUSE", "50ms"),
+        ])
+        .stdout(std::fs::File::create(dir.join("engine.out")).expect("the engine's output file"))
+        .stderr(std::fs::File::create(dir.join("engine.err")).expect("the engine's log file"))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("kv-store engine-sim starts")
+}
+
+/// Step 5, twenty times: SIGKILL the serving leader while an engine reads and writes. Each time
+/// another leader serves in a new term, members remount and the capacity returns in full, the
+/// old keys miss and can be written again, and a handover event is recorded; the engine checks
+/// every block it reads against what its key holds and never sees other bytes.
+#[test]
+fn twenty_crash_failovers_under_load_never_serve_a_wrong_byte() {
+    let s = server();
+    let k = s.kubectl(KUBECTL);
+    apply_with_standbys(&k);
+    let port = leader_port(&k);
+    let front = format!("127.0.0.1:{port}");
+    let capacity = 2u64 << 30;
+    wait_whole(&front, capacity);
+    let mut sim = engine(&front, s.dir.path());
+    let rounds = || std::fs::read_to_string(s.dir.path().join("engine.out")).unwrap_or_default();
+    eventually(30, "the engine runs rounds", || {
+        (rounds().lines().count() >= 2).then_some(())
+    });
+    let value = |i: usize| Bytes::from(vec![i as u8; 4096 + i]);
+    for i in 0..20 {
+        let (h, term) = holder(&k).expect("a holder");
+        let marker = format!("marker/{i}");
+        eventually(30, "a marker is written before the kill", || {
+            rt().block_on(async {
+                let c = Client::connect(&front, scope()).await.ok()?;
+                c.put(&marker, value(i)).await.ok()
+            })
+        });
+        signal("-KILL", leader_pid(&s, &port, &h));
+        let (h2, term2) = eventually(30, "another term serves", || holder(&k).filter(|(_, t)| *t > term));
+        wait_whole(&front, capacity);
+        // the cache is cold: the marker misses, and can be written and read again
+        eventually(30, "the old key misses, then is written again", || {
+            rt().block_on(async {
+                let c = Client::connect(&front, scope()).await.ok()?;
+                assert_eq!(c.get(&marker).await.ok()?, None, "failover {i}: an old key was served");
+                c.put(&marker, value(i)).await.ok()?;
+                (c.get(&marker).await.ok()?? == value(i)).then_some(())
+            })
+        });
+        assert!(
+            sim.try_wait().unwrap().is_none(),
+            "failover {i} ({h} → {h2}, term {term2}): the engine stopped: {}",
+            std::fs::read_to_string(s.dir.path().join("engine.err")).unwrap_or_default()
+        );
+    }
+    // the engine still runs, never saw other bytes, and hits again after the last failover
+    let before = rounds().lines().count();
+    eventually(30, "the engine runs rounds after the failovers", || {
+        (rounds().lines().count() >= before + 2).then_some(())
+    });
+    assert!(sim.try_wait().unwrap().is_none());
+    let _ = sim.kill();
+    let _ = sim.wait();
+    let err = std::fs::read_to_string(s.dir.path().join("engine.err")).unwrap_or_default();
+    assert!(!err.contains("other bytes"), "{err}");
+    let reports: Vec<serde_json::Value> = rounds().lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert!(reports.len() >= 4, "{reports:?}");
+    assert!(reports.last().unwrap()["hits"].as_u64().unwrap() > 0, "{reports:?}");
+    eventually(30, "a handover event per failover", || {
+        let events = k.ok(&[
+            "get",
+            "events",
+            "--field-selector",
+            "reason=KVCacheLeaderHandover",
+            "-o",
+            "name",
+        ]);
+        (events.lines().count() >= 20).then_some(())
+    });
+    wait_granted(&k, "1Gi");
+    wait_jp(
+        &k,
+        KVCB,
+        "{.status.leader.replicas}/{.status.leader.readyReplicas}",
+        "3/1",
+    );
+}
+
+/// The fence: a leader paused (SIGSTOP) past its lease loses it to a standby; when it resumes
+/// (SIGCONT), the range it handed out before the pause is refused by the member (an older
+/// epoch), it refuses calls itself, and nothing it placed reaches a reader.
+#[test]
+fn a_paused_leader_that_lost_its_lease_places_no_byte() {
+    let s = server();
+    let k = s.kubectl(KUBECTL);
+    apply_with_standbys(&k);
+    let port = leader_port(&k);
+    let front = format!("127.0.0.1:{port}");
+    wait_whole(&front, 2 << 30);
+    let (old, term) = holder(&k).expect("a holder");
+    let pid = leader_pid(&s, &port, &old);
+    let rt = rt();
+    // a writer that talks to the old leader directly reserves a range before the pause
+    let mut direct = rt.block_on(StoreClient::connect(format!("http://{old}"))).unwrap();
+    let reserved = rt
+        .block_on(direct.put_start(PutStartRequest {
+            scope: Some(scope()),
+            key: "fence/k".into(),
+            size: 4096,
+        }))
+        .unwrap()
+        .into_inner();
+    let loc = reserved.location.clone().unwrap();
+    assert_eq!(loc.epoch, term, "ranges carry the leader's term");
+    signal("-STOP", pid);
+    let resumed = std::panic::catch_unwind(|| {
+        let (new, term2) = eventually(30, "a standby takes over", || holder(&k).filter(|(_, t)| *t > term));
+        assert_ne!(new, old);
+        wait_whole(&front, 2 << 30);
+        term2
+    });
+    signal("-CONT", pid);
+    let term2 = resumed.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    // the member refuses the old leader's range: an older epoch than it mounted under
+    let mut member = rt
+        .block_on(SegmentDataClient::connect(format!("http://{}", loc.grpc_addr)))
+        .unwrap();
+    let write = rt.block_on(member.write(WriteRequest {
+        mount_id: loc.mount_id,
+        offset: loc.offset,
+        write_deadline_unix_ms: reserved.write_deadline_unix_ms,
+        data: vec![7u8; 4096].into(),
+        epoch: loc.epoch,
+    }));
+    let refusal = write
+        .expect_err("a deposed leader's range was written")
+        .message()
+        .to_owned();
+    assert!(refusal.starts_with("STALE_EPOCH:"), "{refusal}");
+    assert!(
+        refusal.contains(&format!("epoch {term}")) && refusal.contains(&format!("epoch {term2}")),
+        "{refusal}"
+    );
+    // the old leader itself refuses: its serving deadline passed while it was paused
+    let commit = rt.block_on(direct.put_commit(PutCommitRequest {
+        scope: Some(scope()),
+        key: "fence/k".into(),
+        put_id: reserved.put_id,
+    }));
+    assert!(commit.unwrap_err().message().starts_with("NOT_SERVING:"));
+    let again = rt.block_on(direct.put_start(PutStartRequest {
+        scope: Some(scope()),
+        key: "fence/other".into(),
+        size: 4096,
+    }));
+    assert!(again.unwrap_err().message().starts_with("NOT_SERVING:"));
+    // nothing of it reaches a reader, and the old leader stands by under the new holder
+    rt.block_on(async {
+        let c = Client::connect(&front, scope()).await.unwrap();
+        assert_eq!(c.get("fence/k").await.unwrap(), None);
+        assert_eq!(c.get("fence/other").await.unwrap(), None);
+    });
+    eventually(30, "the resumed leader stands by", || {
+        rt.block_on(async {
+            let mut c = kvcache_store::proto::control_client::ControlClient::connect(format!("http://{old}"))
+                .await
+                .ok()?;
+            let h = c.health(HealthRequest {}).await.ok()?.into_inner();
+            (!h.serving && h.role == "standby").then_some(())
+        })
+    });
+    assert_eq!(holder(&k).map(|(_, t)| t), Some(term2));
+}
