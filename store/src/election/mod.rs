@@ -12,8 +12,8 @@
 //! - `leaseTransitions` is the term: it rises by one on every change of holder, and the holder
 //!   serves under it as its epoch ([`Event::Elected`]). Members refuse ranges of an older epoch.
 //! - The identity is the holder's address, so a record under this candidate's own identity that
-//!   it did not write in this process was left by an earlier process at the same address (which
-//!   is gone: the address is bound here now); it is taken over at once, in a new term.
+//!   it did not write in this process was left by an earlier process at the same address: it is
+//!   another holder's record, waited out like any other and taken over in a new term.
 //! - A holder that stops gracefully releases the Lease (an empty holder), so a standby takes
 //!   over at once instead of waiting out the lease.
 //! - Standbys also wake on a change hint ([`LeaseStore::changed`], a watch where the API serves
@@ -223,11 +223,11 @@ impl Candidate<'_> {
         let transitions = spec.lease_transitions.unwrap_or(0);
         self.transitions_seen = self.transitions_seen.max(transitions);
         // Ours only while this process holds the term: a record under our identity left by an
-        // earlier process at this address (which cannot run any more: the address is ours now)
-        // is taken over at once, and in a new term, so nothing it handed out passes the fence.
+        // earlier process at this address is another holder's, waited out like any other and
+        // taken over in a new term, so nothing that process handed out passes the fence (and a
+        // standby, already campaigning, takes over first).
         let ours = held_by == self.identity && self.term.is_some();
-        let earlier_self = held_by == self.identity && self.term.is_none();
-        if !ours && !earlier_self && !held_by.is_empty() && !self.expired(Instant::now()) {
+        if !ours && !held_by.is_empty() && !self.expired(Instant::now()) {
             return Ok(None);
         }
         let (transitions, acquired) = if ours {
