@@ -1,6 +1,7 @@
 //! One supervised child process: started in its own process group with its stdout and stderr
-//! in a log file, restarted with exponential back-off when it exits, stopped with SIGTERM and
-//! then SIGKILL after a grace period.
+//! in a log file, restarted with exponential back-off when it exits (reset once an instance
+//! came up: it announced it serves or stands by, or reported, or ran for a minute), stopped with
+//! SIGTERM and then SIGKILL after a grace period.
 //!
 //! A child never outlives the server: its standard input is a pipe the supervisor holds, and the
 //! store binary runs with `--exit-with-stdin`, so when the server ends in any way (even
@@ -71,6 +72,8 @@ struct Observed {
     report: Option<CacheReport>,
     /// The epoch a leader announced with its last readiness line.
     epoch: Option<u64>,
+    /// The current instance came up: it announced it serves or stands by, or gave a report.
+    came_up: bool,
 }
 
 /// A live view of whether a supervised leader serves, and under which epoch (what a Service's
@@ -122,6 +125,7 @@ impl Supervised {
             },
             report: None,
             epoch: None,
+            came_up: false,
         };
         Supervised {
             spec,
@@ -206,6 +210,7 @@ async fn supervise(
             o.state.running = true;
             o.state.ready = false;
             o.state.started = Some(now());
+            o.came_up = false;
         });
         let reader = child.stdout.take().map(|out| {
             let observed = observed.clone();
@@ -253,7 +258,13 @@ async fn supervise(
             hook().await;
         }
         hooks.changed();
-        if started.elapsed() >= STABLE_RUN {
+        // Back off processes that cannot come up, not ones that ran: an instance that served
+        // (or stood by) and was then killed is restarted after the first back-off again.
+        let came_up = observed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .came_up;
+        if came_up || started.elapsed() >= STABLE_RUN {
             backoff = FIRST_BACKOFF;
         }
         tokio::select! {
@@ -317,7 +328,9 @@ async fn read_stdout(out: tokio::process::ChildStdout, log: PathBuf, observed: A
             let mut o = observed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let event = value.get("event").and_then(|e| e.as_str());
             if event == Some("readiness") {
-                let ready = value.get("state").and_then(|s| s.as_str()) == Some("serving");
+                let state = value.get("state").and_then(|s| s.as_str());
+                let ready = state == Some("serving");
+                o.came_up |= matches!(state, Some("serving" | "standby"));
                 if ready && !o.state.ready {
                     o.state.ready_since = Some(SystemTime::now());
                 }
@@ -330,6 +343,7 @@ async fn read_stdout(out: tokio::process::ChildStdout, log: PathBuf, observed: A
                     o.state.ready_since = Some(SystemTime::now());
                 }
                 o.state.ready = true;
+                o.came_up = true;
                 o.report = Some(report);
             } else {
                 continue;
