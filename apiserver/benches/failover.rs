@@ -57,26 +57,60 @@ fn holder(dir: &std::path::Path) -> anyhow::Result<String> {
     Ok(h)
 }
 
-/// The leader process listening on `addr`.
-fn pid_of(addr: &str) -> anyhow::Result<u32> {
-    for entry in std::fs::read_dir("/proc")?.flatten() {
+/// The leader processes of the server in `dir`: (pid, its own gRPC address).
+fn leaders(dir: &std::path::Path) -> Vec<(u32, String)> {
+    let mine = dir.display().to_string();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        let cmd = String::from_utf8_lossy(&std::fs::read(entry.path().join("cmdline")).unwrap_or_default())
-            .replace('\0', " ");
-        if cmd.contains("kv-store") && cmd.contains(" leader ") && cmd.contains(&format!("--listen {addr} ")) {
-            return Ok(pid);
+        let raw = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if !(cmd.contains("kv-store") && cmd.contains(" leader ") && cmd.contains(&mine)) {
+            continue;
+        }
+        if let Some(addr) = cmd.split("--listen ").nth(1).and_then(|r| r.split(' ').next()) {
+            out.push((pid, addr.to_owned()));
         }
     }
-    bail!("no leader process listens on {addr}")
+    out
 }
 
-/// Waits until a leader serves through `front` with both members and a put succeeds.
-async fn whole(front: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+/// The leader process listening on `addr`.
+fn pid_of(dir: &std::path::Path, addr: &str) -> anyhow::Result<u32> {
+    leaders(dir)
+        .into_iter()
+        .find(|(_, a)| a == addr)
+        .map(|(p, _)| p)
+        .with_context(|| format!("no leader process listens on {addr}"))
+}
+
+/// Whether all three replicas run, one serving and two standing by (after a kill, the
+/// supervisor restarts a replica with back-off; a failover is measured with its standbys up).
+async fn standbys_up(dir: &std::path::Path) -> bool {
+    let mut roles = Vec::new();
+    for (_, addr) in leaders(dir) {
+        let Ok(mut c) = kvcache_store::proto::control_client::ControlClient::connect(format!("http://{addr}")).await
+        else {
+            return false;
+        };
+        match c.health(HealthRequest {}).await {
+            Ok(h) => roles.push(h.into_inner().role),
+            Err(_) => return false,
+        }
+    }
+    roles.sort();
+    roles == ["leader", "standby", "standby"]
+}
+
+/// Waits until a leader serves through `front` with both members and a put succeeds, and its
+/// two standbys stand by.
+async fn whole(dir: &std::path::Path, front: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(90);
     while Instant::now() < deadline {
-        if let Ok(c) = Client::connect(front, scope()).await
+        if standbys_up(dir).await
+            && let Ok(c) = Client::connect(front, scope()).await
             && let Ok(h) = c.control().health(HealthRequest {}).await
             && h.get_ref().serving
             && h.get_ref().members == 2
@@ -86,13 +120,16 @@ async fn whole(front: &str) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    bail!("the store did not become whole within 60 s")
+    bail!("the store did not become whole (a leader, two standbys, two members) within 90 s")
 }
 
-/// Sends `signal` to the serving leader; returns the time until a put through `front` succeeds.
+/// Sends `signal` to the serving leader; returns the time until a put through `front` succeeds
+/// on a leader of a newer term (a put the stopping leader still answered does not count).
 async fn outage(dir: &std::path::Path, front: &str, signal: &str, key: &str) -> anyhow::Result<Duration> {
-    let pid = pid_of(&holder(dir)?)?;
+    let before = holder(dir)?;
+    let pid = pid_of(dir, &before)?;
     let client = Client::connect(front, scope()).await?;
+    let epoch = client.control().health(HealthRequest {}).await?.into_inner().epoch;
     let value = Bytes::from(vec![7u8; 16 << 10]);
     let t0 = Instant::now();
     let killed = std::process::Command::new("kill")
@@ -106,11 +143,24 @@ async fn outage(dir: &std::path::Path, front: &str, signal: &str, key: &str) -> 
     while t0.elapsed() < Duration::from_secs(120) {
         n += 1;
         if client.put(&format!("{key}/{n}"), value.clone()).await.is_ok() {
-            return Ok(t0.elapsed());
+            let t = t0.elapsed();
+            let now = client
+                .control()
+                .health(HealthRequest {})
+                .await
+                .map(|h| h.into_inner().epoch);
+            if now.is_ok_and(|e| e > epoch) {
+                if holder(dir)? == before {
+                    bail!(
+                        "the leader {before} that got {signal} holds the Lease again; a standby was expected to take over"
+                    );
+                }
+                return Ok(t);
+            }
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    bail!("no put succeeded within 120 s of {signal}")
+    bail!("no put succeeded on a new leader within 120 s of {signal}")
 }
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
@@ -155,7 +205,7 @@ fn main() -> anyhow::Result<()> {
     ] {
         let mut times = Vec::new();
         for i in 0..ROUNDS {
-            rt.block_on(whole(&front))?;
+            rt.block_on(whole(d, &front))?;
             let t = rt.block_on(outage(d, &front, signal, &format!("bench/{signal}/{i}")))?;
             println!("{name} {}: first successful put after {:.3} s", i + 1, t.as_secs_f64());
             times.push(t);

@@ -77,6 +77,30 @@ fn signal(sig: &str, pid: u32) {
     );
 }
 
+/// All three leader replicas run: one serves, two stand by (after a kill, the runtime restarts a
+/// replica with back-off; each failover starts with its standbys up).
+fn wait_standbys(s: &Server, port: &str) {
+    eventually(90, "one leader and two standbys", || {
+        let addrs: Vec<String> = store_processes(s, port)
+            .into_iter()
+            .filter(|(_, c)| c.contains(" leader "))
+            .filter_map(|(_, c)| Some(c.split("--listen ").nth(1)?.split(' ').next()?.to_owned()))
+            .collect();
+        let mut roles = rt().block_on(async {
+            let mut roles = Vec::new();
+            for a in &addrs {
+                let mut c = kvcache_store::proto::control_client::ControlClient::connect(format!("http://{a}"))
+                    .await
+                    .ok()?;
+                roles.push(c.health(HealthRequest {}).await.ok()?.into_inner().role);
+            }
+            Some(roles)
+        })?;
+        roles.sort();
+        (roles == ["leader", "standby", "standby"]).then_some(())
+    });
+}
+
 /// The store is whole again: a leader serves through the front with both members mounted.
 fn wait_whole(front: &str, capacity: u64) {
     eventually(30, "the new leader serves with both members mounted", || {
@@ -220,6 +244,7 @@ fn twenty_crash_failovers_under_load_never_serve_a_wrong_byte() {
     });
     let value = |i: usize| Bytes::from(vec![i as u8; 4096 + i]);
     for i in 0..20 {
+        wait_standbys(&s, &port);
         let (h, term) = holder(&k).expect("a holder");
         let marker = format!("marker/{i}");
         eventually(30, "a marker is written before the kill", || {
@@ -230,6 +255,7 @@ fn twenty_crash_failovers_under_load_never_serve_a_wrong_byte() {
         });
         signal("-KILL", leader_pid(&s, &port, &h));
         let (h2, term2) = eventually(30, "another term serves", || holder(&k).filter(|(_, t)| *t > term));
+        assert_ne!(h2, h, "failover {i}: a standby serves, not the killed leader restarted");
         wait_whole(&front, capacity);
         // the cache is cold: the marker misses, and can be written and read again
         eventually(30, "the old key misses, then is written again", || {
@@ -363,4 +389,44 @@ fn a_paused_leader_that_lost_its_lease_places_no_byte() {
         })
     });
     assert_eq!(holder(&k).map(|(_, t)| t), Some(term2));
+}
+
+/// `memberAddressing: Lease`: members are given the Lease (`k8s://kvcache-system/...`), not the
+/// front, connect to its holder, and remount at the new holder after a failover.
+#[test]
+fn lease_addressed_members_follow_the_holder() {
+    let s = server();
+    let k = s.kubectl(KUBECTL);
+    k.must_apply(&manifest("01-backend.yaml"));
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    k.must_apply(
+        &manifest("04-high-availability.yaml").replace("replicas: 3", "replicas: 3\n        memberAddressing: Lease"),
+    );
+    wait_ready_backend(&k, "2Gi");
+    wait_jp(
+        &k,
+        KVCB,
+        "{.status.leader.replicas}/{.status.leader.readyReplicas}",
+        "3/1",
+    );
+    let port = leader_port(&k);
+    let front = format!("127.0.0.1:{port}");
+    let members: Vec<String> = store_processes(&s, &port)
+        .into_iter()
+        .filter(|(_, c)| c.contains(" member "))
+        .map(|(_, c)| c)
+        .collect();
+    assert_eq!(members.len(), 2, "{members:?}");
+    for m in &members {
+        assert!(
+            m.contains("--leader k8s://kvcache-system/mooncake-dram-leader") && !m.contains(&front),
+            "{m}"
+        );
+    }
+    wait_whole(&front, 2 << 30);
+    let (h, term) = holder(&k).expect("a holder");
+    signal("-KILL", leader_pid(&s, &port, &h));
+    eventually(30, "another term serves", || holder(&k).filter(|(_, t)| *t > term));
+    wait_whole(&front, 2 << 30);
+    wait_granted(&k, "1Gi");
 }
