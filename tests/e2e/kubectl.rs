@@ -82,6 +82,8 @@ fn leases_in_direct_mode() {
         let r = k.run(&["-n", &ns, "get", "lease", "l"]);
         assert!(!r.ok && r.stderr.contains("NotFound"), "{v}: {}", r.stderr);
     }
+    let explained = s.kubectl("1.33").ok(&["explain", "lease.spec"]);
+    assert!(explained.contains("holderIdentity") && explained.contains("leaseTransitions"), "{explained}");
     let root = s.get_body("/openapi/v3", &[]);
     assert!(root.contains("apis/coordination.k8s.io/v1"), "{root}");
     let doc = s.get_body("/openapi/v3/apis/coordination.k8s.io/v1", &[]);
@@ -220,11 +222,15 @@ fn openapi_and_explain() {
         s.kubectl(v)
             .ok(&["explain", "kvcpb", "--recursive", "--output=plaintext-openapiv2"]);
     }
-    // 11: the root lists only our group-version; a stale hash redirects.
+    // 11: the root lists our group-version (and the Leases' of direct mode); a stale hash
+    // redirects.
     let root = s.kubectl("1.33").ok(&["get", "--raw", "/openapi/v3"]);
     let doc: serde_json::Value = serde_json::from_str(&root).unwrap();
     let paths = doc["paths"].as_object().unwrap();
-    assert_eq!(paths.keys().collect::<Vec<_>>(), ["apis/worker.gpustack.ai/v1"]);
+    assert_eq!(
+        paths.keys().collect::<Vec<_>>(),
+        ["apis/coordination.k8s.io/v1", "apis/worker.gpustack.ai/v1"]
+    );
     let out = s.curl(&[
         "-s",
         "-o",
