@@ -89,7 +89,9 @@ impl ErrorCode {
     }
 }
 
-const ALL: &[ErrorCode] = &[
+/// Every code, in a fixed order (clients that number codes, such as the Python package, number
+/// them by their place here; append new codes at the end).
+pub const ALL: &[ErrorCode] = &[
     ErrorCode::TenantNotRegistered,
     ErrorCode::TenantQuotaExceeded,
     ErrorCode::TenantLayoutMismatch,

@@ -83,7 +83,10 @@ fn leases_in_direct_mode() {
         assert!(!r.ok && r.stderr.contains("NotFound"), "{v}: {}", r.stderr);
     }
     let explained = s.kubectl("1.33").ok(&["explain", "lease.spec"]);
-    assert!(explained.contains("holderIdentity") && explained.contains("leaseTransitions"), "{explained}");
+    assert!(
+        explained.contains("holderIdentity") && explained.contains("leaseTransitions"),
+        "{explained}"
+    );
     let root = s.get_body("/openapi/v3", &[]);
     assert!(root.contains("apis/coordination.k8s.io/v1"), "{root}");
     let doc = s.get_body("/openapi/v3/apis/coordination.k8s.io/v1", &[]);

@@ -1,0 +1,285 @@
+//! `kvcache._native`: the store's Rust client as a Python class, `Store`. Metadata goes to the
+//! leader's fast port and the bytes straight to the members' data ports, as for any Rust
+//! client; the GIL is released for every network call. Refusals raise `StoreError`, whose `code`
+//! is the store's (`"TENANT_QUOTA_EXCEEDED"`, ...). Batch calls answer key by key with integers:
+//! bytes moved (or 0 for a put), [`KEY_NOT_FOUND`] for a miss, and a negative number per store
+//! code (`codes()` names them).
+//!
+//! The shapes follow the reference store's Python client (`setup`/`register_buffer`/
+//! `batch_put_from`/`batch_get_into`/`is_exist`/`batch_is_exist`/`remove`/`close`), so adapters
+//! written for it port easily; `buffers` holds the one unsafe fence (copies from and to
+//! registered memory).
+
+mod buffers;
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kvcache_store::client::Client;
+use kvcache_store::engine_sim::SimConfig;
+use kvcache_store::error::{ALL, ErrorCode, StoreError as Refusal};
+use kvcache_store::proto::Scope;
+use parking_lot::RwLock;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+pyo3::create_exception!(
+    kvcache,
+    StoreError,
+    PyException,
+    "A refusal or failure of the store; `code` is the store's code (e.g. TENANT_QUOTA_EXCEEDED)."
+);
+
+/// A batch entry whose key is not in the store.
+pub const KEY_NOT_FOUND: i64 = -1;
+
+/// The negative number a batch answers for a store code: -(100 + its place in the list).
+fn number(code: ErrorCode) -> i64 {
+    let at = ALL.iter().position(|c| *c == code).unwrap_or(ALL.len());
+    -(100 + at as i64)
+}
+
+fn raise(e: Refusal) -> PyErr {
+    Python::attach(|py| {
+        let err = StoreError::new_err(e.to_string());
+        let _ = err.value(py).setattr("code", e.code.as_str());
+        err
+    })
+}
+
+fn invalid(message: impl Into<String>) -> Refusal {
+    Refusal::new(ErrorCode::InvalidArgument, message)
+}
+
+/// A connection to one store, for one tenant (reuse domain) and its block layout.
+#[pyclass(module = "kvcache._native", frozen)]
+struct Store {
+    rt: tokio::runtime::Runtime,
+    client: RwLock<Option<Client>>,
+    buffers: buffers::Buffers,
+    endpoint: String,
+}
+
+impl Store {
+    fn connect(endpoint: &str, scope: Scope, spin_us: u64) -> Result<Store, Refusal> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("kvcache-client")
+            .enable_all()
+            .build()
+            .map_err(|e| Refusal::new(ErrorCode::Internal, format!("starting the client's runtime: {e}")))?;
+        let client = rt
+            .block_on(Client::connect(endpoint, scope))?
+            .with_spin(Duration::from_micros(spin_us));
+        Ok(Store {
+            rt,
+            client: RwLock::new(Some(client)),
+            buffers: buffers::Buffers::default(),
+            endpoint: endpoint.to_owned(),
+        })
+    }
+
+    fn client(&self) -> Result<Client, Refusal> {
+        self.client
+            .read()
+            .clone()
+            .ok_or_else(|| Refusal::new(ErrorCode::InvalidArgument, "this Store was closed; make a new one"))
+    }
+
+    /// Runs `f` on the client's runtime with the GIL released.
+    fn run<T: Send, F: Future<Output = Result<T, Refusal>> + Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(Client) -> F + Send,
+    ) -> PyResult<T> {
+        let client = self.client().map_err(raise)?;
+        py.detach(|| self.rt.block_on(f(client))).map_err(raise)
+    }
+}
+
+#[pymethods]
+impl Store {
+    /// `Store(endpoint, tenant, block_size, dtype, spin_us=0)`: connects to the leader at
+    /// `endpoint` (HOST:PORT, the backend's Client endpoint).
+    #[new]
+    #[pyo3(signature = (endpoint, tenant, block_size, dtype, spin_us = 0))]
+    fn new(
+        py: Python<'_>,
+        endpoint: String,
+        tenant: String,
+        block_size: u32,
+        dtype: String,
+        spin_us: u64,
+    ) -> PyResult<Self> {
+        let scope = Scope {
+            tenant,
+            block_size,
+            dtype,
+        };
+        py.detach(|| Store::connect(&endpoint, scope, spin_us)).map_err(raise)
+    }
+
+    /// A Store from exactly what injection gives a replica: `KVSTORE_LEADER` (or
+    /// `MOONCAKE_MASTER`), `KVSTORE_TENANT` (or `MOONCAKE_TENANT_ID`, default `default`),
+    /// `KVSTORE_BLOCK_SIZE` and `KVSTORE_DTYPE`.
+    #[staticmethod]
+    #[pyo3(signature = (spin_us = 0))]
+    fn from_env(py: Python<'_>, spin_us: u64) -> PyResult<Self> {
+        let cfg = SimConfig::from_env(|k| std::env::var(k).ok()).map_err(raise)?;
+        let Some(endpoint) = cfg.leader else {
+            return Err(raise(invalid(
+                "no store is configured: set KVSTORE_LEADER (or MOONCAKE_MASTER) to the backend's Client endpoint",
+            )));
+        };
+        py.detach(|| Store::connect(&endpoint, cfg.scope, spin_us))
+            .map_err(raise)
+    }
+
+    /// The leader's address this Store talks to.
+    #[getter]
+    fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    /// Stores `value` under `key`; a key that exists already is left as it is (values are
+    /// immutable, keys content-derived).
+    fn put(&self, py: Python<'_>, key: String, value: &[u8]) -> PyResult<()> {
+        let value = Bytes::copy_from_slice(value);
+        self.run(py, |c| async move { c.put(&key, value).await.map(drop) })
+    }
+
+    /// The value under `key`, or `None`.
+    fn get<'py>(&self, py: Python<'py>, key: String) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let got = self.run(py, |c| async move { c.get(&key).await })?;
+        Ok(got.map(|b| PyBytes::new(py, &b)))
+    }
+
+    /// 1 if `key` is stored, else 0.
+    fn is_exist(&self, py: Python<'_>, key: String) -> PyResult<i64> {
+        self.run(py, |c| async move { c.exists(&key).await.map(i64::from) })
+    }
+
+    /// 1 or 0 per key, in order.
+    fn batch_is_exist(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<i64>> {
+        self.run(py, |c| async move {
+            Ok(c.batch_exists(&keys).await?.into_iter().map(i64::from).collect())
+        })
+    }
+
+    /// Removes `key`: 1 if it was stored, 0 if not.
+    fn remove(&self, py: Python<'_>, key: String) -> PyResult<i64> {
+        self.run(py, |c| async move { c.remove(&key).await.map(i64::from) })
+    }
+
+    /// Registers host memory that `batch_put_from` and `batch_get_into` may name: it must stay
+    /// allocated, and not be written by others while a call naming it runs. Returns 0.
+    fn register_buffer(&self, ptr: usize, size: usize) -> PyResult<i64> {
+        self.buffers.register(ptr, size).map_err(|e| raise(invalid(e)))?;
+        Ok(0)
+    }
+
+    /// Forgets a registered buffer: 0, or -1 if none starts at `ptr`.
+    fn unregister_buffer(&self, ptr: usize) -> i64 {
+        if self.buffers.unregister(ptr) { 0 } else { -1 }
+    }
+
+    /// Stores `sizes[i]` bytes of registered memory at `ptrs[i]` under `keys[i]`, concurrently;
+    /// per key 0, or a negative code.
+    fn batch_put_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> PyResult<Vec<i64>> {
+        same_lengths(keys.len(), ptrs.len(), sizes.len())?;
+        let mut values = Vec::with_capacity(keys.len());
+        for (p, n) in ptrs.iter().zip(&sizes) {
+            values.push(self.buffers.read(*p, *n).map(Bytes::from));
+        }
+        self.run(py, |c| async move {
+            let puts = keys.iter().zip(values).map(|(k, v)| {
+                let c = c.clone();
+                async move {
+                    match v {
+                        Ok(v) => match c.put(k, v).await {
+                            Ok(_) => 0,
+                            Err(e) => number(e.code),
+                        },
+                        Err(_) => number(ErrorCode::InvalidArgument),
+                    }
+                }
+            });
+            Ok(futures::future::join_all(puts).await)
+        })
+    }
+
+    /// Reads the values of `keys` into registered memory at `ptrs` (at most `sizes[i]` bytes
+    /// each), concurrently; per key the bytes read, `KEY_NOT_FOUND`, or a negative code (a value
+    /// larger than its size is not copied: `VALUE_TOO_LARGE`).
+    fn batch_get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> PyResult<Vec<i64>> {
+        same_lengths(keys.len(), ptrs.len(), sizes.len())?;
+        let got = self.run(py, |c| async move {
+            let gets = keys.iter().map(|k| {
+                let c = c.clone();
+                async move { c.get(k).await }
+            });
+            Ok(futures::future::join_all(gets).await)
+        })?;
+        let out = got
+            .into_iter()
+            .zip(ptrs.iter().zip(&sizes))
+            .map(|(r, (p, n))| match r {
+                Ok(Some(v)) if v.len() > *n => number(ErrorCode::ValueTooLarge),
+                Ok(Some(v)) => match self.buffers.write(*p, *n, &v) {
+                    Ok(()) => v.len() as i64,
+                    Err(_) => number(ErrorCode::InvalidArgument),
+                },
+                Ok(None) => KEY_NOT_FOUND,
+                Err(e) => number(e.code),
+            })
+            .collect();
+        Ok(out)
+    }
+
+    /// Closes the connections; later calls raise.
+    fn close(&self) {
+        self.client.write().take();
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Store(endpoint={:?})", self.endpoint)
+    }
+}
+
+fn same_lengths(keys: usize, ptrs: usize, sizes: usize) -> PyResult<()> {
+    if keys == ptrs && keys == sizes {
+        return Ok(());
+    }
+    Err(raise(invalid(format!(
+        "{keys} keys, {ptrs} pointers and {sizes} sizes: give one of each per key"
+    ))))
+}
+
+/// Every store code and the negative number batch calls answer with for it.
+#[pyfunction]
+fn codes() -> Vec<(&'static str, i64)> {
+    ALL.iter().map(|c| (c.as_str(), number(*c))).collect()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Store>()?;
+    m.add("StoreError", m.py().get_type::<StoreError>())?;
+    m.add("KEY_NOT_FOUND", KEY_NOT_FOUND)?;
+    m.add_function(wrap_pyfunction!(codes, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,186 @@
+"""The kvcache package against a real leader and member (`kv-store`, started here, stopped at the
+end): round trips from 1 B to 4 MiB, registered buffers and the batch paths, refusals as
+exceptions carrying the store's code, and ``Store.from_env`` with the injected variables.
+
+``KVSTORE_BIN`` names the kv-store binary (``scripts/test`` sets it)."""
+
+import ctypes
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+import kvcache
+
+BIN = os.environ.get(
+    "KVSTORE_BIN",
+    os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/kvcache-target")), "debug", "kv-store"),
+)
+TENANT, BLOCK_SIZE, DTYPE = "py", 16, "bfloat16"
+
+
+def start(args):
+    p = subprocess.Popen([BIN, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    events = []
+    for line in p.stdout:
+        event = json.loads(line)
+        events.append(event)
+        if event.get("event") == "readiness" and event.get("state") == "serving":
+            return p, events[0]
+    raise RuntimeError(f"{args[0]} exited before serving: {events}")
+
+
+class StoreTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.shm = tempfile.TemporaryDirectory()
+        cls.leader, listening = start([
+            "leader", "--listen", "127.0.0.1:0", "--spin", "0",
+            "--tenant", f"{TENANT}=64Mi:{BLOCK_SIZE}:{DTYPE}", "--tenant", f"small=1Mi:{BLOCK_SIZE}:{DTYPE}",
+            "--max-value-size", "8Mi",
+        ])
+        cls.endpoint = listening["grpc"]
+        cls.member, _ = start([
+            "member", "--leader", cls.endpoint, "--capacity", "128Mi", "--name", "py-member",
+            "--shm-dir", cls.shm.name, "--no-prefault", "--spin", "0", "--max-value-size", "8Mi",
+        ])
+        cls.store = kvcache.Store(cls.endpoint, TENANT, BLOCK_SIZE, DTYPE)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.store.close()
+        for p in (cls.member, cls.leader):
+            p.terminate()
+            p.wait(timeout=10)
+            p.stdout.close()
+        cls.shm.cleanup()
+
+    def test_round_trips_from_one_byte_to_four_mebibytes(self):
+        for n in (1, 7, 4096, 65537, 1 << 20, 4 << 20):
+            value = os.urandom(n)
+            key = f"rt/{n}"
+            self.store.put(key, value)
+            self.assertEqual(self.store.get(key), value, n)
+            self.assertEqual(self.store.is_exist(key), 1)
+        self.assertIsNone(self.store.get("rt/absent"))
+        self.assertEqual(self.store.is_exist("rt/absent"), 0)
+        self.assertEqual(self.store.batch_is_exist(["rt/1", "rt/absent", "rt/4096"]), [1, 0, 1])
+        self.store.put("rt/removable", b"x")
+        self.assertEqual(self.store.remove("rt/removable"), 1)
+        self.assertEqual(self.store.remove("rt/removable"), 0)
+        self.assertIsNone(self.store.get("rt/removable"))
+
+    def test_batches_move_registered_memory(self):
+        n, size = 16, 256 << 10
+        src = ctypes.create_string_buffer(os.urandom(n * size), n * size)
+        dst = ctypes.create_string_buffer(n * size)
+        base_src, base_dst = ctypes.addressof(src), ctypes.addressof(dst)
+        keys = [f"batch/{i}" for i in range(n)]
+        ptrs = [base_src + i * size for i in range(n)]
+        sizes = [size] * n
+        unregistered = self.store.batch_put_from(keys, ptrs, sizes)
+        self.assertEqual(unregistered, [kvcache.CODES["INVALID_ARGUMENT"]] * n, "memory must be registered first")
+        self.assertEqual(self.store.register_buffer(base_src, n * size), 0)
+        self.assertEqual(self.store.register_buffer(base_dst, n * size), 0)
+        self.assertEqual(self.store.batch_put_from(keys, ptrs, sizes), [0] * n)
+        dsts = [base_dst + i * size for i in range(n)]
+        got = self.store.batch_get_into(keys + ["batch/absent"], dsts + [base_dst], sizes + [size])
+        self.assertEqual(got, [size] * n + [kvcache.KEY_NOT_FOUND])
+        self.assertEqual(dst.raw, src.raw)
+        # a destination smaller than the value is not written
+        small = self.store.batch_get_into(["batch/0"], [base_dst], [size - 1])
+        self.assertEqual(small, [kvcache.CODES["VALUE_TOO_LARGE"]])
+        self.assertEqual(self.store.unregister_buffer(base_src), 0)
+        self.assertEqual(self.store.unregister_buffer(base_src), -1)
+        with self.assertRaises(kvcache.StoreError) as e:
+            self.store.batch_put_from(["a"], [1, 2], [3])
+        self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+        self.assertEqual(self.store.unregister_buffer(base_dst), 0)
+
+    def assertRefused(self, code, f, *args):
+        with self.assertRaises(kvcache.StoreError) as e:
+            f(*args)
+        self.assertEqual(e.exception.code, code, str(e.exception))
+        self.assertTrue(str(e.exception).startswith(code + ":"), str(e.exception))
+
+    def test_refusals_are_exceptions_with_the_store_code(self):
+        stranger = kvcache.Store(self.endpoint, "nobody", BLOCK_SIZE, DTYPE)
+        self.assertRefused("TENANT_NOT_REGISTERED", stranger.put, "k", b"v")
+        self.assertRefused("TENANT_NOT_REGISTERED", stranger.get, "k")
+        wrong = kvcache.Store(self.endpoint, TENANT, BLOCK_SIZE, "fp8")
+        self.assertRefused("TENANT_LAYOUT_MISMATCH", wrong.put, "k", b"v")
+        self.assertRefused("INVALID_ARGUMENT", self.store.put, "", b"v")
+        self.assertRefused("VALUE_TOO_LARGE", self.store.put, "huge", bytes(9 << 20))
+        small = kvcache.Store(self.endpoint, "small", BLOCK_SIZE, DTYPE)
+        self.assertRefused("TENANT_QUOTA_EXCEEDED", small.put, "big", bytes(2 << 20))
+        self.assertRefused("TRANSPORT", kvcache.Store, "127.0.0.1:1", TENANT, BLOCK_SIZE, DTYPE)
+        # a value just read is leased to its reader: it cannot be removed under it
+        self.store.put("leased", b"v")
+        self.assertEqual(self.store.get("leased"), b"v")
+        self.assertRefused("OBJECT_HAS_LEASE", self.store.remove, "leased")
+        for s in (stranger, wrong, small):
+            s.close()
+        closed = kvcache.Store(self.endpoint, TENANT, BLOCK_SIZE, DTYPE)
+        closed.close()
+        self.assertRefused("INVALID_ARGUMENT", closed.get, "k")
+        # every code has its batch number, and the numbers are distinct
+        self.assertEqual(len(set(kvcache.CODES.values())), len(kvcache.CODES))
+        self.assertIn("STALE_EPOCH", kvcache.CODES)
+
+    def test_calls_release_the_gil(self):
+        import signal
+        import threading
+        leader, listening = start(["leader", "--listen", "127.0.0.1:0", "--spin", "0", "--multi-tenancy=false"])
+        try:
+            s = kvcache.Store(listening["grpc"], "default", BLOCK_SIZE, DTYPE)
+            os.kill(leader.pid, signal.SIGSTOP)
+            # resumes the leader in 5 s whatever happens here, so a held GIL cannot hang the test
+            waker = subprocess.Popen(["sh", "-c", f"sleep 5; kill -CONT {leader.pid}"])
+            worker = threading.Thread(target=lambda: s.is_exist("k"))
+            worker.start()
+            # this thread runs while the worker waits on the stopped leader inside the extension
+            ran = sum(range(100_000))
+            self.assertTrue(worker.is_alive(), "the call held the GIL: this thread ran only after it returned")
+            self.assertEqual(ran, 4_999_950_000)
+            os.kill(leader.pid, signal.SIGCONT)
+            worker.join(timeout=30)
+            self.assertFalse(worker.is_alive())
+            waker.wait()
+            s.close()
+        finally:
+            os.kill(leader.pid, signal.SIGCONT)
+            leader.terminate()
+            leader.wait(timeout=10)
+            leader.stdout.close()
+
+    def test_from_env_reads_what_injection_gives_a_replica(self):
+        env = {"KVSTORE_LEADER": self.endpoint, "KVSTORE_TENANT": TENANT,
+               "KVSTORE_BLOCK_SIZE": str(BLOCK_SIZE), "KVSTORE_DTYPE": DTYPE}
+        saved = {k: os.environ.get(k) for k in [*env, "MOONCAKE_MASTER", "MOONCAKE_TENANT_ID"]}
+        try:
+            os.environ.update(env)
+            s = kvcache.Store.from_env()
+            s.put("env/k", b"from the environment")
+            self.assertEqual(self.store.get("env/k"), b"from the environment")
+            self.assertEqual(s.endpoint, self.endpoint)
+            s.close()
+            # the vLLM path's names
+            del os.environ["KVSTORE_LEADER"], os.environ["KVSTORE_TENANT"]
+            os.environ["MOONCAKE_MASTER"], os.environ["MOONCAKE_TENANT_ID"] = self.endpoint, TENANT
+            self.assertEqual(kvcache.Store.from_env().get("env/k"), b"from the environment")
+            del os.environ["MOONCAKE_MASTER"]
+            self.assertRefused("INVALID_ARGUMENT", kvcache.Store.from_env)
+            os.environ["MOONCAKE_MASTER"] = self.endpoint
+            del os.environ["KVSTORE_DTYPE"]
+            self.assertRefused("INVALID_ARGUMENT", kvcache.Store.from_env)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+if __name__ == "__main__":
+    unittest.main()
