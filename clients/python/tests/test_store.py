@@ -136,7 +136,7 @@ class StoreTest(unittest.TestCase):
             s = kvcache.Store(listening["grpc"], "default", BLOCK_SIZE, DTYPE)
             os.kill(leader.pid, signal.SIGSTOP)
             # resumes the leader in 5 s whatever happens here, so a held GIL cannot hang the test
-            waker = subprocess.Popen(["sh", "-c", f"sleep 5; kill -CONT {leader.pid}"])
+            waker = subprocess.Popen(["sh", "-c", f"sleep 5; kill -CONT {leader.pid}"], start_new_session=True)
             worker = threading.Thread(target=lambda: s.is_exist("k"))
             worker.start()
             # this thread runs while the worker waits on the stopped leader inside the extension
@@ -146,6 +146,7 @@ class StoreTest(unittest.TestCase):
             os.kill(leader.pid, signal.SIGCONT)
             worker.join(timeout=30)
             self.assertFalse(worker.is_alive())
+            os.killpg(waker.pid, signal.SIGKILL)
             waker.wait()
             s.close()
         finally:

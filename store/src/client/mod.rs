@@ -283,6 +283,15 @@ impl Client {
     }
 
     /// Removes a value; `false` if there was none. Refused while a read lease protects it.
+    /// Follows what this tenant's cache holds (`WatchBlocks`): `AllBlocksCleared`, the blocks
+    /// held now, then every change, until the leader stops serving.
+    pub async fn watch_blocks(&self) -> Result<tonic::Streaming<BlockEvent>> {
+        let req = WatchBlocksRequest {
+            scope: Some(self.scope.clone()),
+        };
+        Ok(self.store.clone().watch_blocks(req).await.map_err(status)?.into_inner())
+    }
+
     pub async fn remove(&self, key: &str) -> Result<bool> {
         let req = RemoveRequest {
             scope: Some(self.scope.clone()),

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use super::blocks::Removal;
 use super::state::State;
 
 impl State {
@@ -23,7 +24,7 @@ impl State {
             if freed >= need {
                 break;
             }
-            if let Some(o) = self.drop_object(tenant, &key) {
+            if let Some(o) = self.drop_object(tenant, &key, Removal::Evicted) {
                 freed += o.len;
                 if let Some(t) = self.tenants.get_mut(tenant) {
                     t.counters.evictions += 1;
@@ -58,7 +59,7 @@ impl State {
     }
 
     fn evict(&mut self, tenant: &str, key: &str) -> u64 {
-        let freed = self.drop_object(tenant, key).map_or(0, |o| o.len);
+        let freed = self.drop_object(tenant, key, Removal::Evicted).map_or(0, |o| o.len);
         if let Some(t) = self.tenants.get_mut(tenant) {
             t.counters.evictions += 1;
         }

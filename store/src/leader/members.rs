@@ -136,13 +136,27 @@ impl State {
     /// Drops a member and every object whose bytes it held.
     pub(super) fn unmount(&mut self, id: u64) {
         let Some(member) = self.members.remove(&id) else { return };
+        let epoch = self.epoch;
         for t in self.tenants.values_mut() {
-            let before = t.objects.len();
-            t.objects
-                .retain(|_, o| !(o.member == id && o.mount_id == member.mount_id));
-            if t.objects.len() != before {
-                t.used = t.objects.values().map(|o| o.len).sum();
+            let lost: Vec<String> = t
+                .objects
+                .iter()
+                .filter(|(_, o)| o.member == id && o.mount_id == member.mount_id)
+                .map(|(k, _)| k.clone())
+                .collect();
+            if lost.is_empty() {
+                continue;
             }
+            let mut readable = Vec::new();
+            for k in lost {
+                if let Some(o) = t.objects.remove(&k)
+                    && o.state == super::objects::ObjectState::Committed
+                {
+                    readable.push(k);
+                }
+            }
+            t.used = t.objects.values().map(|o| o.len).sum();
+            t.log.removed(epoch, readable, super::blocks::Removal::Member);
         }
         self.recompute_grants();
     }

@@ -65,4 +65,6 @@ pub struct Tenant {
     pub used: u64,
     pub objects: HashMap<String, Object>,
     pub counters: Counters,
+    /// what its blocks do, for `WatchBlocks` (`blocks.rs`)
+    pub log: super::blocks::BlockLog,
 }

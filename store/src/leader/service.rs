@@ -23,9 +23,20 @@ pub(super) fn router(leader: Leader) -> Router {
 
 type Reply<T> = Result<Response<T>, Status>;
 
-/// Each `Store` call is the function of the same name in `calls.rs`.
+/// Each `Store` call is the function of the same name in `calls.rs` (`WatchBlocks`, a stream,
+/// is `blocks.rs`).
 #[tonic::async_trait]
 impl Store for Leader {
+    type WatchBlocksStream = tokio_stream::wrappers::ReceiverStream<Result<BlockEvent, Status>>;
+
+    async fn watch_blocks(&self, req: Request<WatchBlocksRequest>) -> Reply<Self::WatchBlocksStream> {
+        let scope = req.into_inner().scope;
+        let sub = self.serving(|s| s.watch_blocks(scope.as_ref()))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        tokio::spawn(super::blocks::feed(self.clone(), scope, sub, tx));
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
     async fn put_start(&self, req: Request<PutStartRequest>) -> Reply<PutStartResponse> {
         Ok(Response::new(calls::put_start(self, req.into_inner(), Instant::now())?))
     }

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::LeaderConfig;
+use super::blocks::Removal;
 use super::ledger::DEFAULT_TENANT;
 use super::objects::{Counters, Object, ObjectState, Tenant};
 use super::placement::{self, SegmentAllocator, aligned};
@@ -260,6 +261,7 @@ impl State {
     pub fn put_commit(&mut self, scope: Option<&Scope>, key: &str, put_id: u64) -> Result<()> {
         let tenant = self.tenant_name(scope)?;
         let tick = self.next_tick();
+        let epoch = self.epoch;
         let t = self
             .tenants
             .get_mut(&tenant)
@@ -270,6 +272,7 @@ impl State {
                 o.state = ObjectState::Committed;
                 o.last_used = tick;
                 t.counters.puts += 1;
+                t.log.stored(epoch, key, o.size);
                 Ok(())
             }
             _ => Err(StoreError::new(
@@ -291,7 +294,7 @@ impl State {
             .and_then(|t| t.objects.get(key))
             .is_some_and(|o| matches!(o.state, ObjectState::Reserved { put_id: p, .. } if p == put_id));
         if reserved {
-            self.drop_object(&tenant, key);
+            self.drop_object(&tenant, key, Removal::Unpublished);
             if let Some(t) = self.tenants.get_mut(&tenant) {
                 t.counters.put_revokes += 1;
             }
@@ -364,15 +367,20 @@ impl State {
                 format!("key {key:?} is leased to a reader for another {left:?}; retry after the lease expires"),
             ));
         }
-        self.drop_object(&tenant, key);
+        self.drop_object(&tenant, key, Removal::Removed);
         Ok(true)
     }
 
-    /// Forgets an object and returns its space and charge.
-    pub(super) fn drop_object(&mut self, tenant: &str, key: &str) -> Option<Object> {
+    /// Forgets an object and returns its space and charge; a readable one is reported as
+    /// removed for `why`.
+    pub(super) fn drop_object(&mut self, tenant: &str, key: &str, why: Removal) -> Option<Object> {
+        let epoch = self.epoch;
         let t = self.tenants.get_mut(tenant)?;
         let o = t.objects.remove(key)?;
         t.used = t.used.saturating_sub(o.len);
+        if o.state == ObjectState::Committed {
+            t.log.removed(epoch, vec![key.to_owned()], why);
+        }
         if let Some(m) = self.members.get_mut(&o.member)
             && m.mount_id == o.mount_id
         {
@@ -395,7 +403,7 @@ impl State {
             }
         }
         for (name, key) in &stale {
-            self.drop_object(name, key);
+            self.drop_object(name, key, Removal::Unpublished);
         }
         stale.len() as u64
     }

@@ -70,7 +70,7 @@ impl State {
             let keys: Vec<String> = self.tenants[&name].objects.keys().cloned().collect();
             dropped += keys.len() as u64;
             for k in keys {
-                self.drop_object(&name, &k);
+                self.drop_object(&name, &k, super::blocks::Removal::Ledger);
             }
             if let Some(t) = self.tenants.remove(&name) {
                 self.retired.add(&t.counters);

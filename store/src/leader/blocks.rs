@@ -1,0 +1,217 @@
+//! KV events: what each tenant's cache holds, as it changes, for KV-aware routers
+//! (`Store.WatchBlocks`).
+//!
+//! Every tenant has a log ([`BlockLog`]): a committed put is `BlockStored`, a value that stops
+//! being readable is `BlockRemoved` with why ("removed", "evicted", "ledger", "member"). Live
+//! events are numbered per tenant from 1 within the leader's epoch. A stream starts with
+//! `AllBlocksCleared` and the blocks held at that moment (`snapshot` set, carrying the id of the
+//! last live event they include), then the live events; a stream that falls behind the log starts
+//! over the same way. A new term replaces the leader's whole state, which closes every log: the
+//! streams end with `NOT_SERVING`, and a router that reconnects (to the new leader, which starts
+//! cold) receives `AllBlocksCleared` first.
+
+use std::collections::BTreeMap;
+
+use tokio::sync::{broadcast, mpsc};
+use tonic::Status;
+
+use super::Leader;
+use crate::error::{ErrorCode, Result, StoreError};
+use crate::proto::block_event::Event;
+use crate::proto::{AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored, Scope};
+use crate::readiness::Readiness;
+
+/// Live events a slow stream may be behind before it starts over.
+const LOG_CAPACITY: usize = 4096;
+/// Keys per snapshot event.
+const SNAPSHOT_BATCH: usize = 512;
+
+/// Why blocks stopped being readable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// `Remove` asked for it.
+    Removed,
+    /// Eviction took it.
+    Evicted,
+    /// Its tenant left the ledger.
+    Ledger,
+    /// The member holding its bytes went away.
+    Member,
+    /// Never readable (an uncommitted reservation given back): nothing to report.
+    Unpublished,
+}
+
+impl Removal {
+    fn reason(self) -> Option<&'static str> {
+        match self {
+            Self::Removed => Some("removed"),
+            Self::Evicted => Some("evicted"),
+            Self::Ledger => Some("ledger"),
+            Self::Member => Some("member"),
+            Self::Unpublished => None,
+        }
+    }
+}
+
+/// One tenant's live events.
+#[derive(Debug)]
+pub struct BlockLog {
+    tx: broadcast::Sender<BlockEvent>,
+    last_id: u64,
+}
+
+impl Default for BlockLog {
+    fn default() -> Self {
+        Self {
+            tx: broadcast::channel(LOG_CAPACITY).0,
+            last_id: 0,
+        }
+    }
+}
+
+impl BlockLog {
+    /// Numbers the next event and sends it to the streams (built only when one listens).
+    fn emit(&mut self, epoch: u64, event: impl FnOnce() -> Event) {
+        self.last_id += 1;
+        if self.tx.receiver_count() > 0 {
+            let _ = self.tx.send(BlockEvent {
+                epoch,
+                id: self.last_id,
+                snapshot: false,
+                event: Some(event()),
+            });
+        }
+    }
+
+    pub fn stored(&mut self, epoch: u64, key: &str, size: u64) {
+        self.emit(epoch, || {
+            Event::Stored(BlockStored {
+                keys: vec![key.to_owned()],
+                size,
+            })
+        });
+    }
+
+    pub fn removed(&mut self, epoch: u64, keys: Vec<String>, why: Removal) {
+        let Some(reason) = why.reason() else { return };
+        if keys.is_empty() {
+            return;
+        }
+        self.emit(epoch, || {
+            Event::Removed(BlockRemoved {
+                keys,
+                reason: reason.to_owned(),
+            })
+        });
+    }
+}
+
+/// A stream's start: the live events from now on, and the state they follow.
+#[derive(Debug)]
+pub struct Subscription {
+    rx: broadcast::Receiver<BlockEvent>,
+    epoch: u64,
+    last_id: u64,
+    /// committed blocks held now: key and size
+    held: Vec<(String, u64)>,
+}
+
+impl super::State {
+    /// Subscribes to the tenant's log and takes the state it starts from, in one step.
+    pub fn watch_blocks(&mut self, scope: Option<&Scope>) -> Result<Subscription> {
+        let tenant = self.tenant_name(scope)?;
+        let epoch = self.epoch;
+        let t = self
+            .tenants
+            .get(&tenant)
+            .ok_or_else(|| StoreError::new(ErrorCode::Internal, "tenant vanished"))?;
+        let held = t
+            .objects
+            .iter()
+            .filter(|(_, o)| o.state == super::objects::ObjectState::Committed)
+            .map(|(k, o)| (k.clone(), o.size))
+            .collect();
+        Ok(Subscription {
+            rx: t.log.tx.subscribe(),
+            epoch,
+            last_id: t.log.last_id,
+            held,
+        })
+    }
+}
+
+/// `AllBlocksCleared`, then the held blocks grouped by size.
+fn snapshot(sub: &Subscription) -> Vec<BlockEvent> {
+    let event = |e: Event| BlockEvent {
+        epoch: sub.epoch,
+        id: sub.last_id,
+        snapshot: true,
+        event: Some(e),
+    };
+    let mut out = vec![event(Event::Cleared(AllBlocksCleared {}))];
+    let mut by_size: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for (k, size) in &sub.held {
+        by_size.entry(*size).or_default().push(k.clone());
+    }
+    for (size, keys) in by_size {
+        for chunk in keys.chunks(SNAPSHOT_BATCH) {
+            out.push(event(Event::Stored(BlockStored {
+                keys: chunk.to_vec(),
+                size,
+            })));
+        }
+    }
+    out
+}
+
+/// Feeds one stream until the client goes, the leader stops serving or the tenant's log closes.
+pub(super) async fn feed(
+    leader: Leader,
+    scope: Option<Scope>,
+    mut sub: Subscription,
+    tx: mpsc::Sender<Result<BlockEvent, Status>>,
+) {
+    let mut readiness = leader.readiness().subscribe();
+    loop {
+        for e in snapshot(&sub) {
+            if tx.send(Ok(e)).await.is_err() {
+                return;
+            }
+        }
+        sub.held = Vec::new();
+        loop {
+            let next = tokio::select! {
+                r = sub.rx.recv() => r,
+                _ = readiness.wait_for(|r| matches!(r, Readiness::Stopping | Readiness::Standby)) => {
+                    Err(broadcast::error::RecvError::Closed)
+                }
+                () = tx.closed() => return,
+            };
+            match next {
+                Ok(e) => {
+                    if tx.send(Ok(e)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => break,
+                Err(broadcast::error::RecvError::Closed) => {
+                    let end = StoreError::new(
+                        ErrorCode::NotServing,
+                        "this leader no longer serves this tenant's blocks (a new term started, the tenant left the \
+                         ledger, or the leader is stopping); watch again through the Client endpoint",
+                    );
+                    let _ = tx.send(Err(end.into())).await;
+                    return;
+                }
+            }
+        }
+        // fell behind: start over from the state now
+        match leader.serving(|s| s.watch_blocks(scope.as_ref())) {
+            Ok(s) => sub = s,
+            Err(e) => {
+                let _ = tx.send(Err(e.into())).await;
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! KV events (`Store.WatchBlocks`) against the real binary: a stream starts with
+//! `AllBlocksCleared` and the blocks held, a put is `BlockStored`, a removal and an eviction are
+//! `BlockRemoved` with their reason (a member that went away too), ids rise by one per live
+//! event, and a restarted leader's stream starts with `AllBlocksCleared` in a fresh state.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use kvcache_store::proto::BlockEvent;
+use kvcache_store::proto::block_event::Event;
+
+async fn next(s: &mut tonic::Streaming<BlockEvent>) -> BlockEvent {
+    tokio::time::timeout(Duration::from_secs(10), s.message())
+        .await
+        .expect("an event within 10 s")
+        .expect("the stream is healthy")
+        .expect("the stream goes on")
+}
+
+fn keys(e: &BlockEvent) -> (&'static str, Vec<String>) {
+    match e.event.as_ref().expect("an event") {
+        Event::Cleared(_) => ("cleared", vec![]),
+        Event::Stored(s) => ("stored", s.keys.clone()),
+        Event::Removed(r) => (
+            match r.reason.as_str() {
+                "removed" => "removed",
+                "evicted" => "evicted",
+                "member" => "member",
+                other => panic!("unexpected reason {other}"),
+            },
+            r.keys.clone(),
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_removals_and_evictions_are_events_and_a_restart_clears_first() {
+    // room for three 256 KiB values in the tenant's grant: the fourth evicts the oldest
+    let tenants = ["--tenant", "t=800Ki:64:bfloat16"];
+    let mut l = leader(&tenants);
+    let addr = l.field("grpc");
+    let mut m = member(&addr, "m1", "32Mi");
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    let v = Bytes::from(vec![1u8; 256 << 10]);
+    c.put("held", v.clone()).await.unwrap();
+
+    let mut s = c.watch_blocks().await.unwrap();
+    let first = next(&mut s).await;
+    assert_eq!((keys(&first).0, first.snapshot, first.id), ("cleared", true, 1));
+    let held = next(&mut s).await;
+    assert_eq!(keys(&held), ("stored", vec!["held".to_owned()]));
+    assert!(held.snapshot);
+    assert!(matches!(&held.event, Some(Event::Stored(b)) if b.size == 256 << 10));
+
+    c.put("a", v.clone()).await.unwrap();
+    let e = next(&mut s).await;
+    assert_eq!(
+        (keys(&e), e.snapshot, e.id),
+        (("stored", vec!["a".to_owned()]), false, 2)
+    );
+    assert!(c.remove("a").await.unwrap());
+    let e = next(&mut s).await;
+    assert_eq!((keys(&e), e.id), (("removed", vec!["a".to_owned()]), 3));
+    // fill the grant: the least recently used ("held") is evicted for the fourth value
+    for k in ["b", "c", "d"] {
+        c.put(k, v.clone()).await.unwrap();
+    }
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(keys(&next(&mut s).await));
+    }
+    assert!(seen.contains(&("evicted", vec!["held".to_owned()])), "{seen:?}");
+    for k in ["b", "c", "d"] {
+        assert!(seen.contains(&("stored", vec![k.to_owned()])), "{seen:?}");
+    }
+
+    // a restarted leader holds nothing: the stream ends, and a new one starts with the clear
+    l.kill();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match s.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => return,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream of a killed leader ends");
+    let _l2 = leader_at(&addr, &[tenants[0], tenants[1], "--member-ttl", "1s"]);
+    let c2 = client(&addr, "t").await;
+    let mut s2 = c2.watch_blocks().await.unwrap();
+    let first = next(&mut s2).await;
+    assert_eq!((keys(&first).0, first.id), ("cleared", 0));
+    wait_members(&c2, 1).await;
+    c2.put("after", v.clone()).await.unwrap();
+    let e = next(&mut s2).await;
+    assert_eq!((keys(&e), e.id), (("stored", vec!["after".to_owned()]), 1));
+    // the member goes silent: its blocks are gone once the leader drops the mount
+    m.kill();
+    let e = next(&mut s2).await;
+    assert_eq!((keys(&e), e.id), (("member", vec!["after".to_owned()]), 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_outside_the_ledger_cannot_watch() {
+    let l = leader(&["--tenant", "t=1Mi:64:bfloat16"]);
+    let c = client(&l.field("grpc"), "nobody").await;
+    let e = c.watch_blocks().await.unwrap_err();
+    assert_eq!(e.code, kvcache_store::error::ErrorCode::TenantNotRegistered);
+}
