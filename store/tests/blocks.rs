@@ -90,7 +90,18 @@ async fn puts_removals_and_evictions_are_events_and_a_restart_clears_first() {
     })
     .await;
     assert!(ended.is_ok(), "the stream of a killed leader ends");
-    let _l2 = leader_at(&addr, &[tenants[0], tenants[1], "--member-ttl", "1s"]);
+    // (on any fast port: the old one may not be free again yet)
+    let _l2 = leader_at(
+        &addr,
+        &[
+            tenants[0],
+            tenants[1],
+            "--member-ttl",
+            "1s",
+            "--fast-listen",
+            "127.0.0.1:0",
+        ],
+    );
     let c2 = client(&addr, "t").await;
     let mut s2 = c2.watch_blocks().await.unwrap();
     let first = next(&mut s2).await;
