@@ -155,6 +155,28 @@ class StoreTest(unittest.TestCase):
             leader.wait(timeout=10)
             leader.stdout.close()
 
+    def test_block_events_follow_the_cache(self):
+        w = self.store.watch_blocks()
+        first = w.next(timeout=10)
+        self.assertEqual((first["type"], first["snapshot"], first["epoch"]), ("cleared", True, 0))
+        # then the blocks held now (other tests' keys), all marked as the snapshot
+        held = []
+        while (e := w.next(timeout=0.5)) is not None:
+            self.assertEqual((e["type"], e["snapshot"]), ("stored", True))
+            held.extend(e["keys"])
+        self.assertEqual(len(held), len(set(held)))
+        self.store.put("events/k", b"block")
+        live = w.next(timeout=10)
+        self.assertEqual((live["type"], live["keys"], live["size"], live["snapshot"]), ("stored", ["events/k"], 5, False))
+        self.assertEqual(self.store.remove("events/k"), 1)
+        removed = w.next(timeout=10)
+        self.assertEqual((removed["type"], removed["keys"], removed["reason"]), ("removed", ["events/k"], "removed"))
+        self.assertEqual(removed["id"], live["id"] + 1)
+        self.assertIsNone(w.next(timeout=0.1), "nothing else happened")
+        w.close()
+        self.assertIsNone(w.next(timeout=0.1))
+        self.assertEqual(list(w), [], "a closed watch iterates nothing")
+
     def test_from_env_reads_what_injection_gives_a_replica(self):
         env = {"KVSTORE_LEADER": self.endpoint, "KVSTORE_TENANT": TENANT,
                "KVSTORE_BLOCK_SIZE": str(BLOCK_SIZE), "KVSTORE_DTYPE": DTYPE}
