@@ -31,7 +31,9 @@ use crate::proto::{HealthRequest, HeartbeatRequest, MountRequest, MountResponse}
 use crate::readiness::{Readiness, ReadinessHandle};
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// At most twice a second while no leader takes the mount, so one that starts serving is found
+/// within half a second.
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
 /// The member TTL assumed of a leader that does not say (its own default).
 const DEFAULT_MEMBER_TTL: Duration = Duration::from_secs(10);
 /// How long a connection attempt or a heartbeat may take.
@@ -223,10 +225,11 @@ async fn heartbeat(
     instance_id: u64,
 ) {
     let interval = Duration::from_millis(mounted.heartbeat_interval_ms.max(10));
-    let mut failing: Option<Instant> = None;
-    let mut backoff = MIN_BACKOFF;
+    let mut failing = false;
     loop {
-        let wait = if failing.is_some() { backoff } else { interval };
+        // every 100 ms while heartbeats fail: a leader that starts serving (a failover) answers
+        // within that, and the member remounts at once
+        let wait = if failing { MIN_BACKOFF } else { interval };
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
             () = finder.changed() => {}
@@ -248,10 +251,7 @@ async fn heartbeat(
                 tracing::warn!(%addr, "leader does not know this mount; remounting empty");
                 return;
             }
-            Ok(Ok(_)) => {
-                failing = None;
-                backoff = MIN_BACKOFF;
-            }
+            Ok(Ok(_)) => failing = false,
             failed => {
                 let why = match failed {
                     Ok(Err(s)) => StoreError::from_status(&s).to_string(),
@@ -259,14 +259,13 @@ async fn heartbeat(
                 };
                 // keep trying: a leader that comes back (or takes over at this address)
                 // answers need_remount if it lost the mount
-                if failing.replace(Instant::now()).is_none() {
+                if !std::mem::replace(&mut failing, true) {
                     tracing::warn!(%addr, error = %why, "heartbeat failed; retrying");
                 }
                 // a fresh connection: the old one may lead to a leader that stopped or hangs
                 if let Ok(c) = connect(addr).await {
                     client = MembershipClient::new(c);
                 }
-                backoff = (backoff * 2).min(interval);
             }
         }
     }
