@@ -101,16 +101,7 @@ pub async fn create(storage: &Arc<dyn Storage>, namespace: &str, body: &[u8]) ->
         .map_err(|e| refuse(400, "BadRequest", format!("the body is not a v1 Event: {e}")))?;
     let mut v = serde_json::to_value(&event).map_err(|e| refuse(500, "InternalError", e.to_string()))?;
     let meta = &event.metadata;
-    if let Some(ns) = meta.namespace.as_deref()
-        && !ns.is_empty()
-        && ns != namespace
-    {
-        return Err(refuse(
-            400,
-            "BadRequest",
-            format!("the namespace of the object ({ns}) does not match the namespace on the request ({namespace})"),
-        ));
-    }
+    crate::plain::same_namespace(meta.namespace.as_deref(), namespace)?;
     let name = match (meta.name.as_deref(), meta.generate_name.as_deref()) {
         (Some(n), _) if !n.is_empty() => n.to_owned(),
         (_, Some(g)) if !g.is_empty() => format!("{g}{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),

@@ -122,16 +122,7 @@ fn decode(namespace: &str, name: &str, body: &Value) -> Result<Value, Refusal> {
         }
     }
     let meta = &lease.metadata;
-    if let Some(ns) = meta.namespace.as_deref()
-        && !ns.is_empty()
-        && ns != namespace
-    {
-        return Err(refuse(
-            400,
-            "BadRequest",
-            format!("the namespace of the object ({ns}) does not match the namespace on the request ({namespace})"),
-        ));
-    }
+    crate::plain::same_namespace(meta.namespace.as_deref(), namespace)?;
     let own = meta.name.clone().unwrap_or_default();
     let name = match (name, own.as_str()) {
         ("", "") => {

@@ -45,6 +45,18 @@ pub fn invalid(kind: &str, name: &str, field: &str, reason: &str, message: &str)
     Refusal(422, Box::new(s))
 }
 
+/// A body's own namespace, if it names one, must be the request path's.
+pub fn same_namespace(body: Option<&str>, path: &str) -> Result<(), Refusal> {
+    match body {
+        Some(ns) if !ns.is_empty() && ns != path => Err(refuse(
+            400,
+            "BadRequest",
+            format!("the namespace of the object ({ns}) does not match the namespace on the request ({path})"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub fn unavailable(e: impl std::fmt::Display) -> Refusal {
     refuse(503, "ServiceUnavailable", e.to_string())
 }

@@ -8,7 +8,10 @@
 //! apply treats every list as one field). PATCH operations list JSON patch, merge patch and
 //! apply, never strategic merge patch, so client-side `kubectl apply` sends merge patches.
 
+mod leases;
 pub mod proto;
+
+pub use leases::LEASE_V3_PATH;
 
 use serde_json::{Map, Value, json};
 
@@ -368,6 +371,16 @@ fn op(action: &str, gvk: Gvk<'_>, id: &str, parameters: &[&str], body: Option<&[
     o
 }
 
+/// Required string path parameters, as Kubernetes' documents declare them.
+fn path_param(names: &[&str]) -> Value {
+    Value::Array(
+        names
+            .iter()
+            .map(|n| json!({"name": n, "in": "path", "required": true, "schema": {"type": "string"}, "uniqueItems": true}))
+            .collect(),
+    )
+}
+
 fn paths_for(info: &KindEntry) -> Map<String, Value> {
     let kind = info.kind;
     let gvk = Gvk {
@@ -395,14 +408,6 @@ fn paths_for(info: &KindEntry) -> Map<String, Value> {
     let json_body = &["application/json", "application/yaml"][..];
     let mut deletecollection: Vec<&str> = delete_params.to_vec();
     deletecollection.extend(LIST_PARAMS);
-    let path_param = |names: &[&str]| -> Value {
-        Value::Array(
-            names
-                .iter()
-                .map(|n| json!({"name": n, "in": "path", "required": true, "schema": {"type": "string"}, "uniqueItems": true}))
-                .collect(),
-        )
-    };
     let (coll_params, item_params): (Value, Value) = if info.namespaced() {
         (path_param(&["namespace"]), path_param(&["name", "namespace"]))
     } else {
@@ -446,94 +451,6 @@ fn paths_for(info: &KindEntry) -> Map<String, Value> {
     paths
 }
 
-/// `/openapi/v3/apis/coordination.k8s.io/v1`: the Leases of direct mode (`crate::leases`).
-pub const LEASE_V3_PATH: &str = "/openapi/v3/apis/coordination.k8s.io/v1";
-
-/// The group-version document of the Leases served in direct mode: the Lease schema (from
-/// k8s-openapi's types) and the operations `crate::leases` serves.
-fn lease_document() -> Value {
-    use k8s_openapi::api::coordination::v1::Lease;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
-    let mut generator = schemars::SchemaGenerator::default();
-    let _ = generator.subschema_for::<Lease>();
-    let _ = generator.subschema_for::<meta::ListMeta>();
-    let _ = generator.subschema_for::<meta::Status>();
-    let _ = generator.subschema_for::<meta::DeleteOptions>();
-    let mut schemas: Map<String, Value> = generator
-        .take_definitions(true)
-        .into_iter()
-        .map(|(k, v)| (k, rewrite(&v, "#/components/schemas/")))
-        .collect();
-    let lease = "io.k8s.api.coordination.v1.Lease";
-    if let Some(Value::Object(l)) = schemas.get_mut(lease) {
-        l.insert(
-            "x-kubernetes-group-version-kind".into(),
-            json!([{"group": "coordination.k8s.io", "version": "v1", "kind": "Lease"}]),
-        );
-    }
-    schemas.insert(
-        format!("{lease}List"),
-        json!({
-            "description": "LeaseList is a list of Lease objects.", "type": "object", "required": ["items"],
-            "properties": {
-                "apiVersion": {"type": "string"}, "kind": {"type": "string"},
-                "items": {"type": "array", "items": {"$ref": format!("#/components/schemas/{lease}")}, "x-kubernetes-list-type": "atomic"},
-                "metadata": {"allOf": [{"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta"}], "default": {}},
-            },
-            "x-kubernetes-group-version-kind": [{"group": "coordination.k8s.io", "version": "v1", "kind": "LeaseList"}],
-        }),
-    );
-    schemas.insert(
-        "io.k8s.apimachinery.pkg.apis.meta.v1.Patch".into(),
-        json!({"type": "object", "description": "Patch is provided to give a concrete name and type to the Kubernetes PATCH request body."}),
-    );
-    let gvk = Gvk {
-        group: "coordination.k8s.io",
-        version: "v1",
-        kind: "Lease",
-    };
-    let list = format!("{lease}List");
-    let status = "io.k8s.apimachinery.pkg.apis.meta.v1.Status";
-    let base = "/apis/coordination.k8s.io/v1";
-    let json_body = &["application/json", "application/yaml"][..];
-    let patch_types = &[
-        "application/json-patch+json",
-        "application/merge-patch+json",
-        "application/strategic-merge-patch+json",
-    ][..];
-    let path_param = |names: &[&str]| -> Value {
-        Value::Array(
-            names
-                .iter()
-                .map(|n| json!({"name": n, "in": "path", "required": true, "schema": {"type": "string"}, "uniqueItems": true}))
-                .collect(),
-        )
-    };
-    let paths = json!({
-        format!("{base}/leases"): {
-            "get": op("list", gvk, "listLeaseForAllNamespaces", LIST_PARAMS, None, &list), "parameters": [],
-        },
-        format!("{base}/namespaces/{{namespace}}/leases"): {
-            "get": op("list", gvk, "listNamespacedLease", LIST_PARAMS, None, &list),
-            "post": op("post", gvk, "createNamespacedLease", &[], Some(json_body), lease),
-            "parameters": path_param(&["namespace"]),
-        },
-        format!("{base}/namespaces/{{namespace}}/leases/{{name}}"): {
-            "get": op("get", gvk, "readNamespacedLease", &[], None, lease),
-            "put": op("put", gvk, "replaceNamespacedLease", &[], Some(json_body), lease),
-            "patch": op("patch", gvk, "patchNamespacedLease", &[], Some(patch_types), lease),
-            "delete": op("delete", gvk, "deleteNamespacedLease", &[], None, status),
-            "parameters": path_param(&["name", "namespace"]),
-        },
-    });
-    json!({
-        "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": "v1"},
-        "paths": paths,
-        "components": {"schemas": schemas},
-    })
-}
-
 /// Builds every document for `resources`.
 pub fn build(kinds: &[KindEntry]) -> Documents {
     let mut c = Collector::default();
@@ -558,7 +475,7 @@ pub fn build(kinds: &[KindEntry]) -> Documents {
     });
     let v3 = serde_json::to_vec(&v3).unwrap_or_default();
     let v3_hash = sha512_hex(&v3);
-    let lease_v3 = serde_json::to_vec(&lease_document()).unwrap_or_default();
+    let lease_v3 = serde_json::to_vec(&leases::document()).unwrap_or_default();
     let lease_v3_hash = sha512_hex(&lease_v3);
     let v3_root = serde_json::to_vec(&json!({
         "paths": {
