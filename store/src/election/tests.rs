@@ -69,7 +69,15 @@ async fn one_leads_the_others_wait_and_a_release_hands_over_at_once() {
     assert_eq!(leads(&a), Some(0), "the first term is 0");
     let (b, _b_stop, _b_task) = start(store.clone(), "b", quick());
     let (c, _c_stop, _c_task) = start(store.clone(), "c", quick());
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // a renews past more than a lease while the others campaign (30 renewals at 50 ms)
+    let renewals = |log: &Log| {
+        log.lock()
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::Renewed { .. }))
+            .count()
+    };
+    let before = renewals(&a);
+    until("a renews", || renewals(&a) >= before + 30).await;
     assert_eq!((leads(&b), leads(&c)), (None, None), "a renews; nobody takes over");
     assert!(
         a.lock()
@@ -145,7 +153,15 @@ async fn a_holder_that_cannot_renew_stops_before_anyone_else_starts() {
     let (a, _a_stop) = run(a_view.clone(), "a");
     until("a leads", || leads(&a).is_some()).await;
     let (b, _b_stop) = run(b_view, "b");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // b campaigns while a keeps renewing
+    let renewals = || {
+        a.lock()
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::Renewed { .. }))
+            .count()
+    };
+    let before = renewals();
+    until("a renews", || renewals() >= before + 6).await;
     assert_eq!(leads(&b), None);
     a_view.cut.store(true, std::sync::atomic::Ordering::SeqCst);
     until("b leads", || leads(&b).is_some()).await;
