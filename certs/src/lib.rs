@@ -93,10 +93,7 @@ impl Pki {
     /// IP addresses the serving certificate must cover.
     pub fn ensure(dir: &Path, serving_names: &[String]) -> Result<Pki, CertError> {
         fs::create_dir_all(dir).map_err(|source| io(dir, source))?;
-        let ca = load_or_create_ca(dir)?;
-        let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(|e| rcgen_err("reading the CA key", e))?;
-        let issuer =
-            Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).map_err(|e| rcgen_err("reading the CA certificate", e))?;
+        let authority = Authority::from_pair(load_or_create_ca(dir)?)?;
 
         let mut names: Vec<String> = serving_names.to_vec();
         names.sort();
@@ -106,19 +103,17 @@ impl Pki {
         let serving = if recorded == names.join("\n") && dir.join("serving.crt").exists() {
             read_pair(dir, "serving")?
         } else {
-            let mut params = leaf_params(&names, "kvcache-apiserver", &[])?;
-            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-            let pair = issue(&params, &issuer)?;
+            let pair = authority.serving(&names, "kvcache-apiserver")?;
             write_pair(dir, "serving", &pair)?;
             write_file(&names_file, names.join("\n").as_bytes(), 0o644)?;
             pair
         };
-        let admin = ensure_client(dir, &ADMIN, &issuer)?;
-        let viewer = ensure_client(dir, &VIEWER, &issuer)?;
-        let store = ensure_client(dir, &STORE, &issuer)?;
+        let admin = ensure_client(dir, &ADMIN, &authority)?;
+        let viewer = ensure_client(dir, &VIEWER, &authority)?;
+        let store = ensure_client(dir, &STORE, &authority)?;
         Ok(Pki {
             dir: dir.to_owned(),
-            ca,
+            ca: authority.pair,
             serving,
             admin,
             viewer,
@@ -127,13 +122,103 @@ impl Pki {
     }
 }
 
+/// A certificate authority in memory, for certificates outside the server's own PKI: an
+/// aggregated install's serving certificate and `caBundle` (`kv-apiserver certs`), and the cluster
+/// PKI of the test harness (client CA, front-proxy CA, users).
+pub struct Authority {
+    pub pair: CertPair,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for Authority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authority").finish_non_exhaustive()
+    }
+}
+
+impl Authority {
+    /// A new self-signed CA named `common_name`, valid for ten years.
+    pub fn new(common_name: &str) -> Result<Authority, CertError> {
+        Authority::from_pair(new_ca(common_name)?)
+    }
+
+    /// The CA in `pair` (PEM certificate and key).
+    pub fn from_pair(pair: CertPair) -> Result<Authority, CertError> {
+        let key = KeyPair::from_pem(&pair.key_pem).map_err(|e| rcgen_err("reading the CA key", e))?;
+        let issuer =
+            Issuer::from_ca_cert_pem(&pair.cert_pem, key).map_err(|e| rcgen_err("reading the CA certificate", e))?;
+        Ok(Authority { pair, issuer })
+    }
+
+    /// A serving certificate for `names` (DNS names and IP addresses), valid for a year.
+    pub fn serving(&self, names: &[String], common_name: &str) -> Result<CertPair, CertError> {
+        let mut params = leaf_params(names, common_name, &[])?;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        issue(&params, &self.issuer)
+    }
+
+    /// A client certificate for `user` in `groups` (CN and O), valid for a year.
+    pub fn client(&self, user: &str, groups: &[&str]) -> Result<CertPair, CertError> {
+        let mut params = leaf_params(&[], user, groups)?;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        issue(&params, &self.issuer)
+    }
+}
+
+/// The files of an aggregated install, in one directory.
+#[derive(Clone, Debug)]
+pub struct Install {
+    /// `ca.crt`: the APIService's `caBundle`.
+    pub ca_pem: String,
+    /// `tls.crt` and `tls.key`: the server's serving certificate.
+    pub serving: CertPair,
+}
+
+/// Writes (or rotates) the certificates of an aggregated install in `dir`: the CA is created once
+/// and kept (`ca.crt`, `ca.key`), so a second run issues a new serving certificate (`tls.crt`,
+/// `tls.key`) that the same `caBundle` still verifies.
+pub fn install(dir: &Path, names: &[String]) -> Result<Install, CertError> {
+    fs::create_dir_all(dir).map_err(|source| io(dir, source))?;
+    let ca = if dir.join("ca.crt").exists() && dir.join("ca.key").exists() {
+        read_pair(dir, "ca")?
+    } else {
+        let pair = new_ca("kvcache-apiserver-ca")?;
+        write_pair(dir, "ca", &pair)?;
+        pair
+    };
+    let authority = Authority::from_pair(ca)?;
+    let serving = authority.serving(names, names.first().map_or("kvcache-apiserver", String::as_str))?;
+    write_pair(dir, "tls", &serving)?;
+    Ok(Install {
+        ca_pem: authority.pair.cert_pem,
+        serving,
+    })
+}
+
+/// The DNS names a Service's clients dial: `<service>.<namespace>.svc` is the one kube-apiserver's
+/// aggregator verifies, the others are what Pods in the cluster use.
+pub fn service_names(service: &str, namespace: &str) -> Vec<String> {
+    vec![
+        service.to_owned(),
+        format!("{service}.{namespace}"),
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}.svc.cluster.local"),
+    ]
+}
+
 fn load_or_create_ca(dir: &Path) -> Result<CertPair, CertError> {
     if dir.join("ca.crt").exists() && dir.join("ca.key").exists() {
         return read_pair(dir, "ca");
     }
+    let pair = new_ca("kvcache-apiserver-ca")?;
+    write_pair(dir, "ca", &pair)?;
+    Ok(pair)
+}
+
+fn new_ca(common_name: &str) -> Result<CertPair, CertError> {
     let key = KeyPair::generate().map_err(|e| rcgen_err("generating the CA key", e))?;
     let mut params = CertificateParams::default();
-    params.distinguished_name = dn("kvcache-apiserver-ca", &[]);
+    params.distinguished_name = dn(common_name, &[]);
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
@@ -146,21 +231,17 @@ fn load_or_create_ca(dir: &Path) -> Result<CertPair, CertError> {
     let cert = params
         .self_signed(&key)
         .map_err(|e| rcgen_err("signing the CA certificate", e))?;
-    let pair = CertPair {
+    Ok(CertPair {
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
-    };
-    write_pair(dir, "ca", &pair)?;
-    Ok(pair)
+    })
 }
 
-fn ensure_client(dir: &Path, id: &Identity, issuer: &Issuer<'_, KeyPair>) -> Result<CertPair, CertError> {
+fn ensure_client(dir: &Path, id: &Identity, ca: &Authority) -> Result<CertPair, CertError> {
     if dir.join(format!("{}.crt", id.name)).exists() {
         return read_pair(dir, id.name);
     }
-    let mut params = leaf_params(&[], id.user, id.groups)?;
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let pair = issue(&params, issuer)?;
+    let pair = ca.client(id.user, id.groups)?;
     write_pair(dir, id.name, &pair)?;
     Ok(pair)
 }
