@@ -75,6 +75,9 @@ pub struct AppOptions {
     pub max_writes_in_flight: usize,
     /// The controllers and where their workloads run; `None` serves the API alone.
     pub controllers: Option<ControllerSetup>,
+    /// Aggregated mode: users and decisions come from the cluster. `None` is direct mode (our own
+    /// client certificates and the static policy).
+    pub delegated: Option<crate::auth::delegated::Delegated>,
 }
 
 /// The controllers' settings and their runtime.
@@ -107,6 +110,7 @@ impl AppOptions {
             max_reads_in_flight: filters::MAX_READS_IN_FLIGHT,
             max_writes_in_flight: filters::MAX_WRITES_IN_FLIGHT,
             controllers: None,
+            delegated: None,
         }
     }
 }
@@ -211,16 +215,22 @@ impl App {
             discovery: handlers::discovery::Cache::new(&KINDS),
             openapi: crate::openapi::build(&KINDS),
         });
-        let authn = Chain::new(vec![
-            Arc::new(X509),
-            Arc::new(InProcess),
-            Arc::new(NoTokens),
-            Arc::new(Anonymous),
-        ]);
-        // The direct-mode policy decides in nanoseconds from the attributes alone; the decision
-        // cache (`auth::cache::Cached`) goes in front of authorizers that ask someone else (a
-        // SubjectAccessReview per request in a cluster).
-        let authz: Arc<dyn Authorizer> = Arc::new(StaticPolicy);
+        let (authn, authz) = match opts.delegated {
+            Some(delegated) => (delegated.authn, delegated.authz),
+            None => {
+                let authn = Chain::new(vec![
+                    Arc::new(X509),
+                    Arc::new(InProcess),
+                    Arc::new(NoTokens),
+                    Arc::new(Anonymous),
+                ]);
+                // The direct-mode policy decides in nanoseconds from the attributes alone; the
+                // decision cache goes in front of authorizers that ask someone else (the
+                // SubjectAccessReviews of aggregated mode).
+                let authz: Arc<dyn Authorizer> = Arc::new(StaticPolicy);
+                (authn, authz)
+            }
+        };
         let mut filters = Filters::new(authn, authz, metrics.clone());
         filters.max_reads = opts.max_reads_in_flight.max(1);
         filters.max_writes = opts.max_writes_in_flight.max(1);

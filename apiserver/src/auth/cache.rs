@@ -59,6 +59,7 @@ impl<A: Authorizer> Authorizer for Cached<A> {
         let ttl = match decision {
             Decision::Allow => self.allow_ttl,
             Decision::Deny(_) => self.deny_ttl,
+            Decision::Error(_) => return decision,
         };
         let mut entries = self.entries.lock();
         if entries.len() >= MAX_ENTRIES {

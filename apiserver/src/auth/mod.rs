@@ -14,9 +14,11 @@
 //! | [`anonymous`] | the anonymous user, for the public paths only |
 //! | [`policy`] | the direct-mode authorization policy |
 //! | [`cache`] | the decision cache in front of an authorizer |
+//! | [`delegated`] | aggregated mode: request headers, the cluster's client CA, TokenReview, SubjectAccessReview |
 
 pub mod anonymous;
 pub mod cache;
+pub mod delegated;
 pub mod policy;
 pub mod x509;
 
@@ -180,6 +182,9 @@ pub enum Decision {
     Allow,
     /// The reason, appended to the standard 403 message when not empty.
     Deny(String),
+    /// No decision could be made (the cluster did not answer a SubjectAccessReview): 500, and
+    /// never cached.
+    Error(String),
 }
 
 /// Judges [`Attributes`].

@@ -25,6 +25,11 @@ impl ClientCertificate {
         }
     }
 
+    /// The chain as the client sent it, leaf first.
+    pub fn chain(&self) -> &[CertificateDer<'static>] {
+        &self.chain
+    }
+
     /// The user the leaf certificate names.
     pub fn user(&self) -> Result<User, AuthError> {
         self.user.get_or_init(|| user_of(self.chain.first())).clone()

@@ -241,9 +241,7 @@ async fn authorize(
         ));
     }
     let attrs = attributes(info, user, info.verb);
-    if let Decision::Deny(reason) = f.authz.authorize(&attrs).await {
-        return Err(forbidden(&attrs, &reason));
-    }
+    judge(&attrs, f.authz.authorize(&attrs).await)?;
     // Server-side apply may create the object: it needs `create` too.
     let apply = parts
         .headers
@@ -252,11 +250,23 @@ async fn authorize(
         .is_some_and(|ct| ct.starts_with("application/apply-patch"));
     if info.verb == "patch" && apply {
         let create = attributes(info, user, "create");
-        if let Decision::Deny(reason) = f.authz.authorize(&create).await {
-            return Err(forbidden(&create, &reason));
-        }
+        judge(&create, f.authz.authorize(&create).await)?;
     }
     Ok(())
+}
+
+/// A decision as the request's fate: 403 for a denial, 500 when none could be made.
+#[allow(clippy::result_large_err)] // the error is the response itself, built once per refusal
+fn judge(attrs: &Attributes, decision: Decision) -> Result<(), Response> {
+    match decision {
+        Decision::Allow => Ok(()),
+        Decision::Deny(reason) => Err(forbidden(attrs, &reason)),
+        Decision::Error(e) => Err(error(
+            500,
+            "InternalError",
+            format!("Internal error occurred: the request could not be authorized: {e}"),
+        )),
+    }
 }
 
 fn forbidden(attrs: &Attributes, reason: &str) -> Response {
