@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use kvcache_apiserver::app::{App, AppOptions, ControllerSetup, RuntimeChoice, StorageChoice};
+use kvcache_apiserver::auth::delegated::{Delegated, DelegatedOptions};
 use kvcache_apiserver::config::Config;
 use kvcache_apiserver::controller;
 use kvcache_apiserver::controller::election::ElectionOptions;
@@ -58,6 +59,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process
 enum Command {
     /// Serves the API over HTTPS; writes <data-dir>/kubeconfig for kubectl.
     Serve {
@@ -104,6 +106,23 @@ enum Command {
         /// directory share one CA and serving certificate, so one kubeconfig reaches any of them.
         #[arg(long)]
         pki_dir: Option<PathBuf>,
+        #[command(flatten)]
+        delegated: DelegatedFlags,
+    },
+    /// Writes the certificates of an aggregated install into --out: the serving certificate
+    /// (tls.crt, tls.key) for <service>.<namespace>.svc, its CA (ca.crt, ca.key; kept, so running
+    /// this again rotates the serving certificate under the same CA), and apiservice-cabundle.yaml,
+    /// the APIService's caBundle as a patch that deploy/ applies.
+    Certs {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "kvcache-apiserver")]
+        service: String,
+        #[arg(long, default_value = "gpustack-system")]
+        namespace: String,
+        /// More DNS names or IP addresses for the serving certificate, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        extra_names: Vec<String>,
     },
     /// Creates or updates the objects in manifest files (a file or a directory of .yaml files).
     Apply {
@@ -134,6 +153,89 @@ enum Command {
         #[arg(short, long, default_value = "default")]
         namespace: String,
     },
+}
+
+/// Who may do what.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum AuthMode {
+    /// Our own CA, client certificates and kubeconfig files, and a fixed policy.
+    Direct,
+    /// Aggregated mode, behind kube-apiserver: users come from its front proxy, the cluster's
+    /// client CA and TokenReviews; permissions from SubjectAccessReviews (the cluster's RBAC).
+    Delegated,
+}
+
+/// The flags of aggregated mode, named as kube-apiserver's delegated options.
+#[derive(clap::Args)]
+struct DelegatedFlags {
+    #[arg(long, value_enum, default_value = "direct")]
+    auth: AuthMode,
+    /// With --auth delegated: the cluster, for every review and the authentication ConfigMap
+    /// (default: the in-cluster configuration of a Pod).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// With --auth delegated: the cluster for TokenReviews and the ConfigMap (default: --kubeconfig).
+    #[arg(long)]
+    authentication_kubeconfig: Option<PathBuf>,
+    /// With --auth delegated: the cluster for SubjectAccessReviews (default: --kubeconfig).
+    #[arg(long)]
+    authorization_kubeconfig: Option<PathBuf>,
+    /// How long a TokenReview's answer is remembered.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    authentication_token_webhook_cache_ttl: Duration,
+    /// How long an allowing SubjectAccessReview is remembered.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    authorization_webhook_cache_authorized_ttl: Duration,
+    /// How long a denying SubjectAccessReview is remembered.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    authorization_webhook_cache_unauthorized_ttl: Duration,
+    /// With --auth delegated: the serving certificate (PEM), reloaded when the file changes.
+    #[arg(long, requires = "tls_private_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// With --auth delegated: the serving certificate's key (PEM).
+    #[arg(long, requires = "tls_cert_file")]
+    tls_private_key_file: Option<PathBuf>,
+}
+
+impl DelegatedFlags {
+    /// The delegated options and serving files, or `None` in direct mode; flags of the other
+    /// mode are refused, never ignored.
+    fn resolve(&self, controllers: bool) -> anyhow::Result<Option<(DelegatedOptions, (PathBuf, PathBuf))>> {
+        let files = self.tls_cert_file.clone().zip(self.tls_private_key_file.clone());
+        match self.auth {
+            AuthMode::Direct => {
+                if self.kubeconfig.is_some()
+                    || self.authentication_kubeconfig.is_some()
+                    || self.authorization_kubeconfig.is_some()
+                    || files.is_some()
+                {
+                    bail!(
+                        "--kubeconfig, --authentication-kubeconfig, --authorization-kubeconfig, --tls-cert-file and --tls-private-key-file go with --auth delegated (aggregated mode); direct mode makes its own certificates under --data-dir"
+                    );
+                }
+                Ok(None)
+            }
+            AuthMode::Delegated => {
+                let Some(files) = files else {
+                    bail!(
+                        "--auth delegated needs --tls-cert-file and --tls-private-key-file: a serving certificate valid for <service>.<namespace>.svc, whose CA is the APIService's caBundle (kv-apiserver certs writes both)"
+                    );
+                };
+                if controllers {
+                    bail!(
+                        "--auth delegated serves the API alone for now: the controllers run the store in a cluster through --runtime kubernetes, which is not built yet; pass --controllers=false"
+                    );
+                }
+                let mut opts = DelegatedOptions::new();
+                opts.authentication_kubeconfig = self.authentication_kubeconfig.clone().or(self.kubeconfig.clone());
+                opts.authorization_kubeconfig = self.authorization_kubeconfig.clone().or(self.kubeconfig.clone());
+                opts.token_ttl = self.authentication_token_webhook_cache_ttl;
+                opts.allow_ttl = self.authorization_webhook_cache_authorized_ttl;
+                opts.deny_ttl = self.authorization_webhook_cache_unauthorized_ttl;
+                Ok(Some((opts, files)))
+            }
+        }
+    }
 }
 
 /// `local`; the Kubernetes runtime is refused until it exists.
@@ -216,8 +318,18 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         leader_elect_lease_duration,
         leader_elect_renew_deadline,
         leader_elect_retry_period,
+        delegated,
     } = cli.command
     {
+        let delegated = delegated.resolve(controllers)?;
+        let mut serving_files = None;
+        if let Some((opts_d, files)) = delegated {
+            let started = Delegated::start(&opts_d)
+                .await
+                .context("starting aggregated mode (--auth delegated)")?;
+            opts.delegated = Some(started);
+            serving_files = Some(files);
+        }
         let timings = kvcache_store::election::Timings {
             lease_duration: leader_elect_lease_duration,
             renew_deadline: leader_elect_renew_deadline,
@@ -271,8 +383,18 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             data_dir: cli.data_dir,
             shutdown_delay,
             pki_dir,
+            serving_files,
         };
         return Ok(server::serve(app, serve, stop_signal()).await?);
+    }
+    if let Command::Certs {
+        out,
+        service,
+        namespace,
+        extra_names,
+    } = &cli.command
+    {
+        return certs(out, service, namespace, extra_names);
     }
     let app = App::open(opts).await.with_context(|| {
         format!(
@@ -296,8 +418,35 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             get(&app, resolve(&kind)?, ns, name.as_deref()).await
         }
         Command::Delete { kind, name, namespace } => delete(&app, resolve(&kind)?, &namespace, &name).await,
-        Command::Serve { .. } => Ok(()),
+        Command::Serve { .. } | Command::Certs { .. } => Ok(()),
     }
+}
+
+/// `kv-apiserver certs`.
+fn certs(out: &std::path::Path, service: &str, namespace: &str, extra: &[String]) -> anyhow::Result<()> {
+    let mut names = kvcache_certs::service_names(service, namespace);
+    // The names kube-apiserver's aggregator verifies come first; the CN is the first.
+    names.rotate_left(2);
+    names.extend(extra.iter().filter(|n| !n.is_empty()).cloned());
+    let install = kvcache_certs::install(out, &names).context("writing the certificates")?;
+    use base64::Engine as _;
+    let bundle = base64::engine::general_purpose::STANDARD.encode(install.ca_pem.as_bytes());
+    let patch = format!(
+        "# Written by kv-apiserver certs: the CA of the serving certificate, which kube-apiserver\n\
+         # uses to verify this server. Run it again to rotate the serving certificate.\n\
+         apiVersion: apiregistration.k8s.io/v1\n\
+         kind: APIService\n\
+         metadata:\n  name: v1.{group}\n\
+         spec:\n  caBundle: {bundle}\n",
+        group = kvcache_api::GROUP
+    );
+    kvcache_certs::write_file(&out.join("apiservice-cabundle.yaml"), patch.as_bytes(), 0o644)?;
+    println!(
+        "wrote {dir}/tls.crt and tls.key (for {}), ca.crt and apiservice-cabundle.yaml",
+        names.join(", "),
+        dir = out.display()
+    );
+    Ok(())
 }
 
 /// SIGINT or SIGTERM.

@@ -44,6 +44,10 @@ pub struct ServeOptions {
     /// Where the CA and certificates live (`<data-dir>/pki` unless `--pki-dir`): replicas that
     /// share it share one CA and serving certificate, so one kubeconfig reaches any of them.
     pub pki_dir: Option<PathBuf>,
+    /// Aggregated mode: the serving certificate and key files (reloaded when they change). No PKI
+    /// or kubeconfig is written; client certificates are verified by the delegated
+    /// authenticators.
+    pub serving_files: Option<(PathBuf, PathBuf)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +127,15 @@ pub fn prepare_credentials(
     Ok((pki, written))
 }
 
+/// A background task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Serves `app` until `stop` resolves, then shuts down gracefully: `/readyz` fails at once,
 /// serving goes on for the shutdown delay, then watches end and in-flight requests drain.
 pub async fn serve(
@@ -130,8 +143,18 @@ pub async fn serve(
     opts: ServeOptions,
     stop: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let (pki, written) = prepare_credentials(&opts.data_dir, opts.pki_dir.as_deref(), &opts.listen)?;
-    let tls_config = tls::server_config(&pki.ca.cert_pem, &pki.serving.cert_pem, &pki.serving.key_pem)?;
+    let (tls_config, written, _reloader) = match &opts.serving_files {
+        None => {
+            let (pki, written) = prepare_credentials(&opts.data_dir, opts.pki_dir.as_deref(), &opts.listen)?;
+            let config = tls::server_config(&pki.ca.cert_pem, &pki.serving.cert_pem, &pki.serving.key_pem)?;
+            (config, Some(written), None)
+        }
+        Some((cert, key)) => {
+            let serving = tls::ReloadingCert::open(cert, key)?;
+            let reloader = AbortOnDrop(serving.keep_fresh());
+            (tls::delegated_server_config(serving)?, None, Some(reloader))
+        }
+    };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
     let listener = TcpListener::bind(opts.listen)
         .await
@@ -141,14 +164,23 @@ pub async fn serve(
         })?;
     app.start();
     let absolute = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
-    let (admin, viewer) = (absolute(&written.kubeconfig), absolute(&written.viewer_kubeconfig));
-    println!(
-        "kv-apiserver serving {} ; kubeconfig written to {} (use: export KUBECONFIG={} ; kubectl get kvcb). Read-only: {}",
-        server_url(&opts.listen),
-        admin.display(),
-        admin.display(),
-        viewer.display()
-    );
+    match written {
+        Some(written) => {
+            let (admin, viewer) = (absolute(&written.kubeconfig), absolute(&written.viewer_kubeconfig));
+            println!(
+                "kv-apiserver serving {} ; kubeconfig written to {} (use: export KUBECONFIG={} ; kubectl get kvcb). Read-only: {}",
+                server_url(&opts.listen),
+                admin.display(),
+                admin.display(),
+                viewer.display()
+            );
+        }
+        None => println!(
+            "kv-apiserver serving {} in aggregated mode: users and permissions come from the cluster; reach it through kube-apiserver (APIService v1.{})",
+            server_url(&opts.listen),
+            kvcache_api::GROUP
+        ),
+    }
     let app = Arc::new(app);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(stop);
