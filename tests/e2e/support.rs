@@ -115,7 +115,7 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -351,6 +351,15 @@ impl Run {
 }
 
 impl Kubectl {
+    /// kubectl `version` with `kubeconfig`, caching under `cache`.
+    pub fn new(version: &str, kubeconfig: &Path, cache: &Path) -> Kubectl {
+        Kubectl {
+            bin: kubectl_path(version),
+            kubeconfig: kubeconfig.to_owned(),
+            cache: cache.to_owned(),
+        }
+    }
+
     pub fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(&self.bin);
         c.env("KUBECONFIG", &self.kubeconfig)
