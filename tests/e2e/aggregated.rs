@@ -6,77 +6,17 @@
 mod cluster;
 mod support;
 
-use std::path::Path;
-
-use cluster::{APISERVICE, Aggregated, ControlPlane, NAMESPACE, SERVICE, write_certs};
+use cluster::{ControlPlane, apiservice_available, write_certs};
+use support::eventually;
 use support::walkthrough::manifest;
-use support::{Kubectl, eventually};
-
-/// `deploy/` copied into `dir`, with `tls/` written by `kv-apiserver certs`.
-fn deploy_copy(dir: &Path) -> std::path::PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-    let out = dir.join("deploy");
-    std::fs::create_dir_all(&out).expect("copy deploy/");
-    for entry in std::fs::read_dir(&src).expect("copy deploy/") {
-        let path = entry.expect("copy deploy/").path();
-        if path.extension().is_some_and(|e| e == "yaml") {
-            std::fs::copy(&path, out.join(path.file_name().expect("copy deploy/"))).expect("copy deploy/");
-        }
-    }
-    write_certs(&out.join("tls"));
-    out
-}
-
-fn apiservice_available(k: &Kubectl) -> String {
-    k.run(&[
-        "get",
-        "apiservice",
-        APISERVICE,
-        "-o",
-        r#"jsonpath={.status.conditions[?(@.type=="Available")].status}/{.status.conditions[?(@.type=="Available")].message}"#,
-    ])
-    .stdout
-}
-
-/// Points the APIService of deploy/ at the server the test started: an ExternalName Service
-/// naming localhost, and the server's port. The APIService is created whole (caBundle from
-/// `kv-apiserver certs`, the port), as an install creates it: the aggregator's first OpenAPI
-/// download then finds it, instead of backing off for a minute after a 503.
-fn route_to(k: &Kubectl, deploy: &Path, server: &Aggregated) {
-    k.must_apply(&format!(
-        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {SERVICE}\n  namespace: {NAMESPACE}\nspec:\n  type: ExternalName\n  externalName: localhost\n"
-    ));
-    let bundle =
-        std::fs::read_to_string(deploy.join("tls/apiservice-cabundle.yaml")).expect("read the copy of deploy/");
-    let ca = bundle
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("caBundle: "))
-        .expect("the caBundle patch names the CA");
-    let apiservice = std::fs::read_to_string(deploy.join("apiservice.yaml")).expect("read the copy of deploy/");
-    assert!(apiservice.contains("\nspec:\n") && apiservice.contains("    port: 443\n"));
-    let apiservice = apiservice
-        .replace("\nspec:\n", &format!("\nspec:\n  caBundle: {ca}\n"))
-        .replace("    port: 443\n", &format!("    port: {}\n", server.port));
-    k.must_apply(&apiservice);
-}
 
 #[test]
 fn served_through_kube_apiservers_aggregation_with_the_clusters_users_and_rbac() {
     let plane = ControlPlane::start();
     let k = plane.kubectl();
-    let deploy = deploy_copy(plane.dir.path());
-    let f = |file: &str| deploy.join(file).display().to_string();
-
     // deploy/: the namespace, the server's ServiceAccount and every RBAC object for real, then the
     // whole kustomization as a server-side dry run (kube-apiserver validates every object).
-    for file in [
-        "namespace.yaml",
-        "serviceaccount.yaml",
-        "rbac-delegation.yaml",
-        "rbac-users.yaml",
-    ] {
-        k.ok(&["apply", "-f", &f(file)]);
-    }
+    let deploy = cluster::prepare_deploy(&plane);
     let dry = k.ok(&["apply", "-k", deploy.to_str().unwrap(), "--dry-run=server"]);
     for object in [
         "deployment.apps/kvcache-apiserver",
@@ -90,19 +30,8 @@ fn served_through_kube_apiservers_aggregation_with_the_clusters_users_and_rbac()
     }
     assert!(dry.contains("(server dry run)"), "{dry}");
 
-    // Our server, as the ServiceAccount of deploy/ (its token, its RBAC).
-    let token = plane.token(NAMESPACE, SERVICE);
-    let kubeconfig = plane.token_kubeconfig(
-        "kvcache-apiserver",
-        &plane.url(),
-        &plane.cluster_ca.pair.cert_pem,
-        &token,
-    );
-    let server = Aggregated::start(&plane, &kubeconfig, &deploy.join("tls"), &[]);
-    route_to(&k, &deploy, &server);
-    eventually(60, "the APIService is Available", || {
-        apiservice_available(&k).starts_with("True/").then_some(())
-    });
+    // Our server, as the ServiceAccount of deploy/ (its token, its RBAC), behind the APIService.
+    let server = cluster::start_behind(&plane, &deploy);
 
     // kubectl through kube-apiserver: aggregated discovery, OpenAPI, our tables.
     let resources = k.ok(&["api-resources", "--api-group=worker.gpustack.ai"]);
@@ -260,7 +189,10 @@ fn served_through_kube_apiservers_aggregation_with_the_clusters_users_and_rbac()
     // trusted from then on, without a restart of our server.
     let next_ca = kvcache_certs::Authority::new("next-front-proxy-ca").unwrap();
     let next_proxy = next_ca.client("front-proxy-client", &[]).unwrap();
-    let (cert, key) = (plane.dir.path().join("next-proxy.crt"), plane.dir.path().join("next-proxy.key"));
+    let (cert, key) = (
+        plane.dir.path().join("next-proxy.crt"),
+        plane.dir.path().join("next-proxy.key"),
+    );
     std::fs::write(&cert, &next_proxy.cert_pem).unwrap();
     std::fs::write(&key, &next_proxy.key_pem).unwrap();
     let next_proxy = cluster::User {
@@ -268,7 +200,12 @@ fn served_through_kube_apiservers_aggregation_with_the_clusters_users_and_rbac()
         key,
         kubeconfig: Default::default(),
     };
-    let as_vera = ["-H", "X-Remote-User: vera", "-H", "X-Remote-Group: system:authenticated"];
+    let as_vera = [
+        "-H",
+        "X-Remote-User: vera",
+        "-H",
+        "X-Remote-Group: system:authenticated",
+    ];
     let (body, code) = direct(&next_proxy, &[&as_vera[..], &[&backends]].concat());
     assert_eq!(code, "401", "{body}");
     let current = k.ok(&[

@@ -377,3 +377,82 @@ impl Aggregated {
         text[begin..end].to_owned()
     }
 }
+
+/// `deploy/` copied into `dir`, with `tls/` written by `kv-apiserver certs`.
+pub fn deploy_copy(dir: &Path) -> std::path::PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let out = dir.join("deploy");
+    std::fs::create_dir_all(&out).expect("copy deploy/");
+    for entry in std::fs::read_dir(&src).expect("copy deploy/") {
+        let path = entry.expect("copy deploy/").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            std::fs::copy(&path, out.join(path.file_name().expect("copy deploy/"))).expect("copy deploy/");
+        }
+    }
+    write_certs(&out.join("tls"));
+    out
+}
+
+pub fn apiservice_available(k: &Kubectl) -> String {
+    k.run(&[
+        "get",
+        "apiservice",
+        APISERVICE,
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="Available")].status}/{.status.conditions[?(@.type=="Available")].message}"#,
+    ])
+    .stdout
+}
+
+/// Points the APIService of deploy/ at the server the test started: an ExternalName Service
+/// naming localhost, and the server's port. The APIService is created whole (caBundle from
+/// `kv-apiserver certs`, the port), as an install creates it: the aggregator's first OpenAPI
+/// download then finds it, instead of backing off for a minute after a 503.
+pub fn route_to(k: &Kubectl, deploy: &Path, server: &Aggregated) {
+    k.must_apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {SERVICE}\n  namespace: {NAMESPACE}\nspec:\n  type: ExternalName\n  externalName: localhost\n"
+    ));
+    let bundle =
+        std::fs::read_to_string(deploy.join("tls/apiservice-cabundle.yaml")).expect("read the copy of deploy/");
+    let ca = bundle
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("caBundle: "))
+        .expect("the caBundle patch names the CA");
+    let apiservice = std::fs::read_to_string(deploy.join("apiservice.yaml")).expect("read the copy of deploy/");
+    assert!(apiservice.contains("\nspec:\n") && apiservice.contains("    port: 443\n"));
+    let apiservice = apiservice
+        .replace("\nspec:\n", &format!("\nspec:\n  caBundle: {ca}\n"))
+        .replace("    port: 443\n", &format!("    port: {}\n", server.port));
+    k.must_apply(&apiservice);
+}
+
+/// deploy/ copied into the plane's folder with certificates, and its namespace, ServiceAccount and
+/// RBAC applied for real.
+pub fn prepare_deploy(plane: &ControlPlane) -> PathBuf {
+    let deploy = deploy_copy(plane.dir.path());
+    for file in [
+        "namespace.yaml",
+        "serviceaccount.yaml",
+        "rbac-delegation.yaml",
+        "rbac-users.yaml",
+    ] {
+        plane
+            .kubectl()
+            .ok(&["apply", "-f", deploy.join(file).to_str().expect("a path")]);
+    }
+    deploy
+}
+
+/// Our server as the ServiceAccount of deploy/ (its token, its RBAC), behind the APIService of
+/// deploy/, once kube-apiserver reports it Available.
+pub fn start_behind(plane: &ControlPlane, deploy: &Path) -> Aggregated {
+    let k = plane.kubectl();
+    let token = plane.token(NAMESPACE, SERVICE);
+    let kubeconfig = plane.token_kubeconfig(SERVICE, &plane.url(), &plane.cluster_ca.pair.cert_pem, &token);
+    let server = Aggregated::start(plane, &kubeconfig, &deploy.join("tls"), &[]);
+    route_to(&k, deploy, &server);
+    super::support::eventually(60, "the APIService is Available", || {
+        apiservice_available(&k).starts_with("True/").then_some(())
+    });
+    server
+}
