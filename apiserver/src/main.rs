@@ -124,6 +124,15 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         extra_names: Vec<String>,
     },
+    /// Prints the Kubernetes objects the controllers render for the backends in manifest files
+    /// (a file or a directory of .yaml files), as YAML, for review before applying them.
+    Render {
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<PathBuf>,
+        /// The namespace of the store's objects.
+        #[arg(long, default_value = "gpustack-system")]
+        store_namespace: String,
+    },
     /// Creates or updates the objects in manifest files (a file or a directory of .yaml files).
     Apply {
         #[arg(short = 'f', long = "filename", required = true)]
@@ -387,6 +396,9 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         };
         return Ok(server::serve(app, serve, stop_signal()).await?);
     }
+    if let Command::Render { files, store_namespace } = &cli.command {
+        return render(files, store_namespace, &opts.config.settings.kv_cache_backend_image);
+    }
     if let Command::Certs {
         out,
         service,
@@ -418,8 +430,53 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             get(&app, resolve(&kind)?, ns, name.as_deref()).await
         }
         Command::Delete { kind, name, namespace } => delete(&app, resolve(&kind)?, &namespace, &name).await,
-        Command::Serve { .. } | Command::Certs { .. } => Ok(()),
+        Command::Serve { .. } | Command::Certs { .. } | Command::Render { .. } => Ok(()),
     }
+}
+
+/// `kv-apiserver render`: every backend's objects, then a comment for what renders nothing.
+fn render(files: &[PathBuf], namespace: &str, default_image: &str) -> anyhow::Result<()> {
+    use kvcache_apiserver::runtime::kubernetes::render;
+    let mut out = String::from(
+        "# Rendered by kv-apiserver render. The controllers add an owner reference to the backend\n# (with its UID) when they apply these.\n",
+    );
+    for file in manifest_files(files)? {
+        let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        let docs = manifest::documents(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        for doc in docs {
+            let kind = doc.value["kind"].as_str().unwrap_or_default().to_owned();
+            let name = doc.value["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+            match kind.as_str() {
+                "KVCacheBackend" => {}
+                "ModelDeployment" => {
+                    out.push_str(&format!(
+                        "---\n# ModelDeployment {name}: its engine Pods are not rendered by this command yet (their environment needs the Binding's resolved cache domain)\n"
+                    ));
+                    continue;
+                }
+                _ => {
+                    out.push_str(&format!(
+                        "---\n# {kind} {name}: renders no workload (Pools and Bindings are entries in the store's tenant ledger)\n"
+                    ));
+                    continue;
+                }
+            }
+            let backend: kvcache_api::backend::KVCacheBackend = serde_json::from_value(doc.value.clone())
+                .with_context(|| format!("{}: KVCacheBackend {name}", file.display()))?;
+            let Some((plan, _)) = controller::backend::plan(&name, &backend.spec, &[]) else {
+                out.push_str(&format!("---\n# KVCacheBackend {name}: external, renders nothing\n"));
+                continue;
+            };
+            let target = render::Target::for_backend(&backend.spec, namespace, default_image)
+                .map_err(|e| anyhow::anyhow!("{}: KVCacheBackend {name}: {e}", file.display()))?;
+            for object in render::store(&plan, &target) {
+                out.push_str("---\n");
+                out.push_str(&yaml_serde::to_string(&object)?);
+            }
+        }
+    }
+    print!("{out}");
+    Ok(())
 }
 
 /// `kv-apiserver certs`.

@@ -135,3 +135,34 @@ fn strict_decoding_refuses_unknown_fields_in_manifests() {
         stderr(&out)
     );
 }
+
+/// `kv-apiserver render` of steps 1-3 is what `tests/fixtures/rendered/` holds, byte for byte:
+/// a change to what the controllers render shows up in review as a change to that file.
+#[test]
+fn rendered_objects_match_the_checked_in_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = |name: &str| fixtures().join(name).display().to_string();
+    let out = cli(
+        dir.path(),
+        &[
+            "render",
+            "-f",
+            &f("01-backend.yaml"),
+            "-f",
+            &f("02-pool-binding.yaml"),
+            "-f",
+            &f("03-model-deployment.yaml"),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let fixture = fixtures().join("../rendered/walkthrough-01-03.yaml");
+    let want = std::fs::read_to_string(&fixture).unwrap();
+    assert!(
+        stdout(&out) == want,
+        "kv-apiserver render differs from {}; if the change is intended, write its output there",
+        fixture.display()
+    );
+    // What renders nothing says so.
+    assert!(want.contains("# KVCachePool shared-dram: renders no workload"));
+    assert!(want.contains("# ModelDeployment qwen-chat: its engine Pods are not rendered"));
+}

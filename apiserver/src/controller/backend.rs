@@ -150,7 +150,8 @@ async fn read_leader(obj: &KVCacheBackend, ctx: &Context) -> (BackendStatus, Obs
     let nodes = ctx.runtime.nodes();
     let planned = plan(obj.name(), &obj.spec, &nodes);
     let mut observed: Option<(StorePlan, Vec<String>, StoreObservation)> = None;
-    if let Some((plan, unmatched)) = planned {
+    if let Some((mut plan, unmatched)) = planned {
+        plan.uid = obj.metadata.uid.clone().unwrap_or_default();
         let obs = ctx.runtime.ensure_store(&plan).await;
         if let Some(addr) = &obs.client_endpoint {
             st.endpoints = vec![

@@ -7,6 +7,7 @@
 //! this machine; a Kubernetes runtime renders workloads. Controllers never see processes or Pods,
 //! only [`WorkloadState`]s.
 
+pub mod kubernetes;
 pub mod local;
 
 use std::collections::BTreeMap;
@@ -47,13 +48,30 @@ impl Node {
 pub struct StorePlan {
     /// The backend's name.
     pub backend: String,
+    /// The backend's UID, for owner references.
+    pub uid: String,
     /// The leader's flags; the runtime chooses the addresses it listens on.
     pub leader: LeaderConfig,
     /// Extra environment of the leader (`leader.extraEnv`).
     pub leader_env: Vec<(String, String)>,
     pub members: Vec<MemberPlan>,
+    /// The member groups as declared: a runtime that places members itself (a DaemonSet per
+    /// group in a cluster) renders these; one that runs each member renders `members`.
+    pub groups: Vec<GroupPlan>,
     /// How many leaders run and how the serving one is chosen; `None`: one leader, no election.
     pub election: Option<ElectionPlan>,
+}
+
+/// One member group: where its members go and the flags each of them runs with (the runtime
+/// fills in the leader's address, the listen addresses and the member's name).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupPlan {
+    pub index: usize,
+    pub node_selector: BTreeMap<String, String>,
+    pub config: MemberConfig,
+    pub env: Vec<(String, String)>,
+    /// The group's own image (`members[i].image`), else the backend's.
+    pub image: Option<String>,
 }
 
 /// Leaders elected through a Lease: one serves, the others stand by (not ready).

@@ -10,7 +10,7 @@ use kvcache_store::member::MemberConfig;
 
 use kvcache_api::backend::{ElectionBackend, MemberAddressing};
 
-use crate::runtime::{ElectionPlan, MemberPlan, Node, StorePlan};
+use crate::runtime::{ElectionPlan, GroupPlan, MemberPlan, Node, StorePlan};
 
 /// What should run for a managed backend on these nodes, and the groups that match no node.
 pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan, Vec<String>)> {
@@ -26,6 +26,7 @@ pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan
     };
     let leader = with_extra_args(leader.to_args(), &leader_spec.extra_args, LeaderConfig::parse_args).unwrap_or(leader);
     let mut members = Vec::new();
+    let mut groups = Vec::new();
     let mut unmatched = Vec::new();
     for (i, group) in managed.members.iter().enumerate() {
         let selector = group.node_selector.clone().unwrap_or_default();
@@ -38,16 +39,23 @@ pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan
         if matching.is_empty() {
             unmatched.push(format!("members[{i}].nodeSelector {}", selector_text(&selector)));
         }
+        let base = MemberConfig::new(String::from("127.0.0.1:1"), capacity);
+        let config = with_extra_args(base.to_args(), &group.extra_args, MemberConfig::parse_args).unwrap_or(base);
         for node in matching {
-            let base = MemberConfig::new(String::from("127.0.0.1:1"), capacity);
-            let config = with_extra_args(base.to_args(), &group.extra_args, MemberConfig::parse_args).unwrap_or(base);
             members.push(MemberPlan {
                 group: i,
                 node: node.name.clone(),
-                config,
+                config: config.clone(),
                 env: env_pairs(&group.extra_env),
             });
         }
+        groups.push(GroupPlan {
+            index: i,
+            node_selector: selector,
+            config,
+            env: env_pairs(&group.extra_env),
+            image: group.image.clone(),
+        });
     }
     // The election is on unless switched off, even at one replica (spec §5.1); off means one
     // leader, whatever the count says.
@@ -59,9 +67,11 @@ pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan
     Some((
         StorePlan {
             backend: name.to_owned(),
+            uid: String::new(),
             leader,
             leader_env: env_pairs(&leader_spec.extra_env),
             members,
+            groups,
             election,
         },
         unmatched,

@@ -564,9 +564,11 @@ mod tests {
         };
         let plan = StorePlan {
             backend: "b".into(),
+            uid: String::new(),
             leader: LeaderConfig::default(),
             leader_env: vec![],
             members: vec![member("local-0"), member("local-1")],
+            groups: vec![],
             election: None,
         };
         let obs = rt.ensure_store(&plan).await;

@@ -1,0 +1,585 @@
+//! What a backend's store is as Kubernetes objects, computed from its [`StorePlan`] alone (no
+//! cluster access), so the runtime applies it and `kv-apiserver render` prints it:
+//!
+//! - the leader: Deployment `<name>-leader` (one serving replica, standbys not ready), Service
+//!   `<name>-leader`, and while the election is on the ServiceAccount, Role and RoleBinding
+//!   `<name>-leader` its Pods campaign for the Lease `<name>-leader` with;
+//! - the members: one DaemonSet `<name>-member-<i>` per group on the group's nodes, and while the
+//!   election is on the ServiceAccount, Role and RoleBinding `<name>-member` (Lease reads).
+//!
+//! Every object carries the resource-type label, the ownership notes (backend, role, group) that
+//! decide what belongs to the backend, and a controller owner reference that never blocks the
+//! owner's deletion (`../shared/spec/backend.md` §4). Every flag of the store comes from its
+//! `LeaderConfig` / `MemberConfig` (`to_args()`); the Pod-specific values are the downward API's
+//! `$(POD_NAME)`, `$(POD_IP)` and `$(NODE_NAME)`, which the kubelet expands in arguments.
+
+use std::net::SocketAddr;
+
+use kvcache_store::leader::{Election, LeaderConfig};
+use kvcache_store::member::MemberConfig;
+use serde_json::{Value, json};
+
+use crate::runtime::{GroupPlan, StorePlan};
+
+/// The label that finds every object rendered for a kind of ours.
+pub const TYPE_LABEL: &str = "resource.gpustack.ai/type";
+/// The note that says which backend an object belongs to: only an object carrying it is ever
+/// updated or deleted for that backend.
+pub const BACKEND_NOTE: &str = "note.gpustack.ai/backend";
+pub const ROLE_NOTE: &str = "note.gpustack.ai/role";
+pub const GROUP_NOTE: &str = "note.gpustack.ai/group";
+
+/// The leader's ports: engines and controllers (gRPC), the fast metadata port, metrics and probes.
+pub const LEADER_RPC_PORT: u16 = 50051;
+pub const LEADER_FAST_PORT: u16 = 50052;
+pub const LEADER_METRICS_PORT: u16 = 9003;
+/// A member's ports (its own Pod network namespace, so the same on every member).
+pub const MEMBER_PORT: u16 = 7000;
+pub const MEMBER_DATA_PORT: u16 = 7001;
+pub const MEMBER_METRICS_PORT: u16 = 7002;
+
+/// Where the rendered objects go and what they run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The namespace of every store object (`gpustack-system`).
+    pub namespace: String,
+    /// The `kv-store` image (the backend's `image`, else the setting `kv-cache-backend-image`).
+    pub image: String,
+    /// `Always`, `IfNotPresent` or `Never`; `None` follows the image's tag.
+    pub pull_policy: Option<String>,
+    pub pull_secrets: Vec<String>,
+}
+
+impl Target {
+    /// A backend's target in `namespace`: its own image, else `default_image` (the setting
+    /// `kv-cache-backend-image`); with neither, nothing can be rendered and the error says so.
+    pub fn for_backend(
+        spec: &kvcache_api::backend::BackendSpec,
+        namespace: &str,
+        default_image: &str,
+    ) -> Result<Target, String> {
+        let image = spec
+            .image
+            .as_deref()
+            .map(str::trim)
+            .filter(|i| !i.is_empty())
+            .unwrap_or(default_image.trim());
+        if image.is_empty() {
+            return Err("no image: set spec.image or the setting kv-cache-backend-image".into());
+        }
+        Ok(Target {
+            namespace: namespace.to_owned(),
+            image: image.to_owned(),
+            pull_policy: spec.image_pull_policy.map(|p| {
+                serde_json::to_value(p)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            }),
+            pull_secrets: spec.image_pull_secrets.iter().map(|r| r.name.clone()).collect(),
+        })
+    }
+}
+
+/// `spec.imagePullPolicy`, else `Always` for `:latest` or an untagged image, else `IfNotPresent`
+/// (§4.1); always written, so the object converges.
+pub fn pull_policy(image: &str, explicit: Option<&str>) -> String {
+    if let Some(p) = explicit {
+        return p.to_owned();
+    }
+    let (name, digest) = image.split_once('@').map_or((image, false), |(n, _)| (n, true));
+    let tag = name
+        .rsplit_once('/')
+        .map_or(name, |(_, last)| last)
+        .split_once(':')
+        .map(|(_, t)| t);
+    match (tag, digest) {
+        (Some("latest"), _) | (None, false) => "Always".into(),
+        _ => "IfNotPresent".into(),
+    }
+}
+
+/// The leader's Service address, which engines and Service-addressed members use.
+pub fn leader_address(plan: &StorePlan, namespace: &str) -> String {
+    format!("{}-leader.{namespace}.svc:{LEADER_RPC_PORT}", plan.backend)
+}
+
+fn identity(backend: &str, component: &str) -> Value {
+    json!({
+        "app.kubernetes.io/name": "kv-cache-backend",
+        "app.kubernetes.io/instance": backend,
+        "app.kubernetes.io/component": component,
+    })
+}
+
+fn labels(backend: &str, component: &str) -> Value {
+    let mut l = identity(backend, component);
+    l[TYPE_LABEL] = json!("kvcachebackends");
+    l["app.kubernetes.io/part-of"] = json!("kvcache");
+    l
+}
+
+/// Metadata of every rendered object: name, namespace, labels, notes and the owner reference.
+fn metadata(plan: &StorePlan, t: &Target, name: &str, component: &str, role: &str, group: Option<usize>) -> Value {
+    let mut notes = json!({ BACKEND_NOTE: plan.backend, ROLE_NOTE: role });
+    if let Some(i) = group {
+        notes[GROUP_NOTE] = json!(i.to_string());
+    }
+    let mut meta = json!({
+        "name": name,
+        "namespace": t.namespace,
+        "labels": labels(&plan.backend, component),
+        "annotations": notes,
+    });
+    // Offline (`kv-apiserver render`) the backend has no UID yet: the reference comes with it.
+    if !plan.uid.is_empty() {
+        meta["ownerReferences"] = json!([{
+            "apiVersion": format!("{}/v1", kvcache_api::GROUP),
+            "kind": "KVCacheBackend",
+            "name": plan.backend,
+            "uid": plan.uid,
+            "controller": true,
+            "blockOwnerDeletion": false,
+        }]);
+    }
+    meta
+}
+
+fn field_env(name: &str, path: &str) -> Value {
+    json!({"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}})
+}
+
+fn plain_env(pairs: &[(String, String)]) -> Vec<Value> {
+    pairs.iter().map(|(k, v)| json!({"name": k, "value": v})).collect()
+}
+
+fn any(port: u16) -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], port))
+}
+
+/// The leader's flags in a Pod: every listen address on the Pod's network, and while the
+/// election is on the Lease of this backend in the runtime's namespace, the Pod as identity and
+/// its IP as the address the Lease advertises.
+pub fn leader_config(plan: &StorePlan, t: &Target) -> LeaderConfig {
+    let mut c = plan.leader.clone();
+    c.listen = any(LEADER_RPC_PORT);
+    c.fast_listen = Some(kvcache_store::flags::FastListen::At(any(LEADER_FAST_PORT)));
+    c.metrics_listen = Some(any(LEADER_METRICS_PORT));
+    c.kubeconfig = None;
+    match &plan.election {
+        Some(e) => {
+            c.election = Election::Kubernetes;
+            c.lease = Some(format!("{}/{}", t.namespace, e.lease));
+            c.identity = Some("$(POD_NAME)".into());
+            c.advertise_host = Some("$(POD_IP)".into());
+            c.advertise_fast_port = Some(LEADER_FAST_PORT);
+        }
+        None => {
+            c.election = Election::None;
+            c.lease = None;
+            c.identity = None;
+            c.advertise_host = None;
+            c.advertise_fast_port = None;
+        }
+    }
+    c
+}
+
+/// A member's flags in a Pod of group `g`: the leader's Service, or the Lease when members
+/// follow it; its name `<backend>-member-<i>-<node>` (as the controllers plan it), its Pod IP.
+pub fn member_config(plan: &StorePlan, g: &GroupPlan, t: &Target) -> MemberConfig {
+    let mut c = g.config.clone();
+    c.leader = match &plan.election {
+        Some(e) if e.members_follow_lease => format!("k8s://{}/{}", t.namespace, e.lease),
+        _ => leader_address(plan, &t.namespace),
+    };
+    c.kubeconfig = None;
+    c.listen = any(MEMBER_PORT);
+    c.data_listen = any(MEMBER_DATA_PORT);
+    c.metrics_listen = Some(any(MEMBER_METRICS_PORT));
+    c.name = Some(format!("{}-member-{}-$(NODE_NAME)", plan.backend, g.index));
+    c.advertise_host = Some("$(POD_IP)".into());
+    c.shm_dir = "/dev/shm".into();
+    c
+}
+
+fn http_probe(path: &str, port: u16, period: u32, failures: u32) -> Value {
+    json!({
+        "httpGet": {"path": path, "port": port, "scheme": "HTTP"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+    })
+}
+
+fn pull_secrets(t: &Target) -> Vec<Value> {
+    t.pull_secrets.iter().map(|s| json!({"name": s})).collect()
+}
+
+/// Deployment `<name>-leader`.
+pub fn leader_deployment(plan: &StorePlan, t: &Target) -> Value {
+    let name = format!("{}-leader", plan.backend);
+    let replicas = plan.election.as_ref().map_or(1, |e| e.replicas.max(1));
+    let elects = plan.election.is_some();
+    // The Pod's name and IP are the election's identity and advertised address.
+    let mut env = if elects {
+        vec![
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_IP", "status.podIP"),
+        ]
+    } else {
+        Vec::new()
+    };
+    env.extend(plain_env(&plan.leader_env));
+    let mut args = vec!["leader".to_owned()];
+    args.extend(leader_config(plan, t).to_args());
+    let strategy = if replicas == 1 {
+        json!({"type": "Recreate"})
+    } else {
+        // Exactly one replica is ever available (the others stand by), so a smaller
+        // maxUnavailable would never let a rollout proceed.
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": replicas}})
+    };
+    let mut spec = json!({
+        "replicas": replicas,
+        "selector": {"matchLabels": identity(&plan.backend, "leader")},
+        "strategy": strategy,
+        "template": {
+            "metadata": {"labels": labels(&plan.backend, "leader")},
+            "spec": {
+                "automountServiceAccountToken": elects,
+                "imagePullSecrets": pull_secrets(t),
+                "containers": [{
+                    "name": "leader",
+                    "image": t.image,
+                    "imagePullPolicy": pull_policy(&t.image, t.pull_policy.as_deref()),
+                    "command": ["kv-store"],
+                    "args": args,
+                    "env": env,
+                    "ports": [
+                        {"name": "rpc", "containerPort": LEADER_RPC_PORT, "protocol": "TCP"},
+                        {"name": "fast", "containerPort": LEADER_FAST_PORT, "protocol": "TCP"},
+                        {"name": "metrics", "containerPort": LEADER_METRICS_PORT, "protocol": "TCP"},
+                    ],
+                    // Ready only while serving: standbys stay out of the Service.
+                    "readinessProbe": http_probe("/readyz", LEADER_METRICS_PORT, 5, 3),
+                    "livenessProbe": http_probe("/healthz", LEADER_METRICS_PORT, 10, 6),
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                }],
+            },
+        },
+    });
+    if elects {
+        spec["template"]["spec"]["serviceAccountName"] = json!(name);
+    }
+    if replicas > 1 {
+        // A Deployment with standbys never reports complete.
+        spec["progressDeadlineSeconds"] = json!(i32::MAX);
+    }
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(plan, t, &name, "leader", "leader", None),
+        "spec": spec,
+    })
+}
+
+/// Service `<name>-leader`: the serving leader only (standbys are not ready).
+pub fn leader_service(plan: &StorePlan, t: &Target) -> Value {
+    let name = format!("{}-leader", plan.backend);
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(plan, t, &name, "leader", "leader", None),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": identity(&plan.backend, "leader"),
+            "publishNotReadyAddresses": false,
+            "ports": [
+                {"name": "rpc", "port": LEADER_RPC_PORT, "targetPort": "rpc", "protocol": "TCP"},
+                {"name": "fast", "port": LEADER_FAST_PORT, "targetPort": "fast", "protocol": "TCP"},
+                {"name": "metrics", "port": LEADER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    })
+}
+
+/// ServiceAccount, Role and RoleBinding named `name` granting `rules`.
+fn rbac(plan: &StorePlan, t: &Target, name: &str, component: &str, role: &str, rules: Value) -> [Value; 3] {
+    let meta = || metadata(plan, t, name, component, role, None);
+    [
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta()}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(), "rules": rules}),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta(),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": t.namespace}],
+        }),
+    ]
+}
+
+/// DaemonSet `<name>-member-<i>`: one member per node the group selects, its memory request
+/// and shared memory the segment's size.
+pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
+    let name = format!("{}-member-{}", plan.backend, g.index);
+    let component = format!("member-{}", g.index);
+    let config = member_config(plan, g, t);
+    let capacity = kvcache_units::format_bytes(i64::try_from(config.capacity).unwrap_or(i64::MAX));
+    let mut args = vec!["member".to_owned()];
+    args.extend(config.to_args());
+    let mut env = vec![
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_IP", "status.podIP"),
+        field_env("NODE_NAME", "spec.nodeName"),
+    ];
+    env.extend(plain_env(&g.env));
+    let image = g
+        .image
+        .as_deref()
+        .filter(|i| !i.trim().is_empty())
+        .unwrap_or(&t.image)
+        .trim()
+        .to_owned();
+    let reads_lease = plan.election.as_ref().is_some_and(|e| e.members_follow_lease);
+    let mut pod = json!({
+        "nodeSelector": g.node_selector,
+        "automountServiceAccountToken": reads_lease,
+        "imagePullSecrets": pull_secrets(t),
+        "terminationGracePeriodSeconds": 60,
+        "containers": [{
+            "name": "member",
+            "image": image,
+            "imagePullPolicy": pull_policy(&image, t.pull_policy.as_deref()),
+            "command": ["kv-store"],
+            "args": args,
+            "env": env,
+            "ports": [
+                {"name": "rpc", "containerPort": MEMBER_PORT, "protocol": "TCP"},
+                {"name": "data", "containerPort": MEMBER_DATA_PORT, "protocol": "TCP"},
+                {"name": "metrics", "containerPort": MEMBER_METRICS_PORT, "protocol": "TCP"},
+            ],
+            // Ready once the segment is mounted at the serving leader.
+            "readinessProbe": http_probe("/readyz", MEMBER_METRICS_PORT, 5, 3),
+            "resources": {"requests": {"memory": capacity}},
+            "volumeMounts": [{"name": "segment", "mountPath": "/dev/shm"}],
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }],
+        "volumes": [{"name": "segment", "emptyDir": {"medium": "Memory", "sizeLimit": capacity}}],
+    });
+    if reads_lease {
+        pod["serviceAccountName"] = json!(format!("{}-member", plan.backend));
+    }
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": metadata(plan, t, &name, &component, "member", Some(g.index)),
+        "spec": {
+            "selector": {"matchLabels": identity(&plan.backend, &component)},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {"metadata": {"labels": labels(&plan.backend, &component)}, "spec": pod},
+        },
+    })
+}
+
+/// Every object of the backend, in the order they are applied: RBAC before the workloads that
+/// use it, the Service before the Deployment.
+pub fn store(plan: &StorePlan, t: &Target) -> Vec<Value> {
+    let mut out = Vec::new();
+    if let Some(e) = &plan.election {
+        let leases = json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "list", "watch", "update"]},
+        ]);
+        out.extend(rbac(plan, t, &e.lease, "leader", "leader", leases));
+        if e.members_follow_lease {
+            let read = json!([
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch"]},
+            ]);
+            out.extend(rbac(
+                plan,
+                t,
+                &format!("{}-member", plan.backend),
+                "member",
+                "member",
+                read,
+            ));
+        }
+    }
+    out.push(leader_service(plan, t));
+    out.push(leader_deployment(plan, t));
+    for g in &plan.groups {
+        out.push(member_daemon_set(plan, g, t));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(yaml: &str) -> StorePlan {
+        let spec: kvcache_api::backend::BackendSpec = yaml_serde::from_str(yaml).unwrap();
+        let (mut p, _) = crate::controller::backend::plan("b", &spec, &[]).unwrap();
+        p.uid = "u-1".into();
+        p
+    }
+
+    fn target() -> Target {
+        Target {
+            namespace: "gpustack-system".into(),
+            image: "registry.example/kv-store:v1".into(),
+            pull_policy: None,
+            pull_secrets: vec!["regcred".into()],
+        }
+    }
+
+    const ONE: &str = "type: Mooncake\nconnection:\n  managed:\n    leader: {}\n    members:\n    - nodeSelector: {gpu: a100}\n      capacityPerMember: 2Gi\n      extraEnv: [{name: X, value: y}]\n";
+
+    fn args(container: &Value) -> Vec<String> {
+        container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn every_object_is_owned_noted_and_labelled() {
+        let objects = store(&plan(ONE), &target());
+        let kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ServiceAccount",
+                "Role",
+                "RoleBinding",
+                "Service",
+                "Deployment",
+                "DaemonSet"
+            ]
+        );
+        for o in &objects {
+            let m = &o["metadata"];
+            assert_eq!(m["namespace"], "gpustack-system");
+            assert_eq!(m["annotations"][BACKEND_NOTE], "b");
+            assert_eq!(m["labels"][TYPE_LABEL], "kvcachebackends");
+            let owner = &m["ownerReferences"][0];
+            assert_eq!(
+                (
+                    &owner["kind"],
+                    &owner["uid"],
+                    &owner["controller"],
+                    &owner["blockOwnerDeletion"]
+                ),
+                (&json!("KVCacheBackend"), &json!("u-1"), &json!(true), &json!(false))
+            );
+        }
+    }
+
+    #[test]
+    fn the_leader_elects_through_its_lease_and_is_ready_only_while_serving() {
+        let p = plan(ONE);
+        let d = leader_deployment(&p, &target());
+        assert_eq!(d["spec"]["replicas"], 1);
+        assert_eq!(d["spec"]["strategy"]["type"], "Recreate");
+        assert!(d["spec"].get("progressDeadlineSeconds").is_none());
+        let pod = &d["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], "b-leader");
+        assert_eq!(pod["automountServiceAccountToken"], true);
+        assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
+        let c = &pod["containers"][0];
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+        assert_eq!(c["imagePullPolicy"], "IfNotPresent");
+        let a = args(c);
+        assert_eq!(a[0], "leader");
+        // The flags parse back into the store's own config, Pod references and all.
+        let parsed = LeaderConfig::parse_args(&a[1..]).unwrap();
+        assert_eq!(parsed, leader_config(&p, &target()));
+        assert_eq!(parsed.lease.as_deref(), Some("gpustack-system/b-leader"));
+        assert_eq!(parsed.identity.as_deref(), Some("$(POD_NAME)"));
+        assert_eq!(
+            d["spec"]["selector"]["matchLabels"],
+            json!({"app.kubernetes.io/name": "kv-cache-backend", "app.kubernetes.io/instance": "b", "app.kubernetes.io/component": "leader"})
+        );
+        let svc = leader_service(&p, &target());
+        assert_eq!(svc["spec"]["selector"], d["spec"]["selector"]["matchLabels"]);
+    }
+
+    #[test]
+    fn three_replicas_roll_one_at_a_time_and_members_are_untouched() {
+        let one = plan(ONE);
+        let three = plan(&ONE.replace("leader: {}", "leader: {replicas: 3}"));
+        let d = leader_deployment(&three, &target());
+        assert_eq!(d["spec"]["replicas"], 3);
+        assert_eq!(
+            d["spec"]["strategy"],
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 3}})
+        );
+        assert_eq!(d["spec"]["progressDeadlineSeconds"], i32::MAX);
+        assert_eq!(
+            d["spec"]["template"],
+            leader_deployment(&one, &target())["spec"]["template"],
+            "the Pod template does not change with the count"
+        );
+        assert_eq!(
+            member_daemon_set(&three, &three.groups[0], &target()),
+            member_daemon_set(&one, &one.groups[0], &target())
+        );
+    }
+
+    #[test]
+    fn a_member_group_requests_its_segment_and_finds_the_leader() {
+        let p = plan(ONE);
+        let ds = member_daemon_set(&p, &p.groups[0], &target());
+        assert_eq!(ds["metadata"]["name"], "b-member-0");
+        assert_eq!(ds["metadata"]["annotations"][GROUP_NOTE], "0");
+        let pod = &ds["spec"]["template"]["spec"];
+        assert_eq!(pod["nodeSelector"], json!({"gpu": "a100"}));
+        assert_eq!(pod["automountServiceAccountToken"], false);
+        let c = &pod["containers"][0];
+        assert_eq!(c["resources"], json!({"requests": {"memory": "2Gi"}}));
+        assert_eq!(
+            pod["volumes"][0]["emptyDir"],
+            json!({"medium": "Memory", "sizeLimit": "2Gi"})
+        );
+        assert_eq!(c["env"][3], json!({"name": "X", "value": "y"}));
+        let a = args(c);
+        let parsed = MemberConfig::parse_args(&a[1..]).unwrap();
+        assert_eq!(parsed.leader, "b-leader.gpustack-system.svc:50051");
+        assert_eq!(parsed.capacity, 2 << 30);
+        assert_eq!(parsed.name.as_deref(), Some("b-member-0-$(NODE_NAME)"));
+
+        let lease = plan(&ONE.replace("leader: {}", "leader: {memberAddressing: Lease}"));
+        let ds = member_daemon_set(&lease, &lease.groups[0], &target());
+        let pod = &ds["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], "b-member");
+        let parsed = MemberConfig::parse_args(&args(&pod["containers"][0])[1..]).unwrap();
+        assert_eq!(parsed.leader, "k8s://gpustack-system/b-leader");
+        assert_eq!(store(&lease, &target()).len(), 9, "the member RBAC is rendered too");
+    }
+
+    #[test]
+    fn without_the_election_there_is_no_rbac_and_no_token() {
+        let p = plan(&ONE.replace("leader: {}", "leader: {electionBackend: None}"));
+        let objects = store(&p, &target());
+        assert_eq!(objects.len(), 3);
+        let d = leader_deployment(&p, &target());
+        let pod = &d["spec"]["template"]["spec"];
+        assert_eq!(pod["automountServiceAccountToken"], false);
+        assert!(pod.get("serviceAccountName").is_none());
+        let parsed = LeaderConfig::parse_args(&args(&pod["containers"][0])[1..]).unwrap();
+        assert_eq!(parsed.election, Election::None);
+    }
+
+    #[test]
+    fn pull_policies_follow_the_tag_unless_given() {
+        assert_eq!(pull_policy("a/b:v1", None), "IfNotPresent");
+        assert_eq!(pull_policy("a/b:latest", None), "Always");
+        assert_eq!(pull_policy("a/b", None), "Always");
+        assert_eq!(pull_policy("host:5000/b", None), "Always");
+        assert_eq!(pull_policy("a/b@sha256:00", None), "IfNotPresent");
+        assert_eq!(pull_policy("a/b:v1", Some("Never")), "Never");
+    }
+}
