@@ -91,10 +91,21 @@ pub struct ControllerSetup {
 }
 
 /// Where the controllers run the store and the replicas.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum RuntimeChoice {
     /// Child processes on this machine.
     Local(LocalOptions),
+    /// Workloads of a Kubernetes cluster, through this client.
+    Kubernetes(kube::Client, crate::runtime::kubernetes::KubernetesOptions),
+}
+
+impl std::fmt::Debug for RuntimeChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RuntimeChoice::Local(l) => f.debug_tuple("Local").field(l).finish(),
+            RuntimeChoice::Kubernetes(_, o) => f.debug_tuple("Kubernetes").field(o).finish(),
+        }
+    }
 }
 
 impl AppOptions {
@@ -194,6 +205,9 @@ impl App {
             options.dtype_owned = opts.config.settings.model_deployment_kv_cache_dtype_owned;
             let runtime: Arc<dyn Runtime> = match c.runtime {
                 RuntimeChoice::Local(local) => Arc::new(LocalRuntime::new(local)),
+                RuntimeChoice::Kubernetes(client, k) => {
+                    Arc::new(crate::runtime::kubernetes::KubernetesRuntime::new(client, k))
+                }
             };
             (options, runtime)
         });
@@ -271,7 +285,10 @@ impl App {
     /// `system:kvcache-controller` through the request pipeline in this process).
     pub fn start(&self) {
         if let Some((options, runtime)) = &self.controllers {
-            let user = User::new(controller::CONTROLLER_USER, &["system:authenticated"]);
+            let user = User::new(
+                controller::CONTROLLER_USER,
+                &["system:authenticated", crate::auth::delegated::IN_PROCESS_GROUP],
+            );
             let ctx = Arc::new(controller::Context {
                 client: kube::Client::new(self.in_process(user), "default"),
                 runtime: runtime.clone(),

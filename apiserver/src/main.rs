@@ -79,9 +79,16 @@ enum Command {
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         controllers: bool,
         /// Where the controllers run the store and the replicas: `local` (child processes on this
-        /// machine).
+        /// machine) or `kubernetes` (workloads of a cluster; engine replicas are not run there yet).
         #[arg(long, default_value = "local", value_parser = parse_runtime)]
         runtime: String,
+        /// With --runtime kubernetes: the cluster the workloads run in (default: the Pod's
+        /// in-cluster configuration, else $KUBECONFIG).
+        #[arg(long)]
+        runtime_kubeconfig: Option<PathBuf>,
+        /// With --runtime kubernetes: the namespace of the store's workloads and Leases.
+        #[arg(long, default_value = "gpustack-system")]
+        store_namespace: String,
         /// The stand-in nodes of the local runtime, comma-separated; each is labelled
         /// kubernetes.io/hostname=<name> and kubernetes.io/os=linux.
         #[arg(long, default_value = "local-0,local-1", value_delimiter = ',')]
@@ -209,7 +216,7 @@ struct DelegatedFlags {
 impl DelegatedFlags {
     /// The delegated options and serving files, or `None` in direct mode; flags of the other
     /// mode are refused, never ignored.
-    fn resolve(&self, controllers: bool) -> anyhow::Result<Option<(DelegatedOptions, (PathBuf, PathBuf))>> {
+    fn resolve(&self) -> anyhow::Result<Option<(DelegatedOptions, (PathBuf, PathBuf))>> {
         let files = self.tls_cert_file.clone().zip(self.tls_private_key_file.clone());
         match self.auth {
             AuthMode::Direct => {
@@ -230,11 +237,6 @@ impl DelegatedFlags {
                         "--auth delegated needs --tls-cert-file and --tls-private-key-file: a serving certificate valid for <service>.<namespace>.svc, whose CA is the APIService's caBundle (kv-apiserver certs writes both)"
                     );
                 };
-                if controllers {
-                    bail!(
-                        "--auth delegated serves the API alone for now: the controllers run the store in a cluster through --runtime kubernetes, which is not built yet; pass --controllers=false"
-                    );
-                }
                 let mut opts = DelegatedOptions::new();
                 opts.authentication_kubeconfig = self.authentication_kubeconfig.clone().or(self.kubeconfig.clone());
                 opts.authorization_kubeconfig = self.authorization_kubeconfig.clone().or(self.kubeconfig.clone());
@@ -247,12 +249,11 @@ impl DelegatedFlags {
     }
 }
 
-/// `local`; the Kubernetes runtime is refused until it exists.
+/// `local` or `kubernetes`.
 fn parse_runtime(s: &str) -> Result<String, String> {
     match s {
-        "local" => Ok(s.to_owned()),
-        "kubernetes" => Err("the kubernetes runtime is not supported yet; use --runtime local".into()),
-        other => Err(format!("{other:?} is not a runtime; use local")),
+        "local" | "kubernetes" => Ok(s.to_owned()),
+        other => Err(format!("{other:?} is not a runtime; use local or kubernetes")),
     }
 }
 
@@ -319,7 +320,9 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         watch_history,
         shutdown_delay,
         controllers,
-        runtime: _,
+        runtime,
+        runtime_kubeconfig,
+        store_namespace,
         nodes,
         requeue_interval,
         store_binary,
@@ -330,7 +333,12 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         delegated,
     } = cli.command
     {
-        let delegated = delegated.resolve(controllers)?;
+        let delegated = delegated.resolve()?;
+        if delegated.is_some() && controllers && runtime == "local" {
+            bail!(
+                "--auth delegated runs the controllers with --runtime kubernetes (the local runtime's store processes reach this server with its own certificates, which aggregated mode does not make); pass --runtime kubernetes or --controllers=false"
+            );
+        }
         let mut serving_files = None;
         if let Some((opts_d, files)) = delegated {
             let started = Delegated::start(&opts_d)
@@ -349,7 +357,46 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         }
         opts.watch_history = watch_history;
         opts.bookmark_interval = watch_bookmark_interval;
-        if controllers {
+        // On etcd several replicas may serve: the controllers run on the one that holds their
+        // Lease.
+        let controller_election = matches!(opts.storage, StorageChoice::Etcd(_)).then(|| ElectionOptions {
+            identity: format!(
+                "{}-{}",
+                std::fs::read_to_string("/etc/hostname")
+                    .map_or_else(|_| "kv-apiserver".to_owned(), |h| h.trim().to_owned()),
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            ),
+            lease_duration: leader_elect_lease_duration,
+            renew_deadline: leader_elect_renew_deadline,
+            retry_period: leader_elect_retry_period,
+        });
+        if runtime != "kubernetes" && runtime_kubeconfig.is_some() {
+            bail!("--runtime-kubeconfig goes with --runtime kubernetes");
+        }
+        let runtime_choice = if runtime == "kubernetes" && controllers {
+            let client = kvcache_store::election::kube::client(runtime_kubeconfig.as_deref())
+                .await
+                .map_err(|e| anyhow::anyhow!("--runtime kubernetes: {e}"))?;
+            Some(RuntimeChoice::Kubernetes(
+                client,
+                kvcache_apiserver::runtime::kubernetes::KubernetesOptions {
+                    namespace: store_namespace,
+                    default_image: opts.config.settings.kv_cache_backend_image.clone(),
+                },
+            ))
+        } else {
+            None
+        };
+        if let Some(runtime) = runtime_choice {
+            opts.controllers = Some(ControllerSetup {
+                options: controller::Options {
+                    requeue: requeue_interval.max(Duration::from_millis(100)),
+                    ..controller::Options::default()
+                },
+                runtime,
+                election: controller_election.clone(),
+            });
+        } else if controllers {
             let mut local = LocalOptions::new(&cli.data_dir);
             local.nodes = nodes
                 .iter()
@@ -371,19 +418,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
                     ..controller::Options::default()
                 },
                 runtime: RuntimeChoice::Local(local),
-                // On etcd several replicas may serve: the controllers run on the one that holds
-                // their Lease.
-                election: matches!(opts.storage, StorageChoice::Etcd(_)).then(|| ElectionOptions {
-                    identity: format!(
-                        "{}-{}",
-                        std::fs::read_to_string("/etc/hostname")
-                            .map_or_else(|_| "kv-apiserver".to_owned(), |h| h.trim().to_owned()),
-                        &uuid::Uuid::new_v4().simple().to_string()[..8]
-                    ),
-                    lease_duration: leader_elect_lease_duration,
-                    renew_deadline: leader_elect_renew_deadline,
-                    retry_period: leader_elect_retry_period,
-                }),
+                election: controller_election,
             });
         }
         let app = App::open(opts).await?;
@@ -467,7 +502,7 @@ fn render(files: &[PathBuf], namespace: &str, default_image: &str) -> anyhow::Re
                 out.push_str(&format!("---\n# KVCacheBackend {name}: external, renders nothing\n"));
                 continue;
             };
-            let target = render::Target::for_backend(&backend.spec, namespace, default_image)
+            let target = render::Target::for_plan(&plan, namespace, default_image)
                 .map_err(|e| anyhow::anyhow!("{}: KVCacheBackend {name}: {e}", file.display()))?;
             for object in render::store(&plan, &target) {
                 out.push_str("---\n");

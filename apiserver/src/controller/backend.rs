@@ -152,6 +152,7 @@ async fn read_leader(obj: &KVCacheBackend, ctx: &Context) -> (BackendStatus, Obs
     let mut observed: Option<(StorePlan, Vec<String>, StoreObservation)> = None;
     if let Some((mut plan, unmatched)) = planned {
         plan.uid = obj.metadata.uid.clone().unwrap_or_default();
+        plan.existing_only = obj.metadata.deletion_timestamp.is_some();
         let obs = ctx.runtime.ensure_store(&plan).await;
         if let Some(addr) = &obs.client_endpoint {
             st.endpoints = vec![
@@ -309,6 +310,10 @@ fn leader_fault(obs: &StoreObservation, error: &str) -> (String, String) {
     let l = &obs.leader();
     if let Some(why) = &l.refused {
         return (leader_available::LEADER_UNSCHEDULABLE.as_str().into(), why.clone());
+    }
+    if let Some((reason, message)) = l.waiting.as_ref().filter(|(r, _)| r != "CrashLoopBackOff") {
+        // The kubelet's own word for why the container does not run (ImagePullBackOff, ...).
+        return (reason.clone(), message.clone());
     }
     if !l.ready
         && let Some(exit) = &l.last_exit

@@ -121,8 +121,10 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
             status::write(&api, &obj, st, &ctx).await?;
             return Ok(Action::requeue(ctx.opts.requeue));
         }
-        // Release: the ledger without this pool's tenants.
+        // Release: the ledger without this pool's tenants. A backend that is itself being
+        // deleted takes its whole ledger with it: nothing to release (its leader may be gone).
         if let Some(b) = &backend
+            && b.metadata.deletion_timestamp.is_none()
             && b.spec.declared_multi_tenancy() != Some(false)
             && let Some(admin) = admin_of(b)
         {

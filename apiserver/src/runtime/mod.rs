@@ -50,6 +50,15 @@ pub struct StorePlan {
     pub backend: String,
     /// The backend's UID, for owner references.
     pub uid: String,
+    /// The backend's image (`spec.image`); `None` runs the setting `kv-cache-backend-image`.
+    pub image: Option<String>,
+    /// `spec.imagePullPolicy`, as written.
+    pub pull_policy: Option<String>,
+    /// `spec.imagePullSecrets` names.
+    pub pull_secrets: Vec<String>,
+    /// The backend is being deleted but still in use: converge what runs, create nothing new
+    /// (`backend.md` §4.7), so a pass racing the removal cannot bring a workload back.
+    pub existing_only: bool,
     /// The leader's flags; the runtime chooses the addresses it listens on.
     pub leader: LeaderConfig,
     /// Extra environment of the leader (`leader.extraEnv`).
@@ -210,6 +219,9 @@ pub struct WorkloadState {
     pub last_exit: Option<Exit>,
     /// Why it cannot be started at all (for example not enough memory on the machine).
     pub refused: Option<String>,
+    /// Why it does not run now while it should, as the runtime names it (a kubelet's waiting
+    /// reason such as `ImagePullBackOff` or `CrashLoopBackOff`, with its message).
+    pub waiting: Option<(String, String)>,
 }
 
 /// How an instance ended: its exit code or signal and the last lines it logged.

@@ -35,6 +35,8 @@ impl Authenticator for ClientCa {
                 "the client certificate is not one of the cluster's client CA: {e}"
             ))
         })?;
-        cert.user().map(Some)
+        let mut user = cert.user()?;
+        super::authenticated(&mut user);
+        Ok(Some(user))
     }
 }

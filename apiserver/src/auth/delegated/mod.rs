@@ -109,6 +109,7 @@ impl Delegated {
             .map_err(DelegatedError::AuthorizationClient)?;
         let source = extension::Source::load_and_watch(authn_client.clone()).await?;
         let authn = Chain::new(vec![
+            Arc::new(super::InProcess),
             Arc::new(request_header::RequestHeaderAuth::new(source.clone())),
             Arc::new(client_ca::ClientCa::new(source)),
             Arc::new(token_review::TokenReviewer::new(authn_client, opts.token_ttl)),
@@ -122,11 +123,17 @@ impl Delegated {
     }
 }
 
+/// The group of this server's own in-process clients (the controllers): allowed here without
+/// asking the cluster. Only [`super::InProcess`] hands it out; a user from the network that
+/// claims it loses it ([`authenticated`]).
+pub const IN_PROCESS_GROUP: &str = "system:kvcache:in-process";
+
 /// Adds `system:authenticated` to an authenticated user who lacks it, as kube's authenticated
 /// group adder: the aggregator fetches legacy discovery and OpenAPI as users with no groups, and
 /// the cluster's `system:discovery` role is bound to that group.
 fn authenticated(user: &mut User) {
     const GROUP: &str = "system:authenticated";
+    user.groups.retain(|g| g != IN_PROCESS_GROUP);
     if !user.in_group(GROUP) {
         user.groups.push(GROUP.to_owned());
     }
@@ -140,6 +147,7 @@ struct ClusterAuthorizer<A> {
 /// Allowed without asking the cluster, as kube's always-allow group and paths.
 fn always_allowed(attrs: &Attributes) -> bool {
     attrs.user.in_group("system:masters")
+        || attrs.user.in_group(IN_PROCESS_GROUP)
         || matches!(&attrs.target, Target::NonResource { path } if anonymous::is_public(path))
 }
 
@@ -174,5 +182,13 @@ mod tests {
             "/apis"
         )));
         assert!(!always_allowed(&at(User::anonymous(), "/metrics")));
+        assert!(always_allowed(&at(
+            User::new("system:kvcache-controller", &[IN_PROCESS_GROUP]),
+            "/apis"
+        )));
+        // A user from the network never keeps the in-process group.
+        let mut claimed = User::new("mallory", &[IN_PROCESS_GROUP]);
+        authenticated(&mut claimed);
+        assert_eq!(claimed.groups, ["system:authenticated"]);
     }
 }

@@ -68,6 +68,17 @@ pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan
         StorePlan {
             backend: name.to_owned(),
             uid: String::new(),
+            image: spec
+                .image
+                .as_deref()
+                .map(str::trim)
+                .filter(|i| !i.is_empty())
+                .map(str::to_owned),
+            pull_policy: spec
+                .image_pull_policy
+                .and_then(|p| serde_json::to_value(p).ok().and_then(|v| v.as_str().map(str::to_owned))),
+            pull_secrets: spec.image_pull_secrets.iter().map(|r| r.name.clone()).collect(),
+            existing_only: false,
             leader,
             leader_env: env_pairs(&leader_spec.extra_env),
             members,

@@ -3,5 +3,342 @@
 //! | module | owns |
 //! |---|---|
 //! | [`render`] | a backend's plan as Kubernetes objects (Deployment, Service, DaemonSets, RBAC) |
+//! | [`observe`] | a Pod's status as a workload's state |
 
+pub mod observe;
 pub mod render;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::watcher;
+use parking_lot::RwLock;
+use serde_json::Value;
+
+use super::{Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, StoreObservation, StorePlan, WorkloadState};
+
+/// The field manager of every object the controllers apply.
+pub const FIELD_MANAGER: &str = "kvcache-controllers";
+
+/// Where the runtime renders and what with.
+#[derive(Clone, Debug)]
+pub struct KubernetesOptions {
+    /// The namespace of the store's objects and Leases (`gpustack-system`).
+    pub namespace: String,
+    /// The setting `kv-cache-backend-image`: backends that name no image run this one.
+    pub default_image: String,
+}
+
+/// The kinds this runtime renders, each with its API path.
+fn resource(kind: &str) -> Option<ApiResource> {
+    let (group, version, plural) = match kind {
+        "ServiceAccount" => ("", "v1", "serviceaccounts"),
+        "Service" => ("", "v1", "services"),
+        "Role" => ("rbac.authorization.k8s.io", "v1", "roles"),
+        "RoleBinding" => ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+        "Deployment" => ("apps", "v1", "deployments"),
+        "DaemonSet" => ("apps", "v1", "daemonsets"),
+        _ => return None,
+    };
+    Some(ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(group, version, kind),
+        plural,
+    ))
+}
+
+/// Every kind the runtime may have rendered for a backend, in the order they are removed
+/// (workloads first, their RBAC last).
+const REMOVAL_ORDER: &[&str] = &[
+    "DaemonSet",
+    "Deployment",
+    "Service",
+    "RoleBinding",
+    "Role",
+    "ServiceAccount",
+];
+
+/// The store as workloads of a cluster, through kube-rs: server-side apply under one field
+/// manager, objects found by label and owned only when they carry the backend's note.
+pub struct KubernetesRuntime {
+    client: kube::Client,
+    opts: KubernetesOptions,
+    nodes: Arc<RwLock<BTreeMap<String, Node>>>,
+    changes: tokio::sync::broadcast::Sender<Changed>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for KubernetesRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubernetesRuntime")
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for KubernetesRuntime {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl KubernetesRuntime {
+    /// Watches the cluster's Nodes (where member groups go) and the store's Pods (whose changes
+    /// wake the backend controller).
+    pub fn new(client: kube::Client, opts: KubernetesOptions) -> KubernetesRuntime {
+        let nodes: Arc<RwLock<BTreeMap<String, Node>>> = Arc::default();
+        let (changes, _) = tokio::sync::broadcast::channel(256);
+        let node_task = {
+            let (api, nodes) = (Api::<KubeNode>::all(client.clone()), nodes.clone());
+            tokio::spawn(async move {
+                let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+                while let Some(e) = events.next().await {
+                    let apply = |n: KubeNode, nodes: &mut BTreeMap<String, Node>| {
+                        let name = n.metadata.name.clone().unwrap_or_default();
+                        let labels = n.metadata.labels.clone().unwrap_or_default();
+                        nodes.insert(name.clone(), Node { name, labels });
+                    };
+                    match e {
+                        Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => apply(n, &mut nodes.write()),
+                        Ok(watcher::Event::Delete(n)) => {
+                            nodes.write().remove(&n.metadata.name.unwrap_or_default());
+                        }
+                        Ok(watcher::Event::Init) => nodes.write().clear(),
+                        Ok(watcher::Event::InitDone) => {}
+                        Err(e) => tracing::warn!("watching Nodes: {e}; retrying"),
+                    }
+                }
+            })
+        };
+        let pod_task = {
+            let api = Api::<Pod>::namespaced(client.clone(), &opts.namespace);
+            let tx = changes.clone();
+            tokio::spawn(async move {
+                let config = watcher::Config::default().labels("app.kubernetes.io/name=kv-cache-backend");
+                let mut events = std::pin::pin!(watcher(api, config));
+                while let Some(e) = events.next().await {
+                    let pod = match e {
+                        Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => p,
+                        Ok(_) => continue,
+                        Err(e) => {
+                            tracing::warn!("watching the store's Pods: {e}; retrying");
+                            continue;
+                        }
+                    };
+                    if let Some(b) = pod
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("app.kubernetes.io/instance"))
+                    {
+                        let _ = tx.send(Changed::Store(b.clone()));
+                    }
+                }
+            })
+        };
+        KubernetesRuntime {
+            client,
+            opts,
+            nodes,
+            changes,
+            tasks: vec![node_task, pod_task],
+        }
+    }
+
+    fn api(&self, r: &ApiResource) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.opts.namespace, r)
+    }
+
+    /// Applies `object` unless a same-named object exists that is not this backend's; with
+    /// `existing_only`, only an object that exists.
+    async fn apply(&self, backend: &str, object: &Value, existing_only: bool) -> Result<(), String> {
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let r = resource(kind).ok_or_else(|| format!("{kind} is not a kind this runtime renders"))?;
+        let api = self.api(&r);
+        let what = || format!("{kind} {}/{name}", self.opts.namespace);
+        match api.get_opt(name).await {
+            Ok(Some(live)) if !owned_by(&live, backend) => {
+                return Err(format!(
+                    "{} exists and is not this backend's (it has no annotation {}={backend}); rename or remove it",
+                    what(),
+                    render::BACKEND_NOTE
+                ));
+            }
+            Ok(None) if existing_only => return Ok(()),
+            Ok(_) => {}
+            Err(e) => return Err(format!("reading {}: {e}", what())),
+        }
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        api.patch(name, &params, &Patch::Apply(object))
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("applying {}: {e}", what()))
+    }
+
+    /// The backend's Pods of `component`, by name.
+    async fn pods(&self, backend: &str, component: &str) -> Result<Vec<Pod>, kube::Error> {
+        let api = Api::<Pod>::namespaced(self.client.clone(), &self.opts.namespace);
+        let selector = format!(
+            "app.kubernetes.io/name=kv-cache-backend,app.kubernetes.io/instance={backend},app.kubernetes.io/component={component}"
+        );
+        let mut pods = api.list(&ListParams::default().labels(&selector)).await?.items;
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(pods)
+    }
+}
+
+/// Whether `object` carries `backend`'s ownership note.
+fn owned_by(object: &DynamicObject, backend: &str) -> bool {
+    object
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(render::BACKEND_NOTE))
+        .is_some_and(|b| b == backend)
+}
+
+/// A state for what could not be rendered or read: the reason, as a refusal.
+fn refused(why: String) -> WorkloadState {
+    WorkloadState {
+        refused: Some(why),
+        ..WorkloadState::default()
+    }
+}
+
+#[async_trait]
+impl Runtime for KubernetesRuntime {
+    fn nodes(&self) -> Vec<Node> {
+        self.nodes.read().values().cloned().collect()
+    }
+
+    fn lease_namespace(&self) -> &str {
+        &self.opts.namespace
+    }
+
+    fn changes(&self) -> tokio::sync::broadcast::Receiver<Changed> {
+        self.changes.subscribe()
+    }
+
+    async fn ensure_store(&self, plan: &StorePlan) -> StoreObservation {
+        let lease = plan
+            .election
+            .as_ref()
+            .map(|e| (self.opts.namespace.clone(), e.lease.clone()));
+        let members_unknown = |why: &str| {
+            plan.members
+                .iter()
+                .map(|m| (m.clone(), refused(why.to_owned())))
+                .collect::<Vec<_>>()
+        };
+        let target = match render::Target::for_plan(plan, &self.opts.namespace, &self.opts.default_image) {
+            Ok(t) => t,
+            Err(why) => {
+                return StoreObservation {
+                    leaders: vec![refused(why.clone())],
+                    members: members_unknown(&why),
+                    lease,
+                    ..StoreObservation::default()
+                };
+            }
+        };
+        for object in render::store(plan, &target) {
+            if let Err(why) = self.apply(&plan.backend, &object, plan.existing_only).await {
+                tracing::warn!(backend = %plan.backend, "{why}");
+                return StoreObservation {
+                    leaders: vec![refused(why.clone())],
+                    members: members_unknown(&why),
+                    lease,
+                    ..StoreObservation::default()
+                };
+            }
+        }
+        let leaders = match self.pods(&plan.backend, "leader").await {
+            Ok(pods) if pods.is_empty() => vec![WorkloadState::default()],
+            Ok(pods) => pods.iter().map(|p| observe::workload(p, "leader")).collect(),
+            Err(e) => vec![refused(format!("listing the leader's Pods: {e}"))],
+        };
+        let mut members = Vec::new();
+        let mut by_group: BTreeMap<usize, Vec<Pod>> = BTreeMap::new();
+        for m in &plan.members {
+            if let std::collections::btree_map::Entry::Vacant(slot) = by_group.entry(m.group) {
+                slot.insert(
+                    self.pods(&plan.backend, &format!("member-{}", m.group))
+                        .await
+                        .unwrap_or_default(),
+                );
+            }
+            let pod = by_group[&m.group]
+                .iter()
+                .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(m.node.as_str()));
+            members.push((
+                m.clone(),
+                pod.map(|p| observe::workload(p, "member")).unwrap_or_default(),
+            ));
+        }
+        StoreObservation {
+            client_endpoint: Some(render::leader_address(plan, &self.opts.namespace)),
+            leaders,
+            lease,
+            members,
+        }
+    }
+
+    async fn remove_store(&self, backend: &str) -> bool {
+        let selector = format!(
+            "app.kubernetes.io/instance={backend},{}=kvcachebackends",
+            render::TYPE_LABEL
+        );
+        let mut left = false;
+        for kind in REMOVAL_ORDER {
+            let Some(r) = resource(kind) else { continue };
+            let api = self.api(&r);
+            let listed = match api.list(&ListParams::default().labels(&selector)).await {
+                Ok(l) => l.items,
+                Err(e) => {
+                    tracing::warn!(backend, "listing {kind}s to remove: {e}");
+                    left = true;
+                    continue;
+                }
+            };
+            // Only what carries this backend's note is ours, whatever its labels say.
+            for object in listed.iter().filter(|o| owned_by(o, backend)) {
+                left = true;
+                let name = object.metadata.name.clone().unwrap_or_default();
+                if object.metadata.deletion_timestamp.is_none()
+                    && let Err(e) = api.delete(&name, &DeleteParams::background()).await
+                {
+                    tracing::warn!(backend, "deleting {kind} {name}: {e}");
+                }
+            }
+        }
+        !left
+    }
+
+    async fn ensure_replicas(&self, plan: &ReplicaPlan) -> Vec<ReplicaObservation> {
+        // Engine Pods are the next part of this runtime; until then every replica says so.
+        plan.replicas
+            .iter()
+            .map(|r| ReplicaObservation {
+                name: r.name.clone(),
+                role: r.role.clone(),
+                state: refused("the kubernetes runtime does not run engine replicas yet; use --runtime local".into()),
+                cache: None,
+            })
+            .collect()
+    }
+
+    async fn remove_replicas(&self, _owner: &str) -> bool {
+        true
+    }
+
+    async fn shutdown(&self) {
+        // The cluster's workloads outlive this server: nothing is stopped.
+    }
+}

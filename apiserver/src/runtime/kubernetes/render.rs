@@ -53,30 +53,16 @@ pub struct Target {
 impl Target {
     /// A backend's target in `namespace`: its own image, else `default_image` (the setting
     /// `kv-cache-backend-image`); with neither, nothing can be rendered and the error says so.
-    pub fn for_backend(
-        spec: &kvcache_api::backend::BackendSpec,
-        namespace: &str,
-        default_image: &str,
-    ) -> Result<Target, String> {
-        let image = spec
-            .image
-            .as_deref()
-            .map(str::trim)
-            .filter(|i| !i.is_empty())
-            .unwrap_or(default_image.trim());
+    pub fn for_plan(plan: &StorePlan, namespace: &str, default_image: &str) -> Result<Target, String> {
+        let image = plan.image.as_deref().unwrap_or(default_image).trim();
         if image.is_empty() {
             return Err("no image: set spec.image or the setting kv-cache-backend-image".into());
         }
         Ok(Target {
             namespace: namespace.to_owned(),
             image: image.to_owned(),
-            pull_policy: spec.image_pull_policy.map(|p| {
-                serde_json::to_value(p)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default()
-            }),
-            pull_secrets: spec.image_pull_secrets.iter().map(|r| r.name.clone()).collect(),
+            pull_policy: plan.pull_policy.clone(),
+            pull_secrets: plan.pull_secrets.clone(),
         })
     }
 }

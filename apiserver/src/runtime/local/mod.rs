@@ -565,6 +565,10 @@ mod tests {
         let plan = StorePlan {
             backend: "b".into(),
             uid: String::new(),
+            image: None,
+            pull_policy: None,
+            pull_secrets: vec![],
+            existing_only: false,
             leader: LeaderConfig::default(),
             leader_env: vec![],
             members: vec![member("local-0"), member("local-1")],
