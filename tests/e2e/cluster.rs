@@ -90,7 +90,13 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
+    /// With the one controller the aggregated-mode test needs (view, edit and admin aggregation).
     pub fn start() -> ControlPlane {
+        ControlPlane::start_with(&["clusterrole-aggregation-controller"])
+    }
+
+    /// With these kube-controller-manager controllers.
+    pub fn start_with(controllers: &[&str]) -> ControlPlane {
         let bins = kube_binaries();
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
@@ -165,10 +171,9 @@ impl ControlPlane {
             admin,
         };
         plane.wait_ready();
-        // Only the controller that merges aggregated ClusterRoles (view, edit, admin) runs.
         let kcm_args: Vec<String> = [
             format!("--kubeconfig={}", plane.admin.display()),
-            "--controllers=clusterrole-aggregation".into(),
+            format!("--controllers={}", controllers.join(",")),
             "--leader-elect=false".into(),
             "--secure-port=0".into(),
         ]
@@ -293,6 +298,7 @@ impl Aggregated {
     /// Starts the server with the credentials in `kubeconfig` (the ServiceAccount of deploy/),
     /// serving the certificates in `certs` (written by [`write_certs`]).
     pub fn start(plane: &ControlPlane, kubeconfig: &Path, certs: &Path, extra: &[&str]) -> Aggregated {
+        let controllers = extra.iter().any(|a| a.starts_with("--runtime"));
         let port = free_port();
         let data = plane.dir.path().join(format!("kv-{port}"));
         let log = plane.dir.path().join(format!("kv-apiserver-{port}.log"));
@@ -303,7 +309,7 @@ impl Aggregated {
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--tls-cert-file={}", certs.join("tls.crt").display()),
             format!("--tls-private-key-file={}", certs.join("tls.key").display()),
-            "--controllers=false".into(),
+            format!("--controllers={controllers}"),
             format!("--data-dir={}", data.display()),
         ];
         args.extend(extra.iter().map(|a| (*a).to_owned()));
@@ -435,6 +441,7 @@ pub fn prepare_deploy(plane: &ControlPlane) -> PathBuf {
         "serviceaccount.yaml",
         "rbac-delegation.yaml",
         "rbac-users.yaml",
+        "rbac-runtime.yaml",
     ] {
         plane
             .kubectl()
@@ -446,10 +453,21 @@ pub fn prepare_deploy(plane: &ControlPlane) -> PathBuf {
 /// Our server as the ServiceAccount of deploy/ (its token, its RBAC), behind the APIService of
 /// deploy/, once kube-apiserver reports it Available.
 pub fn start_behind(plane: &ControlPlane, deploy: &Path) -> Aggregated {
+    start_behind_with(plane, deploy, &[])
+}
+
+/// [`start_behind`] with more flags; `--runtime kubernetes` runs the controllers, whose runtime
+/// acts as the same ServiceAccount (`--runtime-kubeconfig`).
+pub fn start_behind_with(plane: &ControlPlane, deploy: &Path, extra: &[&str]) -> Aggregated {
     let k = plane.kubectl();
     let token = plane.token(NAMESPACE, SERVICE);
     let kubeconfig = plane.token_kubeconfig(SERVICE, &plane.url(), &plane.cluster_ca.pair.cert_pem, &token);
-    let server = Aggregated::start(plane, &kubeconfig, &deploy.join("tls"), &[]);
+    let mut args: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
+    if extra.iter().any(|a| a.starts_with("--runtime")) {
+        args.push(format!("--runtime-kubeconfig={}", kubeconfig.display()));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Aggregated::start(plane, &kubeconfig, &deploy.join("tls"), &args);
     route_to(&k, deploy, &server);
     super::support::eventually(60, "the APIService is Available", || {
         apiservice_available(&k).starts_with("True/").then_some(())

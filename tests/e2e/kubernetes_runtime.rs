@@ -1,0 +1,271 @@
+//! Cluster mode, part 2: the controllers with `--runtime kubernetes` against the harness's real
+//! kube-apiserver, with kube-controller-manager's Deployment, ReplicaSet, DaemonSet, ServiceAccount
+//! and garbage-collector controllers. No kubelet runs: the test schedules member Pods (a Binding,
+//! as the scheduler would) and writes Pod statuses through `/status`, as a kubelet would, to drive
+//! each fault.
+
+mod cluster;
+mod support;
+
+use cluster::{ControlPlane, NAMESPACE};
+use serde_json::Value;
+use support::walkthrough::{condition, manifest};
+use support::{Kubectl, eventually};
+
+const KVCB: &[&str] = &["kvcb", "mooncake-dram"];
+
+fn json(k: &Kubectl, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&k.ok(&all)).expect("kubectl -o json")
+}
+
+fn try_json(k: &Kubectl, args: &[&str]) -> Option<Value> {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    let r = k.run(&all);
+    r.ok.then(|| serde_json::from_str(&r.stdout).expect("kubectl -o json"))
+}
+
+fn store(k: &Kubectl, kind: &str, name: &str) -> Option<Value> {
+    try_json(k, &["-n", NAMESPACE, "get", kind, name])
+}
+
+/// The one leader Pod the ReplicaSet made.
+fn leader_pod(k: &Kubectl) -> String {
+    eventually(60, "the leader Pod exists", || {
+        let pods = json(
+            k,
+            &[
+                "-n",
+                NAMESPACE,
+                "get",
+                "pods",
+                "-l",
+                "app.kubernetes.io/component=leader",
+            ],
+        );
+        pods["items"][0]["metadata"]["name"].as_str().map(str::to_owned)
+    })
+}
+
+/// Writes `status` on a Pod through its status subresource, as the kubelet does.
+fn kubelet_writes(k: &Kubectl, pod: &str, status: &Value) {
+    let patch = serde_json::json!({ "status": status }).to_string();
+    k.ok(&[
+        "-n",
+        NAMESPACE,
+        "patch",
+        "pod",
+        pod,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
+}
+
+fn waiting(reason: &str, message: &str, restarts: u32, last_exit: Option<i32>) -> Value {
+    let mut c = serde_json::json!({
+        "name": "leader", "ready": false, "restartCount": restarts, "image": "x", "imageID": "",
+        "state": {"waiting": {"reason": reason, "message": message}},
+    });
+    if let Some(code) = last_exit {
+        c["lastState"] = serde_json::json!({"terminated": {"exitCode": code, "reason": "Error", "message": "flag --bogus not recognised", "startedAt": "2026-12-01T00:00:00Z", "finishedAt": "2026-12-01T00:00:01Z"}});
+    }
+    serde_json::json!({"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}], "containerStatuses": [c]})
+}
+
+#[test]
+fn the_store_runs_as_workloads_of_the_cluster() {
+    let plane = ControlPlane::start_with(&[
+        "clusterrole-aggregation-controller",
+        "serviceaccount-controller",
+        "deployment-controller",
+        "replicaset-controller",
+        "daemonset-controller",
+        "garbage-collector-controller",
+    ]);
+    let k = plane.kubectl();
+    for node in ["node-a", "node-b"] {
+        k.must_apply(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    kubernetes.io/hostname: {node}\n    kubernetes.io/os: linux\n"
+        ));
+    }
+    let deploy = cluster::prepare_deploy(&plane);
+    // A DaemonSet with our labels and a name of ours but no ownership note: never ours.
+    let foreign = format!(
+        "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: mooncake-dram-member-9\n  namespace: {NAMESPACE}\n  labels:\n    app.kubernetes.io/instance: mooncake-dram\n    resource.gpustack.ai/type: kvcachebackends\nspec:\n  selector:\n    matchLabels: {{app: foreign}}\n  template:\n    metadata:\n      labels: {{app: foreign}}\n    spec:\n      nodeSelector: {{nowhere: \"true\"}}\n      containers: [{{name: c, image: busybox}}]\n"
+    );
+    k.must_apply(&foreign);
+    let _server = cluster::start_behind_with(
+        &plane,
+        &deploy,
+        &[
+            "--runtime=kubernetes",
+            "--store-namespace=gpustack-system",
+            "--requeue-interval=1s",
+        ],
+    );
+
+    // Step 1: the leader Deployment, its Service and election RBAC, the member DaemonSet.
+    k.must_apply(&manifest("01-backend.yaml"));
+    let uid = json(&k, &["get", "kvcb", "mooncake-dram"])["metadata"]["uid"]
+        .as_str()
+        .expect("a uid")
+        .to_owned();
+    let d = eventually(60, "the leader Deployment", || {
+        store(&k, "deployment", "mooncake-dram-leader")
+    });
+    for kind in ["service", "serviceaccount", "role", "rolebinding"] {
+        let o = store(&k, kind, "mooncake-dram-leader").unwrap_or_else(|| panic!("{kind} mooncake-dram-leader"));
+        assert_eq!(
+            o["metadata"]["annotations"]["note.gpustack.ai/backend"], "mooncake-dram",
+            "{kind}"
+        );
+        assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], uid.as_str(), "{kind}");
+        assert_eq!(
+            o["metadata"]["ownerReferences"][0]["blockOwnerDeletion"], false,
+            "{kind}"
+        );
+    }
+    let ds = store(&k, "daemonset", "mooncake-dram-member-0").expect("the member DaemonSet");
+    assert_eq!(d["spec"]["replicas"], 1);
+    assert_eq!(d["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(
+        d["spec"]["selector"]["matchLabels"],
+        serde_json::json!({"app.kubernetes.io/name": "kv-cache-backend", "app.kubernetes.io/instance": "mooncake-dram", "app.kubernetes.io/component": "leader"})
+    );
+    let leader = &d["spec"]["template"]["spec"];
+    assert_eq!(leader["serviceAccountName"], "mooncake-dram-leader");
+    let c = &leader["containers"][0];
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let lease_at = args.iter().position(|a| *a == "--lease").expect("--lease");
+    assert_eq!(args[lease_at + 1], "gpustack-system/mooncake-dram-leader");
+    let member = &ds["spec"]["template"]["spec"];
+    assert_eq!(member["nodeSelector"], serde_json::json!({"kubernetes.io/os": "linux"}));
+    assert_eq!(member["containers"][0]["resources"]["requests"]["memory"], "1Gi");
+    assert_eq!(member["volumes"][0]["emptyDir"]["sizeLimit"], "1Gi");
+    let margs: Vec<&str> = member["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        &margs[..3],
+        ["member", "--leader", "mooncake-dram-leader.gpustack-system.svc:50051"]
+    );
+    assert_eq!(
+        json(&k, &["get", "kvcb", "mooncake-dram"])["status"]["endpoints"][0]["address"],
+        "mooncake-dram-leader.gpustack-system.svc:50051"
+    );
+
+    // The kubelet's faults, one at a time, on the leader Pod: each is the backend's reason.
+    let pod = leader_pod(&k);
+    let faults = [
+        (
+            waiting(
+                "CrashLoopBackOff",
+                "back-off 10s restarting failed container",
+                3,
+                Some(2),
+            ),
+            "False|LeaderCrashLooping|",
+            "Error",
+        ),
+        (
+            waiting("ImagePullBackOff", "Back-off pulling image", 0, None),
+            "False|ImagePullBackOff|Back-off pulling image",
+            "Error",
+        ),
+        (
+            serde_json::json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes are available: insufficient memory"}], "containerStatuses": []}),
+            "False|LeaderUnschedulable|",
+            "Error",
+        ),
+        (
+            serde_json::json!({"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
+                "containerStatuses": [{"name": "leader", "ready": false, "restartCount": 0, "image": "x", "imageID": "", "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}}}]}),
+            "False|LeaderStarting|",
+            "Provisioning",
+        ),
+    ];
+    for (status, want, phase) in faults {
+        kubelet_writes(&k, &pod, &status);
+        eventually(30, &format!("LeaderAvailable {want} and phase {phase}"), || {
+            let c = condition(&k, KVCB, "LeaderAvailable");
+            let p = support::walkthrough::jp(&k, KVCB, "{.status.phase}");
+            (c.starts_with(want) && p == phase).then_some(())
+        });
+    }
+    let crash = waiting("CrashLoopBackOff", "back-off", 3, Some(2));
+    kubelet_writes(&k, &pod, &crash);
+    eventually(
+        30,
+        "the crash loop names the exit code and the termination message",
+        || {
+            let c = condition(&k, KVCB, "LeaderAvailable");
+            (c.contains("exit code 2") && c.contains("flag --bogus not recognised")).then_some(())
+        },
+    );
+
+    // Step 4: three leaders, rolled one at a time; the member DaemonSet is not touched.
+    let ds_generation = ds["metadata"]["generation"].clone();
+    let template = d["spec"]["template"].clone();
+    k.must_apply(&manifest("04-high-availability.yaml"));
+    let d3 = eventually(60, "the Deployment at 3 replicas", || {
+        store(&k, "deployment", "mooncake-dram-leader").filter(|d| d["spec"]["replicas"] == 3)
+    });
+    assert_eq!(
+        d3["spec"]["strategy"],
+        serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 3}})
+    );
+    assert_eq!(d3["spec"]["progressDeadlineSeconds"], i32::MAX);
+    assert_eq!(d3["spec"]["template"], template, "the Pod template does not change");
+    let ds_after = store(&k, "daemonset", "mooncake-dram-member-0").expect("the DaemonSet");
+    assert_eq!(ds_after["metadata"]["generation"], ds_generation, "members untouched");
+
+    // Deleting the backend, then the pool that uses it, removes every rendered object, and only
+    // those: the foreign DaemonSet stays.
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    k.ok(&["delete", "kvcb", "mooncake-dram", "--wait=false"]);
+    eventually(30, "the backend waits for its pool", || {
+        (support::walkthrough::jp(&k, KVCB, "{.status.phase}") == "Deleting").then_some(())
+    });
+    assert!(
+        store(&k, "deployment", "mooncake-dram-leader").is_some(),
+        "kept while in use"
+    );
+    k.ok(&["delete", "kvcpb", "team-a", "-n", "team-a", "--wait=false"]);
+    k.ok(&["delete", "kvcp", "shared-dram", "--wait=false"]);
+    eventually(90, "every rendered object is gone", || {
+        let left: Vec<&str> = [
+            ("deployment", "mooncake-dram-leader"),
+            ("service", "mooncake-dram-leader"),
+            ("serviceaccount", "mooncake-dram-leader"),
+            ("role", "mooncake-dram-leader"),
+            ("rolebinding", "mooncake-dram-leader"),
+            ("daemonset", "mooncake-dram-member-0"),
+        ]
+        .iter()
+        .filter(|(kind, name)| store(&k, kind, name).is_some())
+        .map(|(kind, _)| *kind)
+        .collect();
+        left.is_empty().then_some(())
+    });
+    eventually(60, "the backend is gone", || {
+        (!k.run(&["get", "kvcb", "mooncake-dram"]).ok).then_some(())
+    });
+    assert!(
+        store(&k, "daemonset", "mooncake-dram-member-9").is_some(),
+        "an object without our note is never deleted"
+    );
+}
