@@ -125,6 +125,22 @@ pub struct StoreObservation {
     pub lease: Option<(String, String)>,
     /// One per member of the plan, in its order.
     pub members: Vec<(MemberPlan, WorkloadState)>,
+    /// The leaders' rollout as their workload controller reports it (a Deployment in a cluster);
+    /// `None` where the runtime rolls leaders itself.
+    pub rollout: Option<Rollout>,
+}
+
+/// A Deployment's account of its rollout.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rollout {
+    /// Whether it observed its latest spec (`observedGeneration >= generation`).
+    pub observed: bool,
+    /// `spec.replicas`, `status.replicas` and `status.updatedReplicas`.
+    pub spec_replicas: i32,
+    pub replicas: i32,
+    pub updated: i32,
+    /// Why it could not be read.
+    pub unreadable: Option<String>,
 }
 
 impl StoreObservation {
@@ -162,6 +178,8 @@ impl StoreObservation {
 pub struct ReplicaPlan {
     /// `<namespace>/<name>` of the deployment.
     pub owner: String,
+    /// The deployment's UID, for owner references.
+    pub uid: String,
     pub replicas: Vec<Replica>,
     /// Keep replicas that run with another environment instead of rolling them (the cache
     /// connection did not resolve in this pass; new replicas are still started).
@@ -180,6 +198,32 @@ pub struct Replica {
     pub args: Vec<String>,
     /// A client configuration file the engine reads (vLLM), whose path the environment names.
     pub client_config: Option<String>,
+    /// The engine container a cluster runs for this replica (the local runtime runs the engine
+    /// simulator instead).
+    pub engine: EngineContainer,
+}
+
+/// The real engine's container: its image, command line and resources.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineContainer {
+    /// The image, or why none can be chosen.
+    pub image: Result<String, String>,
+    pub pull_policy: Option<String>,
+    pub pull_secrets: Vec<String>,
+    /// The engine's base command (`vllm serve`, `python3 -m sglang.launch_server`).
+    pub command: Vec<String>,
+    /// Everything after the command: the model, the injected connector flags, the role's
+    /// `extraArgs`, `--host`/`--port` unless the role set them.
+    pub args: Vec<String>,
+    /// The role's own environment, after the injected one.
+    pub env: Vec<(String, String)>,
+    /// Variables set from the Pod's IP (SGLang's `MOONCAKE_LOCAL_HOSTNAME`).
+    pub pod_ip_env: Vec<String>,
+    /// The serving port; the probes ask `GET /health` there.
+    pub port: u16,
+    /// Device-plugin resources (`nvidia.com/gpu: 1`).
+    pub limits: BTreeMap<String, String>,
+    pub grace_seconds: i64,
 }
 
 /// What runs of one replica, and the last account it gave of its cache.

@@ -134,6 +134,9 @@ pub async fn delete_lease(ctx: &Context, backend: &str) -> crate::controller::Re
 
 /// RolloutComplete: every desired replica runs the current configuration.
 fn rollout(desired: usize, obs: &StoreObservation) -> Observation {
+    if let Some(r) = &obs.rollout {
+        return deployment_rollout(desired, r);
+    }
     let running = obs.leaders.iter().filter(|l| l.running && l.refused.is_none()).count();
     if obs.leaders.len() != desired {
         return Observation::new(
@@ -161,10 +164,72 @@ fn rollout(desired: usize, obs: &StoreObservation) -> Observation {
     )
 }
 
+/// RolloutComplete from a Deployment's status (`backend.md` §5.6).
+fn deployment_rollout(desired: usize, r: &crate::runtime::Rollout) -> Observation {
+    let o = |status, reason: kvcache_api::conditions::Reason, msg: String| {
+        Observation::new(rollout_complete::TYPE, status, reason, msg)
+    };
+    if let Some(why) = &r.unreadable {
+        return o(
+            ConditionStatus::Unknown,
+            rollout_complete::WORKLOAD_UNREADABLE,
+            why.clone(),
+        );
+    }
+    if !r.observed {
+        return o(
+            ConditionStatus::Unknown,
+            rollout_complete::UPDATE_NOT_OBSERVED,
+            "the leader Deployment has not observed its latest spec yet".into(),
+        );
+    }
+    if usize::try_from(r.spec_replicas).ok() != Some(desired) {
+        return o(
+            ConditionStatus::False,
+            rollout_complete::REPLICAS_PENDING,
+            format!(
+                "the leader Deployment asks for {} replicas and {desired} are wanted",
+                r.spec_replicas
+            ),
+        );
+    }
+    if r.updated == r.replicas && r.replicas == r.spec_replicas {
+        return o(
+            ConditionStatus::True,
+            rollout_complete::COMPLETE,
+            format!("every one of the {desired} leader replicas runs the current template"),
+        );
+    }
+    o(
+        ConditionStatus::False,
+        rollout_complete::PROGRESSING,
+        format!(
+            "{} of {} leader replicas run the current template (the progress deadline is disabled with standbys, so a stuck rollout stays here)",
+            r.updated, r.spec_replicas
+        ),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::runtime::WorkloadState;
+
+    #[test]
+    fn a_deployments_rollout_reads_as_the_spec_says() {
+        let r = |observed, spec_replicas, replicas, updated| crate::runtime::Rollout {
+            observed,
+            spec_replicas,
+            replicas,
+            updated,
+            unreadable: None,
+        };
+        let reason = |o: Observation| o.reason.as_str().to_owned();
+        assert_eq!(reason(deployment_rollout(3, &r(false, 3, 3, 3))), "UpdateNotObserved");
+        assert_eq!(reason(deployment_rollout(3, &r(true, 1, 1, 1))), "ReplicasPending");
+        assert_eq!(reason(deployment_rollout(3, &r(true, 3, 3, 1))), "Progressing");
+        assert_eq!(reason(deployment_rollout(3, &r(true, 3, 3, 3))), "Complete");
+    }
 
     #[test]
     fn rollout_counts_running_replicas() {

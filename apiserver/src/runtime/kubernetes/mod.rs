@@ -142,12 +142,40 @@ impl KubernetesRuntime {
                 }
             })
         };
+        // Engine Pods live in their deployments' namespaces.
+        let engine_task = {
+            let api = Api::<Pod>::all(client.clone());
+            let tx = changes.clone();
+            tokio::spawn(async move {
+                let config = watcher::Config::default().labels("app.kubernetes.io/name=model-deployment");
+                let mut events = std::pin::pin!(watcher(api, config));
+                while let Some(e) = events.next().await {
+                    let pod = match e {
+                        Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => p,
+                        Ok(_) => continue,
+                        Err(e) => {
+                            tracing::warn!("watching engine Pods: {e}; retrying");
+                            continue;
+                        }
+                    };
+                    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+                    if let Some(d) = pod
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("app.kubernetes.io/instance"))
+                    {
+                        let _ = tx.send(Changed::Replicas(format!("{ns}/{d}")));
+                    }
+                }
+            })
+        };
         KubernetesRuntime {
             client,
             opts,
             nodes,
             changes,
-            tasks: vec![node_task, pod_task],
+            tasks: vec![node_task, pod_task, engine_task],
         }
     }
 
@@ -180,6 +208,42 @@ impl KubernetesRuntime {
             .await
             .map(|_| ())
             .map_err(|e| format!("applying {}: {e}", what()))
+    }
+
+    /// Rising past one replica in one edit (`backend.md` §5.3): while the live Deployment's
+    /// template does not elect yet, or its rollout has not finished, it is written with one
+    /// replica, `Recreate` and no deadline first; the real count follows once that rolled out.
+    /// (A replica change reaches the old ReplicaSet before the strategy, which would start extra
+    /// leaders that do not elect.)
+    async fn rise_in_two_steps(&self, desired: &mut Value) {
+        if desired["spec"]["replicas"].as_i64().unwrap_or(1) <= 1 {
+            return;
+        }
+        let name = desired["metadata"]["name"].as_str().unwrap_or_default();
+        let api = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(self.client.clone(), &self.opts.namespace);
+        let Ok(Some(live)) = api.get_opt(name).await else {
+            return;
+        };
+        let args: Vec<String> = live
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|p| p.containers.first())
+            .and_then(|c| c.args.clone())
+            .unwrap_or_default();
+        let elects = args.windows(2).any(|w| w[0] == "--election" && w[1] == "kubernetes");
+        let status = live.status.clone().unwrap_or_default();
+        let spec_replicas = live.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let rolled = status.observed_generation.unwrap_or(0) >= live.metadata.generation.unwrap_or(0)
+            && status.updated_replicas.unwrap_or(0) == spec_replicas
+            && status.replicas.unwrap_or(0) == spec_replicas;
+        if !elects || !rolled {
+            desired["spec"]["replicas"] = serde_json::json!(1);
+            desired["spec"]["strategy"] = serde_json::json!({"type": "Recreate"});
+            if let Some(spec) = desired["spec"].as_object_mut() {
+                spec.remove("progressDeadlineSeconds");
+            }
+        }
     }
 
     /// The backend's Pods of `component`, by name.
@@ -248,7 +312,10 @@ impl Runtime for KubernetesRuntime {
                 };
             }
         };
-        for object in render::store(plan, &target) {
+        for mut object in render::store(plan, &target) {
+            if object["kind"] == "Deployment" {
+                self.rise_in_two_steps(&mut object).await;
+            }
             if let Err(why) = self.apply(&plan.backend, &object, plan.existing_only).await {
                 tracing::warn!(backend = %plan.backend, "{why}");
                 return StoreObservation {
@@ -282,11 +349,30 @@ impl Runtime for KubernetesRuntime {
                 pod.map(|p| observe::workload(p, "member")).unwrap_or_default(),
             ));
         }
+        let deployments =
+            Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(self.client.clone(), &self.opts.namespace);
+        let rollout = match deployments.get(&format!("{}-leader", plan.backend)).await {
+            Ok(d) => {
+                let status = d.status.unwrap_or_default();
+                Some(super::Rollout {
+                    observed: status.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0),
+                    spec_replicas: d.spec.and_then(|s| s.replicas).unwrap_or(1),
+                    replicas: status.replicas.unwrap_or(0),
+                    updated: status.updated_replicas.unwrap_or(0),
+                    unreadable: None,
+                })
+            }
+            Err(e) => Some(super::Rollout {
+                unreadable: Some(format!("reading the leader Deployment: {e}")),
+                ..super::Rollout::default()
+            }),
+        };
         StoreObservation {
             client_endpoint: Some(render::leader_address(plan, &self.opts.namespace)),
             leaders,
             lease,
             members,
+            rollout,
         }
     }
 
@@ -322,20 +408,135 @@ impl Runtime for KubernetesRuntime {
     }
 
     async fn ensure_replicas(&self, plan: &ReplicaPlan) -> Vec<ReplicaObservation> {
-        // Engine Pods are the next part of this runtime; until then every replica says so.
-        plan.replicas
-            .iter()
-            .map(|r| ReplicaObservation {
+        let (namespace, deployment) = plan.owner.split_once('/').unwrap_or(("default", plan.owner.as_str()));
+        let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
+        let mut out = Vec::new();
+        let mut replaced_roles: Vec<String> = Vec::new();
+        for r in &plan.replicas {
+            let observation = |state: WorkloadState| ReplicaObservation {
                 name: r.name.clone(),
                 role: r.role.clone(),
-                state: refused("the kubernetes runtime does not run engine replicas yet; use --runtime local".into()),
+                state,
                 cache: None,
-            })
-            .collect()
+            };
+            let image = match &r.engine.image {
+                Ok(i) => i.clone(),
+                Err(why) => {
+                    out.push(observation(refused(why.clone())));
+                    continue;
+                }
+            };
+            let desired = render::engine_pod(plan, r, &image);
+            let name = desired["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+            let live = match api.get_opt(&name).await {
+                Ok(l) => l,
+                Err(e) => {
+                    out.push(observation(refused(format!("reading Pod {namespace}/{name}: {e}"))));
+                    continue;
+                }
+            };
+            let note = |p: &Pod| {
+                p.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(render::DEPLOYMENT_NOTE))
+                    .cloned()
+            };
+            let state = match live {
+                Some(p) if note(&p).as_deref() != Some(deployment) => refused(format!(
+                    "Pod {namespace}/{name} exists and is not this deployment's (no annotation {}={deployment}); rename or remove it",
+                    render::DEPLOYMENT_NOTE
+                )),
+                Some(p) => {
+                    let hash = p
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(render::SPEC_HASH))
+                        .cloned();
+                    let outdated = hash.as_deref() != desired["metadata"]["annotations"][render::SPEC_HASH].as_str();
+                    // Pods cannot be updated: an outdated one is replaced, one per role per pass,
+                    // and not while the rollout is held (the cache did not resolve this pass).
+                    if outdated
+                        && !plan.hold_rollout
+                        && p.metadata.deletion_timestamp.is_none()
+                        && !replaced_roles.contains(&r.role)
+                    {
+                        replaced_roles.push(r.role.clone());
+                        if let Err(e) = api.delete(&name, &DeleteParams::default()).await {
+                            tracing::warn!(pod = %name, "replacing an outdated engine Pod: {e}");
+                        }
+                    }
+                    observe::workload(&p, "engine")
+                }
+                None => {
+                    let params = PatchParams::apply(FIELD_MANAGER).force();
+                    match api.patch(&name, &params, &Patch::Apply(&desired)).await {
+                        Ok(p) => observe::workload(&p, "engine"),
+                        Err(e) => refused(format!("creating Pod {namespace}/{name}: {e}")),
+                    }
+                }
+            };
+            out.push(observation(state));
+        }
+        // Replicas no longer planned (a scale-down, a removed role) go, if they are ours.
+        let planned: Vec<String> = plan
+            .replicas
+            .iter()
+            .map(|r| format!("{deployment}-{}", r.name))
+            .collect();
+        let selector = format!(
+            "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={deployment},{}=modeldeployments",
+            render::TYPE_LABEL
+        );
+        if let Ok(list) = api.list(&ListParams::default().labels(&selector)).await {
+            for p in list.items {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let ours = p
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(render::DEPLOYMENT_NOTE))
+                    .map(String::as_str)
+                    == Some(deployment);
+                if ours && !planned.contains(&name) && p.metadata.deletion_timestamp.is_none() {
+                    let _ = api.delete(&name, &DeleteParams::default()).await;
+                }
+            }
+        }
+        out
     }
 
-    async fn remove_replicas(&self, _owner: &str) -> bool {
-        true
+    async fn remove_replicas(&self, owner: &str) -> bool {
+        let (namespace, deployment) = owner.split_once('/').unwrap_or(("default", owner));
+        let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
+        let selector = format!(
+            "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={deployment},{}=modeldeployments",
+            render::TYPE_LABEL
+        );
+        let Ok(list) = api.list(&ListParams::default().labels(&selector)).await else {
+            return false;
+        };
+        let mut left = false;
+        for p in list.items {
+            let ours = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(render::DEPLOYMENT_NOTE))
+                .map(String::as_str)
+                == Some(deployment);
+            if !ours {
+                continue;
+            }
+            left = true;
+            if p.metadata.deletion_timestamp.is_none() {
+                let _ = api
+                    .delete(&p.metadata.name.unwrap_or_default(), &DeleteParams::default())
+                    .await;
+            }
+        }
+        !left
     }
 
     async fn shutdown(&self) {

@@ -444,6 +444,7 @@ impl Runtime for LocalRuntime {
         };
         let observation = StoreObservation {
             client_endpoint: Some(endpoint),
+            rollout: None,
             leaders: store.leaders.iter().map(Supervised::state).collect(),
             lease: plan
                 .election
