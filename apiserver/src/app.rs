@@ -203,6 +203,7 @@ impl App {
         let controllers = opts.controllers.map(|c| {
             let mut options = c.options;
             options.dtype_owned = opts.config.settings.model_deployment_kv_cache_dtype_owned;
+            options.instance_types = opts.config.instance_types.clone();
             let runtime: Arc<dyn Runtime> = match c.runtime {
                 RuntimeChoice::Local(local) => Arc::new(LocalRuntime::new(local)),
                 RuntimeChoice::Kubernetes(client, k) => {

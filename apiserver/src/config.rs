@@ -69,6 +69,13 @@ pub struct InstanceType {
     /// Whole accelerators one replica may use; 0 means the type has none.
     #[serde(default)]
     pub accelerators: u32,
+    /// Who makes the accelerators (`nvidia`, `amd`, `ascend`, ...): in a cluster it names the
+    /// device-plugin resource and, with `runtimeVersion`, the runner image of roles without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manufacturer: Option<String>,
+    /// The accelerator runtime's version on the type's nodes (`12.9` for CUDA 12.9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_version: Option<String>,
 }
 
 fn default_backend_image() -> String {
@@ -84,10 +91,14 @@ fn default_instance_types() -> Vec<InstanceType> {
         InstanceType {
             name: "local-small".into(),
             accelerators: 1,
+            manufacturer: None,
+            runtime_version: None,
         },
         InstanceType {
             name: "local-cpu".into(),
             accelerators: 0,
+            manufacturer: None,
+            runtime_version: None,
         },
     ]
 }

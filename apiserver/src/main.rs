@@ -432,7 +432,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         return Ok(server::serve(app, serve, stop_signal()).await?);
     }
     if let Command::Render { files, store_namespace } = &cli.command {
-        return render(files, store_namespace, &opts.config.settings.kv_cache_backend_image);
+        return render(files, store_namespace, &opts.config);
     }
     if let Command::Certs {
         out,
@@ -469,46 +469,117 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
     }
 }
 
-/// `kv-apiserver render`: every backend's objects, then a comment for what renders nothing.
-fn render(files: &[PathBuf], namespace: &str, default_image: &str) -> anyhow::Result<()> {
+/// `kv-apiserver render`: every backend's objects and every ModelDeployment's engine Pods (as
+/// attached through the Binding, Pool and backend in the same files), then a comment for what
+/// renders nothing.
+fn render(files: &[PathBuf], namespace: &str, config: &Config) -> anyhow::Result<()> {
+    use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
     use kvcache_apiserver::runtime::kubernetes::render;
-    let mut out = String::from(
-        "# Rendered by kv-apiserver render. The controllers add an owner reference to the backend\n# (with its UID) when they apply these.\n",
-    );
+    let mut docs = Vec::new();
     for file in manifest_files(files)? {
         let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-        let docs = manifest::documents(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-        for doc in docs {
-            let kind = doc.value["kind"].as_str().unwrap_or_default().to_owned();
-            let name = doc.value["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-            match kind.as_str() {
-                "KVCacheBackend" => {}
-                "ModelDeployment" => {
-                    out.push_str(&format!(
-                        "---\n# ModelDeployment {name}: its engine Pods are not rendered by this command yet (their environment needs the Binding's resolved cache domain)\n"
-                    ));
-                    continue;
-                }
-                _ => {
-                    out.push_str(&format!(
-                        "---\n# {kind} {name}: renders no workload (Pools and Bindings are entries in the store's tenant ledger)\n"
-                    ));
-                    continue;
-                }
+        for doc in manifest::documents(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))? {
+            docs.push((file.clone(), doc.value));
+        }
+    }
+    let typed = |kind: &'static str| docs.iter().filter(move |(_, v)| v["kind"] == kind);
+    let backends: Vec<KVCacheBackend> = typed("KVCacheBackend")
+        .map(|(f, v)| serde_json::from_value(v.clone()).with_context(|| format!("{}: a KVCacheBackend", f.display())))
+        .collect::<anyhow::Result<_>>()?;
+    let pools: Vec<KVCachePool> = typed("KVCachePool")
+        .map(|(f, v)| serde_json::from_value(v.clone()).with_context(|| format!("{}: a KVCachePool", f.display())))
+        .collect::<anyhow::Result<_>>()?;
+    let bindings: Vec<KVCachePoolBinding> = typed("KVCachePoolBinding")
+        .map(|(f, v)| {
+            serde_json::from_value(v.clone()).with_context(|| format!("{}: a KVCachePoolBinding", f.display()))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let default_image = &config.settings.kv_cache_backend_image;
+    let mut out = String::from(
+        "# Rendered by kv-apiserver render. The controllers add owner references (with the owners'\n# UIDs) when they apply these.\n",
+    );
+    let mut endpoints = std::collections::BTreeMap::new();
+    for backend in &backends {
+        let name = backend.metadata.name.clone().unwrap_or_default();
+        let Some((plan, _)) = controller::backend::plan(&name, &backend.spec, &[]) else {
+            if let Some(client) = backend.spec.external().and_then(|e| {
+                e.endpoints
+                    .iter()
+                    .find(|p| p.name == Some(kvcache_api::backend::EndpointName::Client))
+            }) {
+                endpoints.insert(name.clone(), client.address.clone());
             }
-            let backend: kvcache_api::backend::KVCacheBackend = serde_json::from_value(doc.value.clone())
-                .with_context(|| format!("{}: KVCacheBackend {name}", file.display()))?;
-            let Some((plan, _)) = controller::backend::plan(&name, &backend.spec, &[]) else {
-                out.push_str(&format!("---\n# KVCacheBackend {name}: external, renders nothing\n"));
-                continue;
-            };
-            let target = render::Target::for_plan(&plan, namespace, default_image)
-                .map_err(|e| anyhow::anyhow!("{}: KVCacheBackend {name}: {e}", file.display()))?;
-            for object in render::store(&plan, &target) {
-                out.push_str("---\n");
-                out.push_str(&yaml_serde::to_string(&object)?);
+            out.push_str(&format!("---\n# KVCacheBackend {name}: external, renders nothing\n"));
+            continue;
+        };
+        endpoints.insert(name.clone(), render::leader_address(&plan, namespace));
+        let target = render::Target::for_plan(&plan, namespace, default_image)
+            .map_err(|e| anyhow::anyhow!("KVCacheBackend {name}: {e}"))?;
+        for object in render::store(&plan, &target) {
+            out.push_str("---\n");
+            out.push_str(&yaml_serde::to_string(&object)?);
+        }
+    }
+    let options = controller::Options {
+        dtype_owned: config.settings.model_deployment_kv_cache_dtype_owned,
+        instance_types: config.instance_types.clone(),
+        ..controller::Options::default()
+    };
+    for (file, value) in typed("ModelDeployment") {
+        let md: ModelDeployment =
+            serde_json::from_value(value.clone()).with_context(|| format!("{}: a ModelDeployment", file.display()))?;
+        let (ns, name) = (
+            md.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+            md.metadata.name.clone().unwrap_or_default(),
+        );
+        // Attached as the controllers would attach it once its Binding is granted.
+        let connection = md.spec.binding_name().and_then(|b| {
+            let binding = bindings.iter().find(|x| {
+                x.metadata.name.as_deref() == Some(b) && x.metadata.namespace.as_deref().unwrap_or("default") == ns
+            })?;
+            let pool = pools
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(binding.spec.pool_name()))?;
+            let endpoint = endpoints.get(pool.spec.backend()?)?.clone();
+            let domain = binding.spec.domain.clone().unwrap_or_default();
+            Some(controller::injection::Connection {
+                endpoint,
+                tenant: Some(binding.spec.domain_name().to_owned()),
+                block_size: domain.block_size.unwrap_or(0),
+                dtype: domain.dtype.unwrap_or_default(),
+                protocol: "tcp".into(),
+            })
+        });
+        if md.spec.binding_name().is_some() && connection.is_none() {
+            out.push_str(&format!(
+                "---\n# ModelDeployment {ns}/{name}: its Binding, Pool or backend is not in these files; rendered without a cache\n"
+            ));
+        }
+        let plan = kvcache_apiserver::runtime::ReplicaPlan {
+            owner: format!("{ns}/{name}"),
+            uid: String::new(),
+            replicas: controller::model_deployment::replicas(&md, connection.as_ref(), &options),
+            hold_rollout: false,
+        };
+        for r in &plan.replicas {
+            match &r.engine.image {
+                Ok(image) => {
+                    out.push_str("---\n");
+                    out.push_str(&yaml_serde::to_string(&render::engine_pod(&plan, r, image))?);
+                }
+                Err(why) => out.push_str(&format!(
+                    "---\n# ModelDeployment {ns}/{name} replica {}: {why}\n",
+                    r.name
+                )),
             }
         }
+    }
+    for (_, value) in typed("KVCachePool").chain(typed("KVCachePoolBinding")) {
+        out.push_str(&format!(
+            "---\n# {} {}: renders no workload (Pools and Bindings are entries in the store's tenant ledger)\n",
+            value["kind"].as_str().unwrap_or_default(),
+            value["metadata"]["name"].as_str().unwrap_or_default()
+        ));
     }
     print!("{out}");
     Ok(())

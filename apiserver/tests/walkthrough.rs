@@ -136,15 +136,19 @@ fn strict_decoding_refuses_unknown_fields_in_manifests() {
     );
 }
 
-/// `kv-apiserver render` of steps 1-3 is what `tests/fixtures/rendered/` holds, byte for byte:
-/// a change to what the controllers render shows up in review as a change to that file.
+/// `kv-apiserver render` of steps 1-3 (with the cluster configuration next to the fixture) is
+/// what `tests/fixtures/rendered/` holds, byte for byte: a change to what the controllers render
+/// shows up in review as a change to that file.
 #[test]
 fn rendered_objects_match_the_checked_in_fixture() {
     let dir = tempfile::tempdir().unwrap();
     let f = |name: &str| fixtures().join(name).display().to_string();
+    let config = fixtures().join("../rendered/config.yaml").display().to_string();
     let out = cli(
         dir.path(),
         &[
+            "--config",
+            &config,
             "render",
             "-f",
             &f("01-backend.yaml"),
@@ -164,5 +168,9 @@ fn rendered_objects_match_the_checked_in_fixture() {
     );
     // What renders nothing says so.
     assert!(want.contains("# KVCachePool shared-dram: renders no workload"));
-    assert!(want.contains("# ModelDeployment qwen-chat: its engine Pods are not rendered"));
+    // Both engine replicas, attached through the Binding in the same files.
+    for pod in ["name: qwen-chat-server-0", "name: qwen-chat-server-1"] {
+        assert!(want.contains(pod), "{pod}");
+    }
+    assert!(want.contains("value: mooncake-dram-leader.gpustack-system.svc:50051"));
 }

@@ -232,6 +232,12 @@ fn the_store_runs_as_workloads_of_the_cluster() {
     assert_eq!(d3["spec"]["template"], template, "the Pod template does not change");
     let ds_after = store(&k, "daemonset", "mooncake-dram-member-0").expect("the DaemonSet");
     assert_eq!(ds_after["metadata"]["generation"], ds_generation, "members untouched");
+    // RolloutComplete is the Deployment's account (the ReplicaSet controller makes the Pods).
+    eventually(60, "RolloutComplete from the Deployment", || {
+        condition(&k, KVCB, "RolloutComplete")
+            .starts_with("True|Complete|")
+            .then_some(())
+    });
 
     // Deleting the backend, then the pool that uses it, removes every rendered object, and only
     // those: the foreign DaemonSet stays.
@@ -268,4 +274,294 @@ fn the_store_runs_as_workloads_of_the_cluster() {
         store(&k, "daemonset", "mooncake-dram-member-9").is_some(),
         "an object without our note is never deleted"
     );
+}
+
+/// A process of the test's own, killed when dropped.
+struct Process(std::process::Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn kv_store(args: &[String], log: &std::path::Path) -> Process {
+    let bin = support::server_binary().with_file_name("kv-store");
+    let log = std::fs::File::create(log).expect("a log file");
+    Process(
+        std::process::Command::new(bin)
+            .args(args)
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("kv-store starts"),
+    )
+}
+
+/// The engine Pods of a ModelDeployment attached through an external backend (a real leader and
+/// member on loopback, so the Binding is granted and the connection resolves): one Pod per
+/// replica with exactly what injection computed, the kubelet's faults as the deployment's phase,
+/// and nothing left once it is deleted.
+#[test]
+fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
+    let plane = ControlPlane::start_with(&["clusterrole-aggregation-controller", "serviceaccount-controller"]);
+    let k = plane.kubectl();
+    let d = plane.dir.path();
+    let port = support::free_port();
+    let leader_at = format!("127.0.0.1:{port}");
+    let _leader = kv_store(
+        &["leader".into(), "--listen".into(), leader_at.clone()],
+        &d.join("leader.log"),
+    );
+    let shm = d.join("shm");
+    std::fs::create_dir_all(&shm).unwrap();
+    let _member = kv_store(
+        &[
+            "member".into(),
+            "--leader".into(),
+            leader_at.clone(),
+            "--capacity".into(),
+            "2Gi".into(),
+            "--shm-dir".into(),
+            shm.display().to_string(),
+            "--name".into(),
+            "m0".into(),
+        ],
+        &d.join("member.log"),
+    );
+    let deploy = cluster::prepare_deploy(&plane);
+    let _server = cluster::start_behind_with(
+        &plane,
+        &deploy,
+        &[
+            "--runtime=kubernetes",
+            "--store-namespace=gpustack-system",
+            "--requeue-interval=1s",
+        ],
+    );
+    k.must_apply(&format!(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata:\n  name: mooncake-dram\nspec:\n  type: Mooncake\n  connection:\n    external:\n      endpoints:\n      - {{name: Client, address: \"{leader_at}\"}}\n      - {{name: Admin, address: \"{leader_at}\"}}\n"
+    ));
+    k.ok(&["create", "namespace", "team-a"]);
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    support::walkthrough::wait_jp(&k, &["kvcpb", "team-a", "-n", "team-a"], "{.status.phase}", "Ready");
+    let md = manifest("03-model-deployment.yaml").replace(
+        "instanceType: local-small",
+        "instanceType: local-small\n      image: vllm/vllm-openai:v0.29.0",
+    );
+    k.must_apply(&md);
+    let uid = json(&k, &["get", "md", "qwen-chat", "-n", "team-a"])["metadata"]["uid"]
+        .as_str()
+        .expect("a uid")
+        .to_owned();
+
+    // One Pod per replica, attached: the connector flags, our variables, the client file.
+    let env_of = |p: &Value| -> Vec<(String, String)> {
+        p["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_owned(),
+                    e["value"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    for replica in ["qwen-chat-server-0", "qwen-chat-server-1"] {
+        let pod = eventually(60, &format!("{replica} runs attached"), || {
+            try_json(&k, &["-n", "team-a", "get", "pod", replica])
+                .filter(|p| env_of(p).iter().any(|(n, v)| n == "KVSTORE_LEADER" && *v == leader_at))
+        });
+        let meta = &pod["metadata"];
+        assert_eq!(meta["ownerReferences"][0]["uid"], uid.as_str());
+        assert_eq!(meta["ownerReferences"][0]["kind"], "ModelDeployment");
+        assert_eq!(meta["annotations"]["note.gpustack.ai/model-deployment"], "qwen-chat");
+        assert_eq!(meta["labels"]["app.kubernetes.io/component"], "server");
+        let c = &pod["spec"]["containers"][0];
+        assert_eq!(c["image"], "vllm/vllm-openai:v0.29.0");
+        assert_eq!(c["command"], serde_json::json!(["vllm", "serve"]));
+        let args: Vec<&str> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert_eq!(args[0], "Qwen/Qwen2.5-7B-Instruct");
+        let at = args
+            .iter()
+            .position(|a| *a == "--kv-transfer-config")
+            .expect("the connector flag");
+        let connector: Value = serde_json::from_str(args[at + 1]).unwrap();
+        assert_eq!(
+            connector,
+            serde_json::json!({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"})
+        );
+        let dtype = args
+            .iter()
+            .position(|a| *a == "--kv-cache-dtype")
+            .expect("--kv-cache-dtype");
+        assert_eq!(args[dtype + 1], "bfloat16");
+        assert_eq!(&args[args.len() - 4..], ["--host", "0.0.0.0", "--port", "8000"]);
+        let env = env_of(&pod);
+        for (name, want) in [
+            ("KVSTORE_BLOCK_SIZE", "64"),
+            ("KVSTORE_DTYPE", "bfloat16"),
+            ("MC_TE_METRIC", "1"),
+            ("MOONCAKE_CONFIG_PATH", "/etc/gpustack/kvcache/mooncake.json"),
+        ] {
+            assert!(
+                env.iter().any(|(n, v)| n == name && v == want),
+                "{name}={want} in {env:?}"
+            );
+        }
+        assert!(env.iter().any(|(n, _)| n == "KVSTORE_TENANT"), "{env:?}");
+        let config: Value = serde_json::from_str(
+            meta["annotations"]["kvcache.gpustack.ai/client-config"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(config["master_server_address"], leader_at.as_str());
+        assert_eq!(c["volumeMounts"][0]["mountPath"], "/etc/gpustack/kvcache");
+        assert_eq!(
+            pod["spec"]["volumes"][0]["downwardAPI"]["items"][0]["path"],
+            "mooncake.json"
+        );
+        for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+            assert_eq!(c[probe]["httpGet"]["path"], "/health", "{probe}");
+            assert_eq!(c[probe]["httpGet"]["port"], 8000, "{probe}");
+        }
+    }
+
+    // The kubelet's faults, then readiness, as the deployment's phase.
+    let kubelet = |pod: &str, status: &Value| {
+        let patch = serde_json::json!({ "status": status }).to_string();
+        k.ok(&[
+            "-n",
+            "team-a",
+            "patch",
+            "pod",
+            pod,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch,
+        ]);
+    };
+    let md_phase = || {
+        support::walkthrough::jp(
+            &k,
+            &["md", "qwen-chat", "-n", "team-a"],
+            "{.status.phase}|{.status.phaseMessage}",
+        )
+    };
+    let pulling = serde_json::json!({"phase": "Pending", "containerStatuses": [{"name": "engine", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"vllm/vllm-openai:v0.29.0\""}}}]});
+    kubelet("qwen-chat-server-0", &pulling);
+    eventually(30, "the deployment says why nothing is ready", || {
+        let p = md_phase();
+        (p.starts_with("Starting|0 of 2 replicas are ready; server-0: ImagePullBackOff")).then_some(())
+    });
+    let ready = serde_json::json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "engine", "ready": true, "restartCount": 0, "image": "x", "imageID": "", "state": {"running": {}}}]});
+    kubelet("qwen-chat-server-0", &ready);
+    eventually(30, "one of two ready", || {
+        md_phase().starts_with("Degraded|1 of 2").then_some(())
+    });
+    kubelet("qwen-chat-server-1", &ready);
+    eventually(30, "both ready", || md_phase().starts_with("Ready").then_some(()));
+
+    // Scale to one: the highest ordinal goes. Deleting the deployment removes the rest.
+    k.ok(&[
+        "-n",
+        "team-a",
+        "patch",
+        "md",
+        "qwen-chat",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/roles/0/replicas","value":1}]"#,
+    ]);
+    eventually(30, "server-1 is gone", || {
+        try_json(&k, &["-n", "team-a", "get", "pod", "qwen-chat-server-1"])
+            .is_none()
+            .then_some(())
+    });
+    assert!(try_json(&k, &["-n", "team-a", "get", "pod", "qwen-chat-server-0"]).is_some());
+    k.ok(&["-n", "team-a", "delete", "md", "qwen-chat", "--wait=false"]);
+    eventually(60, "no engine Pod is left", || {
+        let pods = json(&k, &["-n", "team-a", "get", "pods"]);
+        pods["items"].as_array().is_some_and(Vec::is_empty).then_some(())
+    });
+}
+
+/// §5.3: rising past one replica while the live template does not elect yet goes through one
+/// electing replica first (RolloutComplete False/ReplicasPending meanwhile), then the real count.
+#[test]
+fn rising_past_one_without_the_election_goes_through_one_replica_first() {
+    let plane = ControlPlane::start_with(&[
+        "clusterrole-aggregation-controller",
+        "serviceaccount-controller",
+        "deployment-controller",
+        "replicaset-controller",
+    ]);
+    let k = plane.kubectl();
+    let deploy = cluster::prepare_deploy(&plane);
+    let _server = cluster::start_behind_with(
+        &plane,
+        &deploy,
+        &[
+            "--runtime=kubernetes",
+            "--store-namespace=gpustack-system",
+            "--requeue-interval=1s",
+        ],
+    );
+    k.must_apply(&manifest("01-backend.yaml").replace("leader: {}", "leader: {electionBackend: None}"));
+    let d = eventually(60, "the leader Deployment without the election", || {
+        store(&k, "deployment", "mooncake-dram-leader")
+    });
+    let args = d["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains(r#""--election","none""#), "{args}");
+    eventually(60, "the first rollout completes", || {
+        condition(&k, KVCB, "RolloutComplete")
+            .starts_with("True|Complete|")
+            .then_some(())
+    });
+
+    // Every version of the Deployment, as a watch sees them.
+    let versions = k.spawn_lines(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "deployment",
+        "mooncake-dram-leader",
+        "-w",
+        "-o",
+        r#"jsonpath={.spec.replicas} {.spec.strategy.type} {.spec.template.spec.containers[0].args[?(@=="kubernetes")]}{"\n"}"#,
+    ]);
+    versions.wait_for(&["1 Recreate"]);
+    k.ok(&[
+        "patch",
+        "kvcb",
+        "mooncake-dram",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"connection":{"managed":{"leader":{"electionBackend":"Kubernetes","replicas":3}}}}}"#,
+    ]);
+    // The first write: the electing template at one replica, Recreate; then the real count.
+    let seen = versions.wait_for(&["3 RollingUpdate kubernetes"]);
+    let electing: Vec<&String> = seen.iter().filter(|l| l.ends_with("kubernetes")).collect();
+    assert_eq!(
+        electing.first().map(|l| l.as_str()),
+        Some("1 Recreate kubernetes"),
+        "the first electing version has one replica: {seen:#?}"
+    );
+    eventually(60, "the rollout completes at three", || {
+        condition(&k, KVCB, "RolloutComplete")
+            .starts_with("True|Complete|")
+            .then_some(())
+    });
 }

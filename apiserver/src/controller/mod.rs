@@ -24,6 +24,7 @@
 pub mod backend;
 pub mod binding;
 pub mod election;
+pub mod engine;
 pub mod events;
 pub mod injection;
 pub mod leader;
@@ -63,6 +64,8 @@ pub struct Options {
     pub leader_timeout: Duration,
     /// The `model-deployment-kv-cache-dtype-owned` setting: engines get `--kv-cache-dtype`.
     pub dtype_owned: bool,
+    /// The instance types roles name (for a cluster: the device resource and the runner image).
+    pub instance_types: Vec<crate::config::InstanceType>,
 }
 
 impl Default for Options {
@@ -71,6 +74,7 @@ impl Default for Options {
             requeue: Duration::from_secs(15),
             leader_timeout: Duration::from_secs(5),
             dtype_owned: true,
+            instance_types: Vec::new(),
         }
     }
 }

@@ -72,27 +72,7 @@ pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
     set(&mut st, registered);
 
     // Replicas, each with exactly what injection computed.
-    let engine = obj
-        .spec
-        .engine
-        .as_ref()
-        .and_then(|e| e.name)
-        .unwrap_or(EngineName::Vllm);
-    let dtype_owned = ctx.opts.dtype_owned;
-    let mut replicas = Vec::new();
-    for role in &obj.spec.roles {
-        let kind = role.kind.unwrap_or(RoleKind::Server);
-        let injected = injection::inject(engine, kind, connection.as_ref(), dtype_owned);
-        for i in 0..role.replicas.unwrap_or(1).max(0) {
-            replicas.push(Replica {
-                name: format!("{}-{i}", role.name),
-                role: role.name.clone(),
-                env: injected.env.clone(),
-                args: injected.args.clone(),
-                client_config: injected.client_config.clone(),
-            });
-        }
-    }
+    let replicas = replicas(&obj, connection.as_ref(), &ctx.opts);
     // Hold rule (§3.3 step 5): replicas attached before keep running as they are while the
     // connection does not resolve, rather than being rolled to run without a cache.
     let hold_rollout = connection.is_none() && obj.spec.binding_name().is_some() && prev.kv_cache.is_some();
@@ -100,6 +80,7 @@ pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
         .runtime
         .ensure_replicas(&ReplicaPlan {
             owner: owner(&obj),
+            uid: obj.metadata.uid.clone().unwrap_or_default(),
             replicas,
             hold_rollout,
         })
@@ -150,13 +131,58 @@ pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
     } else {
         (
             ModelDeploymentPhase::Starting,
-            Some(format!("0 of {desired} replicas are ready")),
+            Some(format!("0 of {desired} replicas are ready{}", first_fault(&observed))),
         )
     };
     st.phase = Some(phase);
     st.phase_message = message;
     status::write(&api, &obj, st, &ctx).await?;
     Ok(Action::requeue(ctx.opts.requeue))
+}
+
+/// The replicas of `obj`, each with exactly what injection computed for `connection`, and the
+/// engine container a cluster runs.
+pub fn replicas(obj: &ModelDeployment, connection: Option<&Connection>, opts: &super::Options) -> Vec<Replica> {
+    let engine = obj
+        .spec
+        .engine
+        .as_ref()
+        .and_then(|e| e.name)
+        .unwrap_or(EngineName::Vllm);
+    let mut replicas = Vec::new();
+    for role in &obj.spec.roles {
+        let kind = role.kind.unwrap_or(RoleKind::Server);
+        let injected = injection::inject(engine, kind, connection, opts.dtype_owned);
+        let container = super::engine::container(obj, role, engine, &injected, &opts.instance_types);
+        for i in 0..role.replicas.unwrap_or(1).max(0) {
+            replicas.push(Replica {
+                name: format!("{}-{i}", role.name),
+                role: role.name.clone(),
+                env: injected.env.clone(),
+                args: injected.args.clone(),
+                client_config: injected.client_config.clone(),
+                engine: container.clone(),
+            });
+        }
+    }
+    replicas
+}
+
+/// `; <replica>: <why>` for the first replica that cannot run (refused, waiting on the kubelet,
+/// or crashed), so the phase says why nothing is ready; empty when every one is just starting.
+fn first_fault(observed: &[ReplicaObservation]) -> String {
+    observed
+        .iter()
+        .find_map(|r| {
+            let s = &r.state;
+            let why = s
+                .refused
+                .clone()
+                .or_else(|| s.waiting.as_ref().map(|(reason, msg)| format!("{reason}: {msg}")))
+                .or_else(|| s.last_exit.as_ref().map(|e| format!("ended ({})", e.describe())))?;
+            Some(format!("; {}: {why}", r.name))
+        })
+        .unwrap_or_default()
 }
 
 /// DomainRegistered and, when the domain is ready, the connection replicas receive.
