@@ -239,8 +239,19 @@ fn the_store_runs_as_workloads_of_the_cluster() {
             .then_some(())
     });
 
+    // The election is read from the cluster's Lease (kube-apiserver serves Leases in a cluster):
+    // the test writes it as the serving leader would.
+    k.must_apply(&format!(
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: mooncake-dram-leader\n  namespace: {NAMESPACE}\nspec:\n  holderIdentity: {pod}\n  leaseDurationSeconds: 2\n  leaseTransitions: 0\n"
+    ));
+    eventually(30, "ElectionObserved from the cluster's Lease", || {
+        condition(&k, KVCB, "ElectionObserved")
+            .starts_with("True|Electing|")
+            .then_some(())
+    });
+
     // Deleting the backend, then the pool that uses it, removes every rendered object, and only
-    // those: the foreign DaemonSet stays.
+    // those: the foreign DaemonSet stays; the Lease goes too.
     k.must_apply(&manifest("02-pool-binding.yaml"));
     k.ok(&["delete", "kvcb", "mooncake-dram", "--wait=false"]);
     eventually(30, "the backend waits for its pool", || {
@@ -270,6 +281,10 @@ fn the_store_runs_as_workloads_of_the_cluster() {
     eventually(60, "the backend is gone", || {
         (!k.run(&["get", "kvcb", "mooncake-dram"]).ok).then_some(())
     });
+    assert!(
+        store(&k, "lease", "mooncake-dram-leader").is_none(),
+        "the election Lease is deleted"
+    );
     assert!(
         store(&k, "daemonset", "mooncake-dram-member-9").is_some(),
         "an object without our note is never deleted"

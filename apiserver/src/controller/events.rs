@@ -61,7 +61,7 @@ pub async fn record<K: Kind>(ctx: &Context, obj: &Object<K>, warning: bool, reas
         count: Some(1),
         ..Event::default()
     };
-    let api: Api<Event> = Api::namespaced(ctx.client.clone(), &ns);
+    let api: Api<Event> = Api::namespaced(ctx.core_client(), &ns);
     if let Err(e) = api.create(&PostParams::default(), &event).await {
         tracing::warn!(
             kind = K::KIND,

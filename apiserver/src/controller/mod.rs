@@ -151,6 +151,14 @@ pub struct Context {
 }
 
 impl Context {
+    /// The client for Leases and Events: the cluster's in cluster mode (kube-apiserver serves
+    /// them there), this server's otherwise.
+    pub fn core_client(&self) -> Client {
+        self.runtime.cluster_client().unwrap_or_else(|| self.client.clone())
+    }
+}
+
+impl Context {
     /// The lock of `backend`'s ledger.
     pub fn ledger_lock(&self, backend: &str) -> Arc<tokio::sync::Mutex<()>> {
         self.ledger_locks.lock().entry(backend.to_owned()).or_default().clone()

@@ -312,6 +312,12 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// The namespace of the backends' election Leases.
     fn lease_namespace(&self) -> &str;
 
+    /// The cluster where the store's Leases and the controllers' Events live, when that is not
+    /// this server (a Kubernetes runtime: kube-apiserver serves them); `None` uses this server.
+    fn cluster_client(&self) -> Option<kube::Client> {
+        None
+    }
+
     /// Changes to the workloads, as they happen.
     fn changes(&self) -> tokio::sync::broadcast::Receiver<Changed>;
 

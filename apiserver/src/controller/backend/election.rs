@@ -39,7 +39,7 @@ pub async fn observe(
         ctx.lease_holders.lock().remove(obj.name());
         return;
     };
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
+    let leases: Api<Lease> = Api::namespaced(ctx.core_client(), ns);
     let read = leases.get_opt(name).await;
     let at = format!("{ns}/{name}");
     let holder = match &read {
@@ -118,7 +118,7 @@ pub async fn observe(
 /// Deletes the backend's election Lease once its leaders stopped (the store creates it; nothing
 /// of a deleted backend is left behind).
 pub async fn delete_lease(ctx: &Context, backend: &str) -> crate::controller::Result<()> {
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ctx.runtime.lease_namespace());
+    let leases: Api<Lease> = Api::namespaced(ctx.core_client(), ctx.runtime.lease_namespace());
     match leases
         .delete(&super::plan::lease_name(backend), &Default::default())
         .await

@@ -286,6 +286,10 @@ impl Runtime for KubernetesRuntime {
         &self.opts.namespace
     }
 
+    fn cluster_client(&self) -> Option<kube::Client> {
+        Some(self.client.clone())
+    }
+
     fn changes(&self) -> tokio::sync::broadcast::Receiver<Changed> {
         self.changes.subscribe()
     }
