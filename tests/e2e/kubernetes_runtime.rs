@@ -473,13 +473,41 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
             "{.status.phase}|{.status.phaseMessage}",
         )
     };
-    let pulling = serde_json::json!({"phase": "Pending", "containerStatuses": [{"name": "engine", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
-        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"vllm/vllm-openai:v0.29.0\""}}}]});
-    kubelet("qwen-chat-server-0", &pulling);
-    eventually(30, "the deployment says why nothing is ready", || {
-        let p = md_phase();
-        (p.starts_with("Starting|0 of 2 replicas are ready; server-0: ImagePullBackOff")).then_some(())
-    });
+    let engine_waiting = |reason: &str, message: &str| {
+        serde_json::json!({"phase": "Pending", "containerStatuses": [{"name": "engine", "ready": false, "restartCount": 2, "image": "x", "imageID": "",
+            "state": {"waiting": {"reason": reason, "message": message}},
+            "lastState": {"terminated": {"exitCode": 1, "message": "CUDA out of memory", "finishedAt": "2026-12-01T00:00:01Z"}}}]})
+    };
+    let faults = [
+        (
+            engine_waiting("ImagePullBackOff", "Back-off pulling image \"vllm/vllm-openai:v0.29.0\""),
+            "Starting|0 of 2 replicas are ready; server-0: ImagePullBackOff: Back-off pulling image",
+        ),
+        (
+            engine_waiting("CrashLoopBackOff", "back-off 20s restarting failed container"),
+            "Starting|0 of 2 replicas are ready; server-0: CrashLoopBackOff: back-off 20s",
+        ),
+        (
+            serde_json::json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes have a free nvidia.com/gpu"}], "containerStatuses": []}),
+            "Starting|0 of 2 replicas are ready; server-0: Unschedulable: 0/3 nodes have a free nvidia.com/gpu",
+        ),
+        (
+            serde_json::json!({"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
+                "containerStatuses": [{"name": "engine", "ready": false, "restartCount": 0, "image": "x", "imageID": "", "state": {"running": {}}}]}),
+            "Starting|0 of 2 replicas are ready",
+        ),
+    ];
+    for (status, want) in faults {
+        kubelet("qwen-chat-server-0", &status);
+        eventually(30, &format!("the deployment reads {want:?}"), || {
+            let p = md_phase();
+            (p.starts_with(want) && (want.contains("; ") || !p.contains("; "))).then_some(())
+        });
+    }
+    assert!(
+        condition(&k, &["md", "qwen-chat", "-n", "team-a"], "CacheAttached").starts_with("Unknown|NoReplicaReady|"),
+        "nothing ready: the cache is not observed"
+    );
     let ready = serde_json::json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
         "containerStatuses": [{"name": "engine", "ready": true, "restartCount": 0, "image": "x", "imageID": "", "state": {"running": {}}}]});
     kubelet("qwen-chat-server-0", &ready);
