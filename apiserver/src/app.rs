@@ -75,6 +75,8 @@ pub struct AppOptions {
     pub max_writes_in_flight: usize,
     /// The controllers and where their workloads run; `None` serves the API alone.
     pub controllers: Option<ControllerSetup>,
+    /// The file `config` came from: watched, and read again when it changes.
+    pub config_path: Option<PathBuf>,
     /// Aggregated mode: users and decisions come from the cluster. `None` is direct mode (our own
     /// client certificates and the static policy).
     pub delegated: Option<crate::auth::delegated::Delegated>,
@@ -121,6 +123,7 @@ impl AppOptions {
             max_reads_in_flight: filters::MAX_READS_IN_FLIGHT,
             max_writes_in_flight: filters::MAX_WRITES_IN_FLIGHT,
             controllers: None,
+            config_path: None,
             delegated: None,
         }
     }
@@ -153,6 +156,9 @@ pub struct App {
     controller_metrics: controller::Metrics,
     controllers: Option<(controller::Options, Arc<dyn Runtime>)>,
     election: Option<controller::election::ElectionOptions>,
+    /// The configuration admission, the controllers and the runtime read, and its file.
+    config: crate::config::Live,
+    config_path: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for App {
@@ -200,24 +206,18 @@ impl App {
             }
         };
         let election = opts.controllers.as_ref().and_then(|c| c.election.clone());
+        let config = crate::config::Live::new(opts.config);
         let controllers = opts.controllers.map(|c| {
-            let mut options = c.options;
-            options.dtype_owned = opts.config.settings.model_deployment_kv_cache_dtype_owned;
-            options.instance_types = opts.config.instance_types.clone();
-            let runtime: Arc<dyn Runtime> = match c.runtime {
-                RuntimeChoice::Local(local) => Arc::new(LocalRuntime::new(local)),
-                RuntimeChoice::Kubernetes(client, k) => {
-                    Arc::new(crate::runtime::kubernetes::KubernetesRuntime::new(client, k))
-                }
-            };
-            (options, runtime)
+            let runtime: Arc<dyn Runtime> =
+                match c.runtime {
+                    RuntimeChoice::Local(local) => Arc::new(LocalRuntime::new(local)),
+                    RuntimeChoice::Kubernetes(client, k) => Arc::new(
+                        crate::runtime::kubernetes::KubernetesRuntime::new(client, k, config.clone()),
+                    ),
+                };
+            (c.options, runtime)
         });
-        let registry = Arc::new(Registry::new(
-            storage.clone(),
-            Context {
-                config: Arc::new(opts.config),
-            },
-        ));
+        let registry = Arc::new(Registry::new(storage.clone(), Context { config: config.clone() }));
         let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
         let api = Arc::new(Api {
             registry: registry.clone(),
@@ -263,6 +263,8 @@ impl App {
             controller_metrics,
             controllers,
             election,
+            config,
+            config_path: opts.config_path,
         })
     }
 
@@ -285,6 +287,10 @@ impl App {
     /// Starts the background work: the objects-per-kind metric, the expiry of old Events, and the controllers (acting as
     /// `system:kvcache-controller` through the request pipeline in this process).
     pub fn start(&self) {
+        if let Some(path) = &self.config_path {
+            // Ends with the runtime (the server's lifetime).
+            drop(self.config.watch(path.clone()));
+        }
         if let Some((options, runtime)) = &self.controllers {
             let user = User::new(
                 controller::CONTROLLER_USER,
@@ -294,6 +300,7 @@ impl App {
                 client: kube::Client::new(self.in_process(user), "default"),
                 runtime: runtime.clone(),
                 opts: options.clone(),
+                config: self.config.clone(),
                 metrics: self.controller_metrics.clone(),
                 ledger_locks: Default::default(),
                 lease_holders: Default::default(),

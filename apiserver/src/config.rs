@@ -13,7 +13,10 @@
 //!     accelerators: 1
 //! ```
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -103,6 +106,63 @@ fn default_instance_types() -> Vec<InstanceType> {
     ]
 }
 
+/// The configuration as it is now, shared by admission, the controllers and the runtime. With a
+/// file behind it ([`Live::watch`]), the file is read again when it changes: in a cluster it is a
+/// mounted ConfigMap, which the kubelet updates in place. A change that does not parse is
+/// reported and the previous configuration stays.
+#[derive(Clone, Debug)]
+pub struct Live(Arc<RwLock<Arc<Config>>>);
+
+impl Default for Live {
+    fn default() -> Self {
+        Live::new(Config::default())
+    }
+}
+
+impl Live {
+    pub fn new(config: Config) -> Live {
+        Live(Arc::new(RwLock::new(Arc::new(config))))
+    }
+
+    pub fn get(&self) -> Arc<Config> {
+        self.0.read().clone()
+    }
+
+    pub fn set(&self, config: Config) {
+        *self.0.write() = Arc::new(config);
+    }
+
+    /// Re-reads `path` every [`RELOAD_INTERVAL`] when its modification time or length changed,
+    /// for as long as the returned task runs.
+    pub fn watch(&self, path: PathBuf) -> tokio::task::JoinHandle<()> {
+        let live = self.clone();
+        let stamp = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.modified().ok(), m.len()));
+        // What was loaded is what the file holds now; a change from here on is read again.
+        let mut seen = stamp(&path);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(RELOAD_INTERVAL).await;
+                let now = stamp(&path);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                match Config::load(Some(&path)) {
+                    Ok(c) if *live.get() != c => {
+                        tracing::info!(file = %path.display(), "configuration changed: new settings apply from now on");
+                        live.set(c);
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("the configuration changed but {e}; keeping the previous one"),
+                }
+            }
+        })
+    }
+}
+
+/// How often a watched configuration file is looked at.
+pub const RELOAD_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("reading {path}: {source}")]
@@ -140,6 +200,38 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_watched_file_applies_its_changes_and_a_broken_one_keeps_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, "settings:\n  kvCacheBackendImage: a:1\n").unwrap();
+        let live = Live::new(Config::load(Some(&path)).unwrap());
+        let task = live.watch(path.clone());
+        let until = |want: &str| {
+            let live = live.clone();
+            let want = want.to_owned();
+            async move {
+                for _ in 0..100 {
+                    if live.get().settings.kv_cache_backend_image == want {
+                        return true;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                false
+            }
+        };
+        std::fs::write(&path, "settings:\n  kvCacheBackendImage: b:22\n").unwrap();
+        assert!(until("b:22").await, "the new image applies");
+        std::fs::write(&path, "settings: [not, a, map]\n").unwrap();
+        tokio::time::sleep(RELOAD_INTERVAL * 2).await;
+        assert_eq!(
+            live.get().settings.kv_cache_backend_image,
+            "b:22",
+            "a broken file keeps the last"
+        );
+        task.abort();
+    }
 
     #[test]
     fn defaults_and_file() {

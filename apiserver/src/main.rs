@@ -314,6 +314,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
     let mut opts = AppOptions::new(&cli.data_dir);
     opts.storage = storage_choice(&cli)?;
     opts.config = config;
+    opts.config_path = cli.config.clone();
     if let Command::Serve {
         listen,
         watch_bookmark_interval,
@@ -381,7 +382,6 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
                 client,
                 kvcache_apiserver::runtime::kubernetes::KubernetesOptions {
                     namespace: store_namespace,
-                    default_image: opts.config.settings.kv_cache_backend_image.clone(),
                 },
             ))
         } else {
@@ -520,11 +520,6 @@ fn render(files: &[PathBuf], namespace: &str, config: &Config) -> anyhow::Result
             out.push_str(&yaml_serde::to_string(&object)?);
         }
     }
-    let options = controller::Options {
-        dtype_owned: config.settings.model_deployment_kv_cache_dtype_owned,
-        instance_types: config.instance_types.clone(),
-        ..controller::Options::default()
-    };
     for (file, value) in typed("ModelDeployment") {
         let md: ModelDeployment =
             serde_json::from_value(value.clone()).with_context(|| format!("{}: a ModelDeployment", file.display()))?;
@@ -558,7 +553,7 @@ fn render(files: &[PathBuf], namespace: &str, config: &Config) -> anyhow::Result
         let plan = kvcache_apiserver::runtime::ReplicaPlan {
             owner: format!("{ns}/{name}"),
             uid: String::new(),
-            replicas: controller::model_deployment::replicas(&md, connection.as_ref(), &options),
+            replicas: controller::model_deployment::replicas(&md, connection.as_ref(), config),
             hold_rollout: false,
         };
         for r in &plan.replicas {

@@ -480,7 +480,10 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
     };
     let faults = [
         (
-            engine_waiting("ImagePullBackOff", "Back-off pulling image \"vllm/vllm-openai:v0.29.0\""),
+            engine_waiting(
+                "ImagePullBackOff",
+                "Back-off pulling image \"vllm/vllm-openai:v0.29.0\"",
+            ),
             "Starting|0 of 2 replicas are ready; server-0: ImagePullBackOff: Back-off pulling image",
         ),
         (
@@ -553,6 +556,14 @@ fn rising_past_one_without_the_election_goes_through_one_replica_first() {
     ]);
     let k = plane.kubectl();
     let deploy = cluster::prepare_deploy(&plane);
+    // The settings file, as a mounted ConfigMap: watched.
+    let config = plane.dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "settings:\n  kvCacheBackendImage: registry.example/kv-store:v1\n",
+    )
+    .unwrap();
+    let config_flag = format!("--config={}", config.display());
     let _server = cluster::start_behind_with(
         &plane,
         &deploy,
@@ -560,6 +571,7 @@ fn rising_past_one_without_the_election_goes_through_one_replica_first() {
             "--runtime=kubernetes",
             "--store-namespace=gpustack-system",
             "--requeue-interval=1s",
+            &config_flag,
         ],
     );
     k.must_apply(&manifest("01-backend.yaml").replace("leader: {}", "leader: {electionBackend: None}"));
@@ -606,5 +618,27 @@ fn rising_past_one_without_the_election_goes_through_one_replica_first() {
         condition(&k, KVCB, "RolloutComplete")
             .starts_with("True|Complete|")
             .then_some(())
+    });
+
+    // A new default image in the settings reaches the leader without a restart of the server.
+    let image = |d: &Value| {
+        d["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(
+        image(&store(&k, "deployment", "mooncake-dram-leader").unwrap()),
+        "registry.example/kv-store:v1"
+    );
+    std::fs::write(
+        &config,
+        "settings:\n  kvCacheBackendImage: registry.example/kv-store:v2\n",
+    )
+    .unwrap();
+    eventually(30, "the leader runs the new default image", || {
+        store(&k, "deployment", "mooncake-dram-leader")
+            .filter(|d| image(d) == "registry.example/kv-store:v2")
+            .map(|_| ())
     });
 }

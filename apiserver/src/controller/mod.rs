@@ -62,10 +62,6 @@ pub struct Options {
     pub requeue: Duration,
     /// Time allowed for each call to a leader.
     pub leader_timeout: Duration,
-    /// The `model-deployment-kv-cache-dtype-owned` setting: engines get `--kv-cache-dtype`.
-    pub dtype_owned: bool,
-    /// The instance types roles name (for a cluster: the device resource and the runner image).
-    pub instance_types: Vec<crate::config::InstanceType>,
 }
 
 impl Default for Options {
@@ -73,8 +69,6 @@ impl Default for Options {
         Options {
             requeue: Duration::from_secs(15),
             leader_timeout: Duration::from_secs(5),
-            dtype_owned: true,
-            instance_types: Vec::new(),
         }
     }
 }
@@ -140,6 +134,8 @@ pub struct Context {
     pub client: Client,
     pub runtime: Arc<dyn Runtime>,
     pub opts: Options,
+    /// The server's configuration as it is now (settings, instance types).
+    pub config: crate::config::Live,
     pub metrics: Metrics,
     /// One lock per backend around reading the Bindings and setting the ledger: passes of two
     /// pools on one backend run concurrently, and the later `SetTenants` must not be rendered
@@ -156,9 +152,7 @@ impl Context {
     pub fn core_client(&self) -> Client {
         self.runtime.cluster_client().unwrap_or_else(|| self.client.clone())
     }
-}
 
-impl Context {
     /// The lock of `backend`'s ledger.
     pub fn ledger_lock(&self, backend: &str) -> Arc<tokio::sync::Mutex<()>> {
         self.ledger_locks.lock().entry(backend.to_owned()).or_default().clone()

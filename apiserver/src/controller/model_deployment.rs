@@ -72,7 +72,7 @@ pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
     set(&mut st, registered);
 
     // Replicas, each with exactly what injection computed.
-    let replicas = replicas(&obj, connection.as_ref(), &ctx.opts);
+    let replicas = replicas(&obj, connection.as_ref(), &ctx.config.get());
     // Hold rule (§3.3 step 5): replicas attached before keep running as they are while the
     // connection does not resolve, rather than being rolled to run without a cache.
     let hold_rollout = connection.is_none() && obj.spec.binding_name().is_some() && prev.kv_cache.is_some();
@@ -142,7 +142,12 @@ pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
 
 /// The replicas of `obj`, each with exactly what injection computed for `connection`, and the
 /// engine container a cluster runs.
-pub fn replicas(obj: &ModelDeployment, connection: Option<&Connection>, opts: &super::Options) -> Vec<Replica> {
+pub fn replicas(
+    obj: &ModelDeployment,
+    connection: Option<&Connection>,
+    config: &crate::config::Config,
+) -> Vec<Replica> {
+    let dtype_owned = config.settings.model_deployment_kv_cache_dtype_owned;
     let engine = obj
         .spec
         .engine
@@ -152,8 +157,8 @@ pub fn replicas(obj: &ModelDeployment, connection: Option<&Connection>, opts: &s
     let mut replicas = Vec::new();
     for role in &obj.spec.roles {
         let kind = role.kind.unwrap_or(RoleKind::Server);
-        let injected = injection::inject(engine, kind, connection, opts.dtype_owned);
-        let container = super::engine::container(obj, role, engine, &injected, &opts.instance_types);
+        let injected = injection::inject(engine, kind, connection, dtype_owned);
+        let container = super::engine::container(obj, role, engine, &injected, &config.instance_types);
         for i in 0..role.replicas.unwrap_or(1).max(0) {
             replicas.push(Replica {
                 name: format!("{}-{i}", role.name),

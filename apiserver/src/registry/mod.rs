@@ -52,14 +52,13 @@ pub use self::dynamic::Resource;
 pub use self::errors::RegistryError;
 pub use self::field::{ErrorList, Path};
 pub use self::generic::Store;
-use crate::config::Config;
 use crate::kinds::{KINDS, KindEntry};
 use crate::storage::{Compare, KeyValue, ListRequest, Op, Storage};
 
 /// What admission may consult besides the objects: the server's configuration.
 #[derive(Clone, Debug, Default)]
 pub struct Context {
-    pub config: Arc<Config>,
+    pub config: crate::config::Live,
 }
 
 /// The change being admitted.

@@ -55,7 +55,7 @@ pub struct Registries {
 /// Registries over `storage` with another configuration (for settings changed after admission).
 pub fn registries(storage: Arc<dyn Storage>, config: Config) -> Registries {
     let ctx = Context {
-        config: Arc::new(config),
+        config: crate::config::Live::new(config),
     };
     Registries {
         backends: Store::new(storage.clone(), BackendStrategy, ctx.clone()),

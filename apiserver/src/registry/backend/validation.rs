@@ -95,7 +95,7 @@ fn validate_image(s: &BackendSpec, ctx: &Context, errs: &mut ErrorList) {
     match s.image.as_deref() {
         Some(image) => check_image(image, &p, errs),
         None => {
-            if ctx.config.settings.kv_cache_backend_image.trim().is_empty() {
+            if ctx.config.get().settings.kv_cache_backend_image.trim().is_empty() {
                 errs.required(
                     &p,
                     "no image is named here and the server setting kvCacheBackendImage (kv-cache-backend-image) is blank; set one of the two",

@@ -78,7 +78,7 @@ fn validate_dtype(dtype: Option<&str>, p: &Path, ctx: &Context, errs: &mut Error
             dtype,
             "must be lowercase, as engines spell it (e.g. bfloat16, fp8_e4m3)",
         );
-    } else if dtype == "auto" && ctx.config.settings.model_deployment_kv_cache_dtype_owned {
+    } else if dtype == "auto" && ctx.config.get().settings.model_deployment_kv_cache_dtype_owned {
         errs.invalid(
             p,
             dtype,

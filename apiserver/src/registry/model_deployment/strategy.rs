@@ -36,7 +36,7 @@ impl Strategy for ModelDeploymentStrategy {
             let acceleratable = role
                 .instance_type
                 .as_deref()
-                .and_then(|t| ctx.config.instance_type(t))
+                .and_then(|t| ctx.config.get().instance_type(t).cloned())
                 .is_some_and(|t| t.accelerators > 0);
             if acceleratable {
                 let resources = role.resources.get_or_insert_with(Default::default);

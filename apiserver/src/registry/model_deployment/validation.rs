@@ -215,7 +215,7 @@ fn validate_role(
         errs.not_supported_yet(&p.child("size"), "a replica spanning more than one Pod (size > 1)");
     }
     let instance = validate_instance_type(role, p, ctx, errs);
-    validate_resources(role, instance, p, errs);
+    validate_resources(role, instance.as_ref(), p, errs);
     if let Some(image) = &role.image
         && validation::max_len(image, MAX_IMAGE, &p.child("image"), errs)
         && let Err(e) = validation::image_reference(image)
@@ -269,12 +269,12 @@ fn validate_role(
     }
 }
 
-fn validate_instance_type<'c>(
+fn validate_instance_type(
     role: &Role,
     p: &Path,
-    ctx: &'c Context,
+    ctx: &Context,
     errs: &mut ErrorList,
-) -> Option<&'c crate::config::InstanceType> {
+) -> Option<crate::config::InstanceType> {
     let pi = p.child("instanceType");
     let name = match role.instance_type.as_deref() {
         None | Some("") => {
@@ -286,9 +286,10 @@ fn validate_instance_type<'c>(
     if !validation::max_len(name, 253, &pi, errs) {
         return None;
     }
-    let found = ctx.config.instance_type(name);
+    let found = ctx.config.get().instance_type(name).cloned();
     if found.is_none() {
-        let known: Vec<&str> = ctx.config.instance_types.iter().map(|t| t.name.as_str()).collect();
+        let config = ctx.config.get();
+        let known: Vec<&str> = config.instance_types.iter().map(|t| t.name.as_str()).collect();
         errs.not_found(
             &pi,
             name,
@@ -417,7 +418,7 @@ fn sets(flag: &str, owned: &str) -> bool {
 }
 
 fn validate_extra_args(role: &Role, engine: EngineName, attached: bool, p: &Path, ctx: &Context, errs: &mut ErrorList) {
-    let dtype_owned = attached && ctx.config.settings.model_deployment_kv_cache_dtype_owned;
+    let dtype_owned = attached && ctx.config.get().settings.model_deployment_kv_cache_dtype_owned;
     for (i, token) in role.extra_args.iter().enumerate() {
         let Some(flag) = flag_of(token, engine) else { continue };
         let pi = p.child("extraArgs").index(i);

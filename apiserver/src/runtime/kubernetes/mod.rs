@@ -30,8 +30,6 @@ pub const FIELD_MANAGER: &str = "kvcache-controllers";
 pub struct KubernetesOptions {
     /// The namespace of the store's objects and Leases (`gpustack-system`).
     pub namespace: String,
-    /// The setting `kv-cache-backend-image`: backends that name no image run this one.
-    pub default_image: String,
 }
 
 /// The kinds this runtime renders, each with its API path.
@@ -67,6 +65,8 @@ const REMOVAL_ORDER: &[&str] = &[
 pub struct KubernetesRuntime {
     client: kube::Client,
     opts: KubernetesOptions,
+    /// The settings: `kv-cache-backend-image` runs backends that name no image.
+    config: crate::config::Live,
     nodes: Arc<RwLock<BTreeMap<String, Node>>>,
     changes: tokio::sync::broadcast::Sender<Changed>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -91,7 +91,7 @@ impl Drop for KubernetesRuntime {
 impl KubernetesRuntime {
     /// Watches the cluster's Nodes (where member groups go) and the store's Pods (whose changes
     /// wake the backend controller).
-    pub fn new(client: kube::Client, opts: KubernetesOptions) -> KubernetesRuntime {
+    pub fn new(client: kube::Client, opts: KubernetesOptions, config: crate::config::Live) -> KubernetesRuntime {
         let nodes: Arc<RwLock<BTreeMap<String, Node>>> = Arc::default();
         let (changes, _) = tokio::sync::broadcast::channel(256);
         let node_task = {
@@ -173,6 +173,7 @@ impl KubernetesRuntime {
         KubernetesRuntime {
             client,
             opts,
+            config,
             nodes,
             changes,
             tasks: vec![node_task, pod_task, engine_task],
@@ -305,7 +306,8 @@ impl Runtime for KubernetesRuntime {
                 .map(|m| (m.clone(), refused(why.to_owned())))
                 .collect::<Vec<_>>()
         };
-        let target = match render::Target::for_plan(plan, &self.opts.namespace, &self.opts.default_image) {
+        let default_image = self.config.get().settings.kv_cache_backend_image.clone();
+        let target = match render::Target::for_plan(plan, &self.opts.namespace, &default_image) {
             Ok(t) => t,
             Err(why) => {
                 return StoreObservation {
