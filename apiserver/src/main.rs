@@ -79,7 +79,7 @@ enum Command {
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         controllers: bool,
         /// Where the controllers run the store and the replicas: `local` (child processes on this
-        /// machine) or `kubernetes` (workloads of a cluster; engine replicas are not run there yet).
+        /// machine) or `kubernetes` (workloads of a cluster).
         #[arg(long, default_value = "local", value_parser = parse_runtime)]
         runtime: String,
         /// With --runtime kubernetes: the cluster the workloads run in (default: the Pod's

@@ -1,8 +1,10 @@
-//! The Kubernetes runtime: the store's leader and members as workloads of a cluster.
+//! The Kubernetes runtime: the store's leader and members, and the engine replicas, as workloads
+//! of a cluster. Objects are server-side applied under one field manager and are this runtime's
+//! only when they carry the owner's note; what runs is read from the Pods the cluster reports.
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`render`] | a backend's plan as Kubernetes objects (Deployment, Service, DaemonSets, RBAC) |
+//! | [`render`] | plans as Kubernetes objects (Deployment, Service, DaemonSets, RBAC, engine Pods) |
 //! | [`observe`] | a Pod's status as a workload's state |
 
 pub mod observe;

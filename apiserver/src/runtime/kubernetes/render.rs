@@ -5,7 +5,8 @@
 //!   `<name>-leader`, and while the election is on the ServiceAccount, Role and RoleBinding
 //!   `<name>-leader` its Pods campaign for the Lease `<name>-leader` with;
 //! - the members: one DaemonSet `<name>-member-<i>` per group on the group's nodes, and while the
-//!   election is on the ServiceAccount, Role and RoleBinding `<name>-member` (Lease reads).
+//!   election is on the ServiceAccount, Role and RoleBinding `<name>-member` (Lease reads);
+//! - a ModelDeployment's replicas: one Pod `<name>-<role>-<ordinal>` each, in its namespace.
 //!
 //! Every object carries the resource-type label, the ownership notes (backend, role, group) that
 //! decide what belongs to the backend, and a controller owner reference that never blocks the
