@@ -381,12 +381,41 @@ fn members_verdict(view: &LeaderView, observed: Option<&(StorePlan, Vec<String>,
             )
         };
     };
+    // A member Pod the cluster cannot place: Unschedulable, naming it.
+    if let Some((m, why)) = obs.members.iter().find_map(|(m, s)| {
+        s.refused
+            .as_deref()
+            .filter(|r| r.starts_with("Unschedulable"))
+            .map(|r| (m, r.to_owned()))
+    }) {
+        return Observation::new(
+            members_mounted::TYPE,
+            ConditionStatus::False,
+            members_mounted::UNSCHEDULABLE,
+            format!("the member on node {} (group {}): {why}", m.node, m.group),
+        );
+    }
     if let Some(why) = obs.members.iter().find_map(|(_, s)| s.refused.clone()) {
         return Observation::new(
             members_mounted::TYPE,
             ConditionStatus::False,
             members_mounted::INSUFFICIENT_MEMORY,
             why,
+        );
+    }
+    // The kubelet's own word for a member that does not run (ImagePullBackOff, ...).
+    if let Some((m, (reason, message))) = obs.members.iter().find_map(|(m, s)| {
+        s.waiting
+            .clone()
+            .filter(|(r, _)| r != "CrashLoopBackOff")
+            .filter(|_| !s.ready)
+            .map(|w| (m, w))
+    }) {
+        return Observation::new(
+            members_mounted::TYPE,
+            ConditionStatus::False,
+            reason.as_str(),
+            format!("the member on node {} (group {}): {message}", m.node, m.group),
         );
     }
     if plan.members.is_empty() {
@@ -535,6 +564,38 @@ mod tests {
         let v = members_verdict(&view(&[]), Some(&(p, unmatched, StoreObservation::default())));
         assert_eq!(v.reason, "NoSegments");
         assert!(v.message.contains("{zone=a}"), "{}", v.message);
+    }
+
+    #[test]
+    fn member_pod_faults_name_the_member() {
+        let nodes = [Node::stand_in("local-0")];
+        let s = spec(
+            "type: Mooncake\nconnection:\n  managed:\n    leader: {}\n    members:\n    - nodeSelector: {kubernetes.io/os: linux}\n      capacityPerMember: 1Gi\n",
+        );
+        let (p, unmatched) = plan("b", &s, &nodes).unwrap();
+        let with = |state: crate::runtime::WorkloadState| {
+            let obs = StoreObservation {
+                members: p.members.iter().map(|m| (m.clone(), state.clone())).collect(),
+                ..Default::default()
+            };
+            members_verdict(&view(&[]), Some(&(p.clone(), unmatched.clone(), obs)))
+        };
+        let v = with(crate::runtime::WorkloadState {
+            refused: Some("Unschedulable: 0/1 nodes have 1Gi of memory free".into()),
+            ..Default::default()
+        });
+        assert_eq!((v.status, v.reason.as_str()), (ConditionStatus::False, "Unschedulable"));
+        assert!(
+            v.message.contains("local-0") && v.message.contains("memory free"),
+            "{}",
+            v.message
+        );
+        let v = with(crate::runtime::WorkloadState {
+            waiting: Some(("ImagePullBackOff".into(), "no such image".into())),
+            ..Default::default()
+        });
+        assert_eq!(v.reason.as_str(), "ImagePullBackOff");
+        assert!(v.message.contains("no such image"), "{}", v.message);
     }
 
     #[test]
