@@ -22,21 +22,18 @@
 
 #[path = "../../tests/e2e/cluster.rs"]
 mod cluster;
+#[path = "support/h2.rs"]
+mod h2;
 #[path = "../../tests/e2e/support.rs"]
 mod support;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::TokioIo;
-use parking_lot::Mutex;
+use h2::{Client, percentile};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
@@ -58,6 +55,16 @@ struct Target {
     pools: String,
 }
 
+impl Target {
+    fn endpoint(&self) -> h2::Endpoint {
+        h2::Endpoint {
+            port: self.port,
+            server_name: self.server_name.clone(),
+            tls: self.tls.clone(),
+        }
+    }
+}
+
 fn connector(ca_pem: &str, client: &kvcache_certs::CertPair) -> anyhow::Result<tokio_rustls::TlsConnector> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
@@ -73,49 +80,6 @@ fn connector(ca_pem: &str, client: &kvcache_certs::CertPair) -> anyhow::Result<t
     // Go's servers speak HTTP/2 only when ALPN chose it.
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
-}
-
-/// A stream on an HTTP/2 connection; clones share the connection.
-#[derive(Clone)]
-struct Client {
-    sender: SendRequest<Full<Bytes>>,
-    authority: String,
-}
-
-impl Client {
-    async fn connect(t: &Target) -> anyhow::Result<Client> {
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", t.port)).await?;
-        tcp.set_nodelay(true)?;
-        let stream = t.tls.connect(ServerName::try_from(t.server_name.clone())?, tcp).await?;
-        let (sender, conn) =
-            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(stream)).await?;
-        tokio::spawn(conn);
-        Ok(Client {
-            sender,
-            authority: format!("{}:{}", t.server_name, t.port),
-        })
-    }
-
-    fn request(&self, method: &str, path: &str, ct: &str, body: Vec<u8>) -> anyhow::Result<http::Request<Full<Bytes>>> {
-        Ok(http::Request::builder()
-            .method(method)
-            .uri(format!("https://{}{path}", self.authority))
-            .header("content-type", ct)
-            .header("accept", "application/json")
-            .body(Full::new(Bytes::from(body)))?)
-    }
-
-    async fn send(&mut self, method: &str, path: &str, ct: &str, body: Vec<u8>) -> anyhow::Result<(u16, Bytes)> {
-        let req = self.request(method, path, ct, body)?;
-        self.sender.ready().await?;
-        let resp = self.sender.send_request(req).await?;
-        let status = resp.status().as_u16();
-        Ok((status, resp.into_body().collect().await?.to_bytes()))
-    }
-
-    async fn get(&mut self, path: &str) -> anyhow::Result<(u16, Bytes)> {
-        self.send("GET", path, "application/json", Vec::new()).await
-    }
 }
 
 fn pool_body(group: &str, i: usize) -> Vec<u8> {
@@ -135,21 +99,13 @@ fn group_of(t: &Target) -> &str {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
 async fn creates(t: &Target) -> anyhow::Result<f64> {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let shared = Client::connect(t).await?;
+    let shared = Client::connect(&t.endpoint()).await?;
     let group = group_of(t).to_owned();
     let started = Instant::now();
     let mut set = JoinSet::new();
@@ -175,7 +131,7 @@ async fn creates(t: &Target) -> anyhow::Result<f64> {
 }
 
 async fn gets(t: &Target) -> anyhow::Result<(Duration, Duration)> {
-    let mut c = Client::connect(t).await?;
+    let mut c = Client::connect(&t.endpoint()).await?;
     let mut lat = Vec::with_capacity(GETS);
     for i in 0..GET_WARM_UP + GETS {
         let path = format!("{}/pool-{:05}", t.pools, (i * 7919) % OBJECTS);
@@ -193,7 +149,7 @@ async fn gets(t: &Target) -> anyhow::Result<(Duration, Duration)> {
 }
 
 async fn list(t: &Target) -> anyhow::Result<(Duration, usize)> {
-    let mut c = Client::connect(t).await?;
+    let mut c = Client::connect(&t.endpoint()).await?;
     let mut times = Vec::new();
     let mut items = 0;
     for _ in 0..5 {
@@ -212,86 +168,7 @@ async fn list(t: &Target) -> anyhow::Result<(Duration, usize)> {
 }
 
 async fn watch_latency(t: &Target) -> anyhow::Result<(Duration, Duration, usize)> {
-    let mut c = Client::connect(t).await?;
-    let (_, body) = c.get(&format!("{}?limit=1", t.pools)).await?;
-    let rv = serde_json::from_slice::<Value>(&body)?["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap_or("0")
-        .to_owned();
-    let sent: Arc<Mutex<HashMap<usize, Instant>>> = Arc::default();
-    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
-    let mut watchers = JoinSet::new();
-    for _ in 0..WATCHERS {
-        let mut w = Client::connect(t).await?;
-        let path = format!(
-            "{}?watch=true&resourceVersion={rv}&fieldSelector=metadata.name%3Dpool-00000",
-            t.pools
-        );
-        let req = w.request("GET", &path, "application/json", Vec::new())?;
-        w.sender.ready().await?;
-        let resp = w.sender.send_request(req).await?;
-        if resp.status() != 200 {
-            bail!("watch returned {}", resp.status());
-        }
-        let mut body = resp.into_body();
-        let (sent, latencies) = (sent.clone(), latencies.clone());
-        watchers.spawn(async move {
-            let _connection = w;
-            let mut buf = Vec::new();
-            let mut seen = 0;
-            while seen < UPDATES {
-                let Some(frame) = body.frame().await else { break };
-                let Ok(data) = frame?.into_data() else { continue };
-                let now = Instant::now();
-                buf.extend_from_slice(&data);
-                while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = buf.drain(..=pos).collect();
-                    let ev: Value = serde_json::from_slice(&line)?;
-                    let seq = ev["object"]["metadata"]["labels"]["seq"]
-                        .as_str()
-                        .and_then(|s| s.parse::<usize>().ok());
-                    if let Some(seq) = seq
-                        && let Some(at) = sent.lock().get(&seq).copied()
-                    {
-                        latencies.lock().push(now - at);
-                        seen += 1;
-                    }
-                }
-            }
-            anyhow::Ok(())
-        });
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    for seq in 0..UPDATES {
-        let patch = format!(r#"{{"metadata":{{"labels":{{"seq":"{seq}"}}}}}}"#);
-        sent.lock().insert(seq, Instant::now());
-        let (code, body) = c
-            .send(
-                "PATCH",
-                &format!("{}/pool-00000", t.pools),
-                "application/merge-patch+json",
-                patch.into_bytes(),
-            )
-            .await?;
-        if code != 200 {
-            bail!("patch returned {code}: {}", String::from_utf8_lossy(&body));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let deadline = tokio::time::sleep(Duration::from_secs(60));
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            r = watchers.join_next() => match r {
-                Some(r) => r??,
-                None => break,
-            },
-            () = &mut deadline => bail!("watchers did not receive every event within 60s"),
-        }
-    }
-    let mut lat = latencies.lock().clone();
-    lat.sort();
-    Ok((percentile(&lat, 0.5), percentile(&lat, 0.99), lat.len()))
+    h2::watch_latency(&t.endpoint(), &t.pools, WATCHERS, UPDATES).await
 }
 
 /// What one target measured.
@@ -460,7 +337,7 @@ fn main() -> anyhow::Result<()> {
 
     // The CRDs, from our own schemas.
     let openapi: Value = runtime.block_on(async {
-        let mut c = Client::connect(&direct).await?;
+        let mut c = Client::connect(&direct.endpoint()).await?;
         let (code, body) = c.get(&format!("/openapi/v3/apis/{}/v1", kvcache_api::GROUP)).await?;
         anyhow::ensure!(code == 200, "our OpenAPI document: {code}");
         anyhow::Ok(serde_json::from_slice(&body)?)
@@ -497,7 +374,7 @@ fn main() -> anyhow::Result<()> {
     for t in [&direct, &aggregated, &crd] {
         if t.name.starts_with("(b)") {
             runtime.block_on(async {
-                let mut c = Client::connect(&direct).await?;
+                let mut c = Client::connect(&direct.endpoint()).await?;
                 let (code, body) = c
                     .send(
                         "DELETE",

@@ -17,8 +17,9 @@
 
 #[path = "support/etcd.rs"]
 mod etcd;
+#[path = "support/h2.rs"]
+mod h2;
 
-use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -26,13 +27,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::TokioIo;
-use parking_lot::Mutex;
+use h2::{Client, percentile};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::task::JoinSet;
 
 const WRITERS: usize = 64;
@@ -105,38 +102,6 @@ fn tls_connector(pki: &Path) -> anyhow::Result<tokio_rustls::TlsConnector> {
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 
-/// A stream on an HTTP/2 connection (ALPN h2), as kubectl and client-go use; clones share the
-/// connection.
-#[derive(Clone)]
-struct Client {
-    sender: SendRequest<Full<Bytes>>,
-}
-
-impl Client {
-    async fn connect(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<Client> {
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        tcp.set_nodelay(true)?;
-        let stream = tls.connect(ServerName::try_from("localhost")?, tcp).await?;
-        let (sender, conn) =
-            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(stream)).await?;
-        tokio::spawn(conn);
-        Ok(Client { sender })
-    }
-
-    async fn send(&mut self, method: &str, path: &str, ct: &str, body: Vec<u8>) -> anyhow::Result<(u16, Bytes)> {
-        let req = http::Request::builder()
-            .method(method)
-            .uri(format!("https://localhost{path}"))
-            .header("content-type", ct)
-            .body(Full::new(Bytes::from(body)))?;
-        self.sender.ready().await?;
-        let resp = self.sender.send_request(req).await?;
-        let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await?.to_bytes();
-        Ok((status, body))
-    }
-}
-
 const POOLS: &str = "/apis/worker.gpustack.ai/v1/kvcachepools";
 
 fn pool_body(i: usize) -> Vec<u8> {
@@ -148,14 +113,6 @@ fn pool_body(i: usize) -> Vec<u8> {
     .unwrap_or_default()
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
-
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -163,7 +120,7 @@ fn us(d: Duration) -> f64 {
 async fn wait_ready(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
-        if let Ok(mut c) = Client::connect(tls, port).await
+        if let Ok(mut c) = Client::connect(&endpoint(tls, port)).await
             && let Ok((200, _)) = c.send("GET", "/readyz", "application/json", Vec::new()).await
         {
             return Ok(());
@@ -177,7 +134,7 @@ async fn creates(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
     let mut set = JoinSet::new();
-    let shared = Client::connect(tls, port).await?;
+    let shared = Client::connect(&endpoint(tls, port)).await?;
     for _ in 0..WRITERS {
         let mut c = shared.clone();
         let next = next.clone();
@@ -232,7 +189,7 @@ async fn etcd_puts(scratch: &Path, value_bytes: usize) -> anyhow::Result<f64> {
 }
 
 async fn gets(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<(Duration, Duration, f64, f64)> {
-    let mut c = Client::connect(tls, port).await?;
+    let mut c = Client::connect(&endpoint(tls, port)).await?;
     for i in 0..GET_WARM_UP {
         c.send(
             "GET",
@@ -263,7 +220,7 @@ async fn gets(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<(Du
     lat.sort();
     let started = Instant::now();
     let mut set = JoinSet::new();
-    let shared = Client::connect(tls, port).await?;
+    let shared = Client::connect(&endpoint(tls, port)).await?;
     for w in 0..WRITERS {
         let mut c = shared.clone();
         set.spawn(async move {
@@ -292,7 +249,7 @@ async fn gets(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<(Du
 }
 
 async fn list(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<(Duration, usize, usize)> {
-    let mut c = Client::connect(tls, port).await?;
+    let mut c = Client::connect(&endpoint(tls, port)).await?;
     let mut times = Vec::new();
     let mut items = 0;
     let mut bytes = 0;
@@ -312,82 +269,16 @@ async fn list(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<(Du
 }
 
 async fn watch_latency(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<(Duration, Duration, usize)> {
-    let mut c = Client::connect(tls, port).await?;
-    let (_, body) = c
-        .send("GET", &format!("{POOLS}?limit=1"), "application/json", Vec::new())
-        .await?;
-    let v: serde_json::Value = serde_json::from_slice(&body)?;
-    let rv = v["metadata"]["resourceVersion"].as_str().unwrap_or("0").to_owned();
-    let sent: Arc<Mutex<HashMap<usize, Instant>>> = Arc::default();
-    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
-    let mut watchers = JoinSet::new();
-    for _ in 0..WATCHERS {
-        let mut w = Client::connect(tls, port).await?;
-        let path = format!("{POOLS}?watch=true&resourceVersion={rv}&fieldSelector=metadata.name%3Dpool-00000");
-        let req = http::Request::builder()
-            .method("GET")
-            .uri(format!("https://localhost{path}"))
-            .body(Full::new(Bytes::new()))?;
-        let resp = w.sender.send_request(req).await?;
-        let mut body = resp.into_body();
-        let sent = sent.clone();
-        let latencies = latencies.clone();
-        watchers.spawn(async move {
-            let mut buf = Vec::new();
-            let mut seen = 0;
-            while seen < UPDATES {
-                let Some(frame) = body.frame().await else { break };
-                let Ok(data) = frame?.into_data() else { continue };
-                let now = Instant::now();
-                buf.extend_from_slice(&data);
-                while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = buf.drain(..=pos).collect();
-                    let ev: serde_json::Value = serde_json::from_slice(&line)?;
-                    let seq = ev["object"]["metadata"]["labels"]["seq"]
-                        .as_str()
-                        .and_then(|s| s.parse::<usize>().ok());
-                    if let Some(seq) = seq
-                        && let Some(t) = sent.lock().get(&seq).copied()
-                    {
-                        latencies.lock().push(now - t);
-                        seen += 1;
-                    }
-                }
-            }
-            anyhow::Ok(())
-        });
+    h2::watch_latency(&endpoint(tls, port), POOLS, WATCHERS, UPDATES).await
+}
+
+/// Our server as the admin reaches it (its certificate is for localhost).
+fn endpoint(tls: &tokio_rustls::TlsConnector, port: u16) -> h2::Endpoint {
+    h2::Endpoint {
+        port,
+        server_name: "localhost".into(),
+        tls: tls.clone(),
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    for seq in 0..UPDATES {
-        let patch = format!(r#"{{"metadata":{{"labels":{{"seq":"{seq}"}}}}}}"#);
-        sent.lock().insert(seq, Instant::now());
-        let (code, body) = c
-            .send(
-                "PATCH",
-                &format!("{POOLS}/pool-00000"),
-                "application/merge-patch+json",
-                patch.into_bytes(),
-            )
-            .await?;
-        if code != 200 {
-            bail!("patch returned {code}: {}", String::from_utf8_lossy(&body));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let deadline = tokio::time::sleep(Duration::from_secs(30));
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            r = watchers.join_next() => match r {
-                Some(r) => r??,
-                None => break,
-            },
-            () = &mut deadline => bail!("watchers did not receive every event within 30s"),
-        }
-    }
-    let mut lat = latencies.lock().clone();
-    lat.sort();
-    Ok((percentile(&lat, 0.5), percentile(&lat, 0.99), lat.len()))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -415,7 +306,7 @@ fn main() -> anyhow::Result<()> {
         runtime.block_on(wait_ready(&tls, server.port))?;
         let created = runtime.block_on(creates(&tls, server.port))?;
         let stored_bytes = {
-            let mut c = runtime.block_on(Client::connect(&tls, server.port))?;
+            let mut c = runtime.block_on(Client::connect(&endpoint(&tls, server.port)))?;
             let (_, body) =
                 runtime.block_on(c.send("GET", &format!("{POOLS}/pool-00000"), "application/json", Vec::new()))?;
             body.len()

@@ -31,6 +31,19 @@ fn store(k: &Kubectl, kind: &str, name: &str) -> Option<Value> {
     try_json(k, &["-n", NAMESPACE, "get", kind, name])
 }
 
+/// deploy/ applied to `plane`, and our server behind it with the controllers on the Kubernetes
+/// runtime (acting as the ServiceAccount of deploy/), passing every second, with `extra` flags.
+fn runtime_server(plane: &ControlPlane, extra: &[&str]) -> cluster::Aggregated {
+    let deploy = cluster::prepare_deploy(plane);
+    let mut flags = vec![
+        "--runtime=kubernetes",
+        "--store-namespace=gpustack-system",
+        "--requeue-interval=1s",
+    ];
+    flags.extend_from_slice(extra);
+    cluster::start_behind_with(plane, &deploy, &flags)
+}
+
 /// The one leader Pod the ReplicaSet made.
 fn leader_pod(k: &Kubectl) -> String {
     eventually(60, "the leader Pod exists", || {
@@ -92,21 +105,12 @@ fn the_store_runs_as_workloads_of_the_cluster() {
             "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    kubernetes.io/hostname: {node}\n    kubernetes.io/os: linux\n"
         ));
     }
-    let deploy = cluster::prepare_deploy(&plane);
+    let _server = runtime_server(&plane, &[]);
     // A DaemonSet with our labels and a name of ours but no ownership note: never ours.
     let foreign = format!(
         "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: mooncake-dram-member-9\n  namespace: {NAMESPACE}\n  labels:\n    app.kubernetes.io/instance: mooncake-dram\n    resource.gpustack.ai/type: kvcachebackends\nspec:\n  selector:\n    matchLabels: {{app: foreign}}\n  template:\n    metadata:\n      labels: {{app: foreign}}\n    spec:\n      nodeSelector: {{nowhere: \"true\"}}\n      containers: [{{name: c, image: busybox}}]\n"
     );
     k.must_apply(&foreign);
-    let _server = cluster::start_behind_with(
-        &plane,
-        &deploy,
-        &[
-            "--runtime=kubernetes",
-            "--store-namespace=gpustack-system",
-            "--requeue-interval=1s",
-        ],
-    );
 
     // Step 1: the leader Deployment, its Service and election RBAC, the member DaemonSet.
     k.must_apply(&manifest("01-backend.yaml"));
@@ -301,17 +305,29 @@ impl Drop for Process {
     }
 }
 
-fn kv_store(args: &[String], log: &std::path::Path) -> Process {
+/// Starts `kv-store` with `args` (listening on port 0) and returns it with the gRPC address it
+/// announces on its first line; the rest of its output goes to `log`.
+fn kv_store(args: &[&str], log: &std::path::Path) -> (Process, String) {
+    use std::io::{BufRead, Write};
     let bin = support::server_binary().with_file_name("kv-store");
-    let log = std::fs::File::create(log).expect("a log file");
-    Process(
-        std::process::Command::new(bin)
-            .args(args)
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("kv-store starts"),
-    )
+    let mut log = std::fs::File::create(log).expect("a log file");
+    let mut child = std::process::Command::new(bin)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(log.try_clone().expect("log"))
+        .spawn()
+        .expect("kv-store starts");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("kv-store announces where it listens");
+    let announced: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+    let grpc = announced["grpc"].as_str().expect("a gRPC address").to_owned();
+    std::thread::spawn(move || {
+        for l in out.lines().map_while(Result::ok) {
+            let _ = writeln!(log, "{l}");
+        }
+    });
+    (Process(child), grpc)
 }
 
 /// The engine Pods of a ModelDeployment attached through an external backend (a real leader and
@@ -323,38 +339,25 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
     let plane = ControlPlane::start_with(&["clusterrole-aggregation-controller", "serviceaccount-controller"]);
     let k = plane.kubectl();
     let d = plane.dir.path();
-    let port = support::free_port();
-    let leader_at = format!("127.0.0.1:{port}");
-    let _leader = kv_store(
-        &["leader".into(), "--listen".into(), leader_at.clone()],
-        &d.join("leader.log"),
-    );
+    let (_leader, leader_at) = kv_store(&["leader", "--listen", "127.0.0.1:0"], &d.join("leader.log"));
     let shm = d.join("shm");
     std::fs::create_dir_all(&shm).unwrap();
-    let _member = kv_store(
+    let shm = shm.display().to_string();
+    let (_member, _) = kv_store(
         &[
-            "member".into(),
-            "--leader".into(),
-            leader_at.clone(),
-            "--capacity".into(),
-            "2Gi".into(),
-            "--shm-dir".into(),
-            shm.display().to_string(),
-            "--name".into(),
-            "m0".into(),
+            "member",
+            "--leader",
+            &leader_at,
+            "--capacity",
+            "2Gi",
+            "--shm-dir",
+            &shm,
+            "--name",
+            "m0",
         ],
         &d.join("member.log"),
     );
-    let deploy = cluster::prepare_deploy(&plane);
-    let _server = cluster::start_behind_with(
-        &plane,
-        &deploy,
-        &[
-            "--runtime=kubernetes",
-            "--store-namespace=gpustack-system",
-            "--requeue-interval=1s",
-        ],
-    );
+    let _server = runtime_server(&plane, &[]);
     k.must_apply(&format!(
         "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata:\n  name: mooncake-dram\nspec:\n  type: Mooncake\n  connection:\n    external:\n      endpoints:\n      - {{name: Client, address: \"{leader_at}\"}}\n      - {{name: Admin, address: \"{leader_at}\"}}\n"
     ));
@@ -555,7 +558,6 @@ fn rising_past_one_without_the_election_goes_through_one_replica_first() {
         "replicaset-controller",
     ]);
     let k = plane.kubectl();
-    let deploy = cluster::prepare_deploy(&plane);
     // The settings file, as a mounted ConfigMap: watched.
     let config = plane.dir.path().join("config.yaml");
     std::fs::write(
@@ -564,16 +566,7 @@ fn rising_past_one_without_the_election_goes_through_one_replica_first() {
     )
     .unwrap();
     let config_flag = format!("--config={}", config.display());
-    let _server = cluster::start_behind_with(
-        &plane,
-        &deploy,
-        &[
-            "--runtime=kubernetes",
-            "--store-namespace=gpustack-system",
-            "--requeue-interval=1s",
-            &config_flag,
-        ],
-    );
+    let _server = runtime_server(&plane, &[&config_flag]);
     k.must_apply(&manifest("01-backend.yaml").replace("leader: {}", "leader: {electionBackend: None}"));
     let d = eventually(60, "the leader Deployment without the election", || {
         store(&k, "deployment", "mooncake-dram-leader")

@@ -118,60 +118,20 @@ impl KubernetesRuntime {
                 }
             })
         };
-        let pod_task = {
-            let api = Api::<Pod>::namespaced(client.clone(), &opts.namespace);
-            let tx = changes.clone();
-            tokio::spawn(async move {
-                let config = watcher::Config::default().labels("app.kubernetes.io/name=kv-cache-backend");
-                let mut events = std::pin::pin!(watcher(api, config));
-                while let Some(e) = events.next().await {
-                    let pod = match e {
-                        Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => p,
-                        Ok(_) => continue,
-                        Err(e) => {
-                            tracing::warn!("watching the store's Pods: {e}; retrying");
-                            continue;
-                        }
-                    };
-                    if let Some(b) = pod
-                        .metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get("app.kubernetes.io/instance"))
-                    {
-                        let _ = tx.send(Changed::Store(b.clone()));
-                    }
-                }
-            })
-        };
-        // Engine Pods live in their deployments' namespaces.
-        let engine_task = {
-            let api = Api::<Pod>::all(client.clone());
-            let tx = changes.clone();
-            tokio::spawn(async move {
-                let config = watcher::Config::default().labels("app.kubernetes.io/name=model-deployment");
-                let mut events = std::pin::pin!(watcher(api, config));
-                while let Some(e) = events.next().await {
-                    let pod = match e {
-                        Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => p,
-                        Ok(_) => continue,
-                        Err(e) => {
-                            tracing::warn!("watching engine Pods: {e}; retrying");
-                            continue;
-                        }
-                    };
-                    let ns = pod.metadata.namespace.clone().unwrap_or_default();
-                    if let Some(d) = pod
-                        .metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get("app.kubernetes.io/instance"))
-                    {
-                        let _ = tx.send(Changed::Replicas(format!("{ns}/{d}")));
-                    }
-                }
-            })
-        };
+        // The store's Pods wake their backend; engine Pods, in their deployments' namespaces,
+        // wake their deployment.
+        let pod_task = watch_pods(
+            Api::namespaced(client.clone(), &opts.namespace),
+            "app.kubernetes.io/name=kv-cache-backend",
+            changes.clone(),
+            |_, instance| Changed::Store(instance.to_owned()),
+        );
+        let engine_task = watch_pods(
+            Api::all(client.clone()),
+            "app.kubernetes.io/name=model-deployment",
+            changes.clone(),
+            |namespace, instance| Changed::Replicas(format!("{namespace}/{instance}")),
+        );
         KubernetesRuntime {
             client,
             opts,
@@ -259,6 +219,54 @@ impl KubernetesRuntime {
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         Ok(pods)
     }
+}
+
+/// Sends `change(namespace, instance label)` for every change to a Pod `labels` selects.
+fn watch_pods(
+    api: Api<Pod>,
+    labels: &'static str,
+    tx: tokio::sync::broadcast::Sender<Changed>,
+    change: fn(&str, &str) -> Changed,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default().labels(labels)));
+        while let Some(e) = events.next().await {
+            let pod = match e {
+                Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => p,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!("watching Pods ({labels}): {e}; retrying");
+                    continue;
+                }
+            };
+            let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+            if let Some(instance) = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app.kubernetes.io/instance"))
+            {
+                let _ = tx.send(change(&namespace, instance));
+            }
+        }
+    })
+}
+
+/// The label selector of a deployment's engine Pods.
+fn engine_selector(deployment: &str) -> String {
+    format!(
+        "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={deployment},{}=modeldeployments",
+        render::TYPE_LABEL
+    )
+}
+
+/// Whether an engine Pod carries `deployment`'s note.
+fn runs_for(pod: &Pod, deployment: &str) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(render::DEPLOYMENT_NOTE))
+        .is_some_and(|d| d == deployment)
 }
 
 /// Whether `object` carries `backend`'s ownership note.
@@ -443,15 +451,8 @@ impl Runtime for KubernetesRuntime {
                     continue;
                 }
             };
-            let note = |p: &Pod| {
-                p.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(render::DEPLOYMENT_NOTE))
-                    .cloned()
-            };
             let state = match live {
-                Some(p) if note(&p).as_deref() != Some(deployment) => refused(format!(
+                Some(p) if !runs_for(&p, deployment) => refused(format!(
                     "Pod {namespace}/{name} exists and is not this deployment's (no annotation {}={deployment}); rename or remove it",
                     render::DEPLOYMENT_NOTE
                 )),
@@ -493,20 +494,11 @@ impl Runtime for KubernetesRuntime {
             .iter()
             .map(|r| format!("{deployment}-{}", r.name))
             .collect();
-        let selector = format!(
-            "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={deployment},{}=modeldeployments",
-            render::TYPE_LABEL
-        );
+        let selector = engine_selector(deployment);
         if let Ok(list) = api.list(&ListParams::default().labels(&selector)).await {
             for p in list.items {
                 let name = p.metadata.name.clone().unwrap_or_default();
-                let ours = p
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(render::DEPLOYMENT_NOTE))
-                    .map(String::as_str)
-                    == Some(deployment);
+                let ours = runs_for(&p, deployment);
                 if ours && !planned.contains(&name) && p.metadata.deletion_timestamp.is_none() {
                     let _ = api.delete(&name, &DeleteParams::default()).await;
                 }
@@ -518,22 +510,13 @@ impl Runtime for KubernetesRuntime {
     async fn remove_replicas(&self, owner: &str) -> bool {
         let (namespace, deployment) = owner.split_once('/').unwrap_or(("default", owner));
         let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
-        let selector = format!(
-            "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={deployment},{}=modeldeployments",
-            render::TYPE_LABEL
-        );
+        let selector = engine_selector(deployment);
         let Ok(list) = api.list(&ListParams::default().labels(&selector)).await else {
             return false;
         };
         let mut left = false;
         for p in list.items {
-            let ours = p
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(render::DEPLOYMENT_NOTE))
-                .map(String::as_str)
-                == Some(deployment);
+            let ours = runs_for(&p, deployment);
             if !ours {
                 continue;
             }

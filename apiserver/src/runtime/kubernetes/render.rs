@@ -120,16 +120,21 @@ fn metadata(plan: &StorePlan, t: &Target, name: &str, component: &str, role: &st
     });
     // Offline (`kv-apiserver render`) the backend has no UID yet: the reference comes with it.
     if !plan.uid.is_empty() {
-        meta["ownerReferences"] = json!([{
-            "apiVersion": format!("{}/v1", kvcache_api::GROUP),
-            "kind": "KVCacheBackend",
-            "name": plan.backend,
-            "uid": plan.uid,
-            "controller": true,
-            "blockOwnerDeletion": false,
-        }]);
+        meta["ownerReferences"] = json!([owner_reference("KVCacheBackend", &plan.backend, &plan.uid)]);
     }
     meta
+}
+
+/// A controller owner reference to our object `kind`/`name`, which never blocks its deletion.
+fn owner_reference(kind: &str, name: &str, uid: &str) -> Value {
+    json!({
+        "apiVersion": format!("{}/v1", kvcache_api::GROUP),
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": true,
+        "blockOwnerDeletion": false,
+    })
 }
 
 fn field_env(name: &str, path: &str) -> Value {
@@ -451,14 +456,7 @@ pub fn engine_pod(plan: &crate::runtime::ReplicaPlan, r: &crate::runtime::Replic
         "annotations": annotations,
     });
     if !plan.uid.is_empty() {
-        meta["ownerReferences"] = json!([{
-            "apiVersion": format!("{}/v1", kvcache_api::GROUP),
-            "kind": "ModelDeployment",
-            "name": deployment,
-            "uid": plan.uid,
-            "controller": true,
-            "blockOwnerDeletion": false,
-        }]);
+        meta["ownerReferences"] = json!([owner_reference("ModelDeployment", deployment, &plan.uid)]);
     }
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
 }
