@@ -98,11 +98,12 @@ impl ControlPlane {
     /// With these kube-controller-manager controllers.
     pub fn start_with(controllers: &[&str]) -> ControlPlane {
         let bins = kube_binaries();
-        let dir = tempfile::tempdir().expect("temp dir");
-        let d = dir.path();
-        let etcd = Etcd::start();
-        let cluster_ca = kvcache_certs::Authority::new("harness-cluster-ca").expect("issue a test certificate");
-        let front_proxy_ca = kvcache_certs::Authority::new("harness-front-proxy-ca").expect("issue a test certificate");
+        let mut dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path().to_owned();
+        let mut etcd = Etcd::start();
+        let mut cluster_ca = kvcache_certs::Authority::new("harness-cluster-ca").expect("issue a test certificate");
+        let mut front_proxy_ca =
+            kvcache_certs::Authority::new("harness-front-proxy-ca").expect("issue a test certificate");
         let serving = cluster_ca
             .serving(
                 &["localhost".into(), "127.0.0.1".into(), "kubernetes.default.svc".into()],
@@ -128,49 +129,71 @@ impl ControlPlane {
         ] {
             write(&d.join(file), &text);
         }
-        let port = free_port();
-        let server = format!("https://127.0.0.1:{port}");
-        let admin = d.join("admin.kubeconfig");
-        cert_kubeconfig(&admin, &server, &cluster_ca.pair.cert_pem, "harness-admin", &admin_pair);
-        let p = |f: &str| d.join(f).display().to_string();
-        let args: Vec<String> = [
-            format!("--etcd-servers=http://{}", etcd.endpoint),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            format!("--secure-port={port}"),
-            format!("--tls-cert-file={}", p("apiserver.crt")),
-            format!("--tls-private-key-file={}", p("apiserver.key")),
-            format!("--client-ca-file={}", p("ca.crt")),
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-            format!("--service-account-key-file={}", p("sa.pub")),
-            format!("--service-account-signing-key-file={}", p("sa.key")),
-            "--service-cluster-ip-range=10.96.0.0/16".into(),
-            "--authorization-mode=RBAC".into(),
-            format!("--requestheader-client-ca-file={}", p("front-proxy-ca.crt")),
-            "--requestheader-allowed-names=front-proxy-client".into(),
-            "--requestheader-username-headers=X-Remote-User".into(),
-            "--requestheader-uid-headers=X-Remote-Uid".into(),
-            "--requestheader-group-headers=X-Remote-Group".into(),
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
-            format!("--proxy-client-cert-file={}", p("front-proxy-client.crt")),
-            format!("--proxy-client-key-file={}", p("front-proxy-client.key")),
-            // No kubelet, no kube-proxy: the `kubernetes` Service keeps no endpoints.
-            "--endpoint-reconciler-type=none".into(),
-            "--profiling=false".into(),
-        ]
-        .into();
-        let apiserver = spawn(&bins.join("kube-apiserver"), &args, &d.join("kube-apiserver.log"));
-        let mut plane = ControlPlane {
-            controller_manager: Process(Command::new("true").spawn().expect("true")),
-            apiserver,
-            etcd,
-            dir,
-            port,
-            cluster_ca,
-            front_proxy_ca,
-            admin,
+        // The port is free when picked and taken when kube-apiserver binds it: another test may
+        // win it in between. Such a start is tried again on another port.
+        let mut attempt = 0;
+        let mut plane = loop {
+            attempt += 1;
+            let port = free_port();
+            let server = format!("https://127.0.0.1:{port}");
+            let admin = d.join("admin.kubeconfig");
+            cert_kubeconfig(&admin, &server, &cluster_ca.pair.cert_pem, "harness-admin", &admin_pair);
+            let p = |f: &str| d.join(f).display().to_string();
+            let args: Vec<String> = [
+                format!("--etcd-servers=http://{}", etcd.endpoint),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={port}"),
+                format!("--tls-cert-file={}", p("apiserver.crt")),
+                format!("--tls-private-key-file={}", p("apiserver.key")),
+                format!("--client-ca-file={}", p("ca.crt")),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                format!("--service-account-key-file={}", p("sa.pub")),
+                format!("--service-account-signing-key-file={}", p("sa.key")),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                "--authorization-mode=RBAC".into(),
+                format!("--requestheader-client-ca-file={}", p("front-proxy-ca.crt")),
+                "--requestheader-allowed-names=front-proxy-client".into(),
+                "--requestheader-username-headers=X-Remote-User".into(),
+                "--requestheader-uid-headers=X-Remote-Uid".into(),
+                "--requestheader-group-headers=X-Remote-Group".into(),
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+                format!("--proxy-client-cert-file={}", p("front-proxy-client.crt")),
+                format!("--proxy-client-key-file={}", p("front-proxy-client.key")),
+                // No kubelet, no kube-proxy: the `kubernetes` Service keeps no endpoints.
+                "--endpoint-reconciler-type=none".into(),
+                "--profiling=false".into(),
+            ]
+            .into();
+            let apiserver = spawn(&bins.join("kube-apiserver"), &args, &d.join("kube-apiserver.log"));
+            let mut plane = ControlPlane {
+                controller_manager: Process(Command::new("true").spawn().expect("true")),
+                apiserver,
+                etcd,
+                dir,
+                port,
+                cluster_ca,
+                front_proxy_ca,
+                admin,
+            };
+            if plane.wait_ready() {
+                break plane;
+            }
+            let log = plane.log("kube-apiserver.log");
+            assert!(
+                attempt < 3 && log.contains("address already in use"),
+                "kube-apiserver did not start:\n{log}"
+            );
+            // Hand etcd, the folder and the PKI to the next attempt.
+            let ControlPlane {
+                etcd: e,
+                dir: d2,
+                cluster_ca: c,
+                front_proxy_ca: f,
+                ..
+            } = plane;
+            (etcd, dir, cluster_ca, front_proxy_ca) = (e, d2, c, f);
         };
-        plane.wait_ready();
         let kcm_args: Vec<String> = [
             format!("--kubeconfig={}", plane.admin.display()),
             format!("--controllers={}", controllers.join(",")),
@@ -186,14 +209,15 @@ impl ControlPlane {
         plane
     }
 
-    fn wait_ready(&mut self) {
+    /// Whether kube-apiserver became ready; `false` when it exited.
+    fn wait_ready(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            if let Ok(Some(status)) = self.apiserver.0.try_wait() {
-                panic!("kube-apiserver exited ({status}):\n{}", self.log("kube-apiserver.log"));
+            if let Ok(Some(_)) = self.apiserver.0.try_wait() {
+                return false;
             }
             if self.kubectl().run(&["get", "--raw", "/readyz"]).stdout == "ok" {
-                return;
+                return true;
             }
             assert!(
                 Instant::now() < deadline,
@@ -298,6 +322,18 @@ impl Aggregated {
     /// Starts the server with the credentials in `kubeconfig` (the ServiceAccount of deploy/),
     /// serving the certificates in `certs` (written by [`write_certs`]).
     pub fn start(plane: &ControlPlane, kubeconfig: &Path, certs: &Path, extra: &[&str]) -> Aggregated {
+        // A port picked free may be taken by another test before the server binds it: such a
+        // start is tried again on another port.
+        for _ in 0..3 {
+            if let Some(server) = Aggregated::try_start(plane, kubeconfig, certs, extra) {
+                return server;
+            }
+        }
+        panic!("kv-apiserver lost its port to another process three times");
+    }
+
+    /// One start; `None` when the port was taken.
+    fn try_start(plane: &ControlPlane, kubeconfig: &Path, certs: &Path, extra: &[&str]) -> Option<Aggregated> {
         let controllers = extra.iter().any(|a| a.starts_with("--runtime"));
         let port = free_port();
         let data = plane.dir.path().join(format!("kv-{port}"));
@@ -323,14 +359,15 @@ impl Aggregated {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(Some(status)) = server.process.0.try_wait() {
-                panic!(
-                    "kv-apiserver exited ({status}):\n{}",
-                    std::fs::read_to_string(&server.log).unwrap_or_default()
-                );
+                let text = std::fs::read_to_string(&server.log).unwrap_or_default();
+                if text.contains("Address already in use") || text.contains("address already in use") {
+                    return None;
+                }
+                panic!("kv-apiserver exited ({status}):\n{text}");
             }
             let answer = server.curl(&["-s", &server.url("/readyz")]);
             if answer.0 == "ok" {
-                return server;
+                return Some(server);
             }
             assert!(
                 Instant::now() < deadline,
