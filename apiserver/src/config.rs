@@ -132,31 +132,50 @@ impl Live {
         *self.0.write() = Arc::new(config);
     }
 
-    /// Re-reads `path` every [`RELOAD_INTERVAL`] when its modification time or length changed,
-    /// for as long as the returned task runs.
+    /// Re-reads `path` every [`RELOAD_INTERVAL`] when it changed ([`Live::refresh`]), for as
+    /// long as the returned task runs.
     pub fn watch(&self, path: PathBuf) -> tokio::task::JoinHandle<()> {
         let live = self.clone();
-        let stamp = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.modified().ok(), m.len()));
         // What was loaded is what the file holds now; a change from here on is read again.
-        let mut seen = stamp(&path);
+        let mut seen = FileStamp::of(&path);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(RELOAD_INTERVAL).await;
-                let now = stamp(&path);
-                if now == seen {
-                    continue;
-                }
-                seen = now;
-                match Config::load(Some(&path)) {
-                    Ok(c) if *live.get() != c => {
+                match live.refresh(&path, &mut seen) {
+                    Ok(true) => {
                         tracing::info!(file = %path.display(), "configuration changed: new settings apply from now on");
-                        live.set(c);
                     }
-                    Ok(_) => {}
+                    Ok(false) => {}
                     Err(e) => tracing::warn!("the configuration changed but {e}; keeping the previous one"),
                 }
             }
         })
+    }
+
+    /// Reads `path` again if it changed since `seen`; `Ok(true)` when a different configuration
+    /// now applies. A file that does not parse leaves the current one in place.
+    pub fn refresh(&self, path: &Path, seen: &mut FileStamp) -> Result<bool, ConfigError> {
+        let now = FileStamp::of(path);
+        if now == *seen {
+            return Ok(false);
+        }
+        *seen = now;
+        let c = Config::load(Some(path))?;
+        if *self.get() == c {
+            return Ok(false);
+        }
+        self.set(c);
+        Ok(true)
+    }
+}
+
+/// What tells a file changed: its modification time and length (`None` while it is missing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStamp(Option<(Option<std::time::SystemTime>, u64)>);
+
+impl FileStamp {
+    pub fn of(path: &Path) -> FileStamp {
+        FileStamp(std::fs::metadata(path).ok().map(|m| (m.modified().ok(), m.len())))
     }
 }
 
@@ -201,36 +220,24 @@ impl Config {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_watched_file_applies_its_changes_and_a_broken_one_keeps_the_last() {
+    #[test]
+    fn a_changed_file_applies_and_a_broken_one_keeps_the_last() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.yaml");
         std::fs::write(&path, "settings:\n  kvCacheBackendImage: a:1\n").unwrap();
         let live = Live::new(Config::load(Some(&path)).unwrap());
-        let task = live.watch(path.clone());
-        let until = |want: &str| {
-            let live = live.clone();
-            let want = want.to_owned();
-            async move {
-                for _ in 0..100 {
-                    if live.get().settings.kv_cache_backend_image == want {
-                        return true;
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-                false
-            }
-        };
+        let mut seen = FileStamp::of(&path);
+        assert!(!live.refresh(&path, &mut seen).unwrap(), "nothing changed");
         std::fs::write(&path, "settings:\n  kvCacheBackendImage: b:22\n").unwrap();
-        assert!(until("b:22").await, "the new image applies");
+        assert!(live.refresh(&path, &mut seen).unwrap(), "the new image applies");
+        assert_eq!(live.get().settings.kv_cache_backend_image, "b:22");
         std::fs::write(&path, "settings: [not, a, map]\n").unwrap();
-        tokio::time::sleep(RELOAD_INTERVAL * 2).await;
+        assert!(live.refresh(&path, &mut seen).is_err());
         assert_eq!(
             live.get().settings.kv_cache_backend_image,
             "b:22",
             "a broken file keeps the last"
         );
-        task.abort();
     }
 
     #[test]

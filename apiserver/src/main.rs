@@ -8,7 +8,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use kvcache_apiserver::app::{App, AppOptions, ControllerSetup, RuntimeChoice, StorageChoice};
-use kvcache_apiserver::auth::delegated::{Delegated, DelegatedOptions};
+use kvcache_apiserver::auth::delegated::Delegated;
+use kvcache_apiserver::auth::delegated::flags::DelegatedFlags;
 use kvcache_apiserver::config::Config;
 use kvcache_apiserver::controller;
 use kvcache_apiserver::controller::election::ElectionOptions;
@@ -171,84 +172,6 @@ enum Command {
     },
 }
 
-/// Who may do what.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum AuthMode {
-    /// Our own CA, client certificates and kubeconfig files, and a fixed policy.
-    Direct,
-    /// Aggregated mode, behind kube-apiserver: users come from its front proxy, the cluster's
-    /// client CA and TokenReviews; permissions from SubjectAccessReviews (the cluster's RBAC).
-    Delegated,
-}
-
-/// The flags of aggregated mode, named as kube-apiserver's delegated options.
-#[derive(clap::Args)]
-struct DelegatedFlags {
-    #[arg(long, value_enum, default_value = "direct")]
-    auth: AuthMode,
-    /// With --auth delegated: the cluster, for every review and the authentication ConfigMap
-    /// (default: the in-cluster configuration of a Pod).
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// With --auth delegated: the cluster for TokenReviews and the ConfigMap (default: --kubeconfig).
-    #[arg(long)]
-    authentication_kubeconfig: Option<PathBuf>,
-    /// With --auth delegated: the cluster for SubjectAccessReviews (default: --kubeconfig).
-    #[arg(long)]
-    authorization_kubeconfig: Option<PathBuf>,
-    /// How long a TokenReview's answer is remembered.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    authentication_token_webhook_cache_ttl: Duration,
-    /// How long an allowing SubjectAccessReview is remembered.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    authorization_webhook_cache_authorized_ttl: Duration,
-    /// How long a denying SubjectAccessReview is remembered.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    authorization_webhook_cache_unauthorized_ttl: Duration,
-    /// With --auth delegated: the serving certificate (PEM), reloaded when the file changes.
-    #[arg(long, requires = "tls_private_key_file")]
-    tls_cert_file: Option<PathBuf>,
-    /// With --auth delegated: the serving certificate's key (PEM).
-    #[arg(long, requires = "tls_cert_file")]
-    tls_private_key_file: Option<PathBuf>,
-}
-
-impl DelegatedFlags {
-    /// The delegated options and serving files, or `None` in direct mode; flags of the other
-    /// mode are refused, never ignored.
-    fn resolve(&self) -> anyhow::Result<Option<(DelegatedOptions, (PathBuf, PathBuf))>> {
-        let files = self.tls_cert_file.clone().zip(self.tls_private_key_file.clone());
-        match self.auth {
-            AuthMode::Direct => {
-                if self.kubeconfig.is_some()
-                    || self.authentication_kubeconfig.is_some()
-                    || self.authorization_kubeconfig.is_some()
-                    || files.is_some()
-                {
-                    bail!(
-                        "--kubeconfig, --authentication-kubeconfig, --authorization-kubeconfig, --tls-cert-file and --tls-private-key-file go with --auth delegated (aggregated mode); direct mode makes its own certificates under --data-dir"
-                    );
-                }
-                Ok(None)
-            }
-            AuthMode::Delegated => {
-                let Some(files) = files else {
-                    bail!(
-                        "--auth delegated needs --tls-cert-file and --tls-private-key-file: a serving certificate valid for <service>.<namespace>.svc, whose CA is the APIService's caBundle (kv-apiserver certs writes both)"
-                    );
-                };
-                let mut opts = DelegatedOptions::new();
-                opts.authentication_kubeconfig = self.authentication_kubeconfig.clone().or(self.kubeconfig.clone());
-                opts.authorization_kubeconfig = self.authorization_kubeconfig.clone().or(self.kubeconfig.clone());
-                opts.token_ttl = self.authentication_token_webhook_cache_ttl;
-                opts.allow_ttl = self.authorization_webhook_cache_authorized_ttl;
-                opts.deny_ttl = self.authorization_webhook_cache_unauthorized_ttl;
-                Ok(Some((opts, files)))
-            }
-        }
-    }
-}
-
 /// `local` or `kubernetes`.
 fn parse_runtime(s: &str) -> Result<String, String> {
     match s {
@@ -334,7 +257,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         delegated,
     } = cli.command
     {
-        let delegated = delegated.resolve()?;
+        let delegated = delegated.resolve().map_err(anyhow::Error::msg)?;
         if delegated.is_some() && controllers && runtime == "local" {
             bail!(
                 "--auth delegated runs the controllers with --runtime kubernetes (the local runtime's store processes reach this server with its own certificates, which aggregated mode does not make); pass --runtime kubernetes or --controllers=false"
@@ -469,113 +392,17 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
     }
 }
 
-/// `kv-apiserver render`: every backend's objects and every ModelDeployment's engine Pods (as
-/// attached through the Binding, Pool and backend in the same files), then a comment for what
-/// renders nothing.
+/// `kv-apiserver render`: the manifests in `files`, as the controllers would render them.
 fn render(files: &[PathBuf], namespace: &str, config: &Config) -> anyhow::Result<()> {
-    use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
-    use kvcache_apiserver::runtime::kubernetes::render;
     let mut docs = Vec::new();
     for file in manifest_files(files)? {
         let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
         for doc in manifest::documents(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))? {
-            docs.push((file.clone(), doc.value));
+            docs.push((file.display().to_string(), doc.value));
         }
     }
-    let typed = |kind: &'static str| docs.iter().filter(move |(_, v)| v["kind"] == kind);
-    let backends: Vec<KVCacheBackend> = typed("KVCacheBackend")
-        .map(|(f, v)| serde_json::from_value(v.clone()).with_context(|| format!("{}: a KVCacheBackend", f.display())))
-        .collect::<anyhow::Result<_>>()?;
-    let pools: Vec<KVCachePool> = typed("KVCachePool")
-        .map(|(f, v)| serde_json::from_value(v.clone()).with_context(|| format!("{}: a KVCachePool", f.display())))
-        .collect::<anyhow::Result<_>>()?;
-    let bindings: Vec<KVCachePoolBinding> = typed("KVCachePoolBinding")
-        .map(|(f, v)| {
-            serde_json::from_value(v.clone()).with_context(|| format!("{}: a KVCachePoolBinding", f.display()))
-        })
-        .collect::<anyhow::Result<_>>()?;
-    let default_image = &config.settings.kv_cache_backend_image;
-    let mut out = String::from(
-        "# Rendered by kv-apiserver render. The controllers add owner references (with the owners'\n# UIDs) when they apply these.\n",
-    );
-    let mut endpoints = std::collections::BTreeMap::new();
-    for backend in &backends {
-        let name = backend.metadata.name.clone().unwrap_or_default();
-        let Some((plan, _)) = controller::backend::plan(&name, &backend.spec, &[]) else {
-            if let Some(client) = backend.spec.external().and_then(|e| {
-                e.endpoints
-                    .iter()
-                    .find(|p| p.name == Some(kvcache_api::backend::EndpointName::Client))
-            }) {
-                endpoints.insert(name.clone(), client.address.clone());
-            }
-            out.push_str(&format!("---\n# KVCacheBackend {name}: external, renders nothing\n"));
-            continue;
-        };
-        endpoints.insert(name.clone(), render::leader_address(&plan, namespace));
-        let target = render::Target::for_plan(&plan, namespace, default_image)
-            .map_err(|e| anyhow::anyhow!("KVCacheBackend {name}: {e}"))?;
-        for object in render::store(&plan, &target) {
-            out.push_str("---\n");
-            out.push_str(&yaml_serde::to_string(&object)?);
-        }
-    }
-    for (file, value) in typed("ModelDeployment") {
-        let md: ModelDeployment =
-            serde_json::from_value(value.clone()).with_context(|| format!("{}: a ModelDeployment", file.display()))?;
-        let (ns, name) = (
-            md.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
-            md.metadata.name.clone().unwrap_or_default(),
-        );
-        // Attached as the controllers would attach it once its Binding is granted.
-        let connection = md.spec.binding_name().and_then(|b| {
-            let binding = bindings.iter().find(|x| {
-                x.metadata.name.as_deref() == Some(b) && x.metadata.namespace.as_deref().unwrap_or("default") == ns
-            })?;
-            let pool = pools
-                .iter()
-                .find(|p| p.metadata.name.as_deref() == Some(binding.spec.pool_name()))?;
-            let endpoint = endpoints.get(pool.spec.backend()?)?.clone();
-            let domain = binding.spec.domain.clone().unwrap_or_default();
-            Some(controller::injection::Connection {
-                endpoint,
-                tenant: Some(binding.spec.domain_name().to_owned()),
-                block_size: domain.block_size.unwrap_or(0),
-                dtype: domain.dtype.unwrap_or_default(),
-                protocol: "tcp".into(),
-            })
-        });
-        if md.spec.binding_name().is_some() && connection.is_none() {
-            out.push_str(&format!(
-                "---\n# ModelDeployment {ns}/{name}: its Binding, Pool or backend is not in these files; rendered without a cache\n"
-            ));
-        }
-        let plan = kvcache_apiserver::runtime::ReplicaPlan {
-            owner: format!("{ns}/{name}"),
-            uid: String::new(),
-            replicas: controller::model_deployment::replicas(&md, connection.as_ref(), config),
-            hold_rollout: false,
-        };
-        for r in &plan.replicas {
-            match &r.engine.image {
-                Ok(image) => {
-                    out.push_str("---\n");
-                    out.push_str(&yaml_serde::to_string(&render::engine_pod(&plan, r, image))?);
-                }
-                Err(why) => out.push_str(&format!(
-                    "---\n# ModelDeployment {ns}/{name} replica {}: {why}\n",
-                    r.name
-                )),
-            }
-        }
-    }
-    for (_, value) in typed("KVCachePool").chain(typed("KVCachePoolBinding")) {
-        out.push_str(&format!(
-            "---\n# {} {}: renders no workload (Pools and Bindings are entries in the store's tenant ledger)\n",
-            value["kind"].as_str().unwrap_or_default(),
-            value["metadata"]["name"].as_str().unwrap_or_default()
-        ));
-    }
+    let out = kvcache_apiserver::runtime::kubernetes::manifests::render(&docs, namespace, config)
+        .map_err(anyhow::Error::msg)?;
     print!("{out}");
     Ok(())
 }

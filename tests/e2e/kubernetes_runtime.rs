@@ -63,11 +63,11 @@ fn leader_pod(k: &Kubectl) -> String {
 }
 
 /// Writes `status` on a Pod through its status subresource, as the kubelet does.
-fn kubelet_writes(k: &Kubectl, pod: &str, status: &Value) {
+fn kubelet_writes(k: &Kubectl, namespace: &str, pod: &str, status: &Value) {
     let patch = serde_json::json!({ "status": status }).to_string();
     k.ok(&[
         "-n",
-        NAMESPACE,
+        namespace,
         "patch",
         "pod",
         pod,
@@ -203,7 +203,7 @@ fn the_store_runs_as_workloads_of_the_cluster() {
         ),
     ];
     for (status, want, phase) in faults {
-        kubelet_writes(&k, &pod, &status);
+        kubelet_writes(&k, NAMESPACE, &pod, &status);
         eventually(30, &format!("LeaderAvailable {want} and phase {phase}"), || {
             let c = condition(&k, KVCB, "LeaderAvailable");
             let p = support::walkthrough::jp(&k, KVCB, "{.status.phase}");
@@ -211,7 +211,7 @@ fn the_store_runs_as_workloads_of_the_cluster() {
         });
     }
     let crash = waiting("CrashLoopBackOff", "back-off", 3, Some(2));
-    kubelet_writes(&k, &pod, &crash);
+    kubelet_writes(&k, NAMESPACE, &pod, &crash);
     eventually(
         30,
         "the crash loop names the exit code and the termination message",
@@ -455,20 +455,7 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
     }
 
     // The kubelet's faults, then readiness, as the deployment's phase.
-    let kubelet = |pod: &str, status: &Value| {
-        let patch = serde_json::json!({ "status": status }).to_string();
-        k.ok(&[
-            "-n",
-            "team-a",
-            "patch",
-            "pod",
-            pod,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &patch,
-        ]);
-    };
+    let kubelet = |pod: &str, status: &Value| kubelet_writes(&k, "team-a", pod, status);
     let md_phase = || {
         support::walkthrough::jp(
             &k,

@@ -143,6 +143,13 @@ pub struct Rollout {
     pub unreadable: Option<String>,
 }
 
+impl Rollout {
+    /// Every replica it asks for runs its current template.
+    pub fn finished(&self) -> bool {
+        self.observed && self.updated == self.spec_replicas && self.replicas == self.spec_replicas
+    }
+}
+
 impl StoreObservation {
     /// The leaders as one workload: the serving one when one is ready, else the first; with
     /// restarts summed and the latest exit.

@@ -12,9 +12,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use parking_lot::RwLock;
+
+use crate::config::FileStamp;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -143,12 +145,11 @@ pub struct ReloadingCert {
     current: RwLock<(Stamp, Arc<CertifiedKey>)>,
 }
 
-/// What tells a file changed: its modification time and length, for both files.
-type Stamp = [(Option<SystemTime>, u64); 2];
+/// What tells either file changed.
+type Stamp = [FileStamp; 2];
 
 fn stamp(cert_file: &Path, key_file: &Path) -> Stamp {
-    let one = |p: &Path| std::fs::metadata(p).map_or((None, 0), |m| (m.modified().ok(), m.len()));
-    [one(cert_file), one(key_file)]
+    [FileStamp::of(cert_file), FileStamp::of(key_file)]
 }
 
 fn load(cert_file: &Path, key_file: &Path) -> Result<CertifiedKey, TlsError> {

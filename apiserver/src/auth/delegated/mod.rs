@@ -16,6 +16,7 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`flags`] | the `--auth delegated` flags and what they resolve to |
 //! | [`extension`] | the extension-apiserver-authentication ConfigMap, parsed and watched |
 //! | [`verify`] | verifying a certificate chain against one CA bundle |
 //! | [`request_header`] | users forwarded by the front proxy |
@@ -25,6 +26,7 @@
 
 pub mod client_ca;
 pub mod extension;
+pub mod flags;
 pub mod request_header;
 pub mod subject_access_review;
 pub mod token_review;

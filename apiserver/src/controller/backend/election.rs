@@ -193,7 +193,7 @@ fn deployment_rollout(desired: usize, r: &crate::runtime::Rollout) -> Observatio
             ),
         );
     }
-    if r.updated == r.replicas && r.replicas == r.spec_replicas {
+    if r.finished() {
         return o(
             ConditionStatus::True,
             rollout_complete::COMPLETE,

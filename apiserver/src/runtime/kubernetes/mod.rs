@@ -4,17 +4,24 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`render`] | plans as Kubernetes objects (Deployment, Service, DaemonSets, RBAC, engine Pods) |
+//! | [`render`] | a backend's plan as Kubernetes objects (Deployment, Service, DaemonSets, RBAC) |
+//! | [`engine_pod`] | a ModelDeployment's replicas as engine Pods |
+//! | [`manifests`] | `kv-apiserver render`: manifests rendered offline |
+//! | [`target`] | the namespace, image and pull policy of a backend's objects |
 //! | [`observe`] | a Pod's status as a workload's state |
 
+pub mod engine_pod;
+pub mod manifests;
 pub mod observe;
 pub mod render;
+pub mod target;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::StreamExt as _;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -147,14 +154,20 @@ impl KubernetesRuntime {
     }
 
     /// Applies `object` unless a same-named object exists that is not this backend's; with
-    /// `existing_only`, only an object that exists.
-    async fn apply(&self, backend: &str, object: &Value, existing_only: bool) -> Result<(), String> {
-        let kind = object["kind"].as_str().unwrap_or_default();
-        let name = object["metadata"]["name"].as_str().unwrap_or_default();
-        let r = resource(kind).ok_or_else(|| format!("{kind} is not a kind this runtime renders"))?;
+    /// `existing_only`, only an object that exists. Returns the object as applied (`None` when
+    /// skipped). The leader Deployment rises past one replica in two steps.
+    async fn apply(
+        &self,
+        backend: &str,
+        object: &mut Value,
+        existing_only: bool,
+    ) -> Result<Option<DynamicObject>, String> {
+        let kind = object["kind"].as_str().unwrap_or_default().to_owned();
+        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let r = resource(&kind).ok_or_else(|| format!("{kind} is not a kind this runtime renders"))?;
         let api = self.api(&r);
         let what = || format!("{kind} {}/{name}", self.opts.namespace);
-        match api.get_opt(name).await {
+        match api.get_opt(&name).await {
             Ok(Some(live)) if !owned_by(&live, backend) => {
                 return Err(format!(
                     "{} exists and is not this backend's (it has no annotation {}={backend}); rename or remove it",
@@ -162,51 +175,20 @@ impl KubernetesRuntime {
                     render::BACKEND_NOTE
                 ));
             }
-            Ok(None) if existing_only => return Ok(()),
+            Ok(Some(live)) if kind == "Deployment" => {
+                if let Some(live) = as_deployment(&live) {
+                    rise_in_two_steps(object, &live);
+                }
+            }
+            Ok(None) if existing_only => return Ok(None),
             Ok(_) => {}
             Err(e) => return Err(format!("reading {}: {e}", what())),
         }
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        api.patch(name, &params, &Patch::Apply(object))
+        api.patch(&name, &params, &Patch::Apply(&*object))
             .await
-            .map(|_| ())
+            .map(Some)
             .map_err(|e| format!("applying {}: {e}", what()))
-    }
-
-    /// Rising past one replica in one edit (`backend.md` §5.3): while the live Deployment's
-    /// template does not elect yet, or its rollout has not finished, it is written with one
-    /// replica, `Recreate` and no deadline first; the real count follows once that rolled out.
-    /// (A replica change reaches the old ReplicaSet before the strategy, which would start extra
-    /// leaders that do not elect.)
-    async fn rise_in_two_steps(&self, desired: &mut Value) {
-        if desired["spec"]["replicas"].as_i64().unwrap_or(1) <= 1 {
-            return;
-        }
-        let name = desired["metadata"]["name"].as_str().unwrap_or_default();
-        let api = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(self.client.clone(), &self.opts.namespace);
-        let Ok(Some(live)) = api.get_opt(name).await else {
-            return;
-        };
-        let args: Vec<String> = live
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.spec.as_ref())
-            .and_then(|p| p.containers.first())
-            .and_then(|c| c.args.clone())
-            .unwrap_or_default();
-        let elects = args.windows(2).any(|w| w[0] == "--election" && w[1] == "kubernetes");
-        let status = live.status.clone().unwrap_or_default();
-        let spec_replicas = live.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-        let rolled = status.observed_generation.unwrap_or(0) >= live.metadata.generation.unwrap_or(0)
-            && status.updated_replicas.unwrap_or(0) == spec_replicas
-            && status.replicas.unwrap_or(0) == spec_replicas;
-        if !elects || !rolled {
-            desired["spec"]["replicas"] = serde_json::json!(1);
-            desired["spec"]["strategy"] = serde_json::json!({"type": "Recreate"});
-            if let Some(spec) = desired["spec"].as_object_mut() {
-                spec.remove("progressDeadlineSeconds");
-            }
-        }
     }
 
     /// The backend's Pods of `component`, by name.
@@ -265,8 +247,53 @@ fn runs_for(pod: &Pod, deployment: &str) -> bool {
     pod.metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(render::DEPLOYMENT_NOTE))
+        .and_then(|a| a.get(engine_pod::DEPLOYMENT_NOTE))
         .is_some_and(|d| d == deployment)
+}
+
+/// A Deployment read through the dynamic API, typed.
+fn as_deployment(o: &DynamicObject) -> Option<Deployment> {
+    serde_json::to_value(o)
+        .ok()
+        .and_then(|v| serde_json::from_value(v).ok())
+}
+
+/// A Deployment's account of its rollout.
+fn rollout_of(d: &Deployment) -> super::Rollout {
+    let status = d.status.clone().unwrap_or_default();
+    super::Rollout {
+        observed: status.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0),
+        spec_replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        replicas: status.replicas.unwrap_or(0),
+        updated: status.updated_replicas.unwrap_or(0),
+        unreadable: None,
+    }
+}
+
+/// Rising past one replica in one edit (`backend.md` §5.3): while the live Deployment's template
+/// does not elect yet, or its rollout has not finished, it is written with one replica,
+/// `Recreate` and no deadline first; the real count follows once that rolled out. (A replica
+/// change reaches the old ReplicaSet before the strategy, which would start extra leaders that
+/// do not elect.)
+fn rise_in_two_steps(desired: &mut Value, live: &Deployment) {
+    if desired["spec"]["replicas"].as_i64().unwrap_or(1) <= 1 {
+        return;
+    }
+    let args: Vec<String> = live
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.first())
+        .and_then(|c| c.args.clone())
+        .unwrap_or_default();
+    let elects = args.windows(2).any(|w| w[0] == "--election" && w[1] == "kubernetes");
+    if !elects || !rollout_of(live).finished() {
+        desired["spec"]["replicas"] = serde_json::json!(1);
+        desired["spec"]["strategy"] = serde_json::json!({"type": "Recreate"});
+        if let Some(spec) = desired["spec"].as_object_mut() {
+            spec.remove("progressDeadlineSeconds");
+        }
+    }
 }
 
 /// Whether `object` carries `backend`'s ownership note.
@@ -328,18 +355,20 @@ impl Runtime for KubernetesRuntime {
                 };
             }
         };
+        let mut leader_deployment = None;
         for mut object in render::store(plan, &target) {
-            if object["kind"] == "Deployment" {
-                self.rise_in_two_steps(&mut object).await;
-            }
-            if let Err(why) = self.apply(&plan.backend, &object, plan.existing_only).await {
-                tracing::warn!(backend = %plan.backend, "{why}");
-                return StoreObservation {
-                    leaders: vec![refused(why.clone())],
-                    members: members_unknown(&why),
-                    lease,
-                    ..StoreObservation::default()
-                };
+            match self.apply(&plan.backend, &mut object, plan.existing_only).await {
+                Ok(applied) if object["kind"] == "Deployment" => leader_deployment = applied,
+                Ok(_) => {}
+                Err(why) => {
+                    tracing::warn!(backend = %plan.backend, "{why}");
+                    return StoreObservation {
+                        leaders: vec![refused(why.clone())],
+                        members: members_unknown(&why),
+                        lease,
+                        ..StoreObservation::default()
+                    };
+                }
             }
         }
         let leaders = match self.pods(&plan.backend, "leader").await {
@@ -365,24 +394,14 @@ impl Runtime for KubernetesRuntime {
                 pod.map(|p| observe::workload(p, "member")).unwrap_or_default(),
             ));
         }
-        let deployments =
-            Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(self.client.clone(), &self.opts.namespace);
-        let rollout = match deployments.get(&format!("{}-leader", plan.backend)).await {
-            Ok(d) => {
-                let status = d.status.unwrap_or_default();
-                Some(super::Rollout {
-                    observed: status.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0),
-                    spec_replicas: d.spec.and_then(|s| s.replicas).unwrap_or(1),
-                    replicas: status.replicas.unwrap_or(0),
-                    updated: status.updated_replicas.unwrap_or(0),
-                    unreadable: None,
-                })
-            }
-            Err(e) => Some(super::Rollout {
-                unreadable: Some(format!("reading the leader Deployment: {e}")),
+        // The Deployment as applied carries its status: no second read.
+        let rollout = Some(match leader_deployment.as_ref().and_then(as_deployment) {
+            Some(d) => rollout_of(&d),
+            None => super::Rollout {
+                unreadable: Some("the leader Deployment does not exist".into()),
                 ..super::Rollout::default()
-            }),
-        };
+            },
+        });
         StoreObservation {
             client_endpoint: Some(render::leader_address(plan, &self.opts.namespace)),
             leaders,
@@ -442,7 +461,7 @@ impl Runtime for KubernetesRuntime {
                     continue;
                 }
             };
-            let desired = render::engine_pod(plan, r, &image);
+            let desired = engine_pod::engine_pod(plan, r, &image);
             let name = desired["metadata"]["name"].as_str().unwrap_or_default().to_owned();
             let live = match api.get_opt(&name).await {
                 Ok(l) => l,
@@ -454,16 +473,17 @@ impl Runtime for KubernetesRuntime {
             let state = match live {
                 Some(p) if !runs_for(&p, deployment) => refused(format!(
                     "Pod {namespace}/{name} exists and is not this deployment's (no annotation {}={deployment}); rename or remove it",
-                    render::DEPLOYMENT_NOTE
+                    engine_pod::DEPLOYMENT_NOTE
                 )),
                 Some(p) => {
                     let hash = p
                         .metadata
                         .annotations
                         .as_ref()
-                        .and_then(|a| a.get(render::SPEC_HASH))
+                        .and_then(|a| a.get(engine_pod::SPEC_HASH))
                         .cloned();
-                    let outdated = hash.as_deref() != desired["metadata"]["annotations"][render::SPEC_HASH].as_str();
+                    let outdated =
+                        hash.as_deref() != desired["metadata"]["annotations"][engine_pod::SPEC_HASH].as_str();
                     // Pods cannot be updated: an outdated one is replaced, one per role per pass,
                     // and not while the rollout is held (the cache did not resolve this pass).
                     if outdated

@@ -5,8 +5,7 @@
 //!   `<name>-leader`, and while the election is on the ServiceAccount, Role and RoleBinding
 //!   `<name>-leader` its Pods campaign for the Lease `<name>-leader` with;
 //! - the members: one DaemonSet `<name>-member-<i>` per group on the group's nodes, and while the
-//!   election is on the ServiceAccount, Role and RoleBinding `<name>-member` (Lease reads);
-//! - a ModelDeployment's replicas: one Pod `<name>-<role>-<ordinal>` each, in its namespace.
+//!   election is on the ServiceAccount, Role and RoleBinding `<name>-member` (Lease reads).
 //!
 //! Every object carries the resource-type label, the ownership notes (backend, role, group) that
 //! decide what belongs to the backend, and a controller owner reference that never blocks the
@@ -39,52 +38,7 @@ pub const MEMBER_PORT: u16 = 7000;
 pub const MEMBER_DATA_PORT: u16 = 7001;
 pub const MEMBER_METRICS_PORT: u16 = 7002;
 
-/// Where the rendered objects go and what they run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Target {
-    /// The namespace of every store object (`gpustack-system`).
-    pub namespace: String,
-    /// The `kv-store` image (the backend's `image`, else the setting `kv-cache-backend-image`).
-    pub image: String,
-    /// `Always`, `IfNotPresent` or `Never`; `None` follows the image's tag.
-    pub pull_policy: Option<String>,
-    pub pull_secrets: Vec<String>,
-}
-
-impl Target {
-    /// A backend's target in `namespace`: its own image, else `default_image` (the setting
-    /// `kv-cache-backend-image`); with neither, nothing can be rendered and the error says so.
-    pub fn for_plan(plan: &StorePlan, namespace: &str, default_image: &str) -> Result<Target, String> {
-        let image = plan.image.as_deref().unwrap_or(default_image).trim();
-        if image.is_empty() {
-            return Err("no image: set spec.image or the setting kv-cache-backend-image".into());
-        }
-        Ok(Target {
-            namespace: namespace.to_owned(),
-            image: image.to_owned(),
-            pull_policy: plan.pull_policy.clone(),
-            pull_secrets: plan.pull_secrets.clone(),
-        })
-    }
-}
-
-/// `spec.imagePullPolicy`, else `Always` for `:latest` or an untagged image, else `IfNotPresent`
-/// (§4.1); always written, so the object converges.
-pub fn pull_policy(image: &str, explicit: Option<&str>) -> String {
-    if let Some(p) = explicit {
-        return p.to_owned();
-    }
-    let (name, digest) = image.split_once('@').map_or((image, false), |(n, _)| (n, true));
-    let tag = name
-        .rsplit_once('/')
-        .map_or(name, |(_, last)| last)
-        .split_once(':')
-        .map(|(_, t)| t);
-    match (tag, digest) {
-        (Some("latest"), _) | (None, false) => "Always".into(),
-        _ => "IfNotPresent".into(),
-    }
-}
+pub use super::target::{Target, pull_policy};
 
 /// The leader's Service address, which engines and Service-addressed members use.
 pub fn leader_address(plan: &StorePlan, namespace: &str) -> String {
@@ -126,7 +80,7 @@ fn metadata(plan: &StorePlan, t: &Target, name: &str, component: &str, role: &st
 }
 
 /// A controller owner reference to our object `kind`/`name`, which never blocks its deletion.
-fn owner_reference(kind: &str, name: &str, uid: &str) -> Value {
+pub(super) fn owner_reference(kind: &str, name: &str, uid: &str) -> Value {
     json!({
         "apiVersion": format!("{}/v1", kvcache_api::GROUP),
         "kind": kind,
@@ -137,11 +91,11 @@ fn owner_reference(kind: &str, name: &str, uid: &str) -> Value {
     })
 }
 
-fn field_env(name: &str, path: &str) -> Value {
+pub(super) fn field_env(name: &str, path: &str) -> Value {
     json!({"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}})
 }
 
-fn plain_env(pairs: &[(String, String)]) -> Vec<Value> {
+pub(super) fn plain_env(pairs: &[(String, String)]) -> Vec<Value> {
     pairs.iter().map(|(k, v)| json!({"name": k, "value": v})).collect()
 }
 
@@ -195,7 +149,7 @@ pub fn member_config(plan: &StorePlan, g: &GroupPlan, t: &Target) -> MemberConfi
     c
 }
 
-fn http_probe(path: &str, port: u16, period: u32, failures: u32) -> Value {
+pub(super) fn http_probe(path: &str, port: u16, period: u32, failures: u32) -> Value {
     json!({
         "httpGet": {"path": path, "port": port, "scheme": "HTTP"},
         "periodSeconds": period,
@@ -205,6 +159,34 @@ fn http_probe(path: &str, port: u16, period: u32, failures: u32) -> Value {
 
 fn pull_secrets(t: &Target) -> Vec<Value> {
     t.pull_secrets.iter().map(|s| json!({"name": s})).collect()
+}
+
+/// A `kv-store` container: `args` after the command, `env`, named TCP ports, and ready when
+/// `/readyz` on `ready_port` answers (serving).
+fn store_container(
+    name: &str,
+    image: &str,
+    t: &Target,
+    args: Vec<String>,
+    env: Vec<Value>,
+    ports: &[(&str, u16)],
+    ready_port: u16,
+) -> Value {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|(n, p)| json!({"name": n, "containerPort": p, "protocol": "TCP"}))
+        .collect();
+    json!({
+        "name": name,
+        "image": image,
+        "imagePullPolicy": pull_policy(image, t.pull_policy.as_deref()),
+        "command": ["kv-store"],
+        "args": args,
+        "env": env,
+        "ports": ports,
+        "readinessProbe": http_probe("/readyz", ready_port, 5, 3),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    })
 }
 
 /// Deployment `<name>-leader`.
@@ -231,6 +213,21 @@ pub fn leader_deployment(plan: &StorePlan, t: &Target) -> Value {
         // maxUnavailable would never let a rollout proceed.
         json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": replicas}})
     };
+    // Ready only while serving: standbys stay out of the Service.
+    let mut container = store_container(
+        "leader",
+        &t.image,
+        t,
+        args,
+        env,
+        &[
+            ("rpc", LEADER_RPC_PORT),
+            ("fast", LEADER_FAST_PORT),
+            ("metrics", LEADER_METRICS_PORT),
+        ],
+        LEADER_METRICS_PORT,
+    );
+    container["livenessProbe"] = http_probe("/healthz", LEADER_METRICS_PORT, 10, 6);
     let mut spec = json!({
         "replicas": replicas,
         "selector": {"matchLabels": identity(&plan.backend, "leader")},
@@ -240,23 +237,7 @@ pub fn leader_deployment(plan: &StorePlan, t: &Target) -> Value {
             "spec": {
                 "automountServiceAccountToken": elects,
                 "imagePullSecrets": pull_secrets(t),
-                "containers": [{
-                    "name": "leader",
-                    "image": t.image,
-                    "imagePullPolicy": pull_policy(&t.image, t.pull_policy.as_deref()),
-                    "command": ["kv-store"],
-                    "args": args,
-                    "env": env,
-                    "ports": [
-                        {"name": "rpc", "containerPort": LEADER_RPC_PORT, "protocol": "TCP"},
-                        {"name": "fast", "containerPort": LEADER_FAST_PORT, "protocol": "TCP"},
-                        {"name": "metrics", "containerPort": LEADER_METRICS_PORT, "protocol": "TCP"},
-                    ],
-                    // Ready only while serving: standbys stay out of the Service.
-                    "readinessProbe": http_probe("/readyz", LEADER_METRICS_PORT, 5, 3),
-                    "livenessProbe": http_probe("/healthz", LEADER_METRICS_PORT, 10, 6),
-                    "terminationMessagePolicy": "FallbackToLogsOnError",
-                }],
+                "containers": [container],
             },
         },
     });
@@ -334,29 +315,28 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
         .trim()
         .to_owned();
     let reads_lease = plan.election.as_ref().is_some_and(|e| e.members_follow_lease);
+    // Ready once the segment is mounted at the serving leader.
+    let mut container = store_container(
+        "member",
+        &image,
+        t,
+        args,
+        env,
+        &[
+            ("rpc", MEMBER_PORT),
+            ("data", MEMBER_DATA_PORT),
+            ("metrics", MEMBER_METRICS_PORT),
+        ],
+        MEMBER_METRICS_PORT,
+    );
+    container["resources"] = json!({"requests": {"memory": capacity}});
+    container["volumeMounts"] = json!([{"name": "segment", "mountPath": "/dev/shm"}]);
     let mut pod = json!({
         "nodeSelector": g.node_selector,
         "automountServiceAccountToken": reads_lease,
         "imagePullSecrets": pull_secrets(t),
         "terminationGracePeriodSeconds": 60,
-        "containers": [{
-            "name": "member",
-            "image": image,
-            "imagePullPolicy": pull_policy(&image, t.pull_policy.as_deref()),
-            "command": ["kv-store"],
-            "args": args,
-            "env": env,
-            "ports": [
-                {"name": "rpc", "containerPort": MEMBER_PORT, "protocol": "TCP"},
-                {"name": "data", "containerPort": MEMBER_DATA_PORT, "protocol": "TCP"},
-                {"name": "metrics", "containerPort": MEMBER_METRICS_PORT, "protocol": "TCP"},
-            ],
-            // Ready once the segment is mounted at the serving leader.
-            "readinessProbe": http_probe("/readyz", MEMBER_METRICS_PORT, 5, 3),
-            "resources": {"requests": {"memory": capacity}},
-            "volumeMounts": [{"name": "segment", "mountPath": "/dev/shm"}],
-            "terminationMessagePolicy": "FallbackToLogsOnError",
-        }],
+        "containers": [container],
         "volumes": [{"name": "segment", "emptyDir": {"medium": "Memory", "sizeLimit": capacity}}],
     });
     if reads_lease {
@@ -372,93 +352,6 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
             "template": {"metadata": {"labels": labels(&plan.backend, &component)}, "spec": pod},
         },
     })
-}
-
-/// The note on an engine Pod: the ModelDeployment (`<name>`, in the Pod's namespace) it runs for.
-pub const DEPLOYMENT_NOTE: &str = "note.gpustack.ai/model-deployment";
-/// A hash of the rendered Pod spec: a Pod whose hash differs is replaced (Pods cannot be updated).
-pub const SPEC_HASH: &str = "kvcache.gpustack.ai/pod-spec-hash";
-/// The vLLM client configuration, which a downward-API volume turns into the file
-/// `MOONCAKE_CONFIG_PATH` names.
-pub const CLIENT_CONFIG: &str = "kvcache.gpustack.ai/client-config";
-
-/// The identity labels of a deployment's engine Pods (of one role with `role`).
-pub fn engine_labels(deployment: &str, role: Option<&str>) -> Value {
-    let mut l = json!({
-        "app.kubernetes.io/name": "model-deployment",
-        "app.kubernetes.io/instance": deployment,
-    });
-    if let Some(r) = role {
-        l["app.kubernetes.io/component"] = json!(r);
-    }
-    l
-}
-
-/// The engine Pod `<deployment>-<replica>` of one replica: its container as the controller
-/// computed it, probes on `GET /health`, the vLLM client configuration as a file, and the hash
-/// of all that.
-pub fn engine_pod(plan: &crate::runtime::ReplicaPlan, r: &crate::runtime::Replica, image: &str) -> Value {
-    let (namespace, deployment) = plan.owner.split_once('/').unwrap_or(("default", plan.owner.as_str()));
-    let e = &r.engine;
-    let ordinal = r.name.rsplit_once('-').map_or("0", |(_, o)| o);
-    let mut env: Vec<Value> = plain_env(&e.env)
-        .into_iter()
-        .filter(|v| !e.pod_ip_env.iter().any(|n| v["name"] == n.as_str()))
-        .collect();
-    env.extend(e.pod_ip_env.iter().map(|n| field_env(n, "status.podIP")));
-    let health = |period: u32, failures: u32| http_probe("/health", e.port, period, failures);
-    let mut container = json!({
-        "name": "engine",
-        "image": image,
-        "imagePullPolicy": pull_policy(image, e.pull_policy.as_deref()),
-        "command": e.command,
-        "args": e.args,
-        "env": env,
-        "ports": [{"name": "http", "containerPort": e.port, "protocol": "TCP"}],
-        // Up to 30 minutes to load the model, then readiness and a wider liveness.
-        "startupProbe": health(5, 360),
-        "readinessProbe": health(5, 3),
-        "livenessProbe": health(10, 6),
-        "resources": {"limits": e.limits},
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    });
-    let mut spec = json!({
-        "restartPolicy": "Always",
-        "terminationGracePeriodSeconds": e.grace_seconds,
-        "imagePullSecrets": e.pull_secrets.iter().map(|s| json!({"name": s})).collect::<Vec<_>>(),
-    });
-    let mut annotations = json!({ DEPLOYMENT_NOTE: deployment });
-    if let Some(cfg) = &r.client_config {
-        annotations[CLIENT_CONFIG] = json!(cfg);
-        let dir = crate::controller::injection::VLLM_CONFIG_PATH
-            .rsplit_once('/')
-            .map_or("/etc/gpustack/kvcache", |(d, _)| d);
-        container["volumeMounts"] = json!([{"name": "gpustack-kvcache-config", "mountPath": dir, "readOnly": true}]);
-        spec["volumes"] = json!([{"name": "gpustack-kvcache-config", "downwardAPI": {"items": [
-            {"path": "mooncake.json", "fieldRef": {"fieldPath": format!("metadata.annotations['{CLIENT_CONFIG}']")}},
-        ]}}]);
-    }
-    spec["containers"] = json!([container]);
-    let hash = ring::digest::digest(
-        &ring::digest::SHA256,
-        serde_json::to_string(&(&spec, &annotations))
-            .unwrap_or_default()
-            .as_bytes(),
-    );
-    annotations[SPEC_HASH] = json!(hash.as_ref().iter().map(|b| format!("{b:02x}")).collect::<String>());
-    let mut labels = engine_labels(deployment, Some(&r.role));
-    labels["modeldeployment.gpustack.ai/pod-ordinal"] = json!(ordinal);
-    labels[TYPE_LABEL] = json!("modeldeployments");
-    let mut meta = json!({
-        "name": format!("{deployment}-{}", r.name),
-        "namespace": namespace,
-        "labels": labels,
-        "annotations": annotations,
-    });
-    if !plan.uid.is_empty() {
-        meta["ownerReferences"] = json!([owner_reference("ModelDeployment", deployment, &plan.uid)]);
-    }
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
 }
 
 /// Every object of the backend, in the order they are applied: RBAC before the workloads that
@@ -650,15 +543,5 @@ mod tests {
         assert!(pod.get("serviceAccountName").is_none());
         let parsed = LeaderConfig::parse_args(&args(&pod["containers"][0])[1..]).unwrap();
         assert_eq!(parsed.election, Election::None);
-    }
-
-    #[test]
-    fn pull_policies_follow_the_tag_unless_given() {
-        assert_eq!(pull_policy("a/b:v1", None), "IfNotPresent");
-        assert_eq!(pull_policy("a/b:latest", None), "Always");
-        assert_eq!(pull_policy("a/b", None), "Always");
-        assert_eq!(pull_policy("host:5000/b", None), "Always");
-        assert_eq!(pull_policy("a/b@sha256:00", None), "IfNotPresent");
-        assert_eq!(pull_policy("a/b:v1", Some("Never")), "Never");
     }
 }
