@@ -24,7 +24,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 /// The default polling time: longer than a metadata round trip between hot processes (~20 µs)
@@ -126,7 +125,7 @@ pub fn after_transfer(spin: Duration, bytes: u64) -> Duration {
 
 /// Waits, polling until `until` at the latest, until `s` has bytes to read (or the peer closed
 /// it); after `until` it returns and the caller's read waits the usual way.
-pub fn until_readable(s: &TcpStream, until: Instant) {
+pub fn until_readable(s: &impl std::os::fd::AsFd, until: Instant) {
     if Instant::now() >= until {
         return;
     }
@@ -150,6 +149,7 @@ pub fn until_readable(s: &TcpStream, until: Instant) {
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
 
     #[test]
     fn a_transfer_adds_its_time_at_one_gigabyte_per_second_up_to_ten_ms() {

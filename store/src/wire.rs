@@ -1,8 +1,12 @@
 //! The member's framed data port: one small fixed header, then raw bytes, on a plain TCP
-//! connection that carries one request at a time (connections are pooled and reused).
+//! connection that carries one request at a time (connections are pooled and reused). The
+//! member's same-host socket (`member/local.rs`) speaks the same headers with other ops.
 //!
 //! Request header, 48 bytes, little-endian:
-//! `magic u32 | op u32 (1 write, 2 read) | mount_id u64 | offset u64 | len u64 | deadline_unix_ms u64 | epoch u64`,
+//! `magic u32 | op u32 | mount_id u64 | offset u64 | len u64 | deadline_unix_ms u64 | epoch u64`,
+//! op 1 write and 2 read on the data port; on the same-host socket 3 map (the answer carries the
+//! segment's descriptor, SCM_RIGHTS, and its length in `len`), 4 claim a range to write, 5 claim a
+//! range to read, 6 release the claim (ops 4 and 5 carry the grant, as 1 and 2 do)
 //! (`epoch`: the leader's, from the Location; a member refuses an epoch older than its newest),
 //! followed by `len` value bytes for a write.
 //! Response header, 16 bytes: `magic u32 | status u32 (0 ok, 1 refused) | len u64`, followed by
@@ -20,6 +24,10 @@ pub const MAX_MESSAGE: u64 = 64 * 1024;
 pub enum Op {
     Write = 1,
     Read = 2,
+    Map = 3,
+    ClaimWrite = 4,
+    ClaimRead = 5,
+    Release = 6,
 }
 
 /// A decoded request header.
@@ -69,7 +77,15 @@ impl Request {
         let op = match u32_at(b, 4) {
             1 => Op::Write,
             2 => Op::Read,
-            _ => return Err(bad("unknown data op; this member speaks ops 1 (write) and 2 (read)")),
+            3 => Op::Map,
+            4 => Op::ClaimWrite,
+            5 => Op::ClaimRead,
+            6 => Op::Release,
+            _ => {
+                return Err(bad(
+                    "unknown data op; this member speaks ops 1 to 6 (store/src/wire.rs)",
+                ));
+            }
         };
         Ok(Self {
             op,

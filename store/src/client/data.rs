@@ -1,13 +1,14 @@
 //! The client's side of the members' data port (`wire.rs`): pooled connections, a write sent as
-//! one vectored write, a read received straight into the caller's buffer.
+//! one vectored write, a read received straight into the caller's buffer. A member on this host
+//! is served through its mapped segment instead (`local.rs`) when it can be.
 
 use std::time::Instant;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{Client, POOL_PER_MEMBER, transport};
+use super::{Client, POOL_PER_MEMBER, local, transport};
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::Location;
 use crate::wire::{self, Op, RESPONSE_LEN};
@@ -34,7 +35,10 @@ impl Client {
             .map_err(|e| transport(format!("cannot reach member {addr}: {e}")))
     }
 
-    pub(super) async fn write(&self, loc: &Location, deadline: u64, value: Bytes) -> Result<()> {
+    pub(super) async fn write(&self, loc: &Location, deadline: u64, value: &[u8]) -> Result<()> {
+        if let Some(done) = self.local_transfer(loc, deadline, local::Bytes::From(value)).await {
+            return done;
+        }
         let mut s = self.conn(&loc.data_addr).await?;
         let until = Instant::now() + crate::spin::after_transfer(self.spin, value.len() as u64);
         let head = wire::Request {
@@ -58,7 +62,14 @@ impl Client {
         Err(err)
     }
 
-    pub(super) async fn read(&self, loc: &Location, deadline: u64, sink: Sink<'_>) -> Result<()> {
+    pub(super) async fn read(&self, loc: &Location, deadline: u64, mut sink: Sink<'_>) -> Result<()> {
+        let same_host = match &mut sink {
+            Sink::Slice(out) => local::Bytes::Into(out),
+            Sink::Fresh(out) => local::Bytes::Fresh(out),
+        };
+        if let Some(done) = self.local_transfer(loc, deadline, same_host).await {
+            return done;
+        }
         let mut s = self.conn(&loc.data_addr).await?;
         let until = Instant::now() + crate::spin::after_transfer(self.spin, loc.len);
         let head = wire::Request {

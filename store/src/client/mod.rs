@@ -1,12 +1,15 @@
 //! The Rust client: one multiplexed gRPC channel to the leader for metadata (or the leader's
-//! framed port, `fast.rs`, when it serves one), and pooled plain TCP connections to each member's
-//! data port for the bytes (`data.rs`). A put is `PutStart` (leader) → write (member) →
+//! framed port, `fast.rs`, when it serves one), and for the bytes pooled plain TCP connections
+//! to each member's data port (`data.rs`), or, for a member on this host, its segment mapped
+//! here (`local.rs`). Batch calls are in `batch.rs`. A put is `PutStart` (leader) → write (member) →
 //! `PutCommit` (leader), revoked if the write fails; a get is `Get` (leader, grants a read lease) →
 //! read (member), reported as failed if the lease ran out before the read finished. Only
 //! idempotent metadata calls (get, exists, batch exists) are retried, once, on a transport failure.
 
+mod batch;
 mod data;
 mod fast;
+mod local;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -46,6 +49,8 @@ pub struct Client {
     fast: Option<Arc<FastPort>>,
     scope: Scope,
     pool: Arc<Mutex<HashMap<String, Vec<TcpStream>>>>,
+    /// members' segments mapped on this host (`local.rs`); `None`: every byte goes over TCP
+    local: Option<Arc<local::Local>>,
     /// how long to poll for a reply before sleeping (`spin.rs`)
     spin: Duration,
 }
@@ -98,6 +103,7 @@ impl Client {
             fast,
             scope,
             pool: Arc::default(),
+            local: Some(Arc::default()),
             spin: crate::spin::DEFAULT_SPIN,
         })
     }
@@ -115,6 +121,18 @@ impl Client {
     pub fn grpc_only(mut self) -> Self {
         self.fast = None;
         self
+    }
+
+    /// The same client, sending every byte over TCP even to members on this host (which it
+    /// would otherwise map, `local.rs`).
+    pub fn without_local(mut self) -> Self {
+        self.local = None;
+        self
+    }
+
+    /// Whether transfers to members on this host go through their mapped segments.
+    pub fn uses_local(&self) -> bool {
+        self.local.is_some()
     }
 
     /// Whether metadata calls go to the leader's framed port.
@@ -177,7 +195,7 @@ impl Client {
         let loc = r
             .location
             .ok_or_else(|| StoreError::new(ErrorCode::Internal, "the leader sent no location"))?;
-        let write = self.write(&loc, r.write_deadline_unix_ms, value).await;
+        let write = self.write(&loc, r.write_deadline_unix_ms, &value).await;
         if let Err(e) = write {
             let revoke = PutRevokeRequest {
                 scope: Some(self.scope.clone()),
@@ -274,6 +292,12 @@ impl Client {
             scope: Some(self.scope.clone()),
             keys: keys.to_vec(),
         };
+        if let Some(f) = &self.fast {
+            return f
+                .call::<_, BatchExistsResponse>(Method::BatchExists, &req, self.spin)
+                .await
+                .map(|r| r.exists);
+        }
         retry_once(|| {
             let mut store = self.store.clone();
             let req = req.clone();

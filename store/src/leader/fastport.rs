@@ -1,5 +1,5 @@
-//! The leader's framed metadata port: the `Store` calls (put start/commit/revoke, get, exists,
-//! remove) with the same protobuf messages as gRPC, in a framing that costs one TCP segment each
+//! The leader's framed metadata port: the unary `Store` calls (put start/commit/revoke, get,
+//! exists, remove, and their batch forms) with the same protobuf messages as gRPC, in a framing that costs one TCP segment each
 //! way. gRPC stays the portable protocol; this port exists because on small machines every extra
 //! segment is a wake-up, and a wake-up costs more than the call (numbers in store/README.md).
 //!
@@ -23,8 +23,8 @@ use super::{Leader, calls};
 use crate::error::{ErrorCode, StoreError};
 use crate::spin::HotWindow;
 
-/// Largest request body accepted (keys are at most 4 KiB; batches are not served here).
-pub const MAX_REQUEST: usize = 1 << 20;
+/// Largest request body accepted: a batch of 1,024 keys of the longest size (4 KiB) fits.
+pub const MAX_REQUEST: usize = 5 << 20;
 
 /// Method numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +36,11 @@ pub enum Method {
     Get = 4,
     Exists = 5,
     Remove = 6,
+    BatchExists = 7,
+    BatchGet = 8,
+    BatchPutStart = 9,
+    BatchPutCommit = 10,
+    BatchRemove = 11,
 }
 
 impl Method {
@@ -47,6 +52,11 @@ impl Method {
             4 => Self::Get,
             5 => Self::Exists,
             6 => Self::Remove,
+            7 => Self::BatchExists,
+            8 => Self::BatchGet,
+            9 => Self::BatchPutStart,
+            10 => Self::BatchPutCommit,
+            11 => Self::BatchRemove,
             _ => return None,
         })
     }
@@ -95,7 +105,7 @@ async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
                 let e = StoreError::new(
                     ErrorCode::InvalidArgument,
-                    format!("{e}; this port serves small metadata calls"),
+                    format!("{e}; this port serves metadata calls of at most {MAX_REQUEST} bytes: split the batch"),
                 );
                 refusal(&mut out, &e);
                 return s.write_all(out.chunk()).await;
@@ -133,6 +143,11 @@ fn dispatch(leader: &Leader, method: Method, body: &[u8], out: &mut BytesMut) ->
         Method::Get => reply(out, &calls::get(leader, decode(body)?, now)?),
         Method::Exists => reply(out, &calls::exists(leader, decode(body)?, now)?),
         Method::Remove => reply(out, &calls::remove(leader, decode(body)?, now)?),
+        Method::BatchExists => reply(out, &calls::batch_exists(leader, decode(body)?, now)?),
+        Method::BatchGet => reply(out, &calls::batch_get(leader, decode(body)?, now)?),
+        Method::BatchPutStart => reply(out, &calls::batch_put_start(leader, decode(body)?, now)?),
+        Method::BatchPutCommit => reply(out, &calls::batch_put_commit(leader, decode(body)?)?),
+        Method::BatchRemove => reply(out, &calls::batch_remove(leader, decode(body)?, now)?),
     }
 }
 

@@ -65,6 +65,7 @@ impl State {
                 name: req.name.clone(),
                 data_addr: req.data_addr.clone(),
                 grpc_addr: req.grpc_addr.clone(),
+                local_addr: req.local_addr.clone(),
                 mount_id,
                 instance_id: req.instance_id,
                 alloc: SegmentAllocator::new(req.capacity),

@@ -24,6 +24,8 @@ pub struct Member {
     pub name: String,
     pub data_addr: String,
     pub grpc_addr: String,
+    /// the member's same-host socket ("" when it serves none)
+    pub local_addr: String,
     pub mount_id: u64,
     /// the member process's random id: a mount under this name from another live process is
     /// refused (0: a member that sent none)
@@ -118,6 +120,7 @@ impl State {
             offset: o.offset,
             len: o.size,
             epoch: self.epoch,
+            local_addr: m.local_addr.clone(),
         })
     }
 

@@ -225,6 +225,7 @@ mod tests {
             capacity: 1 << 20,
             mount_id: 7,
             instance_id: 1,
+            local_addr: String::new(),
         };
         assert_eq!(
             leader.serving(|s| s.mount(&mount, Instant::now())).unwrap_err().code,

@@ -35,6 +35,7 @@ fn mount_req(name: &str, capacity: u64, instance_id: u64) -> MountRequest {
         capacity,
         mount_id: 0,
         instance_id,
+        local_addr: String::new(),
     }
 }
 

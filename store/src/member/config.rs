@@ -36,7 +36,8 @@ pub struct MemberConfig {
     /// own.
     #[arg(long)]
     pub name: Option<String>,
-    /// Directory of the segment file (unlinked right after it is mapped).
+    /// Where the segment's file goes when the kernel refuses memfds (it is unlinked right after
+    /// it is created); normally the segment is a memfd and this is not used.
     #[arg(long, default_value = "/dev/shm")]
     pub shm_dir: PathBuf,
     /// Host written into the addresses given to the leader (default: the listen address's).
@@ -51,6 +52,10 @@ pub struct MemberConfig {
     /// Claim the segment's memory as it is written, instead of faulting every page in at start.
     #[arg(long)]
     pub no_prefault: bool,
+    /// Serve no same-host socket: clients on this host send their bytes over TCP too, instead of
+    /// mapping the segment (store/README.md, "Same host").
+    #[arg(long)]
+    pub no_local: bool,
     /// Keep polling this long after a request instead of sleeping (store/README.md,
     /// "Performance"); 0 never polls.
     #[arg(long, default_value = "200us", value_parser = kvcache_units::parse_duration)]
@@ -73,6 +78,7 @@ impl MemberConfig {
             metrics_listen: None,
             max_value_size: 64 << 20,
             no_prefault: false,
+            no_local: false,
             spin: crate::spin::DEFAULT_SPIN,
         }
     }
@@ -169,6 +175,9 @@ impl MemberConfig {
         if self.no_prefault {
             a.push("--no-prefault".into());
         }
+        if self.no_local {
+            a.push("--no-local".into());
+        }
         push(&mut a, "spin", format_time(self.spin));
         a
     }
@@ -217,6 +226,7 @@ mod tests {
                 metrics_listen: Some("127.0.0.1:9101".parse().unwrap()),
                 max_value_size: 4097,
                 no_prefault: true,
+                no_local: true,
                 spin: Duration::from_millis(3),
                 ..MemberConfig::new("leader.svc:50051", 1536 << 20)
             },
@@ -238,7 +248,7 @@ mod tests {
         for n in ["leader", "capacity", "name", "no-prefault", "data-listen", "spin"] {
             assert!(names.iter().any(|f| f == n), "{n} missing from {names:?}");
         }
-        assert_eq!(names.len(), 12, "{names:?}");
+        assert_eq!(names.len(), 13, "{names:?}");
         let e = MemberConfig::new("l:1", 0).validate().unwrap_err();
         assert_eq!(e.to_string(), "--capacity: must be greater than 0 (e.g. 8Gi)");
         let e = MemberConfig {

@@ -1,5 +1,6 @@
-//! The member's framed data port (format in `wire.rs`): writes are read from the socket straight
-//! into the segment and reads are sent straight from it, with no copy in between.
+//! The member's framed data port (format in `wire.rs`): writes are received from the socket
+//! straight into the segment and reads are sent straight from it, with no copy in between (the
+//! system calls take the mapping's raw pointers: `mmap.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +79,13 @@ async fn connection(mut s: TcpStream, segment: &Segment, hot: &HotWindow) -> std
                 }
             }
             Op::Read => read(&mut s, segment, req).await?,
+            Op::Map | Op::ClaimWrite | Op::ClaimRead | Op::Release => {
+                let e = StoreError::new(
+                    crate::error::ErrorCode::InvalidArgument,
+                    "ops 3 to 6 are served on the member's same-host socket only; send 1 (write) or 2 (read) here",
+                );
+                return refuse(&mut s, &e).await;
+            }
         }
         // the same client's next transfer usually follows within microseconds
         hot.touch();
@@ -98,7 +106,7 @@ async fn write(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::R
     match segment.begin_write(grant(&req), req.len) {
         Ok(mut range) => {
             let left = Duration::from_millis(req.deadline_unix_ms.saturating_sub(now_unix_ms())) + WRITE_GRACE;
-            match tokio::time::timeout(left, s.read_exact(range.bytes_mut())).await {
+            match tokio::time::timeout(left, range.recv_from(s)).await {
                 Ok(r) => {
                     r?;
                 }
@@ -139,8 +147,7 @@ async fn read(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::Re
     match segment.begin_read(grant(&req), req.len) {
         Ok(range) => {
             let head = Response { ok: true, len: req.len }.encode();
-            let mut buf = Buf::chain(&head[..], range.bytes());
-            s.write_all_buf(&mut buf).await?;
+            range.send_to(s, &head).await?;
             drop(range);
             segment.read(req.len);
             Ok(())

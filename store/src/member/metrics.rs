@@ -58,6 +58,18 @@ impl Collector for MemberCollector {
                 c.bytes_read.load(Relaxed),
             ),
             (
+                "kvstore_member_local_writes",
+                "values same-host clients wrote into the mapped segment (of kvstore_member_writes)",
+                None,
+                c.local_writes.load(Relaxed),
+            ),
+            (
+                "kvstore_member_local_reads",
+                "values same-host clients read from the mapped segment (of kvstore_member_reads)",
+                None,
+                c.local_reads.load(Relaxed),
+            ),
+            (
                 "kvstore_member_refusals",
                 "transfers refused (stale mount, deadline, range)",
                 None,

@@ -1,63 +1,128 @@
-//! The member's segment memory: a shared-memory file mapped with memmap2, and the only code in
-//! the store that turns it into Rust slices.
+//! Segment memory shared between processes: a member's segment (a memfd it maps and may hand to
+//! clients on its host), a same-host client's mapping of it, and the member's table of ranges in
+//! use. This is the only module of the store with `unsafe` code.
 //!
-//! Invariant: a byte of the mapping is reachable through a `&mut [u8]` only inside a live
-//! [`WriteRange`], and through a `&[u8]` only inside a live [`ReadRange`]. The range table (one
-//! mutex) grants a write range only if it overlaps no live range, and a read range only if it
-//! overlaps no live write range. So no byte is ever aliased mutably, whatever clients send.
+//! # Why this is sound
+//!
+//! 1. **No Rust reference into shared memory, ever.** Another process (a same-host client, or
+//!    the member) may write any byte of the mapping at any moment, which no `&[u8]` or
+//!    `&mut [u8]` may allow. Every access is a raw copy (`ptr::copy_nonoverlapping`) between
+//!    the mapping and memory this process owns, or a `recv`/`send`/`sendmsg` system call given
+//!    a raw pointer; bytes copied out are plain data, never trusted for anything but their value.
+//! 2. **Bounds.** Every pointer handed to a copy or a system call lies inside the mapping:
+//!    ranges are checked against its length (with overflow checks) before any access, and the
+//!    mapping lives as long as the value that owns it (guards borrow it).
+//! 3. **Who may touch a range, when** (what keeps bytes of one key from mixing with another's;
+//!    memory safety does not depend on it, correctness does):
+//!    - the member's range table grants a write claim only if it overlaps no live claim, and a
+//!      read claim only if it overlaps no live write claim, whatever clients send. The data
+//!      port and gRPC copy only inside a claim they hold; a same-host client copies only inside
+//!      a claim the member granted it over the local socket, and holds it until it releases it
+//!      or its connection closes (`member/local.rs`);
+//!    - the leader hands a range to one writer at a time: a reservation owns its range until it
+//!      is committed or reclaimed (`--put-ttl` + `--put-grace`, longer than any write may run),
+//!      and a read lease keeps an object, so its range, from being evicted or removed;
+//!    - a read that finished after its lease ran out is reported (`LEASE_EXPIRED`) by the
+//!      client and its bytes are dropped, never returned.
 #![allow(unsafe_code)]
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use memmap2::{MmapMut, MmapOptions};
 use parking_lot::Mutex;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
 
 use crate::error::{ErrorCode, StoreError};
 
-/// The mapped segment plus its table of ranges in use.
+/// A mapped segment: the member's own, or a client's view of a member's.
 #[derive(Debug)]
 pub struct SharedMap {
     _map: MmapMut,
+    /// the memory's descriptor (a memfd, or an unlinked file), kept to hand to same-host clients
+    file: File,
     ptr: *mut u8,
     len: u64,
+    /// live claims: (offset, len, write)
     live: Mutex<Vec<(u64, u64, bool)>>,
 }
 
-// SAFETY: the raw pointer is into a mapping owned by this struct for its whole life; all access
-// through it is serialised per byte by the range table (see the module invariant).
+// SAFETY: the pointer is into a mapping owned by this value for its whole life, and it is only
+// used for raw copies and system calls within bounds (module rules 1 and 2), which any thread may
+// make.
 unsafe impl Send for SharedMap {}
-// SAFETY: as above; shared references only hand out guards that respect the range table.
+// SAFETY: as above; shared access only takes claims (a mutex) and makes raw copies.
 unsafe impl Sync for SharedMap {}
 
+fn out_of_range(offset: u64, len: u64, size: u64) -> StoreError {
+    StoreError::new(
+        ErrorCode::OutOfRange,
+        format!("range {offset}+{len} is outside this {size}-byte segment; ask the leader again"),
+    )
+}
+
 impl SharedMap {
-    /// Creates a file of `len` bytes in `dir` (normally `/dev/shm`), maps it, and unlinks it so the
-    /// memory goes back to the system when the process ends, however it ends. With `populate`
-    /// every page is faulted in now; without, memory is claimed as it is written.
-    pub fn create(dir: &Path, len: u64, populate: bool) -> std::io::Result<Self> {
+    /// A fresh segment of `len` bytes: a memfd (so nothing appears in any directory, and the
+    /// memory goes back to the system when the last process mapping it ends), or, where the
+    /// kernel refuses memfds, a file in `dir` (normally `/dev/shm`) unlinked at once. With
+    /// `populate` every page is faulted in now; without, memory is claimed as it is written.
+    pub fn create(dir: &Path, len: u64, populate: bool) -> io::Result<Self> {
+        let file = match rustix::fs::memfd_create("kvstore-segment", rustix::fs::MemfdFlags::CLOEXEC) {
+            Ok(fd) => File::from(fd),
+            Err(e) => {
+                tracing::info!(error = %e, dir = %dir.display(), "no memfd; the segment is a file in the directory instead");
+                Self::unlinked_file(dir)?
+            }
+        };
+        file.set_len(len)?;
+        Self::map(file, len, populate)
+    }
+
+    fn unlinked_file(dir: &Path) -> io::Result<File> {
         let path = dir.join(format!(
             "kvstore-segment-{}-{}",
             std::process::id(),
             uuid::Uuid::new_v4().simple()
         ));
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-        // Unlinked at once, before the (slow) sizing and faulting-in: a member stopped at any
-        // point from here on leaves nothing in the directory; the descriptor keeps the memory.
+        // unlinked before the (slow) sizing and faulting-in: a member stopped at any point from
+        // here on leaves nothing in the directory; the descriptor keeps the memory
         std::fs::remove_file(&path)?;
-        file.set_len(len)?;
-        // With `populate` the whole segment is faulted in now (MAP_POPULATE): capacity is memory
-        // the member commits up front, and no write then pays a page fault (plus zeroing) per
-        // 4 KiB. Without it (`--no-prefault`) pages are claimed as they are first written.
+        Ok(file)
+    }
+
+    /// Maps a segment another process created and handed over (`fd`, `len` bytes), for a
+    /// same-host client. Its size is checked against `len`, so no access can pass its end.
+    pub fn attach(fd: OwnedFd, len: u64, populate: bool) -> io::Result<Self> {
+        let file = File::from(fd);
+        let size = file.metadata()?.len();
+        if size < len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the segment handed over is {size} bytes, not {len}"),
+            ));
+        }
+        Self::map(file, len, populate)
+    }
+
+    fn map(file: File, len: u64, populate: bool) -> io::Result<Self> {
         let mut options = MmapOptions::new();
+        options.len(usize::try_from(len).map_err(|_| io::Error::other("segment larger than the address space"))?);
         if populate {
             options.populate();
         }
-        // SAFETY: the file was created by us under a unique name and unlinked before this line,
-        // so no other process can open it to truncate or write it behind the mapping.
+        // SAFETY: memmap2's contract is that nobody truncates or writes the file behind the
+        // mapping while Rust references to it exist. None ever exist (module rule 1), and the
+        // file is only ever sized before this line (a memfd, or a file we created and
+        // unlinked: no other process can open it by name).
         let mut map = unsafe { options.map_mut(&file) }?;
         let ptr = map.as_mut_ptr();
         Ok(Self {
             _map: map,
+            file,
             ptr,
             len,
             live: Mutex::new(Vec::new()),
@@ -72,19 +137,21 @@ impl SharedMap {
         self.len == 0
     }
 
+    /// The memory's descriptor, to hand to a same-host client (SCM_RIGHTS).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<(), StoreError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len && len > 0 => Ok(()),
+            _ => Err(out_of_range(offset, len, self.len)),
+        }
+    }
+
     fn claim(&self, offset: u64, len: u64, write: bool) -> Result<(), StoreError> {
-        let end = offset
-            .checked_add(len)
-            .filter(|e| *e <= self.len && len > 0)
-            .ok_or_else(|| {
-                StoreError::new(
-                    ErrorCode::OutOfRange,
-                    format!(
-                        "range {offset}+{len} is outside this {}-byte segment; ask the leader again",
-                        self.len
-                    ),
-                )
-            })?;
+        self.check(offset, len)?;
+        let end = offset + len;
         let mut live = self.live.lock();
         let clash = live.iter().any(|&(o, l, w)| (write || w) && offset < o + l && o < end);
         if clash {
@@ -104,26 +171,65 @@ impl SharedMap {
         }
     }
 
-    /// Exclusive access to `offset..offset+len`.
+    /// Claims `offset..offset+len` for writing: no other claim overlaps it until the guard drops.
     pub fn write_range(&self, offset: u64, len: u64) -> Result<WriteRange<'_>, StoreError> {
         self.claim(offset, len, true)?;
         Ok(WriteRange { map: self, offset, len })
     }
 
-    /// Shared access to `offset..offset+len`.
+    /// Claims `offset..offset+len` for reading: no write claim overlaps it until the guard drops.
     pub fn read_range(&self, offset: u64, len: u64) -> Result<ReadRange<'_>, StoreError> {
         self.claim(offset, len, false)?;
         Ok(ReadRange { map: self, offset, len })
     }
 
-    /// Keeps the mapping's pages resident (touches one byte per page), so the first writes of a
+    /// Copies `src` into the mapping at `offset`, for a same-host client holding a write claim
+    /// the member granted on these bytes (module rule 3).
+    pub fn copy_in(&self, offset: u64, src: &[u8]) -> Result<(), StoreError> {
+        self.check(offset, src.len() as u64)?;
+        // SAFETY: in bounds (checked); `src` is this process's memory, which cannot overlap a
+        // mapping of shared memory made by `map`; no reference to the mapping is made (rule 1).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset as usize), src.len()) };
+        Ok(())
+    }
+
+    /// Copies the mapping at `offset` into `dst`, for a same-host client holding a read claim
+    /// the member granted on these bytes (module rule 3).
+    pub fn copy_out(&self, offset: u64, dst: &mut [u8]) -> Result<(), StoreError> {
+        self.check(offset, dst.len() as u64)?;
+        // SAFETY: in bounds (checked); `dst` is this process's memory and cannot overlap the
+        // mapping; no reference to the mapping is made (rule 1).
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset as usize), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Appends `len` bytes of the mapping at `offset` to `out`, with no zeroing pass first, for
+    /// a same-host client holding a read claim the member granted on them (module rule 3).
+    pub fn copy_out_into(&self, offset: u64, len: u64, out: &mut bytes::BytesMut) -> Result<(), StoreError> {
+        self.check(offset, len)?;
+        let len = len as usize;
+        out.reserve(len);
+        let spare = out.spare_capacity_mut();
+        // SAFETY: in bounds (checked); `spare` is at least `len` bytes this process owns (just
+        // reserved) and cannot overlap the mapping; once they are written, `set_len` exposes
+        // exactly those bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.add(offset as usize), spare.as_mut_ptr().cast::<u8>(), len);
+            out.set_len(out.len() + len);
+        }
+        Ok(())
+    }
+
+    /// Keeps the mapping's pages resident (writes one zero per page), so the first writes of a
     /// fresh segment do not pay page faults on the data path.
     pub fn prefault(&self) {
-        let Ok(mut w) = self.write_range(0, self.len) else {
+        let Ok(_claim) = self.write_range(0, self.len) else {
             return;
         };
-        for b in w.bytes_mut().iter_mut().step_by(4096) {
-            *b = 0;
+        for at in (0..self.len).step_by(4096) {
+            // SAFETY: `at` < len (in bounds); a single-byte raw write, under a claim of the
+            // whole segment, before any client can have been handed the segment.
+            unsafe { self.ptr.add(at as usize).write_volatile(0) };
         }
     }
 }
@@ -137,10 +243,57 @@ pub struct WriteRange<'a> {
 }
 
 impl WriteRange<'_> {
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `claim` checked offset+len <= map length, and this guard is the only live range
-        // overlapping these bytes (module invariant) until it is dropped; the mapping outlives 'a.
-        unsafe { std::slice::from_raw_parts_mut(self.map.ptr.add(self.offset as usize), self.len as usize) }
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Fills the range with `src` (exactly its length).
+    pub fn copy_from(&mut self, src: &[u8]) -> Result<(), StoreError> {
+        if src.len() as u64 != self.len {
+            return Err(StoreError::new(
+                ErrorCode::InvalidArgument,
+                format!("{} bytes sent for a {}-byte range", src.len(), self.len),
+            ));
+        }
+        self.map.copy_in(self.offset, src)
+    }
+
+    /// Fills the range with the next bytes of `s`, received straight into the mapping.
+    pub async fn recv_from(&mut self, s: &TcpStream) -> io::Result<()> {
+        let len = self.len as usize;
+        let mut done = 0;
+        while done < len {
+            s.readable().await?;
+            let got = s.try_io(Interest::READABLE, || {
+                // SAFETY: `offset + done .. offset + len` is inside the claimed range, which is
+                // inside the mapping (rules 2 and 3); the kernel writes through a raw pointer.
+                let n = unsafe {
+                    libc::recv(
+                        s.as_raw_fd(),
+                        self.map.ptr.add(self.offset as usize + done).cast(),
+                        len - done,
+                        0,
+                    )
+                };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match got {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -159,10 +312,69 @@ pub struct ReadRange<'a> {
 }
 
 impl ReadRange<'_> {
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: `claim` checked the bounds, and no write range overlapping these bytes is live
-        // while this guard is (module invariant); the mapping outlives 'a.
-        unsafe { std::slice::from_raw_parts(self.map.ptr.add(self.offset as usize), self.len as usize) }
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A copy of the range's bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.len as usize];
+        // cannot fail: the claim was checked against the mapping's bounds
+        let _ = self.map.copy_out(self.offset, &mut out);
+        out
+    }
+
+    /// Sends `head` and then the range's bytes on `s`, straight from the mapping (one vectored
+    /// send per turn).
+    pub async fn send_to(&self, s: &TcpStream, head: &[u8]) -> io::Result<()> {
+        let total = head.len() + self.len as usize;
+        let mut sent = 0;
+        while sent < total {
+            s.writable().await?;
+            let put = s.try_io(Interest::WRITABLE, || {
+                let (h, body_from) = if sent < head.len() {
+                    (&head[sent..], 0)
+                } else {
+                    (&head[..0], sent - head.len())
+                };
+                let iov = [
+                    libc::iovec {
+                        iov_base: h.as_ptr() as *mut libc::c_void,
+                        iov_len: h.len(),
+                    },
+                    libc::iovec {
+                        // SAFETY: `offset + body_from .. offset + len` is inside the claimed
+                        // range, inside the mapping (rules 2 and 3); the kernel only reads it.
+                        iov_base: unsafe { self.map.ptr.add(self.offset as usize + body_from) }.cast(),
+                        iov_len: self.len as usize - body_from,
+                    },
+                ];
+                // SAFETY: a zeroed msghdr is valid; it names the two iovecs above, which
+                // outlive the call.
+                let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+                msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+                msg.msg_iovlen = 2;
+                // SAFETY: a plain sendmsg on our socket with valid iovecs (above).
+                let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match put {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -183,25 +395,57 @@ mod tests {
         assert_eq!(
             std::fs::read_dir(dir.path()).unwrap().count(),
             0,
-            "the file is unlinked"
+            "a memfd leaves nothing in the directory"
         );
-        // a segment that cannot be sized leaves nothing behind either
-        assert!(SharedMap::create(dir.path(), u64::MAX, false).is_err());
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         let mut w = m.write_range(0, 100).unwrap();
-        w.bytes_mut().fill(7);
+        w.copy_from(&[7u8; 100]).unwrap();
+        assert_eq!(w.copy_from(&[7u8; 99]).unwrap_err().code, ErrorCode::InvalidArgument);
         assert_eq!(m.write_range(50, 100).unwrap_err().code, ErrorCode::RangeBusy);
         assert_eq!(m.read_range(99, 1).unwrap_err().code, ErrorCode::RangeBusy);
         let r2 = m.read_range(100, 10).unwrap();
         drop(w);
         let r = m.read_range(0, 100).unwrap();
         let r3 = m.read_range(0, 100).unwrap();
-        assert!(r.bytes().iter().all(|b| *b == 7));
+        assert!(r.to_vec().iter().all(|b| *b == 7));
         assert_eq!(m.write_range(0, 1).unwrap_err().code, ErrorCode::RangeBusy);
         drop((r, r2, r3));
         assert!(m.write_range(0, 1 << 16).is_ok());
         assert_eq!(m.write_range(1, 1 << 16).unwrap_err().code, ErrorCode::OutOfRange);
         assert_eq!(m.write_range(u64::MAX, 2).unwrap_err().code, ErrorCode::OutOfRange);
         assert_eq!(m.read_range(0, 0).unwrap_err().code, ErrorCode::OutOfRange);
+        assert_eq!(m.copy_in(u64::MAX, &[1]).unwrap_err().code, ErrorCode::OutOfRange);
+        assert_eq!(
+            m.copy_out(1 << 16, &mut [0u8; 1]).unwrap_err().code,
+            ErrorCode::OutOfRange
+        );
+    }
+
+    #[test]
+    fn the_file_fallback_is_unlinked() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = SharedMap::unlinked_file(dir.path()).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        f.set_len(4096).unwrap();
+        let m = SharedMap::map(f, 4096, false).unwrap();
+        m.copy_in(4000, &[9u8; 96]).unwrap();
+        let mut back = [0u8; 96];
+        m.copy_out(4000, &mut back).unwrap();
+        assert_eq!(back, [9u8; 96]);
+    }
+
+    #[test]
+    fn an_attached_mapping_sees_the_same_bytes_and_no_further() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = SharedMap::create(dir.path(), 1 << 16, false).unwrap();
+        let fd = m.fd().try_clone_to_owned().unwrap();
+        let too_long = SharedMap::attach(fd.try_clone().unwrap(), 1 << 17, false);
+        assert_eq!(too_long.unwrap_err().kind(), io::ErrorKind::InvalidData);
+        let peer = SharedMap::attach(fd, 1 << 16, true).unwrap();
+        m.write_range(512, 4).unwrap().copy_from(b"abcd").unwrap();
+        let mut got = [0u8; 4];
+        peer.copy_out(512, &mut got).unwrap();
+        assert_eq!(&got, b"abcd");
+        peer.copy_in(1024, b"wxyz").unwrap();
+        assert_eq!(m.read_range(1024, 4).unwrap().to_vec(), b"wxyz");
     }
 }

@@ -3,8 +3,9 @@
 //! writes and reads of byte ranges on its data port and over gRPC, until its cancellation token
 //! fires.
 //!
-//! Map: `config` (the flags, [`MemberConfig`]), `mmap` (the mapping and the only unsafe code),
-//! `segment` (transfer checks), `dataport` (framed TCP), `service` (gRPC `SegmentData`), `mount`
+//! Map: `config` (the flags, [`MemberConfig`]), `mmap` (the shared memory and the only unsafe
+//! code), `segment` (transfer checks), `dataport` (framed TCP), `local` (the same-host socket:
+//! clients map the segment), `service` (gRPC `SegmentData`), `mount`
 //! (mounting, heartbeats, refusals), `metrics` (the collector), and here binding and serving.
 //!
 //! Readiness: `Starting` until the segment is mounted (and again while it remounts), `Serving`
@@ -13,6 +14,7 @@
 
 mod config;
 pub mod dataport;
+pub mod local;
 pub mod metrics;
 pub mod mmap;
 mod mount;
@@ -41,6 +43,8 @@ pub struct Member {
     segment: Arc<Segment>,
     grpc: TcpListener,
     data: TcpListener,
+    /// the same-host socket and its name (none with `--no-local`)
+    local: Option<(tokio::net::UnixListener, String)>,
     metrics: Option<TcpListener>,
     addrs: MemberAddrs,
     readiness: ReadinessHandle,
@@ -97,15 +101,29 @@ impl Member {
                 _ => None,
             },
         };
+        let instance_id = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
+        let local = if cfg.no_local {
+            None
+        } else {
+            let name = local::socket_name(instance_id);
+            let l = local::bind(&name).map_err(|e| {
+                StoreError::new(
+                    ErrorCode::Internal,
+                    format!("cannot bind the same-host socket {name}: {e}; or run with --no-local"),
+                )
+            })?;
+            Some((l, name))
+        };
         Ok(Self {
             cfg,
             segment,
             grpc,
             data,
+            local,
             metrics,
             addrs,
             readiness: ReadinessHandle::new(),
-            instance_id: uuid::Uuid::new_v4().as_u64_pair().0 | 1,
+            instance_id,
         })
     }
 
@@ -141,12 +159,14 @@ impl Member {
             capacity: self.cfg.capacity,
             mount_id: 0,
             instance_id: self.instance_id,
+            local_addr: self.local.as_ref().map(|(_, n)| n.clone()).unwrap_or_default(),
         };
         let Self {
             cfg,
             segment,
             grpc,
             data,
+            local: local_listener,
             metrics: metrics_listener,
             readiness,
             ..
@@ -163,6 +183,15 @@ impl Member {
         tracing::info!(name = %req.name, grpc = %req.grpc_addr, data = %req.data_addr, capacity = cfg.capacity, "member serving");
         let hot = crate::spin::HotWindow::start(cfg.spin);
         let dataport = Task::spawn(dataport::serve(data, segment.clone(), hot.clone(), stop.clone()));
+        let same_host = local_listener.map(|(l, _)| {
+            Task::spawn(local::serve(
+                l,
+                segment.clone(),
+                !cfg.no_prefault,
+                hot.clone(),
+                stop.clone(),
+            ))
+        });
         let max = usize::try_from(cfg.max_value_size)
             .unwrap_or(usize::MAX)
             .saturating_add(64 * 1024);
@@ -191,6 +220,9 @@ impl Member {
         segment.set_mount(0);
         let grpc_result = grpc_server.join().await.unwrap_or(Ok(()));
         dataport.join().await;
+        if let Some(t) = same_host {
+            t.join().await;
+        }
         hot.stop();
         if let Some(t) = endpoint
             && let Some(Err(e)) = t.join().await

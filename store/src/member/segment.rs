@@ -22,6 +22,9 @@ pub struct DataCounters {
     pub bytes_written: AtomicU64,
     pub bytes_read: AtomicU64,
     pub refusals: AtomicU64,
+    /// of `writes` and `reads`: those a same-host client made through the mapped segment
+    pub local_writes: AtomicU64,
+    pub local_reads: AtomicU64,
 }
 
 /// Where a transfer goes, as the leader granted it: the mount and epoch it was placed under, the
@@ -141,6 +144,11 @@ impl Segment {
 
     pub fn prefault(&self) {
         self.map.prefault();
+    }
+
+    /// The segment memory's descriptor, for a same-host client (`local.rs`).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.map.fd()
     }
 }
 

@@ -42,7 +42,7 @@ impl SegmentData for DataService {
             },
             len,
         )?;
-        range.bytes_mut().copy_from_slice(&r.data);
+        range.copy_from(&r.data)?;
         drop(range);
         self.segment.wrote(len);
         Ok(Response::new(WriteResponse {}))
@@ -59,7 +59,7 @@ impl SegmentData for DataService {
             },
             r.len,
         )?;
-        let data = Bytes::copy_from_slice(range.bytes());
+        let data = Bytes::from(range.to_vec());
         drop(range);
         self.segment.read(r.len);
         Ok(Response::new(ReadResponse { data }))

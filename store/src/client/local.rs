@@ -1,0 +1,263 @@
+//! The client's same-host path. A Location names the member's same-host socket
+//! (`member/local.rs`); a client that can connect to it shares the member's host and network
+//! namespace, maps the member's segment once (the descriptor comes over the socket), and moves
+//! each value with one memcpy: claim the range on the socket (the member checks mount, epoch,
+//! deadline and the range table, as for TCP), copy, release. No byte crosses a socket.
+//!
+//! Anything else falls back to the data port over TCP: no socket in the Location, a socket this
+//! process cannot reach (another host, another network namespace), a member that refuses to
+//! map, or a same-host path turned off ([`Client::without_local`](super::Client::without_local)).
+//! A socket found unreachable is not tried again for [`RETRY_UNREACHABLE`].
+
+use std::collections::HashMap;
+use std::io;
+use std::os::linux::net::SocketAddrExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::UnixStream;
+
+use super::{Client, POOL_PER_MEMBER, transport};
+use crate::error::{Result, StoreError};
+use crate::member::local::{MAP_ANSWER_LEN, RESIDENT};
+use crate::member::mmap::SharedMap;
+use crate::proto::Location;
+use crate::wire::{self, Op, RESPONSE_LEN};
+
+/// How long a member socket that could not be reached (or mapped) is left alone.
+pub const RETRY_UNREACHABLE: Duration = Duration::from_secs(10);
+
+/// The same-host segments this client knows, by socket name.
+#[derive(Debug, Default)]
+pub(super) struct Local {
+    peers: Mutex<HashMap<String, Peer>>,
+}
+
+#[derive(Debug, Clone)]
+enum Peer {
+    Unreachable(Instant),
+    Mapped(Arc<Mapped>),
+}
+
+/// A member's segment, mapped here, and idle connections to its socket.
+#[derive(Debug)]
+struct Mapped {
+    map: SharedMap,
+    idle: Mutex<Vec<UnixStream>>,
+}
+
+/// Where the bytes of one transfer go or come from.
+pub(super) enum Bytes<'a> {
+    From(&'a [u8]),
+    Into(&'a mut [u8]),
+    Fresh(&'a mut BytesMut),
+}
+
+fn connect(name: &str) -> io::Result<UnixStream> {
+    let abstract_name = name
+        .strip_prefix('@')
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not an abstract socket name"))?;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name)?;
+    let s = std::os::unix::net::UnixStream::connect_addr(&addr)?;
+    s.set_nonblocking(true)?;
+    UnixStream::from_std(s)
+}
+
+async fn read_response(s: &mut UnixStream, spin: Duration) -> io::Result<wire::Response> {
+    crate::spin::until_readable(s, Instant::now() + spin);
+    let mut head = [0u8; RESPONSE_LEN];
+    s.read_exact(&mut head).await?;
+    wire::Response::decode(&head).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+}
+
+async fn read_refusal(s: &mut UnixStream, len: u64) -> io::Result<StoreError> {
+    if len > wire::MAX_MESSAGE {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "oversized refusal"));
+    }
+    let mut msg = vec![0u8; len as usize];
+    s.read_exact(&mut msg).await?;
+    Ok(wire::refusal(&msg))
+}
+
+/// Connects to the member's socket and maps its segment.
+async fn map(name: &str) -> io::Result<Mapped> {
+    let mut s = connect(name)?;
+    let ask = wire::Request {
+        op: Op::Map,
+        mount_id: 0,
+        offset: 0,
+        len: 0,
+        deadline_unix_ms: 0,
+        epoch: 0,
+    };
+    s.write_all(&ask.encode()).await?;
+    let mut answer = [0u8; RESPONSE_LEN + MAP_ANSWER_LEN];
+    let mut got = 0;
+    let mut fd = None;
+    while got < answer.len() {
+        s.readable().await?;
+        let r = s.try_io(Interest::READABLE, || {
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+            let mut iov = [io::IoSliceMut::new(&mut answer[got..])];
+            let msg = rustix::net::recvmsg(&s, &mut iov, &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC)?;
+            for m in control.drain() {
+                if let rustix::net::RecvAncillaryMessage::ScmRights(fds) = m {
+                    for f in fds {
+                        fd.get_or_insert(f);
+                    }
+                }
+            }
+            Ok(msg.bytes)
+        });
+        match r {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut head = [0u8; RESPONSE_LEN];
+    head.copy_from_slice(&answer[..RESPONSE_LEN]);
+    let resp = wire::Response::decode(&head).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    if !resp.ok || resp.len != MAP_ANSWER_LEN as u64 {
+        return Err(io::Error::other("the member refused to map its segment"));
+    }
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&answer[RESPONSE_LEN + at..RESPONSE_LEN + at + 8]);
+        u64::from_le_bytes(w)
+    };
+    let (capacity, flags) = (word(0), word(8));
+    let fd = fd.ok_or_else(|| io::Error::other("the member sent no descriptor"))?;
+    let map = tokio::task::spawn_blocking(move || SharedMap::attach(fd, capacity, flags & RESIDENT != 0))
+        .await
+        .map_err(io::Error::other)??;
+    Ok(Mapped {
+        map,
+        idle: Mutex::new(vec![s]),
+    })
+}
+
+impl Local {
+    /// The mapped segment behind socket `name`, mapping it on first use; `None` when it cannot
+    /// be reached (another host) or mapped.
+    async fn peer(&self, name: &str) -> Option<Arc<Mapped>> {
+        match self.peers.lock().get(name) {
+            Some(Peer::Mapped(m)) => return Some(m.clone()),
+            Some(Peer::Unreachable(since)) if since.elapsed() < RETRY_UNREACHABLE => return None,
+            _ => {}
+        }
+        match map(name).await {
+            Ok(m) => {
+                let m = Arc::new(m);
+                let mut peers = self.peers.lock();
+                // forget segments of members that went away (their mapping holds their memory)
+                peers.retain(|_, p| matches!(p, Peer::Mapped(_)));
+                peers.insert(name.to_string(), Peer::Mapped(m.clone()));
+                tracing::debug!(socket = name, "same-host segment mapped");
+                Some(m)
+            }
+            Err(e) => {
+                tracing::debug!(socket = name, error = %e, "same-host socket unreachable; using TCP");
+                self.peers
+                    .lock()
+                    .insert(name.to_string(), Peer::Unreachable(Instant::now()));
+                None
+            }
+        }
+    }
+
+    /// Forgets a segment whose socket failed (its member went away): the mapping is dropped once
+    /// no transfer uses it, which returns the member's memory to the system.
+    fn forget(&self, name: &str) {
+        self.peers.lock().remove(name);
+    }
+}
+
+impl Client {
+    /// One transfer through the member's mapped segment: `None` when the same-host path is not
+    /// available for this Location (the caller uses TCP), else its outcome.
+    pub(super) async fn local_transfer(&self, loc: &Location, deadline: u64, bytes: Bytes<'_>) -> Option<Result<()>> {
+        let local = self.local.as_ref()?;
+        if loc.local_addr.is_empty() {
+            return None;
+        }
+        let peer = local.peer(&loc.local_addr).await?;
+        let pooled = peer.idle.lock().pop();
+        let mut s = match pooled {
+            Some(s) => s,
+            None => match connect(&loc.local_addr) {
+                Ok(s) => s,
+                Err(_) => {
+                    local.forget(&loc.local_addr);
+                    return None;
+                }
+            },
+        };
+        let write = matches!(bytes, Bytes::From(_));
+        let claim = wire::Request {
+            op: if write { Op::ClaimWrite } else { Op::ClaimRead },
+            mount_id: loc.mount_id,
+            offset: loc.offset,
+            len: loc.len,
+            deadline_unix_ms: deadline,
+            epoch: loc.epoch,
+        };
+        let claimed = async {
+            s.write_all(&claim.encode()).await?;
+            read_response(&mut s, self.spin).await
+        };
+        let resp = match claimed.await {
+            Ok(r) => r,
+            // nothing was copied yet: the member went away, so TCP tells the caller what it can
+            Err(_) => {
+                local.forget(&loc.local_addr);
+                return None;
+            }
+        };
+        if !resp.ok {
+            return Some(match read_refusal(&mut s, resp.len).await {
+                Ok(e) => {
+                    give_back(&peer, s);
+                    Err(e)
+                }
+                Err(e) => Err(transport(e)),
+            });
+        }
+        let copied = match bytes {
+            Bytes::From(src) => peer.map.copy_in(loc.offset, src),
+            Bytes::Into(dst) => peer.map.copy_out(loc.offset, dst),
+            Bytes::Fresh(out) => peer.map.copy_out_into(loc.offset, loc.len, out),
+        };
+        let release = wire::Request {
+            op: Op::Release,
+            ..claim
+        };
+        let released = async {
+            s.write_all(&release.encode()).await?;
+            read_response(&mut s, self.spin).await
+        };
+        match released.await {
+            Ok(r) if r.ok => {}
+            Ok(_) | Err(_) => {
+                local.forget(&loc.local_addr);
+                return Some(Err(transport(
+                    "the member's same-host socket failed during a transfer; retry",
+                )));
+            }
+        }
+        give_back(&peer, s);
+        Some(copied)
+    }
+}
+
+fn give_back(peer: &Mapped, s: UnixStream) {
+    let mut idle = peer.idle.lock();
+    if idle.len() < POOL_PER_MEMBER {
+        idle.push(s);
+    }
+}

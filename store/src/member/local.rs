@@ -1,0 +1,241 @@
+//! The member's same-host socket: a Linux abstract unix socket (`@kvstore-member-<instance>`, in
+//! the member's network namespace, so only processes that share it can connect), through which a
+//! client on this host maps the segment itself and moves each value with one memcpy instead of
+//! a trip through TCP.
+//!
+//! Protocol (headers of `wire.rs`, one request at a time per connection):
+//! - `Map`: answered with the segment's descriptor (SCM_RIGHTS, on the header's bytes), then 16
+//!   bytes: `capacity u64 | flags u64` (bit 0: every page is resident, so a client may map it
+//!   with its page tables filled in at once);
+//! - `ClaimWrite` / `ClaimRead` with the leader's grant: the same checks as the data port (mount,
+//!   epoch, deadline, bounds, and the range table, `mmap.rs`), then the claim is held for the
+//!   connection until
+//! - `Release`, answered once the claim is dropped; a closed connection drops it too.
+//!
+//! A claim is held at most until its grant's deadline plus [`WRITE_GRACE`]; past that the
+//! connection is closed and the range is free again, so a client that stalls cannot pin a range.
+
+use std::io;
+use std::os::linux::net::SocketAddrExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::dataport::WRITE_GRACE;
+use super::mmap::{ReadRange, WriteRange};
+use super::segment::{Grant, Segment};
+use crate::error::{ErrorCode, StoreError};
+use crate::spin::HotWindow;
+use crate::time::now_unix_ms;
+use crate::wire::{Op, REQUEST_LEN, Request, Response};
+
+/// Bytes after the header of a `Map` answer.
+pub const MAP_ANSWER_LEN: usize = 16;
+/// `Map` answer flag: every page of the segment is resident.
+pub const RESIDENT: u64 = 1;
+
+/// The socket name a member of `instance_id` serves, as clients see it in a Location (`@` marks
+/// the abstract namespace).
+pub fn socket_name(instance_id: u64) -> String {
+    format!("@kvstore-member-{instance_id:016x}")
+}
+
+/// Binds the abstract socket `name` (`@...`).
+pub fn bind(name: &str) -> io::Result<UnixListener> {
+    let abstract_name = name
+        .strip_prefix('@')
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "an abstract socket name starts with @"))?;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name)?;
+    let l = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+    l.set_nonblocking(true)?;
+    UnixListener::from_std(l)
+}
+
+/// Serves the socket until `cancel` fires, then closes every connection (their claims drop).
+pub async fn serve(
+    listener: UnixListener,
+    segment: Arc<Segment>,
+    resident: bool,
+    hot: Arc<HotWindow>,
+    cancel: CancellationToken,
+) {
+    let mut conns = JoinSet::new();
+    let stop = cancel.cancelled();
+    tokio::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut stop => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "same-host socket accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let segment = segment.clone();
+        let hot = hot.clone();
+        conns.spawn(async move {
+            if let Err(e) = connection(stream, &segment, resident, &hot).await {
+                tracing::debug!(error = %e, "same-host connection closed");
+            }
+        });
+    }
+    drop(listener);
+    conns.shutdown().await;
+}
+
+/// The claim a connection holds.
+enum Claim<'a> {
+    None,
+    Write(WriteRange<'a>),
+    Read(ReadRange<'a>),
+}
+
+async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &HotWindow) -> io::Result<()> {
+    let mut head = [0u8; REQUEST_LEN];
+    let mut claim = Claim::None;
+    // when the held claim must be given up
+    let mut until: Option<tokio::time::Instant> = None;
+    loop {
+        let read = s.read_exact(&mut head);
+        let got = match until {
+            Some(t) => match tokio::time::timeout_at(t, read).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::warn!("a same-host client held a claim past its deadline; closing its connection");
+                    return Ok(());
+                }
+            },
+            None => read.await,
+        };
+        match got {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        hot.touch();
+        let req = match Request::decode(&head) {
+            Ok(r) => r,
+            Err(e) => return refuse(&mut s, &e).await,
+        };
+        let grant = Grant {
+            mount_id: req.mount_id,
+            epoch: req.epoch,
+            offset: req.offset,
+            deadline_unix_ms: req.deadline_unix_ms,
+        };
+        let answer = match req.op {
+            Op::Map => {
+                map(&s, segment, resident).await?;
+                continue;
+            }
+            Op::ClaimWrite | Op::ClaimRead if !matches!(claim, Claim::None) => Err(StoreError::new(
+                ErrorCode::InvalidArgument,
+                "this connection holds a claim already; release it first",
+            )),
+            Op::ClaimWrite => segment.begin_write(grant, req.len).map(|r| {
+                claim = Claim::Write(r);
+                until = Some(claim_deadline(req.deadline_unix_ms));
+            }),
+            Op::ClaimRead => segment.begin_read(grant, req.len).map(|r| {
+                claim = Claim::Read(r);
+                until = Some(claim_deadline(req.deadline_unix_ms));
+            }),
+            Op::Release => {
+                until = None;
+                match std::mem::replace(&mut claim, Claim::None) {
+                    Claim::Write(r) => {
+                        segment.wrote(r.len());
+                        segment
+                            .counters
+                            .local_writes
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Claim::Read(r) => {
+                        segment.read(r.len());
+                        segment
+                            .counters
+                            .local_reads
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Claim::None => {}
+                }
+                Ok(())
+            }
+            Op::Write | Op::Read => Err(StoreError::new(
+                ErrorCode::InvalidArgument,
+                "ops 1 and 2 carry bytes: send them to the member's data port; this socket serves ops 3 to 6",
+            )),
+        };
+        match answer {
+            Ok(()) => s.write_all(&Response { ok: true, len: 0 }.encode()).await?,
+            Err(e) => refuse(&mut s, &e).await?,
+        }
+        hot.touch();
+    }
+}
+
+fn claim_deadline(deadline_unix_ms: u64) -> tokio::time::Instant {
+    let left = Duration::from_millis(deadline_unix_ms.saturating_sub(now_unix_ms()));
+    tokio::time::Instant::now() + left + WRITE_GRACE
+}
+
+/// Answers `Map`: the header and the capacity and flags, with the segment's descriptor.
+async fn map(s: &UnixStream, segment: &Segment, resident: bool) -> io::Result<()> {
+    let mut answer = [0u8; crate::wire::RESPONSE_LEN + MAP_ANSWER_LEN];
+    answer[..crate::wire::RESPONSE_LEN].copy_from_slice(
+        &Response {
+            ok: true,
+            len: MAP_ANSWER_LEN as u64,
+        }
+        .encode(),
+    );
+    answer[crate::wire::RESPONSE_LEN..][..8].copy_from_slice(&segment.capacity().to_le_bytes());
+    let flags = if resident { RESIDENT } else { 0 };
+    answer[crate::wire::RESPONSE_LEN + 8..].copy_from_slice(&flags.to_le_bytes());
+    let fds = [segment.fd()];
+    let mut sent = 0;
+    while sent < answer.len() {
+        s.writable().await?;
+        let r = s.try_io(Interest::WRITABLE, || {
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+            // the descriptor rides on the first bytes only
+            if sent == 0 && !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
+                return Err(io::Error::other("no room for the descriptor"));
+            }
+            rustix::net::sendmsg(
+                s,
+                &[io::IoSlice::new(&answer[sent..])],
+                &mut control,
+                rustix::net::SendFlags::NOSIGNAL,
+            )
+            .map_err(io::Error::from)
+        });
+        match r {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+async fn refuse(s: &mut UnixStream, e: &StoreError) -> io::Result<()> {
+    let msg = e.to_string();
+    let head = Response {
+        ok: false,
+        len: msg.len() as u64,
+    }
+    .encode();
+    s.write_all(&head).await?;
+    s.write_all(msg.as_bytes()).await
+}

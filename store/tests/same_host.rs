@@ -1,0 +1,179 @@
+//! The same-host path: clients on the member's host map its segment and move bytes with one
+//! memcpy (`src/client/local.rs`, `src/member/local.rs`), and nothing they read is ever another
+//! key's bytes, even while eviction reuses ranges under them; clients that cannot use it (turned
+//! off, or a member that serves no socket) go over TCP.
+
+// Helpers outside #[test] fns state expectations with unwrap too (see clippy.toml).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::*;
+use parking_lot::Mutex;
+
+/// A member's counter from its /metrics.
+async fn member_counter(metrics: &str, name: &str) -> u64 {
+    let body = tokio::task::spawn_blocking({
+        let url = format!("http://{metrics}/metrics");
+        move || {
+            let out = std::process::Command::new("curl").args(["-sf", &url]).output().unwrap();
+            String::from_utf8(out.stdout).unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}_total ")))
+        .unwrap_or_else(|| panic!("{name}_total missing from /metrics:\n{body}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The value under `key`: its length and bytes follow from the key alone, so any read can be
+/// checked against it.
+fn value_of(key: &str) -> Vec<u8> {
+    let seed = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let len = 4096 + (seed % (192 * 1024)) as usize;
+    random_bytes(seed, len)
+}
+
+fn start_member(leader: &str, name: &str, capacity: &str, extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "member",
+        "--leader",
+        leader,
+        "--capacity",
+        capacity,
+        "--name",
+        name,
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    Proc::start(&args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_same_host_clients_never_read_another_keys_bytes_while_ranges_are_reused() {
+    // an 8 MiB member under a 64 MiB ceiling: about 80 values fit, so every few puts evict and
+    // the freed ranges are handed to other keys while other clients read
+    let l = leader(&["--tenant", "t=64Mi:64:bfloat16", "--lease-ttl", "2s"]);
+    let addr = l.field("grpc");
+    let m = start_member(&addr, "m1", "8Mi", &[]);
+    let metrics = m.field("metrics");
+    wait_members(&client(&addr, "t").await, 1).await;
+
+    let written: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for c in 0..16u64 {
+        let addr = addr.clone();
+        let written = written.clone();
+        tasks.push(tokio::spawn(async move {
+            let client = client(&addr, "t").await;
+            assert!(client.uses_local());
+            let (mut hits, mut checked) = (0u64, HashMap::<&str, u64>::new());
+            for i in 0..150u64 {
+                let key = format!("c{c}-k{i}");
+                match client.put(&key, Bytes::from(value_of(&key))).await {
+                    Ok(_) => written.lock().push(key.clone()),
+                    // every range may be leased or being written by the 15 others for a moment
+                    Err(e) if e.code.as_str() == "TENANT_QUOTA_EXCEEDED" || e.code.as_str() == "NO_SPACE" => {}
+                    Err(e) => panic!("put {key}: {e}"),
+                }
+                // read back one recent key of any client, and one older one (likely evicted)
+                let picks: Vec<String> = {
+                    let w = written.lock();
+                    let n = w.len();
+                    [
+                        n.saturating_sub(1 + (i as usize * 7 + c as usize) % 24),
+                        (i as usize * 13) % n.max(1),
+                    ]
+                    .into_iter()
+                    .filter_map(|j| w.get(j).cloned())
+                    .collect()
+                };
+                for k in picks {
+                    let mut buf = Vec::new();
+                    match client.get_into(&k, &mut buf).await {
+                        Ok(true) => {
+                            assert!(buf == value_of(&k), "a read of {k} returned other bytes");
+                            hits += 1;
+                        }
+                        Ok(false) => *checked.entry("miss").or_default() += 1,
+                        // reported, never returned: a read that outlived its lease, or a range
+                        // another transfer holds for a moment
+                        Err(e) if matches!(e.code.as_str(), "LEASE_EXPIRED" | "RANGE_BUSY") => {
+                            *checked.entry(e.code.as_str()).or_default() += 1;
+                        }
+                        Err(e) => panic!("get {k}: {e}"),
+                    }
+                }
+            }
+            hits
+        }));
+    }
+    let mut hits = 0;
+    for t in tasks {
+        hits += t.await.unwrap();
+    }
+    assert!(hits > 100, "only {hits} reads hit; the test did not exercise reads");
+    let c = client(&addr, "t").await;
+    let t = tenant(&c, "t").await;
+    assert!(
+        t.evictions > 100,
+        "only {} evictions: ranges were not reused",
+        t.evictions
+    );
+    let local_reads = member_counter(&metrics, "kvstore_member_local_reads").await;
+    let local_writes = member_counter(&metrics, "kvstore_member_local_writes").await;
+    assert!(
+        local_reads >= hits && local_writes > 1000,
+        "the bytes did not go through the mapped segment: {local_reads} local reads, {local_writes} local writes"
+    );
+    drop(m);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_the_same_host_path_and_members_without_a_socket_use_tcp() {
+    let l = leader(&["--tenant", "t=64Mi:64:bfloat16"]);
+    let addr = l.field("grpc");
+    let local = start_member(&addr, "m1", "16Mi", &[]);
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    let tcp = c.clone().without_local();
+    assert!(!tcp.uses_local());
+    for (i, size) in [1usize, 4096, 1 << 20].into_iter().enumerate() {
+        let key = format!("tcp-{i}");
+        let v = Bytes::from(random_bytes(i as u64, size));
+        tcp.put(&key, v.clone()).await.unwrap();
+        assert_eq!(tcp.get(&key).await.unwrap(), Some(v.clone()), "{size} bytes over TCP");
+        // the same bytes through the mapping
+        assert_eq!(c.get(&key).await.unwrap(), Some(v), "{size} bytes through the mapping");
+    }
+    let metrics = local.field("metrics");
+    assert_eq!(member_counter(&metrics, "kvstore_member_local_writes").await, 0);
+    assert_eq!(member_counter(&metrics, "kvstore_member_local_reads").await, 3);
+    assert_eq!(member_counter(&metrics, "kvstore_member_reads").await, 6);
+    drop(local);
+
+    // a member with --no-local hands out no socket: a client that would map falls back to TCP
+    let l2 = leader(&["--tenant", "t=64Mi:64:bfloat16"]);
+    let addr2 = l2.field("grpc");
+    let plain = start_member(&addr2, "m2", "16Mi", &["--no-local"]);
+    let c2 = client(&addr2, "t").await;
+    wait_members(&c2, 1).await;
+    let v = Bytes::from(random_bytes(9, 300_000));
+    c2.put("k", v.clone()).await.unwrap();
+    assert_eq!(c2.get("k").await.unwrap(), Some(v));
+    let metrics = plain.field("metrics");
+    assert_eq!(member_counter(&metrics, "kvstore_member_local_writes").await, 0);
+    assert_eq!(member_counter(&metrics, "kvstore_member_local_reads").await, 0);
+    assert_eq!(member_counter(&metrics, "kvstore_member_writes").await, 1);
+}
