@@ -1,13 +1,14 @@
 //! Memory the caller registered (`Store.register_buffer(ptr, size)`): the host buffers an engine
-//! moves KV blocks from and into. This is the crate's only `unsafe` code, and all of it is two
-//! raw copies.
+//! moves KV blocks from and into. This is the crate's only `unsafe` code: it lends registered
+//! ranges to one call as slices, so the store's client sends straight from them and receives
+//! straight into them (no copy through memory of ours).
 //!
-//! Invariant: a copy touches `[ptr, ptr + len)` only when that range lies inside one registered
+//! Invariant: a slice covers `[ptr, ptr + len)` only when that range lies inside one registered
 //! buffer, and a buffer is registered by the caller who owns it with the promise the reference
-//! client asks for too: it stays allocated and is not written by anyone else while a call that
-//! names it runs. The copies are `ptr::copy_nonoverlapping` between that foreign memory and
-//! memory this crate owns; no Rust reference to the foreign memory is ever made, so a caller
-//! breaking the promise can corrupt its own bytes but not this process's references.
+//! client asks for too: it stays allocated, and nobody else writes it (or, for a range being
+//! received into, reads it) while a call that names it runs. Slices live only for that call;
+//! ranges received into in one call never overlap, so each byte has at most one `&mut`. A caller
+//! that breaks the promise races with the kernel's copy of its own bytes.
 
 use parking_lot::Mutex;
 
@@ -76,33 +77,47 @@ impl Buffers {
         }
     }
 
-    /// A copy of `len` registered bytes at `ptr`.
-    pub fn read(&self, ptr: usize, len: usize) -> Result<Vec<u8>, Unregistered> {
-        self.check(ptr, len)?;
-        let mut out = vec![0u8; len];
-        // SAFETY: `check` found `[ptr, ptr + len)` inside a registered buffer, which the caller
-        // keeps allocated and unwritten during the call (module invariant); `out` is ours, `len`
-        // bytes long, and cannot overlap foreign memory.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::ptr::copy_nonoverlapping(ptr as *const u8, out.as_mut_ptr(), len);
-        }
-        Ok(out)
+    /// The registered bytes at each `(ptr, len)`, to send from, for the length of one call
+    /// (a range outside every registered buffer is refused alone).
+    pub fn sources(&self, ranges: &[(usize, usize)]) -> Vec<Result<&[u8], Unregistered>> {
+        ranges
+            .iter()
+            .map(|&(ptr, len)| {
+                self.check(ptr, len)?;
+                // SAFETY: `check` found `[ptr, ptr + len)` inside a registered buffer, which its
+                // owner keeps allocated and unwritten while the call naming it runs (module
+                // invariant); the slice does not outlive `&self`, and the caller drops it before
+                // the call returns to Python.
+                #[allow(unsafe_code)]
+                Ok(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) })
+            })
+            .collect()
     }
 
-    /// Copies `bytes` to the registered memory at `ptr` (at most `capacity` bytes there).
-    pub fn write(&self, ptr: usize, capacity: usize, bytes: &[u8]) -> Result<(), Unregistered> {
-        if bytes.len() > capacity {
-            return Err(Unregistered { ptr, len: bytes.len() });
-        }
-        self.check(ptr, bytes.len())?;
-        // SAFETY: `check` found `[ptr, ptr + bytes.len())` inside a registered buffer, which the
-        // caller keeps allocated and untouched by others during the call (module invariant);
-        // `bytes` is memory this crate owns and cannot overlap it.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr as *mut u8, bytes.len());
-        }
-        Ok(())
+    /// The registered bytes at each `(ptr, len)`, to receive into, for the length of one call.
+    /// A range outside every registered buffer, or overlapping an earlier range of the same
+    /// call, is refused alone, so no byte is reachable through two slices.
+    // The memory is not `self`'s: the `&mut`s come from the owner's promise (module invariant)
+    // and the overlap check, not from borrowing `self`.
+    #[allow(clippy::mut_from_ref)]
+    pub fn sinks(&self, ranges: &[(usize, usize)]) -> Vec<Result<&mut [u8], Unregistered>> {
+        let mut lent: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
+        ranges
+            .iter()
+            .map(|&(ptr, len)| {
+                self.check(ptr, len)?;
+                if lent.iter().any(|&(p, l)| ptr < p + l && p < ptr + len) {
+                    return Err(Unregistered { ptr, len });
+                }
+                lent.push((ptr, len));
+                // SAFETY: the range lies inside a registered buffer, which its owner keeps
+                // allocated and untouched by others while the call runs (module invariant), and
+                // it overlaps no other range lent in this call (checked above), so each byte has
+                // one `&mut`. The slices do not outlive `&self` and are dropped before the call
+                // returns.
+                #[allow(unsafe_code)]
+                Ok(unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) })
+            })
+            .collect()
     }
 }

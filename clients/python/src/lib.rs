@@ -68,7 +68,7 @@ struct Store {
 }
 
 impl Store {
-    fn connect(endpoint: &str, scope: Scope, spin_us: u64) -> Result<Store, Refusal> {
+    fn connect(endpoint: &str, scope: Scope, spin_us: u64, same_host: bool) -> Result<Store, Refusal> {
         // worker threads, so calls from several Python threads run at once
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -76,9 +76,12 @@ impl Store {
             .enable_all()
             .build()
             .map_err(|e| Refusal::new(ErrorCode::Internal, format!("starting the client's runtime: {e}")))?;
-        let client = rt
+        let mut client = rt
             .block_on(Client::connect(endpoint, scope))?
             .with_spin(Duration::from_micros(spin_us));
+        if !same_host {
+            client = client.without_local();
+        }
         Ok(Store {
             rt,
             client: RwLock::new(Some(client)),
@@ -107,10 +110,11 @@ impl Store {
 
 #[pymethods]
 impl Store {
-    /// `Store(endpoint, tenant, block_size, dtype, spin_us=0)`: connects to the leader at
-    /// `endpoint` (HOST:PORT, the backend's Client endpoint).
+    /// `Store(endpoint, tenant, block_size, dtype, spin_us=0, same_host=True)`: connects to the
+    /// leader at `endpoint` (HOST:PORT, the backend's Client endpoint). With `same_host`, values
+    /// held by a member on this host move through its mapped segment (one memcpy) instead of TCP.
     #[new]
-    #[pyo3(signature = (endpoint, tenant, block_size, dtype, spin_us = 0))]
+    #[pyo3(signature = (endpoint, tenant, block_size, dtype, spin_us = 0, same_host = true))]
     fn new(
         py: Python<'_>,
         endpoint: String,
@@ -118,28 +122,30 @@ impl Store {
         block_size: u32,
         dtype: String,
         spin_us: u64,
+        same_host: bool,
     ) -> PyResult<Self> {
         let scope = Scope {
             tenant,
             block_size,
             dtype,
         };
-        py.detach(|| Store::connect(&endpoint, scope, spin_us)).map_err(raise)
+        py.detach(|| Store::connect(&endpoint, scope, spin_us, same_host))
+            .map_err(raise)
     }
 
     /// A Store from exactly what injection gives a replica: `KVSTORE_LEADER` (or
     /// `MOONCAKE_MASTER`), `KVSTORE_TENANT` (or `MOONCAKE_TENANT_ID`, default `default`),
     /// `KVSTORE_BLOCK_SIZE` and `KVSTORE_DTYPE`.
     #[staticmethod]
-    #[pyo3(signature = (spin_us = 0))]
-    fn from_env(py: Python<'_>, spin_us: u64) -> PyResult<Self> {
+    #[pyo3(signature = (spin_us = 0, same_host = true))]
+    fn from_env(py: Python<'_>, spin_us: u64, same_host: bool) -> PyResult<Self> {
         let cfg = SimConfig::from_env(|k| std::env::var(k).ok()).map_err(raise)?;
         let Some(endpoint) = cfg.leader else {
             return Err(raise(invalid(
                 "no store is configured: set KVSTORE_LEADER (or MOONCAKE_MASTER) to the backend's Client endpoint",
             )));
         };
-        py.detach(|| Store::connect(&endpoint, cfg.scope, spin_us))
+        py.detach(|| Store::connect(&endpoint, cfg.scope, spin_us, same_host))
             .map_err(raise)
     }
 
@@ -186,13 +192,26 @@ impl Store {
         Ok(0)
     }
 
+    /// Stores `size` bytes of registered memory at `ptr` under `key`, straight from that memory:
+    /// 0, or a negative code.
+    fn put_from(&self, py: Python<'_>, key: String, ptr: usize, size: usize) -> PyResult<i64> {
+        Ok(self.batch_put_from(py, vec![key], vec![ptr], vec![size])?[0])
+    }
+
+    /// Reads the value of `key` straight into registered memory at `ptr` (at most `size`
+    /// bytes): the bytes read, `KEY_NOT_FOUND`, or a negative code.
+    fn get_into(&self, py: Python<'_>, key: String, ptr: usize, size: usize) -> PyResult<i64> {
+        Ok(self.batch_get_into(py, vec![key], vec![ptr], vec![size])?[0])
+    }
+
     /// Forgets a registered buffer: 0, or -1 if none starts at `ptr`.
     fn unregister_buffer(&self, ptr: usize) -> i64 {
         if self.buffers.unregister(ptr) { 0 } else { -1 }
     }
 
-    /// Stores `sizes[i]` bytes of registered memory at `ptrs[i]` under `keys[i]`, concurrently;
-    /// per key 0, or a negative code.
+    /// Stores `sizes[i]` bytes of registered memory at `ptrs[i]` under `keys[i]`: one leader
+    /// call reserves them all, the bytes go straight from that memory to the members, one call
+    /// commits. Per key 0 (stored, or already there), or a negative code.
     fn batch_put_from(
         &self,
         py: Python<'_>,
@@ -201,30 +220,32 @@ impl Store {
         sizes: Vec<usize>,
     ) -> PyResult<Vec<i64>> {
         same_lengths(keys.len(), ptrs.len(), sizes.len())?;
-        let mut values = Vec::with_capacity(keys.len());
-        for (p, n) in ptrs.iter().zip(&sizes) {
-            values.push(self.buffers.read(*p, *n).map(Bytes::from));
+        let ranges: Vec<(usize, usize)> = ptrs.into_iter().zip(sizes).collect();
+        let mut out = vec![number(ErrorCode::InvalidArgument); keys.len()];
+        let (mut at, mut items) = (Vec::new(), Vec::new());
+        for (i, src) in self.buffers.sources(&ranges).into_iter().enumerate() {
+            if let Ok(src) = src {
+                at.push(i);
+                items.push((keys[i].as_str(), src));
+            }
         }
-        self.run(py, |c| async move {
-            let puts = keys.iter().zip(values).map(|(k, v)| {
-                let c = c.clone();
-                async move {
-                    match v {
-                        Ok(v) => match c.put(k, v).await {
-                            Ok(_) => 0,
-                            Err(e) => number(e.code),
-                        },
-                        Err(_) => number(ErrorCode::InvalidArgument),
-                    }
-                }
-            });
-            Ok(futures::future::join_all(puts).await)
-        })
+        if items.is_empty() {
+            return Ok(out);
+        }
+        let done = self.run(py, |c| async move { c.batch_put(&items).await })?;
+        for (i, r) in at.into_iter().zip(done) {
+            out[i] = match r {
+                Ok(_) => 0,
+                Err(e) => number(e.code),
+            };
+        }
+        Ok(out)
     }
 
-    /// Reads the values of `keys` into registered memory at `ptrs` (at most `sizes[i]` bytes
-    /// each), concurrently; per key the bytes read, `KEY_NOT_FOUND`, or a negative code (a value
-    /// larger than its size is not copied: `VALUE_TOO_LARGE`).
+    /// Reads the values of `keys` straight into registered memory at `ptrs` (at most
+    /// `sizes[i]` bytes each; a range overlapping an earlier one is refused): one leader call locates them all.
+    /// Per key the bytes read, `KEY_NOT_FOUND`, or a negative code (a value larger than its
+    /// size is not read: `VALUE_TOO_LARGE`).
     fn batch_get_into(
         &self,
         py: Python<'_>,
@@ -233,26 +254,26 @@ impl Store {
         sizes: Vec<usize>,
     ) -> PyResult<Vec<i64>> {
         same_lengths(keys.len(), ptrs.len(), sizes.len())?;
-        let got = self.run(py, |c| async move {
-            let gets = keys.iter().map(|k| {
-                let c = c.clone();
-                async move { c.get(k).await }
-            });
-            Ok(futures::future::join_all(gets).await)
-        })?;
-        let out = got
-            .into_iter()
-            .zip(ptrs.iter().zip(&sizes))
-            .map(|(r, (p, n))| match r {
-                Ok(Some(v)) if v.len() > *n => number(ErrorCode::ValueTooLarge),
-                Ok(Some(v)) => match self.buffers.write(*p, *n, &v) {
-                    Ok(()) => v.len() as i64,
-                    Err(_) => number(ErrorCode::InvalidArgument),
-                },
+        let ranges: Vec<(usize, usize)> = ptrs.into_iter().zip(sizes).collect();
+        let mut out = vec![number(ErrorCode::InvalidArgument); keys.len()];
+        let (mut at, mut items) = (Vec::new(), Vec::new());
+        for (i, sink) in self.buffers.sinks(&ranges).into_iter().enumerate() {
+            if let Ok(sink) = sink {
+                at.push(i);
+                items.push((keys[i].as_str(), sink));
+            }
+        }
+        if items.is_empty() {
+            return Ok(out);
+        }
+        let got = self.run(py, |c| async move { c.batch_get_into(&mut items).await })?;
+        for (i, r) in at.into_iter().zip(got) {
+            out[i] = match r {
+                Ok(Some(n)) => n as i64,
                 Ok(None) => KEY_NOT_FOUND,
                 Err(e) => number(e.code),
-            })
-            .collect();
+            };
+        }
         Ok(out)
     }
 

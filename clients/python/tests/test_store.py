@@ -85,9 +85,14 @@ class StoreTest(unittest.TestCase):
         self.assertEqual(self.store.register_buffer(base_dst, n * size), 0)
         self.assertEqual(self.store.batch_put_from(keys, ptrs, sizes), [0] * n)
         dsts = [base_dst + i * size for i in range(n)]
-        got = self.store.batch_get_into(keys + ["batch/absent"], dsts + [base_dst], sizes + [size])
+        spare = ctypes.create_string_buffer(size)
+        self.assertEqual(self.store.register_buffer(ctypes.addressof(spare), size), 0)
+        got = self.store.batch_get_into(keys + ["batch/absent"], dsts + [ctypes.addressof(spare)], sizes + [size])
         self.assertEqual(got, [size] * n + [kvcache.KEY_NOT_FOUND])
         self.assertEqual(dst.raw, src.raw)
+        # two destinations of one call may not overlap: the later one is refused, alone
+        overlapping = self.store.batch_get_into(keys[:2], [base_dst, base_dst + 1], sizes[:2])
+        self.assertEqual(overlapping, [size, kvcache.CODES["INVALID_ARGUMENT"]])
         # a destination smaller than the value is not written
         small = self.store.batch_get_into(["batch/0"], [base_dst], [size - 1])
         self.assertEqual(small, [kvcache.CODES["VALUE_TOO_LARGE"]])
