@@ -41,7 +41,7 @@ use crate::error::{ErrorCode, StoreError};
 /// A mapped segment: the member's own, or a client's view of a member's.
 #[derive(Debug)]
 pub struct SharedMap {
-    _map: MmapMut,
+    mapping: MmapMut,
     /// the memory's descriptor (a memfd, or an unlinked file), kept to hand to same-host clients
     file: File,
     ptr: *mut u8,
@@ -96,6 +96,9 @@ impl SharedMap {
 
     /// Maps a segment another process created and handed over (`fd`, `len` bytes), for a
     /// same-host client. Its size is checked against `len`, so no access can pass its end.
+    /// With `populate` (the member's pages are all resident) the page tables are filled in now,
+    /// writable: a read fault would map a shared page read-only, and the first write to each
+    /// page would then pay a second fault on the data path.
     pub fn attach(fd: OwnedFd, len: u64, populate: bool) -> io::Result<Self> {
         let file = File::from(fd);
         let size = file.metadata()?.len();
@@ -105,7 +108,12 @@ impl SharedMap {
                 format!("the segment handed over is {size} bytes, not {len}"),
             ));
         }
-        Self::map(file, len, populate)
+        let map = Self::map(file, len, false)?;
+        if populate && let Err(e) = map.mapping.advise(memmap2::Advice::PopulateWrite) {
+            // older kernels (before 5.14): pages fault in as they are first used
+            tracing::debug!(error = %e, "MADV_POPULATE_WRITE refused");
+        }
+        Ok(map)
     }
 
     fn map(file: File, len: u64, populate: bool) -> io::Result<Self> {
@@ -121,7 +129,7 @@ impl SharedMap {
         let mut map = unsafe { options.map_mut(&file) }?;
         let ptr = map.as_mut_ptr();
         Ok(Self {
-            _map: map,
+            mapping: map,
             file,
             ptr,
             len,
