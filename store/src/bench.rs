@@ -48,6 +48,10 @@ pub struct BenchArgs {
     /// Poll this long for each reply before sleeping; 0 never polls.
     #[arg(long, default_value = "200us", value_parser = kvcache_units::parse_duration)]
     pub spin: Duration,
+    /// Move the bytes through the member's mapped segment when it is on this host (without: over
+    /// TCP, as the reference's remote mode does).
+    #[arg(long)]
+    pub same_host: bool,
 }
 
 impl BenchArgs {

@@ -210,7 +210,10 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
             Ok(())
         }
         Command::Bench(args) => {
-            let client = Client::connect(&args.leader, args.scope()).await?.with_spin(args.spin);
+            let mut client = Client::connect(&args.leader, args.scope()).await?.with_spin(args.spin);
+            if !args.same_host {
+                client = client.without_local();
+            }
             if let Some(t) = bench::ensure_tenant(&client, &args).await?
                 && args.register_tenant.is_none()
             {
