@@ -71,7 +71,7 @@ def main():
                        "--name", "bench-member", "--shm-dir", shm.name])
     results = []
     try:
-        s = kvcache.Store(listening["grpc"], "bench", 64, "bfloat16")
+        s = kvcache.Store(listening["grpc"], "bench", 64, "bfloat16", same_host=False)
         ring = parse_size(a.ring_bytes)
         for size in [parse_size(x) for x in a.sizes.split(",")]:
             B = a.batch
