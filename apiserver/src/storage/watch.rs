@@ -54,6 +54,10 @@ pub struct WatchStream {
     rx: mpsc::Receiver<Arc<WatchEvent>>,
     lagged: Arc<AtomicBool>,
     capacity: usize,
+    /// the revision the stream starts after. A write is readable a moment before it is
+    /// published, so a watch started after a read that saw it may receive its event live: such
+    /// an event is dropped here, never delivered twice.
+    after: u64,
 }
 
 impl std::fmt::Debug for WatchStream {
@@ -67,13 +71,18 @@ impl std::fmt::Debug for WatchStream {
 impl WatchStream {
     /// The next event, or why the stream ended.
     pub async fn next(&mut self) -> Result<Arc<WatchEvent>, WatchClosed> {
-        if let Some(ev) = self.replay.pop_front() {
-            return Ok(ev);
-        }
-        match self.rx.recv().await {
-            Some(ev) => Ok(ev),
-            None if self.lagged.load(Ordering::Acquire) => Err(WatchClosed::TooSlow(self.capacity)),
-            None => Err(WatchClosed::StorageClosed),
+        loop {
+            let ev = match self.replay.pop_front() {
+                Some(ev) => ev,
+                None => match self.rx.recv().await {
+                    Some(ev) => ev,
+                    None if self.lagged.load(Ordering::Acquire) => return Err(WatchClosed::TooSlow(self.capacity)),
+                    None => return Err(WatchClosed::StorageClosed),
+                },
+            };
+            if ev.revision > self.after {
+                return Ok(ev);
+            }
         }
     }
 }
@@ -156,6 +165,7 @@ impl Hub {
             rx,
             lagged,
             capacity: self.queue_limit,
+            after,
         })
     }
 
@@ -226,6 +236,22 @@ mod tests {
         assert_eq!(w.next().await.unwrap().revision, 4);
         drop(hub);
         assert_eq!(w.next().await.unwrap_err(), WatchClosed::StorageClosed);
+    }
+
+    #[tokio::test]
+    async fn an_event_published_after_a_watch_that_starts_past_it_is_not_delivered() {
+        // a read saw revision 2 before the hub had it, and the watch starts after 2
+        let hub = Hub::new(10, 10);
+        hub.publish(vec![ev(1, "k")]);
+        let mut w = hub.subscribe("", 2).unwrap();
+        hub.publish(vec![ev(2, "k"), ev(3, "k"), ev(3, "j")]);
+        let (a, b) = (w.next().await.unwrap(), w.next().await.unwrap());
+        assert_eq!((a.revision, a.key.as_str()), (3, "k"));
+        assert_eq!(
+            (b.revision, b.key.as_str()),
+            (3, "j"),
+            "every event of one revision is delivered"
+        );
     }
 
     #[test]
