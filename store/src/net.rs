@@ -1,9 +1,14 @@
 //! Listener plumbing shared by the leader and members: accepted gRPC connections get
-//! `TCP_NODELAY`, because every call here is a small request waiting for a small reply.
+//! `TCP_NODELAY`, because every call here is a small request waiting for a small reply; the
+//! framed ports (fast port, data port, same-host socket) share one accept loop.
+
+use std::future::Future;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio_stream::StreamExt;
+use tokio::task::JoinSet;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::{Stream, StreamExt};
+use tokio_util::sync::CancellationToken;
 
 /// The accepted connections of `listener`, with Nagle's algorithm off.
 pub fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::io::Result<TcpStream>> {
@@ -14,6 +19,43 @@ pub fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::
             }
         })
     })
+}
+
+/// Accepts from `incoming` until `cancel` fires, serving each connection in a task of its own;
+/// then stops accepting and aborts every connection, so no per-request work watches the token.
+/// A failed accept (out of descriptors, say) is logged and retried after 50 ms.
+pub async fn serve_connections<S, I, F, Fut>(
+    mut incoming: I,
+    what: &'static str,
+    cancel: CancellationToken,
+    mut serve: F,
+) where
+    I: Stream<Item = std::io::Result<S>> + Unpin,
+    F: FnMut(S) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let mut conns = JoinSet::new();
+    let stop = cancel.cancelled();
+    tokio::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut stop => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            a = incoming.next() => a,
+        };
+        match accepted {
+            Some(Ok(conn)) => {
+                conns.spawn(serve(conn));
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "{what} accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            None => break,
+        }
+    }
+    drop(incoming);
+    conns.shutdown().await;
 }
 
 /// Socket buffer size asked for on data connections: a whole 4 MiB value fits in flight, so a

@@ -45,19 +45,9 @@ fn value_of(key: &str) -> Vec<u8> {
 }
 
 fn start_member(leader: &str, name: &str, capacity: &str, extra: &[&str]) -> Proc {
-    let mut args = vec![
-        "member",
-        "--leader",
-        leader,
-        "--capacity",
-        capacity,
-        "--name",
-        name,
-        "--metrics-listen",
-        "127.0.0.1:0",
-    ];
+    let mut args = vec!["--metrics-listen", "127.0.0.1:0"];
     args.extend_from_slice(extra);
-    Proc::start(&args)
+    member_with(leader, name, capacity, &args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,6 @@ use bytes::{Buf, BufMut, BytesMut};
 use prost::Message;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::{Leader, calls};
@@ -64,35 +63,17 @@ impl Method {
 
 /// Serves the port until `cancel` fires, then closes every connection.
 pub async fn serve(listener: TcpListener, leader: Leader, hot: Arc<HotWindow>, cancel: CancellationToken) {
-    // connections are aborted when the port stops, so no per-call work watches the token
-    let mut conns = JoinSet::new();
-    let stop = cancel.cancelled();
-    tokio::pin!(stop);
-    loop {
-        let accepted = tokio::select! {
-            () = &mut stop => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            a = listener.accept() => a,
-        };
-        let (stream, _) = match accepted {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "fast port accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
+    let incoming = crate::net::incoming(listener);
+    crate::net::serve_connections(incoming, "fast port", cancel, move |stream: TcpStream| {
         let leader = leader.clone();
         let hot = hot.clone();
-        conns.spawn(async move {
+        async move {
             if let Err(e) = connection(stream, &leader, &hot).await {
                 tracing::debug!(error = %e, "fast port connection closed");
             }
-        });
-    }
-    drop(listener);
-    conns.shutdown().await;
+        }
+    })
+    .await;
 }
 
 async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::io::Result<()> {

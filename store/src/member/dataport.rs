@@ -8,7 +8,6 @@ use std::time::Duration;
 use bytes::Buf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::segment::{Grant, Segment};
@@ -24,36 +23,22 @@ pub const WRITE_GRACE: Duration = Duration::from_secs(10);
 /// Serves the data port until `cancel` fires, then closes every connection (a transfer cut off
 /// mid-way is refused by its client's checks, and its range is released with the task).
 pub async fn serve(listener: TcpListener, segment: Arc<Segment>, hot: Arc<HotWindow>, cancel: CancellationToken) {
-    // connections are aborted when the port stops, so no per-transfer work watches the token
-    let mut conns = JoinSet::new();
-    let stop = cancel.cancelled();
-    tokio::pin!(stop);
-    loop {
-        let accepted = tokio::select! {
-            () = &mut stop => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            a = listener.accept() => a,
-        };
-        let (stream, peer) = match accepted {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "data port accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    crate::net::serve_connections(incoming, "data port", cancel, move |stream: TcpStream| {
         let _ = stream.set_nodelay(true);
-        crate::net::tune_data_connection(socket2::SockRef::from(&stream), &peer);
+        let peer = stream.peer_addr();
+        if let Ok(peer) = &peer {
+            crate::net::tune_data_connection(socket2::SockRef::from(&stream), peer);
+        }
         let segment = segment.clone();
         let hot = hot.clone();
-        conns.spawn(async move {
+        async move {
             if let Err(e) = connection(stream, &segment, &hot).await {
-                tracing::debug!(%peer, error = %e, "data connection closed");
+                tracing::debug!(?peer, error = %e, "data connection closed");
             }
-        });
-    }
-    drop(listener);
-    conns.shutdown().await;
+        }
+    })
+    .await;
 }
 
 async fn connection(mut s: TcpStream, segment: &Segment, hot: &HotWindow) -> std::io::Result<()> {

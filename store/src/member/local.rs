@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::dataport::WRITE_GRACE;
@@ -63,33 +62,17 @@ pub async fn serve(
     hot: Arc<HotWindow>,
     cancel: CancellationToken,
 ) {
-    let mut conns = JoinSet::new();
-    let stop = cancel.cancelled();
-    tokio::pin!(stop);
-    loop {
-        let accepted = tokio::select! {
-            () = &mut stop => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            a = listener.accept() => a,
-        };
-        let stream = match accepted {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "same-host socket accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    crate::net::serve_connections(incoming, "same-host socket", cancel, move |stream: UnixStream| {
         let segment = segment.clone();
         let hot = hot.clone();
-        conns.spawn(async move {
+        async move {
             if let Err(e) = connection(stream, &segment, resident, &hot).await {
                 tracing::debug!(error = %e, "same-host connection closed");
             }
-        });
-    }
-    drop(listener);
-    conns.shutdown().await;
+        }
+    })
+    .await;
 }
 
 /// The claim a connection holds.

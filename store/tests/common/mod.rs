@@ -81,7 +81,12 @@ pub fn leader_at(addr: &str, extra: &[&str]) -> Proc {
 
 /// Starts a member of `capacity` mounted at `leader`.
 pub fn member(leader: &str, name: &str, capacity: &str) -> Proc {
-    Proc::start(&[
+    member_with(leader, name, capacity, &[])
+}
+
+/// Starts a member of `capacity` mounted at `leader`, with extra flags.
+pub fn member_with(leader: &str, name: &str, capacity: &str, extra: &[&str]) -> Proc {
+    let mut args = vec![
         "member",
         "--leader",
         leader,
@@ -90,7 +95,9 @@ pub fn member(leader: &str, name: &str, capacity: &str) -> Proc {
         "--name",
         name,
         "--no-prefault",
-    ])
+    ];
+    args.extend_from_slice(extra);
+    Proc::start(&args)
 }
 
 pub fn scope(tenant: &str) -> Scope {
