@@ -20,15 +20,7 @@ import tempfile
 import time
 
 import kvcache
-
-
-def parse_size(s):
-    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "b": 1}
-    low = s.strip().lower()
-    for u in sorted(units, key=len, reverse=True):
-        if low.endswith(u):
-            return int(float(low[: -len(u)]) * units[u])
-    return int(s)
+from sizes import parse_size
 
 
 def start(args):

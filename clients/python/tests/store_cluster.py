@@ -1,4 +1,4 @@
-"""A real store for the engine adapters' tests: one leader and one member (`kv-store`, started
+"""A real store for the package's tests (the client's and the engine adapters'): one leader and one member (`kv-store`, started
 here on loopback ports the OS picks, stopped by ``stop``). ``KVSTORE_BIN`` names the binary
 (``scripts/test`` sets it); the tenants are given as the leader's ``--tenant`` specs."""
 
@@ -44,7 +44,7 @@ class Cluster:
             self.procs.append(leader)
             self.endpoint = listening["grpc"]
             member, _ = start([
-                "member", "--leader", self.endpoint, "--capacity", capacity, "--name", "adapter-member",
+                "member", "--leader", self.endpoint, "--capacity", capacity, "--name", "test-member",
                 "--shm-dir", self.shm.name, "--no-prefault", "--spin", "0", "--max-value-size", max_value_size,
             ])
             self.procs.append(member)

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 import unittest
+from unittest import mock
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -208,8 +209,10 @@ class LMCacheRemotePluginTest(unittest.TestCase):
 
     def test_the_connection_comes_from_the_environment_or_fails_clearly(self):
         names = ["KVSTORE_LEADER", "KVSTORE_TENANT", "KVSTORE_BLOCK_SIZE", "KVSTORE_DTYPE", "MOONCAKE_MASTER"]
-        saved = {k: os.environ.pop(k, None) for k in names}
-        try:
+        # the environment is restored however the test ends
+        with mock.patch.dict(os.environ):
+            for k in names:
+                os.environ.pop(k, None)
             config = self.config(endpoint=None, tenant=None)
             local = self.remote(self.config()).local_cpu_backend
             with self.assertRaises(ValueError) as e:
@@ -226,12 +229,6 @@ class LMCacheRemotePluginTest(unittest.TestCase):
             sent = self.chunk(remote, seed=500)
             remote.submit_put_task(key(500), sent).result(timeout=30)
             self.assertSameChunk(remote.get_blocking(key(500)), sent)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 if __name__ == "__main__":

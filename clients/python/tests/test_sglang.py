@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import unittest
+from unittest import mock
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -237,8 +238,10 @@ class SGLangHiCacheTest(unittest.TestCase):
 
     def test_the_connection_comes_from_the_environment_or_fails_clearly(self):
         names = ["KVSTORE_LEADER", "KVSTORE_TENANT", "KVSTORE_BLOCK_SIZE", "KVSTORE_DTYPE", "MOONCAKE_MASTER"]
-        saved = {k: os.environ.pop(k, None) for k in names}
-        try:
+        # the environment is restored however the test ends
+        with mock.patch.dict(os.environ):
+            for k in names:
+                os.environ.pop(k, None)
             pool = host_pool("page_first", seed=7)
             with self.assertRaises(ValueError) as e:
                 self.attach(pool, self.extra_config(endpoint=None))
@@ -257,12 +260,6 @@ class SGLangHiCacheTest(unittest.TestCase):
             with self.assertRaises(kvcache.StoreError) as e:
                 self.attach(pool, self.extra_config(tenant="nobody"))
             self.assertEqual(e.exception.code, "TENANT_NOT_REGISTERED")
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 if __name__ == "__main__":

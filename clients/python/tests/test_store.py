@@ -5,56 +5,30 @@ exceptions carrying the store's code, and ``Store.from_env`` with the injected v
 ``KVSTORE_BIN`` names the kv-store binary (``scripts/test`` sets it)."""
 
 import ctypes
-import json
 import os
 import subprocess
-import tempfile
 import unittest
+from unittest import mock
 
 import kvcache
+from store_cluster import Cluster, start
 
-BIN = os.environ.get(
-    "KVSTORE_BIN",
-    os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/kvcache-target")), "debug", "kv-store"),
-)
 TENANT, BLOCK_SIZE, DTYPE = "py", 16, "bfloat16"
-
-
-def start(args):
-    p = subprocess.Popen([BIN, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    events = []
-    for line in p.stdout:
-        event = json.loads(line)
-        events.append(event)
-        if event.get("event") == "readiness" and event.get("state") == "serving":
-            return p, events[0]
-    raise RuntimeError(f"{args[0]} exited before serving: {events}")
 
 
 class StoreTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.shm = tempfile.TemporaryDirectory()
-        cls.leader, listening = start([
-            "leader", "--listen", "127.0.0.1:0", "--spin", "0",
-            "--tenant", f"{TENANT}=64Mi:{BLOCK_SIZE}:{DTYPE}", "--tenant", f"small=1Mi:{BLOCK_SIZE}:{DTYPE}",
-            "--max-value-size", "8Mi",
-        ])
-        cls.endpoint = listening["grpc"]
-        cls.member, _ = start([
-            "member", "--leader", cls.endpoint, "--capacity", "128Mi", "--name", "py-member",
-            "--shm-dir", cls.shm.name, "--no-prefault", "--spin", "0", "--max-value-size", "8Mi",
-        ])
+        cls.cluster = Cluster(
+            [f"{TENANT}=64Mi:{BLOCK_SIZE}:{DTYPE}", f"small=1Mi:{BLOCK_SIZE}:{DTYPE}"], capacity="128Mi"
+        )
+        cls.endpoint = cls.cluster.endpoint
         cls.store = kvcache.Store(cls.endpoint, TENANT, BLOCK_SIZE, DTYPE)
 
     @classmethod
     def tearDownClass(cls):
         cls.store.close()
-        for p in (cls.member, cls.leader):
-            p.terminate()
-            p.wait(timeout=10)
-            p.stdout.close()
-        cls.shm.cleanup()
+        cls.cluster.stop()
 
     def test_round_trips_from_one_byte_to_four_mebibytes(self):
         for n in (1, 7, 4096, 65537, 1 << 20, 4 << 20):
@@ -185,8 +159,8 @@ class StoreTest(unittest.TestCase):
     def test_from_env_reads_what_injection_gives_a_replica(self):
         env = {"KVSTORE_LEADER": self.endpoint, "KVSTORE_TENANT": TENANT,
                "KVSTORE_BLOCK_SIZE": str(BLOCK_SIZE), "KVSTORE_DTYPE": DTYPE}
-        saved = {k: os.environ.get(k) for k in [*env, "MOONCAKE_MASTER", "MOONCAKE_TENANT_ID"]}
-        try:
+        # the environment is restored however the test ends
+        with mock.patch.dict(os.environ):
             os.environ.update(env)
             s = kvcache.Store.from_env()
             s.put("env/k", b"from the environment")
@@ -202,12 +176,6 @@ class StoreTest(unittest.TestCase):
             os.environ["MOONCAKE_MASTER"] = self.endpoint
             del os.environ["KVSTORE_DTYPE"]
             self.assertRefused("INVALID_ARGUMENT", kvcache.Store.from_env)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 if __name__ == "__main__":
