@@ -13,18 +13,18 @@ BIN = os.environ.get(
 )
 
 
-def start(args):
+def start(args, until="serving"):
     """Starts `kv-store ARGS` and returns it with its first event (the one naming its ports),
-    once it reports serving."""
+    once it reports readiness `until` (``serving``; a leader that lost its election: ``standby``)."""
     p = subprocess.Popen([BIN, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     events = []
     for line in p.stdout:
         event = json.loads(line)
         events.append(event)
-        if event.get("event") == "readiness" and event.get("state") == "serving":
+        if event.get("event") == "readiness" and event.get("state") == until:
             return p, events[0]
     p.wait()
-    raise RuntimeError(f"kv-store {args[0]} exited before serving: {events}")
+    raise RuntimeError(f"kv-store {args[0]} exited before {until}: {events}")
 
 
 class Cluster:
