@@ -146,8 +146,15 @@ impl Server {
 
     /// The server with `extra` flags.
     pub fn start_with(extra: &[&str]) -> Server {
+        Server::start_in(tempfile::tempdir().expect("temp dir"), extra)
+    }
+
+    /// The server with `extra` flags and `dir` as its data directory (kept across tries on
+    /// other ports, and handed back by [`Server::stop_keeping_dir`]).
+    pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Server {
+        let mut dir = Some(dir);
         for _ in 0..5 {
-            let dir = tempfile::tempdir().expect("temp dir");
+            let data = dir.take().expect("the data directory");
             let port = free_port();
             let child = Command::new(server_binary())
                 .args([
@@ -161,7 +168,7 @@ impl Server {
                 ])
                 .args(extra)
                 .arg("--data-dir")
-                .arg(dir.path())
+                .arg(data.path())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -173,7 +180,7 @@ impl Server {
                 .map(PathBuf::from);
             let mut server = Server {
                 child,
-                dir,
+                dir: data,
                 port,
                 etcd: None,
                 pki_dir,
@@ -181,8 +188,16 @@ impl Server {
             if server.wait_ready() {
                 return server;
             }
+            dir = Some(server.stop_keeping_dir());
         }
         panic!("kv-apiserver did not become ready on any of 5 ports");
+    }
+
+    /// Kills the server and returns its data directory, to start another server on it.
+    pub fn stop_keeping_dir(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"))
     }
 
     fn wait_ready(&mut self) -> bool {

@@ -134,7 +134,7 @@ impl From<StorageError> for RegistryError {
             StorageError::Expired { .. } => RegistryError::Expired(format!(
                 "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter. ({e})"
             )),
-            StorageError::Unavailable(_) => RegistryError::Unavailable(e.to_string()),
+            StorageError::Unavailable(_) | StorageError::NoSpace(_) => RegistryError::Unavailable(e.to_string()),
             StorageError::InvalidRequest(_) => RegistryError::BadRequest(e.to_string()),
             StorageError::Corrupt(_) | StorageError::Io { .. } => RegistryError::Internal(e.to_string()),
         }

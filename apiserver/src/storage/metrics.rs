@@ -24,6 +24,8 @@ pub struct StorageMetrics {
     pub fsync_duration: Histogram,
     pub log_bytes: Gauge,
     pub compactions: Counter,
+    /// 1 while writes are refused because the disk is full.
+    pub out_of_space: Gauge,
 }
 
 fn seconds() -> Histogram {
@@ -39,6 +41,7 @@ impl Default for StorageMetrics {
             fsync_duration: seconds(),
             log_bytes: Gauge::default(),
             compactions: Counter::default(),
+            out_of_space: Gauge::default(),
         }
     }
 }
@@ -70,6 +73,11 @@ impl StorageMetrics {
             "apiserver_storage_compactions",
             "Compactions of the storage log into a new generation",
             m.compactions.clone(),
+        );
+        registry.register(
+            "apiserver_storage_out_of_space",
+            "1 while writes are refused because the storage's file system is full",
+            m.out_of_space.clone(),
         );
         m
     }

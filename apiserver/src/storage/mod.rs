@@ -134,6 +134,10 @@ pub enum StorageError {
     /// The store cannot accept writes (a failed sync, a closed store). Reads may still work.
     #[error("storage is unavailable: {0}")]
     Unavailable(String),
+    /// The disk is full: writes are refused until space returns, then resume by themselves.
+    /// Reads keep working.
+    #[error("storage is out of space: {0}")]
+    NoSpace(String),
     /// The data on disk cannot be trusted; the message says where and what to do.
     #[error("storage data is corrupt: {0}")]
     Corrupt(String),

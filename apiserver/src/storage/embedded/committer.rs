@@ -3,7 +3,8 @@
 //! It is the only writer of the log. Each round it takes every queued transaction (up to
 //! `max_batch_bytes`), writes them as one frame, syncs once, then publishes: durable locations in
 //! the index, the durable revision, acknowledgements, watch events. Between rounds it may grow
-//! the file or compact the log into a new generation.
+//! the file or compact the log into a new generation. A full disk sends it into [`wait_for_space`]
+//! until a probe finds room again; any other failure stops writing for good ([`fail`]).
 
 use std::fs;
 use std::path::Path;
@@ -20,9 +21,35 @@ use crate::storage::{Result, StorageError};
 /// The longest a round waits for more transactions when the previous round was larger (see
 /// [`run`]).
 const LINGER: std::time::Duration = std::time::Duration::from_micros(250);
+/// How often a full disk is probed for space.
+const SPACE_PROBE: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long after a compaction ran out of space the next one is tried.
+const COMPACT_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Why a round did not become durable.
+enum CommitError {
+    /// The disk is full; `needed` more bytes past the write offset would have been written.
+    NoSpace { message: String, needed: u64 },
+    /// Anything else: writing stops for good.
+    Fatal(StorageError),
+}
+
+/// Whether `e` says the file system (or the user's quota) is full.
+fn is_no_space(e: &std::io::Error) -> bool {
+    // ENOSPC and EDQUOT
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
+fn storage_is_full(e: &StorageError) -> bool {
+    matches!(e, StorageError::Io { source, .. } if is_no_space(source))
+}
 
 pub(super) fn run(shared: Arc<Shared>, mut log: ActiveLog) {
     let mut previous = 0usize;
+    let mut compact_after = std::time::Instant::now();
     loop {
         let batch = {
             let mut q = shared.queue.lock();
@@ -48,16 +75,102 @@ pub(super) fn run(shared: Arc<Shared>, mut log: ActiveLog) {
             previous = batch.len();
             batch
         };
-        if let Err(e) = commit(&shared, &mut log, batch) {
-            fail(&shared, e);
-            continue;
+        match commit(&shared, &mut log, batch) {
+            Ok(()) => {}
+            Err(CommitError::NoSpace { message, needed }) => {
+                if !wait_for_space(&shared, &mut log, &message, needed) {
+                    return;
+                }
+                continue;
+            }
+            Err(CommitError::Fatal(e)) => {
+                fail(&shared, e);
+                continue;
+            }
         }
-        if should_compact(&shared, &log)
-            && let Err(e) = compact(&shared, &mut log)
-        {
-            fail(&shared, e);
+        if std::time::Instant::now() >= compact_after && should_compact(&shared, &log) {
+            match compact(&shared, &mut log) {
+                Ok(()) => {}
+                Err(e) if storage_is_full(&e) => {
+                    tracing::warn!(error = %e, retry_in = ?COMPACT_RETRY, "compaction ran out of space; the log is unchanged");
+                    compact_after = std::time::Instant::now() + COMPACT_RETRY;
+                }
+                Err(e) => fail(&shared, e),
+            }
         }
     }
+}
+
+/// The disk is full: refuses and forgets every transaction not yet durable, refuses new ones
+/// with `NoSpace`, and probes every [`SPACE_PROBE`] until `needed` bytes past the write offset
+/// can be written and synced. Returns `false` if the storage closed meanwhile.
+fn wait_for_space(shared: &Shared, log: &mut ActiveLog, message: &str, needed: u64) -> bool {
+    tracing::error!(
+        error = message,
+        "storage is out of space; refusing writes until space returns"
+    );
+    {
+        let mut st = shared.state.write();
+        // under the state lock no transaction can be admitted (and queued) meanwhile
+        let mut q = shared.queue.lock();
+        for txn in q.txns.drain(..) {
+            let _ = txn.done.send(Err(StorageError::NoSpace(message.to_owned())));
+        }
+        drop(q);
+        let durable = st.durable;
+        st.index.discard_after(durable);
+        st.latest = durable;
+        st.no_space = Some(message.to_owned());
+    }
+    shared.options.metrics.out_of_space.set(1);
+    loop {
+        {
+            let mut q = shared.queue.lock();
+            if q.closing {
+                return false;
+            }
+            shared.queue_ready.wait_for(&mut q, SPACE_PROBE);
+            if q.closing {
+                return false;
+            }
+        }
+        match probe_space(shared, log, needed) {
+            Ok(()) => {
+                shared.state.write().no_space = None;
+                shared.options.metrics.out_of_space.set(0);
+                tracing::info!("storage has space again; accepting writes");
+                return true;
+            }
+            Err(e) if storage_is_full(&e) => {
+                let msg = space_message(&e);
+                shared.state.write().no_space = Some(msg);
+            }
+            Err(e) => {
+                fail(shared, e);
+                return true;
+            }
+        }
+    }
+}
+
+/// Writes zeros over the next `needed` bytes of the log (growing it if they are past its end)
+/// and syncs them: what the failed round needed.
+fn probe_space(shared: &Shared, log: &mut ActiveLog, needed: u64) -> Result<()> {
+    let to = log.write_offset + needed;
+    if to > log.file_len {
+        if let Some(map) = ensure_capacity(shared, log, to)? {
+            shared.state.write().map = Arc::new(map);
+        }
+        return Ok(());
+    }
+    file::zero_fill(log.file.as_ref(), log.write_offset, to)
+        .map_err(|e| StorageError::io(format!("writing {}", log.path.display()), e))
+}
+
+fn space_message(e: &StorageError) -> String {
+    format!(
+        "{e}; writes are refused until space is freed on its file system, then resume by themselves; reads still work"
+    )
 }
 
 /// Takes transactions from the front of the queue until the batch is `max_bytes` large (always
@@ -81,7 +194,7 @@ fn take_batch(queue: &mut std::collections::VecDeque<Queued>, max_bytes: usize) 
     batch
 }
 
-fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()> {
+fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<(), CommitError> {
     let mut enc = BatchEncoder::new();
     for txn in &batch {
         enc.push_txn(txn.revision, txn.ops.iter().map(|o| (&*o.key, o.value.as_deref())));
@@ -89,8 +202,37 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
     let frame_offset = log.write_offset;
     let (frame, spans) = enc.finish();
     let frame_len = frame.len() as u64;
-    let grown = ensure_capacity(shared, log, frame_offset + frame_len)?;
-    let written = log.file.write_at(&frame, frame_offset).and_then(|()| {
+    let written = ensure_capacity(shared, log, frame_offset + frame_len).and_then(|grown| {
+        if let Some(map) = grown {
+            // it maps only zeros past the write offset, which no reader reaches yet
+            shared.state.write().map = Arc::new(map);
+        }
+        log.file
+            .write_at(&frame, frame_offset)
+            .map_err(|e| StorageError::io(format!("writing {}", log.path.display()), e))
+    });
+    if let Err(e) = &written
+        && storage_is_full(e)
+    {
+        // Nothing of this round was synced: it, and everything queued behind it, is refused
+        // (by `wait_for_space`) and forgotten. Whatever part of the frame reached the page cache
+        // lies past the write offset and is overwritten by the next round; zero it if we can.
+        let message = space_message(e);
+        refuse(
+            &shared.state,
+            batch,
+            || StorageError::NoSpace(message.clone()),
+            |st| st.no_space = Some(message.clone()),
+        );
+        if frame_offset + frame_len <= log.file_len {
+            let _ = log.file.write_at(&vec![0u8; frame.len()], frame_offset);
+        }
+        return Err(CommitError::NoSpace {
+            message,
+            needed: frame_len,
+        });
+    }
+    let synced = written.and_then(|()| {
         let started = std::time::Instant::now();
         let synced = log.file.sync_data();
         shared
@@ -98,21 +240,20 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
             .metrics
             .fsync_duration
             .observe(started.elapsed().as_secs_f64());
-        synced
+        synced.map_err(|e| StorageError::io(format!("syncing {}", log.path.display()), e))
     });
-    if let Err(e) = written {
+    if let Err(e) = synced {
         // The queued transactions are not durable and never will be: refuse them all.
-        let msg = format!(
-            "writing {} failed: {e}; the server stops accepting writes",
-            log.path.display()
+        let msg = format!("{e}; the server stops accepting writes for good (restart it once the disk is healthy)");
+        refuse(
+            &shared.state,
+            batch,
+            || StorageError::Unavailable(msg.clone()),
+            |st| {
+                st.failure.get_or_insert_with(|| msg.clone());
+            },
         );
-        // Recorded before any writer hears of it, so that whoever learns of the failure also
-        // finds the store refusing (and /readyz failing).
-        shared.state.write().failure.get_or_insert_with(|| msg.clone());
-        for txn in batch {
-            let _ = txn.done.send(Err(StorageError::Unavailable(msg.clone())));
-        }
-        return Err(StorageError::io(format!("writing {}", log.path.display()), e));
+        return Err(CommitError::Fatal(StorageError::Unavailable(msg)));
     }
     log.write_offset += frame_len;
     shared
@@ -125,9 +266,6 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
     let last_revision = batch.last().map_or(0, |t| t.revision);
     {
         let mut st = shared.state.write();
-        if let Some(map) = grown {
-            st.map = Arc::new(map);
-        }
         let mut spans = spans.iter();
         for txn in &batch {
             for op in &txn.ops {
@@ -188,6 +326,20 @@ fn ensure_capacity(shared: &Shared, log: &mut ActiveLog, needed: u64) -> Result<
     let map = LogMap::map(log.file.file(), new_len)
         .map_err(|e| StorageError::io(format!("mapping {}", log.path.display()), e))?;
     Ok(Some(map))
+}
+
+/// Records the refusal (`mark`) before any writer of `batch` hears of it, so that whoever learns
+/// of the failure also finds the store refusing (and /readyz failing); then refuses them.
+fn refuse(
+    state: &parking_lot::RwLock<super::State>,
+    batch: Vec<Queued>,
+    error: impl Fn() -> StorageError,
+    mark: impl FnOnce(&mut super::State),
+) {
+    mark(&mut state.write());
+    for txn in batch {
+        let _ = txn.done.send(Err(error()));
+    }
 }
 
 fn fail(shared: &Shared, e: StorageError) {
@@ -321,7 +473,24 @@ pub(super) fn create_generation(
 ) -> Result<(ActiveLog, Vec<(u64, u32)>)> {
     let path = log_path(dir, generation);
     let tmp = path.with_extension("log.tmp");
-    let file = open_file(&tmp, options, true)?;
+    let created = write_generation(dir, options, generation, revision, snapshot, &path, &tmp);
+    if created.is_err() {
+        // a compaction that failed (a full disk) leaves the current log as it was, and no litter
+        let _ = fs::remove_file(&tmp);
+    }
+    created
+}
+
+fn write_generation(
+    dir: &Path,
+    options: &Options,
+    generation: u64,
+    revision: u64,
+    snapshot: &[SnapshotEntry<'_>],
+    path: &Path,
+    tmp: &Path,
+) -> Result<(ActiveLog, Vec<(u64, u32)>)> {
+    let file = open_file(tmp, options, true)?;
     let io = |e| StorageError::io(format!("writing {}", tmp.display()), e);
     let mut offset = format::FILE_HEADER_LEN;
     let mut frames = Vec::new();
@@ -350,11 +519,11 @@ pub(super) fn create_generation(
         at += frame.len() as u64;
     }
     file.sync_data().map_err(io)?;
-    fs::rename(&tmp, &path).map_err(|e| StorageError::io(format!("renaming {}", tmp.display()), e))?;
+    fs::rename(tmp, path).map_err(|e| StorageError::io(format!("renaming {}", tmp.display()), e))?;
     sync_dir(dir)?;
     let log = ActiveLog {
         file,
-        path,
+        path: path.to_path_buf(),
         generation,
         write_offset: snapshot_end,
         file_len,

@@ -2,7 +2,8 @@
 //!
 //! It sits behind a trait so tests can replace durability itself: [`tests::FrozenAfter`] stops
 //! syncing after the N-th call and can then throw away every write that was not synced, which is
-//! what a power cut does to the page cache.
+//! what a power cut does to the page cache; [`tests::Faulty`] fails writes or syncs with the
+//! errno a test sets (`ENOSPC`, `EIO`) until it clears it.
 
 use std::fs::File;
 use std::io;
@@ -84,6 +85,53 @@ pub mod tests {
             }
             self.file.sync_data()?;
             Ok(n)
+        }
+    }
+
+    /// The errno writes and syncs fail with, while set (shared by every file the storage opens).
+    #[derive(Default)]
+    pub struct Faults {
+        pub write: Mutex<Option<i32>>,
+        pub sync: Mutex<Option<i32>>,
+    }
+
+    impl Faults {
+        pub fn wrapper(self: &Arc<Self>) -> FileWrapper {
+            let faults = self.clone();
+            Arc::new(move |file| {
+                Arc::new(Faulty {
+                    file,
+                    faults: faults.clone(),
+                }) as Arc<dyn LogFile>
+            })
+        }
+    }
+
+    /// A file whose writes and syncs fail while [`Faults`] says so.
+    pub struct Faulty {
+        file: File,
+        faults: Arc<Faults>,
+    }
+
+    impl LogFile for Faulty {
+        fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+            if let Some(errno) = *self.faults.write.lock() {
+                // half of it reaches the page cache, as a write that runs out of space midway
+                let _ = self.file.write_all_at(&buf[..buf.len() / 2], offset);
+                return Err(io::Error::from_raw_os_error(errno));
+            }
+            self.file.write_all_at(buf, offset)
+        }
+
+        fn sync_data(&self) -> io::Result<()> {
+            match *self.faults.sync.lock() {
+                Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+                None => self.file.sync_data(),
+            }
+        }
+
+        fn file(&self) -> &File {
+            &self.file
         }
     }
 

@@ -180,6 +180,30 @@ impl Index {
         });
     }
 
+    /// Forgets every version newer than `revision` (all of them pending: a commit that can no
+    /// longer happen), restoring `live_bytes` as if they had never been applied. Returns how many
+    /// versions were dropped.
+    pub fn discard_after(&mut self, revision: u64) -> usize {
+        let mut dropped = 0;
+        let mut live_bytes = self.live_bytes;
+        self.keys.retain(|key, versions| {
+            let key_len = key.len() as u64;
+            while versions.last().is_some_and(|v| v.mod_revision > revision) {
+                let Some(gone) = versions.pop() else { break };
+                dropped += 1;
+                if gone.is_live() {
+                    live_bytes = live_bytes.saturating_sub(key_len + loc_len(&gone.loc));
+                }
+                if let Some(prev) = versions.last().filter(|v| v.is_live()) {
+                    live_bytes += key_len + loc_len(&prev.loc);
+                }
+            }
+            !versions.is_empty()
+        });
+        self.live_bytes = live_bytes;
+        dropped
+    }
+
     pub fn key_count(&self) -> usize {
         self.keys.len()
     }
@@ -232,6 +256,25 @@ mod tests {
         assert_eq!(keys, ["/p/b"]);
         assert!(ix.any_newer("/p/", 1));
         assert!(!ix.any_newer("/p/", 2));
+    }
+
+    #[test]
+    fn discarding_pending_versions_restores_the_index() {
+        let mut ix = Index::default();
+        ix.apply("/a", 1, v("one"));
+        ix.apply("/b", 2, v("b"));
+        let before = ix.live_bytes;
+        ix.apply("/a", 3, v("three!"));
+        ix.apply("/b", 4, None);
+        ix.apply("/c", 5, v("c"));
+        ix.apply("/a", 6, None);
+        assert_eq!(ix.discard_after(2), 4);
+        assert_eq!(ix.live_bytes, before);
+        assert_eq!(ix.latest("/a").unwrap().mod_revision, 1);
+        assert_eq!(ix.latest("/b").unwrap().mod_revision, 2);
+        assert!(ix.latest("/c").is_none(), "a key created after the revision is gone");
+        assert_eq!(ix.key_count(), 2);
+        assert_eq!(ix.discard_after(2), 0);
     }
 
     #[test]

@@ -44,8 +44,18 @@
 //!
 //! - Revisions in the log strictly increase; the newest durable revision is what reads see.
 //! - Bytes a reader can reach are never rewritten (see [`mmap`] for why that matters).
-//! - A failed write or sync stops all further writes (the page cache can no longer be trusted
-//!   to match the disk); reads keep working from what is durable.
+//! - A failed sync, or a write that failed for any reason but a full disk, stops all further
+//!   writes for good (after a failed `fdatasync` the kernel may have dropped dirty pages, so the
+//!   page cache can no longer be trusted to match the disk); reads keep working from what is
+//!   durable.
+//! - A full disk (`ENOSPC`, `EDQUOT`) while writing or growing the log is not fatal: nothing of
+//!   the failed round was synced, so its transactions and everything queued behind them are
+//!   refused and forgotten (their pending versions leave the index, the revision counter goes
+//!   back to the durable revision), writes are refused with [`StorageError::NoSpace`] and
+//!   `health` fails, and the committer probes for space every second; when a probe can write
+//!   and sync the room the failed round needed, writing resumes by itself. A compaction that
+//!   runs out of space removes its temporary file and is retried later; the current log is
+//!   untouched.
 //!
 //! # Disk assumptions
 //!
@@ -157,6 +167,8 @@ struct State {
     map: Arc<LogMap>,
     /// Set when a write or sync failed: no further writes are accepted.
     failure: Option<String>,
+    /// Set while the disk is full: writes are refused until the committer finds space again.
+    no_space: Option<String>,
 }
 
 #[derive(Default)]
@@ -226,6 +238,7 @@ impl Embedded {
                 compacted: recovered.snapshot_revision,
                 map: Arc::new(map),
                 failure: None,
+                no_space: None,
             }),
             queue: Mutex::new(Queue::default()),
             queue_ready: Condvar::new(),
@@ -287,8 +300,12 @@ impl Drop for Embedded {
 #[async_trait]
 impl Storage for Embedded {
     fn health(&self) -> Result<()> {
-        match &self.shared.state.read().failure {
-            Some(f) => Err(StorageError::Unavailable(f.clone())),
+        let st = self.shared.state.read();
+        if let Some(f) = &st.failure {
+            return Err(StorageError::Unavailable(f.clone()));
+        }
+        match &st.no_space {
+            Some(m) => Err(StorageError::NoSpace(m.clone())),
             None => Ok(()),
         }
     }
@@ -382,6 +399,9 @@ impl Storage for Embedded {
             let mut st = shared.state.write();
             if let Some(f) = &st.failure {
                 return Err(StorageError::Unavailable(f.clone()));
+            }
+            if let Some(m) = &st.no_space {
+                return Err(StorageError::NoSpace(m.clone()));
             }
             if let Some(key) = duplicate_key(&txn.ops) {
                 return Err(StorageError::InvalidRequest(format!(

@@ -1,4 +1,5 @@
-//! Tests of the embedded storage: conformance, persistence, recovery and group commit.
+//! Tests of the embedded storage: conformance, persistence, recovery, group commit, and faults of
+//! the disk (full, failing writes, failing syncs).
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
@@ -6,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::file::LogFile;
-use super::file::tests::FrozenAfter;
+use super::file::tests::{Faults, FrozenAfter};
 use super::{Embedded, Options};
 use crate::storage::{Compare, ListRequest, Op, Storage, StorageError, Txn, TxnOutcome, Value};
 
@@ -372,4 +373,141 @@ async fn a_power_cut_loses_nothing_that_was_acknowledged() {
         assert_eq!(&*kv.value, key.as_bytes());
     }
     let _ = lost;
+}
+
+const ENOSPC: i32 = 28;
+const EIO: i32 = 5;
+
+fn faulty(faults: &Arc<Faults>) -> Options {
+    Options {
+        wrap_file: Some(faults.wrapper()),
+        ..small()
+    }
+}
+
+/// Eight writers at once; every one must be refused with an error `ok` accepts.
+async fn all_refused(s: &Arc<Embedded>, tag: &str, ok: fn(&StorageError) -> bool) {
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let s = s.clone();
+            let key = format!("/refused/{tag}/{i}");
+            tokio::spawn(async move { s.txn(put(&key, &[7u8; 2048])).await })
+        })
+        .collect();
+    for t in tasks {
+        match t.await.unwrap() {
+            Err(e) if ok(&e) => {}
+            other => panic!("a write must be refused, got {other:?}"),
+        }
+    }
+}
+
+async fn until_healthy(s: &Embedded) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.health().is_err() {
+        assert!(std::time::Instant::now() < deadline, "writing never resumed");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_refuses_writes_keeps_reads_and_resumes_when_space_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let s = Arc::new(Embedded::open(dir.path(), faulty(&faults)).unwrap());
+    let a = committed(&s, put("/k/a", b"a")).await;
+    let b = committed(&s, put("/k/b", b"b")).await;
+    *faults.write.lock() = Some(ENOSPC);
+    // the first round fails in the committer, the rest at admission or behind it
+    all_refused(&s, "first", |e| matches!(e, StorageError::NoSpace(_))).await;
+    let health = s.health().unwrap_err();
+    assert!(
+        matches!(&health, StorageError::NoSpace(m) if m.contains("resume by themselves") && m.contains("No space left")),
+        "{health}"
+    );
+    // reads still serve what is durable; nothing refused is visible
+    assert_eq!(&*s.get("/k/a").await.unwrap().unwrap().value, b"a");
+    let listed = s
+        .list(ListRequest {
+            prefix: "/".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 2);
+    assert_eq!(listed.revision, b);
+    all_refused(&s, "again", |e| matches!(e, StorageError::NoSpace(_))).await;
+    // space returns: writing resumes by itself, at the next revision (nothing refused took one)
+    *faults.write.lock() = None;
+    until_healthy(&s).await;
+    assert_eq!(committed(&s, put("/k/c", b"c")).await, b + 1);
+    assert_eq!(s.get("/k/a").await.unwrap().unwrap().mod_revision, a);
+    drop(s);
+    let s = Embedded::open(dir.path(), small()).unwrap();
+    let keys: Vec<String> = s
+        .list(ListRequest {
+            prefix: "/".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|kv| kv.key)
+        .collect();
+    assert_eq!(
+        keys,
+        ["/k/a", "/k/b", "/k/c"],
+        "acknowledged writes only, after a reopen"
+    );
+}
+
+#[tokio::test]
+async fn a_full_disk_while_the_log_grows_is_refused_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let s = Arc::new(Embedded::open(dir.path(), faulty(&faults)).unwrap());
+    committed(&s, put("/k/small", b"x")).await;
+    *faults.write.lock() = Some(ENOSPC);
+    // larger than the 64 KiB file: the log must grow first, and growing fails
+    let big = vec![9u8; 200 << 10];
+    assert!(matches!(
+        s.txn(put("/k/big", &big)).await,
+        Err(StorageError::NoSpace(_))
+    ));
+    *faults.write.lock() = None;
+    until_healthy(&s).await;
+    committed(&s, put("/k/big", &big)).await;
+    assert_eq!(&*s.get("/k/big").await.unwrap().unwrap().value, &big[..]);
+    drop(s);
+    let s = Embedded::open(dir.path(), small()).unwrap();
+    assert_eq!(&*s.get("/k/big").await.unwrap().unwrap().value, &big[..]);
+}
+
+#[tokio::test]
+async fn a_failed_sync_or_a_failed_write_stops_writes_for_good() {
+    for (what, errno) in [("sync", EIO), ("sync", ENOSPC), ("write", EIO)] {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = Arc::new(Faults::default());
+        let s = Arc::new(Embedded::open(dir.path(), faulty(&faults)).unwrap());
+        let acked = committed(&s, put("/k/acked", b"kept")).await;
+        let slot = if what == "sync" { &faults.sync } else { &faults.write };
+        *slot.lock() = Some(errno);
+        all_refused(&s, what, |e| matches!(e, StorageError::Unavailable(_))).await;
+        *slot.lock() = None;
+        // the disk looks fine again, but after a failed sync the page cache cannot be trusted
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        let e = s.txn(put("/k/later", b"no")).await.unwrap_err();
+        assert!(
+            matches!(&e, StorageError::Unavailable(m) if m.contains("for good")),
+            "{what} errno {errno}: {e}"
+        );
+        assert!(s.health().is_err(), "/readyz keeps failing");
+        assert_eq!(&*s.get("/k/acked").await.unwrap().unwrap().value, b"kept");
+        drop(s);
+        let s = Embedded::open(dir.path(), small()).unwrap();
+        assert_eq!(s.get("/k/acked").await.unwrap().unwrap().mod_revision, acked);
+        assert!(s.health().is_ok(), "a restart writes again");
+        committed(&s, put("/k/after-restart", b"ok")).await;
+    }
 }
