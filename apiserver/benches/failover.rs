@@ -34,6 +34,7 @@ fn scope() -> Scope {
         tenant: "default".into(),
         block_size: 64,
         dtype: "bfloat16".into(),
+        ..Default::default()
     }
 }
 

@@ -33,6 +33,11 @@ pub struct BenchArgs {
     pub block_size: u32,
     #[arg(long, default_value = "bfloat16")]
     pub dtype: String,
+    /// The tenant's credential, carried by every call; a tenant the bench registers is bound to
+    /// it, so the figures include proving the tenant. The default is fixed (the bench's tenant
+    /// guards no one's data; a later run must prove the same tenant again).
+    #[arg(long, default_value = "kv-store-bench")]
+    pub credential: String,
     /// Add the tenant to the leader's ledger with this ceiling before running (without it, the
     /// tenant is registered only if the ledger lacks it, with a ceiling that fits the rings).
     #[arg(long, value_parser = flags::parse_size)]
@@ -60,6 +65,7 @@ impl BenchArgs {
             tenant: self.tenant.clone(),
             block_size: self.block_size,
             dtype: self.dtype.clone(),
+            credential: self.credential.clone(),
         }
     }
 
@@ -112,7 +118,23 @@ pub async fn ensure_tenant(client: &Client, args: &BenchArgs) -> Result<Option<T
         ceiling,
         block_size: args.block_size,
         dtype: args.dtype.clone(),
+        credential_sha256: vec![crate::leader::ledger::credential_hash(&args.credential).to_vec().into()],
     };
+    if let Some(t) = ledger
+        .tenants
+        .iter()
+        .find(|t| t.name != args.tenant && t.credentials > 0)
+    {
+        return Err(StoreError::new(
+            ErrorCode::InvalidArgument,
+            format!(
+                "the leader's ledger binds tenant {:?} to credentials, which SetTenants would have to be sent again \
+                 and the bench cannot see; register the bench tenant where the ledger is kept (its Binding), or \
+                 bench a leader of its own",
+                t.name
+            ),
+        ));
+    }
     let mut entries: Vec<TenantEntry> = ledger
         .tenants
         .into_iter()
@@ -122,6 +144,7 @@ pub async fn ensure_tenant(client: &Client, args: &BenchArgs) -> Result<Option<T
             ceiling: t.ceiling,
             block_size: t.block_size,
             dtype: t.dtype,
+            ..Default::default()
         })
         .collect();
     entries.push(mine.clone());

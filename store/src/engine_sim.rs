@@ -10,6 +10,7 @@
 //! - `KVSTORE_TENANT` or `MOONCAKE_TENANT_ID`: the tenant (reuse domain), default `default`;
 //! - `KVSTORE_BLOCK_SIZE`: tokens per block (required with a leader; 16 without);
 //! - `KVSTORE_DTYPE`: the KV dtype (required with a leader; `auto` without);
+//! - `KVSTORE_CREDENTIAL`: the tenant's credential, when the ledger binds the tenant to one;
 //! - `KVSTORE_SESSIONS` (8), `KVSTORE_REQUESTS` per session (16), `KVSTORE_PREFIXES` (4 shared
 //!   system prompts), `KVSTORE_PREFIX_BLOCKS` (8), `KVSTORE_SUFFIX_BLOCKS` (4),
 //!   `KVSTORE_BLOCK_BYTES` (bytes stored per block, default 64Ki), `KVSTORE_ROUNDS` (1; 0 = run
@@ -99,6 +100,7 @@ impl SimConfig {
                 tenant,
                 block_size,
                 dtype,
+                credential: first(&["KVSTORE_CREDENTIAL"]).unwrap_or_default(),
             },
             sessions: num("KVSTORE_SESSIONS", 8)?.max(1) as usize,
             requests: num("KVSTORE_REQUESTS", 16)? as usize,
@@ -324,6 +326,7 @@ mod tests {
             tenant: "t".into(),
             block_size: 4,
             dtype: "bf16".into(),
+            ..Default::default()
         };
         let a = block_keys(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 4, &scope);
         let b = block_keys(&[1, 2, 3, 4, 5, 6, 7, 0], 4, &scope);

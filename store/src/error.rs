@@ -32,6 +32,9 @@ pub enum ErrorCode {
     NotServing,
     Transport,
     Internal,
+    /// The call does not prove who it acts for: a tenant's credential, the controllers' token on
+    /// the Control API, the backend's member token on Membership, or a grant's MAC on a data port.
+    Unauthenticated,
 }
 
 impl ErrorCode {
@@ -59,6 +62,7 @@ impl ErrorCode {
             Self::NotServing => "NOT_SERVING",
             Self::Transport => "TRANSPORT",
             Self::Internal => "INTERNAL",
+            Self::Unauthenticated => "UNAUTHENTICATED",
         }
     }
 
@@ -85,6 +89,7 @@ impl ErrorCode {
             Self::OutOfRange => Code::OutOfRange,
             Self::NotServing | Self::Transport => Code::Unavailable,
             Self::Internal => Code::Internal,
+            Self::Unauthenticated => Code::Unauthenticated,
         }
     }
 }
@@ -113,6 +118,7 @@ pub const ALL: &[ErrorCode] = &[
     ErrorCode::NotServing,
     ErrorCode::Transport,
     ErrorCode::Internal,
+    ErrorCode::Unauthenticated,
 ];
 
 /// A refusal or failure, with a message that says what to do.

@@ -52,12 +52,24 @@ pub fn format_time(d: Duration) -> String {
     format_duration(d)
 }
 
-/// Parses a `--tenant` (or `tenants --set`) entry, `NAME=CEILING:BLOCK_SIZE:DTYPE`.
+/// Parses a `--tenant` (or `tenants --set`) entry, `NAME=CEILING:BLOCK_SIZE:DTYPE`, then for
+/// each credential the tenant's calls may carry `,sha256=HEX` (its SHA-256, 64 hex digits).
 pub fn parse_tenant(s: &str) -> Result<TenantEntry, String> {
-    let form = "write NAME=CEILING:BLOCK_SIZE:DTYPE, e.g. team-a=8Gi:64:bfloat16";
+    let form = "write NAME=CEILING:BLOCK_SIZE:DTYPE[,sha256=HEX…], e.g. team-a=8Gi:64:bfloat16";
     let Some((name, rest)) = s.split_once('=') else {
         return Err(format!("{s:?} has no '='; {form}"));
     };
+    let mut credentials = rest.split(',');
+    let rest = credentials.next().unwrap_or_default();
+    let mut credential_sha256 = Vec::new();
+    for c in credentials {
+        let hex = c
+            .strip_prefix("sha256=")
+            .ok_or_else(|| format!("{s:?}: {c:?} is not sha256=HEX; {form}"))?;
+        credential_sha256.push(bytes::Bytes::from(parse_sha256(hex).ok_or_else(|| {
+            format!("{s:?}: {hex:?} is not a SHA-256 (64 hex digits, e.g. from `sha256sum`)")
+        })?));
+    }
     let mut parts = rest.splitn(3, ':');
     let (Some(c), Some(b), Some(d)) = (parts.next(), parts.next(), parts.next()) else {
         return Err(format!(
@@ -73,12 +85,29 @@ pub fn parse_tenant(s: &str) -> Result<TenantEntry, String> {
         ceiling,
         block_size,
         dtype: d.to_string(),
+        credential_sha256,
     })
+}
+
+fn parse_sha256(hex: &str) -> Option<Vec<u8>> {
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    (0..32)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
+        .collect()
 }
 
 /// The spelling [`parse_tenant`] reads back to `e`.
 pub fn format_tenant(e: &TenantEntry) -> String {
-    format!("{}={}:{}:{}", e.name, format_size(e.ceiling), e.block_size, e.dtype)
+    let mut s = format!("{}={}:{}:{}", e.name, format_size(e.ceiling), e.block_size, e.dtype);
+    for h in &e.credential_sha256 {
+        s.push_str(",sha256=");
+        for b in h.iter() {
+            s.push_str(&format!("{b:02x}"));
+        }
+    }
+    s
 }
 
 /// `--fast-listen`: no port, or a given address. Absent, the leader picks the gRPC port + 1.
@@ -156,7 +185,23 @@ mod tests {
         let odd = parse_tenant("x=1000:1:fp8:e4m3").unwrap();
         assert_eq!(odd.dtype, "fp8:e4m3", "the dtype keeps its own colons");
         assert_eq!(parse_tenant(&format_tenant(&odd)).unwrap(), odd);
-        for bad in ["team-a", "a=8Gi:64", "a=lots:64:bf16", "a=8Gi:-1:bf16"] {
+        let sha = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        let bound = parse_tenant(&format!(
+            "team-a=8Gi:64:bfloat16,sha256={sha},sha256={}",
+            "0".repeat(64)
+        ))
+        .unwrap();
+        assert_eq!(bound.credential_sha256.len(), 2);
+        assert_eq!(bound.credential_sha256[0][..2], [0x9f, 0x86]);
+        assert_eq!(parse_tenant(&format_tenant(&bound)).unwrap(), bound);
+        for bad in [
+            "team-a",
+            "a=8Gi:64",
+            "a=lots:64:bf16",
+            "a=8Gi:-1:bf16",
+            "a=1:1:x,sha256=12",
+            "a=1:1:x,md5=00",
+        ] {
             let err = parse_tenant(bad).unwrap_err();
             assert!(err.contains(bad), "{err}");
         }

@@ -18,6 +18,7 @@
 //! - [`metrics`]: `/metrics` (a `prometheus_client` registry), `/healthz` and `/readyz` over HTTP;
 //! - [`bench`], [`engine_sim`]: the two workload commands.
 
+pub mod auth;
 pub mod bench;
 pub mod client;
 pub mod election;
@@ -25,6 +26,7 @@ pub mod engine_sim;
 pub mod error;
 pub mod flags;
 pub mod frame;
+pub mod grant;
 pub mod leader;
 pub mod lifecycle;
 pub mod member;

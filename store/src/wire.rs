@@ -2,8 +2,9 @@
 //! connection that carries one request at a time (connections are pooled and reused). The
 //! member's same-host socket (`member/local.rs`) speaks the same headers with other ops.
 //!
-//! Request header, 48 bytes, little-endian:
-//! `magic u32 | op u32 | mount_id u64 | offset u64 | len u64 | deadline_unix_ms u64 | epoch u64`,
+//! Request header, 80 bytes, little-endian:
+//! `magic u32 | op u32 | mount_id u64 | offset u64 | len u64 | deadline_unix_ms u64 | epoch u64 |
+//! grant_mac [u8; 32]` (the Location's MAC over the range, `grant.rs`; ops 1, 2, 4 and 5),
 //! op 1 write and 2 read on the data port; on the same-host socket 3 map (the answer carries the
 //! segment's descriptor, SCM_RIGHTS, and its length in `len`), 4 claim a range to write, 5 claim a
 //! range to read, 6 release the claim (ops 4 and 5 carry the grant, as 1 and 2 do)
@@ -13,9 +14,10 @@
 //! `len` value bytes (a read that succeeded) or a UTF-8 "CODE: message" (a refusal).
 
 use crate::error::{ErrorCode, StoreError};
+use crate::grant::MAC_LEN;
 
 pub const MAGIC: u32 = 0x3144_564b; // "KVD1" as little-endian bytes
-pub const REQUEST_LEN: usize = 48;
+pub const REQUEST_LEN: usize = 80;
 pub const RESPONSE_LEN: usize = 16;
 /// Longest refusal message a client accepts.
 pub const MAX_MESSAGE: u64 = 64 * 1024;
@@ -40,6 +42,8 @@ pub struct Request {
     pub deadline_unix_ms: u64,
     /// the epoch of the leader that handed the range out
     pub epoch: u64,
+    /// the leader's MAC over the range (`grant.rs`)
+    pub mac: [u8; MAC_LEN],
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -64,6 +68,7 @@ impl Request {
         b[24..32].copy_from_slice(&self.len.to_le_bytes());
         b[32..40].copy_from_slice(&self.deadline_unix_ms.to_le_bytes());
         b[40..48].copy_from_slice(&self.epoch.to_le_bytes());
+        b[48..80].copy_from_slice(&self.mac);
         b
     }
 
@@ -94,6 +99,7 @@ impl Request {
             len: u64_at(b, 24),
             deadline_unix_ms: u64_at(b, 32),
             epoch: u64_at(b, 40),
+            mac: b[48..80].try_into().unwrap_or([0; MAC_LEN]),
         })
     }
 }
@@ -153,6 +159,7 @@ mod tests {
             len: 4 << 20,
             deadline_unix_ms: 123,
             epoch: 42,
+            mac: [9; MAC_LEN],
         };
         assert_eq!(Request::decode(&r.encode()), Ok(r));
         let s = Response { ok: false, len: 9 };
@@ -169,6 +176,7 @@ mod tests {
             len: 1,
             deadline_unix_ms: 0,
             epoch: 0,
+            mac: [0; MAC_LEN],
         }
         .encode();
         b[4] = 9;

@@ -117,6 +117,7 @@ async fn raw_read(loc: &kvcache_store::proto::Location, deadline: u64) -> Option
         len: loc.len,
         deadline_unix_ms: deadline,
         epoch: loc.epoch,
+        mac: kvcache_store::member::segment::Grant::mac_from(&loc.grant_mac),
     };
     s.write_all(&req.encode()).await.unwrap();
     let mut head = [0u8; wire::RESPONSE_LEN];

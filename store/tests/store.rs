@@ -183,6 +183,7 @@ async fn unregistered_tenants_and_mismatched_layouts_are_refused() {
         ceiling: 8 * MIB,
         block_size: 64,
         dtype: "fp8_e4m3".into(),
+        ..Default::default()
     };
     let err = c
         .control()
@@ -211,6 +212,7 @@ async fn oversubscribed_ceilings_get_proportional_grants() {
         ceiling: mib * MIB,
         block_size: 64,
         dtype: "bfloat16".into(),
+        ..Default::default()
     };
     // fits: grants equal ceilings
     c.control()
@@ -390,6 +392,7 @@ async fn batch_calls_answer_key_by_key() {
                 write_deadline_unix_ms: r.write_deadline_unix_ms,
                 data: v.clone().into(),
                 epoch: loc.epoch,
+                grant_mac: loc.grant_mac.clone(),
             })
             .await
             .unwrap();

@@ -33,6 +33,7 @@ fn scope() -> Scope {
         tenant: "default".into(),
         block_size: 64,
         dtype: "bfloat16".into(),
+        ..Default::default()
     }
 }
 
@@ -350,6 +351,7 @@ fn a_paused_leader_that_lost_its_lease_places_no_byte() {
         write_deadline_unix_ms: reserved.write_deadline_unix_ms,
         data: vec![7u8; 4096].into(),
         epoch: loc.epoch,
+        grant_mac: loc.grant_mac.clone(),
     }));
     let refusal = write
         .expect_err("a deposed leader's range was written")

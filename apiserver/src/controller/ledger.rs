@@ -24,6 +24,7 @@ pub fn tenant_entry(b: &KVCachePoolBinding) -> TenantEntry {
         ceiling: quantity_bytes(b.spec.quota.as_ref().and_then(|q| q.ceiling.as_ref())),
         block_size: d.block_size.and_then(|v| u32::try_from(v).ok()).unwrap_or(0),
         dtype: d.dtype.unwrap_or_default(),
+        ..Default::default()
     }
 }
 

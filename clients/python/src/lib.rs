@@ -110,11 +110,13 @@ impl Store {
 
 #[pymethods]
 impl Store {
-    /// `Store(endpoint, tenant, block_size, dtype, spin_us=0, same_host=True)`: connects to the
-    /// leader at `endpoint` (HOST:PORT, the backend's Client endpoint). With `same_host`, values
-    /// held by a member on this host move through its mapped segment (one memcpy) instead of TCP.
+    /// `Store(endpoint, tenant, block_size, dtype, spin_us=0, same_host=True, credential="")`:
+    /// connects to the leader at `endpoint` (HOST:PORT, the backend's Client endpoint). With
+    /// `same_host`, values held by a member on this host move through its mapped segment (one
+    /// memcpy) instead of TCP. `credential` proves the tenant, when the ledger binds it to one.
     #[new]
-    #[pyo3(signature = (endpoint, tenant, block_size, dtype, spin_us = 0, same_host = true))]
+    #[pyo3(signature = (endpoint, tenant, block_size, dtype, spin_us = 0, same_host = true, credential = String::new()))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         endpoint: String,
@@ -123,11 +125,13 @@ impl Store {
         dtype: String,
         spin_us: u64,
         same_host: bool,
+        credential: String,
     ) -> PyResult<Self> {
         let scope = Scope {
             tenant,
             block_size,
             dtype,
+            credential,
         };
         py.detach(|| Store::connect(&endpoint, scope, spin_us, same_host))
             .map_err(raise)
@@ -135,7 +139,7 @@ impl Store {
 
     /// A Store from exactly what injection gives a replica: `KVSTORE_LEADER` (or
     /// `MOONCAKE_MASTER`), `KVSTORE_TENANT` (or `MOONCAKE_TENANT_ID`, default `default`),
-    /// `KVSTORE_BLOCK_SIZE` and `KVSTORE_DTYPE`.
+    /// `KVSTORE_BLOCK_SIZE`, `KVSTORE_DTYPE` and `KVSTORE_CREDENTIAL`.
     #[staticmethod]
     #[pyo3(signature = (spin_us = 0, same_host = true))]
     fn from_env(py: Python<'_>, spin_us: u64, same_host: bool) -> PyResult<Self> {

@@ -1,13 +1,15 @@
 """The refusals an engine meets when the store is not well: a standby leader (NOT_SERVING), no
 segment with room (NO_SPACE), a remove racing a put of the same key (PUT_IN_PROGRESS), a writer too
 slow for its reservation (PUT_EXPIRED), a reader too slow for its lease (LEASE_EXPIRED), and a read
-that reaches its member after the member remounted under a restarted leader (STALE_MOUNT). Each is
+that reaches its member after the member remounted under a restarted leader (STALE_MOUNT), and a
+call without its tenant's credential (UNAUTHENTICATED). Each is
 raised through the package, from a real leader and members (`kv-store`, started and stopped here).
 
 The slow network is a forwarder of our own between the client and the member: the member
 advertises 127.0.0.2 (`--advertise-host`), the forwarder listens on 127.0.0.2 at the member's
 ports and passes the bytes on to 127.0.0.1, holding them back when a test says so."""
 
+import hashlib
 import os
 import socket
 import tempfile
@@ -17,7 +19,9 @@ import unittest
 import urllib.request
 
 import kvcache
-from store_cluster import start
+from unittest import mock
+
+from store_cluster import Cluster as PlainCluster, start
 
 BLOCK_SIZE, DTYPE = 16, "bfloat16"
 
@@ -27,7 +31,9 @@ RAISED_IN_TEST_STORE = {
     "TENANT_NOT_REGISTERED", "TENANT_LAYOUT_MISMATCH", "TENANT_QUOTA_EXCEEDED", "INVALID_ARGUMENT",
     "VALUE_TOO_LARGE", "OBJECT_HAS_LEASE", "TRANSPORT",
 }
-RAISED_HERE = {"NOT_SERVING", "NO_SPACE", "PUT_IN_PROGRESS", "PUT_EXPIRED", "LEASE_EXPIRED", "STALE_MOUNT"}
+RAISED_HERE = {
+    "NOT_SERVING", "NO_SPACE", "PUT_IN_PROGRESS", "PUT_EXPIRED", "LEASE_EXPIRED", "STALE_MOUNT", "UNAUTHENTICATED",
+}
 NOT_FROM_AN_ENGINE_CALL = {
     "TENANT_LAYOUT_IMMUTABLE": "the Control API's SetTenants, which only the controllers call",
     "INVALID_TENANT_LEDGER": "the Control API's SetTenants",
@@ -249,6 +255,31 @@ class FailureTest(unittest.TestCase):
                 self.assertRefused("NOT_SERVING", lambda: kvcache.Store(listening["grpc"], "t", BLOCK_SIZE, DTYPE).put("k", b"v"))
             finally:
                 stop([leader])
+
+    def test_a_tenant_bound_to_a_credential_takes_only_calls_that_carry_it(self):
+        secret = "credential-of-team-a"
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+        c = PlainCluster([f"team-a=16Mi:{BLOCK_SIZE}:{DTYPE},sha256={digest}"], capacity="32Mi")
+        try:
+            mine = kvcache.Store(c.endpoint, "team-a", BLOCK_SIZE, DTYPE, credential=secret)
+            mine.put("k", b"team-a's bytes")
+            self.assertEqual(mine.get("k"), b"team-a's bytes")
+            for credential in ("", "credential-of-team-b"):
+                other = kvcache.Store(c.endpoint, "team-a", BLOCK_SIZE, DTYPE, credential=credential)
+                for call, args in ((other.get, ("k",)), (other.put, ("k2", b"x")), (other.is_exist, ("k",)),
+                                   (other.remove, ("k",))):
+                    self.assertRefused("UNAUTHENTICATED", call, *args)
+                self.assertRefused("UNAUTHENTICATED", other.batch_is_exist, ["k"])
+                other.close()
+            env = {"KVSTORE_LEADER": c.endpoint, "KVSTORE_TENANT": "team-a", "KVSTORE_BLOCK_SIZE": str(BLOCK_SIZE),
+                   "KVSTORE_DTYPE": DTYPE, "KVSTORE_CREDENTIAL": secret}
+            with mock.patch.dict(os.environ, env):
+                injected = kvcache.Store.from_env()
+            self.assertEqual(injected.get("k"), b"team-a's bytes", "injection hands the credential on")
+            injected.close()
+            mine.close()
+        finally:
+            c.stop()
 
     def test_no_segment_with_room_is_no_space(self):
         # the grant (2 MiB over two members) admits the value, but no one segment can hold it

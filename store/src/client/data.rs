@@ -10,6 +10,7 @@ use tokio::net::TcpStream;
 
 use super::{Client, POOL_PER_MEMBER, local, transport};
 use crate::error::{ErrorCode, Result, StoreError};
+use crate::member::segment::Grant;
 use crate::proto::Location;
 use crate::wire::{self, Op, RESPONSE_LEN};
 
@@ -48,6 +49,7 @@ impl Client {
             len: value.len() as u64,
             deadline_unix_ms: deadline,
             epoch: loc.epoch,
+            mac: Grant::mac_from(&loc.grant_mac),
         }
         .encode();
         let mut buf = Buf::chain(&head[..], value);
@@ -79,6 +81,7 @@ impl Client {
             len: loc.len,
             deadline_unix_ms: deadline,
             epoch: loc.epoch,
+            mac: Grant::mac_from(&loc.grant_mac),
         }
         .encode();
         s.write_all(&head).await.map_err(transport)?;

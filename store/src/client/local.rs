@@ -24,6 +24,7 @@ use super::{Client, POOL_PER_MEMBER, transport};
 use crate::error::{Result, StoreError};
 use crate::member::local::{MAP_ANSWER_LEN, RESIDENT};
 use crate::member::mmap::SharedMap;
+use crate::member::segment::Grant;
 use crate::proto::Location;
 use crate::wire::{self, Op, RESPONSE_LEN};
 
@@ -92,6 +93,7 @@ async fn map(name: &str) -> io::Result<Mapped> {
         len: 0,
         deadline_unix_ms: 0,
         epoch: 0,
+        mac: [0; crate::grant::MAC_LEN],
     };
     s.write_all(&ask.encode()).await?;
     let mut answer = [0u8; RESPONSE_LEN + MAP_ANSWER_LEN];
@@ -206,6 +208,7 @@ impl Client {
             len: loc.len,
             deadline_unix_ms: deadline,
             epoch: loc.epoch,
+            mac: Grant::mac_from(&loc.grant_mac),
         };
         let claimed = async {
             s.write_all(&claim.encode()).await?;

@@ -98,6 +98,13 @@ pub struct LeaderConfig {
     /// Time between a holder's renewals and between a standby's attempts.
     #[arg(long, default_value = "250ms", value_parser = kvcache_units::parse_duration)]
     pub retry_period: Duration,
+    /// A file holding the controllers' token: the Control API (SetTenants, GetTenants,
+    /// GetMembers, RemoveMember) then takes only calls carrying it (`authorization: Bearer …`).
+    #[arg(long)]
+    pub control_token_file: Option<PathBuf>,
+    /// A file holding the backend's member token: only members carrying it may mount.
+    #[arg(long)]
+    pub member_token_file: Option<PathBuf>,
     /// How often the housekeeping (liveness, reservation reaping, watermark eviction) runs. Not a
     /// flag: the command line cannot set it (tests and embedders can); `to_args` leaves it out.
     #[arg(skip = DEFAULT_EVICTION_INTERVAL)]
@@ -148,6 +155,8 @@ impl Default for LeaderConfig {
             lease: None,
             kubeconfig: None,
             identity: None,
+            control_token_file: None,
+            member_token_file: None,
             advertise_host: None,
             advertise_fast_port: None,
             lease_duration: ELECTION_TIMINGS.lease_duration,
@@ -321,6 +330,12 @@ impl LeaderConfig {
             push(&mut a, "tenant", flags::format_tenant(t));
         }
         push(&mut a, "spin", format_time(self.spin));
+        if let Some(p) = &self.control_token_file {
+            push(&mut a, "control-token-file", p.display());
+        }
+        if let Some(p) = &self.member_token_file {
+            push(&mut a, "member-token-file", p.display());
+        }
         if let Some(v) = self.election.to_possible_value() {
             push(&mut a, "election", v.get_name());
         }
@@ -381,6 +396,7 @@ mod tests {
             ceiling,
             block_size: 16,
             dtype: "float16".into(),
+            ..Default::default()
         };
         let configs = [
             LeaderConfig::default(),
@@ -434,7 +450,7 @@ mod tests {
             !names.iter().any(|f| f == "eviction-interval" || f == "tenants"),
             "{names:?}"
         );
-        assert_eq!(names.len(), 25, "{names:?}");
+        assert_eq!(names.len(), 27, "{names:?}");
         // every name is a flag the parser knows
         for n in &names {
             let err = LeaderConfig::parse_args([format!("--{n}=x")]).err();
@@ -483,6 +499,7 @@ mod tests {
             ceiling: 1,
             block_size: 1,
             dtype: "x".into(),
+            ..Default::default()
         };
         let e = bad(LeaderConfig {
             tenants: vec![dup.clone(), dup.clone()],

@@ -1,5 +1,6 @@
-//! The tenant ledger: who may write, each tenant's fixed block layout, its requested ceiling, and
-//! the grants those ceilings turn into once they are compared with the mounted capacity.
+//! The tenant ledger: who may write, what proves it (credentials, kept as SHA-256 hashes), each
+//! tenant's fixed block layout, its requested ceiling, and the grants those ceilings turn into
+//! once they are compared with the mounted capacity.
 
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::{Scope, TenantEntry};
@@ -55,6 +56,13 @@ pub fn validate(entries: &[TenantEntry]) -> Result<()> {
                 e.name
             ));
         }
+        if let Some(j) = e.credential_sha256.iter().position(|h| h.len() != 32) {
+            return bad(format!(
+                "tenants[{i}] ({}) credential_sha256[{j}] is {} bytes; send the 32-byte SHA-256 of the credential",
+                e.name,
+                e.credential_sha256[j].len()
+            ));
+        }
     }
     Ok(())
 }
@@ -70,6 +78,53 @@ pub fn grants(ceilings: &[u64], capacity: u64) -> Vec<u64> {
         .iter()
         .map(|c| (*c as u128 * capacity as u128 / sum) as u64)
         .collect()
+}
+
+/// The credential hashes of a validated entry.
+pub fn credentials(e: &TenantEntry) -> Vec<[u8; 32]> {
+    e.credential_sha256
+        .iter()
+        .filter_map(|h| <[u8; 32]>::try_from(h.as_ref()).ok())
+        .collect()
+}
+
+/// The SHA-256 of a credential, as the ledger keeps it.
+pub fn credential_hash(credential: &str) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, credential.as_bytes());
+    let mut h = [0u8; 32];
+    h.copy_from_slice(d.as_ref());
+    h
+}
+
+/// Refuses a call for a tenant bound to credentials unless it carries one of them.
+pub fn check_credential(tenant: &str, hashes: &[[u8; 32]], presented: &str) -> Result<()> {
+    if hashes.is_empty() {
+        return Ok(());
+    }
+    if presented.is_empty() {
+        return Err(StoreError::new(
+            ErrorCode::Unauthenticated,
+            format!(
+                "tenant {tenant:?} takes only calls that carry its credential, and this one carries none; pass the \
+                 credential its KVCachePoolBinding was given (KVCACHE_CREDENTIAL in the replica's environment)"
+            ),
+        ));
+    }
+    let h = credential_hash(presented);
+    // compare every hash in full, so the time taken says nothing about which bytes matched
+    let matched = hashes
+        .iter()
+        .fold(false, |any, known| any | crate::auth::same_hash(known, &h));
+    if !matched {
+        return Err(StoreError::new(
+            ErrorCode::Unauthenticated,
+            format!(
+                "the credential this call carries is not tenant {tenant:?}'s; a replica may use a cache domain only \
+                 with the credential of a KVCachePoolBinding of that domain in its own namespace"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a scope whose declared layout differs from the registered one.
@@ -98,6 +153,7 @@ mod tests {
             ceiling,
             block_size: 64,
             dtype: "bfloat16".into(),
+            ..Default::default()
         }
     }
 
@@ -156,6 +212,7 @@ mod tests {
             tenant: "t".into(),
             block_size: 64,
             dtype: "bfloat16".into(),
+            ..Default::default()
         };
         assert!(check_layout("t", &l, &ok).is_ok());
         let bad = Scope {

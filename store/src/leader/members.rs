@@ -80,6 +80,7 @@ impl State {
             mount_id,
             heartbeat_interval_ms: self.cfg.heartbeat_interval().as_millis() as u64,
             epoch: self.epoch,
+            grant_key: self.grant_key.to_bytes().into(),
         })
     }
 

@@ -52,6 +52,15 @@ pub struct Leader {
     gate: Arc<Gate>,
     /// the gRPC address it is bound to, once bound
     bound: Arc<Mutex<Option<std::net::SocketAddr>>>,
+    /// the tokens the Control and Membership APIs take (`auth.rs`), when configured
+    tokens: Arc<Tokens>,
+}
+
+/// What the leader's own APIs check callers with.
+#[derive(Debug, Default)]
+pub struct Tokens {
+    pub control: Option<crate::auth::Expected>,
+    pub member: Option<crate::auth::Expected>,
 }
 
 impl Leader {
@@ -59,6 +68,20 @@ impl Leader {
     /// config's initial ledger (`--tenant`), after [`LeaderConfig::validate`].
     pub fn new(cfg: LeaderConfig) -> Result<Self, ConfigError> {
         cfg.validate()?;
+        let tokens = Tokens {
+            control: crate::auth::Expected::load(
+                cfg.control_token_file.as_ref(),
+                "the Control API",
+                "--control-token-file",
+            )
+            .map_err(|e| ConfigError::new("control-token-file", e))?,
+            member: crate::auth::Expected::load(
+                cfg.member_token_file.as_ref(),
+                "the Membership API",
+                "--member-token-file",
+            )
+            .map_err(|e| ConfigError::new("member-token-file", e))?,
+        };
         let tenants = cfg.tenants.clone();
         let mut state = State::new(cfg);
         if !tenants.is_empty() {
@@ -72,7 +95,18 @@ impl Leader {
             fast_port: Arc::new(AtomicU32::new(0)),
             gate: Arc::new(Gate::default()),
             bound: Arc::default(),
+            tokens: Arc::new(tokens),
         })
+    }
+
+    /// Refuses a Control call without the controllers' token (when one is configured).
+    pub fn check_control(&self, metadata: &tonic::metadata::MetadataMap) -> crate::error::Result<()> {
+        self.tokens.control.as_ref().map_or(Ok(()), |t| t.check(metadata))
+    }
+
+    /// Refuses a Membership call without the member token (when one is configured).
+    pub fn check_member(&self, metadata: &tonic::metadata::MetadataMap) -> crate::error::Result<()> {
+        self.tokens.member.as_ref().map_or(Ok(()), |t| t.check(metadata))
     }
 
     /// Runs `f` on the locked state.

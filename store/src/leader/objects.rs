@@ -59,6 +59,8 @@ pub struct Counters {
 pub struct Tenant {
     /// `None` only for the default tenant with multi-tenancy off and no layout configured
     pub layout: Option<Layout>,
+    /// SHA-256 of each credential a call may prove the tenant with; empty: none is needed
+    pub credentials: Vec<[u8; 32]>,
     pub ceiling: u64,
     pub grant: u64,
     /// bytes charged: every reserved and committed object's `len`

@@ -1,6 +1,8 @@
 //! The leader's gRPC faces: `Store` for engines (each call is its function in `calls.rs`, shared
 //! with the fast port), `Membership` for members, `Control` for controllers. Each handler locks
-//! the state once, does one operation, and maps errors through `error.rs`.
+//! the state once, does one operation, and maps errors through `error.rs`. Membership and Control
+//! calls first show their token (`auth.rs`) when the leader was given one; `Health` is open (it
+//! says only where the fast port is and whether this leader serves).
 
 use std::time::Instant;
 
@@ -97,11 +99,13 @@ impl Store for Leader {
 #[tonic::async_trait]
 impl Membership for Leader {
     async fn mount(&self, req: Request<MountRequest>) -> Reply<MountResponse> {
+        self.check_member(req.metadata())?;
         let r = req.into_inner();
         Ok(Response::new(self.serving(|s| s.mount(&r, Instant::now()))?))
     }
 
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
+        self.check_member(req.metadata())?;
         let r = req.into_inner();
         let known = self.serving(|s| Ok(s.heartbeat(&r, Instant::now())))?;
         Ok(Response::new(HeartbeatResponse { need_remount: !known }))
@@ -111,13 +115,15 @@ impl Membership for Leader {
 #[tonic::async_trait]
 impl Control for Leader {
     async fn set_tenants(&self, req: Request<SetTenantsRequest>) -> Reply<SetTenantsResponse> {
+        self.check_control(req.metadata())?;
         let r = req.into_inner();
         let objects_dropped = self.serving(|s| s.set_tenants(&r.tenants))?;
         tracing::info!(tenants = r.tenants.len(), objects_dropped, "tenant ledger set");
         Ok(Response::new(SetTenantsResponse { objects_dropped }))
     }
 
-    async fn get_tenants(&self, _req: Request<GetTenantsRequest>) -> Reply<GetTenantsResponse> {
+    async fn get_tenants(&self, req: Request<GetTenantsRequest>) -> Reply<GetTenantsResponse> {
+        self.check_control(req.metadata())?;
         Ok(Response::new(self.serving(|s| {
             Ok(GetTenantsResponse {
                 multi_tenancy: s.cfg.multi_tenancy,
@@ -126,7 +132,8 @@ impl Control for Leader {
         })?))
     }
 
-    async fn get_members(&self, _req: Request<GetMembersRequest>) -> Reply<GetMembersResponse> {
+    async fn get_members(&self, req: Request<GetMembersRequest>) -> Reply<GetMembersResponse> {
+        self.check_control(req.metadata())?;
         let now = Instant::now();
         Ok(Response::new(self.serving(|s| {
             Ok(GetMembersResponse {
@@ -136,6 +143,7 @@ impl Control for Leader {
     }
 
     async fn remove_member(&self, req: Request<RemoveMemberRequest>) -> Reply<RemoveMemberResponse> {
+        self.check_control(req.metadata())?;
         let name = req.into_inner().name;
         let removed = self.serving(|s| Ok(s.remove_member(&name)))?;
         Ok(Response::new(RemoveMemberResponse { removed }))

@@ -50,6 +50,8 @@ pub struct State {
     /// the term this state belongs to (the Lease's `leaseTransitions`; 0 without an election):
     /// every range handed out carries it, and members refuse older ones
     pub(super) epoch: u64,
+    /// signs every range this term hands out (`grant.rs`); members get it when they mount
+    pub(super) grant_key: crate::grant::GrantKey,
 }
 
 impl State {
@@ -65,6 +67,7 @@ impl State {
             seed,
             retired: Counters::default(),
             epoch: 0,
+            grant_key: crate::grant::GrantKey::generate(),
         };
         if !s.cfg.multi_tenancy {
             let layout = s.cfg.default_layout();
@@ -110,8 +113,23 @@ impl State {
         self.tick
     }
 
-    pub(super) fn location(&self, o: &Object, member_id: u64) -> Option<Location> {
+    /// Where `o` is, granted for `access` until `deadline_unix_ms` (signed: `grant.rs`).
+    pub(super) fn location(
+        &self,
+        o: &Object,
+        member_id: u64,
+        access: crate::grant::Access,
+        deadline_unix_ms: u64,
+    ) -> Option<Location> {
         let m = self.members.get(&member_id)?;
+        let grant_mac = self.grant_key.sign(&crate::grant::Range {
+            access,
+            mount_id: o.mount_id,
+            epoch: self.epoch,
+            offset: o.offset,
+            len: o.size,
+            deadline_unix_ms,
+        });
         Some(Location {
             member_id,
             data_addr: m.data_addr.clone(),
@@ -121,6 +139,7 @@ impl State {
             len: o.size,
             epoch: self.epoch,
             local_addr: m.local_addr.clone(),
+            grant_mac: grant_mac.into(),
         })
     }
 
@@ -185,7 +204,8 @@ impl State {
             lease_until: now,
             last_used: tick,
         };
-        let location = self.location(&object, member_id);
+        let write_deadline_unix_ms = unix_ms_after(self.cfg.put_ttl);
+        let location = self.location(&object, member_id, crate::grant::Access::Write, write_deadline_unix_ms);
         if let Some(m) = self.members.get_mut(&member_id) {
             m.objects += 1;
         }
@@ -199,7 +219,7 @@ impl State {
             already_exists: false,
             put_id,
             location,
-            write_deadline_unix_ms: unix_ms_after(self.cfg.put_ttl),
+            write_deadline_unix_ms,
         })
     }
 
@@ -323,11 +343,12 @@ impl State {
         o.lease_until = o.lease_until.max(now + ttl);
         o.last_used = tick;
         let o = o.clone();
-        let location = self.location(&o, o.member);
+        let lease_deadline_unix_ms = now_unix_ms().saturating_add(ttl.as_millis() as u64);
+        let location = self.location(&o, o.member, crate::grant::Access::Read, lease_deadline_unix_ms);
         Ok(GetResponse {
             found: location.is_some(),
             location,
-            lease_deadline_unix_ms: now_unix_ms().saturating_add(ttl.as_millis() as u64),
+            lease_deadline_unix_ms,
             lease_ttl_ms: ttl.as_millis() as u64,
         })
     }

@@ -24,6 +24,7 @@ impl State {
                 hits: t.counters.hits,
                 misses: t.counters.misses,
                 evictions: t.counters.evictions,
+                credentials: t.credentials.len() as u32,
             })
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));

@@ -79,6 +79,7 @@ impl State {
         for e in entries {
             let t = self.tenants.entry(e.name.clone()).or_default();
             t.ceiling = e.ceiling;
+            t.credentials = ledger::credentials(e);
             t.layout = Some(Layout {
                 block_size: e.block_size,
                 dtype: e.dtype.clone(),
@@ -112,6 +113,7 @@ impl State {
                 ),
             ));
         };
+        ledger::check_credential(&scope.tenant, &t.credentials, &scope.credential)?;
         if let Some(layout) = &t.layout {
             ledger::check_layout(&scope.tenant, layout, scope)?;
         }

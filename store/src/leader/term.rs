@@ -154,6 +154,7 @@ mod tests {
                 tenant: "t".into(),
                 block_size: 16,
                 dtype: "bf16".into(),
+                ..Default::default()
             }),
             key: "k".into(),
             size: 64,

@@ -15,6 +15,7 @@ fn scope(t: &str) -> Scope {
         tenant: t.into(),
         block_size: 64,
         dtype: "bf16".into(),
+        ..Default::default()
     }
 }
 
@@ -24,6 +25,7 @@ fn entry(t: &str, ceiling: u64) -> TenantEntry {
         ceiling,
         block_size: 64,
         dtype: "bf16".into(),
+        ..Default::default()
     }
 }
 

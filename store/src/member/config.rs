@@ -56,6 +56,10 @@ pub struct MemberConfig {
     /// mapping the segment (store/README.md, "Same host").
     #[arg(long)]
     pub no_local: bool,
+    /// A file holding the backend's member token, shown to the leader on every mount and
+    /// heartbeat (a leader started with `--member-token-file` takes no member without it).
+    #[arg(long)]
+    pub member_token_file: Option<PathBuf>,
     /// Keep polling this long after a request instead of sleeping (store/README.md,
     /// "Performance"); 0 never polls.
     #[arg(long, default_value = "200us", value_parser = kvcache_units::parse_duration)]
@@ -79,6 +83,7 @@ impl MemberConfig {
             max_value_size: 64 << 20,
             no_prefault: false,
             no_local: false,
+            member_token_file: None,
             spin: crate::spin::DEFAULT_SPIN,
         }
     }
@@ -178,6 +183,9 @@ impl MemberConfig {
         if self.no_local {
             a.push("--no-local".into());
         }
+        if let Some(p) = &self.member_token_file {
+            push(&mut a, "member-token-file", p.display());
+        }
         push(&mut a, "spin", format_time(self.spin));
         a
     }
@@ -248,7 +256,7 @@ mod tests {
         for n in ["leader", "capacity", "name", "no-prefault", "data-listen", "spin"] {
             assert!(names.iter().any(|f| f == n), "{n} missing from {names:?}");
         }
-        assert_eq!(names.len(), 13, "{names:?}");
+        assert_eq!(names.len(), 14, "{names:?}");
         let e = MemberConfig::new("l:1", 0).validate().unwrap_err();
         assert_eq!(e.to_string(), "--capacity: must be greater than 0 (e.g. 8Gi)");
         let e = MemberConfig {

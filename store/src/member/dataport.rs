@@ -83,6 +83,7 @@ fn grant(req: &Request) -> Grant {
         epoch: req.epoch,
         offset: req.offset,
         deadline_unix_ms: req.deadline_unix_ms,
+        mac: req.mac,
     }
 }
 

@@ -114,6 +114,7 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
             epoch: req.epoch,
             offset: req.offset,
             deadline_unix_ms: req.deadline_unix_ms,
+            mac: req.mac,
         };
         let answer = match req.op {
             Op::Map => {

@@ -51,6 +51,8 @@ pub struct Member {
     /// random, fresh for this process: tells the leader a remount of ours from another process
     /// that took the same name
     instance_id: u64,
+    /// the member token (`--member-token-file`), shown on every Membership call
+    token: Option<String>,
 }
 
 /// Where a member's listeners are bound (with port 0 resolved).
@@ -66,6 +68,12 @@ impl Member {
     /// the gRPC, data and metrics listeners.
     pub async fn bind(cfg: MemberConfig) -> Result<Self, ServeError> {
         cfg.validate()?;
+        let token = cfg
+            .member_token_file
+            .as_ref()
+            .map(|p| crate::auth::read_token(p))
+            .transpose()
+            .map_err(|e| crate::flags::ConfigError::new("member-token-file", e))?;
         let map = mmap::SharedMap::create(&cfg.shm_dir, cfg.capacity, !cfg.no_prefault).map_err(|e| {
             StoreError::new(
                 ErrorCode::Internal,
@@ -124,6 +132,7 @@ impl Member {
             addrs,
             readiness: ReadinessHandle::new(),
             instance_id,
+            token,
         })
     }
 
@@ -169,6 +178,7 @@ impl Member {
             local: local_listener,
             metrics: metrics_listener,
             readiness,
+            token,
             ..
         } = self;
         metrics::register(segment.clone(), readiness.clone(), &mut registry);
@@ -211,7 +221,7 @@ impl Member {
         };
 
         let mounted = tokio::select! {
-            r = mount::stay_mounted(&cfg.leader, cfg.kubeconfig.as_deref(), req, &segment, &readiness) => r,
+            r = mount::stay_mounted(&cfg.leader, cfg.kubeconfig.as_deref(), req, token.as_deref(), &segment, &readiness) => r,
             () = stop.cancelled() => Ok(()),
         };
         readiness.set(Readiness::Stopping);

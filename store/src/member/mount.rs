@@ -107,6 +107,7 @@ pub(super) async fn stay_mounted(
     leader: &str,
     kubeconfig: Option<&Path>,
     req: MountRequest,
+    token: Option<&str>,
     segment: &Segment,
     readiness: &ReadinessHandle,
 ) -> Result<(), StoreError> {
@@ -131,7 +132,7 @@ pub(super) async fn stay_mounted(
             }
         };
         let mut client = MembershipClient::new(channel.clone());
-        let mounted = match mount(&mut client, &req, segment).await {
+        let mounted = match mount(&mut client, &req, token, segment).await {
             Ok(m) => m,
             Err(e) if e.code == ErrorCode::MemberNameTaken => {
                 let (since, bound) = match refused {
@@ -166,7 +167,7 @@ pub(super) async fn stay_mounted(
             epoch = mounted.epoch,
             "segment mounted"
         );
-        heartbeat(&finder, &addr, client, &mounted, req.instance_id).await;
+        heartbeat(&finder, &addr, client, &mounted, req.instance_id, token).await;
     }
 }
 
@@ -175,6 +176,7 @@ pub(super) async fn stay_mounted(
 async fn mount(
     client: &mut MembershipClient<Channel>,
     req: &MountRequest,
+    token: Option<&str>,
     segment: &Segment,
 ) -> Result<MountResponse, StoreError> {
     let mount_id = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
@@ -183,6 +185,10 @@ async fn mount(
         mount_id,
         ..req.clone()
     };
+    let mut asked = tonic::Request::new(asked);
+    if let Some(t) = token {
+        crate::auth::attach(&mut asked, t)?;
+    }
     match tokio::time::timeout(CALL_TIMEOUT, client.mount(asked)).await {
         Ok(Ok(r)) => {
             let r = r.into_inner();
@@ -197,6 +203,14 @@ async fn mount(
                     ),
                 ));
             }
+            let key = match crate::grant::GrantKey::from_bytes(&r.grant_key) {
+                Ok(k) => k,
+                Err(e) => {
+                    segment.set_mount(0);
+                    return Err(e);
+                }
+            };
+            segment.set_grant_key(key);
             // the leader keeps the member's choice unless it clashes with another mount
             segment.set_mount(r.mount_id);
             Ok(r)
@@ -223,6 +237,7 @@ async fn heartbeat(
     mut client: MembershipClient<Channel>,
     mounted: &MountResponse,
     instance_id: u64,
+    token: Option<&str>,
 ) {
     let interval = Duration::from_millis(mounted.heartbeat_interval_ms.max(10));
     let mut failing = false;
@@ -246,6 +261,10 @@ async fn heartbeat(
             mount_id: mounted.mount_id,
             instance_id,
         };
+        let mut hb = tonic::Request::new(hb);
+        if let Some(t) = token {
+            let _ = crate::auth::attach(&mut hb, t);
+        }
         match tokio::time::timeout(CALL_TIMEOUT.max(interval), client.heartbeat(hb)).await {
             Ok(Ok(r)) if r.get_ref().need_remount => {
                 tracing::warn!(%addr, "leader does not know this mount; remounting empty");

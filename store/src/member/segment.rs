@@ -1,7 +1,7 @@
 //! One member's segment as the data path sees it: the mapped memory, the mount it currently
 //! belongs to, the newest leader epoch it has mounted under, and the checks every transfer passes
-//! (right mount, no older epoch, deadline not passed, range in bounds and not in use by a
-//! conflicting transfer).
+//! (right mount, no older epoch, deadline not passed, the leader's MAC over the range verifies,
+//! range in bounds and not in use by a conflicting transfer).
 //!
 //! Fencing: the epoch only rises ([`Segment::see_epoch`]). A range from a leader whose epoch is
 //! older than the newest this member mounted under is refused (`STALE_EPOCH`) before the mount
@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::mmap::{ReadRange, SharedMap, WriteRange};
 use crate::error::{ErrorCode, Result, StoreError};
+use crate::grant::{Access, GrantKey, MAC_LEN, Range};
 use crate::time::now_unix_ms;
 
 /// Transfer counters for metrics.
@@ -35,6 +36,15 @@ pub struct Grant {
     pub epoch: u64,
     pub offset: u64,
     pub deadline_unix_ms: u64,
+    /// the Location's `grant_mac` (`grant.rs`)
+    pub mac: [u8; MAC_LEN],
+}
+
+impl Grant {
+    /// A MAC as it came off the wire: anything but [`MAC_LEN`] bytes never verifies.
+    pub fn mac_from(b: &[u8]) -> [u8; MAC_LEN] {
+        b.try_into().unwrap_or([0; MAC_LEN])
+    }
 }
 
 /// The segment and its current mount.
@@ -45,6 +55,8 @@ pub struct Segment {
     mount_id: AtomicU64,
     /// the newest leader epoch mounted under
     epoch: AtomicU64,
+    /// the serving leader's grant key, from its MountResponse: ranges must carry its MAC
+    grant_key: parking_lot::RwLock<Option<GrantKey>>,
     pub counters: DataCounters,
 }
 
@@ -54,6 +66,7 @@ impl Segment {
             map,
             mount_id: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
+            grant_key: parking_lot::RwLock::new(None),
             counters: DataCounters::default(),
         }
     }
@@ -71,6 +84,11 @@ impl Segment {
         self.mount_id.store(mount_id, Ordering::Release);
     }
 
+    /// Adopts the key the mounting leader signs its grants with.
+    pub fn set_grant_key(&self, key: GrantKey) {
+        *self.grant_key.write() = Some(key);
+    }
+
     /// The newest leader epoch this segment was mounted under.
     pub fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
@@ -82,7 +100,17 @@ impl Segment {
         self.epoch.fetch_max(epoch, Ordering::AcqRel) <= epoch
     }
 
-    fn check(&self, mount_id: u64, epoch: u64, deadline_unix_ms: u64, what: &str) -> Result<()> {
+    fn check(&self, at: &Grant, access: Access, len: u64) -> Result<()> {
+        let what = match access {
+            Access::Write => "write",
+            Access::Read => "read lease",
+        };
+        let Grant {
+            mount_id,
+            epoch,
+            deadline_unix_ms,
+            ..
+        } = *at;
         let newest = self.epoch();
         if epoch < newest {
             self.counters.refusals.fetch_add(1, Ordering::Relaxed);
@@ -109,19 +137,37 @@ impl Segment {
                 format!("the {what} deadline the leader gave has passed; ask the leader again"),
             ));
         }
-        Ok(())
+        let range = Range {
+            access,
+            mount_id,
+            epoch,
+            offset: at.offset,
+            len,
+            deadline_unix_ms,
+        };
+        let verified = match &*self.grant_key.read() {
+            Some(key) => key.verify(&range, &at.mac),
+            None => Err(StoreError::new(
+                ErrorCode::StaleMount,
+                "this member has no grant key from its leader yet (it is mounting); ask the leader again",
+            )),
+        };
+        if verified.is_err() {
+            self.counters.refusals.fetch_add(1, Ordering::Relaxed);
+        }
+        verified
     }
 
     /// A range to write a reserved value into (`deadline` is the reservation's write deadline).
     pub fn begin_write(&self, at: Grant, len: u64) -> Result<WriteRange<'_>> {
-        self.check(at.mount_id, at.epoch, at.deadline_unix_ms, "write")?;
+        self.check(&at, Access::Write, len)?;
         let offset = at.offset;
         self.map.write_range(offset, len)
     }
 
     /// A range to read a committed value from (`deadline` is its read lease).
     pub fn begin_read(&self, at: Grant, len: u64) -> Result<ReadRange<'_>> {
-        self.check(at.mount_id, at.epoch, at.deadline_unix_ms, "read lease")?;
+        self.check(&at, Access::Read, len)?;
         let offset = at.offset;
         self.map.read_range(offset, len)
     }
@@ -158,25 +204,18 @@ mod tests {
 
     #[test]
     fn ranges_of_an_older_epoch_are_refused_before_the_mount_is_compared() {
-        let dir = tempfile::tempdir().unwrap();
-        let seg = Segment::new(SharedMap::create(dir.path(), 1 << 16, false).unwrap());
-        seg.set_mount(11);
-        assert!(seg.see_epoch(3));
-        let at = |mount_id, epoch| Grant {
-            mount_id,
-            epoch,
-            offset: 0,
-            deadline_unix_ms: 0,
-        };
-        assert!(seg.begin_write(at(11, 3), 64).is_ok());
-        let stale = seg.begin_write(at(11, 2), 64).map(drop).unwrap_err();
+        let (seg, key, _dir) = mounted();
+        let write = |mount_id, epoch| signed(&key, Access::Write, mount_id, epoch, 0, 64);
+        let read = |mount_id, epoch| signed(&key, Access::Read, mount_id, epoch, 0, 64);
+        assert!(seg.begin_write(write(11, 3), 64).is_ok());
+        let stale = seg.begin_write(write(11, 2), 64).map(drop).unwrap_err();
         assert_eq!(stale.code, ErrorCode::StaleEpoch);
         assert!(
             stale.message.contains("epoch 2") && stale.message.contains("epoch 3"),
             "{stale}"
         );
         assert_eq!(
-            seg.begin_read(at(12, 3), 64).map(drop).unwrap_err().code,
+            seg.begin_read(read(12, 3), 64).map(drop).unwrap_err().code,
             ErrorCode::StaleMount
         );
         // the epoch only rises: an older leader's mount is not accepted
@@ -184,8 +223,62 @@ mod tests {
         assert_eq!(seg.epoch(), 3);
         assert!(seg.see_epoch(4));
         assert_eq!(
-            seg.begin_read(at(11, 3), 64).map(drop).unwrap_err().code,
+            seg.begin_read(read(11, 3), 64).map(drop).unwrap_err().code,
             ErrorCode::StaleEpoch
+        );
+    }
+
+    fn mounted() -> (Segment, GrantKey, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = Segment::new(SharedMap::create(dir.path(), 1 << 16, false).unwrap());
+        seg.set_mount(11);
+        assert!(seg.see_epoch(3));
+        let key = GrantKey::generate();
+        seg.set_grant_key(key.clone());
+        (seg, key, dir)
+    }
+
+    fn signed(key: &GrantKey, access: Access, mount_id: u64, epoch: u64, offset: u64, len: u64) -> Grant {
+        let mac = key.sign(&Range {
+            access,
+            mount_id,
+            epoch,
+            offset,
+            len,
+            deadline_unix_ms: 0,
+        });
+        Grant {
+            mount_id,
+            epoch,
+            offset,
+            deadline_unix_ms: 0,
+            mac: Grant::mac_from(&mac),
+        }
+    }
+
+    #[test]
+    fn only_ranges_the_leader_signed_are_served() {
+        let (seg, key, _dir) = mounted();
+        let granted = signed(&key, Access::Write, 11, 3, 4096, 100);
+        assert!(seg.begin_write(granted, 100).is_ok());
+        let refused = |r: Result<WriteRange<'_>>| r.map(drop).unwrap_err().code;
+        // a forged MAC, a longer range, another offset, a read grant used to write
+        let forged = Grant {
+            mac: [7; MAC_LEN],
+            ..granted
+        };
+        assert_eq!(refused(seg.begin_write(forged, 100)), ErrorCode::Unauthenticated);
+        assert_eq!(refused(seg.begin_write(granted, 101)), ErrorCode::Unauthenticated);
+        let moved = Grant { offset: 0, ..granted };
+        assert_eq!(refused(seg.begin_write(moved, 100)), ErrorCode::Unauthenticated);
+        let read = signed(&key, Access::Read, 11, 3, 4096, 100);
+        assert_eq!(refused(seg.begin_write(read, 100)), ErrorCode::Unauthenticated);
+        assert!(seg.begin_read(read, 100).is_ok());
+        // another term's key signs nothing this member serves
+        let other = signed(&GrantKey::generate(), Access::Read, 11, 3, 4096, 100);
+        assert_eq!(
+            seg.begin_read(other, 100).map(drop).unwrap_err().code,
+            ErrorCode::Unauthenticated
         );
     }
 }

@@ -39,6 +39,7 @@ impl SegmentData for DataService {
                 epoch: r.epoch,
                 offset: r.offset,
                 deadline_unix_ms: r.write_deadline_unix_ms,
+                mac: Grant::mac_from(&r.grant_mac),
             },
             len,
         )?;
@@ -56,6 +57,7 @@ impl SegmentData for DataService {
                 epoch: r.epoch,
                 offset: r.offset,
                 deadline_unix_ms: r.lease_deadline_unix_ms,
+                mac: Grant::mac_from(&r.grant_mac),
             },
             r.len,
         )?;

@@ -105,6 +105,7 @@ pub fn scope(tenant: &str) -> Scope {
         tenant: tenant.into(),
         block_size: 64,
         dtype: "bfloat16".into(),
+        ..Default::default()
     }
 }
 

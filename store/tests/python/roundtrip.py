@@ -35,7 +35,8 @@ def put(key, value):
     loc = r.location
     member = rpc.SegmentDataStub(grpc.insecure_channel(loc.grpc_addr, options=OPTS))
     member.Write(pb.WriteRequest(mount_id=loc.mount_id, epoch=loc.epoch, offset=loc.offset,
-                                 write_deadline_unix_ms=r.write_deadline_unix_ms, data=value))
+                                 write_deadline_unix_ms=r.write_deadline_unix_ms, data=value,
+                                 grant_mac=loc.grant_mac))
     store.PutCommit(pb.PutCommitRequest(scope=scope, key=key, put_id=r.put_id))
     return True
 
@@ -47,7 +48,7 @@ def get(key):
     loc = r.location
     member = rpc.SegmentDataStub(grpc.insecure_channel(loc.grpc_addr, options=OPTS))
     return member.Read(pb.ReadRequest(mount_id=loc.mount_id, epoch=loc.epoch, offset=loc.offset, len=loc.len,
-                                      lease_deadline_unix_ms=r.lease_deadline_unix_ms)).data
+                                      lease_deadline_unix_ms=r.lease_deadline_unix_ms, grant_mac=loc.grant_mac)).data
 
 
 values = {f"py/{i}": os.urandom(n) for i, n in enumerate([1, 4097, 65536, 1 << 20, 4 << 20])}

@@ -1,0 +1,288 @@
+//! Who may call the store, with real `kv-store` processes: the Control API takes only the
+//! controllers' token, a member without the backend's member token cannot mount, a call for a
+//! tenant proves itself with that tenant's credential (on gRPC and on the fast port), and a
+//! member's data port serves only ranges the leader signed.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{Proc, eventually, leader, member_with, scope};
+use kvcache_store::client::Client;
+use kvcache_store::error::{ErrorCode, StoreError};
+use kvcache_store::proto::control_client::ControlClient;
+use kvcache_store::proto::{GetMembersRequest, Scope, SetTenantsRequest, TenantEntry};
+use kvcache_store::wire;
+
+const CONTROL_TOKEN: &str = "controllers-0123456789abcdef";
+const MEMBER_TOKEN: &str = "members-fedcba9876543210";
+const CREDENTIAL_A: &str = "credential-of-team-a";
+const CREDENTIAL_B: &str = "credential-of-team-b";
+
+struct Store {
+    _dir: tempfile::TempDir,
+    leader: Proc,
+    _member: Proc,
+}
+
+fn token_file(dir: &std::path::Path, name: &str, token: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("{token}\n")).unwrap();
+    p.display().to_string()
+}
+
+/// A leader that wants both tokens, and a member that shows its token.
+fn start(fast: bool) -> Store {
+    let dir = tempfile::tempdir().unwrap();
+    let control = token_file(dir.path(), "control", CONTROL_TOKEN);
+    let members = token_file(dir.path(), "member", MEMBER_TOKEN);
+    let mut args = vec!["--control-token-file", &control, "--member-token-file", &members];
+    if !fast {
+        args.extend(["--fast-listen", "off"]);
+    }
+    let leader = leader(&args);
+    let member = member_with(&leader.field("grpc"), "m1", "64Mi", &["--member-token-file", &members]);
+    Store {
+        _dir: dir,
+        leader,
+        _member: member,
+    }
+}
+
+fn authorized<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    kvcache_store::auth::attach(&mut r, token).unwrap();
+    r
+}
+
+async fn control(addr: &str) -> ControlClient<tonic::transport::Channel> {
+    ControlClient::connect(format!("http://{addr}")).await.unwrap()
+}
+
+fn entry(name: &str, credential: &str) -> TenantEntry {
+    TenantEntry {
+        name: name.into(),
+        ceiling: 16 << 20,
+        block_size: 64,
+        dtype: "bfloat16".into(),
+        credential_sha256: vec![
+            kvcache_store::leader::ledger::credential_hash(credential)
+                .to_vec()
+                .into(),
+        ],
+    }
+}
+
+fn unauthenticated(e: &StoreError) -> bool {
+    e.code == ErrorCode::Unauthenticated
+}
+
+fn as_tenant(tenant: &str, credential: &str) -> Scope {
+    Scope {
+        credential: credential.into(),
+        ..scope(tenant)
+    }
+}
+
+#[tokio::test]
+async fn the_control_api_takes_only_the_controllers_token() {
+    let s = start(true);
+    let addr = s.leader.field("grpc");
+    let mut c = control(&addr).await;
+    let ledger = SetTenantsRequest {
+        tenants: vec![entry("team-a", CREDENTIAL_A)],
+    };
+    let refused = c.set_tenants(ledger.clone()).await.unwrap_err();
+    let e = StoreError::from_status(&refused);
+    assert!(unauthenticated(&e), "{e}");
+    assert!(e.message.contains("carries none"), "{e}");
+    let wrong = c.set_tenants(authorized(ledger.clone(), "guess")).await.unwrap_err();
+    assert!(unauthenticated(&StoreError::from_status(&wrong)));
+    assert!(
+        c.get_members(GetMembersRequest {}).await.is_err(),
+        "reading the members needs it too"
+    );
+    c.set_tenants(authorized(ledger, CONTROL_TOKEN)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_member_without_the_member_token_cannot_mount() {
+    let s = start(true);
+    let addr = s.leader.field("grpc");
+    let _stranger = member_with(&addr, "stranger", "64Mi", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = token_file(dir.path(), "wrong", "not-the-token");
+    let _impostor = member_with(&addr, "impostor", "64Mi", &["--member-token-file", &wrong]);
+    let c = control(&addr).await;
+    let names = || {
+        let mut c = c.clone();
+        async move {
+            let r = c
+                .get_members(authorized(GetMembersRequest {}, CONTROL_TOKEN))
+                .await
+                .unwrap();
+            r.into_inner().members.into_iter().map(|m| m.name).collect::<Vec<_>>()
+        }
+    };
+    eventually("the member with the token mounts", || async { names().await == ["m1"] }).await;
+    // the two others keep asking (every 100 ms to 2 s); none gets in
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(names().await, ["m1"]);
+}
+
+#[tokio::test]
+async fn a_credential_opens_its_own_tenant_only_on_grpc_and_on_the_fast_port() {
+    for fast in [true, false] {
+        let s = start(fast);
+        let addr = s.leader.field("grpc");
+        control(&addr)
+            .await
+            .set_tenants(authorized(
+                SetTenantsRequest {
+                    tenants: vec![entry("team-a", CREDENTIAL_A), entry("team-b", CREDENTIAL_B)],
+                },
+                CONTROL_TOKEN,
+            ))
+            .await
+            .unwrap();
+        let b = Client::connect(&addr, as_tenant("team-b", CREDENTIAL_B)).await.unwrap();
+        eventually("team-b can write", || async {
+            b.put("b/key", Bytes::from_static(b"b's bytes")).await.is_ok()
+        })
+        .await;
+        // team-a's credential on team-b's domain
+        let a_on_b = Client::connect(&addr, as_tenant("team-b", CREDENTIAL_A)).await.unwrap();
+        let none_on_b = Client::connect(&addr, as_tenant("team-b", "")).await.unwrap();
+        for (who, c) in [("team-a's credential", &a_on_b), ("no credential", &none_on_b)] {
+            let what = format!("{who} on team-b, fast port {fast}");
+            let put = c.put("b/other", Bytes::from_static(b"x")).await.unwrap_err();
+            assert!(unauthenticated(&put), "{what}: put: {put}");
+            let get = c.get("b/key").await.unwrap_err();
+            assert!(unauthenticated(&get), "{what}: get: {get}");
+            let exists = c.exists("b/key").await.unwrap_err();
+            assert!(unauthenticated(&exists), "{what}: exists: {exists}");
+            let batch = c.batch_exists(&["b/key".to_owned()]).await;
+            assert!(batch.is_err_and(|e| unauthenticated(&e)), "{what}: batch exists");
+            let remove = c.remove("b/key").await.unwrap_err();
+            assert!(unauthenticated(&remove), "{what}: remove: {remove}");
+        }
+        // team-a's own domain takes it, and team-b's value is untouched
+        let a = Client::connect(&addr, as_tenant("team-a", CREDENTIAL_A)).await.unwrap();
+        a.put("a/key", Bytes::from_static(b"a's bytes")).await.unwrap();
+        assert_eq!(a.get("a/key").await.unwrap().unwrap(), Bytes::from_static(b"a's bytes"));
+        assert!(a.get("b/key").await.unwrap().is_none(), "tenants do not share keys");
+        assert_eq!(b.get("b/key").await.unwrap().unwrap(), Bytes::from_static(b"b's bytes"));
+    }
+}
+
+#[tokio::test]
+async fn the_data_port_serves_only_ranges_the_leader_signed() {
+    let s = start(true);
+    let addr = s.leader.field("grpc");
+    control(&addr)
+        .await
+        .set_tenants(authorized(
+            SetTenantsRequest {
+                tenants: vec![entry("team-a", CREDENTIAL_A)],
+            },
+            CONTROL_TOKEN,
+        ))
+        .await
+        .unwrap();
+    let a = Client::connect(&addr, as_tenant("team-a", CREDENTIAL_A))
+        .await
+        .unwrap()
+        .without_local();
+    let secret = vec![42u8; 8192];
+    eventually("team-a can write", || async {
+        a.put("secret", Bytes::from(secret.clone())).await.is_ok()
+    })
+    .await;
+    let (loc, r) = a.locate("secret").await.unwrap().unwrap();
+    let deadline = r.lease_deadline_unix_ms;
+    // the granted range reads
+    assert_eq!(
+        raw_read(&loc, loc.offset, loc.len, deadline, &loc.grant_mac).await,
+        Ok(secret.clone())
+    );
+    // a forged MAC, the range stretched, moved, or kept past its lease: refused
+    let forged = Bytes::from(vec![0u8; 32]);
+    for (what, offset, len, until, mac) in [
+        ("a forged MAC", loc.offset, loc.len, deadline, &forged),
+        ("a longer range", loc.offset, loc.len + 4096, deadline, &loc.grant_mac),
+        ("another offset", loc.offset + 4096, loc.len, deadline, &loc.grant_mac),
+        (
+            "a later deadline",
+            loc.offset,
+            loc.len,
+            deadline + 60_000,
+            &loc.grant_mac,
+        ),
+    ] {
+        let got = raw_read(&loc, offset, len, until, mac).await;
+        assert_eq!(
+            got.as_ref().map(|_| ()).unwrap_err(),
+            &ErrorCode::Unauthenticated,
+            "{what}"
+        );
+    }
+    // and a write into a range nobody was given
+    let mut conn = tokio::net::TcpStream::connect(&loc.data_addr).await.unwrap();
+    let head = wire::Request {
+        op: wire::Op::Write,
+        mount_id: loc.mount_id,
+        offset: loc.offset,
+        len: 4,
+        deadline_unix_ms: 0,
+        epoch: loc.epoch,
+        mac: [1; 32],
+    };
+    use tokio::io::AsyncWriteExt;
+    conn.write_all(&head.encode()).await.unwrap();
+    conn.write_all(b"evil").await.unwrap();
+    assert_eq!(response(&mut conn).await.unwrap_err(), ErrorCode::Unauthenticated);
+    assert_eq!(
+        a.get("secret").await.unwrap().unwrap(),
+        Bytes::from(secret),
+        "the bytes are intact"
+    );
+}
+
+async fn raw_read(
+    loc: &kvcache_store::proto::Location,
+    offset: u64,
+    len: u64,
+    deadline: u64,
+    mac: &[u8],
+) -> Result<Vec<u8>, ErrorCode> {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(&loc.data_addr).await.unwrap();
+    let req = wire::Request {
+        op: wire::Op::Read,
+        mount_id: loc.mount_id,
+        offset,
+        len,
+        deadline_unix_ms: deadline,
+        epoch: loc.epoch,
+        mac: kvcache_store::member::segment::Grant::mac_from(mac),
+    };
+    s.write_all(&req.encode()).await.unwrap();
+    response(&mut s).await
+}
+
+async fn response(s: &mut tokio::net::TcpStream) -> Result<Vec<u8>, ErrorCode> {
+    use tokio::io::AsyncReadExt;
+    let mut head = [0u8; wire::RESPONSE_LEN];
+    s.read_exact(&mut head).await.unwrap();
+    let resp = wire::Response::decode(&head).unwrap();
+    let mut body = vec![0u8; resp.len as usize];
+    s.read_exact(&mut body).await.unwrap();
+    if resp.ok {
+        Ok(body)
+    } else {
+        Err(wire::refusal(&body).code)
+    }
+}
