@@ -93,19 +93,24 @@ async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::
             }
             Err(e) => return Err(e),
         };
-        let served = match Method::from_u8(method) {
-            Some(m) => dispatch(leader, m, &body, &mut out),
-            None => Err(StoreError::new(
-                ErrorCode::InvalidArgument,
-                "unknown method on the fast port",
-            )),
-        };
-        if let Err(e) = served {
-            refusal(&mut out, &e);
-        }
+        answer(leader, method, &body, &mut out);
         s.write_all(out.chunk()).await?;
         // the same client's next call usually follows within microseconds
         hot.touch();
+    }
+}
+
+/// `out` = the reply frame to one request frame (`method`, `body`): its answer, or a refusal.
+pub fn answer(leader: &Leader, method: u8, body: &[u8], out: &mut BytesMut) {
+    let served = match Method::from_u8(method) {
+        Some(m) => dispatch(leader, m, body, out),
+        None => Err(StoreError::new(
+            ErrorCode::InvalidArgument,
+            "unknown method on the fast port",
+        )),
+    };
+    if let Err(e) = served {
+        refusal(out, &e);
     }
 }
 
