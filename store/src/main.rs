@@ -45,9 +45,13 @@ enum Command {
     Tenants {
         #[arg(long)]
         leader: String,
-        /// Replace the ledger with these entries (NAME=CEILING:BLOCK_SIZE:DTYPE); none: print it.
+        /// Replace the ledger with these entries (NAME=CEILING:BLOCK_SIZE:DTYPE[,sha256=HEX…]);
+        /// none: print it.
         #[arg(long = "set", value_parser = flags::parse_tenant)]
         set: Vec<TenantEntry>,
+        /// The controllers' token, for a leader started with `--control-token-file`.
+        #[arg(long)]
+        control_token_file: Option<std::path::PathBuf>,
     },
 }
 
@@ -177,6 +181,15 @@ fn announce_readiness(
     });
 }
 
+/// `msg` as a request carrying the controllers' token, if given.
+fn with_token<T>(msg: T, token: Option<&str>) -> Result<tonic::Request<T>, StoreError> {
+    let mut r = tonic::Request::new(msg);
+    if let Some(t) = token {
+        kvcache_store::auth::attach(&mut r, t)?;
+    }
+    Ok(r)
+}
+
 fn status(s: tonic::Status) -> StoreError {
     StoreError::from_status(&s)
 }
@@ -258,25 +271,33 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
                 }
             }
         }
-        Command::Tenants { leader, set } => {
+        Command::Tenants {
+            leader,
+            set,
+            control_token_file,
+        } => {
+            let token = match &control_token_file {
+                Some(p) => {
+                    Some(kvcache_store::auth::read_token(p).map_err(|e| anyhow::anyhow!("--control-token-file: {e}"))?)
+                }
+                None => None,
+            };
             let client = Client::connect(&leader, Scope::default()).await?;
             let mut control = client.control();
             if !set.is_empty() {
                 control
-                    .set_tenants(SetTenantsRequest { tenants: set })
+                    .set_tenants(with_token(SetTenantsRequest { tenants: set }, token.as_deref())?)
                     .await
                     .map_err(status)?;
             }
-            let t = control
-                .get_tenants(GetTenantsRequest {})
-                .await
-                .map_err(status)?
-                .into_inner();
+            let read = with_token(GetTenantsRequest {}, token.as_deref())?;
+            let t = control.get_tenants(read).await.map_err(status)?.into_inner();
             for t in t.tenants {
                 println!(
                     "{}",
                     serde_json::json!({"name": t.name, "ceiling": t.ceiling, "grant": t.grant, "used": t.used,
-                        "objects": t.objects, "block_size": t.block_size, "dtype": t.dtype})
+                        "objects": t.objects, "block_size": t.block_size, "dtype": t.dtype,
+                        "credentials": t.credentials})
                 );
             }
             Ok(())

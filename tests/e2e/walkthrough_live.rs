@@ -59,6 +59,30 @@ fn the_walkthrough_runs_on_one_machine() {
             condition(&k, KVCB, t)
         );
     }
+    // the store the runtime started takes only its controllers: the ledger cannot be replaced
+    // without the controllers' token, and with it (kept 0600 under the data directory) it can be read
+    let endpoint = row[3].to_owned();
+    let store = std::path::Path::new(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
+    let anonymous = std::process::Command::new(&store)
+        .args(["tenants", "--leader", &endpoint, "--set", "intruder=1Gi:64:bfloat16"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&anonymous.stderr);
+    assert!(
+        !anonymous.status.success() && said.contains("UNAUTHENTICATED"),
+        "{said}"
+    );
+    let token = s.dir.path().join("store-tokens/control.token");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&token).unwrap().permissions()) & 0o777,
+        0o600
+    );
+    let read = std::process::Command::new(&store)
+        .args(["tenants", "--leader", &endpoint, "--control-token-file"])
+        .arg(&token)
+        .output()
+        .unwrap();
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
     let nodes = jp(&k, KVCB, "{.status.members[*].nodeName}");
     let nodes: BTreeSet<&str> = nodes.split_whitespace().collect();
     assert_eq!(

@@ -190,7 +190,12 @@ async fn read_leader(obj: &KVCacheBackend, ctx: &Context) -> (BackendStatus, Obs
         st.phase_message = Some(msg.into());
         return (st, observed);
     };
-    let read = async { Leader::connect(&admin, ctx.opts.leader_timeout).await?.observe().await };
+    let read = async {
+        Leader::connect(&admin, ctx.opts.leader_timeout, ctx.runtime.control_token())
+            .await?
+            .observe()
+            .await
+    };
     let view = match read.await {
         Ok(v) if v.health.serving => v,
         Ok(v) => {

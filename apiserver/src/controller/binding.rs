@@ -125,7 +125,7 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
         .as_ref()
         .and_then(|b| super::pool::endpoint_of(b, kvcache_api::backend::EndpointName::Admin));
     let read = match &admin {
-        Some(a) => match Leader::connect(a, ctx.opts.leader_timeout).await {
+        Some(a) => match Leader::connect(a, ctx.opts.leader_timeout, ctx.runtime.control_token()).await {
             Ok(l) => l.tenants().await.map_err(|e| e.0),
             Err(e) => Err(e.0),
         },

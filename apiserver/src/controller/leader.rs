@@ -36,11 +36,13 @@ pub struct Leader {
     endpoint: String,
     timeout: Duration,
     control: ControlClient<Channel>,
+    /// the controllers' token, shown on every call when the runtime started the leader with one
+    token: Option<String>,
 }
 
 impl Leader {
     /// Connects to the leader at `endpoint` (HOST:PORT); each call then has `timeout`.
-    pub async fn connect(endpoint: &str, timeout: Duration) -> Result<Leader, LeaderError> {
+    pub async fn connect(endpoint: &str, timeout: Duration, token: Option<String>) -> Result<Leader, LeaderError> {
         let unreachable = |e: String| LeaderError(format!("cannot reach the leader at {endpoint}: {e}"));
         let channel = Endpoint::from_shared(format!("http://{endpoint}"))
             .map_err(|e| unreachable(e.to_string()))?
@@ -53,7 +55,18 @@ impl Leader {
             endpoint: endpoint.to_owned(),
             timeout,
             control: ControlClient::new(channel),
+            token,
         })
+    }
+
+    /// `msg` as a request carrying the token, if there is one.
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        if let Some(t) = &self.token {
+            // a token the runtime wrote is one printable word, so it always fits in metadata
+            let _ = kvcache_store::auth::attach(&mut r, t);
+        }
+        r
     }
 
     async fn call<T>(
@@ -75,10 +88,13 @@ impl Leader {
     /// Health (capacity, whether it serves) and the mounted members.
     pub async fn observe(&self) -> Result<LeaderView, LeaderError> {
         let health = self
-            .call("Health", self.control.clone().health(HealthRequest {}))
+            .call("Health", self.control.clone().health(self.request(HealthRequest {})))
             .await?;
         let members = self
-            .call("GetMembers", self.control.clone().get_members(GetMembersRequest {}))
+            .call(
+                "GetMembers",
+                self.control.clone().get_members(self.request(GetMembersRequest {})),
+            )
             .await?
             .members;
         Ok(LeaderView { health, members })
@@ -86,8 +102,11 @@ impl Leader {
 
     /// The ledger with grants and usage.
     pub async fn tenants(&self) -> Result<GetTenantsResponse, LeaderError> {
-        self.call("GetTenants", self.control.clone().get_tenants(GetTenantsRequest {}))
-            .await
+        self.call(
+            "GetTenants",
+            self.control.clone().get_tenants(self.request(GetTenantsRequest {})),
+        )
+        .await
     }
 
     /// Replaces the whole ledger; returns how many objects of removed tenants were dropped.
@@ -95,7 +114,9 @@ impl Leader {
         let r = self
             .call(
                 "SetTenants",
-                self.control.clone().set_tenants(SetTenantsRequest { tenants }),
+                self.control
+                    .clone()
+                    .set_tenants(self.request(SetTenantsRequest { tenants })),
             )
             .await?;
         Ok(r.objects_dropped)

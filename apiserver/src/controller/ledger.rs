@@ -112,7 +112,7 @@ pub async fn converge_ledger(
     set: &impl Fn(&mut PoolStatus, Observation),
 ) -> Option<GetTenantsResponse> {
     let read = async {
-        let leader = Leader::connect(admin, ctx.opts.leader_timeout).await?;
+        let leader = Leader::connect(admin, ctx.opts.leader_timeout, ctx.runtime.control_token()).await?;
         let current = leader.tenants().await?;
         Ok::<_, leader::LeaderError>((leader, current))
     };

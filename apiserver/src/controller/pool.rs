@@ -130,7 +130,7 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
         {
             let desired = render_ledger(b.name(), &pools, &bindings, Some(&name));
             let release = async {
-                let leader = Leader::connect(&admin, ctx.opts.leader_timeout).await?;
+                let leader = Leader::connect(&admin, ctx.opts.leader_timeout, ctx.runtime.control_token()).await?;
                 let t = leader.tenants().await?;
                 if t.multi_tenancy && !same_ledger(&t, &desired) {
                     leader.set_tenants(desired).await?;

@@ -9,6 +9,7 @@
 
 pub mod kubernetes;
 pub mod local;
+pub mod tokens;
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -322,6 +323,12 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// The cluster where the store's Leases and the controllers' Events live, when that is not
     /// this server (a Kubernetes runtime: kube-apiserver serves them); `None` uses this server.
     fn cluster_client(&self) -> Option<kube::Client> {
+        None
+    }
+
+    /// The token the controllers show the leaders' Control API, when this runtime starts the
+    /// leaders with one (`tokens.rs`; local mode).
+    fn control_token(&self) -> Option<String> {
         None
     }
 

@@ -109,6 +109,9 @@ struct State {
 #[derive(Debug)]
 pub struct LocalRuntime {
     opts: LocalOptions,
+    /// the controllers' token and its file (`runtime/tokens.rs`); `None` if it could not be
+    /// written (logged: the leaders then take unauthenticated Control calls)
+    control_token: Option<(PathBuf, String)>,
     state: Mutex<State>,
     changes: tokio::sync::broadcast::Sender<Changed>,
 }
@@ -122,8 +125,14 @@ impl LocalRuntime {
                 .unwrap_or(u64::MAX);
             opts.memory_limit = Some(ram.min(shm));
         }
+        let control_token = super::tokens::ensure(&opts.data_dir, "control")
+            .inspect_err(|e| {
+                tracing::error!(error = %e, "cannot write the controllers' token; leaders will take unauthenticated Control calls")
+            })
+            .ok();
         LocalRuntime {
             opts,
+            control_token,
             state: Mutex::new(State::default()),
             changes: tokio::sync::broadcast::channel(256).0,
         }
@@ -144,8 +153,10 @@ impl LocalRuntime {
     /// its name until then).
     fn member_hooks(&self, backend: &str, leader: SocketAddr, name: String) -> Hooks {
         let mut hooks = self.notify(Changed::Store(backend.to_owned()));
+        let token = self.control_token();
         hooks.on_exit = Some(std::sync::Arc::new(move || {
             let name = name.clone();
+            let token = token.clone();
             Box::pin(async move {
                 let removed = tokio::time::timeout(Duration::from_secs(2), async {
                     let client = kvcache_store::client::Client::connect(
@@ -154,11 +165,11 @@ impl LocalRuntime {
                     )
                     .await
                     .ok()?;
-                    client
-                        .control()
-                        .remove_member(kvcache_store::proto::RemoveMemberRequest { name: name.clone() })
-                        .await
-                        .ok()
+                    let mut ask = tonic::Request::new(kvcache_store::proto::RemoveMemberRequest { name: name.clone() });
+                    if let Some(t) = &token {
+                        kvcache_store::auth::attach(&mut ask, t).ok()?;
+                    }
+                    client.control().remove_member(ask).await.ok()
                 })
                 .await;
                 tracing::info!(member = %name, removed = ?removed.ok().flatten().map(|r| r.into_inner().removed), "member process ended; told the leader");
@@ -233,6 +244,16 @@ impl LocalRuntime {
         Ok(f)
     }
 
+    /// The file of `backend`'s member token, made when missing (`None`, logged, if it cannot be).
+    fn member_token_file(&self, backend: &str) -> Option<PathBuf> {
+        super::tokens::ensure(&self.opts.data_dir, &format!("member-{backend}"))
+            .inspect_err(|e| {
+                tracing::error!(%backend, error = %e, "cannot write the member token; the leader will mount any member")
+            })
+            .ok()
+            .map(|(p, _)| p)
+    }
+
     /// The kubeconfig the store's processes reach the Lease API with.
     fn store_kubeconfig(&self) -> PathBuf {
         self.opts.data_dir.join(crate::server::STORE_KUBECONFIG)
@@ -247,6 +268,8 @@ impl LocalRuntime {
         cfg.advertise_fast_port = Some(front.fast.port());
         cfg.metrics_listen = None;
         cfg.spin = Duration::ZERO;
+        cfg.control_token_file = self.control_token.as_ref().map(|(p, _)| p.clone());
+        cfg.member_token_file = self.member_token_file(&plan.backend);
         if let Some(e) = &plan.election {
             cfg.election = Election::Kubernetes;
             cfg.lease = Some(format!("{LEASE_NAMESPACE}/{}", e.lease));
@@ -303,6 +326,10 @@ impl Runtime for LocalRuntime {
 
     fn lease_namespace(&self) -> &str {
         LEASE_NAMESPACE
+    }
+
+    fn control_token(&self) -> Option<String> {
+        self.control_token.as_ref().map(|(_, t)| t.clone())
     }
 
     fn changes(&self) -> tokio::sync::broadcast::Receiver<Changed> {
@@ -408,6 +435,7 @@ impl Runtime for LocalRuntime {
             cfg.metrics_listen = None;
             cfg.no_prefault = true;
             cfg.spin = Duration::ZERO;
+            cfg.member_token_file = self.member_token_file(&plan.backend);
             let spec = ProcessSpec {
                 program: self.opts.store_binary.clone(),
                 args: store_args("member", cfg.to_args()),
