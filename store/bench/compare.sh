@@ -25,14 +25,25 @@ STARTED=()
 cleanup() { for pid in "${STARTED[@]}"; do kill "$pid" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
+# Credentials on, as a controller-run store has them: the bench tenant is bound to the bench's
+# credential (every call proves it), and the Control and Membership APIs take tokens. Grants are
+# always signed.
+credential_sha256="$(printf %s kv-store-bench | sha256sum | cut -d' ' -f1)"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$OUT/control.token"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$OUT/member.token"
+chmod 600 "$OUT/control.token" "$OUT/member.token"
+
 ours() {  # $1 = output file
   local port=$((20000 + RANDOM % 20000))
-  "$BIN" leader --listen "127.0.0.1:$port" --tenant bench=2Gi:64:bfloat16 > "$OUT/leader.out" 2> "$OUT/leader.log" &
+  "$BIN" leader --listen "127.0.0.1:$port" --tenant "bench=2Gi:64:bfloat16,sha256=$credential_sha256" \
+    --control-token-file "$OUT/control.token" --member-token-file "$OUT/member.token" \
+    > "$OUT/leader.out" 2> "$OUT/leader.log" &
   local lp=$!; STARTED+=("$lp")
   sleep 0.3
-  "$BIN" member --leader "127.0.0.1:$port" --capacity 1Gi --name bench-member > "$OUT/member.out" 2> "$OUT/member.log" &
+  "$BIN" member --leader "127.0.0.1:$port" --capacity 1Gi --name bench-member --member-token-file "$OUT/member.token" \
+    > "$OUT/member.out" 2> "$OUT/member.log" &
   local mp=$!; STARTED+=("$mp")
-  "$BIN" bench --leader "127.0.0.1:$port" --ops 2000 > "$1"
+  "$BIN" bench --leader "127.0.0.1:$port" --ops 2000 --control-token-file "$OUT/control.token" > "$1"
   kill "$lp" "$mp"; wait "$lp" "$mp" 2>/dev/null || true
 }
 

@@ -38,6 +38,10 @@ pub struct BenchArgs {
     /// guards no one's data; a later run must prove the same tenant again).
     #[arg(long, default_value = "kv-store-bench")]
     pub credential: String,
+    /// The controllers' token, for a leader started with `--control-token-file` (the bench reads
+    /// and may set the ledger).
+    #[arg(long)]
+    pub control_token_file: Option<std::path::PathBuf>,
     /// Add the tenant to the leader's ledger with this ceiling before running (without it, the
     /// tenant is registered only if the ledger lacks it, with a ceiling that fits the rings).
     #[arg(long, value_parser = flags::parse_size)]
@@ -93,14 +97,29 @@ pub fn ceiling_for(cfg: &BenchConfig) -> u64 {
         .max(1)
 }
 
+fn with_token<T>(msg: T, token: Option<&str>) -> Result<tonic::Request<T>> {
+    let mut r = tonic::Request::new(msg);
+    if let Some(t) = token {
+        crate::auth::attach(&mut r, t)?;
+    }
+    Ok(r)
+}
+
 /// Registers the bench tenant with `--register-tenant` (replacing its entry), or, without it,
 /// with [`ceiling_for`] the rings when the leader's ledger lacks the tenant. Returns the entry it
 /// registered, if any. Nothing to do with multi-tenancy off.
 pub async fn ensure_tenant(client: &Client, args: &BenchArgs) -> Result<Option<TenantEntry>> {
     let status = |s: tonic::Status| StoreError::from_status(&s);
+    let token = match &args.control_token_file {
+        Some(p) => Some(
+            crate::auth::read_token(p)
+                .map_err(|e| StoreError::new(ErrorCode::InvalidArgument, format!("--control-token-file: {e}")))?,
+        ),
+        None => None,
+    };
     let mut control = client.control();
     let ledger = control
-        .get_tenants(GetTenantsRequest {})
+        .get_tenants(with_token(GetTenantsRequest {}, token.as_deref())?)
         .await
         .map_err(status)?
         .into_inner();
@@ -149,7 +168,7 @@ pub async fn ensure_tenant(client: &Client, args: &BenchArgs) -> Result<Option<T
         .collect();
     entries.push(mine.clone());
     control
-        .set_tenants(SetTenantsRequest { tenants: entries })
+        .set_tenants(with_token(SetTenantsRequest { tenants: entries }, token.as_deref())?)
         .await
         .map_err(status)?;
     Ok(Some(mine))
