@@ -53,7 +53,8 @@ pub fn same_hash(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn sha256(b: &[u8]) -> [u8; 32] {
+/// The SHA-256 of `b`: what checking sides keep of tokens and credentials.
+pub fn sha256(b: &[u8]) -> [u8; 32] {
     let d = ring::digest::digest(&ring::digest::SHA256, b);
     let mut h = [0u8; 32];
     h.copy_from_slice(d.as_ref());
@@ -114,6 +115,15 @@ pub fn attach<T>(req: &mut tonic::Request<T>, token: &str) -> Result<()> {
         .map_err(|e| StoreError::new(ErrorCode::InvalidArgument, format!("the token cannot be sent: {e}")))?;
     req.metadata_mut().insert(AUTHORIZATION, value);
     Ok(())
+}
+
+/// `msg` as a request carrying `token`, if there is one.
+pub fn request<T>(msg: T, token: Option<&str>) -> Result<tonic::Request<T>> {
+    let mut r = tonic::Request::new(msg);
+    if let Some(t) = token {
+        attach(&mut r, t)?;
+    }
+    Ok(r)
 }
 
 #[cfg(test)]

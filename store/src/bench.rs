@@ -97,14 +97,6 @@ pub fn ceiling_for(cfg: &BenchConfig) -> u64 {
         .max(1)
 }
 
-fn with_token<T>(msg: T, token: Option<&str>) -> Result<tonic::Request<T>> {
-    let mut r = tonic::Request::new(msg);
-    if let Some(t) = token {
-        crate::auth::attach(&mut r, t)?;
-    }
-    Ok(r)
-}
-
 /// Registers the bench tenant with `--register-tenant` (replacing its entry), or, without it,
 /// with [`ceiling_for`] the rings when the leader's ledger lacks the tenant. Returns the entry it
 /// registered, if any. Nothing to do with multi-tenancy off.
@@ -119,7 +111,7 @@ pub async fn ensure_tenant(client: &Client, args: &BenchArgs) -> Result<Option<T
     };
     let mut control = client.control();
     let ledger = control
-        .get_tenants(with_token(GetTenantsRequest {}, token.as_deref())?)
+        .get_tenants(crate::auth::request(GetTenantsRequest {}, token.as_deref())?)
         .await
         .map_err(status)?
         .into_inner();
@@ -168,7 +160,10 @@ pub async fn ensure_tenant(client: &Client, args: &BenchArgs) -> Result<Option<T
         .collect();
     entries.push(mine.clone());
     control
-        .set_tenants(with_token(SetTenantsRequest { tenants: entries }, token.as_deref())?)
+        .set_tenants(crate::auth::request(
+            SetTenantsRequest { tenants: entries },
+            token.as_deref(),
+        )?)
         .await
         .map_err(status)?;
     Ok(Some(mine))

@@ -181,15 +181,6 @@ fn announce_readiness(
     });
 }
 
-/// `msg` as a request carrying the controllers' token, if given.
-fn with_token<T>(msg: T, token: Option<&str>) -> Result<tonic::Request<T>, StoreError> {
-    let mut r = tonic::Request::new(msg);
-    if let Some(t) = token {
-        kvcache_store::auth::attach(&mut r, t)?;
-    }
-    Ok(r)
-}
-
 fn status(s: tonic::Status) -> StoreError {
     StoreError::from_status(&s)
 }
@@ -286,11 +277,14 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
             let mut control = client.control();
             if !set.is_empty() {
                 control
-                    .set_tenants(with_token(SetTenantsRequest { tenants: set }, token.as_deref())?)
+                    .set_tenants(kvcache_store::auth::request(
+                        SetTenantsRequest { tenants: set },
+                        token.as_deref(),
+                    )?)
                     .await
                     .map_err(status)?;
             }
-            let read = with_token(GetTenantsRequest {}, token.as_deref())?;
+            let read = kvcache_store::auth::request(GetTenantsRequest {}, token.as_deref())?;
             let t = control.get_tenants(read).await.map_err(status)?.into_inner();
             for t in t.tenants {
                 println!(

@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use common::{Proc, eventually, leader, member_with, scope};
 use kvcache_store::client::Client;
@@ -112,10 +110,12 @@ async fn the_control_api_takes_only_the_controllers_token() {
 async fn a_member_without_the_member_token_cannot_mount() {
     let s = start(true);
     let addr = s.leader.field("grpc");
-    let _stranger = member_with(&addr, "stranger", "64Mi", &[]);
     let dir = tempfile::tempdir().unwrap();
     let wrong = token_file(dir.path(), "wrong", "not-the-token");
-    let _impostor = member_with(&addr, "impostor", "64Mi", &["--member-token-file", &wrong]);
+    // their warnings (stderr) say each refused mount
+    let logs = [dir.path().join("stranger.log"), dir.path().join("impostor.log")];
+    let _stranger = refused_member(&addr, "stranger", &logs[0], &[]);
+    let _impostor = refused_member(&addr, "impostor", &logs[1], &["--member-token-file", &wrong]);
     let c = control(&addr).await;
     let names = || {
         let mut c = c.clone();
@@ -128,9 +128,34 @@ async fn a_member_without_the_member_token_cannot_mount() {
         }
     };
     eventually("the member with the token mounts", || async { names().await == ["m1"] }).await;
-    // the two others keep asking (every 100 ms to 2 s); none gets in
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // the two others keep asking; once each was refused twice, neither got in
+    eventually("both were refused twice", || async {
+        logs.iter().all(|l| {
+            let text = std::fs::read_to_string(l).unwrap_or_default();
+            text.matches("mount refused")
+                .filter(|_| text.contains("UNAUTHENTICATED"))
+                .count()
+                >= 2
+        })
+    })
+    .await;
     assert_eq!(names().await, ["m1"]);
+}
+
+/// A member whose stderr goes to `log`.
+fn refused_member(leader: &str, name: &str, log: &std::path::Path, extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "member",
+        "--leader",
+        leader,
+        "--capacity",
+        "64Mi",
+        "--name",
+        name,
+        "--no-prefault",
+    ];
+    args.extend_from_slice(extra);
+    Proc::start_with_stderr(&args, std::fs::File::create(log).unwrap())
 }
 
 #[tokio::test]

@@ -90,10 +90,7 @@ pub fn credentials(e: &TenantEntry) -> Vec<[u8; 32]> {
 
 /// The SHA-256 of a credential, as the ledger keeps it.
 pub fn credential_hash(credential: &str) -> [u8; 32] {
-    let d = ring::digest::digest(&ring::digest::SHA256, credential.as_bytes());
-    let mut h = [0u8; 32];
-    h.copy_from_slice(d.as_ref());
-    h
+    crate::auth::sha256(credential.as_bytes())
 }
 
 /// Refuses a call for a tenant bound to credentials unless it carries one of them.

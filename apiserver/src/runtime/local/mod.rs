@@ -261,7 +261,13 @@ impl LocalRuntime {
 
     /// A leader replica's flags: its own ports, the front's fast port advertised, and the
     /// election's Lease.
-    fn leader_config(&self, plan: &StorePlan, ports: (SocketAddr, SocketAddr), front: &Front) -> LeaderConfig {
+    fn leader_config(
+        &self,
+        plan: &StorePlan,
+        ports: (SocketAddr, SocketAddr),
+        front: &Front,
+        member_token: Option<&PathBuf>,
+    ) -> LeaderConfig {
         let mut cfg = plan.leader.clone();
         cfg.listen = ports.0;
         cfg.fast_listen = Some(FastListen::At(ports.1));
@@ -269,7 +275,7 @@ impl LocalRuntime {
         cfg.metrics_listen = None;
         cfg.spin = Duration::ZERO;
         cfg.control_token_file = self.control_token.as_ref().map(|(p, _)| p.clone());
-        cfg.member_token_file = self.member_token_file(&plan.backend);
+        cfg.member_token_file = member_token.cloned();
         if let Some(e) = &plan.election {
             cfg.election = Election::Kubernetes;
             cfg.lease = Some(format!("{LEASE_NAMESPACE}/{}", e.lease));
@@ -359,11 +365,13 @@ impl Runtime for LocalRuntime {
         while leader_ports.len() < replicas {
             leader_ports.push((free_port(), free_port()));
         }
+        // one read of the backend's member token for its leaders and members alike
+        let member_token = self.member_token_file(&plan.backend);
         // Leaders: replica i keeps its ports and flags, so scaling never restarts one that stays.
         let mut old_leaders = old_leaders.into_iter();
         let mut leaders = Vec::new();
         for (i, ports) in leader_ports.iter().take(replicas).enumerate() {
-            let cfg = self.leader_config(plan, *ports, &front);
+            let cfg = self.leader_config(plan, *ports, &front, member_token.as_ref());
             let spec = ProcessSpec {
                 program: self.opts.store_binary.clone(),
                 args: store_args("leader", cfg.to_args()),
@@ -435,7 +443,7 @@ impl Runtime for LocalRuntime {
             cfg.metrics_listen = None;
             cfg.no_prefault = true;
             cfg.spin = Duration::ZERO;
-            cfg.member_token_file = self.member_token_file(&plan.backend);
+            cfg.member_token_file = member_token.clone();
             let spec = ProcessSpec {
                 program: self.opts.store_binary.clone(),
                 args: store_args("member", cfg.to_args()),
@@ -573,48 +581,4 @@ fn member_capacity(spec: &ProcessSpec) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::runtime::MemberPlan;
-    use kvcache_store::member::MemberConfig;
-
-    #[tokio::test]
-    async fn members_that_would_need_more_memory_than_the_machine_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut opts = LocalOptions::new(dir.path());
-        opts.store_binary = dir.path().join("no-such-kv-store");
-        opts.memory_limit = Some(1 << 30);
-        let rt = LocalRuntime::new(opts);
-        let member = |node: &str| MemberPlan {
-            group: 0,
-            node: node.into(),
-            config: MemberConfig::new("127.0.0.1:1", 1 << 30),
-            env: vec![],
-        };
-        let plan = StorePlan {
-            backend: "b".into(),
-            uid: String::new(),
-            image: None,
-            pull_policy: None,
-            pull_secrets: vec![],
-            existing_only: false,
-            leader: LeaderConfig::default(),
-            leader_env: vec![],
-            members: vec![member("local-0"), member("local-1")],
-            groups: vec![],
-            election: None,
-        };
-        let obs = rt.ensure_store(&plan).await;
-        assert_eq!(obs.members.len(), 2);
-        for (_, st) in &obs.members {
-            let why = st.refused.as_deref().unwrap_or_default();
-            assert!(why.contains("2Gi") && why.contains("lower capacityPerMember"), "{why}");
-            assert!(!st.running);
-        }
-        assert!(
-            obs.client_endpoint.is_some(),
-            "the leader still gets its stable endpoint"
-        );
-        rt.shutdown().await;
-    }
-}
+mod tests;

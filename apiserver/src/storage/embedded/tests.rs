@@ -495,8 +495,8 @@ async fn a_failed_sync_or_a_failed_write_stops_writes_for_good() {
         *slot.lock() = Some(errno);
         all_refused(&s, what, |e| matches!(e, StorageError::Unavailable(_))).await;
         *slot.lock() = None;
-        // the disk looks fine again, but after a failed sync the page cache cannot be trusted
-        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        // the disk looks fine again, but after a failed sync the page cache cannot be trusted:
+        // this is the failure that no probe lifts (a full disk would answer NoSpace instead)
         let e = s.txn(put("/k/later", b"no")).await.unwrap_err();
         assert!(
             matches!(&e, StorageError::Unavailable(m) if m.contains("for good")),
