@@ -168,7 +168,13 @@ async fn list(t: &Target) -> anyhow::Result<(Duration, usize)> {
 }
 
 async fn watch_latency(t: &Target) -> anyhow::Result<(Duration, Duration, usize)> {
-    h2::watch_latency(&t.endpoint(), &t.pools, WATCHERS, UPDATES).await
+    let load = h2::WatchLoad {
+        readers: WATCHERS,
+        stalled: 0,
+        updates: UPDATES,
+    };
+    let d = h2::watch_latency(&t.endpoint(), &t.pools, load).await?;
+    Ok((d.p50, d.p99, d.delivered))
 }
 
 /// What one target measured.

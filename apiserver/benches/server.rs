@@ -28,8 +28,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use h2::{Client, percentile};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::task::JoinSet;
 
 const WRITERS: usize = 64;
@@ -86,20 +84,8 @@ impl ApiServer {
     }
 }
 
-/// TLS settings of the admin user, from the files the server wrote.
 fn tls_connector(pki: &Path) -> anyhow::Result<tokio_rustls::TlsConnector> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in CertificateDer::pem_file_iter(pki.join("ca.crt"))? {
-        roots.add(ca?)?;
-    }
-    let chain = CertificateDer::pem_file_iter(pki.join("admin.crt"))?.collect::<Result<Vec<_>, _>>()?;
-    let key = PrivateKeyDer::from_pem_file(pki.join("admin.key"))?;
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)?;
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+    h2::tls_connector(pki)
 }
 
 const POOLS: &str = "/apis/worker.gpustack.ai/v1/kvcachepools";
@@ -269,7 +255,13 @@ async fn list(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<(Du
 }
 
 async fn watch_latency(tls: &tokio_rustls::TlsConnector, port: u16) -> anyhow::Result<(Duration, Duration, usize)> {
-    h2::watch_latency(&endpoint(tls, port), POOLS, WATCHERS, UPDATES).await
+    let load = h2::WatchLoad {
+        readers: WATCHERS,
+        stalled: 0,
+        updates: UPDATES,
+    };
+    let d = h2::watch_latency(&endpoint(tls, port), POOLS, load).await?;
+    Ok((d.p50, d.p99, d.delivered))
 }
 
 /// Our server as the admin reaches it (its certificate is for localhost).

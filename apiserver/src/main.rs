@@ -72,6 +72,10 @@ enum Command {
         /// Changes kept in memory for watches that resume from an older resourceVersion.
         #[arg(long, default_value_t = 10_000, hide = true)]
         watch_history: usize,
+        /// Events queued for each watcher before it is closed as too slow (counted in
+        /// `apiserver_terminated_watchers_total`); its client lists and watches again.
+        #[arg(long, default_value_t = 1_000, hide = true)]
+        watch_queue: usize,
         /// How long to keep serving (with /readyz failing) after SIGTERM (`5s`; a bare number is seconds).
         #[arg(long, default_value = "0s", value_parser = parse_duration)]
         shutdown_delay: Duration,
@@ -242,6 +246,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         listen,
         watch_bookmark_interval,
         watch_history,
+        watch_queue,
         shutdown_delay,
         controllers,
         runtime,
@@ -280,6 +285,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
             bail!("--leader-elect-lease-duration, --leader-elect-renew-deadline, --leader-elect-retry-period: {e}");
         }
         opts.watch_history = watch_history;
+        opts.watch_queue = watch_queue;
         opts.bookmark_interval = watch_bookmark_interval;
         // On etcd several replicas may serve: the controllers run on the one that holds their
         // Lease.

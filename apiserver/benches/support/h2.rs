@@ -33,14 +33,23 @@ pub struct Client {
 
 impl Client {
     pub async fn connect(ep: &Endpoint) -> anyhow::Result<Client> {
+        Client::connect_with_window(ep, None).await
+    }
+
+    /// A connection whose stream and connection windows are `window` bytes (hyper's defaults
+    /// without one): a client that stops reading lets the server send no more than that.
+    pub async fn connect_with_window(ep: &Endpoint, window: Option<u32>) -> anyhow::Result<Client> {
         let tcp = tokio::net::TcpStream::connect(("127.0.0.1", ep.port)).await?;
         tcp.set_nodelay(true)?;
         let stream = ep
             .tls
             .connect(ServerName::try_from(ep.server_name.clone())?, tcp)
             .await?;
-        let (sender, conn) =
-            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(stream)).await?;
+        let mut builder = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+        if let Some(w) = window {
+            builder.initial_stream_window_size(w).initial_connection_window_size(w);
+        }
+        let (sender, conn) = builder.handshake(TokioIo::new(stream)).await?;
         tokio::spawn(conn);
         Ok(Client {
             sender,
@@ -85,15 +94,54 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-/// Watch delivery latency: `watchers` watch streams (one connection each) on the object
-/// `pools`/pool-00000 while one client patches a label on it `updates` times about every 5 ms;
-/// each latency is from the start of a write to its event at one watcher. (p50, p99, deliveries).
-pub async fn watch_latency(
+/// The watchers of a [`watch_latency`] run.
+#[derive(Clone, Copy, Debug)]
+pub struct WatchLoad {
+    /// Watchers that read every event (one connection each).
+    pub readers: usize,
+    /// Watchers that never read a byte (one connection each, with a 64 KiB window), opened
+    /// first and kept open until the readers have every event.
+    pub stalled: usize,
+    pub updates: usize,
+}
+
+/// What the readers of a [`watch_latency`] run saw.
+#[derive(Clone, Copy, Debug)]
+pub struct WatchDelivery {
+    pub p50: Duration,
+    pub p99: Duration,
+    /// Events delivered to readers, in all.
+    pub delivered: usize,
+    /// Readers whose events came in order with no gap and no repeat.
+    pub in_order: usize,
+}
+
+/// Opens a watch on `pools`/pool-00000 from `rv` on a connection of its own.
+async fn open_watch(
     ep: &Endpoint,
     pools: &str,
-    watchers: usize,
-    updates: usize,
-) -> anyhow::Result<(Duration, Duration, usize)> {
+    rv: &str,
+    window: Option<u32>,
+) -> anyhow::Result<(Client, hyper::body::Incoming)> {
+    let mut w = Client::connect_with_window(ep, window).await?;
+    let path = format!("{pools}?watch=true&resourceVersion={rv}&fieldSelector=metadata.name%3Dpool-00000");
+    let req = w.request("GET", &path, "application/json", Vec::new())?;
+    w.sender.ready().await?;
+    let resp = w.sender.send_request(req).await?;
+    anyhow::ensure!(resp.status() == 200, "watch returned {}", resp.status());
+    Ok((w, resp.into_body()))
+}
+
+/// Watch delivery latency: `load.readers` watch streams (one connection each) on the object
+/// `pools`/pool-00000 while one client patches a label on it `load.updates` times about every
+/// 5 ms, beside `load.stalled` watchers that never read; each latency is from the start of a
+/// write to its event at one reader.
+pub async fn watch_latency(ep: &Endpoint, pools: &str, load: WatchLoad) -> anyhow::Result<WatchDelivery> {
+    let WatchLoad {
+        readers: watchers,
+        stalled,
+        updates,
+    } = load;
     let mut c = Client::connect(ep).await?;
     let (_, body) = c.get(&format!("{pools}?limit=1")).await?;
     let rv = serde_json::from_slice::<Value>(&body)?["metadata"]["resourceVersion"]
@@ -102,20 +150,20 @@ pub async fn watch_latency(
         .to_owned();
     let sent: Arc<Mutex<HashMap<usize, Instant>>> = Arc::default();
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let in_order = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut held = Vec::new();
+    for _ in 0..stalled {
+        held.push(open_watch(ep, pools, &rv, Some(65_535)).await?);
+    }
     let mut tasks = JoinSet::new();
     for _ in 0..watchers {
-        let mut w = Client::connect(ep).await?;
-        let path = format!("{pools}?watch=true&resourceVersion={rv}&fieldSelector=metadata.name%3Dpool-00000");
-        let req = w.request("GET", &path, "application/json", Vec::new())?;
-        w.sender.ready().await?;
-        let resp = w.sender.send_request(req).await?;
-        anyhow::ensure!(resp.status() == 200, "watch returned {}", resp.status());
-        let mut body = resp.into_body();
-        let (sent, latencies) = (sent.clone(), latencies.clone());
+        let (w, mut body) = open_watch(ep, pools, &rv, None).await?;
+        let (sent, latencies, in_order) = (sent.clone(), latencies.clone(), in_order.clone());
         tasks.spawn(async move {
             let _connection = w;
             let mut buf = Vec::new();
             let mut seen = 0;
+            let mut ordered = true;
             while seen < updates {
                 let Some(frame) = body.frame().await else { break };
                 let Ok(data) = frame?.into_data() else { continue };
@@ -131,9 +179,13 @@ pub async fn watch_latency(
                         && let Some(at) = sent.lock().get(&seq).copied()
                     {
                         latencies.lock().push(now - at);
+                        ordered &= seq == seen;
                         seen += 1;
                     }
                 }
+            }
+            if ordered && seen == updates {
+                in_order.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             anyhow::Ok(())
         });
@@ -164,7 +216,31 @@ pub async fn watch_latency(
             () = &mut deadline => anyhow::bail!("watchers did not receive every event within 60s"),
         }
     }
+    drop(held);
     let mut lat = latencies.lock().clone();
     lat.sort();
-    Ok((percentile(&lat, 0.5), percentile(&lat, 0.99), lat.len()))
+    Ok(WatchDelivery {
+        p50: percentile(&lat, 0.5),
+        p99: percentile(&lat, 0.99),
+        delivered: lat.len(),
+        in_order: in_order.load(std::sync::atomic::Ordering::Relaxed),
+    })
+}
+
+/// TLS settings of the admin user, from the files a server wrote under `pki`.
+pub fn tls_connector(pki: &std::path::Path) -> anyhow::Result<tokio_rustls::TlsConnector> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(pki.join("ca.crt"))? {
+        roots.add(ca?)?;
+    }
+    let chain = CertificateDer::pem_file_iter(pki.join("admin.crt"))?.collect::<Result<Vec<_>, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(pki.join("admin.key"))?;
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)?;
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }

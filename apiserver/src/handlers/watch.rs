@@ -92,8 +92,11 @@ async fn run(api: &Api, mut watch: Watch, p: WatchParams, mut enc: Encoder, tx: 
         let ev = tokio::select! {
             ev = watch.next() => ev,
             _ = ticker.tick() => {
-                if p.bookmarks && tx.send(enc.bookmark(watch.revision(), false)).await.is_err() {
-                    return;
+                if p.bookmarks {
+                    let line = enc.bookmark(watch.revision(), false);
+                    if !send(api, plural, &tx, line, &watch, deadline.as_mut(), &mut shutdown).await {
+                        return;
+                    }
                 }
                 continue;
             }
@@ -121,9 +124,34 @@ async fn run(api: &Api, mut watch: Watch, p: WatchParams, mut enc: Encoder, tx: 
         };
         let Some(line) = line else { continue };
         api.metrics.watch_event(plural);
-        if tx.send(line).await.is_err() {
+        if !send(api, plural, &tx, line, &watch, deadline.as_mut(), &mut shutdown).await {
             return;
         }
+    }
+}
+
+/// Writes one line to the client; `false` when the watch ends first. A client that stops reading
+/// blocks the write, while its queue in the storage's hub fills: once full, the hub closes the
+/// watch, which ends it here too and counts it (`apiserver_terminated_watchers_total`), so such
+/// a client holds no queue and no task; the timeout and shutdown end a blocked write as well.
+async fn send(
+    api: &Api,
+    plural: &'static str,
+    tx: &mpsc::Sender<Bytes>,
+    line: Bytes,
+    watch: &Watch,
+    deadline: std::pin::Pin<&mut tokio::time::Sleep>,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+) -> bool {
+    tokio::select! {
+        sent = tx.send(line) => sent.is_ok(),
+        () = watch.lagged() => {
+            api.metrics.watcher_terminated(plural);
+            tracing::info!(resource = plural, "watch closed: the client stopped reading and its queue filled");
+            false
+        }
+        _ = deadline => false,
+        _ = shutdown.changed() => false,
     }
 }
 

@@ -116,6 +116,11 @@ impl Watch {
         self.revision
     }
 
+    /// Resolves once the storage closed this watch as too slow (see `WatchStream::lagged`).
+    pub async fn lagged(&self) {
+        self.stream.lagged().await;
+    }
+
     /// The next event for this watcher, or why the watch ended.
     pub async fn next(&mut self) -> Result<Event, Closed> {
         if let Some(e) = self.initial.pop_front() {

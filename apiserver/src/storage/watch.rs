@@ -11,10 +11,11 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::{StorageError, Value};
 
@@ -52,7 +53,7 @@ pub enum WatchClosed {
 pub struct WatchStream {
     replay: VecDeque<Arc<WatchEvent>>,
     rx: mpsc::Receiver<Arc<WatchEvent>>,
-    lagged: Arc<AtomicBool>,
+    lagged: CancellationToken,
     capacity: usize,
     /// the revision the stream starts after. A write is readable a moment before it is
     /// published, so a watch started after a read that saw it may receive its event live: such
@@ -76,7 +77,7 @@ impl WatchStream {
                 Some(ev) => ev,
                 None => match self.rx.recv().await {
                     Some(ev) => ev,
-                    None if self.lagged.load(Ordering::Acquire) => return Err(WatchClosed::TooSlow(self.capacity)),
+                    None if self.lagged.is_cancelled() => return Err(WatchClosed::TooSlow(self.capacity)),
                     None => return Err(WatchClosed::StorageClosed),
                 },
             };
@@ -85,12 +86,18 @@ impl WatchStream {
             }
         }
     }
+
+    /// Resolves once the hub has closed this stream as too slow: a caller blocked on writing to
+    /// a client that does not read learns it here, without reading the stream.
+    pub async fn lagged(&self) {
+        self.lagged.cancelled().await;
+    }
 }
 
 struct Watcher {
     prefix: String,
     tx: mpsc::Sender<Arc<WatchEvent>>,
-    lagged: Arc<AtomicBool>,
+    lagged: CancellationToken,
 }
 
 struct HubState {
@@ -154,7 +161,7 @@ impl Hub {
             .cloned()
             .collect();
         let (tx, rx) = mpsc::channel(self.queue_limit);
-        let lagged = Arc::new(AtomicBool::new(false));
+        let lagged = CancellationToken::new();
         st.watchers.push(Watcher {
             prefix: prefix.to_owned(),
             tx,
@@ -185,7 +192,7 @@ impl Hub {
                 match w.tx.try_send(ev.clone()) {
                     Ok(()) => true,
                     Err(mpsc::error::TrySendError::Full(_)) => {
-                        w.lagged.store(true, Ordering::Release);
+                        w.lagged.cancel();
                         slow += 1;
                         false
                     }
