@@ -291,7 +291,7 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
                     "{}",
                     serde_json::json!({"name": t.name, "ceiling": t.ceiling, "grant": t.grant, "used": t.used,
                         "objects": t.objects, "block_size": t.block_size, "dtype": t.dtype,
-                        "credentials": t.credentials})
+                        "credentials": t.credentials, "puts": t.puts, "hits": t.hits, "misses": t.misses})
                 );
             }
             Ok(())

@@ -103,7 +103,7 @@ pub fn check_credential(tenant: &str, hashes: &[[u8; 32]], presented: &str) -> R
             ErrorCode::Unauthenticated,
             format!(
                 "tenant {tenant:?} takes only calls that carry its credential, and this one carries none; pass the \
-                 credential its KVCachePoolBinding was given (KVCACHE_CREDENTIAL in the replica's environment)"
+                 credential its KVCachePoolBinding was given (KVSTORE_CREDENTIAL in the replica's environment)"
             ),
         ));
     }

@@ -25,6 +25,7 @@ impl State {
                 misses: t.counters.misses,
                 evictions: t.counters.evictions,
                 credentials: t.credentials.len() as u32,
+                credential_sha256: t.credentials.iter().map(|h| bytes::Bytes::copy_from_slice(h)).collect(),
             })
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
