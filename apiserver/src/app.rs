@@ -304,6 +304,7 @@ impl App {
                 metrics: self.controller_metrics.clone(),
                 ledger_locks: Default::default(),
                 lease_holders: Default::default(),
+                credentials_changed: tokio::sync::broadcast::channel(256).0,
             });
             match &self.election {
                 None => {

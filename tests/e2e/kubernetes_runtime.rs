@@ -436,6 +436,44 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
             );
         }
         assert!(env.iter().any(|(n, _)| n == "KVSTORE_TENANT"), "{env:?}");
+        // The tenant credential comes from the Binding's Secret, never as a value in the Pod.
+        let credential = c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "KVSTORE_CREDENTIAL")
+            .expect("KVSTORE_CREDENTIAL");
+        assert_eq!(
+            credential["valueFrom"]["secretKeyRef"],
+            serde_json::json!({"name": "kvcache-credential-team-a", "key": "credential"})
+        );
+        let secret = json(&k, &["-n", "team-a", "get", "secret", "kvcache-credential-team-a"]);
+        assert_eq!(
+            secret["metadata"]["labels"]["app.kubernetes.io/component"],
+            "tenant-credential"
+        );
+        use base64::Engine as _;
+        let value = base64::engine::general_purpose::STANDARD
+            .decode(secret["data"]["credential"].as_str().unwrap())
+            .unwrap();
+        let value = String::from_utf8(value).unwrap();
+        assert_eq!(value.len(), 64);
+        assert!(
+            !pod.to_string().contains(&value),
+            "the credential's value is in the Pod"
+        );
+        let fingerprint: String = ring::digest::digest(&ring::digest::SHA256, value.as_bytes()).as_ref()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            meta["annotations"]["kvcache.gpustack.ai/credential-fingerprint"],
+            fingerprint.as_str()
+        );
+        assert!(
+            !k.ok(&["get", "kvcpb", "-n", "team-a", "-o", "yaml"]).contains(&value),
+            "the credential is in the Binding"
+        );
         let config: Value = serde_json::from_str(
             meta["annotations"]["kvcache.gpustack.ai/client-config"]
                 .as_str()
@@ -532,6 +570,12 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
         let pods = json(&k, &["-n", "team-a", "get", "pods"]);
         pods["items"].as_array().is_some_and(Vec::is_empty).then_some(())
     });
+    // The Binding's deletion completes and takes its credential's Secret with it.
+    k.ok(&["-n", "team-a", "delete", "kvcpb", "team-a"]);
+    assert!(
+        try_json(&k, &["-n", "team-a", "get", "secret", "kvcache-credential-team-a"]).is_none(),
+        "the deleted Binding's Secret is left"
+    );
 }
 
 /// §5.3: rising past one replica while the live template does not elect yet goes through one

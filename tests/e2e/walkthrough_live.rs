@@ -354,3 +354,193 @@ fn oversubscribed_ceilings_get_proportional_grants() {
             .then_some(())
     });
 }
+
+/// The environment of a process, as `NAME=value` entries.
+fn environ(pid: u32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    raw.split(|b| *b == 0)
+        .map(|e| String::from_utf8_lossy(e).into_owned())
+        .collect()
+}
+
+/// The Binding's credential file, parsed, with its mode.
+fn credential_file(s: &Server) -> (serde_json::Value, u32) {
+    let path = s.dir.path().join("tenant-credentials/team-a/team-a.json");
+    let meta = std::fs::metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let v = serde_json::from_slice(&std::fs::read(&path).expect("the credential file")).expect("JSON");
+    (v, std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777)
+}
+
+/// The credentials the engine replicas of the walkthrough run with.
+fn engine_credentials(s: &Server, port: &str) -> BTreeSet<String> {
+    store_processes(s, port)
+        .into_iter()
+        .filter(|(_, c)| c.contains("engine-sim"))
+        .flat_map(|(pid, _)| environ(pid))
+        .filter_map(|e| e.strip_prefix("KVSTORE_CREDENTIAL=").map(str::to_owned))
+        .collect()
+}
+
+/// The tenant `team-a`'s line of `kv-store tenants`, read with the controllers' token.
+fn tenant_row(s: &Server, endpoint: &str) -> serde_json::Value {
+    let store = std::path::Path::new(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
+    let out = std::process::Command::new(&store)
+        .args(["tenants", "--leader", endpoint, "--control-token-file"])
+        .arg(s.dir.path().join("store-tokens/control.token"))
+        .output()
+        .expect("kv-store tenants runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|t| t["name"] == "default")
+        .expect("the Binding's tenant (its domain is named default)")
+}
+
+/// Rounds the replica `name` logged (one JSON report per round, across its restarts).
+fn rounds_logged(s: &Server, name: &str) -> Vec<serde_json::Value> {
+    let log = s
+        .dir
+        .path()
+        .join(format!("logs/_deployments/team-a/qwen-chat/{name}.log"));
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("stored").is_some())
+        .collect()
+}
+
+/// A simulated engine of tenant `default` with `credential`: what its single round reports,
+/// or why it failed.
+fn engine_round(endpoint: &str, credential: Option<&str>) -> serde_json::Value {
+    let store = std::path::Path::new(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
+    let mut cmd = std::process::Command::new(&store);
+    cmd.arg("engine-sim")
+        .env_clear()
+        .env("KVSTORE_LEADER", endpoint)
+        .env("KVSTORE_TENANT", "default")
+        .env("KVSTORE_BLOCK_SIZE", "64")
+        .env("KVSTORE_DTYPE", "bfloat16")
+        .env("KVSTORE_BLOCK_BYTES", "16Ki")
+        .env("KVSTORE_SESSIONS", "1")
+        .env("KVSTORE_REQUESTS", "2");
+    if let Some(c) = credential {
+        cmd.env("KVSTORE_CREDENTIAL", c);
+    }
+    let out = cmd.output().expect("kv-store engine-sim runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default())
+        .expect("the round's report")
+}
+
+/// The Binding's tenant credential: minted into a 0600 file under the data directory, never in
+/// the API, handed to the replicas alone, required by the leader; rotated on request with the
+/// replicas rolled onto the new one and no block written again (the cache stays warm), and the
+/// old one refused once no replica runs with it.
+#[test]
+fn a_bindings_credential_is_private_injected_and_rotated_without_a_cold_cache() {
+    let s = server();
+    let k = s.kubectl(KUBECTL);
+    apply_walkthrough(&k);
+    wait_attached(&k);
+    let port = leader_port(&k);
+    let endpoint = format!("127.0.0.1:{port}");
+
+    let (file, mode) = credential_file(&s);
+    assert_eq!(mode, 0o600);
+    let first = file["current"].as_str().unwrap().to_owned();
+    assert_eq!(first.len(), 64);
+    let everything = k.ok(&["get", "kvcpb,md,kvcp,kvcb", "-A", "-o", "yaml"]);
+    assert!(!everything.contains(&first), "the credential is in the API");
+    assert_eq!(engine_credentials(&s, &port), BTreeSet::from([first.clone()]));
+    assert_eq!(tenant_row(&s, &endpoint)["credentials"], 1);
+
+    // Without the credential, or with another, every call is refused; with it, calls succeed.
+    let none = engine_round(&endpoint, None);
+    assert_eq!(
+        (none["hits"].as_u64(), none["stored"].as_u64()),
+        (Some(0), Some(0)),
+        "{none}"
+    );
+    assert!(none["errors"].as_u64().unwrap() > 0, "{none}");
+    let wrong = engine_round(&endpoint, Some("not-the-credential"));
+    assert_eq!(wrong["hits"], 0, "{wrong}");
+    assert!(wrong["errors"].as_u64().unwrap() > 0, "{wrong}");
+    assert_eq!(engine_round(&endpoint, Some(&first))["errors"], 0);
+
+    // Both replicas ran their three rounds: from here a warm cache answers every block.
+    eventually(90, "both replicas ran three rounds", || {
+        (rounds_logged(&s, "server-0").len() >= 3 && rounds_logged(&s, "server-1").len() >= 3).then_some(())
+    });
+    let before = tenant_row(&s, &endpoint);
+
+    k.ok(&[
+        "annotate",
+        "-n",
+        "team-a",
+        "kvcpb",
+        "team-a",
+        "gpustack.ai/credential-rotation=1",
+    ]);
+    let second = eventually(90, "the rotation completes", || {
+        let (f, _) = credential_file(&s);
+        let current = f["current"].as_str()?.to_owned();
+        (current != first && f["rotation"]["state"] == "steady").then_some(current)
+    });
+    // The replicas rolled onto the new credential and none runs with the old one.
+    assert_eq!(engine_credentials(&s, &port), BTreeSet::from([second.clone()]));
+    eventually(30, "the rotation is two events", || {
+        let events = k.ok(&[
+            "get",
+            "events",
+            "-n",
+            "team-a",
+            "--field-selector",
+            "reason=CredentialRotated",
+        ]);
+        (events.matches("CredentialRotated").count() >= 2).then_some(())
+    });
+    eventually(60, "the restarted replicas ran three rounds", || {
+        (rounds_logged(&s, "server-0").len() >= 6 && rounds_logged(&s, "server-1").len() >= 6).then_some(())
+    });
+    // Warm: every block of the restarted replicas' rounds was found, none written again.
+    for name in ["server-0", "server-1"] {
+        for r in &rounds_logged(&s, name)[3..] {
+            assert_eq!(
+                (r["stored"].as_u64(), r["errors"].as_u64()),
+                (Some(0), Some(0)),
+                "{name}: {r}"
+            );
+            assert_eq!(r["hits"], r["blocks"], "{name}: {r}");
+        }
+    }
+    let after = tenant_row(&s, &endpoint);
+    assert_eq!(
+        after["puts"], before["puts"],
+        "blocks were written again: {before} {after}"
+    );
+    assert_eq!(after["credentials"], 1);
+    let old = engine_round(&endpoint, Some(&first));
+    assert!(
+        old["errors"].as_u64().unwrap() > 0,
+        "the retired credential still works: {old}"
+    );
+    assert_eq!(engine_round(&endpoint, Some(&second))["errors"], 0);
+    assert_eq!(jp(&k, MD, "{.status.phase}"), "Ready");
+
+    // Deleted and created again, the Binding gets a credential of its own.
+    k.ok(&["delete", "-n", "team-a", "md", "qwen-chat"]);
+    k.ok(&["delete", "-n", "team-a", "kvcpb", "team-a", "--wait=true"]);
+    assert!(
+        !s.dir.path().join("tenant-credentials/team-a/team-a.json").exists(),
+        "a deleted Binding's credential is forgotten"
+    );
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    let third = eventually(60, "the new Binding's credential", || {
+        let path = s.dir.path().join("tenant-credentials/team-a/team-a.json");
+        path.exists()
+            .then(|| credential_file(&s).0["current"].as_str().unwrap().to_owned())
+    });
+    assert!(third != first && third != second);
+}

@@ -16,6 +16,7 @@ use kvcache_api::conditions::{self, BindingPhase, ConditionStatus, Observation};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment, Quantity};
 
 use super::backend::list;
+use super::credential::LedgerView;
 use super::leader::Leader;
 use super::pool::hit_rate;
 use super::status::{self, Axes, add_finalizer, has_finalizer, remove_finalizer};
@@ -73,6 +74,7 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
             return Ok(Action::await_change());
         }
         if used_by.is_empty() {
+            super::credential::forget(&ctx, &obj).await?;
             remove_finalizer(&api, &obj).await?;
             return Ok(Action::await_change());
         }
@@ -100,6 +102,7 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
     if add_finalizer(&api, &obj).await? {
         return Ok(Action::await_change());
     }
+    let credentials = super::credential::ensure(&ctx, &obj).await?;
 
     let mut st = BindingStatus {
         conditions: prev.conditions.clone(),
@@ -134,6 +137,14 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
             obj.spec.pool_name()
         )),
     };
+    let view = match &read {
+        Err(_) => LedgerView::Unknown,
+        Ok(t) if !t.multi_tenancy => LedgerView::Unenforced,
+        Ok(t) => LedgerView::Tenant(t.tenants.iter().find(|x| x.name == tenant)),
+    };
+    let rotating = super::credential::rotating(&credentials);
+    let credential_hash = kvcache_store::auth::sha256(credentials.current.as_bytes());
+    let rotated = super::credential::advance(&ctx, &obj, credentials, view).await?;
     match read {
         Err(e) => {
             // figures kept from the last pass
@@ -197,6 +208,28 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
                     ),
                 );
             }
+            Some(x) if !x.credential_sha256.iter().any(|h| h.as_ref() == credential_hash) => {
+                set(
+                    &mut st,
+                    Observation::new(
+                        quota_observed::TYPE,
+                        ConditionStatus::True,
+                        quota_observed::OBSERVED,
+                        format!("read from the leader's ledger: the tenant {tenant:?}"),
+                    ),
+                );
+                set(
+                    &mut st,
+                    Observation::new(
+                        quota_granted::TYPE,
+                        ConditionStatus::False,
+                        quota_granted::NO_LEDGER_ENTRY,
+                        format!(
+                            "the leader's ledger does not bind the tenant {tenant:?} to this Binding's credential yet; the pool writes it"
+                        ),
+                    ),
+                );
+            }
             Some(x) => {
                 st.requested_quota = Some(super::quantity(x.ceiling));
                 st.effective_quota = Some(super::quantity(x.grant));
@@ -252,6 +285,13 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
     );
     if status::write(&api, &obj, st, &ctx).await? && grant_changed {
         super::events::record(&ctx, &obj, false, "GrantChanged", &grant).await;
+    }
+    if let Some(m) = &rotated {
+        super::events::record(&ctx, &obj, false, "CredentialRotated", m).await;
+    }
+    if rotating {
+        // a rotation waits on the ledger and on the replicas' rollout: look again soon
+        return Ok(Action::requeue(ctx.opts.requeue.min(std::time::Duration::from_secs(1))));
     }
     Ok(Action::requeue(ctx.opts.requeue))
 }

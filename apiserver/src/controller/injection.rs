@@ -6,10 +6,15 @@
 //! Every engine gets our store's own names (`KVSTORE_LEADER`, `KVSTORE_TENANT`,
 //! `KVSTORE_BLOCK_SIZE`, `KVSTORE_DTYPE`) and `MC_TE_METRIC=1`; vLLM gets its connector flags and
 //! the client configuration file (`MOONCAKE_CONFIG_PATH`); SGLang gets its `MOONCAKE_*` variables
-//! and HiCache flags. Without a connection a replica receives none of it: never a partial one.
+//! and HiCache flags. Where the leader binds the tenant to credentials, every engine also gets
+//! the Binding's credential as `KVSTORE_CREDENTIAL`, kept apart from the plain environment so a
+//! cluster renders it from the Binding's Secret. Without a connection a replica receives none of
+//! it: never a partial one.
 
 use kvcache_api::model_deployment::{EngineName, RoleKind};
 use serde_json::json;
+
+use crate::runtime::credentials::ReplicaCredential;
 
 /// Where the vLLM client configuration file is mounted in a Pod.
 pub const VLLM_CONFIG_PATH: &str = "/etc/gpustack/kvcache/mooncake.json";
@@ -25,6 +30,8 @@ pub struct Connection {
     pub dtype: String,
     /// The transport, in the store's spelling (`tcp`).
     pub protocol: String,
+    /// The Binding's current credential; `None` when the leader keeps no ledger.
+    pub credential: Option<ReplicaCredential>,
 }
 
 /// What one replica receives.
@@ -34,6 +41,8 @@ pub struct Injected {
     pub args: Vec<String>,
     /// vLLM's client configuration (the file `MOONCAKE_CONFIG_PATH` names).
     pub client_config: Option<String>,
+    /// The tenant's credential, received as `KVSTORE_CREDENTIAL`.
+    pub credential: Option<ReplicaCredential>,
 }
 
 /// The injection for `engine` in a role of `kind`; empty without a connection. `dtype_owned` is
@@ -103,6 +112,7 @@ pub fn inject(engine: EngineName, kind: RoleKind, conn: Option<&Connection>, dty
         env,
         args,
         client_config,
+        credential: c.credential.clone(),
     }
 }
 
@@ -117,6 +127,7 @@ mod tests {
             block_size: 64,
             dtype: "bfloat16".into(),
             protocol: "tcp".into(),
+            credential: tenant.map(|_| ReplicaCredential::new("cache", "secret-value")),
         }
     }
 
@@ -136,6 +147,12 @@ mod tests {
         let cfg: serde_json::Value = serde_json::from_str(i.client_config.as_deref().unwrap()).unwrap();
         assert_eq!(cfg["master_server_address"], "127.0.0.1:7000");
         assert_eq!(cfg["tenant_id"], "default");
+        let c = i.credential.as_ref().unwrap();
+        assert_eq!((c.binding.as_str(), c.value.as_str()), ("cache", "secret-value"));
+        assert!(
+            !i.env.iter().any(|(_, v)| v == "secret-value") && !i.client_config.unwrap().contains("secret-value"),
+            "the credential travels apart from the plain environment and the client file"
+        );
     }
 
     #[test]
@@ -147,6 +164,7 @@ mod tests {
         assert!(i.args.contains(&"--disaggregation-decode-retraction-backup".to_owned()));
         assert!(!i.args.contains(&"--kv-cache-dtype".to_owned()));
         assert!(i.client_config.is_none());
+        assert!(i.credential.is_none());
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The tenant ledger of a backend, as the pools render it: one entry per Binding of every pool on
-//! the backend (its domain, ceiling and layout), set on the leader whole with `SetTenants` when it
-//! differs from what the leader holds, never partially.
+//! the backend (its domain, ceiling, layout and the hashes of its credentials), set on the leader
+//! whole with `SetTenants` when it differs from what the leader holds, never partially.
+
+use std::collections::HashMap;
 
 use kvcache_api::conditions::pool::{quota_ledger_available, quota_policy_writable};
 use kvcache_api::conditions::{ConditionStatus, Observation};
@@ -10,21 +12,36 @@ use kvcache_store::proto::{GetTenantsResponse, TenantEntry};
 
 use super::Context;
 use super::leader::{self, Leader};
+use crate::runtime::credentials::{BindingKey, TenantCredentials};
+
+/// Every Binding's credentials, as the runtime keeps them.
+pub type Credentials = HashMap<BindingKey, TenantCredentials>;
+
+/// The hash a Binding's entry carries until its credential is minted: the SHA-256 of no known
+/// input, so every call for the tenant is refused, while its blocks and quota stay (an entry left
+/// out would drop them; one without hashes would take anyone's calls).
+pub const NOT_YET_MINTED: [u8; 32] = [0; 32];
 
 /// Bytes of a quantity; 0 when it does not parse (admission refuses those).
 pub fn quantity_bytes(q: Option<&Quantity>) -> u64 {
     q.and_then(|q| kvcache_units::parse_bytes(q.as_str()).ok()).unwrap_or(0)
 }
 
-/// The tenant a Binding declares in the ledger.
-pub fn tenant_entry(b: &KVCachePoolBinding) -> TenantEntry {
+/// The tenant a Binding declares in the ledger, bound to the credentials kept for it (those
+/// minted for this very Binding, by UID).
+pub fn tenant_entry(b: &KVCachePoolBinding, credentials: &Credentials) -> TenantEntry {
     let d = b.spec.domain.clone().unwrap_or_default();
+    let key = BindingKey::new(b.namespace(), b.name());
+    let hashes = match credentials.get(&key) {
+        Some(c) if Some(c.uid.as_str()) == b.metadata.uid.as_deref() => c.hashes(),
+        _ => vec![NOT_YET_MINTED],
+    };
     TenantEntry {
         name: b.spec.domain_name().to_owned(),
         ceiling: quantity_bytes(b.spec.quota.as_ref().and_then(|q| q.ceiling.as_ref())),
         block_size: d.block_size.and_then(|v| u32::try_from(v).ok()).unwrap_or(0),
         dtype: d.dtype.unwrap_or_default(),
-        ..Default::default()
+        credential_sha256: hashes.iter().map(|h| bytes::Bytes::copy_from_slice(h)).collect(),
     }
 }
 
@@ -39,6 +56,7 @@ pub fn render_ledger(
     pools: &[KVCachePool],
     bindings: &[KVCachePoolBinding],
     without: Option<&str>,
+    credentials: &Credentials,
 ) -> Vec<TenantEntry> {
     let names: Vec<&str> = pools
         .iter()
@@ -48,24 +66,36 @@ pub fn render_ledger(
     let mut out: Vec<TenantEntry> = bindings
         .iter()
         .filter(|b| names.contains(&b.spec.pool_name()) && in_ledger(b))
-        .map(tenant_entry)
+        .map(|b| tenant_entry(b, credentials))
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
 }
 
-/// Whether the leader's ledger already is `desired` (names, ceilings and layouts).
+/// Whether the leader's ledger already is `desired` (names, ceilings, layouts and credentials).
 pub fn same_ledger(current: &GetTenantsResponse, desired: &[TenantEntry]) -> bool {
-    let mut have: Vec<(String, u64, u32, String)> = current
+    type Row = (String, u64, u32, String, Vec<bytes::Bytes>);
+    let sorted = |mut h: Vec<bytes::Bytes>| {
+        h.sort();
+        h
+    };
+    let mut have: Vec<Row> = current
         .tenants
         .iter()
-        .map(|t| (t.name.clone(), t.ceiling, t.block_size, t.dtype.clone()))
+        .map(|t| {
+            let h = sorted(t.credential_sha256.clone());
+            (t.name.clone(), t.ceiling, t.block_size, t.dtype.clone(), h)
+        })
         .collect();
     have.sort();
-    let want: Vec<(String, u64, u32, String)> = desired
+    let mut want: Vec<Row> = desired
         .iter()
-        .map(|t| (t.name.clone(), t.ceiling, t.block_size, t.dtype.clone()))
+        .map(|t| {
+            let h = sorted(t.credential_sha256.clone());
+            (t.name.clone(), t.ceiling, t.block_size, t.dtype.clone(), h)
+        })
         .collect();
+    want.sort();
     have == want
 }
 
@@ -100,13 +130,20 @@ pub fn no_ledger(st: &mut PoolStatus, set: &impl Fn(&mut PoolStatus, Observation
     );
 }
 
+/// What the ledger is rendered from: every pool, every Binding and every Binding's credentials.
+#[derive(Clone, Copy, Debug)]
+pub struct Declared<'a> {
+    pub pools: &'a [KVCachePool],
+    pub bindings: &'a [KVCachePoolBinding],
+    pub credentials: &'a Credentials,
+}
+
 /// Reads the leader's ledger and sets it whole when it differs from what the Bindings declare;
 /// returns the ledger as the leader then holds it.
 pub async fn converge_ledger(
     admin: &str,
     backend: &KVCacheBackend,
-    pools: &[KVCachePool],
-    bindings: &[KVCachePoolBinding],
+    declared: &Declared<'_>,
     ctx: &Context,
     st: &mut PoolStatus,
     set: &impl Fn(&mut PoolStatus, Observation),
@@ -137,7 +174,12 @@ pub async fn converge_ledger(
             "the leader keeps a tenant ledger",
         ),
     );
-    let desired = render_ledger(backend.name(), pools, bindings, None);
+    let Declared {
+        pools,
+        bindings,
+        credentials,
+    } = *declared;
+    let desired = render_ledger(backend.name(), pools, bindings, None, credentials);
     let written = desired.len();
     let on_backend = pools
         .iter()
@@ -191,6 +233,7 @@ pub async fn converge_ledger(
 #[cfg(test)]
 mod tests {
     use kvcache_api::common::UsedBy;
+    use kvcache_store::proto::TenantStatus;
 
     use super::*;
 
@@ -221,12 +264,12 @@ mod tests {
             binding("team-b", "x", "p2", Some("qwen"), "1Gi"),
             binding("team-c", "y", "other", Some("llama"), "1Gi"),
         ];
-        let l = render_ledger("b", &pools, &bindings, None);
+        let l = render_ledger("b", &pools, &bindings, None, &Credentials::new());
         let names: Vec<&str> = l.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["default", "qwen"]);
         assert_eq!(l[0].ceiling, 8 << 30);
         assert_eq!((l[0].block_size, l[0].dtype.as_str()), (64, "bfloat16"));
-        let without = render_ledger("b", &pools, &bindings, Some("p2"));
+        let without = render_ledger("b", &pools, &bindings, Some("p2"), &Credentials::new());
         assert_eq!(without.len(), 1, "a released pool's tenants leave the ledger");
     }
 
@@ -235,7 +278,7 @@ mod tests {
         let pools = [pool("p1", "b")];
         let mut b = binding("team-a", "a", "p1", None, "1Gi");
         b.metadata.deletion_timestamp = Some(crate::registry::meta::now());
-        assert!(render_ledger("b", &pools, std::slice::from_ref(&b), None).is_empty());
+        assert!(render_ledger("b", &pools, std::slice::from_ref(&b), None, &Credentials::new()).is_empty());
         b.status = Some(kvcache_api::binding::BindingStatus {
             used_by: vec![UsedBy {
                 kind: "ModelDeployment".into(),
@@ -244,6 +287,46 @@ mod tests {
             }],
             ..Default::default()
         });
-        assert_eq!(render_ledger("b", &pools, &[b], None).len(), 1);
+        assert_eq!(render_ledger("b", &pools, &[b], None, &Credentials::new()).len(), 1);
+    }
+
+    #[test]
+    fn an_entry_carries_its_own_bindings_credentials_and_refuses_everyone_before() {
+        let pools = [pool("p1", "b")];
+        let mut b = binding("team-a", "a", "p1", None, "1Gi");
+        b.metadata.uid = Some("uid-2".into());
+        let unminted = render_ledger("b", &pools, std::slice::from_ref(&b), None, &Credentials::new());
+        assert_eq!(unminted[0].credential_sha256, [NOT_YET_MINTED.to_vec()]);
+        let key = BindingKey::new("team-a", "a");
+        let mut c = TenantCredentials::mint("uid-1", "");
+        let earlier = Credentials::from([(key.clone(), c.clone())]);
+        let l = render_ledger("b", &pools, std::slice::from_ref(&b), None, &earlier);
+        assert_eq!(
+            l[0].credential_sha256,
+            [NOT_YET_MINTED.to_vec()],
+            "a credential minted for an earlier Binding of that name is not this one's"
+        );
+        c.uid = "uid-2".into();
+        c.rotation = crate::runtime::credentials::Rotation::Staged { next: "n".into() };
+        let l = render_ledger("b", &pools, &[b], None, &Credentials::from([(key, c.clone())]));
+        let want: Vec<bytes::Bytes> = c.hashes().iter().map(|h| bytes::Bytes::copy_from_slice(h)).collect();
+        assert_eq!(l[0].credential_sha256, want);
+        let mut leader = GetTenantsResponse {
+            multi_tenancy: true,
+            tenants: vec![TenantStatus {
+                name: "default".into(),
+                ceiling: 1 << 30,
+                block_size: 64,
+                dtype: "bfloat16".into(),
+                credential_sha256: want.iter().rev().cloned().collect(),
+                ..Default::default()
+            }],
+        };
+        assert!(same_ledger(&leader, &l), "hashes compare in any order");
+        leader.tenants[0].credential_sha256.pop();
+        assert!(
+            !same_ledger(&leader, &l),
+            "a ledger missing a credential is not the same"
+        );
     }
 }

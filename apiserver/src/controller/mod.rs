@@ -8,6 +8,7 @@
 //! | [`backend`] | a backend's leader and members, and its status read from the leader |
 //! | [`pool`] | a pool's status and the whole tenant ledger of its backend (`SetTenants`) |
 //! | [`binding`] | a Binding's grant read back from the leader, and its deletion hold |
+//! | [`credential`] | a Binding's tenant credential: minted, rotated, retired |
 //! | [`model_deployment`] | a deployment's replicas with the injected environment, and `CacheAttached` |
 //! | [`injection`] | what a replica receives: the one function both runtimes use |
 //! | [`leader`] | reading a leader's Control API (health, members, tenants) with timeouts |
@@ -23,6 +24,7 @@
 
 pub mod backend;
 pub mod binding;
+pub mod credential;
 pub mod election;
 pub mod engine;
 pub mod events;
@@ -144,6 +146,9 @@ pub struct Context {
     /// The last non-empty holder of each backend's election Lease and its term, for the
     /// handover event.
     pub lease_holders: parking_lot::Mutex<std::collections::HashMap<String, String>>,
+    /// A Binding's credentials changed (minted, rotated, retired, forgotten): its pool puts the
+    /// new hashes in the ledger and its deployments inject the current one, at once.
+    pub credentials_changed: tokio::sync::broadcast::Sender<crate::runtime::credentials::BindingKey>,
 }
 
 impl Context {
@@ -166,6 +171,10 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Serialize(#[from] serde_json::Error),
+    #[error("{0}")]
+    Credentials(#[from] crate::runtime::credentials::KeeperError),
+    #[error("the runtime could not tell: {0}")]
+    Runtime(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -220,6 +229,22 @@ fn all_changes(ctx: &Context) -> impl futures::Stream<Item = Changed> + Send + '
     })
 }
 
+/// Every Binding whose credentials changed.
+fn credential_changes(
+    ctx: &Context,
+) -> impl futures::Stream<Item = crate::runtime::credentials::BindingKey> + Send + 'static {
+    let rx = ctx.credentials_changed.subscribe();
+    futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(c) => return Some((c, rx)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+}
+
 /// Runs the four controllers until `shutdown` turns true.
 pub async fn run(ctx: Arc<Context>, shutdown: tokio::sync::watch::Receiver<bool>) {
     let stop = move || {
@@ -263,8 +288,18 @@ pub async fn run(ctx: Arc<Context>, shutdown: tokio::sync::watch::Receiver<bool>
             futures::stream::iter(refs)
         })
     };
+    // A Binding's credentials changed: every pool renders its ledger again (a handful of pools,
+    // each one list and one leader read).
+    let pool_wakes = {
+        let pools = pool.store();
+        credential_changes(&ctx).flat_map(move |_| {
+            let refs: Vec<ObjectRef<KVCachePool>> = pools.state().iter().map(|p| ObjectRef::new(p.name())).collect();
+            futures::stream::iter(refs)
+        })
+    };
     let pool = pool
         .reconcile_on(store_changes)
+        .reconcile_on(pool_wakes)
         .watches(bindings.clone(), cfg(), pool::for_binding)
         .watches(backends.clone(), cfg(), move |b| pool::for_backend(&pool_store, &b))
         .graceful_shutdown_on(stop())
@@ -280,7 +315,20 @@ pub async fn run(ctx: Arc<Context>, shutdown: tokio::sync::watch::Receiver<bool>
         .for_each(|_| async {});
     let deployment = Controller::new(deployments.clone(), cfg());
     let deployment_store = deployment.store();
+    let deployment_wakes = {
+        let deployments = deployment.store();
+        credential_changes(&ctx).flat_map(move |b| {
+            let refs: Vec<ObjectRef<ModelDeployment>> = deployments
+                .state()
+                .iter()
+                .filter(|m| m.namespace() == b.namespace && m.spec.binding_name() == Some(b.name.as_str()))
+                .map(|m| ObjectRef::new(m.name()).within(m.namespace()))
+                .collect();
+            futures::stream::iter(refs)
+        })
+    };
     let deployment = deployment
+        .reconcile_on(deployment_wakes)
         .watches(bindings.clone(), cfg(), move |b| {
             model_deployment::for_binding(&deployment_store, &b)
         })

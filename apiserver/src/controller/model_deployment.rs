@@ -165,6 +165,7 @@ pub fn replicas(
                 role: role.name.clone(),
                 env: injected.env.clone(),
                 args: injected.args.clone(),
+                credential: injected.credential.clone(),
                 client_config: injected.client_config.clone(),
                 engine: container.clone(),
             });
@@ -279,6 +280,29 @@ async fn resolve(
             None,
         ));
     };
+    // Where the ledger checks credentials, replicas carry the Binding's current one.
+    let credential = if unenforced {
+        None
+    } else {
+        let kept = ctx.runtime.credentials().get(&super::credential::key(&b)).await?;
+        match kept {
+            Some(c) if Some(c.uid.as_str()) == b.metadata.uid.as_deref() => Some(
+                crate::runtime::credentials::ReplicaCredential::new(binding_name, &c.current),
+            ),
+            _ => {
+                return Ok((
+                    obs(
+                        ConditionStatus::False,
+                        domain_registered::BINDING_NOT_READY,
+                        format!(
+                            "the KVCachePoolBinding {binding_name:?} has no tenant credential yet; its controller mints one"
+                        ),
+                    ),
+                    None,
+                ));
+            }
+        }
+    };
     Ok((
         obs(
             ConditionStatus::True,
@@ -294,6 +318,7 @@ async fn resolve(
             block_size: domain.block_size.unwrap_or(0),
             dtype: domain.dtype.unwrap_or_default(),
             protocol: "tcp".into(),
+            credential,
         }),
     ))
 }

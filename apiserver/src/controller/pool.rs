@@ -25,7 +25,7 @@ use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, Quantity};
 use super::backend::list;
 use super::leader::{self, Leader};
 use super::ledger::{
-    NoLedger, converge_ledger, in_ledger, no_ledger, quantity_bytes, render_ledger, same_ledger, tenant_entry,
+    Declared, NoLedger, converge_ledger, in_ledger, no_ledger, quantity_bytes, render_ledger, same_ledger, tenant_entry,
 };
 use super::status::{self, Axes, add_finalizer, has_finalizer, remove_finalizer};
 use super::{Context, KindLabel, Result};
@@ -80,6 +80,7 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
         .await?
         .items;
     let pools: Vec<KVCachePool> = api.list(&Default::default()).await?.items;
+    let credentials = ctx.runtime.credentials().all().await?;
     let name = obj.name().to_owned();
     let mine: Vec<&KVCachePoolBinding> = bindings.iter().filter(|b| b.spec.pool_name() == name).collect();
     let backend = match obj.spec.backend() {
@@ -128,7 +129,7 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
             && b.spec.declared_multi_tenancy() != Some(false)
             && let Some(admin) = admin_of(b)
         {
-            let desired = render_ledger(b.name(), &pools, &bindings, Some(&name));
+            let desired = render_ledger(b.name(), &pools, &bindings, Some(&name), &credentials);
             let release = async {
                 let leader = Leader::connect(&admin, ctx.opts.leader_timeout, ctx.runtime.control_token()).await?;
                 let t = leader.tenants().await?;
@@ -178,7 +179,7 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
     let asked: u64 = mine
         .iter()
         .filter(|b| in_ledger(b))
-        .map(|b| tenant_entry(b).ceiling)
+        .map(|b| tenant_entry(b, &credentials).ceiling)
         .sum();
     set(
         &mut st,
@@ -231,7 +232,7 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
         .iter()
         .filter(|b| in_ledger(b))
         .map(|b| {
-            let e = tenant_entry(b);
+            let e = tenant_entry(b, &credentials);
             PoolDomain {
                 name: e.name,
                 binding: NamespacedName {
@@ -280,7 +281,19 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
     let ledger = if backend.spec.declared_multi_tenancy() == Some(false) {
         None
     } else {
-        converge_ledger(&admin, &backend, &pools, &bindings, &ctx, &mut st, &set).await
+        converge_ledger(
+            &admin,
+            &backend,
+            &Declared {
+                pools: &pools,
+                bindings: &bindings,
+                credentials: &credentials,
+            },
+            &ctx,
+            &mut st,
+            &set,
+        )
+        .await
     };
     if ledger.is_none() && backend.spec.declared_multi_tenancy() == Some(false) {
         let msg = format!(

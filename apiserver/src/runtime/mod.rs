@@ -7,6 +7,7 @@
 //! this machine; a Kubernetes runtime renders workloads. Controllers never see processes or Pods,
 //! only [`WorkloadState`]s.
 
+pub mod credentials;
 pub mod kubernetes;
 pub mod local;
 pub mod tokens;
@@ -204,6 +205,9 @@ pub struct Replica {
     pub env: Vec<(String, String)>,
     /// Arguments for the engine (its connector flags); the local engine simulator ignores them.
     pub args: Vec<String>,
+    /// The tenant credential the engine proves its tenant with ([`credentials::ENV`]): kept
+    /// apart from `env` so that a cluster references its Secret instead of copying the value.
+    pub credential: Option<credentials::ReplicaCredential>,
     /// A client configuration file the engine reads (vLLM), whose path the environment names.
     pub client_config: Option<String>,
     /// The engine container a cluster runs for this replica (the local runtime runs the engine
@@ -331,6 +335,12 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     fn control_token(&self) -> Option<String> {
         None
     }
+
+    /// Where the tenant credentials of Bindings are kept (never in the API).
+    fn credentials(&self) -> &dyn credentials::Keeper;
+
+    /// Whether a replica in `namespace` still runs with the credential of `fingerprint`.
+    async fn credential_in_use(&self, namespace: &str, fingerprint: &str) -> Result<bool, String>;
 
     /// Changes to the workloads, as they happen.
     fn changes(&self) -> tokio::sync::broadcast::Receiver<Changed>;

@@ -38,6 +38,15 @@ pub fn engine_pod(plan: &crate::runtime::ReplicaPlan, r: &crate::runtime::Replic
         .filter(|v| !e.pod_ip_env.iter().any(|n| v["name"] == n.as_str()))
         .collect();
     env.extend(e.pod_ip_env.iter().map(|n| field_env(n, "status.podIP")));
+    // The credential comes from the Binding's Secret: its value never enters the Pod spec.
+    if let Some(c) = &r.credential {
+        env.push(
+            json!({"name": crate::runtime::credentials::ENV, "valueFrom": {"secretKeyRef": {
+                "name": super::credentials::secret_name(&c.binding),
+                "key": super::credentials::KEY,
+            }}}),
+        );
+    }
     let health = |period: u32, failures: u32| http_probe("/health", e.port, period, failures);
     let mut container = json!({
         "name": "engine",
@@ -60,6 +69,11 @@ pub fn engine_pod(plan: &crate::runtime::ReplicaPlan, r: &crate::runtime::Replic
         "imagePullSecrets": e.pull_secrets.iter().map(|s| json!({"name": s})).collect::<Vec<_>>(),
     });
     let mut annotations = json!({ DEPLOYMENT_NOTE: deployment });
+    // Which credential the Pod runs with: a rotation changes it, so the spec hash, so the Pod is
+    // replaced; and the Binding controller retires the previous credential once no Pod names it.
+    if let Some(c) = &r.credential {
+        annotations[super::credentials::FINGERPRINT_ANNOTATION] = json!(c.fingerprint);
+    }
     if let Some(cfg) = &r.client_config {
         annotations[CLIENT_CONFIG] = json!(cfg);
         let dir = crate::controller::injection::VLLM_CONFIG_PATH

@@ -74,6 +74,9 @@ pub fn render(docs: &[(String, Value)], namespace: &str, config: &Config) -> Res
                 block_size: domain.block_size.unwrap_or(0),
                 dtype: domain.dtype.unwrap_or_default(),
                 protocol: "tcp".into(),
+                // minted by the Binding controller into a Secret when the controllers run;
+                // offline there is none to reference
+                credential: None,
             })
         });
         if md.spec.binding_name().is_some() && connection.is_none() {

@@ -9,7 +9,9 @@
 //! | [`manifests`] | `kv-apiserver render`: manifests rendered offline |
 //! | [`target`] | the namespace, image and pull policy of a backend's objects |
 //! | [`observe`] | a Pod's status as a workload's state |
+//! | [`credentials`] | tenant credentials in Secrets of the Bindings' namespaces |
 
+pub mod credentials;
 pub mod engine_pod;
 pub mod manifests;
 pub mod observe;
@@ -79,6 +81,7 @@ pub struct KubernetesRuntime {
     nodes: Arc<RwLock<BTreeMap<String, Node>>>,
     changes: tokio::sync::broadcast::Sender<Changed>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    credentials: credentials::SecretKeeper,
 }
 
 impl std::fmt::Debug for KubernetesRuntime {
@@ -140,6 +143,7 @@ impl KubernetesRuntime {
             |namespace, instance| Changed::Replicas(format!("{namespace}/{instance}")),
         );
         KubernetesRuntime {
+            credentials: credentials::SecretKeeper { client: client.clone() },
             client,
             opts,
             config,
@@ -326,6 +330,14 @@ impl Runtime for KubernetesRuntime {
 
     fn cluster_client(&self) -> Option<kube::Client> {
         Some(self.client.clone())
+    }
+
+    fn credentials(&self) -> &dyn crate::runtime::credentials::Keeper {
+        &self.credentials
+    }
+
+    async fn credential_in_use(&self, namespace: &str, fingerprint: &str) -> Result<bool, String> {
+        credentials::in_use(&self.client, namespace, fingerprint).await
     }
 
     fn changes(&self) -> tokio::sync::broadcast::Receiver<Changed> {

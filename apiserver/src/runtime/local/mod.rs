@@ -114,6 +114,8 @@ pub struct LocalRuntime {
     control_token: Option<(PathBuf, String)>,
     state: Mutex<State>,
     changes: tokio::sync::broadcast::Sender<Changed>,
+    /// tenant credentials, in files under the data directory
+    credentials: super::credentials::FileKeeper,
 }
 
 impl LocalRuntime {
@@ -131,6 +133,7 @@ impl LocalRuntime {
             })
             .ok();
         LocalRuntime {
+            credentials: super::credentials::FileKeeper::new(&opts.data_dir),
             opts,
             control_token,
             state: Mutex::new(State::default()),
@@ -197,6 +200,9 @@ impl LocalRuntime {
     /// simulated workload's pace unless injection set it.
     fn replica_env(&self, owner: &str, r: &super::Replica) -> Vec<(String, String)> {
         let mut env = r.env.clone();
+        if let Some(c) = &r.credential {
+            env.push((super::credentials::ENV.to_owned(), c.value.clone()));
+        }
         if let Some(cfg) = &r.client_config {
             let path = self
                 .opts
@@ -336,6 +342,27 @@ impl Runtime for LocalRuntime {
 
     fn control_token(&self) -> Option<String> {
         self.control_token.as_ref().map(|(_, t)| t.clone())
+    }
+
+    fn credentials(&self) -> &dyn super::credentials::Keeper {
+        &self.credentials
+    }
+
+    async fn credential_in_use(&self, namespace: &str, fingerprint: &str) -> Result<bool, String> {
+        let state = self.state.lock().await;
+        let prefix = format!("{namespace}/");
+        let in_use = state
+            .replicas
+            .iter()
+            .filter(|(owner, _)| owner.starts_with(&prefix))
+            .flat_map(|(_, r)| r.values())
+            .any(|s| {
+                s.spec
+                    .env
+                    .iter()
+                    .any(|(k, v)| k == super::credentials::ENV && super::credentials::fingerprint(v) == fingerprint)
+            });
+        Ok(in_use)
     }
 
     fn changes(&self) -> tokio::sync::broadcast::Receiver<Changed> {
