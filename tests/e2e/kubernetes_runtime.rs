@@ -121,6 +121,23 @@ fn the_store_runs_as_workloads_of_the_cluster() {
     let d = eventually(60, "the leader Deployment", || {
         store(&k, "deployment", "mooncake-dram-leader")
     });
+    // The tokens the leader and members prove themselves with: the controllers' token, kept for
+    // every backend, and the backend's member token, which goes with the backend.
+    let token = |name: &str| {
+        let s = store(&k, "secret", name).unwrap_or_else(|| panic!("the Secret {name}"));
+        assert_eq!(
+            s["data"]["token"].as_str().map(str::len),
+            Some(88),
+            "{name}: 64 hex digits in base64"
+        );
+        s
+    };
+    token("kvcache-store-control-token");
+    let member_token = token("mooncake-dram-member-token");
+    assert_eq!(member_token["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+    let sources = &d["spec"]["template"]["spec"]["volumes"][0]["projected"]["sources"];
+    assert_eq!(sources[0]["secret"]["name"], "kvcache-store-control-token");
+    assert_eq!(sources[1]["secret"]["name"], "mooncake-dram-member-token");
     for kind in ["service", "serviceaccount", "role", "rolebinding"] {
         let o = store(&k, kind, "mooncake-dram-leader").unwrap_or_else(|| panic!("{kind} mooncake-dram-leader"));
         assert_eq!(
@@ -275,6 +292,7 @@ fn the_store_runs_as_workloads_of_the_cluster() {
             ("role", "mooncake-dram-leader"),
             ("rolebinding", "mooncake-dram-leader"),
             ("daemonset", "mooncake-dram-member-0"),
+            ("secret", "mooncake-dram-member-token"),
         ]
         .iter()
         .filter(|(kind, name)| store(&k, kind, name).is_some())

@@ -50,6 +50,14 @@ pub fn render(docs: &[(String, Value)], namespace: &str, config: &Config) -> Res
             out.push_str("---\n");
             out.push_str(&yaml(&object)?);
         }
+        // The token Secrets hold fresh random values, which an offline render cannot make for
+        // the controllers: it says how to make them.
+        out.push_str(&format!(
+            "---\n# KVCacheBackend {name}: its Pods mount the Secrets {control} and {member} (key {key:?}), which the\n# controllers make; applied by hand, make them first, e.g.\n#   kubectl -n {namespace} create secret generic {member} --from-literal={key}=$(openssl rand -hex 32)\n",
+            control = super::render::CONTROL_TOKEN_SECRET,
+            member = super::render::member_token_secret(&name),
+            key = super::render::TOKEN_KEY,
+        ));
     }
     for (file, value) in typed("ModelDeployment") {
         let md: ModelDeployment =

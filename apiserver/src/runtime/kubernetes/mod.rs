@@ -10,6 +10,7 @@
 //! | [`target`] | the namespace, image and pull policy of a backend's objects |
 //! | [`observe`] | a Pod's status as a workload's state |
 //! | [`credentials`] | tenant credentials in Secrets of the Bindings' namespaces |
+//! | [`tokens`] | the controllers' and each backend's member token, in Secrets |
 
 pub mod credentials;
 pub mod engine_pod;
@@ -17,6 +18,7 @@ pub mod manifests;
 pub mod observe;
 pub mod render;
 pub mod target;
+pub mod tokens;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -52,6 +54,7 @@ fn resource(kind: &str) -> Option<ApiResource> {
         "RoleBinding" => ("rbac.authorization.k8s.io", "v1", "rolebindings"),
         "Deployment" => ("apps", "v1", "deployments"),
         "DaemonSet" => ("apps", "v1", "daemonsets"),
+        "Secret" => ("", "v1", "secrets"),
         _ => return None,
     };
     Some(ApiResource::from_gvk_with_plural(
@@ -69,6 +72,7 @@ const REMOVAL_ORDER: &[&str] = &[
     "RoleBinding",
     "Role",
     "ServiceAccount",
+    "Secret",
 ];
 
 /// The store as workloads of a cluster, through kube-rs: server-side apply under one field
@@ -82,6 +86,8 @@ pub struct KubernetesRuntime {
     changes: tokio::sync::broadcast::Sender<Changed>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     credentials: credentials::SecretKeeper,
+    /// The controllers' token, once read from (or made into) its Secret.
+    control_token: RwLock<Option<String>>,
 }
 
 impl std::fmt::Debug for KubernetesRuntime {
@@ -144,6 +150,7 @@ impl KubernetesRuntime {
         );
         KubernetesRuntime {
             credentials: credentials::SecretKeeper { client: client.clone() },
+            control_token: RwLock::new(None),
             client,
             opts,
             config,
@@ -151,6 +158,18 @@ impl KubernetesRuntime {
             changes,
             tasks: vec![node_task, pod_task, engine_task],
         }
+    }
+
+    /// The controllers' token (kept for [`Runtime::control_token`]) and the backend's member
+    /// token, each in its Secret, made when missing (the member token not while the backend is
+    /// being deleted).
+    async fn ensure_tokens(&self, plan: &StorePlan, target: &render::Target) -> Result<(), String> {
+        let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(self.client.clone(), &self.opts.namespace);
+        let control = tokens::get_or_make(&api, tokens::control_metadata(&self.opts.namespace), true).await?;
+        *self.control_token.write() = control;
+        let member = render::member_token_metadata(plan, target);
+        tokens::get_or_make(&api, member, !plan.existing_only).await?;
+        Ok(())
     }
 
     fn api(&self, r: &ApiResource) -> Api<DynamicObject> {
@@ -332,6 +351,10 @@ impl Runtime for KubernetesRuntime {
         Some(self.client.clone())
     }
 
+    fn control_token(&self) -> Option<String> {
+        self.control_token.read().clone()
+    }
+
     fn credentials(&self) -> &dyn crate::runtime::credentials::Keeper {
         &self.credentials
     }
@@ -367,6 +390,15 @@ impl Runtime for KubernetesRuntime {
                 };
             }
         };
+        if let Err(why) = self.ensure_tokens(plan, &target).await {
+            tracing::warn!(backend = %plan.backend, "{why}");
+            return StoreObservation {
+                leaders: vec![refused(why.clone())],
+                members: members_unknown(&why),
+                lease,
+                ..StoreObservation::default()
+            };
+        }
         let mut leader_deployment = None;
         for mut object in render::store(plan, &target) {
             match self.apply(&plan.backend, &mut object, plan.existing_only).await {

@@ -5,7 +5,10 @@
 //!   `<name>-leader`, and while the election is on the ServiceAccount, Role and RoleBinding
 //!   `<name>-leader` its Pods campaign for the Lease `<name>-leader` with;
 //! - the members: one DaemonSet `<name>-member-<i>` per group on the group's nodes, and while the
-//!   election is on the ServiceAccount, Role and RoleBinding `<name>-member` (Lease reads).
+//!   election is on the ServiceAccount, Role and RoleBinding `<name>-member` (Lease reads);
+//! - the tokens they prove themselves with, from Secrets the runtime makes (`tokens.rs`): the
+//!   leader mounts the controllers' token ([`CONTROL_TOKEN_SECRET`]) and the backend's member
+//!   token ([`member_token_secret`]), each member the member token, under [`TOKENS_DIR`].
 //!
 //! Every object carries the resource-type label, the ownership notes (backend, role, group) that
 //! decide what belongs to the backend, and a controller owner reference that never blocks the
@@ -28,6 +31,49 @@ pub const TYPE_LABEL: &str = "resource.gpustack.ai/type";
 pub const BACKEND_NOTE: &str = "note.gpustack.ai/backend";
 pub const ROLE_NOTE: &str = "note.gpustack.ai/role";
 pub const GROUP_NOTE: &str = "note.gpustack.ai/group";
+
+/// Where the leader and members read their tokens in their Pods.
+pub const TOKENS_DIR: &str = "/etc/gpustack/kvcache/tokens";
+/// The Secret (in the store's namespace) of the token the leaders' Control API takes: the
+/// controllers', one for every backend.
+pub const CONTROL_TOKEN_SECRET: &str = "kvcache-store-control-token";
+/// The key of a token Secret.
+pub const TOKEN_KEY: &str = "token";
+
+/// The Secret of the token `backend`'s leader mounts only members that show.
+pub fn member_token_secret(backend: &str) -> String {
+    format!("{backend}-member-token")
+}
+
+/// The member token's Secret as it is made (its `data` added then): the backend's labels,
+/// notes and owner, so it goes with the backend.
+pub fn member_token_metadata(plan: &StorePlan, t: &Target) -> Value {
+    metadata(
+        plan,
+        t,
+        &member_token_secret(&plan.backend),
+        "member-token",
+        "member",
+        None,
+    )
+}
+
+fn token_file(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(TOKENS_DIR).join(name)
+}
+
+/// The volume of the tokens: `(secret, file)` pairs, read-only to the owner.
+fn tokens_volume(tokens: &[(&str, &str)]) -> Value {
+    let sources: Vec<Value> = tokens
+        .iter()
+        .map(|(secret, file)| json!({"secret": {"name": secret, "items": [{"key": TOKEN_KEY, "path": file}]}}))
+        .collect();
+    json!({"name": "store-tokens", "projected": {"defaultMode": 0o400, "sources": sources}})
+}
+
+fn tokens_mount() -> Value {
+    json!({"name": "store-tokens", "mountPath": TOKENS_DIR, "readOnly": true})
+}
 
 /// The leader's ports: engines and controllers (gRPC), the fast metadata port, metrics and probes.
 pub const LEADER_RPC_PORT: u16 = 50051;
@@ -112,6 +158,8 @@ pub fn leader_config(plan: &StorePlan, t: &Target) -> LeaderConfig {
     c.fast_listen = Some(kvcache_store::flags::FastListen::At(any(LEADER_FAST_PORT)));
     c.metrics_listen = Some(any(LEADER_METRICS_PORT));
     c.kubeconfig = None;
+    c.control_token_file = Some(token_file("control.token"));
+    c.member_token_file = Some(token_file("member.token"));
     match &plan.election {
         Some(e) => {
             c.election = Election::Kubernetes;
@@ -146,6 +194,7 @@ pub fn member_config(plan: &StorePlan, g: &GroupPlan, t: &Target) -> MemberConfi
     c.name = Some(format!("{}-member-{}-$(NODE_NAME)", plan.backend, g.index));
     c.advertise_host = Some("$(POD_IP)".into());
     c.shm_dir = "/dev/shm".into();
+    c.member_token_file = Some(token_file("member.token"));
     c
 }
 
@@ -228,6 +277,9 @@ pub fn leader_deployment(plan: &StorePlan, t: &Target) -> Value {
         LEADER_METRICS_PORT,
     );
     container["livenessProbe"] = http_probe("/healthz", LEADER_METRICS_PORT, 10, 6);
+    container["volumeMounts"] = json!([tokens_mount()]);
+    let member_token = member_token_secret(&plan.backend);
+    let tokens = tokens_volume(&[(CONTROL_TOKEN_SECRET, "control.token"), (&member_token, "member.token")]);
     let mut spec = json!({
         "replicas": replicas,
         "selector": {"matchLabels": identity(&plan.backend, "leader")},
@@ -238,6 +290,7 @@ pub fn leader_deployment(plan: &StorePlan, t: &Target) -> Value {
                 "automountServiceAccountToken": elects,
                 "imagePullSecrets": pull_secrets(t),
                 "containers": [container],
+                "volumes": [tokens],
             },
         },
     });
@@ -330,14 +383,18 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
         MEMBER_METRICS_PORT,
     );
     container["resources"] = json!({"requests": {"memory": capacity}});
-    container["volumeMounts"] = json!([{"name": "segment", "mountPath": "/dev/shm"}]);
+    container["volumeMounts"] = json!([{"name": "segment", "mountPath": "/dev/shm"}, tokens_mount()]);
+    let member_token = member_token_secret(&plan.backend);
     let mut pod = json!({
         "nodeSelector": g.node_selector,
         "automountServiceAccountToken": reads_lease,
         "imagePullSecrets": pull_secrets(t),
         "terminationGracePeriodSeconds": 60,
         "containers": [container],
-        "volumes": [{"name": "segment", "emptyDir": {"medium": "Memory", "sizeLimit": capacity}}],
+        "volumes": [
+            {"name": "segment", "emptyDir": {"medium": "Memory", "sizeLimit": capacity}},
+            tokens_volume(&[(&member_token, "member.token")]),
+        ],
     });
     if reads_lease {
         pod["serviceAccountName"] = json!(format!("{}-member", plan.backend));
@@ -471,6 +528,16 @@ mod tests {
         assert_eq!(parsed, leader_config(&p, &target()));
         assert_eq!(parsed.lease.as_deref(), Some("gpustack-system/b-leader"));
         assert_eq!(parsed.identity.as_deref(), Some("$(POD_NAME)"));
+        // Both tokens, from their Secrets, where the flags name them.
+        assert_eq!(
+            parsed.control_token_file.as_deref(),
+            Some(std::path::Path::new("/etc/gpustack/kvcache/tokens/control.token"))
+        );
+        assert_eq!(c["volumeMounts"][0]["mountPath"], TOKENS_DIR);
+        let sources = &pod["volumes"][0]["projected"]["sources"];
+        assert_eq!(sources[0]["secret"]["name"], CONTROL_TOKEN_SECRET);
+        assert_eq!(sources[1]["secret"]["name"], "b-member-token");
+        assert_eq!(sources[1]["secret"]["items"][0]["path"], "member.token");
         assert_eq!(
             d["spec"]["selector"]["matchLabels"],
             json!({"app.kubernetes.io/name": "kv-cache-backend", "app.kubernetes.io/instance": "b", "app.kubernetes.io/component": "leader"})
@@ -522,6 +589,16 @@ mod tests {
         assert_eq!(parsed.leader, "b-leader.gpustack-system.svc:50051");
         assert_eq!(parsed.capacity, 2 << 30);
         assert_eq!(parsed.name.as_deref(), Some("b-member-0-$(NODE_NAME)"));
+        assert_eq!(
+            parsed.member_token_file.as_deref(),
+            Some(std::path::Path::new("/etc/gpustack/kvcache/tokens/member.token"))
+        );
+        let sources = &pod["volumes"][1]["projected"]["sources"];
+        assert_eq!(
+            sources,
+            &json!([{"secret": {"name": "b-member-token", "items": [{"key": "token", "path": "member.token"}]}}]),
+            "a member gets the member token alone"
+        );
 
         let lease = plan(&ONE.replace("leader: {}", "leader: {memberAddressing: Lease}"));
         let ds = member_daemon_set(&lease, &lease.groups[0], &target());
