@@ -207,7 +207,8 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
             let cancel = stop_on_signal(exit_with_stdin)?;
             announce(
                 serde_json::json!({"event": "listening", "role": "member", "grpc": a.grpc.to_string(),
-                "data": a.data.to_string(), "metrics": a.metrics.map(|m| m.to_string())}),
+                "data": a.data.to_string(), "metrics": a.metrics.map(|m| m.to_string()),
+                "local": member.local_socket()}),
             );
             announce_readiness("member", member.readiness().subscribe(), || None);
             member.serve(Registry::default(), cancel).await?;

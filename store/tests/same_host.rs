@@ -167,3 +167,60 @@ async fn clients_without_the_same_host_path_and_members_without_a_socket_use_tcp
     assert_eq!(member_counter(&metrics, "kvstore_member_local_reads").await, 0);
     assert_eq!(member_counter(&metrics, "kvstore_member_writes").await, 1);
 }
+
+/// Asks the member's socket `name` to map its segment with `grant`; whether it was answered with
+/// the segment (header ok) or refused.
+fn map_with(name: &str, grant: kvcache_store::wire::Request) -> bool {
+    use std::io::{Read, Write};
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.strip_prefix('@').unwrap()).unwrap();
+    let mut s = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    s.write_all(&grant.encode()).unwrap();
+    let mut head = [0u8; kvcache_store::wire::RESPONSE_LEN];
+    s.read_exact(&mut head).unwrap();
+    kvcache_store::wire::Response::decode(&head).unwrap().ok
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_caller_the_leader_granted_a_range_maps_the_segment() {
+    let l = leader(&["--tenant", "t=64Mi:64:bfloat16"]);
+    let addr = l.field("grpc");
+    let m = start_member(&addr, "m1", "16Mi", &[]);
+    let socket = m.field("local");
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    // a granted client maps it (its transfers go through the mapping)
+    let v = Bytes::from(random_bytes(1, 100_000));
+    c.put("k", v.clone()).await.unwrap();
+    assert_eq!(c.get("k").await.unwrap(), Some(v));
+    assert_eq!(
+        member_counter(&m.field("metrics"), "kvstore_member_local_reads").await,
+        1
+    );
+    // a process that reaches the socket with no grant, or a forged one, maps nothing
+    let ungranted = kvcache_store::wire::Request {
+        op: kvcache_store::wire::Op::Map,
+        mount_id: 0,
+        offset: 0,
+        len: 0,
+        deadline_unix_ms: 0,
+        epoch: 0,
+        mac: [0; kvcache_store::grant::MAC_LEN],
+    };
+    let socket2 = socket.clone();
+    assert!(
+        !tokio::task::spawn_blocking(move || map_with(&socket2, ungranted))
+            .await
+            .unwrap()
+    );
+    let forged = kvcache_store::wire::Request {
+        len: 100_000,
+        mac: [7; kvcache_store::grant::MAC_LEN],
+        ..ungranted
+    };
+    assert!(
+        !tokio::task::spawn_blocking(move || map_with(&socket, forged))
+            .await
+            .unwrap()
+    );
+}

@@ -83,18 +83,11 @@ async fn read_refusal(s: &mut UnixStream, len: u64) -> io::Result<StoreError> {
     Ok(wire::refusal(&msg))
 }
 
-/// Connects to the member's socket and maps its segment.
-async fn map(name: &str) -> io::Result<Mapped> {
+/// Connects to the member's socket and maps its segment, showing `grant` (a claim request for a
+/// range the leader gave, as `Op::Map`).
+async fn map(name: &str, grant: wire::Request) -> io::Result<Mapped> {
     let mut s = connect(name)?;
-    let ask = wire::Request {
-        op: Op::Map,
-        mount_id: 0,
-        offset: 0,
-        len: 0,
-        deadline_unix_ms: 0,
-        epoch: 0,
-        mac: [0; crate::grant::MAC_LEN],
-    };
+    let ask = wire::Request { op: Op::Map, ..grant };
     s.write_all(&ask.encode()).await?;
     let mut answer = [0u8; RESPONSE_LEN + MAP_ANSWER_LEN];
     let mut got = 0;
@@ -145,15 +138,15 @@ async fn map(name: &str) -> io::Result<Mapped> {
 }
 
 impl Local {
-    /// The mapped segment behind socket `name`, mapping it on first use; `None` when it cannot
-    /// be reached (another host) or mapped.
-    async fn peer(&self, name: &str) -> Option<Arc<Mapped>> {
+    /// The mapped segment behind socket `name`, mapping it on first use with `grant`; `None`
+    /// when it cannot be reached (another host) or mapped.
+    async fn peer(&self, name: &str, grant: wire::Request) -> Option<Arc<Mapped>> {
         match self.peers.lock().get(name) {
             Some(Peer::Mapped(m)) => return Some(m.clone()),
             Some(Peer::Unreachable(since)) if since.elapsed() < RETRY_UNREACHABLE => return None,
             _ => {}
         }
-        match map(name).await {
+        match map(name, grant).await {
             Ok(m) => {
                 let m = Arc::new(m);
                 let mut peers = self.peers.lock();
@@ -188,7 +181,17 @@ impl Client {
         if loc.local_addr.is_empty() {
             return None;
         }
-        let peer = local.peer(&loc.local_addr).await?;
+        let write = matches!(bytes, Bytes::From(_));
+        let claim = wire::Request {
+            op: if write { Op::ClaimWrite } else { Op::ClaimRead },
+            mount_id: loc.mount_id,
+            offset: loc.offset,
+            len: loc.len,
+            deadline_unix_ms: deadline,
+            epoch: loc.epoch,
+            mac: Grant::mac_from(&loc.grant_mac),
+        };
+        let peer = local.peer(&loc.local_addr, claim).await?;
         let pooled = peer.idle.lock().pop();
         let mut s = match pooled {
             Some(s) => s,
@@ -199,16 +202,6 @@ impl Client {
                     return None;
                 }
             },
-        };
-        let write = matches!(bytes, Bytes::From(_));
-        let claim = wire::Request {
-            op: if write { Op::ClaimWrite } else { Op::ClaimRead },
-            mount_id: loc.mount_id,
-            offset: loc.offset,
-            len: loc.len,
-            deadline_unix_ms: deadline,
-            epoch: loc.epoch,
-            mac: Grant::mac_from(&loc.grant_mac),
         };
         let claimed = async {
             s.write_all(&claim.encode()).await?;

@@ -4,9 +4,11 @@
 //! a trip through TCP.
 //!
 //! Protocol (headers of `wire.rs`, one request at a time per connection):
-//! - `Map`: answered with the segment's descriptor (SCM_RIGHTS, on the header's bytes), then 16
+//! - `Map` with a grant the leader gave for this mount (a write or read range, as a claim carries
+//!   it): answered with the segment's descriptor (SCM_RIGHTS, on the header's bytes), then 16
 //!   bytes: `capacity u64 | flags u64` (bit 0: every page is resident, so a client may map it
-//!   with its page tables filled in at once);
+//!   with its page tables filled in at once). Without one it is refused: a process that reaches
+//!   the socket but was never granted a range by the leader maps nothing;
 //! - `ClaimWrite` / `ClaimRead` with the leader's grant: the same checks as the data port (mount,
 //!   epoch, deadline, bounds, and the range table, `mmap.rs`), then the claim is held for the
 //!   connection until
@@ -117,10 +119,14 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
             mac: req.mac,
         };
         let answer = match req.op {
-            Op::Map => {
-                map(&s, segment, resident).await?;
-                continue;
-            }
+            // Only a caller the serving leader granted a range of this mount may map it.
+            Op::Map => match segment.check_granted(&grant, req.len) {
+                Ok(()) => {
+                    map(&s, segment, resident).await?;
+                    continue;
+                }
+                Err(e) => Err(e),
+            },
             Op::ClaimWrite | Op::ClaimRead if !matches!(claim, Claim::None) => Err(StoreError::new(
                 ErrorCode::InvalidArgument,
                 "this connection holds a claim already; release it first",

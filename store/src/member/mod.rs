@@ -144,6 +144,11 @@ impl Member {
         self.addrs
     }
 
+    /// The same-host socket's name (`@kvstore-member-…`), unless `--no-local`.
+    pub fn local_socket(&self) -> Option<String> {
+        self.local.as_ref().map(|(_, n)| n.clone())
+    }
+
     pub fn readiness(&self) -> &ReadinessHandle {
         &self.readiness
     }

@@ -101,6 +101,23 @@ impl Segment {
     }
 
     fn check(&self, at: &Grant, access: Access, len: u64) -> Result<()> {
+        self.verify(at, access, len).inspect_err(|_| {
+            self.counters.refusals.fetch_add(1, Ordering::Relaxed);
+        })
+    }
+
+    /// Whether `at` is a grant the serving leader gave for this mount, for writing or for reading
+    /// `len` bytes: what a same-host client shows to map the segment at all.
+    pub fn check_granted(&self, at: &Grant, len: u64) -> Result<()> {
+        self.verify(at, Access::Write, len)
+            .or_else(|_| self.verify(at, Access::Read, len))
+            .inspect_err(|_| {
+                self.counters.refusals.fetch_add(1, Ordering::Relaxed);
+            })
+    }
+
+    /// The checks of a grant (epoch, mount, deadline, signature), counting nothing.
+    fn verify(&self, at: &Grant, access: Access, len: u64) -> Result<()> {
         let what = match access {
             Access::Write => "write",
             Access::Read => "read lease",
@@ -113,17 +130,15 @@ impl Segment {
         } = *at;
         let newest = self.epoch();
         if epoch < newest {
-            self.counters.refusals.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::new(
                 ErrorCode::StaleEpoch,
                 format!(
-                    "this range comes from leader epoch {epoch}, and this member has mounted under epoch {newest} since:                      that leader was deposed; ask the serving leader again"
+                    "this range comes from leader epoch {epoch}, and this member has mounted under epoch {newest} since: that leader was deposed; ask the serving leader again"
                 ),
             ));
         }
         let current = self.mount_id();
         if current == 0 || mount_id != current {
-            self.counters.refusals.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::new(
                 ErrorCode::StaleMount,
                 "this member's segment was remounted (or is not mounted) since the leader placed this value; ask the \
@@ -131,7 +146,6 @@ impl Segment {
             ));
         }
         if deadline_unix_ms != 0 && now_unix_ms() > deadline_unix_ms {
-            self.counters.refusals.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::new(
                 ErrorCode::LeaseExpired,
                 format!("the {what} deadline the leader gave has passed; ask the leader again"),
@@ -145,17 +159,13 @@ impl Segment {
             len,
             deadline_unix_ms,
         };
-        let verified = match &*self.grant_key.read() {
+        match &*self.grant_key.read() {
             Some(key) => key.verify(&range, &at.mac),
             None => Err(StoreError::new(
                 ErrorCode::StaleMount,
                 "this member has no grant key from its leader yet (it is mounting); ask the leader again",
             )),
-        };
-        if verified.is_err() {
-            self.counters.refusals.fetch_add(1, Ordering::Relaxed);
         }
-        verified
     }
 
     /// A range to write a reserved value into (`deadline` is the reservation's write deadline).
