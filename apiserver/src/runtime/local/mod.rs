@@ -195,11 +195,14 @@ impl LocalRuntime {
             .unwrap_or_default()
     }
 
-    /// A replica's environment: what injection gave it, with the client configuration file
+    /// A replica's environment: what injection gave it, then the role's own `env` (as a Pod's
+    /// container gets them, so a role may shape the simulated workload with the `KVSTORE_*`
+    /// knobs of `kv-store engine-sim`), the credential last, with the client configuration file
     /// written under the data directory (its path replacing the Pod's mount path), and the
-    /// simulated workload's pace unless injection set it.
+    /// simulated workload's pace unless one of those set it.
     fn replica_env(&self, owner: &str, r: &super::Replica) -> Vec<(String, String)> {
-        let mut env = r.env.clone();
+        // `engine.env` is the injected environment followed by the role's
+        let mut env = r.engine.env.clone();
         if let Some(c) = &r.credential {
             env.push((super::credentials::ENV.to_owned(), c.value.clone()));
         }

@@ -43,3 +43,49 @@ async fn members_that_would_need_more_memory_than_the_machine_are_refused() {
     );
     rt.shutdown().await;
 }
+
+#[test]
+fn a_replica_gets_the_injection_then_its_roles_env_then_its_credential() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = LocalRuntime::new(LocalOptions::new(dir.path()));
+    let injected = vec![("KVSTORE_TENANT".to_owned(), "default".to_owned())];
+    let role = vec![
+        ("KVSTORE_ROUNDS".to_owned(), "0".to_owned()),
+        ("KVSTORE_CREDENTIAL".to_owned(), "the role's own".to_owned()),
+    ];
+    let replica = crate::runtime::Replica {
+        name: "server-0".into(),
+        role: "server".into(),
+        env: injected.clone(),
+        args: vec![],
+        credential: Some(crate::runtime::credentials::ReplicaCredential::new("b", "minted")),
+        client_config: None,
+        engine: crate::runtime::EngineContainer {
+            image: Ok("x".into()),
+            pull_policy: None,
+            pull_secrets: vec![],
+            command: vec![],
+            args: vec![],
+            env: [injected, role].concat(),
+            pod_ip_env: vec![],
+            port: 8000,
+            limits: Default::default(),
+            grace_seconds: 30,
+        },
+    };
+    let env = rt.replica_env("ns/md", &replica);
+    // the process sees the last of duplicate names, as a container does
+    let last = |k: &str| env.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    assert_eq!(last("KVSTORE_TENANT"), Some("default"));
+    assert_eq!(last("KVSTORE_ROUNDS"), Some("0"), "the role's env shapes the workload");
+    assert_eq!(
+        last("KVSTORE_CREDENTIAL"),
+        Some("minted"),
+        "the credential is the Binding's"
+    );
+    assert_eq!(
+        last("KVSTORE_AFTER_ROUNDS"),
+        Some("idle"),
+        "defaults fill what is unset"
+    );
+}
