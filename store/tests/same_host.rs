@@ -224,3 +224,26 @@ async fn only_a_caller_the_leader_granted_a_range_maps_the_segment() {
             .unwrap()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_lets_go_of_the_segments_of_members_that_went_away() {
+    let l = leader(&["--tenant", "t=64Mi:64:bfloat16", "--member-ttl", "1s"]);
+    let addr = l.field("grpc");
+    let c = client(&addr, "t").await;
+    // each member in turn: mapped, then killed and replaced by the next
+    for i in 0..3 {
+        let m = start_member(&addr, &format!("m{i}"), "16Mi", &[]);
+        wait_members(&c, 1).await;
+        let v = Bytes::from(random_bytes(i, 100_000));
+        let key = format!("k{i}");
+        c.put(&key, v.clone()).await.unwrap();
+        assert_eq!(c.get(&key).await.unwrap(), Some(v));
+        assert_eq!(
+            c.mapped_segments(),
+            1,
+            "a dead member's mapping is dropped when the next one is mapped"
+        );
+        drop(m);
+        wait_members(&c, 0).await;
+    }
+}

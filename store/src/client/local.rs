@@ -150,8 +150,10 @@ impl Local {
             Ok(m) => {
                 let m = Arc::new(m);
                 let mut peers = self.peers.lock();
-                // forget segments of members that went away (their mapping holds their memory)
-                peers.retain(|_, p| matches!(p, Peer::Mapped(_)));
+                // A new segment usually means a member restarted: forget the segments of members
+                // that went away (whose sockets no longer accept), as no transfer will meet their
+                // failure, and their mappings hold their memory for as long as they are kept.
+                peers.retain(|n, p| matches!(p, Peer::Mapped(_)) && connect(n).is_ok());
                 peers.insert(name.to_string(), Peer::Mapped(m.clone()));
                 tracing::debug!(socket = name, "same-host segment mapped");
                 Some(m)
@@ -164,6 +166,15 @@ impl Local {
                 None
             }
         }
+    }
+
+    /// How many segments are mapped.
+    pub(super) fn mapped(&self) -> usize {
+        self.peers
+            .lock()
+            .values()
+            .filter(|p| matches!(p, Peer::Mapped(_)))
+            .count()
     }
 
     /// Forgets a segment whose socket failed (its member went away): the mapping is dropped once

@@ -135,6 +135,11 @@ impl Client {
         self.local.is_some()
     }
 
+    /// How many members' segments this client holds mapped now.
+    pub fn mapped_segments(&self) -> usize {
+        self.local.as_ref().map_or(0, |l| l.mapped())
+    }
+
     /// Whether metadata calls go to the leader's framed port.
     pub fn uses_fast_port(&self) -> bool {
         self.fast.is_some()
