@@ -29,12 +29,18 @@ const ROUNDS: usize = 20;
 /// The reference store's failover on one node.
 const REFERENCE: Duration = Duration::from_secs(16);
 
-fn scope() -> Scope {
+/// The walkthrough's tenant, with the Binding's credential as the runtime keeps it under `dir`.
+fn scope(dir: &std::path::Path) -> Scope {
+    let credential = std::fs::read(dir.join("tenant-credentials/team-a/team-a.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["current"].as_str().map(str::to_owned))
+        .unwrap_or_default();
     Scope {
         tenant: "default".into(),
         block_size: 64,
         dtype: "bfloat16".into(),
-        ..Default::default()
+        credential,
     }
 }
 
@@ -111,7 +117,7 @@ async fn whole(dir: &std::path::Path, front: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(90);
     while Instant::now() < deadline {
         if standbys_up(dir).await
-            && let Ok(c) = Client::connect(front, scope()).await
+            && let Ok(c) = Client::connect(front, scope(dir)).await
             && let Ok(h) = c.control().health(HealthRequest {}).await
             && h.get_ref().serving
             && h.get_ref().members == 2
@@ -129,7 +135,7 @@ async fn whole(dir: &std::path::Path, front: &str) -> anyhow::Result<()> {
 async fn outage(dir: &std::path::Path, front: &str, signal: &str, key: &str) -> anyhow::Result<Duration> {
     let before = holder(dir)?;
     let pid = pid_of(dir, &before)?;
-    let client = Client::connect(front, scope()).await?;
+    let client = Client::connect(front, scope(dir)).await?;
     let epoch = client.control().health(HealthRequest {}).await?.into_inner().epoch;
     let value = Bytes::from(vec![7u8; 16 << 10]);
     let t0 = Instant::now();

@@ -27,13 +27,21 @@ fn server() -> Server {
     Server::start_with(&["--requeue-interval", "2s"])
 }
 
-/// The walkthrough's tenant, as injection describes it to an engine.
-fn scope() -> Scope {
+/// The Binding's tenant credential, as the runtime keeps it for `s`'s replicas.
+fn credential(s: &Server) -> String {
+    let path = s.dir.path().join("tenant-credentials/team-a/team-a.json");
+    let kept: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("the Binding's credential file")).expect("JSON");
+    kept["current"].as_str().expect("a current credential").to_owned()
+}
+
+/// The walkthrough's tenant, as injection describes it to an engine (with its credential).
+fn scope(s: &Server) -> Scope {
     Scope {
         tenant: "default".into(),
         block_size: 64,
         dtype: "bfloat16".into(),
-        ..Default::default()
+        credential: credential(s),
     }
 }
 
@@ -106,7 +114,7 @@ fn wait_standbys(s: &Server, port: &str) {
 fn wait_whole(front: &str, capacity: u64) {
     eventually(30, "the new leader serves with both members mounted", || {
         rt().block_on(async {
-            let c = Client::connect(front, scope()).await.ok()?;
+            let c = Client::connect(front, Scope::default()).await.ok()?;
             let h = c.control().health(HealthRequest {}).await.ok()?.into_inner();
             (h.serving && h.members == 2 && h.capacity == capacity).then_some(())
         })
@@ -202,7 +210,9 @@ fn step_four_adds_two_standbys_and_keeps_every_process() {
 }
 
 /// An engine simulator against the Client endpoint, forever, printing a report per round.
-fn engine(front: &str, dir: &std::path::Path) -> Child {
+fn engine(front: &str, s: &Server) -> Child {
+    let dir = s.dir.path();
+    let credential = credential(s);
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
     Command::new(bin)
         .arg("engine-sim")
@@ -217,6 +227,7 @@ fn engine(front: &str, dir: &std::path::Path) -> Child {
             ("KVSTORE_REQUESTS", "8"),
             ("KVSTORE_ROUNDS", "0"),
             ("KVSTORE_ROUND_PAUSE", "50ms"),
+            ("KVSTORE_CREDENTIAL", credential.as_str()),
         ])
         .stdout(std::fs::File::create(dir.join("engine.out")).expect("the engine's output file"))
         .stderr(std::fs::File::create(dir.join("engine.err")).expect("the engine's log file"))
@@ -238,7 +249,7 @@ fn twenty_crash_failovers_under_load_never_serve_a_wrong_byte() {
     let front = format!("127.0.0.1:{port}");
     let capacity = 2u64 << 30;
     wait_whole(&front, capacity);
-    let mut sim = engine(&front, s.dir.path());
+    let mut sim = engine(&front, &s);
     let rounds = || std::fs::read_to_string(s.dir.path().join("engine.out")).unwrap_or_default();
     eventually(30, "the engine runs rounds", || {
         (rounds().lines().count() >= 2).then_some(())
@@ -250,7 +261,7 @@ fn twenty_crash_failovers_under_load_never_serve_a_wrong_byte() {
         let marker = format!("marker/{i}");
         eventually(30, "a marker is written before the kill", || {
             rt().block_on(async {
-                let c = Client::connect(&front, scope()).await.ok()?;
+                let c = Client::connect(&front, scope(&s)).await.ok()?;
                 c.put(&marker, value(i)).await.ok()
             })
         });
@@ -261,7 +272,7 @@ fn twenty_crash_failovers_under_load_never_serve_a_wrong_byte() {
         // the cache is cold: the marker misses, and can be written and read again
         eventually(30, "the old key misses, then is written again", || {
             rt().block_on(async {
-                let c = Client::connect(&front, scope()).await.ok()?;
+                let c = Client::connect(&front, scope(&s)).await.ok()?;
                 assert_eq!(c.get(&marker).await.ok()?, None, "failover {i}: an old key was served");
                 c.put(&marker, value(i)).await.ok()?;
                 (c.get(&marker).await.ok()?? == value(i)).then_some(())
@@ -324,7 +335,7 @@ fn a_paused_leader_that_lost_its_lease_places_no_byte() {
     let mut direct = rt.block_on(StoreClient::connect(format!("http://{old}"))).unwrap();
     let reserved = rt
         .block_on(direct.put_start(PutStartRequest {
-            scope: Some(scope()),
+            scope: Some(scope(&s)),
             key: "fence/k".into(),
             size: 4096,
         }))
@@ -364,20 +375,20 @@ fn a_paused_leader_that_lost_its_lease_places_no_byte() {
     );
     // the old leader itself refuses: its serving deadline passed while it was paused
     let commit = rt.block_on(direct.put_commit(PutCommitRequest {
-        scope: Some(scope()),
+        scope: Some(scope(&s)),
         key: "fence/k".into(),
         put_id: reserved.put_id,
     }));
     assert!(commit.unwrap_err().message().starts_with("NOT_SERVING:"));
     let again = rt.block_on(direct.put_start(PutStartRequest {
-        scope: Some(scope()),
+        scope: Some(scope(&s)),
         key: "fence/other".into(),
         size: 4096,
     }));
     assert!(again.unwrap_err().message().starts_with("NOT_SERVING:"));
     // nothing of it reaches a reader, and the old leader stands by under the new holder
     rt.block_on(async {
-        let c = Client::connect(&front, scope()).await.unwrap();
+        let c = Client::connect(&front, scope(&s)).await.unwrap();
         assert_eq!(c.get("fence/k").await.unwrap(), None);
         assert_eq!(c.get("fence/other").await.unwrap(), None);
     });
