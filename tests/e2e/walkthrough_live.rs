@@ -397,7 +397,9 @@ fn tenant_row(s: &Server, endpoint: &str) -> serde_json::Value {
         .expect("the Binding's tenant (its domain is named default)")
 }
 
-/// Rounds the replica `name` logged (one JSON report per round, across its restarts).
+/// Rounds with the cache that the replica `name` logged (one JSON report per round, across its
+/// restarts). Rounds without one (a replica started before its Binding was ready runs with no
+/// cache, then is restarted attached) find and store nothing, and are left out.
 fn rounds_logged(s: &Server, name: &str) -> Vec<serde_json::Value> {
     let log = s
         .dir
@@ -407,7 +409,7 @@ fn rounds_logged(s: &Server, name: &str) -> Vec<serde_json::Value> {
         .unwrap_or_default()
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v.get("stored").is_some())
+        .filter(|v| v["stored"].as_u64().unwrap_or(0) + v["hits"].as_u64().unwrap_or(0) > 0)
         .collect()
 }
 
