@@ -210,7 +210,17 @@ fn step_four_adds_two_standbys_and_keeps_every_process() {
 }
 
 /// An engine simulator against the Client endpoint, forever, printing a report per round.
-fn engine(front: &str, s: &Server) -> Child {
+/// A child process stopped when dropped, so a failing test leaves no engine running.
+struct Stopped(Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn engine(front: &str, s: &Server) -> Stopped {
     let dir = s.dir.path();
     let credential = credential(s);
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
@@ -233,6 +243,7 @@ fn engine(front: &str, s: &Server) -> Child {
         .stderr(std::fs::File::create(dir.join("engine.err")).expect("the engine's log file"))
         .stdin(Stdio::null())
         .spawn()
+        .map(Stopped)
         .expect("kv-store engine-sim starts")
 }
 
@@ -279,7 +290,7 @@ fn twenty_crash_failovers_under_load_never_serve_a_wrong_byte() {
             })
         });
         assert!(
-            sim.try_wait().unwrap().is_none(),
+            sim.0.try_wait().unwrap().is_none(),
             "failover {i} ({h} → {h2}, term {term2}): the engine stopped: {}",
             std::fs::read_to_string(s.dir.path().join("engine.err")).unwrap_or_default()
         );
@@ -289,9 +300,8 @@ fn twenty_crash_failovers_under_load_never_serve_a_wrong_byte() {
     eventually(30, "the engine runs rounds after the failovers", || {
         (rounds().lines().count() >= before + 2).then_some(())
     });
-    assert!(sim.try_wait().unwrap().is_none());
-    let _ = sim.kill();
-    let _ = sim.wait();
+    assert!(sim.0.try_wait().unwrap().is_none());
+    drop(sim);
     let err = std::fs::read_to_string(s.dir.path().join("engine.err")).unwrap_or_default();
     assert!(!err.contains("other bytes"), "{err}");
     let reports: Vec<serde_json::Value> = rounds().lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
