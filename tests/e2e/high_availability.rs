@@ -209,7 +209,6 @@ fn step_four_adds_two_standbys_and_keeps_every_process() {
     wait_granted(&k, "1Gi");
 }
 
-/// An engine simulator against the Client endpoint, forever, printing a report per round.
 /// A child process stopped when dropped, so a failing test leaves no engine running.
 struct Stopped(Child);
 
@@ -220,6 +219,7 @@ impl Drop for Stopped {
     }
 }
 
+/// An engine simulator against the Client endpoint, forever, printing a report per round.
 fn engine(front: &str, s: &Server) -> Stopped {
     let dir = s.dir.path();
     let credential = credential(s);
