@@ -236,8 +236,8 @@ async fn a_client_lets_go_of_the_segments_of_members_that_went_away() {
         wait_members(&c, 1).await;
         let v = Bytes::from(random_bytes(i, 100_000));
         let key = format!("k{i}");
-        // a map asked for while the member is still taking its grant key is refused, and tried
-        // again after a while: transfer until the new segment is mapped
+        // the client maps the new segment on its first transfer there (a map that comes while
+        // the member still awaits its mount answer waits for it): transfer until it is mapped
         eventually("the new member's segment is mapped", || async {
             c.put(&key, v.clone()).await.unwrap();
             assert_eq!(c.get(&key).await.unwrap(), Some(v.clone()));

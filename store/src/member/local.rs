@@ -8,7 +8,8 @@
 //!   it): answered with the segment's descriptor (SCM_RIGHTS, on the header's bytes), then 16
 //!   bytes: `capacity u64 | flags u64` (bit 0: every page is resident, so a client may map it
 //!   with its page tables filled in at once). Without one it is refused: a process that reaches
-//!   the socket but was never granted a range by the leader maps nothing;
+//!   the socket but was never granted a range by the leader maps nothing. A `Map` that arrives
+//!   while this member's Mount call is still in flight waits for its answer (bounded);
 //! - `ClaimWrite` / `ClaimRead` with the leader's grant: the same checks as the data port (mount,
 //!   epoch, deadline, bounds, and the range table, `mmap.rs`), then the claim is held for the
 //!   connection until
@@ -120,7 +121,7 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
         };
         let answer = match req.op {
             // Only a caller the serving leader granted a range of this mount may map it.
-            Op::Map => match segment.check_granted(&grant, req.len) {
+            Op::Map => match segment.check_map(&grant, req.len).await {
                 Ok(()) => {
                     map(&s, segment, resident).await?;
                     continue;

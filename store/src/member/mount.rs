@@ -180,6 +180,7 @@ async fn mount(
     segment: &Segment,
 ) -> Result<MountResponse, StoreError> {
     let mount_id = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
+    let _in_flight = segment.mounting();
     segment.set_mount(mount_id);
     let asked = MountRequest {
         mount_id,

@@ -8,7 +8,8 @@
 //! is even compared, so a paused or partitioned leader that lost its Lease can place no byte and
 //! serve none.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use super::mmap::{ReadRange, SharedMap, WriteRange};
 use crate::error::{ErrorCode, Result, StoreError};
@@ -57,8 +58,16 @@ pub struct Segment {
     epoch: AtomicU64,
     /// the serving leader's grant key, from its MountResponse: ranges must carry its MAC
     grant_key: parking_lot::RwLock<Option<GrantKey>>,
+    /// set while a Mount call is in flight: the leader may hand out ranges of the new mount
+    /// before this member has the answer (and the key that signs them)
+    mounting: AtomicBool,
+    /// fires whenever the mount, the key or `mounting` changes
+    mount_changed: tokio::sync::Notify,
     pub counters: DataCounters,
 }
+
+/// How long a `Map` waits for a mount in flight to settle before it is refused.
+pub const MOUNT_WAIT: Duration = Duration::from_secs(2);
 
 impl Segment {
     pub fn new(map: SharedMap) -> Self {
@@ -67,6 +76,8 @@ impl Segment {
             mount_id: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             grant_key: parking_lot::RwLock::new(None),
+            mounting: AtomicBool::new(false),
+            mount_changed: tokio::sync::Notify::new(),
             counters: DataCounters::default(),
         }
     }
@@ -82,11 +93,20 @@ impl Segment {
     /// Adopts a new mount: ranges handed out under any earlier mount are refused from now on.
     pub fn set_mount(&self, mount_id: u64) {
         self.mount_id.store(mount_id, Ordering::Release);
+        self.mount_changed.notify_waiters();
     }
 
     /// Adopts the key the mounting leader signs its grants with.
     pub fn set_grant_key(&self, key: GrantKey) {
         *self.grant_key.write() = Some(key);
+        self.mount_changed.notify_waiters();
+    }
+
+    /// Marks a Mount call in flight until the returned guard drops (answered, refused or timed
+    /// out): a `Map` that arrives meanwhile waits for it instead of being refused.
+    pub fn mounting(&self) -> MountInFlight<'_> {
+        self.mounting.store(true, Ordering::Release);
+        MountInFlight(self)
     }
 
     /// The newest leader epoch this segment was mounted under.
@@ -107,13 +127,30 @@ impl Segment {
     }
 
     /// Whether `at` is a grant the serving leader gave for this mount, for writing or for reading
-    /// `len` bytes: what a same-host client shows to map the segment at all.
-    pub fn check_granted(&self, at: &Grant, len: u64) -> Result<()> {
-        self.verify(at, Access::Write, len)
-            .or_else(|_| self.verify(at, Access::Read, len))
-            .inspect_err(|_| {
+    /// `len` bytes: what a same-host client shows to map the segment at all. A client learns of a
+    /// new mount from the leader and may ask to map it before this member has the leader's
+    /// answer; while a mount is in flight the check waits for it (at most [`MOUNT_WAIT`]) rather
+    /// than sending the client to TCP.
+    pub async fn check_map(&self, at: &Grant, len: u64) -> Result<()> {
+        let until = tokio::time::Instant::now() + MOUNT_WAIT;
+        loop {
+            let changed = self.mount_changed.notified();
+            tokio::pin!(changed);
+            // registered before the check, so a change between the two is not missed
+            changed.as_mut().enable();
+            let verdict = self
+                .verify(at, Access::Write, len)
+                .or_else(|_| self.verify(at, Access::Read, len));
+            if verdict.is_ok() || !self.mounting.load(Ordering::Acquire) {
+                return verdict.inspect_err(|_| {
+                    self.counters.refusals.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            if tokio::time::timeout_at(until, changed).await.is_err() {
                 self.counters.refusals.fetch_add(1, Ordering::Relaxed);
-            })
+                return verdict;
+            }
+        }
     }
 
     /// The checks of a grant (epoch, mount, deadline, signature), counting nothing.
@@ -208,6 +245,17 @@ impl Segment {
     }
 }
 
+/// A Mount call in flight ([`Segment::mounting`]).
+#[must_use = "the mount counts as in flight only while the guard lives"]
+pub struct MountInFlight<'a>(&'a Segment);
+
+impl Drop for MountInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.mounting.store(false, Ordering::Release);
+        self.0.mount_changed.notify_waiters();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +312,42 @@ mod tests {
             deadline_unix_ms: 0,
             mac: Grant::mac_from(&mac),
         }
+    }
+
+    #[tokio::test]
+    async fn a_map_waits_for_the_mount_in_flight_and_a_forged_one_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = std::sync::Arc::new(Segment::new(SharedMap::create(dir.path(), 1 << 16, false).unwrap()));
+        let key = GrantKey::generate();
+        let granted = signed(&key, Access::Read, 11, 3, 0, 100);
+        // nothing mounted and nothing in flight: refused without waiting
+        let started = tokio::time::Instant::now();
+        assert!(seg.check_map(&granted, 100).await.is_err());
+        assert!(started.elapsed() < MOUNT_WAIT);
+        // the leader answered (and handed the range to a client) before this member took the key
+        let in_flight = seg.mounting();
+        seg.set_mount(11);
+        let waiter = {
+            let seg = seg.clone();
+            tokio::spawn(async move { seg.check_map(&granted, 100).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a map during a mount in flight waits for it");
+        assert!(seg.see_epoch(3));
+        seg.set_grant_key(key.clone());
+        drop(in_flight);
+        waiter.await.unwrap().unwrap();
+        // settled: a forged range is refused at once
+        let forged = Grant {
+            mac: [7; MAC_LEN],
+            ..granted
+        };
+        let started = tokio::time::Instant::now();
+        assert_eq!(
+            seg.check_map(&forged, 100).await.unwrap_err().code,
+            ErrorCode::Unauthenticated
+        );
+        assert!(started.elapsed() < MOUNT_WAIT);
     }
 
     #[test]
