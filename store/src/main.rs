@@ -154,8 +154,11 @@ fn watch_stdin(cancel: CancellationToken) {
     });
 }
 
+/// One line for the supervisor; a supervisor that stopped reading (its end of the pipe closed)
+/// is not a reason to stop serving, so a failed write is dropped, never a panic.
 fn announce(fields: serde_json::Value) {
-    println!("{fields}");
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{fields}");
 }
 
 /// One JSON line on stdout at every readiness change (`{"event":"readiness","state":"serving"}`),

@@ -79,6 +79,12 @@ fn serving_names(listen: &SocketAddr) -> Vec<String> {
     names
 }
 
+/// The serving line on stdout; a reader that went away is not a reason to stop serving.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
 fn server_url(listen: &SocketAddr) -> String {
     let ip = if listen.ip().is_unspecified() {
         IpAddr::from([127, 0, 0, 1])
@@ -167,19 +173,19 @@ pub async fn serve(
     match written {
         Some(written) => {
             let (admin, viewer) = (absolute(&written.kubeconfig), absolute(&written.viewer_kubeconfig));
-            println!(
+            say(format_args!(
                 "kv-apiserver serving {} ; kubeconfig written to {} (use: export KUBECONFIG={} ; kubectl get kvcb). Read-only: {}",
                 server_url(&opts.listen),
                 admin.display(),
                 admin.display(),
                 viewer.display()
-            );
+            ));
         }
-        None => println!(
+        None => say(format_args!(
             "kv-apiserver serving {} in aggregated mode: users and permissions come from the cluster; reach it through kube-apiserver (APIService v1.{})",
             server_url(&opts.listen),
             kvcache_api::GROUP
-        ),
+        )),
     }
     let app = Arc::new(app);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
