@@ -150,6 +150,8 @@ pub struct App {
     pub api: Arc<Api>,
     pub metrics: ApiMetrics,
     storage_metrics: StorageMetrics,
+    /// the storage's watch fan-out, for its figures on `/metrics`
+    hub: Arc<Hub>,
     object_count_interval: Duration,
     pipeline: Pipeline,
     shutdown: tokio::sync::watch::Sender<bool>,
@@ -175,8 +177,8 @@ impl App {
             return App::build(opts);
         };
         let hub = Arc::new(Hub::new(opts.watch_history.max(1), opts.watch_queue.max(1)));
-        let storage = Etcd::connect(etcd, hub).await.map_err(AppError::Etcd)?;
-        App::build_on(opts, Some(Arc::new(storage)))
+        let storage = Etcd::connect(etcd, hub.clone()).await.map_err(AppError::Etcd)?;
+        App::build_on(opts, Some((Arc::new(storage), hub)))
     }
 
     /// Builds the application: opens the embedded storage and wires everything to it.
@@ -184,13 +186,13 @@ impl App {
         App::build_on(opts, None)
     }
 
-    fn build_on(opts: AppOptions, opened: Option<Arc<dyn Storage>>) -> Result<App, AppError> {
+    fn build_on(opts: AppOptions, opened: Option<(Arc<dyn Storage>, Arc<Hub>)>) -> Result<App, AppError> {
         let mut metrics_registry = prometheus_client::registry::Registry::default();
         let metrics = ApiMetrics::register(&mut metrics_registry);
         let storage_metrics = StorageMetrics::register(&mut metrics_registry);
         let controller_metrics = controller::Metrics::register(&mut metrics_registry);
-        let storage: Arc<dyn Storage> = match (opts.storage, opened) {
-            (_, Some(storage)) => storage,
+        let (storage, hub): (Arc<dyn Storage>, Arc<Hub>) = match (opts.storage, opened) {
+            (_, Some(opened)) => opened,
             (StorageChoice::Etcd(_), None) => return Err(AppError::NeedsOpen),
             (StorageChoice::Embedded, None) => {
                 let hub = Arc::new(Hub::new(opts.watch_history.max(1), opts.watch_queue.max(1)));
@@ -199,10 +201,9 @@ impl App {
                     metrics: storage_metrics.clone(),
                     ..EmbeddedOptions::default()
                 };
-                Arc::new(
-                    Embedded::open_with_hub(&dir, options, hub)
-                        .map_err(|source| AppError::Storage { path: dir, source })?,
-                )
+                let storage = Embedded::open_with_hub(&dir, options, hub.clone())
+                    .map_err(|source| AppError::Storage { path: dir, source })?;
+                (Arc::new(storage), hub)
             }
         };
         let election = opts.controllers.as_ref().and_then(|c| c.election.clone());
@@ -257,6 +258,7 @@ impl App {
             api,
             metrics,
             storage_metrics,
+            hub,
             object_count_interval: opts.object_count_interval,
             pipeline,
             shutdown,
@@ -324,7 +326,8 @@ impl App {
             }
         }
         let storage = self.storage.clone();
-        let objects = self.storage_metrics.objects.clone();
+        let metrics = self.storage_metrics.clone();
+        let hub = self.hub.clone();
         let interval = self.object_count_interval.max(Duration::from_millis(100));
         let mut shutdown = self.shutdown.subscribe();
         tokio::spawn(async move {
@@ -346,13 +349,19 @@ impl App {
                 for k in &KINDS {
                     match storage.count(&keys::kind_prefix_of(k.plural)).await {
                         Ok(n) => {
-                            objects
+                            metrics
+                                .objects
                                 .get_or_create(&ResourceLabel { resource: k.plural })
                                 .set(i64::try_from(n).unwrap_or(i64::MAX));
                         }
                         Err(e) => tracing::debug!(resource = k.plural, error = %e, "counting objects failed"),
                     }
                 }
+                let watch = hub.figures();
+                metrics
+                    .watch_history_bytes
+                    .set(i64::try_from(watch.history_bytes).unwrap_or(i64::MAX));
+                metrics.watchers.set(i64::try_from(watch.watchers).unwrap_or(i64::MAX));
             }
         });
     }

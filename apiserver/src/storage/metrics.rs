@@ -1,7 +1,7 @@
 //! Storage figures, on the registry the composition root passes in: objects per kind
 //! (`apiserver_storage_objects`, kube-apiserver's name, refreshed periodically), how long a
-//! commit takes from queueing to acknowledgement, how long each `fdatasync` takes, the log's size
-//! and the compactions done.
+//! commit takes from queueing to acknowledgement, how long each `fdatasync` takes, the log's size,
+//! the compactions done, and the watch fan-out's open watchers and the bytes its history holds.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -26,6 +26,10 @@ pub struct StorageMetrics {
     pub compactions: Counter,
     /// 1 while writes are refused because the disk is full.
     pub out_of_space: Gauge,
+    /// Bytes of keys and values (new and previous) the watch history keeps alive.
+    pub watch_history_bytes: Gauge,
+    /// Watch streams the storage feeds.
+    pub watchers: Gauge,
 }
 
 fn seconds() -> Histogram {
@@ -42,6 +46,8 @@ impl Default for StorageMetrics {
             log_bytes: Gauge::default(),
             compactions: Counter::default(),
             out_of_space: Gauge::default(),
+            watch_history_bytes: Gauge::default(),
+            watchers: Gauge::default(),
         }
     }
 }
@@ -78,6 +84,16 @@ impl StorageMetrics {
             "apiserver_storage_out_of_space",
             "1 while writes are refused because the storage's file system is full",
             m.out_of_space.clone(),
+        );
+        registry.register(
+            "apiserver_storage_watch_history_bytes",
+            "Bytes of keys and values the watch history keeps for watches that start in the past",
+            m.watch_history_bytes.clone(),
+        );
+        registry.register(
+            "apiserver_storage_watchers",
+            "Watch streams the storage currently feeds",
+            m.watchers.clone(),
         );
         m
     }

@@ -100,8 +100,28 @@ struct Watcher {
     lagged: CancellationToken,
 }
 
+/// What a hub holds, for metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HubFigures {
+    /// keys and values (new and previous) the history keeps alive
+    pub history_bytes: usize,
+    pub watchers: usize,
+}
+
+impl WatchEvent {
+    /// The bytes this event keeps alive (a value may be shared with the index too).
+    fn footprint(&self) -> usize {
+        std::mem::size_of::<WatchEvent>()
+            + self.key.len()
+            + self.value.len()
+            + self.prev_value.as_ref().map_or(0, |v| v.len())
+    }
+}
+
 struct HubState {
     history: VecDeque<Arc<WatchEvent>>,
+    /// the sum of `history`'s footprints
+    history_bytes: usize,
     /// Every event with a revision at or above this one is still in `history`.
     complete_from: u64,
     watchers: Vec<Watcher>,
@@ -123,6 +143,7 @@ impl Hub {
         Hub {
             state: Mutex::new(HubState {
                 history: VecDeque::with_capacity(history_limit.min(4096)),
+                history_bytes: 0,
                 complete_from: 1,
                 watchers: Vec::new(),
             }),
@@ -137,12 +158,23 @@ impl Hub {
     pub fn start_after(&self, revision: u64) {
         let mut st = self.state.lock();
         st.history.clear();
+        st.history_bytes = 0;
         st.complete_from = revision + 1;
     }
 
     /// Watchers closed because they fell behind, since start.
     pub fn closed_slow_watchers(&self) -> u64 {
         self.closed_slow.load(Ordering::Relaxed)
+    }
+
+    /// The history's size and the watchers fed, now.
+    pub fn figures(&self) -> HubFigures {
+        let mut st = self.state.lock();
+        st.watchers.retain(|w| !w.tx.is_closed());
+        HubFigures {
+            history_bytes: st.history_bytes,
+            watchers: st.watchers.len(),
+        }
     }
 
     /// Subscribes to events under `prefix` newer than `after`.
@@ -203,7 +235,9 @@ impl Hub {
                 && let Some(dropped) = st.history.pop_front()
             {
                 st.complete_from = dropped.revision + 1;
+                st.history_bytes -= dropped.footprint();
             }
+            st.history_bytes += ev.footprint();
             st.history.push_back(ev);
         }
         if slow > 0 {
@@ -285,5 +319,33 @@ mod tests {
         assert_eq!(w.next().await.unwrap().revision, 2);
         assert_eq!(w.next().await.unwrap_err(), WatchClosed::TooSlow(2));
         assert_eq!(hub.closed_slow_watchers(), 1);
+    }
+
+    #[test]
+    fn figures_follow_the_history_and_the_open_watchers() {
+        let hub = Hub::new(2, 10);
+        let one = ev(1, "k").footprint();
+        assert!(one > 0);
+        let w = hub.subscribe("", 0).unwrap();
+        hub.publish(vec![ev(1, "k"), ev(2, "k")]);
+        assert_eq!(
+            hub.figures(),
+            HubFigures {
+                history_bytes: 2 * one,
+                watchers: 1
+            }
+        );
+        // the oldest event leaves the history as a new one enters; a dropped stream is not fed
+        drop(w);
+        hub.publish(vec![ev(3, "k")]);
+        assert_eq!(
+            hub.figures(),
+            HubFigures {
+                history_bytes: 2 * one,
+                watchers: 0
+            }
+        );
+        hub.start_after(3);
+        assert_eq!(hub.figures().history_bytes, 0);
     }
 }
