@@ -80,6 +80,10 @@ pub struct AppOptions {
     /// Aggregated mode: users and decisions come from the cluster. `None` is direct mode (our own
     /// client certificates and the static policy).
     pub delegated: Option<crate::auth::delegated::Delegated>,
+    /// The bytes the process's allocator has handed out and not had back, when the binary
+    /// counts them: served as `process_heap_allocated_bytes`, because RSS alone cannot tell a
+    /// leak from free memory the allocator keeps for reuse.
+    pub heap_allocated: Option<fn() -> usize>,
 }
 
 /// The controllers' settings and their runtime.
@@ -125,6 +129,7 @@ impl AppOptions {
             controllers: None,
             config_path: None,
             delegated: None,
+            heap_allocated: None,
         }
     }
 }
@@ -152,6 +157,8 @@ pub struct App {
     storage_metrics: StorageMetrics,
     /// the storage's watch fan-out, for its figures on `/metrics`
     hub: Arc<Hub>,
+    /// how to read the heap in use, and its gauge
+    heap: Option<(fn() -> usize, prometheus_client::metrics::gauge::Gauge)>,
     object_count_interval: Duration,
     pipeline: Pipeline,
     shutdown: tokio::sync::watch::Sender<bool>,
@@ -191,6 +198,15 @@ impl App {
         let metrics = ApiMetrics::register(&mut metrics_registry);
         let storage_metrics = StorageMetrics::register(&mut metrics_registry);
         let controller_metrics = controller::Metrics::register(&mut metrics_registry);
+        let heap = opts.heap_allocated.map(|read| {
+            let gauge = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+            metrics_registry.register(
+                "process_heap_allocated_bytes",
+                "Bytes the allocator has handed out and not had back (the heap in use; RSS adds the free memory it keeps)",
+                gauge.clone(),
+            );
+            (read, gauge)
+        });
         let (storage, hub): (Arc<dyn Storage>, Arc<Hub>) = match (opts.storage, opened) {
             (_, Some(opened)) => opened,
             (StorageChoice::Etcd(_), None) => return Err(AppError::NeedsOpen),
@@ -259,6 +275,7 @@ impl App {
             metrics,
             storage_metrics,
             hub,
+            heap,
             object_count_interval: opts.object_count_interval,
             pipeline,
             shutdown,
@@ -328,6 +345,7 @@ impl App {
         let storage = self.storage.clone();
         let metrics = self.storage_metrics.clone();
         let hub = self.hub.clone();
+        let heap = self.heap.clone();
         let interval = self.object_count_interval.max(Duration::from_millis(100));
         let mut shutdown = self.shutdown.subscribe();
         tokio::spawn(async move {
@@ -362,6 +380,9 @@ impl App {
                     .watch_history_bytes
                     .set(i64::try_from(watch.history_bytes).unwrap_or(i64::MAX));
                 metrics.watchers.set(i64::try_from(watch.watchers).unwrap_or(i64::MAX));
+                if let Some((read, gauge)) = &heap {
+                    gauge.set(i64::try_from(read()).unwrap_or(i64::MAX));
+                }
             }
         });
     }

@@ -187,6 +187,19 @@ fn discovery_and_basics() {
         metrics.contains("apiserver_request_duration_seconds_bucket"),
         "{metrics}"
     );
+    // The heap in use as the allocator counts it (RSS alone cannot tell a leak from free memory
+    // kept for reuse), and what the watch fan-out holds.
+    let figure = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+    };
+    assert!(
+        figure("process_heap_allocated_bytes").is_some_and(|b| b > 100_000.0),
+        "{metrics}"
+    );
+    assert!(figure("apiserver_storage_watchers").is_some(), "{metrics}");
+    assert!(figure("apiserver_storage_watch_history_bytes").is_some(), "{metrics}");
 }
 
 /// Items 8–12 and the issue's `kubectl explain kvcb.spec.connection.managed.leader`.
