@@ -169,11 +169,10 @@ impl Hub {
 
     /// The history's size and the watchers fed, now.
     pub fn figures(&self) -> HubFigures {
-        let mut st = self.state.lock();
-        st.watchers.retain(|w| !w.tx.is_closed());
+        let st = self.state.lock();
         HubFigures {
             history_bytes: st.history_bytes,
-            watchers: st.watchers.len(),
+            watchers: st.watchers.iter().filter(|w| !w.tx.is_closed()).count(),
         }
     }
 

@@ -141,14 +141,11 @@ impl Segment {
             let verdict = self
                 .verify(at, Access::Write, len)
                 .or_else(|_| self.verify(at, Access::Read, len));
-            if verdict.is_ok() || !self.mounting.load(Ordering::Acquire) {
+            let settled = verdict.is_ok() || !self.mounting.load(Ordering::Acquire);
+            if settled || tokio::time::timeout_at(until, changed).await.is_err() {
                 return verdict.inspect_err(|_| {
                     self.counters.refusals.fetch_add(1, Ordering::Relaxed);
                 });
-            }
-            if tokio::time::timeout_at(until, changed).await.is_err() {
-                self.counters.refusals.fetch_add(1, Ordering::Relaxed);
-                return verdict;
             }
         }
     }
