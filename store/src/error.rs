@@ -35,6 +35,9 @@ pub enum ErrorCode {
     /// The call does not prove who it acts for: a tenant's credential, the controllers' token on
     /// the Control API, the backend's member token on Membership, or a grant's MAC on a data port.
     Unauthenticated,
+    /// The client speaks a store protocol this leader does not serve, or did not say which
+    /// (`protocol.rs`).
+    ClientVersionUnsupported,
 }
 
 impl ErrorCode {
@@ -63,6 +66,7 @@ impl ErrorCode {
             Self::Transport => "TRANSPORT",
             Self::Internal => "INTERNAL",
             Self::Unauthenticated => "UNAUTHENTICATED",
+            Self::ClientVersionUnsupported => "CLIENT_VERSION_UNSUPPORTED",
         }
     }
 
@@ -90,6 +94,7 @@ impl ErrorCode {
             Self::NotServing | Self::Transport => Code::Unavailable,
             Self::Internal => Code::Internal,
             Self::Unauthenticated => Code::Unauthenticated,
+            Self::ClientVersionUnsupported => Code::FailedPrecondition,
         }
     }
 }
@@ -119,6 +124,7 @@ pub const ALL: &[ErrorCode] = &[
     ErrorCode::Transport,
     ErrorCode::Internal,
     ErrorCode::Unauthenticated,
+    ErrorCode::ClientVersionUnsupported,
 ];
 
 /// A refusal or failure, with a message that says what to do.

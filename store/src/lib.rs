@@ -10,6 +10,7 @@
 //! - [`lifecycle`]: binding, serving until a cancellation token fires, draining;
 //! - [`readiness`]: `Starting` → `Serving` | `Standby` → `Stopping`, observable;
 //! - [`wire`]: the member's framed data port protocol;
+//! - [`protocol`]: which client protocol versions a leader serves, and the refusal of others;
 //! - [`leader`]: segments, objects, placement, tenants and quota, leases, eviction, liveness;
 //! - [`member`]: the mapped segment, its gRPC service and data port, mounting and heartbeats;
 //! - [`client`]: pooled connections to a leader and its members;
@@ -33,6 +34,7 @@ pub mod member;
 pub mod metrics;
 pub mod net;
 pub mod proto;
+pub mod protocol;
 pub mod readiness;
 pub mod spin;
 pub mod time;

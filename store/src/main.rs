@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Parser)]
 #[command(
     name = "kv-store",
+    version,
     about = "The KV-cache store: leader, member, bench, engine simulator"
 )]
 struct Cli {

@@ -354,7 +354,13 @@ async fn batch_calls_answer_key_by_key() {
     let _m = member(&addr, "m1", "32Mi");
     let c = client(&addr, "b").await;
     wait_members(&c, 1).await;
-    let mut store = StoreClient::connect(format!("http://{addr}")).await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let ours = kvcache_store::protocol::SendVersion(kvcache_store::protocol::ClientVersion::ours("store-test"));
+    let mut store = StoreClient::with_interceptor(channel, ours);
     let sc = || Some(scope("b"));
 
     // reserve three values and one that cannot fit the tenant's 16 MiB grant

@@ -342,7 +342,15 @@ fn a_paused_leader_that_lost_its_lease_places_no_byte() {
     let pid = leader_pid(&s, &port, &old);
     let rt = rt();
     // a writer that talks to the old leader directly reserves a range before the pause
-    let mut direct = rt.block_on(StoreClient::connect(format!("http://{old}"))).unwrap();
+    let channel = rt
+        .block_on(
+            tonic::transport::Endpoint::from_shared(format!("http://{old}"))
+                .unwrap()
+                .connect(),
+        )
+        .unwrap();
+    let ours = kvcache_store::protocol::SendVersion(kvcache_store::protocol::ClientVersion::ours("ha-test"));
+    let mut direct = StoreClient::with_interceptor(channel, ours);
     let reserved = rt
         .block_on(direct.put_start(PutStartRequest {
             scope: Some(scope(&s)),

@@ -25,6 +25,8 @@ pub(super) struct FastPort {
     /// to ask the leader again which port it serves, after a restart
     pub(super) channel: Channel,
     pub(super) idle: Mutex<Vec<TcpStream>>,
+    /// what every new connection opens with (`protocol.rs`)
+    pub(super) hello: crate::protocol::ClientHello,
 }
 
 impl FastPort {
@@ -91,6 +93,27 @@ impl FastPort {
             }
         };
         s.set_nodelay(true).map_err(transport)?;
+        self.greet(s).await
+    }
+
+    /// Says which protocol this client speaks, first on a new connection; the leader's refusal
+    /// (`CLIENT_VERSION_UNSUPPORTED`) is the call's answer.
+    async fn greet(&self, mut s: TcpStream) -> Result<TcpStream> {
+        let mut frame = BytesMut::with_capacity(5 + self.hello.encoded_len());
+        frame.put_u32_le(self.hello.encoded_len() as u32);
+        frame.put_u8(Method::Hello as u8);
+        self.hello
+            .encode(&mut frame)
+            .map_err(|e| StoreError::new(ErrorCode::Internal, e.to_string()))?;
+        s.write_all(&frame).await.map_err(transport)?;
+        let mut buf = BytesMut::new();
+        let (status, body) = crate::frame::read(&mut s, &mut buf, MAX_REPLY)
+            .await
+            .map_err(transport)?
+            .ok_or_else(|| transport("the leader's fast port closed the connection at its hello"))?;
+        if status != 0 {
+            return Err(wire::refusal(&body));
+        }
         Ok(s)
     }
 

@@ -25,6 +25,7 @@ use crate::leader::fastport::Method;
 use crate::proto::control_client::ControlClient;
 use crate::proto::store_client::StoreClient;
 use crate::proto::*;
+use crate::protocol::{ClientVersion, SendVersion};
 use crate::time::now_unix_ms;
 use data::Sink;
 use fast::FastPort;
@@ -43,7 +44,8 @@ pub enum PutOutcome {
 /// A connection to one leader, acting for one tenant scope.
 #[derive(Debug, Clone)]
 pub struct Client {
-    store: StoreClient<Channel>,
+    /// `Store` over gRPC, every call carrying this client's protocol version (`protocol.rs`)
+    store: StoreClient<tonic::service::interceptor::InterceptedService<Channel, SendVersion>>,
     channel: Channel,
     /// the leader's framed metadata port, when it serves one (used instead of gRPC for `Store`)
     fast: Option<Arc<FastPort>>,
@@ -64,8 +66,14 @@ fn status(s: tonic::Status) -> StoreError {
 }
 
 impl Client {
-    /// Connects to the leader at `HOST:PORT`.
+    /// Connects to the leader at `HOST:PORT`, as this build's Rust client.
     pub async fn connect(leader: &str, scope: Scope) -> Result<Self> {
+        Self::connect_as(leader, scope, ClientVersion::ours("kvcache-store")).await
+    }
+
+    /// Connects to the leader at `HOST:PORT`, saying `version` of itself: the protocol the
+    /// leader checks on every call (`protocol.rs`) and the client's name for its messages.
+    pub async fn connect_as(leader: &str, scope: Scope, version: ClientVersion) -> Result<Self> {
         let channel = Endpoint::from_shared(format!("http://{leader}"))
             .map_err(|e| {
                 StoreError::new(
@@ -94,11 +102,12 @@ impl Client {
                 port: port.into(),
                 channel: channel.clone(),
                 idle: Mutex::new(Vec::new()),
+                hello: version.hello(),
             })),
             _ => None,
         };
         Ok(Self {
-            store: StoreClient::new(channel.clone()),
+            store: StoreClient::with_interceptor(channel.clone(), SendVersion(version)),
             channel,
             fast,
             scope,

@@ -7,7 +7,9 @@
 //! (0 ok, 1 refused) | len bytes` (the protobuf reply, or a UTF-8 "CODE: message"). One request
 //! at a time per connection; clients pool connections. Each method runs the function of the same
 //! name in `calls.rs`, as gRPC does, and its reply is encoded straight into the connection's
-//! reusable output buffer.
+//! reusable output buffer. A connection opens with a `Hello` (method 12, a `ClientHello`): the
+//! client's protocol version, which the leader checks (`protocol.rs`) before it serves anything
+//! else on that connection.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,6 +42,8 @@ pub enum Method {
     BatchPutStart = 9,
     BatchPutCommit = 10,
     BatchRemove = 11,
+    /// The opening frame: a `ClientHello`, answered with a `ServerHello` or a refusal.
+    Hello = 12,
 }
 
 impl Method {
@@ -56,6 +60,7 @@ impl Method {
             9 => Self::BatchPutStart,
             10 => Self::BatchPutCommit,
             11 => Self::BatchRemove,
+            12 => Self::Hello,
             _ => return None,
         })
     }
@@ -79,6 +84,7 @@ pub async fn serve(listener: TcpListener, leader: Leader, hot: Arc<HotWindow>, c
 async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::io::Result<()> {
     let mut buf = BytesMut::new();
     let mut out = BytesMut::new();
+    let mut greeted = false;
     loop {
         let (method, body) = match crate::frame::read(&mut s, &mut buf, MAX_REQUEST).await {
             Ok(Some(f)) => f,
@@ -93,11 +99,41 @@ async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::
             }
             Err(e) => return Err(e),
         };
-        answer(leader, method, &body, &mut out);
+        if !greeted {
+            // the first frame says which protocol the client speaks; nothing else is served before
+            match greet(method, &body) {
+                Ok(hello) => {
+                    reply(&mut out, &hello).map_err(std::io::Error::other)?;
+                    greeted = true;
+                }
+                Err(e) => {
+                    refusal(&mut out, &e);
+                    return s.write_all(out.chunk()).await;
+                }
+            }
+        } else {
+            answer(leader, method, &body, &mut out);
+        }
         s.write_all(out.chunk()).await?;
         // the same client's next call usually follows within microseconds
         hot.touch();
     }
+}
+
+/// The answer to a connection's first frame: a `ServerHello` when it is a `Hello` naming a
+/// protocol this leader serves.
+fn greet(method: u8, body: &[u8]) -> Result<crate::protocol::ServerHello, StoreError> {
+    use crate::protocol::{ClientVersion, check, server_hello};
+    let client = if method == Method::Hello as u8 {
+        ClientVersion::from_hello(&decode(body)?)
+    } else {
+        ClientVersion {
+            protocol: None,
+            client: String::new(),
+        }
+    };
+    check(&client)?;
+    Ok(server_hello())
 }
 
 /// `out` = the reply frame to one request frame (`method`, `body`): its answer, or a refusal.
@@ -134,6 +170,8 @@ fn dispatch(leader: &Leader, method: Method, body: &[u8], out: &mut BytesMut) ->
         Method::BatchPutStart => reply(out, &calls::batch_put_start(leader, decode(body)?, now)?),
         Method::BatchPutCommit => reply(out, &calls::batch_put_commit(leader, decode(body)?)?),
         Method::BatchRemove => reply(out, &calls::batch_remove(leader, decode(body)?, now)?),
+        // said once, first (`connection`); again later it changes nothing
+        Method::Hello => reply(out, &crate::protocol::server_hello()),
     }
 }
 

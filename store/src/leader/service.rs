@@ -2,7 +2,8 @@
 //! with the fast port), `Membership` for members, `Control` for controllers. Each handler locks
 //! the state once, does one operation, and maps errors through `error.rs`. Membership and Control
 //! calls first show their token (`auth.rs`) when the leader was given one; `Health` is open (it
-//! says only where the fast port is and whether this leader serves).
+//! says only where the fast port is and whether this leader serves). Every `Store` call first
+//! shows its client's protocol version (`protocol.rs`).
 
 use std::time::Instant;
 
@@ -18,7 +19,10 @@ use crate::proto::*;
 /// All three services on one server.
 pub(super) fn router(leader: Leader) -> Router {
     tonic::transport::Server::builder()
-        .add_service(StoreServer::new(leader.clone()))
+        .add_service(StoreServer::with_interceptor(
+            leader.clone(),
+            crate::protocol::check_call,
+        ))
         .add_service(MembershipServer::new(leader.clone()))
         .add_service(ControlServer::new(leader))
 }

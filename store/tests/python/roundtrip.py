@@ -24,7 +24,18 @@ import kvstore_pb2 as pb  # noqa: E402
 import kvstore_pb2_grpc as rpc  # noqa: E402
 
 OPTS = [("grpc.max_send_message_length", 80 << 20), ("grpc.max_receive_message_length", 80 << 20)]
-store = rpc.StoreStub(grpc.insecure_channel(leader, options=OPTS))
+
+
+class _SaysItsProtocol(grpc.UnaryUnaryClientInterceptor):
+    """Every Store call names the store protocol this client speaks (the leader refuses calls
+    that do not, with CLIENT_VERSION_UNSUPPORTED; store/README.md, "Versions")."""
+
+    def intercept_unary_unary(self, continuation, details, request):
+        meta = list(details.metadata or []) + [("x-kvstore-protocol", "1"), ("x-kvstore-client", "roundtrip.py")]
+        return continuation(details._replace(metadata=meta), request)
+
+
+store = rpc.StoreStub(grpc.intercept_channel(grpc.insecure_channel(leader, options=OPTS), _SaysItsProtocol()))
 scope = pb.Scope(tenant=tenant, block_size=64, dtype="bfloat16")
 
 
