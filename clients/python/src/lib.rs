@@ -65,10 +65,12 @@ struct Store {
     client: RwLock<Option<Client>>,
     buffers: buffers::Buffers,
     endpoint: String,
+    /// Longest a call may take before it is given up (`TRANSPORT`); `None`: no limit.
+    timeout: Option<Duration>,
 }
 
 impl Store {
-    fn connect(endpoint: &str, scope: Scope, spin_us: u64, same_host: bool) -> Result<Store, Refusal> {
+    fn connect(endpoint: &str, scope: Scope, spin_us: u64, same_host: bool, timeout_ms: u64) -> Result<Store, Refusal> {
         // worker threads, so calls from several Python threads run at once
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -76,8 +78,11 @@ impl Store {
             .enable_all()
             .build()
             .map_err(|e| Refusal::new(ErrorCode::Internal, format!("starting the client's runtime: {e}")))?;
+        let timeout = (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms));
+        let version = kvcache_store::protocol::ClientVersion::ours("kvcache-python");
+        let connect = Client::connect_as(endpoint, scope, version);
         let mut client = rt
-            .block_on(Client::connect(endpoint, scope))?
+            .block_on(within(timeout, connect))?
             .with_spin(Duration::from_micros(spin_us));
         if !same_host {
             client = client.without_local();
@@ -87,6 +92,7 @@ impl Store {
             client: RwLock::new(Some(client)),
             buffers: buffers::Buffers::default(),
             endpoint: endpoint.to_owned(),
+            timeout,
         })
     }
 
@@ -97,25 +103,64 @@ impl Store {
             .ok_or_else(|| Refusal::new(ErrorCode::InvalidArgument, "this Store was closed; make a new one"))
     }
 
-    /// Runs `f` on the client's runtime with the GIL released.
+    /// Runs `f` on the client's runtime with the GIL released, for at most the Store's timeout.
     fn run<T: Send, F: Future<Output = Result<T, Refusal>> + Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(Client) -> F + Send,
     ) -> PyResult<T> {
+        self.run_within(py, self.timeout, f)
+    }
+
+    /// [`Store::run`] for at most `timeout`.
+    fn run_within<T: Send, F: Future<Output = Result<T, Refusal>> + Send>(
+        &self,
+        py: Python<'_>,
+        timeout: Option<Duration>,
+        f: impl FnOnce(Client) -> F + Send,
+    ) -> PyResult<T> {
         let client = self.client().map_err(raise)?;
-        py.detach(|| self.rt.block_on(f(client))).map_err(raise)
+        py.detach(|| self.rt.block_on(within(timeout, f(client))))
+            .map_err(raise)
+    }
+
+    /// A call's own timeout (`timeout_ms`, 0: none), else the Store's.
+    fn timeout_of(&self, timeout_ms: Option<u64>) -> Option<Duration> {
+        match timeout_ms {
+            Some(0) => None,
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None => self.timeout,
+        }
+    }
+}
+
+/// `f`, given up after `timeout`. Giving up drops the call's future where it waits, so a read
+/// into registered memory writes nothing more once this returns (every byte is copied while the
+/// future is polled, never by a task of its own).
+async fn within<T>(timeout: Option<Duration>, f: impl Future<Output = Result<T, Refusal>>) -> Result<T, Refusal> {
+    let Some(t) = timeout else { return f.await };
+    match tokio::time::timeout(t, f).await {
+        Ok(r) => r,
+        Err(_) => Err(Refusal::new(
+            ErrorCode::Transport,
+            format!(
+                "the store did not answer within {} ms; the call was given up (a reservation it made expires on its own)",
+                t.as_millis()
+            ),
+        )),
     }
 }
 
 #[pymethods]
 impl Store {
-    /// `Store(endpoint, tenant, block_size, dtype, spin_us=0, same_host=True, credential="")`:
-    /// connects to the leader at `endpoint` (HOST:PORT, the backend's Client endpoint). With
-    /// `same_host`, values held by a member on this host move through its mapped segment (one
-    /// memcpy) instead of TCP. `credential` proves the tenant, when the ledger binds it to one.
+    /// `Store(endpoint, tenant, block_size, dtype, spin_us=0, same_host=True, credential="",
+    /// timeout_ms=0)`: connects to the leader at `endpoint` (HOST:PORT, the backend's Client
+    /// endpoint). With `same_host`, values held by a member on this host move through its mapped
+    /// segment (one memcpy) instead of TCP. `credential` proves the tenant, when the ledger binds
+    /// it to one. With `timeout_ms`, a call (connecting too) that takes longer is given up with
+    /// `TRANSPORT`.
     #[new]
-    #[pyo3(signature = (endpoint, tenant, block_size, dtype, spin_us = 0, same_host = true, credential = String::new()))]
+    #[pyo3(signature = (endpoint, tenant, block_size, dtype, spin_us = 0, same_host = true, credential = String::new(), timeout_ms = 0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -126,6 +171,7 @@ impl Store {
         spin_us: u64,
         same_host: bool,
         credential: String,
+        timeout_ms: u64,
     ) -> PyResult<Self> {
         let scope = Scope {
             tenant,
@@ -133,7 +179,7 @@ impl Store {
             dtype,
             credential,
         };
-        py.detach(|| Store::connect(&endpoint, scope, spin_us, same_host))
+        py.detach(|| Store::connect(&endpoint, scope, spin_us, same_host, timeout_ms))
             .map_err(raise)
     }
 
@@ -141,15 +187,15 @@ impl Store {
     /// `MOONCAKE_MASTER`), `KVSTORE_TENANT` (or `MOONCAKE_TENANT_ID`, default `default`),
     /// `KVSTORE_BLOCK_SIZE`, `KVSTORE_DTYPE` and `KVSTORE_CREDENTIAL`.
     #[staticmethod]
-    #[pyo3(signature = (spin_us = 0, same_host = true))]
-    fn from_env(py: Python<'_>, spin_us: u64, same_host: bool) -> PyResult<Self> {
+    #[pyo3(signature = (spin_us = 0, same_host = true, timeout_ms = 0))]
+    fn from_env(py: Python<'_>, spin_us: u64, same_host: bool, timeout_ms: u64) -> PyResult<Self> {
         let cfg = SimConfig::from_env(|k| std::env::var(k).ok()).map_err(raise)?;
         let Some(endpoint) = cfg.leader else {
             return Err(raise(invalid(
                 "no store is configured: set KVSTORE_LEADER (or MOONCAKE_MASTER) to the backend's Client endpoint",
             )));
         };
-        py.detach(|| Store::connect(&endpoint, cfg.scope, spin_us, same_host))
+        py.detach(|| Store::connect(&endpoint, cfg.scope, spin_us, same_host, timeout_ms))
             .map_err(raise)
     }
 
@@ -199,13 +245,13 @@ impl Store {
     /// Stores `size` bytes of registered memory at `ptr` under `key`, straight from that memory:
     /// 0, or a negative code.
     fn put_from(&self, py: Python<'_>, key: String, ptr: usize, size: usize) -> PyResult<i64> {
-        Ok(self.batch_put_from(py, vec![key], vec![ptr], vec![size])?[0])
+        Ok(self.batch_put_from(py, vec![key], vec![ptr], vec![size], None)?[0])
     }
 
     /// Reads the value of `key` straight into registered memory at `ptr` (at most `size`
     /// bytes): the bytes read, `KEY_NOT_FOUND`, or a negative code.
     fn get_into(&self, py: Python<'_>, key: String, ptr: usize, size: usize) -> PyResult<i64> {
-        Ok(self.batch_get_into(py, vec![key], vec![ptr], vec![size])?[0])
+        Ok(self.batch_get_into(py, vec![key], vec![ptr], vec![size], None)?[0])
     }
 
     /// Forgets a registered buffer: 0, or -1 if none starts at `ptr`.
@@ -215,13 +261,16 @@ impl Store {
 
     /// Stores `sizes[i]` bytes of registered memory at `ptrs[i]` under `keys[i]`: one leader
     /// call reserves them all, the bytes go straight from that memory to the members, one call
-    /// commits. Per key 0 (stored, or already there), or a negative code.
+    /// commits. Per key 0 (stored, or already there), or a negative code. `timeout_ms` replaces
+    /// the Store's timeout for this call (0: none).
+    #[pyo3(signature = (keys, ptrs, sizes, timeout_ms = None))]
     fn batch_put_from(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         ptrs: Vec<usize>,
         sizes: Vec<usize>,
+        timeout_ms: Option<u64>,
     ) -> PyResult<Vec<i64>> {
         same_lengths(keys.len(), ptrs.len(), sizes.len())?;
         let ranges: Vec<(usize, usize)> = ptrs.into_iter().zip(sizes).collect();
@@ -236,7 +285,11 @@ impl Store {
         if items.is_empty() {
             return Ok(out);
         }
-        let done = self.run(py, |c| async move { c.batch_put(&items).await })?;
+        let done = self.run_within(
+            py,
+            self.timeout_of(timeout_ms),
+            |c| async move { c.batch_put(&items).await },
+        )?;
         for (i, r) in at.into_iter().zip(done) {
             out[i] = match r {
                 Ok(_) => 0,
@@ -249,13 +302,16 @@ impl Store {
     /// Reads the values of `keys` straight into registered memory at `ptrs` (at most
     /// `sizes[i]` bytes each; a range overlapping an earlier one is refused): one leader call locates them all.
     /// Per key the bytes read, `KEY_NOT_FOUND`, or a negative code (a value larger than its
-    /// size is not read: `VALUE_TOO_LARGE`).
+    /// size is not read: `VALUE_TOO_LARGE`). `timeout_ms` replaces the Store's timeout for this
+    /// call (0: none).
+    #[pyo3(signature = (keys, ptrs, sizes, timeout_ms = None))]
     fn batch_get_into(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         ptrs: Vec<usize>,
         sizes: Vec<usize>,
+        timeout_ms: Option<u64>,
     ) -> PyResult<Vec<i64>> {
         same_lengths(keys.len(), ptrs.len(), sizes.len())?;
         let ranges: Vec<(usize, usize)> = ptrs.into_iter().zip(sizes).collect();
@@ -270,7 +326,95 @@ impl Store {
         if items.is_empty() {
             return Ok(out);
         }
-        let got = self.run(py, |c| async move { c.batch_get_into(&mut items).await })?;
+        let got = self.run_within(py, self.timeout_of(timeout_ms), |c| async move {
+            c.batch_get_into(&mut items).await
+        })?;
+        for (i, r) in at.into_iter().zip(got) {
+            out[i] = match r {
+                Ok(Some(n)) => n as i64,
+                Ok(None) => KEY_NOT_FOUND,
+                Err(e) => number(e.code),
+            };
+        }
+        Ok(out)
+    }
+
+    /// `batch_put_from` of values each gathered from several ranges of registered memory, one
+    /// after the other (`ptrs[i]` and `sizes[i]` are lists: key `i`'s value is their
+    /// concatenation), with no copy of ours first. Per key 0, or a negative code.
+    #[pyo3(signature = (keys, ptrs, sizes, timeout_ms = None))]
+    fn batch_put_from_parts(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<Vec<usize>>,
+        sizes: Vec<Vec<usize>>,
+        timeout_ms: Option<u64>,
+    ) -> PyResult<Vec<i64>> {
+        same_lengths(keys.len(), ptrs.len(), sizes.len())?;
+        let (ranges, bounds) = flatten(&ptrs, &sizes);
+        let mut lent = self.buffers.sources(&ranges).into_iter();
+        let mut out = vec![number(ErrorCode::InvalidArgument); keys.len()];
+        let (mut at, mut held) = (Vec::new(), Vec::new());
+        for (i, n) in bounds.into_iter().enumerate() {
+            let parts: Vec<_> = lent.by_ref().take(n).collect();
+            if n > 0 && parts.iter().all(Result::is_ok) {
+                at.push(i);
+                held.push(parts.into_iter().flatten().collect::<Vec<&[u8]>>());
+            }
+        }
+        if at.is_empty() {
+            return Ok(out);
+        }
+        let items: Vec<(&str, &[&[u8]])> = at.iter().zip(&held).map(|(&i, p)| (keys[i].as_str(), &p[..])).collect();
+        let done = self.run_within(py, self.timeout_of(timeout_ms), |c| async move {
+            c.batch_put_parts(&items).await
+        })?;
+        for (i, r) in at.into_iter().zip(done) {
+            out[i] = match r {
+                Ok(_) => 0,
+                Err(e) => number(e.code),
+            };
+        }
+        Ok(out)
+    }
+
+    /// `batch_get_into` of values each scattered into several ranges of registered memory, one
+    /// after the other (`ptrs[i]` and `sizes[i]` are lists, which must add up to the value's
+    /// length exactly; no range may overlap another). Per key the bytes read, `KEY_NOT_FOUND`,
+    /// or a negative code.
+    #[pyo3(signature = (keys, ptrs, sizes, timeout_ms = None))]
+    fn batch_get_into_parts(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<Vec<usize>>,
+        sizes: Vec<Vec<usize>>,
+        timeout_ms: Option<u64>,
+    ) -> PyResult<Vec<i64>> {
+        same_lengths(keys.len(), ptrs.len(), sizes.len())?;
+        let (ranges, bounds) = flatten(&ptrs, &sizes);
+        let mut lent = self.buffers.sinks(&ranges).into_iter();
+        let mut out = vec![number(ErrorCode::InvalidArgument); keys.len()];
+        let (mut at, mut held) = (Vec::new(), Vec::new());
+        for (i, n) in bounds.into_iter().enumerate() {
+            let parts: Vec<_> = lent.by_ref().take(n).collect();
+            if n > 0 && parts.iter().all(Result::is_ok) {
+                at.push(i);
+                held.push(parts.into_iter().flatten().collect::<Vec<&mut [u8]>>());
+            }
+        }
+        if at.is_empty() {
+            return Ok(out);
+        }
+        let mut items: Vec<(&str, &mut [&mut [u8]])> = at
+            .iter()
+            .zip(held.iter_mut())
+            .map(|(&i, p)| (keys[i].as_str(), &mut p[..]))
+            .collect();
+        let got = self.run_within(py, self.timeout_of(timeout_ms), |c| async move {
+            c.batch_get_into_parts(&mut items).await
+        })?;
         for (i, r) in at.into_iter().zip(got) {
             out[i] = match r {
                 Ok(Some(n)) => n as i64,
@@ -392,6 +536,22 @@ fn event_dict(py: Python<'_>, e: kvcache_store::proto::BlockEvent) -> PyResult<B
     Ok(d)
 }
 
+/// The ranges of every key's parts, one list, and how many belong to each key (0 for a key
+/// whose pointers and sizes differ in number, which is refused).
+fn flatten(ptrs: &[Vec<usize>], sizes: &[Vec<usize>]) -> (Vec<(usize, usize)>, Vec<usize>) {
+    let mut ranges = Vec::new();
+    let mut counts = Vec::with_capacity(ptrs.len());
+    for (p, z) in ptrs.iter().zip(sizes) {
+        if p.len() == z.len() {
+            ranges.extend(p.iter().copied().zip(z.iter().copied()));
+            counts.push(p.len());
+        } else {
+            counts.push(0);
+        }
+    }
+    (ranges, counts)
+}
+
 fn same_lengths(keys: usize, ptrs: usize, sizes: usize) -> PyResult<()> {
     if keys == ptrs && keys == sizes {
         return Ok(());
@@ -407,8 +567,15 @@ fn codes() -> Vec<(&'static str, i64)> {
     ALL.iter().map(|c| (c.as_str(), number(*c))).collect()
 }
 
+/// This build's release (the workspace version) and the store protocol it speaks.
+#[pyfunction]
+fn version() -> (&'static str, u32) {
+    (kvcache_store::protocol::RELEASE, kvcache_store::protocol::PROTOCOL)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_class::<Store>()?;
     m.add_class::<BlockWatch>()?;
     m.add("StoreError", m.py().get_type::<StoreError>())?;

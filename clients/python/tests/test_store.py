@@ -77,6 +77,40 @@ class StoreTest(unittest.TestCase):
         self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
         self.assertEqual(self.store.unregister_buffer(base_dst), 0)
 
+    def test_values_gather_from_and_scatter_into_several_ranges(self):
+        # four values of three parts each, the parts strided through two buffers (as a block's
+        # pages lie in one KV cache tensor per layer), over the mapping and over TCP
+        n, part, layers = 4, 64 << 10, 3
+        src = [ctypes.create_string_buffer(os.urandom(n * part), n * part) for _ in range(layers)]
+        keys = [f"parts/{i}" for i in range(n)]
+        ptrs = lambda bufs: [[ctypes.addressof(b) + i * part for b in bufs] for i in range(n)]  # noqa: E731
+        sizes = [[part] * layers] * n
+        for b in src:
+            self.store.register_buffer(ctypes.addressof(b), n * part)
+        self.assertEqual(self.store.batch_put_from_parts(keys, ptrs(src), sizes), [0] * n)
+        # the value is the concatenation of its parts
+        self.assertEqual(self.store.get("parts/1"), b"".join(b.raw[part:2 * part] for b in src))
+        for same_host in (True, False):
+            s = kvcache.Store(self.endpoint, TENANT, BLOCK_SIZE, DTYPE, same_host=same_host)
+            dst = [ctypes.create_string_buffer(n * part) for _ in range(layers)]
+            spare = ctypes.create_string_buffer(part)
+            for b in dst + [spare]:
+                s.register_buffer(ctypes.addressof(b), len(b))
+            got = s.batch_get_into_parts(keys + ["parts/absent"], ptrs(dst) + [[ctypes.addressof(spare)]], sizes + [[part]])
+            self.assertEqual(got, [part * layers] * n + [kvcache.KEY_NOT_FOUND])
+            self.assertEqual([b.raw for b in dst], [b.raw for b in src], f"same_host={same_host}")
+            # parts must add up to the value exactly; nothing is read otherwise
+            short = s.batch_get_into_parts(keys[:1], [ptrs(dst)[0][:2]], [[part, part]])
+            self.assertEqual(short, [kvcache.CODES["VALUE_TOO_LARGE"]])
+            long = s.batch_get_into_parts(keys[:1], [ptrs(dst)[0] + [ctypes.addressof(dst[0]) + part]], [[part] * 4])
+            self.assertEqual(long, [kvcache.CODES["INVALID_ARGUMENT"]])
+            # parts of one call may not overlap
+            twice = s.batch_get_into_parts(keys[:2], [ptrs(dst)[0], ptrs(dst)[0]], sizes[:2])
+            self.assertEqual(twice, [part * layers, kvcache.CODES["INVALID_ARGUMENT"]])
+            s.close()
+        for b in src:
+            self.store.unregister_buffer(ctypes.addressof(b))
+
     def assertRefused(self, code, f, *args):
         with self.assertRaises(kvcache.StoreError) as e:
             f(*args)
@@ -176,6 +210,26 @@ class StoreTest(unittest.TestCase):
             os.environ["MOONCAKE_MASTER"] = self.endpoint
             del os.environ["KVSTORE_DTYPE"]
             self.assertRefused("INVALID_ARGUMENT", kvcache.Store.from_env)
+
+    def test_the_package_and_the_store_are_one_release(self):
+        from store_cluster import BIN
+
+        said = subprocess.run([BIN, "--version"], capture_output=True, text=True, check=True).stdout.split()
+        self.assertEqual(said, ["kv-store", kvcache.__version__])
+        self.assertEqual(kvcache.PROTOCOL, 1)
+
+    def test_a_call_given_up_after_its_timeout_is_a_transport_failure(self):
+        # a listener that accepts and never answers: the connection never completes its handshake
+        import socket
+
+        with socket.socket() as silent:
+            silent.bind(("127.0.0.1", 0))
+            silent.listen()
+            endpoint = "127.0.0.1:%d" % silent.getsockname()[1]
+            with self.assertRaises(kvcache.StoreError) as e:
+                kvcache.Store(endpoint, TENANT, BLOCK_SIZE, DTYPE, timeout_ms=300)
+            self.assertEqual(e.exception.code, "TRANSPORT", str(e.exception))
+            self.assertIn("within 300 ms", str(e.exception))
 
 
 if __name__ == "__main__":

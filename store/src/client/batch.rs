@@ -52,10 +52,21 @@ impl Client {
     /// Stores each `(key, value)`; per key what the put did, or why it was refused. A value
     /// whose write failed is revoked; the others are committed together.
     pub async fn batch_put(&self, items: &[(&str, &[u8])]) -> Result<Vec<Result<PutOutcome>>> {
+        let one: Vec<[&[u8]; 1]> = items.iter().map(|(_, v)| [*v]).collect();
+        let parts: Vec<(&str, &[&[u8]])> = items.iter().zip(&one).map(|((k, _), v)| (*k, &v[..])).collect();
+        self.batch_put_parts(&parts).await
+    }
+
+    /// [`Client::batch_put`] of values each held as several slices, one after the other (the
+    /// value is their concatenation): gathered straight from them, with no copy of ours first.
+    pub async fn batch_put_parts(&self, items: &[(&str, &[&[u8]])]) -> Result<Vec<Result<PutOutcome>>> {
         let start = BatchPutStartRequest {
             scope: Some(self.scope.clone()),
             keys: items.iter().map(|(k, _)| k.to_string()).collect(),
-            sizes: items.iter().map(|(_, v)| v.len() as u64).collect(),
+            sizes: items
+                .iter()
+                .map(|(_, v)| v.iter().map(|p| p.len() as u64).sum())
+                .collect(),
         };
         let started = self.batch_put_start(start).await?;
         if started.results.len() != items.len() {
@@ -73,7 +84,7 @@ impl Client {
                 Some(p) => match &p.location {
                     Some(loc) => {
                         out.push(Ok(PutOutcome::Stored));
-                        writes.push(async move { (i, self.write(loc, p.write_deadline_unix_ms, value).await) });
+                        writes.push(async move { (i, self.write_parts(loc, p.write_deadline_unix_ms, value).await) });
                     }
                     None => out.push(Err(StoreError::new(ErrorCode::Internal, "the leader sent no location"))),
                 },
@@ -166,6 +177,61 @@ impl Client {
             reads.push(async move {
                 let read = self
                     .read(loc, r.lease_deadline_unix_ms, super::data::Sink::Slice(sink))
+                    .await;
+                (i, read.and_then(|()| super::check_lease(began, r)))
+            });
+        }
+        for (i, r) in futures::future::join_all(reads).await {
+            if let Err(e) = r {
+                out[i] = Err(e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`Client::batch_get_into`] of values each scattered into several slices, one after the
+    /// other, straight from the member: a value must be exactly as long as its slices together
+    /// (otherwise `VALUE_TOO_LARGE`, or `INVALID_ARGUMENT` for a shorter one, and nothing is read).
+    pub async fn batch_get_into_parts(
+        &self,
+        items: &mut [(&str, &mut [&mut [u8]])],
+    ) -> Result<Vec<Result<Option<usize>>>> {
+        let began = Instant::now();
+        let req = BatchGetRequest {
+            scope: Some(self.scope.clone()),
+            keys: items.iter().map(|(k, _)| k.to_string()).collect(),
+        };
+        let located = self.batch_locate(req).await?;
+        if located.results.len() != items.len() {
+            return Err(StoreError::new(
+                ErrorCode::Internal,
+                "the leader answered a batch with the wrong number of results",
+            ));
+        }
+        let mut out: Vec<Result<Option<usize>>> = Vec::with_capacity(items.len());
+        let mut reads = Vec::new();
+        for (i, (r, (_, parts))) in located.results.iter().zip(items.iter_mut()).enumerate() {
+            let Some(loc) = r.location.as_ref().filter(|_| r.found) else {
+                out.push(Ok(None));
+                continue;
+            };
+            let (len, room) = (loc.len as usize, parts.iter().map(|p| p.len()).sum::<usize>());
+            if len != room {
+                let code = if len > room {
+                    ErrorCode::ValueTooLarge
+                } else {
+                    ErrorCode::InvalidArgument
+                };
+                out.push(Err(StoreError::new(
+                    code,
+                    format!("the value is {len} bytes and its parts {room}; give parts of the value's length"),
+                )));
+                continue;
+            }
+            out.push(Ok(Some(len)));
+            reads.push(async move {
+                let read = self
+                    .read(loc, r.lease_deadline_unix_ms, super::data::Sink::Parts(parts))
                     .await;
                 (i, read.and_then(|()| super::check_lease(began, r)))
             });

@@ -37,23 +37,44 @@ impl Client {
     }
 
     pub(super) async fn write(&self, loc: &Location, deadline: u64, value: &[u8]) -> Result<()> {
-        if let Some(done) = self.local_transfer(loc, deadline, local::Bytes::From(value)).await {
+        self.write_parts(loc, deadline, &[value]).await
+    }
+
+    /// Writes a value held as `parts`, one after the other (one slice is the common case).
+    pub(super) async fn write_parts(&self, loc: &Location, deadline: u64, parts: &[&[u8]]) -> Result<()> {
+        debug_assert!(!parts.is_empty());
+        let same_host = match parts {
+            [one] => local::Bytes::From(one),
+            _ => local::Bytes::FromParts(parts),
+        };
+        if let Some(done) = self.local_transfer(loc, deadline, same_host).await {
             return done;
         }
+        let len: usize = parts.iter().map(|p| p.len()).sum();
         let mut s = self.conn(&loc.data_addr).await?;
-        let until = Instant::now() + crate::spin::after_transfer(self.spin, value.len() as u64);
+        let until = Instant::now() + crate::spin::after_transfer(self.spin, len as u64);
         let head = wire::Request {
             op: Op::Write,
             mount_id: loc.mount_id,
             offset: loc.offset,
-            len: value.len() as u64,
+            len: len as u64,
             deadline_unix_ms: deadline,
             epoch: loc.epoch,
             mac: Grant::mac_from(&loc.grant_mac),
         }
         .encode();
-        let mut buf = Buf::chain(&head[..], value);
-        s.write_all_buf(&mut buf).await.map_err(transport)?;
+        match parts {
+            [one] => {
+                let mut buf = Buf::chain(&head[..], *one);
+                s.write_all_buf(&mut buf).await.map_err(transport)?;
+            }
+            _ => {
+                s.write_all(&head).await.map_err(transport)?;
+                for p in parts {
+                    s.write_all(p).await.map_err(transport)?;
+                }
+            }
+        }
         let resp = read_response(&mut s, until).await?;
         if resp.ok {
             self.give_back(&loc.data_addr, s);
@@ -64,9 +85,10 @@ impl Client {
         Err(err)
     }
 
-    pub(super) async fn read(&self, loc: &Location, deadline: u64, mut sink: Sink<'_>) -> Result<()> {
+    pub(super) async fn read(&self, loc: &Location, deadline: u64, mut sink: Sink<'_, '_>) -> Result<()> {
         let same_host = match &mut sink {
             Sink::Slice(out) => local::Bytes::Into(out),
+            Sink::Parts(parts) => local::Bytes::IntoParts(parts),
             Sink::Fresh(out) => local::Bytes::Fresh(out),
         };
         if let Some(done) = self.local_transfer(loc, deadline, same_host).await {
@@ -98,14 +120,10 @@ impl Client {
             ));
         }
         match sink {
-            Sink::Slice(out) => {
-                let mut got = 0;
-                while got < out.len() {
-                    crate::spin::until_readable(&s, until);
-                    match s.read(&mut out[got..]).await.map_err(transport)? {
-                        0 => return Err(transport("the member closed the connection mid-value")),
-                        n => got += n,
-                    }
+            Sink::Slice(out) => read_exactly(&mut s, out, until).await?,
+            Sink::Parts(parts) => {
+                for out in parts.iter_mut() {
+                    read_exactly(&mut s, out, until).await?;
                 }
             }
             Sink::Fresh(out) => {
@@ -123,9 +141,24 @@ impl Client {
     }
 }
 
-pub(super) enum Sink<'a> {
+pub(super) enum Sink<'a, 'b> {
     Slice(&'a mut [u8]),
+    /// several slices the value fills one after the other (their lengths add up to it)
+    Parts(&'a mut [&'b mut [u8]]),
     Fresh(&'a mut BytesMut),
+}
+
+/// Fills `out` from the connection.
+async fn read_exactly(s: &mut TcpStream, out: &mut [u8], until: Instant) -> Result<()> {
+    let mut got = 0;
+    while got < out.len() {
+        crate::spin::until_readable(s, until);
+        match s.read(&mut out[got..]).await.map_err(transport)? {
+            0 => return Err(transport("the member closed the connection mid-value")),
+            n => got += n,
+        }
+    }
+    Ok(())
 }
 
 async fn read_response(s: &mut TcpStream, until: Instant) -> Result<wire::Response> {

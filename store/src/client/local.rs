@@ -51,9 +51,13 @@ struct Mapped {
 }
 
 /// Where the bytes of one transfer go or come from.
-pub(super) enum Bytes<'a> {
+pub(super) enum Bytes<'a, 'b> {
     From(&'a [u8]),
+    /// a value held as several slices, one after the other
+    FromParts(&'a [&'b [u8]]),
     Into(&'a mut [u8]),
+    /// a value read into several slices, one after the other
+    IntoParts(&'a mut [&'b mut [u8]]),
     Fresh(&'a mut BytesMut),
 }
 
@@ -187,12 +191,17 @@ impl Local {
 impl Client {
     /// One transfer through the member's mapped segment: `None` when the same-host path is not
     /// available for this Location (the caller uses TCP), else its outcome.
-    pub(super) async fn local_transfer(&self, loc: &Location, deadline: u64, bytes: Bytes<'_>) -> Option<Result<()>> {
+    pub(super) async fn local_transfer(
+        &self,
+        loc: &Location,
+        deadline: u64,
+        bytes: Bytes<'_, '_>,
+    ) -> Option<Result<()>> {
         let local = self.local.as_ref()?;
         if loc.local_addr.is_empty() {
             return None;
         }
-        let write = matches!(bytes, Bytes::From(_));
+        let write = matches!(bytes, Bytes::From(_) | Bytes::FromParts(_));
         let claim = wire::Request {
             op: if write { Op::ClaimWrite } else { Op::ClaimRead },
             mount_id: loc.mount_id,
@@ -237,7 +246,19 @@ impl Client {
         }
         let copied = match bytes {
             Bytes::From(src) => peer.map.copy_in(loc.offset, src),
+            Bytes::FromParts(parts) => parts
+                .iter()
+                .try_fold(loc.offset, |at, src| {
+                    peer.map.copy_in(at, src).map(|()| at + src.len() as u64)
+                })
+                .map(drop),
             Bytes::Into(dst) => peer.map.copy_out(loc.offset, dst),
+            Bytes::IntoParts(parts) => parts
+                .iter_mut()
+                .try_fold(loc.offset, |at, dst| {
+                    peer.map.copy_out(at, dst).map(|()| at + dst.len() as u64)
+                })
+                .map(drop),
             Bytes::Fresh(out) => peer.map.copy_out_into(loc.offset, loc.len, out),
         };
         let release = wire::Request {
