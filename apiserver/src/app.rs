@@ -227,7 +227,10 @@ impl App {
         let controllers = opts.controllers.map(|c| {
             let runtime: Arc<dyn Runtime> =
                 match c.runtime {
-                    RuntimeChoice::Local(local) => Arc::new(LocalRuntime::new(local)),
+                    RuntimeChoice::Local(mut local) => {
+                        local.config = config.clone();
+                        Arc::new(LocalRuntime::new(local))
+                    }
                     RuntimeChoice::Kubernetes(client, k) => Arc::new(
                         crate::runtime::kubernetes::KubernetesRuntime::new(client, k, config.clone()),
                     ),

@@ -11,6 +11,10 @@
 //! instanceTypes:
 //!   - name: local-small
 //!     accelerators: 1
+//! localRuntime:
+//!   engines: real               # simulated (the default) | real
+//!   path: [/opt/venv/bin]       # searched first for the engine's command
+//!   packageDir: /opt/kvcache/python
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -30,6 +34,9 @@ pub struct Config {
     pub settings: Settings,
     #[serde(default = "default_instance_types")]
     pub instance_types: Vec<InstanceType>,
+    /// How the local runtime runs engine replicas (`--runtime local`).
+    #[serde(default)]
+    pub local_runtime: LocalRuntimeConfig,
 }
 
 impl Default for Config {
@@ -37,8 +44,39 @@ impl Default for Config {
         Config {
             settings: Settings::default(),
             instance_types: default_instance_types(),
+            local_runtime: LocalRuntimeConfig::default(),
         }
     }
+}
+
+/// How the local runtime runs a ModelDeployment's replicas.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LocalRuntimeConfig {
+    #[serde(default)]
+    pub engines: EngineMode,
+    /// Directories searched, before the server's `PATH`, for the engine's command (`vllm`,
+    /// `python3`): a virtual environment's `bin`, say.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<std::path::PathBuf>,
+    /// The directory holding the `kvcache` package real engines load our connectors from (their
+    /// `PYTHONPATH`, as a Pod's copy from the store's image): a build's package installed with
+    /// `pip install --target DIR`. Unset: the engine's own environment must provide `kvcache`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package_dir: Option<std::path::PathBuf>,
+}
+
+/// What runs as a replica in the local runtime.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineMode {
+    /// `kv-store engine-sim` with exactly the injection: runs anywhere, in seconds.
+    #[default]
+    Simulated,
+    /// The engine's own command (`vllm serve <model>`, SGLang's launcher) with the injection,
+    /// when that command is installed and the model is a local directory; otherwise the
+    /// simulator, and the deployment's phase message says why.
+    Real,
 }
 
 /// The kv-cache settings (the reference's `Setting` objects of the same names).
@@ -249,5 +287,11 @@ mod tests {
         assert_eq!(c.settings.kv_cache_backend_image, "");
         assert!(c.settings.model_deployment_kv_cache_dtype_owned);
         assert!(yaml_serde::from_str::<Config>("bogus: 1\n").is_err());
+        assert_eq!(c.local_runtime.engines, EngineMode::Simulated);
+        let c: Config =
+            yaml_serde::from_str("localRuntime:\n  engines: real\n  path: [/v/bin]\n  packageDir: /p\n").unwrap();
+        assert_eq!(c.local_runtime.engines, EngineMode::Real);
+        assert_eq!(c.local_runtime.package_dir.as_deref(), Some(Path::new("/p")));
+        assert!(yaml_serde::from_str::<Config>("localRuntime:\n  engines: fast\n").is_err());
     }
 }

@@ -42,6 +42,14 @@ enum Command {
     Bench(BenchArgs),
     /// Simulate an engine (settings from the environment; see store/README.md).
     EngineSim,
+    /// Run a command as a child and stop it with this process: SIGTERM to it on SIGTERM or SIGINT
+    /// (or, with --exit-with-stdin, when standard input closes), SIGKILL 10 s later. The local
+    /// runtime runs real engines this way, so that none outlives the server.
+    Exec {
+        /// The command and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
     /// Read or replace the tenant ledger.
     Tenants {
         #[arg(long)]
@@ -155,6 +163,40 @@ fn watch_stdin(cancel: CancellationToken) {
     });
 }
 
+/// `kv-store exec`: runs `command`, stops it when this process is told to stop, and fails when it
+/// fails (its exit in the message).
+async fn exec(command: Vec<String>, exit_with_stdin: bool) -> Result<()> {
+    use rustix::process::{Pid, Signal, kill_process};
+    let (program, args) = command.split_first().context("exec: no command given")?;
+    let cancel = stop_on_signal(exit_with_stdin)?;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {program}"))?;
+    let status = tokio::select! {
+        status = child.wait() => status,
+        () = cancel.cancelled() => {
+            if let Some(pid) = child.id().and_then(|p| Pid::from_raw(p as i32)) {
+                let _ = kill_process(pid, Signal::TERM);
+            }
+            match tokio::time::timeout(std::time::Duration::from_secs(10), child.wait()).await {
+                Ok(status) => status,
+                Err(_) => {
+                    let _ = child.kill().await;
+                    child.wait().await
+                }
+            }
+        }
+    }
+    .with_context(|| format!("waiting for {program}"))?;
+    if status.success() || cancel.is_cancelled() {
+        return Ok(());
+    }
+    anyhow::bail!("{program} ended: {status}")
+}
+
 /// One line for the supervisor; a supervisor that stopped reading (its end of the pipe closed)
 /// is not a reason to stop serving, so a failed write is dropped, never a panic.
 fn announce(fields: serde_json::Value) {
@@ -243,6 +285,7 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
             .await?;
             Ok(())
         }
+        Command::Exec { command } => exec(command, exit_with_stdin).await,
         Command::EngineSim => {
             let cfg = SimConfig::from_env(|k| std::env::var(k).ok())?;
             let cancel = stop_on_signal(exit_with_stdin)?;

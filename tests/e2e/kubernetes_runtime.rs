@@ -392,7 +392,8 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
         .expect("a uid")
         .to_owned();
 
-    // One Pod per replica, attached: the connector flags, our variables, the client file.
+    // One Pod per replica, attached: the connector flags, our variables, the client file (an
+    // external store speaks the reference's protocol, so engines get the reference's connector).
     let env_of = |p: &Value| -> Vec<(String, String)> {
         p["spec"]["containers"][0]["env"]
             .as_array()

@@ -1,29 +1,81 @@
 //! Injection: what an engine replica attached to a cache receives (`model-deployment.md` §3.4,
 //! `pool-binding-injection.md` §4.3). One function, [`inject`], computes it from the engine, the
-//! role kind and the resolved connection; the local runtime passes it to `kv-store engine-sim`
-//! as the whole environment, and a Kubernetes runtime renders the same values into Pods.
+//! role kind and the resolved connection; the local runtime passes it to the replica's process
+//! (the engine simulator, or the real engine), and a Kubernetes runtime renders the same values
+//! into Pods.
 //!
 //! Every engine gets our store's own names (`KVSTORE_LEADER`, `KVSTORE_TENANT`,
-//! `KVSTORE_BLOCK_SIZE`, `KVSTORE_DTYPE`) and `MC_TE_METRIC=1`; vLLM gets its connector flags and
-//! the client configuration file (`MOONCAKE_CONFIG_PATH`); SGLang gets its `MOONCAKE_*` variables
-//! and HiCache flags. Where the leader binds the tenant to credentials, every engine also gets
-//! the Binding's credential as `KVSTORE_CREDENTIAL`, kept apart from the plain environment so a
-//! cluster renders it from the Binding's Secret. Without a connection a replica receives none of
-//! it: never a partial one.
+//! `KVSTORE_BLOCK_SIZE`, `KVSTORE_DTYPE`). Which connector it loads depends on the store:
+//!
+//! - **Our store** (a managed backend): our connectors, from the `kvcache` package that the
+//!   store's image carries at [`PACKAGE_DIR`] (an init container copies it next to the engine,
+//!   and `PYTHONPATH` names it), so the engine's client and the store come from one build. vLLM:
+//!   `--kv-transfer-config` naming [`VLLM_CONNECTOR`] in [`VLLM_CONNECTOR_MODULE`], with failed
+//!   loads recomputed, and `--block-size` set to the domain's. SGLang: HiCache's `dynamic`
+//!   backend with `kvcache.sglang` and `interface_v1`, and `--page-size` set to the domain's.
+//! - **The reference's store** (an external backend of `type: Mooncake`): the reference's
+//!   connectors, which speak its protocol: vLLM's `MooncakeStoreConnector` with the client
+//!   configuration file (`MOONCAKE_CONFIG_PATH`), SGLang's `mooncake` backend with its
+//!   `MOONCAKE_*` variables.
+//!
+//! Where the leader binds the tenant to credentials, every engine also gets the Binding's
+//! credential as `KVSTORE_CREDENTIAL`, kept apart from the plain environment so a cluster renders
+//! it from the Binding's Secret; nothing secret is on a command line or in a file the Pod spec
+//! shows. Without a connection a replica receives none of it: never a partial one.
 
 use kvcache_api::model_deployment::{EngineName, RoleKind};
 use serde_json::json;
 
 use crate::runtime::credentials::ReplicaCredential;
 
-/// Where the vLLM client configuration file is mounted in a Pod.
+/// Where the vLLM client configuration file of the reference's store is mounted in a Pod.
 pub const VLLM_CONFIG_PATH: &str = "/etc/gpustack/kvcache/mooncake.json";
+/// Where the store's image carries the `kvcache` Python package, and where an engine container
+/// finds its copy (`PYTHONPATH`).
+pub const PACKAGE_DIR: &str = "/opt/kvcache/python";
+/// Our vLLM connector: its class and module (`clients/python/python/kvcache/vllm.py`).
+pub const VLLM_CONNECTOR: &str = "KVCacheStoreConnector";
+pub const VLLM_CONNECTOR_MODULE: &str = "kvcache.vllm";
+/// Our SGLang HiCache backend's module and class (`clients/python/python/kvcache/sglang.py`).
+pub const SGLANG_BACKEND_MODULE: &str = "kvcache.sglang";
+pub const SGLANG_BACKEND_CLASS: &str = "HiCacheStore";
+
+/// Which store a connection leads to, so which client the engine loads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    /// Our leader (a managed backend): engines load our connectors from the `kvcache` package of
+    /// the store's image, `package_image`.
+    Ours { package_image: String },
+    /// A store of the reference's protocol run elsewhere (an external backend): its connectors.
+    Mooncake,
+}
+
+impl StoreKind {
+    /// The store `backend` leads to: ours when this server runs it (its image, else the
+    /// `kv-cache-backend-image` setting, carries the package), the reference's when it is external.
+    pub fn of(backend: &kvcache_api::backend::BackendSpec, default_image: &str) -> StoreKind {
+        if backend.managed().is_some() {
+            let image = backend
+                .image
+                .as_deref()
+                .map(str::trim)
+                .filter(|i| !i.is_empty())
+                .unwrap_or(default_image);
+            StoreKind::Ours {
+                package_image: image.to_owned(),
+            }
+        } else {
+            StoreKind::Mooncake
+        }
+    }
+}
 
 /// A resolved attachment: the store a replica writes to and the domain it writes under.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Connection {
     /// The pool's `clientEndpoint`, HOST:PORT.
     pub endpoint: String,
+    pub store: StoreKind,
     /// The Binding's domain name; `None` when the leader keeps no ledger.
     pub tenant: Option<String>,
     pub block_size: i32,
@@ -39,10 +91,13 @@ pub struct Connection {
 pub struct Injected {
     pub env: Vec<(String, String)>,
     pub args: Vec<String>,
-    /// vLLM's client configuration (the file `MOONCAKE_CONFIG_PATH` names).
+    /// The reference's vLLM client configuration (the file `MOONCAKE_CONFIG_PATH` names).
     pub client_config: Option<String>,
     /// The tenant's credential, received as `KVSTORE_CREDENTIAL`.
     pub credential: Option<ReplicaCredential>,
+    /// The image whose [`PACKAGE_DIR`] an init container copies next to the engine (our store's);
+    /// the environment's `PYTHONPATH` names the copy.
+    pub package_image: Option<String>,
 }
 
 /// The injection for `engine` in a role of `kind`; empty without a connection. `dtype_owned` is
@@ -55,22 +110,87 @@ pub fn inject(engine: EngineName, kind: RoleKind, conn: Option<&Connection>, dty
         ("KVSTORE_LEADER".into(), c.endpoint.clone()),
         ("KVSTORE_BLOCK_SIZE".into(), c.block_size.to_string()),
         ("KVSTORE_DTYPE".into(), c.dtype.clone()),
-        ("MC_TE_METRIC".into(), "1".into()),
     ];
     if let Some(t) = &c.tenant {
         env.push(("KVSTORE_TENANT".into(), t.clone()));
     }
-    let mut args = Vec::new();
-    let mut client_config = None;
+    let mut out = Injected {
+        credential: c.credential.clone(),
+        ..Injected::default()
+    };
+    match &c.store {
+        StoreKind::Ours { package_image } => {
+            env.push(("PYTHONPATH".into(), PACKAGE_DIR.into()));
+            out.package_image = Some(package_image.clone());
+            ours(engine, kind, c, &mut out.args);
+        }
+        StoreKind::Mooncake => {
+            env.push(("MC_TE_METRIC".into(), "1".into()));
+            out.client_config = mooncake(engine, kind, c, &mut env, &mut out.args);
+        }
+    }
+    if dtype_owned {
+        out.args.extend(["--kv-cache-dtype".into(), c.dtype.clone()]);
+    }
+    out.env = env;
+    out
+}
+
+/// Our connectors' flags. The store address, tenant, layout and credential reach them through the
+/// `KVSTORE_*` environment, never the command line.
+fn ours(engine: EngineName, kind: RoleKind, c: &Connection, args: &mut Vec<String>) {
     match engine {
         EngineName::Vllm => {
-            let role = match kind {
-                RoleKind::Server => "kv_both",
-                RoleKind::Prefill => "kv_producer",
-                RoleKind::Decode => "kv_consumer",
-            };
+            let config = json!({
+                "kv_connector": VLLM_CONNECTOR,
+                "kv_connector_module_path": VLLM_CONNECTOR_MODULE,
+                "kv_role": vllm_role(kind),
+                // a block the store fails to deliver is recomputed, never a failed request
+                "kv_load_failure_policy": "recompute",
+            });
+            args.extend([
+                "--kv-transfer-config".into(),
+                config.to_string(),
+                "--block-size".into(),
+                c.block_size.to_string(),
+            ]);
+        }
+        EngineName::Sglang => {
+            let extra = json!({
+                "backend_name": "kvcache",
+                "module_path": SGLANG_BACKEND_MODULE,
+                "class_name": SGLANG_BACKEND_CLASS,
+                "interface_v1": 1,
+            });
+            args.extend([
+                "--enable-hierarchical-cache".into(),
+                // pages as two ranges each, so they move by pointer (kvcache.sglang, "direct")
+                "--hicache-mem-layout".into(),
+                "page_first".into(),
+                "--hicache-storage-backend".into(),
+                "dynamic".into(),
+                "--hicache-storage-backend-extra-config".into(),
+                extra.to_string(),
+                "--page-size".into(),
+                c.block_size.to_string(),
+            ]);
+        }
+    }
+}
+
+/// The reference's connectors: vLLM's flags (and its client file, returned), SGLang's
+/// variables and flags.
+fn mooncake(
+    engine: EngineName,
+    kind: RoleKind,
+    c: &Connection,
+    env: &mut Vec<(String, String)>,
+    args: &mut Vec<String>,
+) -> Option<String> {
+    match engine {
+        EngineName::Vllm => {
             args.push("--kv-transfer-config".into());
-            args.push(json!({"kv_connector": "MooncakeStoreConnector", "kv_role": role}).to_string());
+            args.push(json!({"kv_connector": "MooncakeStoreConnector", "kv_role": vllm_role(kind)}).to_string());
             env.push(("MOONCAKE_CONFIG_PATH".into(), VLLM_CONFIG_PATH.into()));
             let mut cfg = json!({
                 "metadata_server": "P2PHANDSHAKE",
@@ -84,7 +204,7 @@ pub fn inject(engine: EngineName, kind: RoleKind, conn: Option<&Connection>, dty
             if let Some(t) = &c.tenant {
                 cfg["tenant_id"] = json!(t);
             }
-            client_config = Some(cfg.to_string());
+            Some(cfg.to_string())
         }
         EngineName::Sglang => {
             args.extend(["--hicache-storage-backend".into(), "mooncake".into()]);
@@ -103,16 +223,16 @@ pub fn inject(engine: EngineName, kind: RoleKind, conn: Option<&Connection>, dty
             if let Some(t) = &c.tenant {
                 env.push(("MOONCAKE_TENANT_ID".into(), t.clone()));
             }
+            None
         }
     }
-    if dtype_owned {
-        args.extend(["--kv-cache-dtype".into(), c.dtype.clone()]);
-    }
-    Injected {
-        env,
-        args,
-        client_config,
-        credential: c.credential.clone(),
+}
+
+fn vllm_role(kind: RoleKind) -> &'static str {
+    match kind {
+        RoleKind::Server => "kv_both",
+        RoleKind::Prefill => "kv_producer",
+        RoleKind::Decode => "kv_consumer",
     }
 }
 
@@ -120,9 +240,12 @@ pub fn inject(engine: EngineName, kind: RoleKind, conn: Option<&Connection>, dty
 mod tests {
     use super::*;
 
-    fn conn(tenant: Option<&str>) -> Connection {
+    const IMAGE: &str = "ghcr.io/gpustack/kvcache-store:v0.1.0";
+
+    fn conn(tenant: Option<&str>, store: StoreKind) -> Connection {
         Connection {
             endpoint: "127.0.0.1:7000".into(),
+            store,
             tenant: tenant.map(Into::into),
             block_size: 64,
             dtype: "bfloat16".into(),
@@ -131,40 +254,109 @@ mod tests {
         }
     }
 
+    fn ours() -> StoreKind {
+        StoreKind::Ours {
+            package_image: IMAGE.into(),
+        }
+    }
+
     fn get<'a>(i: &'a Injected, k: &str) -> Option<&'a str> {
         i.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
     }
 
+    fn arg<'a>(i: &'a Injected, flag: &str) -> Option<&'a str> {
+        let at = i.args.iter().position(|a| a == flag)?;
+        i.args.get(at + 1).map(String::as_str)
+    }
+
     #[test]
-    fn vllm_gets_the_connector_the_file_and_our_names() {
-        let i = inject(EngineName::Vllm, RoleKind::Server, Some(&conn(Some("default"))), true);
+    fn vllm_on_our_store_loads_our_connector_from_the_stores_package() {
+        let i = inject(
+            EngineName::Vllm,
+            RoleKind::Server,
+            Some(&conn(Some("default"), ours())),
+            true,
+        );
+        let cfg: serde_json::Value = serde_json::from_str(arg(&i, "--kv-transfer-config").unwrap()).unwrap();
+        assert_eq!(cfg["kv_connector"], VLLM_CONNECTOR);
+        assert_eq!(cfg["kv_connector_module_path"], "kvcache.vllm");
+        assert_eq!(cfg["kv_role"], "kv_both");
+        assert_eq!(cfg["kv_load_failure_policy"], "recompute");
+        assert_eq!(
+            arg(&i, "--block-size"),
+            Some("64"),
+            "the engine's blocks are the domain's"
+        );
+        assert_eq!(arg(&i, "--kv-cache-dtype"), Some("bfloat16"));
         assert_eq!(get(&i, "KVSTORE_LEADER"), Some("127.0.0.1:7000"));
         assert_eq!(get(&i, "KVSTORE_TENANT"), Some("default"));
-        assert_eq!(get(&i, "MOONCAKE_CONFIG_PATH"), Some(VLLM_CONFIG_PATH));
-        assert_eq!(i.args[0], "--kv-transfer-config");
-        assert!(i.args[1].contains("\"kv_role\":\"kv_both\""));
-        assert_eq!(&i.args[2..], ["--kv-cache-dtype", "bfloat16"]);
-        let cfg: serde_json::Value = serde_json::from_str(i.client_config.as_deref().unwrap()).unwrap();
-        assert_eq!(cfg["master_server_address"], "127.0.0.1:7000");
-        assert_eq!(cfg["tenant_id"], "default");
+        assert_eq!(get(&i, "PYTHONPATH"), Some(PACKAGE_DIR));
+        assert_eq!(i.package_image.as_deref(), Some(IMAGE));
+        assert!(i.client_config.is_none(), "no Mooncake client file for our store");
+        assert!(get(&i, "MOONCAKE_CONFIG_PATH").is_none() && get(&i, "MC_TE_METRIC").is_none());
         let c = i.credential.as_ref().unwrap();
         assert_eq!((c.binding.as_str(), c.value.as_str()), ("cache", "secret-value"));
         assert!(
-            !i.env.iter().any(|(_, v)| v == "secret-value") && !i.client_config.unwrap().contains("secret-value"),
-            "the credential travels apart from the plain environment and the client file"
+            !i.env.iter().any(|(_, v)| v.contains("secret-value"))
+                && !i.args.iter().any(|a| a.contains("secret-value")),
+            "the credential travels apart from the environment and the command line"
         );
     }
 
     #[test]
-    fn sglang_gets_its_environment_and_no_tenant_without_a_ledger() {
-        let i = inject(EngineName::Sglang, RoleKind::Decode, Some(&conn(None)), false);
-        assert_eq!(get(&i, "MOONCAKE_MASTER"), Some("127.0.0.1:7000"));
-        assert_eq!(get(&i, "MOONCAKE_TENANT_ID"), None);
-        assert_eq!(get(&i, "KVSTORE_TENANT"), None);
-        assert!(i.args.contains(&"--disaggregation-decode-retraction-backup".to_owned()));
+    fn sglang_on_our_store_loads_our_hicache_backend() {
+        let i = inject(
+            EngineName::Sglang,
+            RoleKind::Server,
+            Some(&conn(Some("default"), ours())),
+            false,
+        );
+        assert_eq!(arg(&i, "--hicache-storage-backend"), Some("dynamic"));
+        let extra: serde_json::Value =
+            serde_json::from_str(arg(&i, "--hicache-storage-backend-extra-config").unwrap()).unwrap();
+        assert_eq!(extra["module_path"], SGLANG_BACKEND_MODULE);
+        assert_eq!(extra["class_name"], SGLANG_BACKEND_CLASS);
+        assert_eq!(extra["interface_v1"], 1);
+        assert!(extra.get("endpoint").is_none(), "the store comes from KVSTORE_*");
+        assert!(i.args.contains(&"--enable-hierarchical-cache".to_owned()));
+        assert_eq!(arg(&i, "--hicache-mem-layout"), Some("page_first"));
+        assert_eq!(arg(&i, "--page-size"), Some("64"));
+        assert_eq!(get(&i, "PYTHONPATH"), Some(PACKAGE_DIR));
+        assert!(!i.env.iter().any(|(k, _)| k.starts_with("MOONCAKE_")));
         assert!(!i.args.contains(&"--kv-cache-dtype".to_owned()));
-        assert!(i.client_config.is_none());
-        assert!(i.credential.is_none());
+    }
+
+    #[test]
+    fn an_external_mooncake_store_keeps_the_references_connectors() {
+        let i = inject(
+            EngineName::Vllm,
+            RoleKind::Server,
+            Some(&conn(Some("default"), StoreKind::Mooncake)),
+            true,
+        );
+        assert!(
+            arg(&i, "--kv-transfer-config")
+                .unwrap()
+                .contains("MooncakeStoreConnector")
+        );
+        assert_eq!(get(&i, "MOONCAKE_CONFIG_PATH"), Some(VLLM_CONFIG_PATH));
+        let cfg: serde_json::Value = serde_json::from_str(i.client_config.as_deref().unwrap()).unwrap();
+        assert_eq!(cfg["master_server_address"], "127.0.0.1:7000");
+        assert_eq!(cfg["tenant_id"], "default");
+        assert!(i.package_image.is_none() && get(&i, "PYTHONPATH").is_none());
+        assert!(!i.client_config.unwrap().contains("secret-value"));
+
+        let s = inject(
+            EngineName::Sglang,
+            RoleKind::Decode,
+            Some(&conn(None, StoreKind::Mooncake)),
+            false,
+        );
+        assert_eq!(get(&s, "MOONCAKE_MASTER"), Some("127.0.0.1:7000"));
+        assert_eq!(get(&s, "MOONCAKE_TENANT_ID"), None);
+        assert_eq!(get(&s, "KVSTORE_TENANT"), None);
+        assert!(s.args.contains(&"--disaggregation-decode-retraction-backup".to_owned()));
+        assert!(s.client_config.is_none() && s.credential.is_none());
     }
 
     #[test]

@@ -135,7 +135,7 @@ pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
         )
     };
     st.phase = Some(phase);
-    st.phase_message = message;
+    st.phase_message = with_what_runs(message, &observed);
     status::write(&api, &obj, st, &ctx).await?;
     Ok(Action::requeue(ctx.opts.requeue))
 }
@@ -167,11 +167,29 @@ pub fn replicas(
                 args: injected.args.clone(),
                 credential: injected.credential.clone(),
                 client_config: injected.client_config.clone(),
+                package_image: injected.package_image.clone(),
                 engine: container.clone(),
             });
         }
     }
     replicas
+}
+
+/// The phase message followed by what the runtime says runs (`server-0: vLLM (vllm serve) at
+/// http://127.0.0.1:41234`, or why the simulator runs), when it says anything.
+fn with_what_runs(message: Option<String>, observed: &[ReplicaObservation]) -> Option<String> {
+    let runs: Vec<String> = observed
+        .iter()
+        .filter_map(|r| Some(format!("{}: {}", r.name, r.runs.as_deref()?)))
+        .collect();
+    if runs.is_empty() {
+        return message;
+    }
+    let runs = runs.join("; ");
+    Some(match message {
+        Some(m) => format!("{m}; {runs}"),
+        None => runs,
+    })
 }
 
 /// `; <replica>: <why>` for the first replica that cannot run (refused, waiting on the kubelet,
@@ -267,7 +285,7 @@ async fn resolve(
         Some(name) => Api::<KVCacheBackend>::all(ctx.client.clone()).get_opt(name).await?,
         None => None,
     };
-    let (Some(endpoint), Some(_backend)) = (endpoint, backend) else {
+    let (Some(endpoint), Some(backend)) = (endpoint, backend) else {
         return Ok((
             obs(
                 ConditionStatus::False,
@@ -314,6 +332,7 @@ async fn resolve(
         ),
         Some(Connection {
             endpoint,
+            store: injection::StoreKind::of(&backend.spec, &ctx.config.get().settings.kv_cache_backend_image),
             tenant: (!unenforced).then(|| b.spec.domain_name().to_owned()),
             block_size: domain.block_size.unwrap_or(0),
             dtype: domain.dtype.unwrap_or_default(),

@@ -208,8 +208,12 @@ pub struct Replica {
     /// The tenant credential the engine proves its tenant with ([`credentials::ENV`]): kept
     /// apart from `env` so that a cluster references its Secret instead of copying the value.
     pub credential: Option<credentials::ReplicaCredential>,
-    /// A client configuration file the engine reads (vLLM), whose path the environment names.
+    /// A client configuration file the engine reads (vLLM on the reference's store), whose path
+    /// the environment names.
     pub client_config: Option<String>,
+    /// The image carrying our `kvcache` package, copied next to the engine (a cluster's init
+    /// container; the local runtime uses its own copy); `PYTHONPATH` in `env` names it.
+    pub package_image: Option<String>,
     /// The engine container a cluster runs for this replica (the local runtime runs the engine
     /// simulator instead).
     pub engine: EngineContainer,
@@ -246,6 +250,9 @@ pub struct ReplicaObservation {
     pub state: WorkloadState,
     /// The engine's latest report of its cache use, once it gave one.
     pub cache: Option<CacheReport>,
+    /// What runs, where the runtime chooses (the local runtime: the real engine and its address,
+    /// or why the simulator runs instead).
+    pub runs: Option<String>,
 }
 
 /// An engine's account of one round of requests.

@@ -337,6 +337,27 @@ fn create_cases() -> Vec<(&'static str, Edit, Expect)> {
             Refused(Forbidden, "spec.roles[0].extraArgs[0]"),
         ),
         (
+            "--block-size with a cache attached",
+            |v| set(v, "/spec/roles/0/extraArgs", json!(["--block-size=16"])),
+            Refused(Forbidden, "spec.roles[0].extraArgs[0]"),
+        ),
+        (
+            "--page-size on SGLang with a cache attached",
+            |v| {
+                sglang(v);
+                set(v, "/spec/roles/0/extraArgs", json!(["--page-size", "16"]));
+            },
+            Refused(Forbidden, "spec.roles[0].extraArgs[0]"),
+        ),
+        (
+            "--block-size without a cache",
+            |v| {
+                remove(v, "/spec/kvCache");
+                set(v, "/spec/roles/0/extraArgs", json!(["--block-size", "16"]));
+            },
+            Admitted,
+        ),
+        (
             "--kv-cache-dtype without a cache",
             |v| {
                 remove(v, "/spec/kvCache");

@@ -30,6 +30,14 @@ fn owned_args(engine: EngineName) -> &'static [&'static str] {
     }
 }
 
+/// The engine's flag for tokens per KV cache block, which an attached role gets from its domain.
+fn block_size_flag(engine: EngineName) -> &'static str {
+    match engine {
+        EngineName::Vllm => "block-size",
+        EngineName::Sglang => "page-size",
+    }
+}
+
 /// Environment variables the operator renders per engine.
 fn owned_env(engine: EngineName) -> &'static [&'static str] {
     match engine {
@@ -434,6 +442,14 @@ fn validate_extra_args(role: &Role, engine: EngineName, attached: bool, p: &Path
             errs.forbidden(
                 &pi,
                 "--kv-cache-dtype comes from the attached KVCachePoolBinding's domain.dtype, so every engine reads the shared cache in the same type; remove it",
+            );
+        } else if attached && sets(&flag, block_size_flag(engine)) {
+            errs.forbidden(
+                &pi,
+                format!(
+                    "--{} comes from the attached KVCachePoolBinding's domain.blockSize, so every engine's cache blocks are the domain's; remove it",
+                    block_size_flag(engine)
+                ),
             );
         }
     }

@@ -74,10 +74,15 @@ pub fn render(docs: &[(String, Value)], namespace: &str, config: &Config) -> Res
             let pool = pools
                 .iter()
                 .find(|p| p.metadata.name.as_deref() == Some(binding.spec.pool_name()))?;
-            let endpoint = endpoints.get(pool.spec.backend()?)?.clone();
+            let backend_name = pool.spec.backend()?;
+            let endpoint = endpoints.get(backend_name)?.clone();
+            let backend = backends
+                .iter()
+                .find(|b| b.metadata.name.as_deref() == Some(backend_name))?;
             let domain = binding.spec.domain.clone().unwrap_or_default();
             Some(crate::controller::injection::Connection {
                 endpoint,
+                store: crate::controller::injection::StoreKind::of(&backend.spec, default_image),
                 tenant: Some(binding.spec.domain_name().to_owned()),
                 block_size: domain.block_size.unwrap_or(0),
                 dtype: domain.dtype.unwrap_or_default(),

@@ -497,6 +497,7 @@ impl Runtime for KubernetesRuntime {
                 role: r.role.clone(),
                 state,
                 cache: None,
+                runs: None,
             };
             let image = match &r.engine.image {
                 Ok(i) => i.clone(),

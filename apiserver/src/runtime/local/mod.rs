@@ -16,12 +16,15 @@
 //!   (`Lease`), with
 //!   `--no-prefault` (memory is claimed as it is written). A backend whose members would need more
 //!   memory than the machine (or its shared-memory filesystem) has is refused, not started.
-//! - Replicas: `kv-store engine-sim` with exactly the injected environment.
+//! - Replicas ([`engines`]): `kv-store engine-sim` with exactly the injected environment, or
+//!   with `localRuntime.engines: real` the engine's own command (`vllm serve <model>`) on a
+//!   loopback port of its own, ready once `GET /health` answers.
 //! - Logs: `<data-dir>/logs/<backend>/<process>.log`, and
 //!   `<data-dir>/logs/_deployments/<namespace>/<name>/<replica>.log` (`_` is never in a name).
 //!
 //! The store processes run with `--spin 0`: on a laptop they share cores with everything else.
 
+pub mod engines;
 pub mod front;
 pub mod process;
 
@@ -39,15 +42,6 @@ use self::front::{Endpoint, Front};
 use self::process::{Hooks, ProcessSpec, Supervised};
 use super::{Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, StoreObservation, StorePlan};
 
-/// The simulated engine's workload: a few rounds of prompts, then idle (an engine with no
-/// traffic), so that a settled walkthrough settles.
-const ENGINE_WORKLOAD: &[(&str, &str)] = &[
-    ("KVSTORE_ROUNDS", "3"),
-    ("KVSTORE_ROUND_PAUSE", "2s"),
-    ("KVSTORE_AFTER_ROUNDS", "idle"),
-    ("KVSTORE_BLOCK_BYTES", "16Ki"),
-];
-
 /// How the local runtime runs.
 #[derive(Clone, Debug)]
 pub struct LocalOptions {
@@ -61,6 +55,8 @@ pub struct LocalOptions {
     pub memory_limit: Option<u64>,
     /// Where members map their segments.
     pub shm_dir: PathBuf,
+    /// The server's configuration, read at every pass (`localRuntime`: which engines run).
+    pub config: crate::config::Live,
 }
 
 impl LocalOptions {
@@ -73,6 +69,7 @@ impl LocalOptions {
             grace: Duration::from_secs(10),
             memory_limit: None,
             shm_dir: PathBuf::from("/dev/shm"),
+            config: crate::config::Live::default(),
         }
     }
 }
@@ -103,6 +100,9 @@ struct Store {
 struct State {
     stores: HashMap<String, Store>,
     replicas: HashMap<String, HashMap<String, Supervised>>,
+    /// The loopback port of each real engine replica (`<owner>/<replica>`), kept while it is
+    /// planned so a restart serves at the same address.
+    engine_ports: HashMap<String, u16>,
 }
 
 /// Child processes on this machine.
@@ -198,8 +198,7 @@ impl LocalRuntime {
     /// A replica's environment: what injection gave it, then the role's own `env` (as a Pod's
     /// container gets them, so a role may shape the simulated workload with the `KVSTORE_*`
     /// knobs of `kv-store engine-sim`), the credential last, with the client configuration file
-    /// written under the data directory (its path replacing the Pod's mount path), and the
-    /// simulated workload's pace unless one of those set it.
+    /// written under the data directory (its path replacing the Pod's mount path).
     fn replica_env(&self, owner: &str, r: &super::Replica) -> Vec<(String, String)> {
         // `engine.env` is the injected environment followed by the role's
         let mut env = r.engine.env.clone();
@@ -222,11 +221,6 @@ impl LocalRuntime {
                 if k == "MOONCAKE_CONFIG_PATH" {
                     *v = path.display().to_string();
                 }
-            }
-        }
-        for (k, v) in ENGINE_WORKLOAD {
-            if !env.iter().any(|(n, _)| n == k) {
-                env.push(((*k).to_owned(), (*v).to_owned()));
             }
         }
         env
@@ -407,6 +401,7 @@ impl Runtime for LocalRuntime {
                 args: store_args("leader", cfg.to_args()),
                 env: [Self::store_env(), plan.leader_env.clone()].concat(),
                 log: self.log(&[&plan.backend, &format!("leader-{i}.log")]),
+                health: None,
             };
             let mut hooks = self.notify(Changed::Store(plan.backend.clone()));
             let (reselect, notify) = (front.reselector(), hooks.on_change.take());
@@ -479,6 +474,7 @@ impl Runtime for LocalRuntime {
                 args: store_args("member", cfg.to_args()),
                 env: [Self::store_env(), m.env.clone()].concat(),
                 log: self.log(&[&plan.backend, &format!("member-{}-{}.log", m.group, m.node)]),
+                health: None,
             };
             let old = members.remove(&name);
             let member = match &refusal {
@@ -549,16 +545,31 @@ impl Runtime for LocalRuntime {
         let mut running = state.replicas.remove(&plan.owner).unwrap_or_default();
         let mut out = Vec::new();
         let dir: Vec<&str> = plan.owner.split('/').collect();
+        let config = self.opts.config.get();
+        let host = engines::Host::current();
         for r in &plan.replicas {
             let mut parts = vec!["_deployments"];
             parts.extend(dir.iter().copied());
             let file = format!("{}.log", r.name);
             parts.push(&file);
+            let port = *state
+                .engine_ports
+                .entry(format!("{}/{}", plan.owner, r.name))
+                .or_insert_with(|| free_port().port());
+            let launch = engines::launch(
+                &self.opts.store_binary,
+                &config.local_runtime,
+                &host,
+                r,
+                self.replica_env(&plan.owner, r),
+                port,
+            );
             let spec = ProcessSpec {
-                program: self.opts.store_binary.clone(),
-                args: vec!["--exit-with-stdin".into(), "engine-sim".into()],
-                env: self.replica_env(&plan.owner, r),
+                program: launch.program,
+                args: launch.args,
+                env: launch.env,
                 log: self.log(&parts),
+                health: launch.health,
             };
             let hooks = self.notify(Changed::Replicas(plan.owner.clone()));
             let old = running.remove(&r.name);
@@ -571,6 +582,7 @@ impl Runtime for LocalRuntime {
                 role: r.role.clone(),
                 state: s.state(),
                 cache: s.report(),
+                runs: launch.note,
             });
             state
                 .replicas
@@ -579,11 +591,25 @@ impl Runtime for LocalRuntime {
                 .insert(r.name.clone(), s);
         }
         futures::future::join_all(running.into_values().map(Supervised::stop)).await;
+        let planned: Vec<String> = plan
+            .replicas
+            .iter()
+            .map(|r| format!("{}/{}", plan.owner, r.name))
+            .collect();
+        let prefix = format!("{}/", plan.owner);
+        state
+            .engine_ports
+            .retain(|k, _| !k.starts_with(&prefix) || planned.contains(k));
         out
     }
 
     async fn remove_replicas(&self, owner: &str) -> bool {
-        let replicas = self.state.lock().await.replicas.remove(owner);
+        let replicas = {
+            let mut state = self.state.lock().await;
+            let prefix = format!("{owner}/");
+            state.engine_ports.retain(|k, _| !k.starts_with(&prefix));
+            state.replicas.remove(owner)
+        };
         if let Some(r) = replicas {
             futures::future::join_all(r.into_values().map(Supervised::stop)).await;
         }

@@ -1,7 +1,9 @@
 //! One supervised child process: started in its own process group with its stdout and stderr
 //! in a log file, restarted with exponential back-off when it exits (reset once an instance
-//! came up: it announced it serves or stands by, or reported, or ran for a minute), stopped with
-//! SIGTERM and then SIGKILL after a grace period.
+//! came up: it announced it serves or stands by, or reported, or its health URL answered, or it
+//! ran for a minute), stopped with SIGTERM and then SIGKILL after a grace period. Readiness comes
+//! from its stdout, or, for a process with a health URL, from that URL answering 200 (asked every
+//! [`HEALTH_PERIOD`]).
 //!
 //! A child never outlives the server: its standard input is a pipe the supervisor holds, and the
 //! store binary runs with `--exit-with-stdin`, so when the server ends in any way (even
@@ -28,6 +30,8 @@ const STABLE_RUN: Duration = Duration::from_secs(60);
 const LOG_TAIL_BYTES: u64 = 2048;
 /// Lines of it kept.
 const LOG_TAIL_LINES: usize = 5;
+/// How often a health URL is asked.
+pub const HEALTH_PERIOD: Duration = Duration::from_secs(1);
 
 /// What to run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +41,9 @@ pub struct ProcessSpec {
     /// The whole environment (nothing is inherited).
     pub env: Vec<(String, String)>,
     pub log: PathBuf,
+    /// An HTTP URL that answers 200 while the process is ready (a real engine's `/health`);
+    /// `None`: it says it is ready on stdout.
+    pub health: Option<String>,
 }
 
 /// Called when an instance ended on its own, before it is restarted.
@@ -217,11 +224,16 @@ async fn supervise(
             let log = spec.log.clone();
             tokio::spawn(read_stdout(out, log, observed, hooks.clone()))
         });
+        let prober = spec.health.clone().map(|url| {
+            let observed = observed.clone();
+            tokio::spawn(probe_health(url, observed, hooks.clone()))
+        });
         // The pipe the child watches: held here until the child is done with.
         let stdin = child.stdin.take();
         let status = tokio::select! {
             status = child.wait() => status,
             () = stop.cancelled() => {
+                if let Some(p) = &prober { p.abort(); }
                 terminate(&mut child, grace).await;
                 drop(stdin);
                 if let Some(r) = reader { r.abort(); }
@@ -230,6 +242,9 @@ async fn supervise(
             }
         };
         drop(stdin);
+        if let Some(p) = prober {
+            p.abort();
+        }
         if let Some(r) = reader {
             let _ = r.await;
         }
@@ -353,6 +368,52 @@ async fn read_stdout(out: tokio::process::ChildStdout, log: PathBuf, observed: A
     }
 }
 
+/// Asks `url` every [`HEALTH_PERIOD`] for as long as the task runs (the child's life): ready
+/// while it answers 200.
+async fn probe_health(url: String, observed: Arc<Mutex<Observed>>, hooks: Hooks) {
+    loop {
+        let ok = healthy(&url).await;
+        let changed = {
+            let mut o = observed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let changed = o.state.ready != ok;
+            if ok && !o.state.ready {
+                o.state.ready_since = Some(SystemTime::now());
+            }
+            o.state.ready = ok;
+            o.came_up |= ok;
+            changed
+        };
+        if changed {
+            hooks.changed();
+        }
+        tokio::time::sleep(HEALTH_PERIOD).await;
+    }
+}
+
+/// Whether `GET url` (plain `http://host:port/path`) answers 200 within a second.
+async fn healthy(url: &str) -> bool {
+    use tokio::io::AsyncReadExt;
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let (authority, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_owned()), |(a, p)| (a, format!("/{p}")));
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(authority).await.ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n");
+        s.write_all(request.as_bytes()).await.ok()?;
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).await.ok()?;
+        Some(head.starts_with(b"HTTP/1.") && &head[8..12] == b" 200")
+    };
+    tokio::time::timeout(Duration::from_secs(1), ask)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
 /// The last lines of a log, joined with ` | `.
 async fn tail(log: &PathBuf) -> String {
     use tokio::io::{AsyncReadExt, AsyncSeekExt};
@@ -380,6 +441,7 @@ mod tests {
             args: vec!["-c".into(), script.into()],
             env: vec![],
             log,
+            health: None,
         }
     }
 
@@ -434,6 +496,29 @@ mod tests {
         })
         .await
         .expect("the grandchild was left running");
+    }
+
+    #[tokio::test]
+    async fn a_health_url_decides_readiness() {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/health", listener.local_addr().unwrap());
+        let mut spec = sh("sleep 30", dir.path().join("h.log"));
+        spec.health = Some(url);
+        let s = Supervised::start(spec, Duration::from_secs(1), Hooks::default());
+        tokio::time::sleep(HEALTH_PERIOD * 2).await;
+        assert!(!s.state().ready, "nothing answers yet: not ready");
+        let server = tokio::spawn(async move {
+            loop {
+                let (mut c, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 256];
+                let _ = tokio::io::AsyncReadExt::read(&mut c, &mut buf).await;
+                let _ = c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+            }
+        });
+        until(&s, |st| st.ready && st.ready_since.is_some()).await;
+        server.abort();
+        s.stop().await;
     }
 
     #[tokio::test]

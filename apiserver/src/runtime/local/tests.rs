@@ -60,6 +60,7 @@ fn a_replica_gets_the_injection_then_its_roles_env_then_its_credential() {
         args: vec![],
         credential: Some(crate::runtime::credentials::ReplicaCredential::new("b", "minted")),
         client_config: None,
+        package_image: None,
         engine: crate::runtime::EngineContainer {
             image: Ok("x".into()),
             pull_policy: None,
@@ -83,9 +84,20 @@ fn a_replica_gets_the_injection_then_its_roles_env_then_its_credential() {
         Some("minted"),
         "the credential is the Binding's"
     );
+    // the simulator's launch fills in the workload's pace where nothing set it
+    let launch = super::engines::launch(
+        std::path::Path::new("/kv-store"),
+        &crate::config::LocalRuntimeConfig::default(),
+        &super::engines::Host::default(),
+        &replica,
+        env,
+        8000,
+    );
+    let last = |k: &str| launch.env.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     assert_eq!(
-        last("KVSTORE_AFTER_ROUNDS"),
+        last("KVSTORE_AFTER_ROUNDS").as_deref(),
         Some("idle"),
         "defaults fill what is unset"
     );
+    assert_eq!(last("KVSTORE_ROUNDS").as_deref(), Some("0"), "and only that");
 }

@@ -1,0 +1,346 @@
+//! What runs as one engine replica on this machine. By default (`localRuntime.engines:
+//! simulated`) the engine simulator, `kv-store engine-sim`, with exactly the injected environment.
+//! With `engines: real`, the engine's own command line, as a Pod would run it (`vllm serve
+//! <model>` with the injected connector flags, or SGLang's launcher), when that command is
+//! installed (found in `localRuntime.path`, then the server's `PATH`) and the model is a local
+//! directory; otherwise the simulator again, with a note saying why, which the deployment's
+//! phase message shows.
+//!
+//! A real engine listens on a loopback port of its own (its `--host`/`--port` are replaced), is
+//! ready when `GET /health` answers 200 there, loads our connectors from
+//! `localRuntime.packageDir` (its `PYTHONPATH`, as a Pod's copy from the store's image), prints
+//! its connector's cache reports on stdout (`KVSTORE_REPORT=stdout`), and runs under
+//! `kv-store --exit-with-stdin exec`, so it stops with the server like every other child.
+
+use std::path::{Path, PathBuf};
+
+use kvcache_api::model_deployment::EngineName;
+
+use crate::config::{EngineMode, LocalRuntimeConfig};
+use crate::controller::injection::PACKAGE_DIR;
+use crate::runtime::Replica;
+
+/// The simulated engine's workload: a few rounds of prompts, then idle (an engine with no
+/// traffic), so that a settled walkthrough settles.
+pub const SIMULATED_WORKLOAD: &[(&str, &str)] = &[
+    ("KVSTORE_ROUNDS", "3"),
+    ("KVSTORE_ROUND_PAUSE", "2s"),
+    ("KVSTORE_AFTER_ROUNDS", "idle"),
+    ("KVSTORE_BLOCK_BYTES", "16Ki"),
+];
+
+/// Variables of the server's own environment a real engine also gets (the rest of its
+/// environment is the injection and the role's `env`).
+const PASSED_THROUGH: &[&str] = &["HOME", "USER", "LANG", "TMPDIR", "LD_LIBRARY_PATH"];
+
+/// How one replica is started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Where it answers `GET /health` once ready (a real engine); `None`: ready once it reports.
+    pub health: Option<String>,
+    /// What runs, for the deployment's phase message: `vLLM (vllm serve) at http://…`, or why
+    /// the simulator runs although real engines were asked for. `None` for the simulator by
+    /// default.
+    pub note: Option<String>,
+}
+
+/// What the server's environment offers a launch (read once per pass; a table test gives its own).
+#[derive(Clone, Debug, Default)]
+pub struct Host {
+    /// The server's `PATH`, split.
+    pub path: Vec<PathBuf>,
+    /// The variables of [`PASSED_THROUGH`] the server has.
+    pub passed: Vec<(String, String)>,
+}
+
+impl Host {
+    pub fn current() -> Host {
+        Host {
+            path: std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).collect())
+                .unwrap_or_default(),
+            passed: PASSED_THROUGH
+                .iter()
+                .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+                .collect(),
+        }
+    }
+}
+
+/// The launch of replica `r`, whose environment so far (injection, role, credential) is `env`;
+/// a real engine listens on `port`.
+pub fn launch(
+    store_binary: &Path,
+    cfg: &LocalRuntimeConfig,
+    host: &Host,
+    r: &Replica,
+    env: Vec<(String, String)>,
+    port: u16,
+) -> Launch {
+    let simulated = |env: Vec<(String, String)>, note: Option<String>| {
+        let mut env = env;
+        for (k, v) in SIMULATED_WORKLOAD {
+            if !env.iter().any(|(n, _)| n == k) {
+                env.push(((*k).to_owned(), (*v).to_owned()));
+            }
+        }
+        Launch {
+            program: store_binary.to_owned(),
+            args: vec!["--exit-with-stdin".into(), "engine-sim".into()],
+            env,
+            health: None,
+            note,
+        }
+    };
+    if cfg.engines == EngineMode::Simulated {
+        return simulated(env, None);
+    }
+    let e = &r.engine;
+    let engine = match e.command.first().map(String::as_str) {
+        Some("vllm") => EngineName::Vllm,
+        _ => EngineName::Sglang,
+    };
+    let Some(command) = e.command.first() else {
+        return simulated(env, Some("simulated: the engine has no command".into()));
+    };
+    let search: Vec<PathBuf> = cfg.path.iter().chain(&host.path).cloned().collect();
+    let Some(program) = find(command, &search) else {
+        return simulated(
+            env,
+            Some(format!(
+                "simulated: {command:?} is not installed (not in localRuntime.path or the server's PATH)"
+            )),
+        );
+    };
+    let model = match engine {
+        EngineName::Vllm => e.args.first(),
+        EngineName::Sglang => e.args.iter().skip_while(|a| *a != "--model-path").nth(1),
+    };
+    if !model.is_some_and(|m| Path::new(m).is_absolute() && Path::new(m).is_dir()) {
+        return simulated(
+            env,
+            Some(format!(
+                "simulated: the model {:?} is not a local directory (a real engine here serves a model from a local path)",
+                model.map(String::as_str).unwrap_or_default()
+            )),
+        );
+    }
+    let mut env = env;
+    // our connectors from this build's package, where a Pod has its copy from the store's image
+    if let Some(dir) = &cfg.package_dir {
+        for (k, v) in env.iter_mut() {
+            if k == "PYTHONPATH" && v == PACKAGE_DIR {
+                *v = dir.display().to_string();
+            }
+        }
+    }
+    let path = std::env::join_paths(&search)
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    env.push(("PATH".into(), path));
+    for (k, v) in &host.passed {
+        if !env.iter().any(|(n, _)| n == k) {
+            env.push((k.clone(), v.clone()));
+        }
+    }
+    env.push(("KVSTORE_REPORT".into(), "stdout".into()));
+    let mut args = vec!["--exit-with-stdin".into(), "exec".into(), "--".into()];
+    args.push(program.display().to_string());
+    args.extend(e.command.iter().skip(1).cloned());
+    args.extend(on_loopback(&e.args, port));
+    let name = match engine {
+        EngineName::Vllm => "vLLM",
+        EngineName::Sglang => "SGLang",
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    Launch {
+        program: store_binary.to_owned(),
+        args,
+        env,
+        health: Some(format!("{url}/health")),
+        note: Some(format!("{name} ({}) at {url}", e.command.join(" "))),
+    }
+}
+
+/// `args` with `--host` and `--port` (either spelling) replaced: the engine listens on
+/// `127.0.0.1:port`, as every replica of this machine needs a port of its own.
+fn on_loopback(args: &[String], port: u16) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len() + 4);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--host" | "--port" => {
+                it.next();
+            }
+            _ if a.starts_with("--host=") || a.starts_with("--port=") => {}
+            _ => out.push(a.clone()),
+        }
+    }
+    out.extend(["--host".into(), "127.0.0.1".into(), "--port".into(), port.to_string()]);
+    out
+}
+
+/// `command` itself when it names a file, else the first executable of that name in `dirs`.
+fn find(command: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if command.contains('/') {
+        let p = PathBuf::from(command);
+        return executable(&p).then_some(p);
+    }
+    dirs.iter().map(|d| d.join(command)).find(|p| executable(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::EngineContainer;
+
+    fn replica(command: &[&str], args: &[&str]) -> Replica {
+        Replica {
+            name: "server-0".into(),
+            role: "server".into(),
+            env: vec![("PYTHONPATH".into(), PACKAGE_DIR.into())],
+            args: vec![],
+            credential: None,
+            client_config: None,
+            package_image: Some("store:1".into()),
+            engine: EngineContainer {
+                image: Ok("x".into()),
+                pull_policy: None,
+                pull_secrets: vec![],
+                command: command.iter().map(|s| (*s).to_owned()).collect(),
+                args: args.iter().map(|s| (*s).to_owned()).collect(),
+                env: vec![],
+                pod_ip_env: vec![],
+                port: 8000,
+                limits: Default::default(),
+                grace_seconds: 30,
+            },
+        }
+    }
+
+    fn env_of(l: &Launch, k: &str) -> Option<String> {
+        l.env.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    struct World {
+        _dir: tempfile::TempDir,
+        bin: PathBuf,
+        model: PathBuf,
+    }
+
+    fn world() -> World {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let vllm = bin.join("vllm");
+        std::fs::write(&vllm, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&vllm, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let model = dir.path().join("model");
+        std::fs::create_dir(&model).unwrap();
+        World { bin, model, _dir: dir }
+    }
+
+    fn real(w: &World) -> LocalRuntimeConfig {
+        LocalRuntimeConfig {
+            engines: EngineMode::Real,
+            path: vec![w.bin.clone()],
+            package_dir: Some("/build/python".into()),
+        }
+    }
+
+    #[test]
+    fn by_default_every_replica_is_the_simulator_with_its_workload() {
+        let w = world();
+        let r = replica(&["vllm", "serve"], &[w.model.to_str().unwrap()]);
+        let l = launch(
+            Path::new("/kv-store"),
+            &LocalRuntimeConfig::default(),
+            &Host::default(),
+            &r,
+            r.env.clone(),
+            9,
+        );
+        assert_eq!(l.args, ["--exit-with-stdin", "engine-sim"]);
+        assert_eq!(env_of(&l, "KVSTORE_ROUNDS").as_deref(), Some("3"));
+        assert_eq!((l.health, l.note), (None, None));
+    }
+
+    #[test]
+    fn a_real_vllm_runs_its_command_on_a_port_of_its_own_with_this_builds_package() {
+        let w = world();
+        let model = w.model.to_str().unwrap();
+        let r = replica(
+            &["vllm", "serve"],
+            &[model, "--block-size", "64", "--host", "0.0.0.0", "--port=8000"],
+        );
+        let host = Host {
+            path: vec!["/usr/bin".into()],
+            passed: vec![("HOME".into(), "/root".into())],
+        };
+        let l = launch(Path::new("/kv-store"), &real(&w), &host, &r, r.env.clone(), 41234);
+        let vllm = w.bin.join("vllm").display().to_string();
+        assert_eq!(
+            l.args,
+            [
+                "--exit-with-stdin",
+                "exec",
+                "--",
+                &vllm,
+                "serve",
+                model,
+                "--block-size",
+                "64",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "41234"
+            ]
+        );
+        assert_eq!(env_of(&l, "PYTHONPATH").as_deref(), Some("/build/python"));
+        assert_eq!(env_of(&l, "KVSTORE_REPORT").as_deref(), Some("stdout"));
+        assert_eq!(env_of(&l, "HOME").as_deref(), Some("/root"));
+        assert_eq!(env_of(&l, "PATH").unwrap(), format!("{}:/usr/bin", w.bin.display()));
+        assert!(env_of(&l, "KVSTORE_ROUNDS").is_none(), "no simulated workload");
+        assert_eq!(l.health.as_deref(), Some("http://127.0.0.1:41234/health"));
+        assert_eq!(l.note.as_deref(), Some("vLLM (vllm serve) at http://127.0.0.1:41234"));
+    }
+
+    #[test]
+    fn a_real_engine_that_cannot_run_here_falls_back_to_the_simulator_and_says_why() {
+        let w = world();
+        let named = replica(&["vllm", "serve"], &["Qwen/Qwen2.5-7B-Instruct"]);
+        let l = launch(
+            Path::new("/kv-store"),
+            &real(&w),
+            &Host::default(),
+            &named,
+            named.env.clone(),
+            9,
+        );
+        assert_eq!(l.args, ["--exit-with-stdin", "engine-sim"]);
+        assert!(l.note.unwrap().contains("is not a local directory"));
+        let sglang = replica(
+            &["python3", "-m", "sglang.launch_server"],
+            &["--model-path", w.model.to_str().unwrap()],
+        );
+        let l = launch(
+            Path::new("/kv-store"),
+            &real(&w),
+            &Host::default(),
+            &sglang,
+            sglang.env.clone(),
+            9,
+        );
+        assert!(l.note.unwrap().contains("\"python3\" is not installed"));
+    }
+}
