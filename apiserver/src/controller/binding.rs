@@ -144,7 +144,11 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
     };
     let rotating = super::credential::rotating(&credentials);
     let credential_hash = kvcache_store::auth::sha256(credentials.current.as_bytes());
-    let rotated = super::credential::advance(&ctx, &obj, credentials, view).await?;
+    // The rotation moved on and is kept: say so now, whatever the rest of this pass meets (a
+    // status write that fails would otherwise lose the event, as the next pass sees no move).
+    if let Some(m) = super::credential::advance(&ctx, &obj, credentials, view).await? {
+        super::events::record(&ctx, &obj, false, "CredentialRotated", &m).await;
+    }
     match read {
         Err(e) => {
             // figures kept from the last pass
@@ -285,9 +289,6 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
     );
     if status::write(&api, &obj, st, &ctx).await? && grant_changed {
         super::events::record(&ctx, &obj, false, "GrantChanged", &grant).await;
-    }
-    if let Some(m) = &rotated {
-        super::events::record(&ctx, &obj, false, "CredentialRotated", m).await;
     }
     if rotating {
         // a rotation waits on the ledger and on the replicas' rollout: look again soon
