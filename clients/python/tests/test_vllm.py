@@ -104,11 +104,12 @@ def request(req_id, tokens, salt=None):
 
 
 def step(req_id, block_ids, computed, scheduled):
-    """A scheduler step that schedules one new request."""
+    """A scheduler step that schedules one new request (all of its blocks new, to be zeroed)."""
     return SimpleNamespace(
         scheduled_new_reqs=[SimpleNamespace(req_id=req_id, block_ids=(list(block_ids),), num_computed_tokens=computed)],
         scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[]),
         num_scheduled_tokens={req_id: scheduled},
+        new_block_ids_to_zero=list(block_ids),
     )
 
 
@@ -118,7 +119,12 @@ def serve(scheduler, worker, req, block_ids):
     external, is_async = scheduler.get_num_new_matched_tokens(req, 0)
     assert is_async is False
     scheduler.update_state_after_alloc(req, None, external)
-    meta = scheduler.build_connector_meta(step(req.request_id, block_ids, external, req.num_prompt_tokens - external))
+    out = step(req.request_id, block_ids, external, req.num_prompt_tokens - external)
+    meta = scheduler.build_connector_meta(out)
+    # blocks the step loads whole are not zeroed by vLLM first; the others still are
+    loaded = {b for t in meta.loads for b in t.block_ids}
+    assert len(loaded) * BLOCK == external, (loaded, external)
+    assert out.new_block_ids_to_zero == [b for b in block_ids if b not in loaded]
     worker.bind_connector_metadata(meta)
     worker.start_load_kv(None)
     worker.wait_for_save()
@@ -204,7 +210,7 @@ class ConnectorTest(unittest.TestCase):
         a_sched, a_worker, _ = self.replica(seed=5, model="fail")
         prompt = self.tokens(4 * BLOCK + 1, seed=5)
         serve(a_sched, a_worker, request("a", prompt), range(4, 9))
-        b_sched, b_worker, _ = self.replica(model="fail")
+        b_sched, b_worker, b_kv = self.replica(seed=6, model="fail")
         req = request("b", prompt)
         external, _ = b_sched.get_num_new_matched_tokens(req, 0)
         self.assertEqual(external, 4 * BLOCK)
@@ -216,6 +222,10 @@ class ConnectorTest(unittest.TestCase):
         b_worker.bind_connector_metadata(meta)
         b_worker.start_load_kv(None)
         self.assertEqual(b_worker.get_block_ids_with_load_errors(), {30, 31, 32, 33})
+        # vLLM did not zero them (they were to be loaded whole): the worker did, before vLLM recomputes
+        for block in (30, 31, 32, 33):
+            self.assertEqual(block_bytes(b_kv, block), bytes(LAYERS * 2 * HEADS * BLOCK * HEAD * 2), block)
+        self.assertNotEqual(block_bytes(b_kv, 34), bytes(LAYERS * 2 * HEADS * BLOCK * HEAD * 2), "others untouched")
         self.assertEqual(b_worker.get_block_ids_with_load_errors(), set(), "reported once")
         self.assertEqual(b_worker.counters.total["load_failures"], 4)
 

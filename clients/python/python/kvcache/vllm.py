@@ -27,7 +27,9 @@ What this module owns:
   ``save_kv_layer``, ``wait_for_save``, ``get_finished``): on the CPU the KV cache tensors
   themselves are registered and each block's value is gathered from and scattered into its
   pages of every layer by pointer (``batch_put_from_parts`` / ``batch_get_into_parts``), one
-  call per step each way; elsewhere (a GPU), blocks go through a
+  call per step each way; a block the step loads whole is taken off vLLM's list of new blocks
+  to zero first (vLLM allows that of a connector that loads synchronously), and zeroed by the
+  worker instead if its load fails; elsewhere (a GPU), blocks go through a
   registered staging buffer on the host (pinned when the device is CUDA).
 - **Failures.** A store that is down, slow (``timeout_ms``, default 2000) or refusing never stops
   the engine: the lookup answers 0, a failed load reports its blocks to vLLM, which recomputes
@@ -621,7 +623,20 @@ class KVCacheStoreConnector(KVConnectorBase_V1):
                 tracked.block_ids.extend(new_ids[0])
             computed = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
             self._plan(meta, req_id, tracked, computed)
+        self._skip_zeroing(scheduler_output, meta)
         return meta
+
+    @staticmethod
+    def _skip_zeroing(scheduler_output: "SchedulerOutput", meta: KVCacheStoreMetadata):
+        """vLLM zeroes every newly allocated block before the step; a block this step loads is
+        overwritten whole before anything reads it (or, if its load fails, zeroed by the worker
+        before vLLM recomputes it), so zeroing it first is a write of the block for nothing.
+        vLLM lets a connector that loads synchronously take such blocks off the list."""
+        zero = getattr(scheduler_output, "new_block_ids_to_zero", None)
+        if not zero or not meta.loads:
+            return
+        loaded = {b for t in meta.loads for b in t.block_ids}
+        zero[:] = [b for b in zero if b not in loaded]
 
     def _plan(self, meta: KVCacheStoreMetadata, req_id: str, tracked: _Tracked, computed: int):
         if tracked.load is not None:
@@ -741,8 +756,8 @@ class KVCacheStoreConnector(KVConnectorBase_V1):
         blocks = [b for t in meta.loads for b in t.block_ids]
         store = self.link.get()
         if store is None:
-            self.counters.add(skipped=1, load_failures=len(blocks))
-            self._invalid.update(blocks)
+            self.counters.add(skipped=1)
+            self._count_loads(blocks, [-1] * len(blocks))
             return
         if self._staging is None:
             keys, ptrs, blocks = self._parts(meta.loads)
@@ -797,6 +812,11 @@ class KVCacheStoreConnector(KVConnectorBase_V1):
         ok = {block for block, answer in zip(blocks, got) if answer == value}
         failed = [block for block in blocks if block not in ok]
         self._invalid.update(failed)
+        # vLLM did not zero these blocks (they were to be overwritten whole): do it before it
+        # recomputes them, so nothing of a partial load is ever read
+        for block in failed:
+            for t in self._tensors:
+                t[block].zero_()
         if failed:
             codes = sorted({CODE_NAMES.get(a, "KEY_NOT_FOUND" if a == KEY_NOT_FOUND else str(a)) for a in got if a != value})
             logger.warning("kvcache.vllm: %d of %d blocks did not load (%s); vLLM recomputes them", len(failed), len(blocks), ", ".join(codes))
