@@ -130,6 +130,8 @@ pub async fn ensure_tenant(client: &Client, args: &BenchArgs) -> Result<Option<T
         block_size: args.block_size,
         dtype: args.dtype.clone(),
         credential_sha256: vec![crate::leader::ledger::credential_hash(&args.credential).to_vec().into()],
+        // in no pool: only the mounted capacity cuts the bench's grant
+        pool: String::new(),
     };
     if let Some(t) = ledger
         .tenants
@@ -146,6 +148,7 @@ pub async fn ensure_tenant(client: &Client, args: &BenchArgs) -> Result<Option<T
             ),
         ));
     }
+    let pools = ledger.pools;
     let mut entries: Vec<TenantEntry> = ledger
         .tenants
         .into_iter()
@@ -155,13 +158,17 @@ pub async fn ensure_tenant(client: &Client, args: &BenchArgs) -> Result<Option<T
             ceiling: t.ceiling,
             block_size: t.block_size,
             dtype: t.dtype,
+            pool: t.pool,
             ..Default::default()
         })
         .collect();
     entries.push(mine.clone());
     control
         .set_tenants(crate::auth::request(
-            SetTenantsRequest { tenants: entries },
+            SetTenantsRequest {
+                tenants: entries,
+                pools,
+            },
             token.as_deref(),
         )?)
         .await

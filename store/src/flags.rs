@@ -86,6 +86,8 @@ pub fn parse_tenant(s: &str) -> Result<TenantEntry, String> {
         block_size,
         dtype: d.to_string(),
         credential_sha256,
+        // a tenant given on the command line is in no pool
+        pool: String::new(),
     })
 }
 

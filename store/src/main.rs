@@ -326,7 +326,10 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
             if !set.is_empty() {
                 control
                     .set_tenants(kvcache_store::auth::request(
-                        SetTenantsRequest { tenants: set },
+                        SetTenantsRequest {
+                            tenants: set,
+                            ..Default::default()
+                        },
                         token.as_deref(),
                     )?)
                     .await

@@ -71,6 +71,7 @@ fn entry(name: &str, credential: &str) -> TenantEntry {
                 .to_vec()
                 .into(),
         ],
+        ..Default::default()
     }
 }
 
@@ -92,6 +93,7 @@ async fn the_control_api_takes_only_the_controllers_token() {
     let mut c = control(&addr).await;
     let ledger = SetTenantsRequest {
         tenants: vec![entry("team-a", CREDENTIAL_A)],
+        ..Default::default()
     };
     let refused = c.set_tenants(ledger.clone()).await.unwrap_err();
     let e = StoreError::from_status(&refused);
@@ -168,6 +170,7 @@ async fn a_credential_opens_its_own_tenant_only_on_grpc_and_on_the_fast_port() {
             .set_tenants(authorized(
                 SetTenantsRequest {
                     tenants: vec![entry("team-a", CREDENTIAL_A), entry("team-b", CREDENTIAL_B)],
+                    ..Default::default()
                 },
                 CONTROL_TOKEN,
             ))
@@ -212,6 +215,7 @@ async fn the_data_port_serves_only_ranges_the_leader_signed() {
         .set_tenants(authorized(
             SetTenantsRequest {
                 tenants: vec![entry("team-a", CREDENTIAL_A)],
+                ..Default::default()
             },
             CONTROL_TOKEN,
         ))

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use common::*;
 use kvcache_store::client::PutOutcome;
 use kvcache_store::error::ErrorCode;
-use kvcache_store::proto::{SetTenantsRequest, TenantEntry};
+use kvcache_store::proto::{GetTenantsRequest, GrantLimit, PoolEntry, SetTenantsRequest, TenantEntry};
 
 const MIB: u64 = 1 << 20;
 
@@ -187,7 +187,10 @@ async fn unregistered_tenants_and_mismatched_layouts_are_refused() {
     };
     let err = c
         .control()
-        .set_tenants(SetTenantsRequest { tenants: vec![entry] })
+        .set_tenants(SetTenantsRequest {
+            tenants: vec![entry],
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert!(
@@ -218,6 +221,7 @@ async fn oversubscribed_ceilings_get_proportional_grants() {
     c.control()
         .set_tenants(SetTenantsRequest {
             tenants: vec![entry("a", 64), entry("b", 32)],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -227,6 +231,7 @@ async fn oversubscribed_ceilings_get_proportional_grants() {
     c.control()
         .set_tenants(SetTenantsRequest {
             tenants: vec![entry("a", 192), entry("b", 64)],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -237,11 +242,80 @@ async fn oversubscribed_ceilings_get_proportional_grants() {
         .control()
         .set_tenants(SetTenantsRequest {
             tenants: vec![entry("_x", 1)],
+            ..Default::default()
         })
         .await
         .unwrap_err();
     assert!(err.message().starts_with("INVALID_TENANT_LEDGER"), "{}", err.message());
     assert_eq!(tenant(&c, "a").await.grant, 96 * MIB);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_over_its_total_leaves_another_pools_grants_whole() {
+    let l = leader(&[]);
+    let addr = l.field("grpc");
+    let _m1 = member(&addr, "m1", "64Mi");
+    let _m2 = member(&addr, "m2", "64Mi");
+    let c = client(&addr, "a").await;
+    wait_members(&c, 2).await;
+    let entry = |name: &str, mib: u64, pool: &str| TenantEntry {
+        name: name.into(),
+        ceiling: mib * MIB,
+        block_size: 64,
+        dtype: "bfloat16".into(),
+        pool: pool.into(),
+        ..Default::default()
+    };
+    let pool = |name: &str, mib: u64| PoolEntry {
+        name: name.into(),
+        total: mib * MIB,
+    };
+    // pool p (32 MiB) is asked 64 + 64 MiB; pool q (64 MiB) 48 MiB: 128 MiB mounted holds both
+    // pools' totals, so only p's Bindings are cut, within p's 32 MiB
+    c.control()
+        .set_tenants(SetTenantsRequest {
+            tenants: vec![entry("a", 64, "p"), entry("b", 64, "p"), entry("c", 48, "q")],
+            pools: vec![pool("p", 32), pool("q", 64)],
+        })
+        .await
+        .unwrap();
+    let (a, b, q) = (tenant(&c, "a").await, tenant(&c, "b").await, tenant(&c, "c").await);
+    assert_eq!((a.grant, b.grant), (16 * MIB, 16 * MIB));
+    assert_eq!(a.limited_by(), GrantLimit::PoolTotal);
+    assert_eq!((q.grant, q.limited_by()), (48 * MIB, GrantLimit::None));
+    assert_eq!(q.pool, "q");
+    let read = c
+        .control()
+        .get_tenants(GetTenantsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(read.pools, [pool("p", 32), pool("q", 64)]);
+    // pools asking more than is mounted (96 + 64 MiB of 128) share it by what they may hand out
+    c.control()
+        .set_tenants(SetTenantsRequest {
+            tenants: vec![entry("a", 96, "p"), entry("c", 64, "q")],
+            pools: vec![pool("p", 96), pool("q", 64)],
+        })
+        .await
+        .unwrap();
+    let (a, q) = (tenant(&c, "a").await, tenant(&c, "c").await);
+    assert_eq!((a.grant, q.grant), (96 * MIB * 128 / 160, 64 * MIB * 128 / 160));
+    assert_eq!(
+        (a.limited_by(), q.limited_by()),
+        (GrantLimit::Capacity, GrantLimit::Capacity)
+    );
+    // a tenant naming a pool the request does not list: refused whole, nothing changes
+    let err = c
+        .control()
+        .set_tenants(SetTenantsRequest {
+            tenants: vec![entry("a", 1, "elsewhere")],
+            pools: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert!(err.message().starts_with("INVALID_TENANT_LEDGER"), "{}", err.message());
+    assert_eq!(tenant(&c, "c").await.pool, "q");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

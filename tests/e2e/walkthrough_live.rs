@@ -355,6 +355,85 @@ fn oversubscribed_ceilings_get_proportional_grants() {
     });
 }
 
+/// A pool's total is what the store grants its Bindings at most: one pool asked for more than its
+/// total has its Bindings cut within it, and another pool on the same backend keeps whole grants;
+/// only the capacity, which the pools share, cuts them all.
+#[test]
+fn one_pools_oversubscription_leaves_another_pools_grants_whole() {
+    let s = server();
+    let k = s.kubectl(KUBECTL);
+    k.must_apply(&manifest("01-backend.yaml"));
+    wait_ready_backend(&k, "2Gi");
+    for (pool, total) in [("small", "512Mi"), ("large", "1536Mi")] {
+        k.must_apply(&format!(
+            "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata:\n  name: {pool}\nspec:\n  backends: [mooncake-dram]\n  quota:\n    total: {total}\n"
+        ));
+    }
+    for (ns, pool, ceiling) in [
+        ("team-a", "small", "512Mi"),
+        ("team-b", "small", "512Mi"),
+        ("team-c", "large", "1536Mi"),
+    ] {
+        k.must_apply(&format!(
+            "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata:\n  name: {ns}\n  namespace: {ns}\nspec:\n  poolRef:\n    name: {pool}\n  quota:\n    ceiling: {ceiling}\n  domain:\n    name: {ns}\n    blockSize: 64\n    dtype: bfloat16\n"
+        ));
+    }
+    // 2.5Gi asked of 2Gi mounted: cut across the backend, every grant would be 4/5 of its ceiling;
+    // but the pools may hand out 512Mi + 1.5Gi, which fits, so only "small" cuts, within its 512Mi
+    let small_cut = "the Bindings of the pool \"small\" ask for more than its total of 512Mi";
+    for (ns, grant, why) in [
+        ("team-a", "256Mi", small_cut),
+        ("team-b", "256Mi", small_cut),
+        ("team-c", "1536Mi", "granted 1536Mi of the 1536Mi asked for"),
+    ] {
+        eventually(60, &format!("{ns} granted {grant}"), || {
+            let what = ["-n", ns, "kvcpb", ns];
+            let e = jp(&k, &what, "{.status.effectiveQuota}");
+            let c = condition(&k, &what, "QuotaGranted");
+            (e == grant && c.starts_with("True|Granted|") && c.contains(why)).then_some(())
+        });
+    }
+    let small = condition(&k, &["kvcp", "small"], "QuotaWithinTotal");
+    assert!(
+        small.starts_with("False|Oversubscribed|") && small.contains("no other pool's grants shrink"),
+        "{small}"
+    );
+    assert!(condition(&k, &["kvcp", "large"], "QuotaWithinTotal").starts_with("True|"));
+    // "small" may now hand out 1Gi: the pools together (2.5Gi) outgrow the capacity, which they
+    // share in proportion, and every status says the capacity cut
+    k.ok(&[
+        "patch",
+        "kvcp",
+        "small",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"quota":{"total":"1Gi"}}}"#,
+    ]);
+    eventually(60, "team-c cut by the capacity", || {
+        let c = condition(&k, &["-n", "team-c", "kvcpb", "team-c"], "QuotaGranted");
+        (c.starts_with("True|Granted|") && c.contains("more than its mounted capacity")).then_some(())
+    });
+    for pool in ["small", "large"] {
+        eventually(60, &format!("{pool} says the capacity cut its Bindings"), || {
+            condition(&k, &["kvcp", pool], "CapacityAllocatable")
+                .contains("less than its pools may hand out together")
+                .then_some(())
+        });
+    }
+    let granted: u64 = ["team-a", "team-b", "team-c"]
+        .iter()
+        .map(|ns| {
+            let q = jp(&k, &["-n", ns, "kvcpb", ns], "{.status.effectiveQuota}");
+            kvcache_units::parse_bytes(&q).unwrap_or_else(|e| panic!("{ns}: {q:?}: {e}"))
+        })
+        .sum();
+    assert!(
+        granted <= 2 << 30,
+        "grants add up to {granted} bytes, past the 2Gi mounted"
+    );
+    assert!(granted > (2 << 30) - 4096, "and use it all but rounding: {granted}");
+}
+
 /// The environment of a process, as `NAME=value` entries.
 fn environ(pid: u32) -> Vec<String> {
     let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();

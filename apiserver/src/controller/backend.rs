@@ -28,8 +28,6 @@ pub use election::HANDOVER;
 pub use plan::plan;
 
 const KIND: &str = "KVCacheBackend";
-/// Names listed in a message before "and N more".
-const MAX_NAMES: usize = 20;
 
 /// A pool event wakes the backend it names.
 pub fn for_pool(pool: KVCachePool) -> Option<ObjectRef<KVCacheBackend>> {
@@ -97,26 +95,12 @@ fn deletable_observation(used_by: &[UsedBy]) -> Observation {
             "no pool names this backend",
         );
     }
-    let names: Vec<String> = used_by.iter().map(|u| format!("{}/{}", u.kind, u.name)).collect();
     Observation::new(
         deletable::TYPE,
         ConditionStatus::False,
         deletable::IN_USE,
-        format!(
-            "in use by {}; delete those first, then this backend's deletion completes",
-            list(&names)
-        ),
+        super::shared::held_by(used_by, "backend"),
     )
-}
-
-/// `a, b and 3 more`.
-pub fn list(names: &[String]) -> String {
-    let shown = names.iter().take(MAX_NAMES).cloned().collect::<Vec<_>>().join(", ");
-    if names.len() > MAX_NAMES {
-        format!("{shown} and {} more", names.len() - MAX_NAMES)
-    } else {
-        shown
-    }
 }
 
 /// One observation pass: run the workloads (managed), read the leader, build the status, then
@@ -367,15 +351,4 @@ fn writes_verdict(view: &LeaderView) -> Observation {
         pool_writes::NO_WRITES_OBSERVED,
         "no write has been observed since the leader started",
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn long_lists_are_cut() {
-        let names: Vec<String> = (0..25).map(|i| format!("p{i}")).collect();
-        assert!(list(&names).ends_with("p19 and 5 more"));
-    }
 }

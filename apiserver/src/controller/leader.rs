@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use kvcache_store::proto::control_client::ControlClient;
 use kvcache_store::proto::{
-    GetMembersRequest, GetTenantsRequest, GetTenantsResponse, HealthRequest, HealthResponse, MemberStatus,
+    GetMembersRequest, GetTenantsRequest, GetTenantsResponse, HealthRequest, HealthResponse, MemberStatus, PoolEntry,
     SetTenantsRequest, TenantEntry,
 };
 use tonic::transport::{Channel, Endpoint};
@@ -110,13 +110,13 @@ impl Leader {
     }
 
     /// Replaces the whole ledger; returns how many objects of removed tenants were dropped.
-    pub async fn set_tenants(&self, tenants: Vec<TenantEntry>) -> Result<u64, LeaderError> {
+    pub async fn set_tenants(&self, tenants: Vec<TenantEntry>, pools: Vec<PoolEntry>) -> Result<u64, LeaderError> {
         let r = self
             .call(
                 "SetTenants",
                 self.control
                     .clone()
-                    .set_tenants(self.request(SetTenantsRequest { tenants })),
+                    .set_tenants(self.request(SetTenantsRequest { tenants, pools })),
             )
             .await?;
         Ok(r.objects_dropped)

@@ -6,16 +6,20 @@
 //! | module | owns |
 //! |---|---|
 //! | [`backend`] | a backend's leader and members, and its status read from the leader |
-//! | [`pool`] | a pool's status and the whole tenant ledger of its backend (`SetTenants`) |
+//! | [`pool`] | a pool's status and the whole tenant ledger of its backend (`SetTenants`), rendered in [`pool::ledger_render`] |
 //! | [`binding`] | a Binding's grant read back from the leader, and its deletion hold |
 //! | [`credential`] | a Binding's tenant credential: minted, rotated, retired |
 //! | [`model_deployment`] | a deployment's replicas with the injected environment, and `CacheAttached` |
 //! | [`injection`] | what a replica receives: the one function both runtimes use |
 //! | [`leader`] | reading a leader's Control API (health, members, tenants) with timeouts |
-//! | [`ledger`] | the whole tenant ledger of a backend, rendered from the Bindings and converged |
+//! | [`shared`] | what several controllers say alike (held-by messages, endpoints, hit rates), so none imports another |
 //! | [`status`] | writing `/status` only when it changed; the finalizer |
 //! | [`events`] | the Events recorded when a condition changes |
 //! | [`election`] | which replica runs the controllers (a Lease in the storage), on etcd |
+//!
+//! The pool and Binding controllers pass in three steps: observe (the I/O: lists, the
+//! credentials, the leader's ledger), a pure `decide` (table-tested in each `decide.rs`), and
+//! write (the ledger, the status, events and the finalizer).
 //!
 //! Passes are triggered by watches (an object and the objects that name it) and by a fixed
 //! requeue ([`Options::requeue`], 15 s by default). A failed pass is logged, counted
@@ -30,9 +34,9 @@ pub mod engine;
 pub mod events;
 pub mod injection;
 pub mod leader;
-pub mod ledger;
 pub mod model_deployment;
 pub mod pool;
+pub mod shared;
 pub mod status;
 
 use std::sync::Arc;

@@ -283,7 +283,7 @@ impl LeaderConfig {
                     "with --multi-tenancy=false there is no ledger; drop --tenant or turn multi-tenancy on",
                 ));
             }
-            ledger::validate(&self.tenants).map_err(|e| ConfigError::new("tenant", e.message))?;
+            ledger::validate(&self.tenants, &[]).map_err(|e| ConfigError::new("tenant", e.message))?;
             if let Some(t) = self.tenants.iter().find(|t| t.name.contains('=')) {
                 return Err(ConfigError::new(
                     "tenant",

@@ -1,9 +1,9 @@
 //! The tenant ledger: who may write, what proves it (credentials, kept as SHA-256 hashes), each
-//! tenant's fixed block layout, its requested ceiling, and the grants those ceilings turn into
-//! once they are compared with the mounted capacity.
+//! tenant's fixed block layout, its requested ceiling and pool, and the grants those ceilings turn
+//! into once they are compared with their pool's total and the mounted capacity ([`grants`]).
 
 use crate::error::{ErrorCode, Result, StoreError};
-use crate::proto::{Scope, TenantEntry};
+use crate::proto::{GrantLimit, PoolEntry, Scope, TenantEntry};
 
 /// The tenant every request lands in when multi-tenancy is off.
 pub const DEFAULT_TENANT: &str = "default";
@@ -16,8 +16,26 @@ pub struct Layout {
 }
 
 /// Checks a whole ledger before it replaces the current one.
-pub fn validate(entries: &[TenantEntry]) -> Result<()> {
+pub fn validate(entries: &[TenantEntry], pools: &[PoolEntry]) -> Result<()> {
     let bad = |msg: String| Err(StoreError::new(ErrorCode::InvalidTenantLedger, msg));
+    let mut pool_names = std::collections::HashSet::new();
+    for (i, p) in pools.iter().enumerate() {
+        if p.name.is_empty() {
+            return bad(format!("pools[{i}].name is empty; name every pool"));
+        }
+        if !pool_names.insert(p.name.as_str()) {
+            return bad(format!(
+                "pools[{i}].name {:?} is listed twice; list each pool once",
+                p.name
+            ));
+        }
+        if p.total == 0 || p.total > i64::MAX as u64 {
+            return bad(format!(
+                "pools[{i}] ({}) total must be between 1 and 2^63-1 bytes",
+                p.name
+            ));
+        }
+    }
     let mut seen = std::collections::HashSet::new();
     for (i, e) in entries.iter().enumerate() {
         if e.name.is_empty() {
@@ -56,6 +74,12 @@ pub fn validate(entries: &[TenantEntry]) -> Result<()> {
                 e.name
             ));
         }
+        if !e.pool.is_empty() && !pool_names.contains(e.pool.as_str()) {
+            return bad(format!(
+                "tenants[{i}] ({}) names the pool {:?}, which the request does not list; list it in pools with its total",
+                e.name, e.pool
+            ));
+        }
         if let Some(j) = e.credential_sha256.iter().position(|h| h.len() != 32) {
             return bad(format!(
                 "tenants[{i}] ({}) credential_sha256[{j}] is {} bytes; send the 32-byte SHA-256 of the credential",
@@ -67,17 +91,72 @@ pub fn validate(entries: &[TenantEntry]) -> Result<()> {
     Ok(())
 }
 
-/// Grants for `ceilings` over `capacity` bytes: each ceiling while their sum fits, otherwise each
-/// cut in proportion (rounded down, so the grants never add up to more than the capacity).
-pub fn grants(ceilings: &[u64], capacity: u64) -> Vec<u64> {
-    let sum: u128 = ceilings.iter().map(|c| *c as u128).sum();
-    if sum <= capacity as u128 {
-        return ceilings.to_vec();
+/// One tenant's claim on the capacity: its ceiling and the pool it counts against, as an index
+/// into the pools' totals (`None`: a tenant in no pool, which only the capacity can cut).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub ceiling: u64,
+    pub pool: Option<usize>,
+}
+
+/// The grant of each claim and what cut it, in two steps:
+/// 1. each pool asks for its tenants' ceilings, at most its total (a tenant in no pool asks for
+///    its ceiling alone); while those asks fit in `capacity` each pool gets its ask, otherwise
+///    each is cut in proportion ([`GrantLimit::Capacity`]);
+/// 2. a pool's share is split among its tenants in proportion to their ceilings, which cuts them
+///    only when they ask for more than the pool's total ([`GrantLimit::PoolTotal`]).
+///
+/// So one pool whose Bindings ask for more than its total never shrinks another pool's grants;
+/// only the capacity, shared by all pools, can. Rounded down: grants never add up to more than a
+/// pool's total or the capacity.
+pub fn grants(claims: &[Claim], totals: &[u64], capacity: u64) -> Vec<(u64, GrantLimit)> {
+    // one group per pool, then one per tenant in no pool
+    let mut asked: Vec<u128> = vec![0; totals.len()];
+    let mut group_of = Vec::with_capacity(claims.len());
+    let mut caps: Vec<u128> = totals.iter().map(|t| *t as u128).collect();
+    for c in claims {
+        let g = match c.pool {
+            Some(p) if p < totals.len() => p,
+            _ => {
+                asked.push(0);
+                caps.push(u128::MAX);
+                asked.len() - 1
+            }
+        };
+        asked[g] += c.ceiling as u128;
+        group_of.push(g);
     }
-    ceilings
-        .iter()
-        .map(|c| (*c as u128 * capacity as u128 / sum) as u64)
-        .collect()
+    let demands: Vec<u128> = asked.iter().zip(&caps).map(|(a, t)| (*a).min(*t)).collect();
+    let shares = proportional(&demands, capacity as u128);
+    let mut out = Vec::with_capacity(claims.len());
+    for (c, &g) in claims.iter().zip(&group_of) {
+        let grant = if asked[g] <= shares[g] {
+            c.ceiling as u128
+        } else {
+            c.ceiling as u128 * shares[g] / asked[g]
+        };
+        let grant = u64::try_from(grant).unwrap_or(u64::MAX);
+        let limit = if grant >= c.ceiling {
+            GrantLimit::None
+        } else if shares[g] < demands[g] {
+            GrantLimit::Capacity
+        } else {
+            GrantLimit::PoolTotal
+        };
+        out.push((grant, limit));
+    }
+    out
+}
+
+/// Each of `asks` while their sum fits in `available`, otherwise each cut in proportion (rounded
+/// down, so they never add up to more than `available`).
+fn proportional(asks: &[u128], available: u128) -> Vec<u128> {
+    let sum: u128 = asks.iter().sum();
+    if sum <= available {
+        return asks.to_vec();
+    }
+    // every ask is at most a pool's total or one ceiling (a u64), so `a * available` fits in u128
+    asks.iter().map(|a| a * available / sum).collect()
 }
 
 /// The credential hashes of a validated entry.
@@ -154,24 +233,104 @@ mod tests {
         }
     }
 
-    #[test]
-    fn grants_equal_ceilings_when_they_fit() {
-        assert_eq!(grants(&[10, 20], 30), vec![10, 20]);
-        assert_eq!(grants(&[10, 20], 100), vec![10, 20]);
+    fn claim(ceiling: u64, pool: Option<usize>) -> Claim {
+        Claim { ceiling, pool }
     }
 
     #[test]
-    fn grants_are_cut_proportionally_when_oversubscribed() {
-        assert_eq!(grants(&[300, 100], 200), vec![150, 50]);
-        assert_eq!(grants(&[1, 1, 1], 2), vec![0, 0, 0]);
-        assert_eq!(grants(&[5], 0), vec![0]);
-        let g = grants(&[u64::MAX / 2, u64::MAX / 2], 1 << 40);
-        assert!(g.iter().sum::<u64>() <= 1 << 40);
+    fn grants_by_pool_total_and_capacity() {
+        use GrantLimit::{Capacity as Cap, None as Whole, PoolTotal as Pool};
+        let solo = |c| claim(c, None);
+        let in_pool = |c, p| claim(c, Some(p));
+        #[allow(clippy::type_complexity)]
+        let table: &[(&str, Vec<Claim>, Vec<u64>, u64, Vec<(u64, GrantLimit)>)] = &[
+            (
+                "tenants in no pool fit",
+                vec![solo(10), solo(20)],
+                vec![],
+                30,
+                vec![(10, Whole), (20, Whole)],
+            ),
+            (
+                "tenants in no pool share the capacity",
+                vec![solo(300), solo(100)],
+                vec![],
+                200,
+                vec![(150, Cap), (50, Cap)],
+            ),
+            (
+                "rounded down to nothing",
+                vec![solo(1), solo(1), solo(1)],
+                vec![],
+                2,
+                vec![(0, Cap), (0, Cap), (0, Cap)],
+            ),
+            ("nothing mounted", vec![solo(5)], vec![], 0, vec![(0, Cap)]),
+            (
+                "a pool within its total",
+                vec![in_pool(10, 0), in_pool(20, 0)],
+                vec![30],
+                100,
+                vec![(10, Whole), (20, Whole)],
+            ),
+            (
+                "a pool over its total splits it",
+                vec![in_pool(300, 0), in_pool(100, 0)],
+                vec![200],
+                1000,
+                vec![(150, Pool), (50, Pool)],
+            ),
+            (
+                "one pool over its total leaves the other whole",
+                vec![in_pool(200, 0), in_pool(200, 0), in_pool(100, 1)],
+                vec![100, 200],
+                300,
+                vec![(50, Pool), (50, Pool), (100, Whole)],
+            ),
+            (
+                "pools share the capacity by what they may hand out, not by what they are asked",
+                vec![in_pool(1000, 0), in_pool(100, 1)],
+                vec![100, 100],
+                100,
+                vec![(50, Cap), (50, Cap)],
+            ),
+            (
+                "a pool's total and the capacity both cut: the capacity is named",
+                vec![in_pool(400, 0), in_pool(400, 0), in_pool(100, 1)],
+                vec![400, 100],
+                250,
+                vec![(100, Cap), (100, Cap), (50, Cap)],
+            ),
+            (
+                "a pool nobody names takes nothing",
+                vec![in_pool(100, 1)],
+                vec![1000, 500],
+                100,
+                vec![(100, Whole)],
+            ),
+        ];
+        for (name, claims, totals, capacity, want) in table {
+            assert_eq!(&grants(claims, totals, *capacity), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn grants_never_add_up_past_a_pool_or_the_capacity() {
+        let huge = i64::MAX as u64;
+        let g = grants(&[claim(huge, None), claim(huge, None)], &[], 1 << 40);
+        assert!(g.iter().map(|x| x.0).sum::<u64>() <= 1 << 40);
+        let g = grants(
+            &[claim(huge, Some(0)), claim(huge, Some(0)), claim(7, Some(1))],
+            &[1 << 30, huge],
+            u64::MAX,
+        );
+        assert!(g[0].0 + g[1].0 <= 1 << 30);
+        assert_eq!(g[2], (7, GrantLimit::None));
     }
 
     #[test]
     fn ledger_validation_names_the_entry() {
-        assert!(validate(&[entry("a", 1), entry("b", 2)]).is_ok());
+        assert!(validate(&[entry("a", 1), entry("b", 2)], &[]).is_ok());
         for (bad, needle) in [
             (vec![entry("", 1)], "empty"),
             (vec![entry("_x", 1)], "reserved"),
@@ -193,7 +352,30 @@ mod tests {
                 "dtype",
             ),
         ] {
-            let e = validate(&bad).unwrap_err();
+            let e = validate(&bad, &[]).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidTenantLedger);
+            assert!(e.message.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_ledger_names_only_pools_it_lists_once_with_a_total() {
+        let pool = |name: &str, total| PoolEntry {
+            name: name.into(),
+            total,
+        };
+        let in_pool = |t: &str, p: &str| TenantEntry {
+            pool: p.into(),
+            ..entry(t, 1)
+        };
+        assert!(validate(&[in_pool("a", "p"), in_pool("b", "")], &[pool("p", 1), pool("q", 9)]).is_ok());
+        for (tenants, pools, needle) in [
+            (vec![in_pool("a", "p")], vec![], "does not list"),
+            (vec![], vec![pool("", 1)], "pools[0].name is empty"),
+            (vec![], vec![pool("p", 1), pool("p", 2)], "twice"),
+            (vec![], vec![pool("p", 0)], "total"),
+        ] {
+            let e = validate(&tenants, &pools).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidTenantLedger);
             assert!(e.message.contains(needle), "{e}");
         }

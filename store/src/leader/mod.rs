@@ -86,7 +86,7 @@ impl Leader {
         let mut state = State::new(cfg);
         if !tenants.is_empty() {
             state
-                .set_tenants(&tenants)
+                .set_tenants(&tenants, &[])
                 .map_err(|e| ConfigError::new("tenant", e.to_string()))?;
         }
         Ok(Self {

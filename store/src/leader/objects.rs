@@ -62,7 +62,11 @@ pub struct Tenant {
     /// SHA-256 of each credential a call may prove the tenant with; empty: none is needed
     pub credentials: Vec<[u8; 32]>,
     pub ceiling: u64,
+    /// the pool whose total its grant counts against (empty: none)
+    pub pool: String,
     pub grant: u64,
+    /// what cut `grant` below `ceiling`
+    pub limited_by: crate::proto::GrantLimit,
     /// bytes charged: every reserved and committed object's `len`
     pub used: u64,
     pub objects: HashMap<String, Object>,

@@ -121,8 +121,13 @@ impl Control for Leader {
     async fn set_tenants(&self, req: Request<SetTenantsRequest>) -> Reply<SetTenantsResponse> {
         self.check_control(req.metadata())?;
         let r = req.into_inner();
-        let objects_dropped = self.serving(|s| s.set_tenants(&r.tenants))?;
-        tracing::info!(tenants = r.tenants.len(), objects_dropped, "tenant ledger set");
+        let objects_dropped = self.serving(|s| s.set_tenants(&r.tenants, &r.pools))?;
+        tracing::info!(
+            tenants = r.tenants.len(),
+            pools = r.pools.len(),
+            objects_dropped,
+            "tenant ledger set"
+        );
         Ok(Response::new(SetTenantsResponse { objects_dropped }))
     }
 
@@ -132,6 +137,7 @@ impl Control for Leader {
             Ok(GetTenantsResponse {
                 multi_tenancy: s.cfg.multi_tenancy,
                 tenants: s.tenant_statuses(),
+                pools: s.pool_entries(),
             })
         })?))
     }

@@ -41,6 +41,8 @@ pub struct State {
     pub(super) cfg: LeaderConfig,
     pub(super) members: BTreeMap<u64, Member>,
     pub(super) tenants: HashMap<String, Tenant>,
+    /// each pool's total, as the ledger gave it: what its tenants' grants add up to at most
+    pub(super) pools: BTreeMap<String, u64>,
     pub(super) next_member_id: u64,
     pub(super) next_put_id: u64,
     pub(super) tick: u64,
@@ -61,6 +63,7 @@ impl State {
             cfg,
             members: BTreeMap::new(),
             tenants: HashMap::new(),
+            pools: BTreeMap::new(),
             next_member_id: 1,
             next_put_id: 1,
             tick: 0,

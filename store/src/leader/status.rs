@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use super::objects::Counters;
 use super::state::State;
-use crate::proto::{MemberStatus, TenantStatus};
+use crate::proto::{MemberStatus, PoolEntry, TenantStatus};
 
 impl State {
     pub fn tenant_statuses(&self) -> Vec<TenantStatus> {
@@ -26,10 +26,23 @@ impl State {
                 evictions: t.counters.evictions,
                 credentials: t.credentials.len() as u32,
                 credential_sha256: t.credentials.iter().map(|h| bytes::Bytes::copy_from_slice(h)).collect(),
+                pool: t.pool.clone(),
+                limited_by: t.limited_by.into(),
             })
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
+    }
+
+    /// The pools as the ledger gave them.
+    pub fn pool_entries(&self) -> Vec<PoolEntry> {
+        self.pools
+            .iter()
+            .map(|(name, total)| PoolEntry {
+                name: name.clone(),
+                total: *total,
+            })
+            .collect()
     }
 
     pub fn member_statuses(&self, now: Instant) -> Vec<MemberStatus> {

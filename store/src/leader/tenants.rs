@@ -4,38 +4,52 @@
 use super::ledger::{self, DEFAULT_TENANT, Layout};
 use super::state::State;
 use crate::error::{ErrorCode, Result, StoreError};
-use crate::proto::{Scope, TenantEntry};
+use crate::proto::{GrantLimit, PoolEntry, Scope, TenantEntry};
 
 impl State {
-    /// Recomputes every grant from the ceilings and the mounted capacity.
+    /// Recomputes every grant from the ceilings, the pools' totals and the mounted capacity.
     pub(super) fn recompute_grants(&mut self) {
         let capacity = self.capacity();
         if !self.cfg.multi_tenancy {
             for t in self.tenants.values_mut() {
                 t.ceiling = capacity;
                 t.grant = capacity;
+                t.limited_by = GrantLimit::None;
             }
             return;
         }
+        let pools: Vec<&String> = self.pools.keys().collect();
+        let totals: Vec<u64> = self.pools.values().copied().collect();
         let mut names: Vec<String> = self.tenants.keys().cloned().collect();
         names.sort();
-        let ceilings: Vec<u64> = names.iter().map(|n| self.tenants[n].ceiling).collect();
-        for (name, grant) in names.iter().zip(ledger::grants(&ceilings, capacity)) {
+        let claims: Vec<ledger::Claim> = names
+            .iter()
+            .map(|n| {
+                let t = &self.tenants[n];
+                ledger::Claim {
+                    ceiling: t.ceiling,
+                    pool: pools.iter().position(|p| **p == t.pool),
+                }
+            })
+            .collect();
+        for (name, (grant, limit)) in names.iter().zip(ledger::grants(&claims, &totals, capacity)) {
             if let Some(t) = self.tenants.get_mut(name) {
                 t.grant = grant;
+                t.limited_by = limit;
             }
         }
     }
 
-    /// Replaces the ledger; returns how many objects of removed tenants were dropped.
-    pub fn set_tenants(&mut self, entries: &[TenantEntry]) -> Result<u64> {
+    /// Replaces the ledger (its tenants and the pools they count against); returns how many
+    /// objects of removed tenants were dropped.
+    pub fn set_tenants(&mut self, entries: &[TenantEntry], pools: &[PoolEntry]) -> Result<u64> {
         if !self.cfg.multi_tenancy {
             return Err(StoreError::new(
                 ErrorCode::InvalidTenantLedger,
                 "multi-tenancy is off on this leader, so it keeps no ledger; start it without --multi-tenancy=false",
             ));
         }
-        ledger::validate(entries)?;
+        ledger::validate(entries, pools)?;
         for e in entries {
             if let Some(t) = self.tenants.get(&e.name)
                 && let Some(layout) = &t.layout
@@ -79,12 +93,14 @@ impl State {
         for e in entries {
             let t = self.tenants.entry(e.name.clone()).or_default();
             t.ceiling = e.ceiling;
+            t.pool = e.pool.clone();
             t.credentials = ledger::credentials(e);
             t.layout = Some(Layout {
                 block_size: e.block_size,
                 dtype: e.dtype.clone(),
             });
         }
+        self.pools = pools.iter().map(|p| (p.name.clone(), p.total)).collect();
         self.recompute_grants();
         Ok(dropped)
     }

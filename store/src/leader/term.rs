@@ -79,7 +79,7 @@ impl Leader {
         let mut s = State::new(cfg);
         if !tenants.is_empty() {
             // checked when the leader was made
-            let _ = s.set_tenants(&tenants);
+            let _ = s.set_tenants(&tenants, &[]);
         }
         s.epoch = epoch;
         self.with(|st| *st = s);

@@ -76,7 +76,7 @@ fn reserved_values_are_invisible_until_committed_and_reaped_when_abandoned() {
         ..Default::default()
     };
     let (mut s, t0) = state(cfg);
-    s.set_tenants(&[entry("t", 8 * MIB)]).unwrap();
+    s.set_tenants(&[entry("t", 8 * MIB)], &[]).unwrap();
     mount(&mut s, "m", 8 * MIB, t0);
     let r = s.put_start(Some(&scope("t")), "k", 100, t0).unwrap();
     assert!(!r.already_exists);
@@ -103,7 +103,7 @@ fn leases_protect_from_removal_and_eviction_until_they_end() {
         ..Default::default()
     };
     let (mut s, t0) = state(cfg);
-    s.set_tenants(&[entry("t", 2 * MIB)]).unwrap();
+    s.set_tenants(&[entry("t", 2 * MIB)], &[]).unwrap();
     mount(&mut s, "m", 8 * MIB, t0);
     put(&mut s, "t", "a", MIB, t0).unwrap();
     put(&mut s, "t", "b", MIB, t0).unwrap();
@@ -124,7 +124,7 @@ fn leases_protect_from_removal_and_eviction_until_they_end() {
 #[test]
 fn tenant_eviction_takes_the_least_recently_used_and_only_its_own() {
     let (mut s, t0) = state(LeaderConfig::default());
-    s.set_tenants(&[entry("t", 3 * MIB), entry("u", 3 * MIB)]).unwrap();
+    s.set_tenants(&[entry("t", 3 * MIB), entry("u", 3 * MIB)], &[]).unwrap();
     mount(&mut s, "m", 16 * MIB, t0);
     put(&mut s, "u", "x", MIB, t0).unwrap();
     for k in ["a", "b", "c"] {
@@ -148,7 +148,7 @@ fn watermark_eviction_frees_a_share_and_prefers_tenants_over_their_grant() {
         ..Default::default()
     };
     let (mut s, t0) = state(cfg);
-    s.set_tenants(&[entry("big", 8 * MIB), entry("small", 8 * MIB)])
+    s.set_tenants(&[entry("big", 8 * MIB), entry("small", 8 * MIB)], &[])
         .unwrap();
     mount(&mut s, "m", 8 * MIB, t0);
     put(&mut s, "small", "s0", MIB, t0).unwrap();
@@ -175,7 +175,7 @@ fn a_silent_member_loses_its_objects_and_a_remount_starts_empty() {
         ..Default::default()
     };
     let (mut s, t0) = state(cfg);
-    s.set_tenants(&[entry("t", 64 * MIB)]).unwrap();
+    s.set_tenants(&[entry("t", 64 * MIB)], &[]).unwrap();
     let m1 = mount(&mut s, "m1", 8 * MIB, t0);
     for i in 0..4 {
         put(&mut s, "t", &format!("k{i}"), MIB, t0).unwrap();
@@ -200,7 +200,7 @@ fn a_silent_member_loses_its_objects_and_a_remount_starts_empty() {
 #[test]
 fn a_member_its_supervisor_saw_end_is_dropped_at_once() {
     let (mut s, t0) = state(LeaderConfig::default());
-    s.set_tenants(&[entry("t", 64 * MIB)]).unwrap();
+    s.set_tenants(&[entry("t", 64 * MIB)], &[]).unwrap();
     mount(&mut s, "a", 8 * MIB, t0);
     mount(&mut s, "b", 8 * MIB, t0);
     put(&mut s, "t", "k", MIB, t0).unwrap();
@@ -221,7 +221,7 @@ fn a_member_its_supervisor_saw_end_is_dropped_at_once() {
 #[test]
 fn placement_spreads_by_free_ratio_and_reports_no_space() {
     let (mut s, t0) = state(LeaderConfig::default());
-    s.set_tenants(&[entry("t", 64 * MIB)]).unwrap();
+    s.set_tenants(&[entry("t", 64 * MIB)], &[]).unwrap();
     mount(&mut s, "a", 4 * MIB, t0);
     mount(&mut s, "b", 4 * MIB, t0);
     for i in 0..8 {
@@ -251,7 +251,7 @@ fn malformed_requests_are_refused_not_panicked_on() {
         max_value_size: MIB,
         ..Default::default()
     });
-    s.set_tenants(&[entry("t", 8 * MIB)]).unwrap();
+    s.set_tenants(&[entry("t", 8 * MIB)], &[]).unwrap();
     mount(&mut s, "m", 8 * MIB, t0);
     assert_eq!(
         s.put_start(None, "k", 1, t0).unwrap_err().code,
@@ -297,7 +297,7 @@ fn a_name_held_by_a_live_process_is_refused_until_the_holder_expires() {
         ..Default::default()
     };
     let (mut s, t0) = state(cfg);
-    s.set_tenants(&[entry("t", 64 * MIB)]).unwrap();
+    s.set_tenants(&[entry("t", 64 * MIB)], &[]).unwrap();
     let first = s.mount(&mount_req("host", 8 * MIB, 11), t0).unwrap();
     put(&mut s, "t", "k", MIB, t0).unwrap();
 

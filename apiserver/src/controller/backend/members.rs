@@ -7,8 +7,8 @@ use kvcache_api::backend::MemberStatus;
 use kvcache_api::conditions::backend::members_mounted;
 use kvcache_api::conditions::{ConditionStatus, Observation};
 
-use super::list;
 use crate::controller::leader::LeaderView;
+use crate::controller::shared::names;
 use crate::runtime::{MemberPlan, StoreObservation, StorePlan};
 
 pub(super) fn member_rows(obj: &KVCacheBackend, view: &LeaderView, plan: Option<&StorePlan>) -> Vec<MemberStatus> {
@@ -164,7 +164,7 @@ pub(super) fn members_verdict(
             "{} of {} members mounted; the member on node {} has not registered with the leader",
             mounted.len(),
             plan.members.len(),
-            list(&nodes)
+            names(&nodes)
         ),
     )
 }

@@ -1,0 +1,108 @@
+//! What several controllers read or say the same way, so that no controller imports another: the
+//! backend a pool names, the endpoints a backend publishes, a hit rate, a list of names in a
+//! message, and the "held by …; delete them first" message a deletion waits on.
+
+use kube::{Api, Client};
+use kvcache_api::backend::EndpointName;
+use kvcache_api::common::UsedBy;
+use kvcache_api::{KVCacheBackend, KVCachePool};
+
+/// Names listed in a message before "and N more".
+const MAX_NAMES: usize = 20;
+
+/// `a, b and 3 more`.
+pub fn names(names: &[String]) -> String {
+    let shown = names.iter().take(MAX_NAMES).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > MAX_NAMES {
+        format!("{shown} and {} more", names.len() - MAX_NAMES)
+    } else {
+        shown
+    }
+}
+
+/// Why a deletion waits: `held by KIND/NAME, …; delete them first, then this WHAT's deletion
+/// completes`, a namespaced holder as `KIND/NAMESPACE/NAME`.
+pub fn held_by(used_by: &[UsedBy], what: &str) -> String {
+    let named: Vec<String> = used_by
+        .iter()
+        .map(|u| match u.namespace.as_str() {
+            "" => format!("{}/{}", u.kind, u.name),
+            ns => format!("{}/{ns}/{}", u.kind, u.name),
+        })
+        .collect();
+    format!(
+        "held by {}; delete them first, then this {what}'s deletion completes",
+        names(&named)
+    )
+}
+
+/// The address a backend publishes for `which`, once it has.
+pub fn endpoint(b: &KVCacheBackend, which: EndpointName) -> Option<String> {
+    b.status
+        .as_ref()?
+        .endpoints
+        .iter()
+        .find(|e| e.name == Some(which))
+        .map(|e| e.address.clone())
+}
+
+/// `hits / (hits + misses)` with at most 4 decimals, when there were lookups.
+pub fn hit_rate(hits: u64, misses: u64) -> Option<String> {
+    let n = hits + misses;
+    (n > 0)
+        .then(|| {
+            let r = hits as f64 / n as f64;
+            let s = format!("{:.4}", r.clamp(0.0, 1.0));
+            s.trim_end_matches('0').trim_end_matches('.').to_owned()
+        })
+        .map(|s| if s.is_empty() { "0".into() } else { s })
+}
+
+/// The pool named `pool` and the backend it names, each if it exists.
+pub async fn pool_and_backend(
+    client: &Client,
+    pool: &str,
+) -> Result<(Option<KVCachePool>, Option<KVCacheBackend>), kube::Error> {
+    if pool.is_empty() {
+        return Ok((None, None));
+    }
+    let Some(pool) = Api::<KVCachePool>::all(client.clone()).get_opt(pool).await? else {
+        return Ok((None, None));
+    };
+    let backend = match pool.spec.backend() {
+        Some(b) => Api::<KVCacheBackend>::all(client.clone()).get_opt(b).await?,
+        None => None,
+    };
+    Ok((Some(pool), backend))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hit_rates_have_at_most_four_decimals() {
+        assert_eq!(hit_rate(0, 0), None);
+        assert_eq!(hit_rate(1, 2).as_deref(), Some("0.3333"));
+        assert_eq!(hit_rate(5, 0).as_deref(), Some("1"));
+        assert_eq!(hit_rate(0, 5).as_deref(), Some("0"));
+    }
+
+    #[test]
+    fn a_hold_names_its_holders_and_what_to_do() {
+        let u = |kind: &str, ns: &str, name: &str| UsedBy {
+            kind: kind.into(),
+            namespace: ns.into(),
+            name: name.into(),
+        };
+        assert_eq!(
+            held_by(
+                &[u("KVCachePoolBinding", "team-a", "b"), u("KVCachePool", "", "p")],
+                "pool"
+            ),
+            "held by KVCachePoolBinding/team-a/b, KVCachePool/p; delete them first, then this pool's deletion completes"
+        );
+        let many: Vec<String> = (0..25).map(|i| i.to_string()).collect();
+        assert!(names(&many).ends_with("19 and 5 more"));
+    }
+}
