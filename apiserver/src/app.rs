@@ -306,6 +306,25 @@ impl App {
         }
     }
 
+    /// What the controllers' passes get: a client of this API in the process, acting as
+    /// `system:kvcache-controller`, and `runtime`.
+    pub fn controller_context(&self, runtime: Arc<dyn Runtime>, opts: controller::Options) -> controller::Context {
+        let user = User::new(
+            controller::CONTROLLER_USER,
+            &["system:authenticated", crate::auth::delegated::IN_PROCESS_GROUP],
+        );
+        controller::Context {
+            client: kube::Client::new(self.in_process(user), "default"),
+            runtime,
+            opts,
+            config: self.config.clone(),
+            metrics: self.controller_metrics.clone(),
+            ledger_locks: Default::default(),
+            lease_holders: Default::default(),
+            credentials_changed: tokio::sync::broadcast::channel(256).0,
+        }
+    }
+
     /// Starts the background work: the objects-per-kind metric, the expiry of old Events, and the controllers (acting as
     /// `system:kvcache-controller` through the request pipeline in this process).
     pub fn start(&self) {
@@ -314,20 +333,7 @@ impl App {
             drop(self.config.watch(path.clone()));
         }
         if let Some((options, runtime)) = &self.controllers {
-            let user = User::new(
-                controller::CONTROLLER_USER,
-                &["system:authenticated", crate::auth::delegated::IN_PROCESS_GROUP],
-            );
-            let ctx = Arc::new(controller::Context {
-                client: kube::Client::new(self.in_process(user), "default"),
-                runtime: runtime.clone(),
-                opts: options.clone(),
-                config: self.config.clone(),
-                metrics: self.controller_metrics.clone(),
-                ledger_locks: Default::default(),
-                lease_holders: Default::default(),
-                credentials_changed: tokio::sync::broadcast::channel(256).0,
-            });
+            let ctx = Arc::new(self.controller_context(runtime.clone(), options.clone()));
             match &self.election {
                 None => {
                     ctx.metrics.leader.set(1);

@@ -38,6 +38,10 @@ pub mod model_deployment;
 pub mod pool;
 pub mod shared;
 pub mod status;
+#[cfg(test)]
+mod testing;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
