@@ -1,0 +1,117 @@
+//! The backend controller: runs a managed backend's leader and one member per matching node per
+//! group through the runtime, and reports what the leader says (`backend.md` §3, with our store's
+//! Control API in place of the reference's HTTP admin port): endpoints, capacity, members, the
+//! conditions LeaderAvailable, CapacityObserved, MembersMounted, PoolWrites and Deletable, and
+//! the phase by the precedence of §3.1. Deletion waits while a pool names the backend.
+//!
+//! A pass runs the store (the runtime's answer is its observation), reads the leader, and writes
+//! the status [`decide::status`] makes of both, with the election's conditions beside it.
+
+use std::sync::Arc;
+
+use kube::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kvcache_api::backend::BackendStatus;
+use kvcache_api::common::UsedBy;
+use kvcache_api::conditions::{self, Observation};
+use kvcache_api::{KVCacheBackend, KVCachePool};
+
+use super::leader::Leader;
+use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
+use super::{Context, KindLabel, Result};
+use decide::Observed;
+
+mod decide;
+mod election;
+mod members;
+mod plan;
+pub use election::HANDOVER;
+pub use plan::plan;
+
+const KIND: &str = "KVCacheBackend";
+
+/// A pool event wakes the backend it names.
+pub fn for_pool(pool: KVCachePool) -> Option<ObjectRef<KVCacheBackend>> {
+    pool.spec.backend().map(ObjectRef::new)
+}
+
+pub fn error_policy(_: Arc<KVCacheBackend>, error: &super::Error, ctx: Arc<Context>) -> Action {
+    super::retry(KIND, error, &ctx)
+}
+
+pub async fn reconcile(obj: Arc<KVCacheBackend>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconciles.get_or_create(&KindLabel { kind: KIND }).inc();
+    let api: Api<KVCacheBackend> = Api::all(ctx.client.clone());
+    let pools: Api<KVCachePool> = Api::all(ctx.client.clone());
+    let name = obj.name().to_owned();
+    let consumers: Vec<UsedBy> = pools
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.spec.backend() == Some(name.as_str()))
+        .map(|p| UsedBy {
+            kind: "KVCachePool".into(),
+            namespace: String::new(),
+            name: p.name().to_owned(),
+        })
+        .collect();
+    let deleting = obj.metadata.deletion_timestamp.is_some();
+    if deleting && !has_finalizer(&obj) {
+        return Ok(Action::await_change());
+    }
+    if deleting && consumers.is_empty() {
+        // Nothing holds it: stop its processes, delete its election Lease, then let it go.
+        if ctx.runtime.remove_store(&name).await {
+            election::delete_lease(&ctx, &name).await?;
+            remove_finalizer(&api, &obj).await?;
+            return Ok(Action::await_change());
+        }
+        return Ok(Action::requeue(std::time::Duration::from_secs(2)));
+    }
+    if !deleting && add_finalizer(&api, &obj).await? {
+        return Ok(Action::await_change());
+    }
+    let st = observe(&obj, &ctx, consumers).await;
+    status::write(&api, &obj, st, &ctx).await?;
+    Ok(Action::requeue(ctx.opts.requeue))
+}
+
+/// What the runtime runs for a managed backend, once it converged it to the plan.
+async fn run_store(obj: &KVCacheBackend, ctx: &Context) -> Option<Observed> {
+    let (mut plan, unmatched) = plan(obj.name(), &obj.spec, &ctx.runtime.nodes())?;
+    plan.uid = obj.metadata.uid.clone().unwrap_or_default();
+    plan.existing_only = obj.metadata.deletion_timestamp.is_some();
+    let obs = ctx.runtime.ensure_store(&plan).await;
+    Some((plan, unmatched, obs))
+}
+
+/// One observation pass: run the workloads (managed), read the leader, decide the status, then
+/// observe the leader replicas and the election.
+async fn observe(obj: &KVCacheBackend, ctx: &Context, used_by: Vec<UsedBy>) -> BackendStatus {
+    let observed = run_store(obj, ctx).await;
+    let read = match decide::admin(&decide::endpoints(obj, observed.as_ref())) {
+        None => None,
+        Some(admin) => Some(
+            async {
+                Leader::connect(&admin, ctx.opts.leader_timeout, ctx.runtime.control_token())
+                    .await?
+                    .observe()
+                    .await
+            }
+            .await
+            .map_err(|e| e.0),
+        ),
+    };
+    let now = crate::registry::meta::now();
+    let mut st = decide::status(obj, observed.as_ref(), read, used_by, &now);
+    if let Some((plan, _, obs)) = &observed {
+        let generation = obj.metadata.generation;
+        let mut set = |st: &mut BackendStatus, o: Observation| {
+            conditions::set(&mut st.conditions, o.generation(generation), &now);
+        };
+        election::observe(&mut st, obj, plan, obs, ctx, &mut set).await;
+    }
+    st
+}

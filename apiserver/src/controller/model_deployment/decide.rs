@@ -1,0 +1,592 @@
+//! The ModelDeployment controller's decisions, with no I/O: what the deployment's `kvCache`
+//! attaches to ([`attach`]: DomainRegistered, `status.kvCache` and the connection replicas
+//! receive), the replicas the runtime runs ([`replicas`]), and the status their observation makes
+//! ([`report`]: roles, CacheAttached, phase). Table-tested below.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kvcache_api::conditions::binding::quota_granted;
+use kvcache_api::conditions::model_deployment::{cache_attached, domain_registered};
+use kvcache_api::conditions::{self, BindingPhase, ConditionStatus, ModelDeploymentPhase, Observation};
+use kvcache_api::model_deployment::{
+    EngineName, KvCacheDomainStatus, KvCacheStatus, ModelDeploymentStatus, RoleKind, RoleStatus,
+};
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
+
+use crate::controller::injection::{self, Connection};
+use crate::runtime::credentials::{ReplicaCredential, TenantCredentials};
+use crate::runtime::{Replica, ReplicaObservation};
+
+/// What the deployment's `kvCache` leads to, each if it exists: the Binding it names, the
+/// Binding's pool, the pool's backend, and the credential kept for the Binding.
+#[derive(Clone, Debug, Default)]
+pub struct Resolved {
+    pub binding: Option<KVCachePoolBinding>,
+    pub pool: Option<KVCachePool>,
+    pub backend: Option<KVCacheBackend>,
+    pub credential: Option<TenantCredentials>,
+}
+
+/// What the deployment attaches to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attach {
+    /// DomainRegistered
+    pub registered: Observation,
+    /// `status.kvCache`
+    pub kv_cache: Option<KvCacheStatus>,
+    /// what replicas connect with, once the domain is ready
+    pub connection: Option<Connection>,
+}
+
+/// DomainRegistered, `status.kvCache` and, when the domain is ready, the connection replicas
+/// receive (`backend_image`: the setting that tells our store's image from the reference's).
+pub fn attach(obj: &ModelDeployment, r: &Resolved, backend_image: &str) -> Attach {
+    let mut kv_cache = obj.status.as_ref().and_then(|s| s.kv_cache.clone());
+    let (registered, connection) = connect(obj, r, backend_image, &mut kv_cache);
+    Attach {
+        registered,
+        kv_cache,
+        connection,
+    }
+}
+
+fn connect(
+    obj: &ModelDeployment,
+    r: &Resolved,
+    backend_image: &str,
+    kv_cache: &mut Option<KvCacheStatus>,
+) -> (Observation, Option<Connection>) {
+    let obs = |status, reason: conditions::Reason, msg: String| {
+        Observation::new(domain_registered::TYPE, status, reason, msg)
+    };
+    let Some(binding_name) = obj.spec.binding_name() else {
+        *kv_cache = None;
+        return (
+            obs(
+                ConditionStatus::True,
+                domain_registered::NOT_APPLICABLE,
+                "the deployment has no kvCache: it runs without a shared cache".into(),
+            ),
+            None,
+        );
+    };
+    let Some(b) = &r.binding else {
+        return (
+            obs(
+                ConditionStatus::False,
+                domain_registered::BINDING_NOT_FOUND,
+                format!(
+                    "no KVCachePoolBinding {binding_name:?} in the namespace {:?}; an administrator creates it",
+                    obj.namespace()
+                ),
+            ),
+            None,
+        );
+    };
+    let domain = b.spec.domain.clone().unwrap_or_default();
+    *kv_cache = Some(KvCacheStatus {
+        binding: b.name().to_owned(),
+        pool: b.spec.pool_name().to_owned(),
+        domain: KvCacheDomainStatus {
+            name: b.spec.domain_name().to_owned(),
+            block_size: domain.block_size.unwrap_or(0),
+            dtype: domain.dtype.clone().unwrap_or_default(),
+        },
+    });
+    if b.metadata.deletion_timestamp.is_some() {
+        return (
+            obs(
+                ConditionStatus::False,
+                domain_registered::BINDING_DELETING,
+                format!("the KVCachePoolBinding {binding_name:?} is being deleted"),
+            ),
+            None,
+        );
+    }
+    let bst = b.status.clone().unwrap_or_default();
+    let granted = conditions::find(&bst.conditions, quota_granted::TYPE);
+    if bst.phase != Some(BindingPhase::Ready) || granted.is_none_or(|c| c.status != "True") {
+        let phase = bst.phase.map_or("not observed yet".to_owned(), |p| p.to_string());
+        return (
+            obs(
+                ConditionStatus::False,
+                domain_registered::BINDING_NOT_READY,
+                format!("the KVCachePoolBinding {binding_name:?} is not ready (phase {phase})"),
+            ),
+            None,
+        );
+    }
+    let unenforced = granted.is_some_and(|c| c.reason == quota_granted::UNENFORCED.as_str());
+    let endpoint = r.pool.as_ref().and_then(|p| p.status.as_ref()?.client_endpoint.clone());
+    let (Some(endpoint), Some(backend)) = (endpoint, &r.backend) else {
+        return (
+            obs(
+                ConditionStatus::False,
+                domain_registered::BINDING_NOT_READY,
+                format!(
+                    "the pool {:?} of the KVCachePoolBinding {binding_name:?} has no client endpoint yet",
+                    b.spec.pool_name()
+                ),
+            ),
+            None,
+        );
+    };
+    // Where the ledger checks credentials, replicas carry the Binding's current one.
+    let credential = if unenforced {
+        None
+    } else {
+        match &r.credential {
+            Some(c) if Some(c.uid.as_str()) == b.metadata.uid.as_deref() => {
+                Some(ReplicaCredential::new(binding_name, &c.current))
+            }
+            _ => {
+                return (
+                    obs(
+                        ConditionStatus::False,
+                        domain_registered::BINDING_NOT_READY,
+                        format!(
+                            "the KVCachePoolBinding {binding_name:?} has no tenant credential yet; its controller mints one"
+                        ),
+                    ),
+                    None,
+                );
+            }
+        }
+    };
+    (
+        obs(
+            ConditionStatus::True,
+            domain_registered::REGISTERED,
+            format!(
+                "attached through the KVCachePoolBinding {binding_name:?}, domain {:?}, store at {endpoint}",
+                b.spec.domain_name()
+            ),
+        ),
+        Some(Connection {
+            endpoint,
+            store: injection::StoreKind::of(&backend.spec, backend_image),
+            tenant: (!unenforced).then(|| b.spec.domain_name().to_owned()),
+            block_size: domain.block_size.unwrap_or(0),
+            dtype: domain.dtype.unwrap_or_default(),
+            protocol: "tcp".into(),
+            credential,
+        }),
+    )
+}
+
+/// The status the replicas' observation makes: roles, DomainRegistered and CacheAttached, phase.
+pub fn report(
+    obj: &ModelDeployment,
+    attach: &Attach,
+    observed: &[ReplicaObservation],
+    now: &Time,
+) -> ModelDeploymentStatus {
+    let mut st = ModelDeploymentStatus {
+        conditions: obj.status.clone().unwrap_or_default().conditions,
+        kv_cache: attach.kv_cache.clone(),
+        ..ModelDeploymentStatus::default()
+    };
+    let generation = obj.metadata.generation;
+    let (mut desired, mut ready) = (0, 0);
+    let mut summary = Vec::new();
+    for role in &obj.spec.roles {
+        let kind = role.kind.unwrap_or(RoleKind::Server);
+        let mine: Vec<&ReplicaObservation> = observed.iter().filter(|r| r.role == role.name).collect();
+        let d = role.replicas.unwrap_or(1).max(0);
+        let r = i32::try_from(mine.iter().filter(|o| o.state.running && o.state.ready).count()).unwrap_or(i32::MAX);
+        desired += d;
+        ready += r;
+        summary.push(format!("{r}{}", &kind.as_str()[..1]));
+        st.roles.push(RoleStatus {
+            name: role.name.clone(),
+            kind: kind.as_str().to_owned(),
+            desired: d,
+            ready: r,
+            quota_reserved: 0,
+            unmanaged: !role.command.is_empty(),
+        });
+    }
+    st.role_summary = Some(summary.concat());
+    let cache = attached(obj, observed, attach.connection.is_some(), &attach.registered.message);
+    for o in [attach.registered.clone(), cache] {
+        conditions::set(&mut st.conditions, o.generation(generation), now);
+    }
+    let (phase, message) = if ready == desired {
+        (ModelDeploymentPhase::Ready, None)
+    } else if ready > 0 {
+        (
+            ModelDeploymentPhase::Degraded,
+            Some(format!("{ready} of {desired} replicas are ready")),
+        )
+    } else {
+        (
+            ModelDeploymentPhase::Starting,
+            Some(format!("0 of {desired} replicas are ready{}", first_fault(observed))),
+        )
+    };
+    st.phase = Some(phase);
+    st.phase_message = with_what_runs(message, observed);
+    st
+}
+
+/// The replicas of `obj`, each with exactly what injection computed for `connection`, and the
+/// engine container a cluster runs.
+pub fn replicas(
+    obj: &ModelDeployment,
+    connection: Option<&Connection>,
+    config: &crate::config::Config,
+) -> Vec<Replica> {
+    let dtype_owned = config.settings.model_deployment_kv_cache_dtype_owned;
+    let engine = obj
+        .spec
+        .engine
+        .as_ref()
+        .and_then(|e| e.name)
+        .unwrap_or(EngineName::Vllm);
+    let mut replicas = Vec::new();
+    for role in &obj.spec.roles {
+        let kind = role.kind.unwrap_or(RoleKind::Server);
+        let injected = injection::inject(engine, kind, connection, dtype_owned);
+        let container = crate::controller::engine::container(obj, role, engine, &injected, &config.instance_types);
+        for i in 0..role.replicas.unwrap_or(1).max(0) {
+            replicas.push(Replica {
+                name: format!("{}-{i}", role.name),
+                role: role.name.clone(),
+                env: injected.env.clone(),
+                args: injected.args.clone(),
+                credential: injected.credential.clone(),
+                client_config: injected.client_config.clone(),
+                package_image: injected.package_image.clone(),
+                engine: container.clone(),
+            });
+        }
+    }
+    replicas
+}
+
+/// The phase message followed by what the runtime says runs (`server-0: vLLM (vllm serve) at
+/// http://127.0.0.1:41234`, or why the simulator runs), when it says anything.
+fn with_what_runs(message: Option<String>, observed: &[ReplicaObservation]) -> Option<String> {
+    let runs: Vec<String> = observed
+        .iter()
+        .filter_map(|r| Some(format!("{}: {}", r.name, r.runs.as_deref()?)))
+        .collect();
+    if runs.is_empty() {
+        return message;
+    }
+    let runs = runs.join("; ");
+    Some(match message {
+        Some(m) => format!("{m}; {runs}"),
+        None => runs,
+    })
+}
+
+/// `; <replica>: <why>` for the first replica that cannot run (refused, waiting on the kubelet,
+/// or crashed), so the phase says why nothing is ready; empty when every one is just starting.
+fn first_fault(observed: &[ReplicaObservation]) -> String {
+    observed
+        .iter()
+        .find_map(|r| {
+            let s = &r.state;
+            let why = s
+                .refused
+                .clone()
+                .or_else(|| s.waiting.as_ref().map(|(reason, msg)| format!("{reason}: {msg}")))
+                .or_else(|| s.last_exit.as_ref().map(|e| format!("ended ({})", e.describe())))?;
+            Some(format!("; {}: {why}", r.name))
+        })
+        .unwrap_or_default()
+}
+
+/// CacheAttached, in the order of §2.3, from the replicas' own reports.
+fn attached(obj: &ModelDeployment, observed: &[ReplicaObservation], connected: bool, registered: &str) -> Observation {
+    let o =
+        |status, reason: conditions::Reason, msg: String| Observation::new(cache_attached::TYPE, status, reason, msg);
+    if obj.spec.binding_name().is_none() {
+        return o(
+            ConditionStatus::True,
+            cache_attached::NOT_APPLICABLE,
+            "no kvCache: the replicas run without a shared cache".into(),
+        );
+    }
+    if let Some(role) = obj.spec.roles.iter().find(|r| !r.command.is_empty()) {
+        return o(
+            ConditionStatus::Unknown,
+            cache_attached::UNMANAGED,
+            format!(
+                "the role {:?} replaces the engine command, so its cache use is not observed",
+                role.name
+            ),
+        );
+    }
+    let ready: Vec<&ReplicaObservation> = observed.iter().filter(|r| r.state.running && r.state.ready).collect();
+    if ready.is_empty() {
+        return o(
+            ConditionStatus::Unknown,
+            cache_attached::NO_REPLICA_READY,
+            "no replica is ready yet".into(),
+        );
+    }
+    if !connected {
+        return o(
+            ConditionStatus::Unknown,
+            cache_attached::NO_OBSERVATION_AVAILABLE,
+            format!("the replicas run without a cache connection: {registered}"),
+        );
+    }
+    let reporting: Vec<_> = ready.iter().filter_map(|r| r.cache.as_ref().map(|c| (r, c))).collect();
+    let active: Vec<String> = reporting
+        .iter()
+        .filter(|(_, c)| c.hits + c.stored > 0)
+        .map(|(r, c)| format!("{} (hit rate {:.2})", r.name, c.hit_rate))
+        .collect();
+    if !active.is_empty() {
+        return o(
+            ConditionStatus::True,
+            cache_attached::CACHE_ACTIVE,
+            format!("replicas report store operations succeeding: {}", active.join(", ")),
+        );
+    }
+    if !reporting.is_empty() {
+        return o(
+            ConditionStatus::False,
+            cache_attached::CACHE_OPERATIONS_FAILING,
+            "the ready replicas report store operations and none succeeded".into(),
+        );
+    }
+    o(
+        ConditionStatus::Unknown,
+        cache_attached::NO_OBSERVATION_AVAILABLE,
+        "the ready replicas have not reported their cache use yet".into(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::runtime::{CacheReport, WorkloadState};
+
+    fn deployment(kv_cache: bool) -> ModelDeployment {
+        let mut v = json!({
+            "metadata": {"name": "qwen-chat", "namespace": "team-a", "generation": 4},
+            "spec": {"model": {"name": "m"}, "engine": {"name": "vLLM"},
+                     "roles": [{"name": "server", "replicas": 2}]},
+            "status": {"kvCache": {"binding": "old", "pool": "p", "domain": {"name": "d", "blockSize": 64, "dtype": "bfloat16"}}}
+        });
+        if kv_cache {
+            v["spec"]["kvCache"] = json!({"poolRef": {"name": "team-a"}});
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn binding(phase: &str, granted: &str, reason: &str) -> KVCachePoolBinding {
+        serde_json::from_value(json!({
+            "metadata": {"name": "team-a", "namespace": "team-a", "uid": "u1"},
+            "spec": {"poolRef": {"name": "p"}, "quota": {"ceiling": "1Gi"},
+                     "domain": {"name": "qwen", "blockSize": 64, "dtype": "bfloat16"}},
+            "status": {"phase": phase, "conditions": [{"type": "QuotaGranted", "status": granted, "reason": reason,
+                       "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+        }))
+        .unwrap()
+    }
+
+    fn pool(endpoint: bool) -> KVCachePool {
+        let mut v = json!({"metadata": {"name": "p"}, "spec": {"backends": ["b"], "quota": {"total": "2Gi"}}});
+        if endpoint {
+            v["status"] = json!({"clientEndpoint": "127.0.0.1:7"});
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn backend() -> KVCacheBackend {
+        serde_json::from_value(json!({
+            "metadata": {"name": "b"},
+            "spec": {"type": "Mooncake", "connection": {"managed": {"leader": {},
+                     "members": [{"medium": "DRAM", "capacityPerMember": "1Gi"}]}}}
+        }))
+        .unwrap()
+    }
+
+    fn credential(uid: &str) -> TenantCredentials {
+        TenantCredentials::mint(uid, "")
+    }
+
+    fn whole(b: KVCachePoolBinding) -> Resolved {
+        Resolved {
+            binding: Some(b),
+            pool: Some(pool(true)),
+            backend: Some(backend()),
+            credential: Some(credential("u1")),
+        }
+    }
+
+    #[test]
+    fn what_a_deployment_attaches_to() {
+        let ready = || binding("Ready", "True", "Granted");
+        let table: Vec<(&str, bool, Resolved, &str, bool)> = vec![
+            ("no kvCache", false, Resolved::default(), "True|NotApplicable", false),
+            ("no Binding", true, Resolved::default(), "False|BindingNotFound", false),
+            (
+                "a Binding not ready",
+                true,
+                whole(binding("Error", "False", "ZeroGranted")),
+                "False|BindingNotReady",
+                false,
+            ),
+            (
+                "a pool with no endpoint yet",
+                true,
+                Resolved {
+                    pool: Some(pool(false)),
+                    ..whole(ready())
+                },
+                "False|BindingNotReady",
+                false,
+            ),
+            (
+                "no credential yet",
+                true,
+                Resolved {
+                    credential: None,
+                    ..whole(ready())
+                },
+                "False|BindingNotReady",
+                false,
+            ),
+            (
+                "a credential of an earlier Binding of that name",
+                true,
+                Resolved {
+                    credential: Some(credential("u0")),
+                    ..whole(ready())
+                },
+                "False|BindingNotReady",
+                false,
+            ),
+            ("ready", true, whole(ready()), "True|Registered", true),
+            (
+                "unenforced: no credential needed",
+                true,
+                Resolved {
+                    credential: None,
+                    ..whole(binding("Ready", "True", "Unenforced"))
+                },
+                "True|Registered",
+                true,
+            ),
+        ];
+        for (name, kv_cache, resolved, want, connected) in table {
+            let md = deployment(kv_cache);
+            let a = attach(&md, &resolved, "");
+            let got = format!("{}|{}", a.registered.status.as_str(), a.registered.reason.as_str());
+            assert_eq!(got, want, "{name}: {}", a.registered.message);
+            assert_eq!(a.connection.is_some(), connected, "{name}");
+            match (kv_cache, &resolved.binding) {
+                (false, _) => assert_eq!(a.kv_cache, None, "{name}: cleared"),
+                (true, None) => assert_eq!(
+                    a.kv_cache.as_ref().map(|k| k.binding.as_str()),
+                    Some("old"),
+                    "{name}: kept"
+                ),
+                (true, Some(_)) => assert_eq!(
+                    a.kv_cache.as_ref().map(|k| k.domain.name.as_str()),
+                    Some("qwen"),
+                    "{name}"
+                ),
+            }
+        }
+        let c = attach(&deployment(true), &whole(ready()), "").connection.unwrap();
+        assert_eq!(
+            (c.endpoint.as_str(), c.tenant.as_deref(), c.block_size),
+            ("127.0.0.1:7", Some("qwen"), 64)
+        );
+        assert_eq!(c.credential.map(|x| x.binding), Some("team-a".to_owned()));
+    }
+
+    fn replica(ready: bool, cache: Option<CacheReport>) -> ReplicaObservation {
+        ReplicaObservation {
+            name: "server-0".into(),
+            role: "server".into(),
+            state: WorkloadState {
+                running: ready,
+                ready,
+                refused: (!ready).then(|| "not enough memory".to_owned()),
+                ..WorkloadState::default()
+            },
+            cache,
+            runs: None,
+        }
+    }
+
+    #[test]
+    fn what_the_replicas_observation_makes() {
+        let active = CacheReport {
+            blocks: 10,
+            hits: 4,
+            stored: 6,
+            hit_rate: 0.4,
+        };
+        let idle = CacheReport {
+            blocks: 10,
+            ..CacheReport::default()
+        };
+        let table: Vec<(&str, Resolved, Vec<ReplicaObservation>, &str, &str)> = vec![
+            (
+                "nothing ready: why",
+                whole(binding("Ready", "True", "Granted")),
+                vec![replica(false, None), replica(false, None)],
+                "Starting|0 of 2 replicas are ready; server-0: not enough memory",
+                "Unknown|NoReplicaReady",
+            ),
+            (
+                "one of two",
+                whole(binding("Ready", "True", "Granted")),
+                vec![replica(true, None), replica(false, None)],
+                "Degraded|1 of 2 replicas are ready",
+                "Unknown|NoObservationAvailable",
+            ),
+            (
+                "both, the cache in use",
+                whole(binding("Ready", "True", "Granted")),
+                vec![replica(true, Some(active.clone())), replica(true, None)],
+                "Ready|",
+                "True|CacheActive",
+            ),
+            (
+                "both, every operation failing",
+                whole(binding("Ready", "True", "Granted")),
+                vec![replica(true, Some(idle)), replica(true, None)],
+                "Ready|",
+                "False|CacheOperationsFailing",
+            ),
+            (
+                "no connection",
+                Resolved::default(),
+                vec![replica(true, Some(active)), replica(true, None)],
+                "Ready|",
+                "Unknown|NoObservationAvailable",
+            ),
+        ];
+        let now = crate::registry::meta::now();
+        for (name, resolved, observed, phase, cache) in table {
+            let md = deployment(true);
+            let st = report(&md, &attach(&md, &resolved, ""), &observed, &now);
+            let got = format!(
+                "{}|{}",
+                st.phase.map(|p| p.as_str()).unwrap_or_default(),
+                st.phase_message.clone().unwrap_or_default()
+            );
+            assert_eq!(got, phase, "{name}");
+            let c = conditions::find(&st.conditions, cache_attached::TYPE).unwrap();
+            assert_eq!(format!("{}|{}", c.status, c.reason), cache, "{name}: {}", c.message);
+            assert_eq!(c.observed_generation, Some(4), "{name}");
+            assert!(
+                conditions::find(&st.conditions, domain_registered::TYPE).is_some(),
+                "{name}"
+            );
+            let ready = observed.iter().filter(|r| r.state.ready).count();
+            assert_eq!(st.role_summary, Some(format!("{ready}S")), "{name}");
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The ModelDeployment controller: resolves the Binding (`DomainRegistered`, `status.kvCache`),
+//! the connection behind it (pool endpoint, tenant, layout), runs each role's replicas through the
+//! runtime with exactly what [`injection`](super::injection) computes, and reports roles,
+//! phase and `CacheAttached` from what the replicas themselves report (`model-deployment.md`
+//! §2.3, §3.3). A deployment without `kvCache` runs with no cache at all.
+//!
+//! A pass observes what the `kvCache` leads to ([`resolve`]), decides what the replicas attach to
+//! ([`decide::attach`]), has the runtime run them (the write whose answer is their observation),
+//! and writes the status [`decide::report`] makes of it.
+
+mod decide;
+
+use std::sync::Arc;
+
+use kube::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kvcache_api::{KVCachePoolBinding, ModelDeployment};
+
+use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
+use super::{Context, KindLabel, ReplicaLabel, Result};
+use crate::runtime::{ReplicaObservation, ReplicaPlan};
+pub use decide::replicas;
+use decide::{Resolved, attach, report};
+
+const KIND: &str = "ModelDeployment";
+
+/// A Binding event wakes the deployments of its namespace that attach through it.
+pub fn for_binding(deployments: &Store<ModelDeployment>, b: &KVCachePoolBinding) -> Vec<ObjectRef<ModelDeployment>> {
+    deployments
+        .state()
+        .iter()
+        .filter(|m| m.namespace() == b.namespace() && m.spec.binding_name() == Some(b.name()))
+        .map(|m| ObjectRef::new(m.name()).within(m.namespace()))
+        .collect()
+}
+
+pub fn error_policy(_: Arc<ModelDeployment>, error: &super::Error, ctx: Arc<Context>) -> Action {
+    super::retry(KIND, error, &ctx)
+}
+
+fn owner(md: &ModelDeployment) -> String {
+    format!("{}/{}", md.namespace(), md.name())
+}
+
+pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconciles.get_or_create(&KindLabel { kind: KIND }).inc();
+    let api: Api<ModelDeployment> = Api::namespaced(ctx.client.clone(), obj.namespace());
+    if obj.metadata.deletion_timestamp.is_some() {
+        if has_finalizer(&obj) && ctx.runtime.remove_replicas(&owner(&obj)).await {
+            remove_finalizer(&api, &obj).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    if add_finalizer(&api, &obj).await? {
+        return Ok(Action::await_change());
+    }
+    let config = ctx.config.get();
+    let attached = attach(
+        &obj,
+        &resolve(&obj, &ctx).await?,
+        &config.settings.kv_cache_backend_image,
+    );
+    // Hold rule (§3.3 step 5): replicas attached before keep running as they are while the
+    // connection does not resolve, rather than being rolled to run without a cache.
+    let had_cache = obj.status.as_ref().is_some_and(|s| s.kv_cache.is_some());
+    let plan = ReplicaPlan {
+        owner: owner(&obj),
+        uid: obj.metadata.uid.clone().unwrap_or_default(),
+        replicas: replicas(&obj, attached.connection.as_ref(), &config),
+        hold_rollout: attached.connection.is_none() && obj.spec.binding_name().is_some() && had_cache,
+    };
+    let observed = ctx.runtime.ensure_replicas(&plan).await;
+    record_hit_rates(&obj, &observed, &ctx);
+    let st = report(&obj, &attached, &observed, &crate::registry::meta::now());
+    status::write(&api, &obj, st, &ctx).await?;
+    Ok(Action::requeue(ctx.opts.requeue))
+}
+
+/// Each replica's latest hit rate, as it reported it, on the controllers' metrics.
+fn record_hit_rates(obj: &ModelDeployment, observed: &[ReplicaObservation], ctx: &Context) {
+    for r in observed {
+        if let Some(report) = &r.cache {
+            ctx.metrics
+                .replica_hit_ratio
+                .get_or_create(&ReplicaLabel {
+                    namespace: obj.namespace().to_owned(),
+                    deployment: obj.name().to_owned(),
+                    replica: r.name.clone(),
+                })
+                .set(report.hit_rate);
+        }
+    }
+}
+
+/// What the deployment's `kvCache` leads to: its Binding, the Binding's pool and backend, and the
+/// credential kept for the Binding.
+async fn resolve(obj: &ModelDeployment, ctx: &Context) -> Result<Resolved> {
+    let Some(name) = obj.spec.binding_name() else {
+        return Ok(Resolved::default());
+    };
+    let binding = Api::<KVCachePoolBinding>::namespaced(ctx.client.clone(), obj.namespace())
+        .get_opt(name)
+        .await?;
+    let Some(b) = binding else {
+        return Ok(Resolved::default());
+    };
+    let (pool, backend) = super::shared::pool_and_backend(&ctx.client, b.spec.pool_name()).await?;
+    let credential = ctx.runtime.credentials().get(&super::credential::key(&b)).await?;
+    Ok(Resolved {
+        binding: Some(b),
+        pool,
+        backend,
+        credential,
+    })
+}
