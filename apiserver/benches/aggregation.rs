@@ -278,7 +278,7 @@ fn crds(openapi: &Value) -> anyhow::Result<Vec<Value>> {
         .as_object()
         .context("our OpenAPI document has no components")?;
     let mut out = Vec::new();
-    for kind in kvcache_apiserver::kinds::KINDS.iter() {
+    for kind in kvcache_apiserver::registry::kinds::KINDS.iter() {
         let schema = &components[&format!("ai.gpustack.worker.v1.{}", kind.kind)];
         let part = |p: &str| structural(&schema["properties"][p], components, 0);
         out.push(json!({

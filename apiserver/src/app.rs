@@ -16,13 +16,13 @@ use crate::auth::x509::X509;
 use crate::auth::{Authorizer, Chain, ConnectionInfo, InProcess, NoTokens, User};
 use crate::config::Config;
 use crate::controller;
+use crate::filters::{self, Filters, Pipeline};
 use crate::handlers::{self, Api};
-use crate::kinds::KINDS;
 use crate::metrics::ApiMetrics;
+use crate::registry::kinds::KINDS;
 use crate::registry::{Context, Registry};
 use crate::runtime::Runtime;
 use crate::runtime::local::{LocalOptions, LocalRuntime};
-use crate::server::filters::{self, Filters, Pipeline};
 use crate::storage::embedded::{Embedded, Options as EmbeddedOptions};
 use crate::storage::etcd::{Etcd, EtcdOptions};
 use crate::storage::metrics::{ResourceLabel, StorageMetrics};
@@ -93,7 +93,7 @@ pub struct ControllerSetup {
     pub runtime: RuntimeChoice,
     /// Campaign for the controllers' Lease first (several replicas on one etcd); `None` runs
     /// them at once (the embedded storage has one server).
-    pub election: Option<controller::election::ElectionOptions>,
+    pub election: Option<controller::replica_election::ElectionOptions>,
 }
 
 /// Where the controllers run the store and the replicas.
@@ -164,7 +164,7 @@ pub struct App {
     shutdown: tokio::sync::watch::Sender<bool>,
     controller_metrics: controller::Metrics,
     controllers: Option<(controller::Options, Arc<dyn Runtime>)>,
-    election: Option<controller::election::ElectionOptions>,
+    election: Option<controller::replica_election::ElectionOptions>,
     /// The configuration admission, the controllers and the runtime read, and its file.
     config: crate::config::Live,
     config_path: Option<PathBuf>,
@@ -248,7 +248,7 @@ impl App {
             shutdown: shutdown_rx,
             bookmark_interval: opts.bookmark_interval.max(Duration::from_millis(1)),
             discovery: handlers::discovery::Cache::new(&KINDS),
-            openapi: crate::openapi::build(&KINDS),
+            openapi: crate::openapi::build(&KINDS.each_ref().map(|k| k.doc)),
         });
         let (authn, authz) = match opts.delegated {
             Some(delegated) => (delegated.authn, delegated.authz),
@@ -341,7 +341,7 @@ impl App {
                 }
                 Some(election) => {
                     let (leading, rx) = tokio::sync::watch::channel(false);
-                    tokio::spawn(controller::election::campaign(
+                    tokio::spawn(controller::replica_election::campaign(
                         self.storage.clone(),
                         election.clone(),
                         leading,

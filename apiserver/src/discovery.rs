@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-use crate::kinds::KindEntry;
+use crate::registry::kinds::KindEntry;
 use kvcache_api::{API_VERSION, GROUP, VERSION};
 
 const VERBS: &[&str] = &[

@@ -1,18 +1,19 @@
 //! The API server for `worker.gpustack.ai/v1`: what may be stored, and where it is stored.
 //!
-//! A request passes the filters (`server::filters`), reaches a handler (one per verb), which
+//! A request passes the filters ([`filters`]), reaches a handler (one per verb), which
 //! calls the registry (the rules, per kind), which writes through the storage (versioned keys,
 //! watch). [`app`] builds all of it from the configuration.
 //!
 //! | module | owns |
 //! |---|---|
 //! | [`app`] | the composition root: storage, hub, auth chain, metrics registry, request pipeline |
-//! | [`kinds`] | the table of kinds: names, scope, categories, columns, schema, strategy |
-//! | [`server`] | the HTTPS listener, connections, the request filters, graceful shutdown |
+//! | [`server`] | the HTTPS listener, connections, graceful shutdown |
+//! | [`filters`] | the per-request filters every request passes: metrics, authentication, authorization, in-flight and body limits, span |
 //! | [`handlers`] | one handler per verb, discovery, OpenAPI, health; `Routes`, which sends each request to its handler |
 //! | [`auth`] | who is asking (authenticators) and what they may do (authorizers) |
 //! | [`request_info`] | what a request is about: resource, verb, query |
-//! | [`registry`] | per-kind strategies (defaults, validation, immutability, claims) and the generic flow |
+//! | [`registry`] | the table of kinds (`registry::kinds`), per-kind strategies (defaults, validation, immutability, claims), the generic flow, and the CLI's typed apply (`registry::apply`) |
+//! | [`field`] | field paths and the field errors every refusal lists (`metav1.Status` causes) |
 //! | [`storage`] | API persistence: the `Storage` trait, its embedded implementation, watch |
 //! | [`decode`] | request bodies → bounded values → typed objects, with `fieldValidation` |
 //! | [`status`] | the `metav1.Status` of every refusal |
@@ -26,6 +27,7 @@
 //! | [`runtime`] | where the store's processes and the replicas run (`local`: child processes) |
 //! | [`config`] | server configuration read by admission (settings, instance types) |
 //! | [`manifest`] | applying multi-document YAML manifests through the registry (the CLI's `apply`) |
+//! | [`render`] | the CLI's `render`: what the controllers would apply in a cluster for a set of manifests, offline |
 
 pub mod app;
 pub mod auth;
@@ -34,8 +36,9 @@ pub mod controller;
 pub mod decode;
 pub mod discovery;
 pub mod events;
+pub mod field;
+pub mod filters;
 pub mod handlers;
-pub mod kinds;
 pub mod leases;
 pub mod manifest;
 pub mod metrics;
@@ -43,6 +46,7 @@ pub mod negotiate;
 pub mod openapi;
 pub mod plain;
 pub mod registry;
+pub mod render;
 pub mod request_info;
 pub mod runtime;
 pub mod selectors;

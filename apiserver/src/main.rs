@@ -12,12 +12,12 @@ use kvcache_apiserver::auth::delegated::Delegated;
 use kvcache_apiserver::auth::delegated::flags::DelegatedFlags;
 use kvcache_apiserver::config::Config;
 use kvcache_apiserver::controller;
-use kvcache_apiserver::controller::election::ElectionOptions;
-use kvcache_apiserver::kinds::{self, KindEntry};
+use kvcache_apiserver::controller::replica_election::ElectionOptions;
 use kvcache_apiserver::manifest::{self, ApplyError};
 use kvcache_apiserver::registry::RegistryError;
 use kvcache_apiserver::registry::dynamic::ListParams;
 use kvcache_apiserver::registry::generic::DeleteOptions;
+use kvcache_apiserver::registry::kinds::{self, KindEntry};
 use kvcache_apiserver::runtime::Node;
 use kvcache_apiserver::runtime::local::LocalOptions;
 use kvcache_apiserver::server::{self, ServeOptions};
@@ -410,8 +410,7 @@ fn render(files: &[PathBuf], namespace: &str, config: &Config) -> anyhow::Result
             docs.push((file.display().to_string(), doc.value));
         }
     }
-    let out = kvcache_apiserver::runtime::kubernetes::manifests::render(&docs, namespace, config)
-        .map_err(anyhow::Error::msg)?;
+    let out = kvcache_apiserver::render::render(&docs, namespace, config).map_err(anyhow::Error::msg)?;
     print!("{out}");
     Ok(())
 }

@@ -3,22 +3,10 @@
 //! annotations merged) when it exists. The kind comes from the table of kinds; every refusal is
 //! the registry's own, with its `metav1.Status`.
 
-use kvcache_api::{Kind, Scope};
-use serde_json::Value;
-
-use crate::decode::FieldValidation;
 use crate::decode::bounded::{self, Parsed};
-use crate::kinds;
-use crate::registry::generic::WriteOptions;
-use crate::registry::{Registry, RegistryError, Store, Strategy};
-
-/// What applying one document did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Created,
-    Configured,
-    Unchanged,
-}
+use crate::registry::Registry;
+pub use crate::registry::apply::Outcome;
+use crate::registry::kinds;
 
 /// The result of one document.
 #[derive(Debug)]
@@ -68,14 +56,14 @@ pub async fn apply(reg: &Registry, doc: Parsed, namespace: &str, dry_run: bool) 
             kvcache_api::API_VERSION
         ));
     }
-    let Some((entry, resource)) = kinds::by_kind(&kind).and_then(|k| reg.resource(k.plural)) else {
+    let Some(entry) = kinds::by_kind(&kind) else {
         return document_error(format!(
             "kind {kind:?} is not served here; this server serves {}",
             kinds::kind_names()
         ));
     };
     let object = format!("{}.{}/{name}", entry.singular, kvcache_api::GROUP);
-    match resource.apply_manifest(namespace, doc, dry_run).await {
+    match (entry.apply)(reg, namespace, doc, dry_run).await {
         Ok((outcome, warnings)) => Applied {
             object,
             result: Ok(outcome),
@@ -93,61 +81,6 @@ pub async fn apply(reg: &Registry, doc: Parsed, namespace: &str, dry_run: bool) 
                 warnings: Vec::new(),
             }
         }
-    }
-}
-
-/// The typed half of [`apply`], for one kind: decoded strictly, created, or its spec replaced
-/// with labels and annotations merged.
-pub(crate) async fn apply_typed<S: Strategy>(
-    store: &Store<S>,
-    namespace: &str,
-    doc: Parsed,
-    dry_run: bool,
-) -> Result<(Outcome, Vec<String>), RegistryError> {
-    let name = doc
-        .value
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    let (obj, mut warnings) = crate::registry::dynamic::typed::<S::Kind>(&name, doc, FieldValidation::Strict)?;
-    let ns = match <S::Kind as Kind>::SCOPE {
-        Scope::Namespaced => obj
-            .metadata
-            .namespace
-            .clone()
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| namespace.to_owned()),
-        Scope::Cluster => String::new(),
-    };
-    let opts = WriteOptions { dry_run };
-    let (outcome, written) = match store.get(&ns, &name).await {
-        Err(RegistryError::NotFound { .. }) => (Outcome::Created, store.create(&ns, obj, opts).await?),
-        Err(e) => return Err(e),
-        Ok(current) => {
-            let mut desired = current.clone();
-            desired.spec = obj.spec;
-            merge(&mut desired.metadata.labels, obj.metadata.labels);
-            merge(&mut desired.metadata.annotations, obj.metadata.annotations);
-            let written = store.update(&ns, &name, desired, opts).await?;
-            let outcome = if written.object.metadata.resource_version == current.metadata.resource_version {
-                Outcome::Unchanged
-            } else {
-                Outcome::Configured
-            };
-            (outcome, written)
-        }
-    };
-    warnings.extend(written.warnings);
-    Ok((outcome, warnings))
-}
-
-fn merge(
-    into: &mut Option<std::collections::BTreeMap<String, String>>,
-    from: Option<std::collections::BTreeMap<String, String>>,
-) {
-    if let Some(from) = from {
-        into.get_or_insert_with(Default::default).extend(from);
     }
 }
 

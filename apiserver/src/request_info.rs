@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use http::Method;
 
-use crate::kinds::{self, KindEntry};
+use crate::registry::kinds::{self, KindEntry};
 
 /// The group of the Leases served in direct mode (`crate::leases`).
 pub const LEASE_GROUP: &str = "coordination.k8s.io";

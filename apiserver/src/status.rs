@@ -91,7 +91,7 @@ pub fn for_resource(plural: &str, name: &str, e: &RegistryError) -> (u16, Status
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::field::{ErrorList, Path};
+    use crate::field::{ErrorList, Path};
     use kvcache_api::backend::BackendSpec;
 
     #[test]

@@ -1,6 +1,6 @@
 //! `kubectl get` output: the `meta.k8s.io/v1` Table, the columns every kind starts and ends with
 //! (`NAME`, `AGE`), and the human-readable ages kubectl prints verbatim. Each kind's own columns
-//! are in the table of kinds ([`crate::kinds`]).
+//! are in the table of kinds ([`crate::registry::kinds`]).
 
 use serde_json::{Value, json};
 

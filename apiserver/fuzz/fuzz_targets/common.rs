@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use kvcache_apiserver::config::{Config, Live};
 use kvcache_apiserver::decode::FieldValidation;
 use kvcache_apiserver::decode::bounded;
-use kvcache_apiserver::kinds::KINDS;
+use kvcache_apiserver::registry::kinds::KINDS;
 use kvcache_apiserver::registry::dynamic::WriteParams;
 use kvcache_apiserver::registry::{Context, Resource};
 use kvcache_apiserver::storage::Storage;

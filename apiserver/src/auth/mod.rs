@@ -22,6 +22,10 @@ pub mod delegated;
 pub mod policy;
 pub mod x509;
 
+/// The user the controllers act as, in this process; the direct-mode policy lets it write
+/// status and finalizers.
+pub const CONTROLLER_USER: &str = "system:kvcache-controller";
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;

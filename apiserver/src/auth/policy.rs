@@ -36,7 +36,7 @@ impl Authorizer for StaticPolicy {
             return Decision::Allow;
         }
         // The controllers write every kind of ours, their status and finalizers included.
-        if user.name == crate::controller::CONTROLLER_USER
+        if user.name == super::CONTROLLER_USER
             && let Target::Resource(r) = &attrs.target
             && (r.group == kvcache_api::GROUP
                 || (r.group.is_empty() && r.resource == "events")

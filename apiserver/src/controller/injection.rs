@@ -28,11 +28,7 @@ use serde_json::json;
 
 use crate::runtime::credentials::ReplicaCredential;
 
-/// Where the vLLM client configuration file of the reference's store is mounted in a Pod.
-pub const VLLM_CONFIG_PATH: &str = "/etc/gpustack/kvcache/mooncake.json";
-/// Where the store's image carries the `kvcache` Python package, and where an engine container
-/// finds its copy (`PYTHONPATH`).
-pub const PACKAGE_DIR: &str = "/opt/kvcache/python";
+pub use crate::runtime::{PACKAGE_DIR, VLLM_CONFIG_PATH};
 /// Our vLLM connector: its class and module (`clients/python/python/kvcache/vllm.py`).
 pub const VLLM_CONNECTOR: &str = "KVCacheStoreConnector";
 pub const VLLM_CONNECTOR_MODULE: &str = "kvcache.vllm";

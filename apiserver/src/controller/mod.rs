@@ -11,11 +11,11 @@
 //! | [`credential`] | a Binding's tenant credential: minted, rotated, retired |
 //! | [`model_deployment`] | a deployment's replicas with the injected environment, and `CacheAttached` |
 //! | [`injection`] | what a replica receives: the one function both runtimes use |
-//! | [`leader`] | reading a leader's Control API (health, members, tenants) with timeouts |
+//! | [`store_client`] | reading and writing a store leader's Control API (health, members, tenants) with timeouts |
 //! | [`shared`] | what several controllers say alike (held-by messages, endpoints, hit rates), so none imports another |
 //! | [`status`] | writing `/status` only when it changed; the finalizer |
 //! | [`events`] | the Events recorded when a condition changes |
-//! | [`election`] | which replica runs the controllers (a Lease in the storage), on etcd |
+//! | [`replica_election`] | which API server replica runs the controllers (a Lease in the storage), on etcd |
 //!
 //! The pool and Binding controllers pass in three steps: observe (the I/O: lists, the
 //! credentials, the leader's ledger), a pure `decide` (table-tested in each `decide.rs`), and
@@ -29,15 +29,15 @@
 pub mod backend;
 pub mod binding;
 pub mod credential;
-pub mod election;
 pub mod engine;
 pub mod events;
 pub mod injection;
-pub mod leader;
 pub mod model_deployment;
 pub mod pool;
+pub mod replica_election;
 pub mod shared;
 pub mod status;
+pub mod store_client;
 #[cfg(test)]
 mod testing;
 #[cfg(test)]
@@ -60,8 +60,8 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::runtime::{Changed, Runtime};
 
-/// The user the controllers act as.
-pub const CONTROLLER_USER: &str = "system:kvcache-controller";
+/// The user the controllers act as (the authorizer knows it: [`crate::auth`]).
+pub use crate::auth::CONTROLLER_USER;
 /// The finalizer that holds a deletion until the controller has released what it owns.
 pub const FINALIZER: &str = "gpustack.ai/controlled";
 

@@ -17,7 +17,7 @@ pub mod bounded;
 use serde::de::DeserializeOwned;
 
 pub use self::bounded::{BoundedError, Parsed};
-use crate::registry::field::{ErrorList, ErrorType, FieldError, Path};
+use crate::field::{ErrorList, ErrorType, FieldError, Path};
 
 /// The `fieldValidation` query parameter.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

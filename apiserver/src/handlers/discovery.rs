@@ -11,8 +11,8 @@ use serde_json::Value;
 use super::Api;
 use super::response::{self, not_acceptable};
 use crate::discovery as docs;
-use crate::kinds::KindEntry;
 use crate::negotiate::{self, Shape};
+use crate::registry::kinds::KindEntry;
 
 /// Discovery bodies, built once from the table of kinds, with their ETags.
 #[derive(Debug)]

@@ -7,9 +7,9 @@ use http::{HeaderValue, StatusCode, header};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use serde_json::Value;
 
-use crate::kinds::KindEntry;
 use crate::registry::RegistryError;
 use crate::registry::dynamic::Outcome;
+use crate::registry::kinds::KindEntry;
 use crate::status::failure;
 
 /// Total warning text (in characters) before warnings are truncated, and the length each is cut
@@ -160,7 +160,7 @@ mod tests {
     #[test]
     fn retry_after_follows_the_status() {
         let e = RegistryError::TooLargeResourceVersion(9);
-        let r = registry_error(&crate::kinds::KINDS[0], "", &e);
+        let r = registry_error(&crate::registry::kinds::KINDS[0], "", &e);
         assert_eq!(r.status(), 504);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
     }

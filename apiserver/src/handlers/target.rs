@@ -12,10 +12,10 @@ use http::request::Parts;
 
 use super::Api;
 use super::response::{error, not_acceptable, not_found};
-use crate::kinds::KindEntry;
 use crate::negotiate::{self, Shape};
 use crate::registry::Resource;
 use crate::registry::fieldmanager::Part;
+use crate::registry::kinds::KindEntry;
 use crate::request_info::{Query, RequestInfo};
 
 /// Handlers answer with a response either way; `Err` is a refusal.

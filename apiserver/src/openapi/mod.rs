@@ -15,7 +15,6 @@ pub use leases::LEASE_V3_PATH;
 
 use serde_json::{Map, Value, json};
 
-use crate::kinds::KindEntry;
 use kvcache_api::{API_VERSION, GROUP, Kind, Object, VERSION};
 
 /// The documents, built once at start.
@@ -381,7 +380,7 @@ fn path_param(names: &[&str]) -> Value {
     )
 }
 
-fn paths_for(info: &KindEntry) -> Map<String, Value> {
+fn paths_for(info: &KindDoc) -> Map<String, Value> {
     let kind = info.kind;
     let gvk = Gvk {
         group: GROUP,
@@ -392,7 +391,7 @@ fn paths_for(info: &KindEntry) -> Map<String, Value> {
     let list = format!("{obj}List");
     let status = "io.k8s.apimachinery.pkg.apis.meta.v1.Status";
     let base = format!("/apis/{API_VERSION}");
-    let scoped = if info.namespaced() {
+    let scoped = if info.namespaced {
         format!("{base}/namespaces/{{namespace}}/{}", info.plural)
     } else {
         format!("{base}/{}", info.plural)
@@ -408,7 +407,7 @@ fn paths_for(info: &KindEntry) -> Map<String, Value> {
     let json_body = &["application/json", "application/yaml"][..];
     let mut deletecollection: Vec<&str> = delete_params.to_vec();
     deletecollection.extend(LIST_PARAMS);
-    let (coll_params, item_params): (Value, Value) = if info.namespaced() {
+    let (coll_params, item_params): (Value, Value) = if info.namespaced {
         (path_param(&["namespace"]), path_param(&["name", "namespace"]))
     } else {
         (path_param(&[]), path_param(&["name"]))
@@ -423,7 +422,7 @@ fn paths_for(info: &KindEntry) -> Map<String, Value> {
             "parameters": coll_params,
         }),
     );
-    if info.namespaced() {
+    if info.namespaced {
         paths.insert(
             format!("{base}/{}", info.plural),
             json!({"get": op("list", gvk, &format!("list{kind}ForAllNamespaces"), LIST_PARAMS, None, &list), "parameters": []}),
@@ -451,8 +450,29 @@ fn paths_for(info: &KindEntry) -> Map<String, Value> {
     paths
 }
 
-/// Builds every document for `resources`.
-pub fn build(kinds: &[KindEntry]) -> Documents {
+/// What the documents say of one kind: its names and scope (for its paths) and how to add its
+/// schemas. The table of kinds holds one per kind; the documents need nothing else of it.
+#[derive(Clone, Copy, Debug)]
+pub struct KindDoc {
+    pub kind: &'static str,
+    pub plural: &'static str,
+    pub namespaced: bool,
+    pub schema: fn(&mut Collector),
+}
+
+impl KindDoc {
+    pub const fn of<K: Kind>() -> KindDoc {
+        KindDoc {
+            kind: K::KIND,
+            plural: K::PLURAL,
+            namespaced: matches!(K::SCOPE, kvcache_api::Scope::Namespaced),
+            schema: Collector::add_kind::<K>,
+        }
+    }
+}
+
+/// Builds every document for `kinds`.
+pub fn build(kinds: &[KindDoc]) -> Documents {
     let mut c = Collector::default();
     for k in kinds {
         (k.schema)(&mut c);
@@ -515,7 +535,15 @@ mod tests {
 
     #[test]
     fn patch_operations_carry_gvk_and_field_validation_and_no_strategic_merge() {
-        let docs = build(&crate::kinds::KINDS);
+        use kvcache_api::{
+            backend::BackendSpec, binding::BindingSpec, model_deployment::ModelDeploymentSpec, pool::PoolSpec,
+        };
+        let docs = build(&[
+            KindDoc::of::<BackendSpec>(),
+            KindDoc::of::<PoolSpec>(),
+            KindDoc::of::<BindingSpec>(),
+            KindDoc::of::<ModelDeploymentSpec>(),
+        ]);
         let v: Value = serde_json::from_slice(&docs.v3).unwrap();
         let item = &v["paths"]["/apis/worker.gpustack.ai/v1/namespaces/{namespace}/kvcachepoolbindings/{name}"];
         let patch = &item["patch"];

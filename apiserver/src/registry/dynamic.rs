@@ -119,15 +119,6 @@ pub trait Resource: Send + Sync {
         opts: DeleteOptions,
     ) -> Result<Page, RegistryError>;
     async fn watch(&self, namespace: Option<&str>, opts: WatchOptions) -> Result<Watch, RegistryError>;
-    /// Creates the manifest's object, or replaces its spec (labels and annotations merged) when
-    /// it exists, decoding strictly: the command line's `apply`. `namespace` is used when a
-    /// namespaced object names none.
-    async fn apply_manifest(
-        &self,
-        namespace: &str,
-        doc: Parsed,
-        dry_run: bool,
-    ) -> Result<(crate::manifest::Outcome, Vec<String>), RegistryError>;
 }
 
 /// A kind's [`Resource`] over `storage` (the constructor the table of kinds holds).
@@ -496,15 +487,6 @@ impl<S: Strategy> Resource for Typed<S> {
 
     async fn watch(&self, namespace: Option<&str>, opts: WatchOptions) -> Result<Watch, RegistryError> {
         Watch::open(self.store.storage(), keys::list_prefix::<S::Kind>(namespace), opts).await
-    }
-
-    async fn apply_manifest(
-        &self,
-        namespace: &str,
-        doc: Parsed,
-        dry_run: bool,
-    ) -> Result<(crate::manifest::Outcome, Vec<String>), RegistryError> {
-        crate::manifest::apply_typed(&self.store, namespace, doc, dry_run).await
     }
 }
 

@@ -3,8 +3,8 @@
 
 use kvcache_api::{GROUP, Kind};
 
-use super::field::ErrorList;
 use crate::decode::DecodeError;
+use crate::field::ErrorList;
 use crate::storage::StorageError;
 
 /// `kvcachebackends.worker.gpustack.ai`: how Kubernetes names a resource in messages.

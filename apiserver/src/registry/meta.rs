@@ -6,8 +6,8 @@ use k8s_openapi::jiff::Timestamp;
 use kvcache_api::{Kind, Object, Scope};
 
 use super::errors::RegistryError;
-use super::field::{ErrorList, Path};
 use super::validation;
+use crate::field::{ErrorList, Path};
 
 /// Largest total size of all annotations, as in Kubernetes.
 const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;

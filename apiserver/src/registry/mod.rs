@@ -1,6 +1,6 @@
 //! What may be stored: per-kind strategies in the shape of the Kubernetes apiserver's registry,
 //! the generic store that runs them in a fixed order around a storage transaction, and the
-//! registry of every kind (built from [`crate::kinds`]) that handlers call.
+//! registry of every kind (built from [`crate::registry::kinds`]) that handlers call.
 //!
 //! Create: prepare (system fields, clear status) → defaults → validate → inside the storage
 //! transaction: cross-object admission (claims, references) → commit.
@@ -26,13 +26,14 @@
 //! once-per-backend domain claim is `binding::claims`, checked in the same storage transaction
 //! as the write.
 
+pub mod apply;
 pub mod backend;
 pub mod binding;
 pub mod dynamic;
 pub mod errors;
-pub mod field;
 pub mod fieldmanager;
 pub mod generic;
+pub mod kinds;
 pub mod meta;
 pub mod model_deployment;
 pub mod patch;
@@ -50,9 +51,9 @@ use kvcache_api::{Kind, Object};
 
 pub use self::dynamic::Resource;
 pub use self::errors::RegistryError;
-pub use self::field::{ErrorList, Path};
 pub use self::generic::Store;
-use crate::kinds::{KINDS, KindEntry};
+use self::kinds::{KINDS, KindEntry};
+pub use crate::field::{ErrorList, Path};
 use crate::storage::{Compare, KeyValue, ListRequest, Op, Storage};
 
 /// What admission may consult besides the objects: the server's configuration.

@@ -15,10 +15,10 @@ use kvcache_api::Kind;
 use serde_json::Value;
 
 use super::errors::RegistryError;
-use super::field::{ErrorList, Path};
 use super::fieldmanager;
 use crate::decode::Parsed;
 use crate::decode::bounded::{self, MAX_DEPTH};
+use crate::field::{ErrorList, Path};
 
 /// Most operations in one JSON patch, as kube-apiserver.
 pub const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;

@@ -9,12 +9,12 @@ use serde_json::Value;
 
 use super::backend::BackendStrategy;
 use super::binding::BindingStrategy;
-use super::field::ErrorType;
 use super::model_deployment::ModelDeploymentStrategy;
 use super::pool::PoolStrategy;
 use super::{Context, RegistryError, Store};
 use crate::config::Config;
 use crate::decode::{self, FieldValidation};
+use crate::field::ErrorType;
 use crate::storage::Storage;
 use crate::storage::embedded::{Embedded, Options};
 

@@ -6,7 +6,7 @@ use kvcache_api::common::Condition;
 use kvcache_api::conditions::ConditionStatus;
 use kvcache_api::quantity::{ParsedQuantity, Quantity};
 
-use super::field::{ErrorList, Path};
+use crate::field::{ErrorList, Path};
 
 const DNS1123_LABEL_MAX: usize = 63;
 const DNS1123_SUBDOMAIN_MAX: usize = 253;

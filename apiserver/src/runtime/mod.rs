@@ -312,6 +312,12 @@ impl Exit {
     }
 }
 
+/// Where the vLLM client configuration file of the reference's store is mounted in a Pod.
+pub const VLLM_CONFIG_PATH: &str = "/etc/gpustack/kvcache/mooncake.json";
+/// Where the store's image carries the `kvcache` Python package, and where an engine container
+/// finds its copy (`PYTHONPATH`).
+pub const PACKAGE_DIR: &str = "/opt/kvcache/python";
+
 /// Whose workloads changed (a process started, became ready, reported or ended): the
 /// controllers look again at once rather than at their next requeue.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,7 +8,6 @@
 //! | [`tls`] | the TLS configuration that verifies client certificates |
 //! | [`parse_errors`] | Status bodies for what the HTTP/1 parser refuses on its own |
 
-pub mod filters;
 pub mod parse_errors;
 pub mod tls;
 
@@ -99,7 +98,7 @@ fn server_url(listen: &SocketAddr) -> String {
 
 /// The kubeconfig the local runtime hands the store's processes (`<data-dir>/store.kubeconfig`):
 /// the election's Lease API.
-pub const STORE_KUBECONFIG: &str = "store.kubeconfig";
+pub use crate::runtime::local::STORE_KUBECONFIG;
 
 /// Creates the PKI if needed and writes the kubeconfig files (admin, viewer, store).
 pub fn prepare_credentials(

@@ -11,7 +11,7 @@ use kvcache_api::conditions::backend::{capacity_observed, deletable, leader_avai
 use kvcache_api::conditions::{self, BackendPhase, ConditionStatus, Observation};
 
 use super::members::{member_rows, members_verdict};
-use crate::controller::leader::LeaderView;
+use crate::controller::store_client::LeaderView;
 use crate::controller::{human, quantity, shared};
 use crate::runtime::{StoreObservation, StorePlan};
 

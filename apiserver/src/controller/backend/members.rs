@@ -7,8 +7,8 @@ use kvcache_api::backend::MemberStatus;
 use kvcache_api::conditions::backend::members_mounted;
 use kvcache_api::conditions::{ConditionStatus, Observation};
 
-use crate::controller::leader::LeaderView;
 use crate::controller::shared::names;
+use crate::controller::store_client::LeaderView;
 use crate::runtime::{MemberPlan, StoreObservation, StorePlan};
 
 pub(super) fn member_rows(obj: &KVCacheBackend, view: &LeaderView, plan: Option<&StorePlan>) -> Vec<MemberStatus> {

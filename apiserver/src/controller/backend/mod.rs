@@ -17,16 +17,16 @@ use kvcache_api::common::UsedBy;
 use kvcache_api::conditions::{self, Observation};
 use kvcache_api::{KVCacheBackend, KVCachePool};
 
-use super::leader::Leader;
 use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
+use super::store_client::LeaderClient;
 use super::{Context, KindLabel, Result};
 use decide::Observed;
 
 mod decide;
-mod election;
+mod leader_replicas;
 mod members;
 mod plan;
-pub use election::HANDOVER;
+pub use leader_replicas::HANDOVER;
 pub use plan::plan;
 
 const KIND: &str = "KVCacheBackend";
@@ -64,7 +64,7 @@ pub async fn reconcile(obj: Arc<KVCacheBackend>, ctx: Arc<Context>) -> Result<Ac
     if deleting && consumers.is_empty() {
         // Nothing holds it: stop its processes, delete its election Lease, then let it go.
         if ctx.runtime.remove_store(&name).await {
-            election::delete_lease(&ctx, &name).await?;
+            leader_replicas::delete_lease(&ctx, &name).await?;
             remove_finalizer(&api, &obj).await?;
             return Ok(Action::await_change());
         }
@@ -95,7 +95,7 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context, used_by: Vec<UsedBy>) -> B
         None => None,
         Some(admin) => Some(
             async {
-                Leader::connect(&admin, ctx.opts.leader_timeout, ctx.runtime.control_token())
+                LeaderClient::connect(&admin, ctx.opts.leader_timeout, ctx.runtime.control_token())
                     .await?
                     .observe()
                     .await
@@ -111,7 +111,7 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context, used_by: Vec<UsedBy>) -> B
         let mut set = |st: &mut BackendStatus, o: Observation| {
             conditions::set(&mut st.conditions, o.generation(generation), &now);
         };
-        election::observe(&mut st, obj, plan, obs, ctx, &mut set).await;
+        leader_replicas::observe(&mut st, obj, plan, obs, ctx, &mut set).await;
     }
     st
 }

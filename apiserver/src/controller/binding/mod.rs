@@ -20,9 +20,9 @@ use kvcache_api::common::UsedBy;
 use kvcache_api::{KVCachePool, KVCachePoolBinding, ModelDeployment};
 
 use super::credential::LedgerView;
-use super::leader::Leader;
 use super::shared;
 use super::status::{self, add_finalizer, remove_finalizer};
+use super::store_client::LeaderClient;
 use super::{Context, KindLabel, Result};
 use crate::runtime::credentials::TenantCredentials;
 use decide::{Decision, Next, Observed, decide};
@@ -117,7 +117,7 @@ async fn observe(
 ) -> Result<Observed> {
     let (_, backend) = shared::pool_and_backend(&ctx.client, obj.spec.pool_name()).await?;
     let leader = match backend.as_ref().and_then(|b| shared::endpoint(b, EndpointName::Admin)) {
-        Some(a) => match Leader::connect(&a, ctx.opts.leader_timeout, ctx.runtime.control_token()).await {
+        Some(a) => match LeaderClient::connect(&a, ctx.opts.leader_timeout, ctx.runtime.control_token()).await {
             Ok(l) => l.tenants().await.map_err(|e| e.0),
             Err(e) => Err(e.0),
         },

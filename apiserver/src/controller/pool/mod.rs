@@ -21,8 +21,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 
-use super::leader::Leader;
 use super::status::{self, add_finalizer, remove_finalizer};
+use super::store_client::LeaderClient;
 use super::{Context, KindLabel, Result};
 use decide::{Decision, LeaderRead, Next, Observed, decide, leader_to_read};
 use ledger_render::Ledger;
@@ -72,7 +72,7 @@ pub async fn reconcile(obj: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Actio
 }
 
 /// Everything the decision reads, and the channel to the leader when it was read.
-async fn observe(obj: &KVCachePool, ctx: &Context) -> Result<(Observed, Option<Leader>)> {
+async fn observe(obj: &KVCachePool, ctx: &Context) -> Result<(Observed, Option<LeaderClient>)> {
     let bindings = Api::<KVCachePoolBinding>::all(ctx.client.clone())
         .list(&Default::default())
         .await?
@@ -88,16 +88,18 @@ async fn observe(obj: &KVCachePool, ctx: &Context) -> Result<(Observed, Option<L
     };
     let (leader, read) = match leader_to_read(obj, backend.as_ref(), &bindings) {
         None => (None, LeaderRead::NotAsked),
-        Some(admin) => match Leader::connect(&admin, ctx.opts.leader_timeout, ctx.runtime.control_token()).await {
-            Err(e) => (None, LeaderRead::Unreachable(e.0)),
-            Ok(l) => {
-                let read = match l.tenants().await {
-                    Ok(current) => LeaderRead::Ledger { current, refused: None },
-                    Err(e) => LeaderRead::Unreachable(e.0),
-                };
-                (Some(l), read)
+        Some(admin) => {
+            match LeaderClient::connect(&admin, ctx.opts.leader_timeout, ctx.runtime.control_token()).await {
+                Err(e) => (None, LeaderRead::Unreachable(e.0)),
+                Ok(l) => {
+                    let read = match l.tenants().await {
+                        Ok(current) => LeaderRead::Ledger { current, refused: None },
+                        Err(e) => LeaderRead::Unreachable(e.0),
+                    };
+                    (Some(l), read)
+                }
             }
-        },
+        }
     };
     let seen = Observed {
         pools,
@@ -110,7 +112,7 @@ async fn observe(obj: &KVCachePool, ctx: &Context) -> Result<(Observed, Option<L
 }
 
 /// Sets the whole ledger and reads it back; a refusal leaves the ledger read `before`.
-async fn set_ledger(leader: &Leader, ledger: Ledger, before: LeaderRead) -> LeaderRead {
+async fn set_ledger(leader: &LeaderClient, ledger: Ledger, before: LeaderRead) -> LeaderRead {
     let (tenants, pools) = (ledger.tenants.len(), ledger.pools.len());
     let written = async {
         let dropped = leader.set_tenants(ledger.tenants, ledger.pools).await?;

@@ -11,7 +11,7 @@ use kvcache_api::common::EnvVar;
 use kvcache_store::leader::LeaderConfig;
 use kvcache_store::member::MemberConfig;
 
-use crate::registry::field::{ErrorList, Path};
+use crate::field::{ErrorList, Path};
 use crate::registry::validation;
 
 /// Leader flags the runtime renders from the spec (addresses, the ledger and its switch, the

@@ -9,7 +9,7 @@ use kvcache_api::common::{Protocol, Transport};
 use kvcache_api::quantity::Quantity;
 
 use super::validation;
-use crate::registry::field::{ErrorList, Path};
+use crate::field::{ErrorList, Path};
 use crate::registry::{Context, StatusStrategy, Strategy};
 
 /// Consumers named in a refusal before "and N more".

@@ -5,7 +5,7 @@ use kvcache_api::common::UsedBy;
 use serde_json::{Value, json};
 
 use crate::config::Config;
-use crate::registry::field::ErrorType::{self, *};
+use crate::field::ErrorType::{self, *};
 use crate::registry::generic::{DeleteOptions, WriteOptions};
 use crate::registry::testing::{Expect, Harness, check, decode, registries, remove, set};
 use crate::registry::{RegistryError, encode};

@@ -7,8 +7,8 @@ use kvcache_api::backend::{
 use kvcache_api::common::{Protocol, Transport};
 
 use super::passthrough::{self, Side};
+use crate::field::{ErrorList, Path};
 use crate::registry::Context;
-use crate::registry::field::{ErrorList, Path};
 use crate::registry::validation;
 
 const MAX_LEADER_REPLICAS: i32 = 5;

@@ -17,7 +17,7 @@ use kvcache_api::pool::{KVCachePool, PoolSpec};
 use kvcache_api::quantity::same_quantity;
 use serde::{Deserialize, Serialize};
 
-use crate::registry::field::{ErrorList, Path};
+use crate::field::{ErrorList, Path};
 use crate::registry::{Admission, Change, Reads, RegistryError};
 use crate::storage::{Op, keys};
 

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use kvcache_api::binding::{BindingSpec, DEFAULT_DOMAIN, KVCachePoolBinding};
 
 use super::{claims, validation};
-use crate::registry::field::{ErrorList, Path};
+use crate::field::{ErrorList, Path};
 use crate::registry::{Admission, Change, Context, Reads, RegistryError, StatusStrategy, Strategy};
 
 #[derive(Debug, Default)]

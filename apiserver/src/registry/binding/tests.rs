@@ -9,7 +9,7 @@ use kvcache_api::pool::{PoolSpec, PoolStatus};
 use serde_json::{Value, json};
 
 use crate::config::{Config, Settings};
-use crate::registry::field::ErrorType::*;
+use crate::field::ErrorType::*;
 use crate::registry::generic::{DeleteOptions, Deleted, WriteOptions};
 use crate::registry::testing::{Expect, Harness, check, decode, registries, remove, set};
 use crate::registry::{RegistryError, meta};

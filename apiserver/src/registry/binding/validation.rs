@@ -2,8 +2,8 @@
 
 use kvcache_api::binding::{BindingStatus, DEFAULT_DOMAIN, KVCachePoolBinding};
 
+use crate::field::{ErrorList, Path};
 use crate::registry::Context;
-use crate::registry::field::{ErrorList, Path};
 use crate::registry::validation;
 
 const MAX_DTYPE: usize = 32;

@@ -8,7 +8,7 @@ use kvcache_api::model_deployment::{Connector, ModelDeployment, ModelDeploymentS
 use kvcache_api::quantity::same_quantity;
 
 use super::validation;
-use crate::registry::field::{ErrorList, Path};
+use crate::field::{ErrorList, Path};
 use crate::registry::{Admission, Change, Context, Reads, RegistryError, StatusStrategy, Strategy};
 
 #[derive(Debug, Default)]

@@ -3,8 +3,8 @@
 use kvcache_api::model_deployment::{ModelDeployment, ModelDeploymentSpec};
 use serde_json::{Value, json};
 
+use crate::field::ErrorType::*;
 use crate::registry::RegistryError;
-use crate::registry::field::ErrorType::*;
 use crate::registry::generic::WriteOptions;
 use crate::registry::testing::{Expect, Harness, check, decode, remove, set};
 

@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 
 use kvcache_api::model_deployment::{EngineName, ModelDeployment, ModelDeploymentSpec, Role, RoleKind};
 
+use crate::field::{ErrorList, Path};
 use crate::registry::Context;
-use crate::registry::field::{ErrorList, Path};
 use crate::registry::validation;
 
 const MAX_ROLES: usize = 10;

@@ -6,7 +6,7 @@ use kvcache_api::backend::BackendSpec;
 use kvcache_api::pool::{KVCachePool, PoolSpec};
 
 use super::validation;
-use crate::registry::field::{ErrorList, Path};
+use crate::field::{ErrorList, Path};
 use crate::registry::{Admission, Change, Context, Reads, RegistryError, StatusStrategy, Strategy};
 
 #[derive(Debug, Default)]

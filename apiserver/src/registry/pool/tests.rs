@@ -4,8 +4,8 @@ use kvcache_api::backend::BackendSpec;
 use kvcache_api::pool::{KVCachePool, PoolSpec, PoolStatus};
 use serde_json::{Value, json};
 
+use crate::field::ErrorType::*;
 use crate::registry::RegistryError;
-use crate::registry::field::ErrorType::*;
 use crate::registry::generic::{DeleteOptions, WriteOptions};
 use crate::registry::testing::{Expect, Harness, check, decode, set};
 

@@ -2,7 +2,7 @@
 
 use kvcache_api::pool::{KVCachePool, PoolStatus};
 
-use crate::registry::field::{ErrorList, Path};
+use crate::field::{ErrorList, Path};
 use crate::registry::validation;
 
 /// The object rules, on create and (ratcheted) on update.

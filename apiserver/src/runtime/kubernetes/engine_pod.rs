@@ -49,8 +49,8 @@ pub fn engine_pod(plan: &crate::runtime::ReplicaPlan, r: &crate::runtime::Replic
     if let Some(c) = &r.credential {
         env.push(
             json!({"name": crate::runtime::credentials::ENV, "valueFrom": {"secretKeyRef": {
-                "name": super::credentials::secret_name(&c.binding),
-                "key": super::credentials::KEY,
+                "name": super::credential_secrets::secret_name(&c.binding),
+                "key": super::credential_secrets::KEY,
             }}}),
         );
     }
@@ -79,14 +79,14 @@ pub fn engine_pod(plan: &crate::runtime::ReplicaPlan, r: &crate::runtime::Replic
     // Which credential the Pod runs with: a rotation changes it, so the spec hash, so the Pod is
     // replaced; and the Binding controller retires the previous credential once no Pod names it.
     if let Some(c) = &r.credential {
-        annotations[super::credentials::FINGERPRINT_ANNOTATION] = json!(c.fingerprint);
+        annotations[super::credential_secrets::FINGERPRINT_ANNOTATION] = json!(c.fingerprint);
     }
     let mut mounts = Vec::new();
     let mut volumes = Vec::new();
     // Our connectors come from the store's own build: an init container copies the package the
     // store's image carries into a volume the engine reads (`PYTHONPATH` names it).
     if let Some(image) = &r.package_image {
-        let dir = crate::controller::injection::PACKAGE_DIR;
+        let dir = crate::runtime::PACKAGE_DIR;
         spec["initContainers"] = json!([{
             "name": "kvcache-package",
             "image": image,
@@ -100,7 +100,7 @@ pub fn engine_pod(plan: &crate::runtime::ReplicaPlan, r: &crate::runtime::Replic
     }
     if let Some(cfg) = &r.client_config {
         annotations[CLIENT_CONFIG] = json!(cfg);
-        let dir = crate::controller::injection::VLLM_CONFIG_PATH
+        let dir = crate::runtime::VLLM_CONFIG_PATH
             .rsplit_once('/')
             .map_or("/etc/gpustack/kvcache", |(d, _)| d);
         mounts.push(json!({"name": "gpustack-kvcache-config", "mountPath": dir, "readOnly": true}));

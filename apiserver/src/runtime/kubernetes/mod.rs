@@ -6,19 +6,17 @@
 //! |---|---|
 //! | [`render`] | a backend's plan as Kubernetes objects (Deployment, Service, DaemonSets, RBAC) |
 //! | [`engine_pod`] | a ModelDeployment's replicas as engine Pods |
-//! | [`manifests`] | `kv-apiserver render`: manifests rendered offline |
-//! | [`target`] | the namespace, image and pull policy of a backend's objects |
+//! | [`store_target`] | the namespace, image and pull policy of a backend's objects |
 //! | [`observe`] | a Pod's status as a workload's state |
-//! | [`credentials`] | tenant credentials in Secrets of the Bindings' namespaces |
-//! | [`tokens`] | the controllers' and each backend's member token, in Secrets |
+//! | [`credential_secrets`] | tenant credentials in Secrets of the Bindings' namespaces |
+//! | [`token_secrets`] | the controllers' and each backend's member token, in Secrets |
 
-pub mod credentials;
+pub mod credential_secrets;
 pub mod engine_pod;
-pub mod manifests;
 pub mod observe;
 pub mod render;
-pub mod target;
-pub mod tokens;
+pub mod store_target;
+pub mod token_secrets;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -85,7 +83,7 @@ pub struct KubernetesRuntime {
     nodes: Arc<RwLock<BTreeMap<String, Node>>>,
     changes: tokio::sync::broadcast::Sender<Changed>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    credentials: credentials::SecretKeeper,
+    credentials: credential_secrets::SecretKeeper,
     /// The controllers' token, once read from (or made into) its Secret.
     control_token: RwLock<Option<String>>,
 }
@@ -149,7 +147,7 @@ impl KubernetesRuntime {
             |namespace, instance| Changed::Replicas(format!("{namespace}/{instance}")),
         );
         KubernetesRuntime {
-            credentials: credentials::SecretKeeper { client: client.clone() },
+            credentials: credential_secrets::SecretKeeper { client: client.clone() },
             control_token: RwLock::new(None),
             client,
             opts,
@@ -165,10 +163,11 @@ impl KubernetesRuntime {
     /// being deleted).
     async fn ensure_tokens(&self, plan: &StorePlan, target: &render::Target) -> Result<(), String> {
         let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(self.client.clone(), &self.opts.namespace);
-        let control = tokens::get_or_make(&api, tokens::control_metadata(&self.opts.namespace), true).await?;
+        let control =
+            token_secrets::get_or_make(&api, token_secrets::control_metadata(&self.opts.namespace), true).await?;
         *self.control_token.write() = control;
         let member = render::member_token_metadata(plan, target);
-        tokens::get_or_make(&api, member, !plan.existing_only).await?;
+        token_secrets::get_or_make(&api, member, !plan.existing_only).await?;
         Ok(())
     }
 
@@ -360,7 +359,7 @@ impl Runtime for KubernetesRuntime {
     }
 
     async fn credential_in_use(&self, namespace: &str, fingerprint: &str) -> Result<bool, String> {
-        credentials::in_use(&self.client, namespace, fingerprint).await
+        credential_secrets::in_use(&self.client, namespace, fingerprint).await
     }
 
     fn changes(&self) -> tokio::sync::broadcast::Receiver<Changed> {

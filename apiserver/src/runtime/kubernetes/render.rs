@@ -84,7 +84,7 @@ pub const MEMBER_PORT: u16 = 7000;
 pub const MEMBER_DATA_PORT: u16 = 7001;
 pub const MEMBER_METRICS_PORT: u16 = 7002;
 
-pub use super::target::{Target, pull_policy};
+pub use super::store_target::{Target, pull_policy};
 
 /// The leader's Service address, which engines and Service-addressed members use.
 pub fn leader_address(plan: &StorePlan, namespace: &str) -> String {

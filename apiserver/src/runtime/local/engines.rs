@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use kvcache_api::model_deployment::EngineName;
 
 use crate::config::{EngineMode, LocalRuntimeConfig};
-use crate::controller::injection::PACKAGE_DIR;
+use crate::runtime::PACKAGE_DIR;
 use crate::runtime::Replica;
 
 /// The simulated engine's workload: a few rounds of prompts, then idle (an engine with no

@@ -57,13 +57,20 @@ pub struct LocalOptions {
     pub shm_dir: PathBuf,
     /// The server's configuration, read at every pass (`localRuntime`: which engines run).
     pub config: crate::config::Live,
+    /// The kubeconfig the store's processes reach the Lease API with (`serve` writes it there).
+    pub store_kubeconfig: PathBuf,
 }
+
+/// Where [`LocalOptions::new`] puts the store's kubeconfig, under the data directory.
+pub const STORE_KUBECONFIG: &str = "store.kubeconfig";
 
 impl LocalOptions {
     /// Two stand-in nodes, `local-0` and `local-1`, and the `kv-store` next to this executable.
     pub fn new(data_dir: impl Into<PathBuf>) -> LocalOptions {
+        let data_dir: PathBuf = data_dir.into();
         LocalOptions {
-            data_dir: data_dir.into(),
+            store_kubeconfig: data_dir.join(STORE_KUBECONFIG),
+            data_dir,
             store_binary: sibling_binary("kv-store"),
             nodes: vec![Node::stand_in("local-0"), Node::stand_in("local-1")],
             grace: Duration::from_secs(10),
@@ -259,7 +266,7 @@ impl LocalRuntime {
 
     /// The kubeconfig the store's processes reach the Lease API with.
     fn store_kubeconfig(&self) -> PathBuf {
-        self.opts.data_dir.join(crate::server::STORE_KUBECONFIG)
+        self.opts.store_kubeconfig.clone()
     }
 
     /// A leader replica's flags: its own ports, the front's fast port advertised, and the

@@ -43,10 +43,13 @@ pub fn render(docs: &[(String, Value)], namespace: &str, config: &Config) -> Res
             out.push_str(&format!("---\n# KVCacheBackend {name}: external, renders nothing\n"));
             continue;
         };
-        endpoints.insert(name.clone(), super::render::leader_address(&plan, namespace));
-        let target = super::render::Target::for_plan(&plan, namespace, default_image)
+        endpoints.insert(
+            name.clone(),
+            crate::runtime::kubernetes::render::leader_address(&plan, namespace),
+        );
+        let target = crate::runtime::kubernetes::render::Target::for_plan(&plan, namespace, default_image)
             .map_err(|e| format!("KVCacheBackend {name}: {e}"))?;
-        for object in super::render::store(&plan, &target) {
+        for object in crate::runtime::kubernetes::render::store(&plan, &target) {
             out.push_str("---\n");
             out.push_str(&yaml(&object)?);
         }
@@ -54,9 +57,9 @@ pub fn render(docs: &[(String, Value)], namespace: &str, config: &Config) -> Res
         // the controllers: it says how to make them.
         out.push_str(&format!(
             "---\n# KVCacheBackend {name}: its Pods mount the Secrets {control} and {member} (key {key:?}), which the\n# controllers make; applied by hand, make them first, e.g.\n#   kubectl -n {namespace} create secret generic {member} --from-literal={key}=$(openssl rand -hex 32)\n",
-            control = super::render::CONTROL_TOKEN_SECRET,
-            member = super::render::member_token_secret(&name),
-            key = super::render::TOKEN_KEY,
+            control = crate::runtime::kubernetes::render::CONTROL_TOKEN_SECRET,
+            member = crate::runtime::kubernetes::render::member_token_secret(&name),
+            key = crate::runtime::kubernetes::render::TOKEN_KEY,
         ));
     }
     for (file, value) in typed("ModelDeployment") {
@@ -107,7 +110,9 @@ pub fn render(docs: &[(String, Value)], namespace: &str, config: &Config) -> Res
             match &r.engine.image {
                 Ok(image) => {
                     out.push_str("---\n");
-                    out.push_str(&yaml(&super::engine_pod::engine_pod(&plan, r, image))?);
+                    out.push_str(&yaml(&crate::runtime::kubernetes::engine_pod::engine_pod(
+                        &plan, r, image,
+                    ))?);
                 }
                 Err(why) => out.push_str(&format!(
                     "---\n# ModelDeployment {ns}/{name} replica {}: {why}\n",

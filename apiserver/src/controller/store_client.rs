@@ -1,5 +1,5 @@
 //! Reading and writing a leader through its Control API (`kvstore.v1.Control`): health and
-//! capacity, mounted members, and the tenant ledger. A pass connects once ([`Leader::connect`])
+//! capacity, mounted members, and the tenant ledger. A pass connects once ([`LeaderClient::connect`])
 //! and makes its calls on that channel; every call has a deadline, so an unreachable leader is an
 //! observation ("unreachable: ..."), never a stuck pass.
 
@@ -32,7 +32,7 @@ impl LeaderError {
 }
 
 /// One channel to a leader's Control API.
-pub struct Leader {
+pub struct LeaderClient {
     endpoint: String,
     timeout: Duration,
     control: ControlClient<Channel>,
@@ -40,9 +40,13 @@ pub struct Leader {
     token: Option<String>,
 }
 
-impl Leader {
+impl LeaderClient {
     /// Connects to the leader at `endpoint` (HOST:PORT); each call then has `timeout`.
-    pub async fn connect(endpoint: &str, timeout: Duration, token: Option<String>) -> Result<Leader, LeaderError> {
+    pub async fn connect(
+        endpoint: &str,
+        timeout: Duration,
+        token: Option<String>,
+    ) -> Result<LeaderClient, LeaderError> {
         let unreachable = |e: String| LeaderError(format!("cannot reach the leader at {endpoint}: {e}"));
         let channel = Endpoint::from_shared(format!("http://{endpoint}"))
             .map_err(|e| unreachable(e.to_string()))?
@@ -51,7 +55,7 @@ impl Leader {
             .connect()
             .await
             .map_err(|e| unreachable(e.to_string()))?;
-        Ok(Leader {
+        Ok(LeaderClient {
             endpoint: endpoint.to_owned(),
             timeout,
             control: ControlClient::new(channel),

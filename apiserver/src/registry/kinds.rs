@@ -8,12 +8,14 @@ use std::sync::Arc;
 use kvcache_api::{Kind, Scope};
 use serde_json::Value;
 
-use crate::openapi::Collector;
+use crate::decode::bounded::Parsed;
+use crate::openapi::KindDoc;
+use crate::registry::apply::{self, Applying};
 use crate::registry::backend::BackendStrategy;
 use crate::registry::binding::BindingStrategy;
 use crate::registry::model_deployment::ModelDeploymentStrategy;
 use crate::registry::pool::PoolStrategy;
-use crate::registry::{Context, Resource, Strategy, dynamic};
+use crate::registry::{Context, Registry, Resource, Strategy, dynamic};
 use crate::storage::Storage;
 use crate::table::{Column, NAME, age, at, col, text};
 
@@ -31,10 +33,12 @@ pub struct KindEntry {
     pub categories: &'static [&'static str],
     /// What `kubectl get` prints.
     pub columns: &'static [Column],
-    /// Adds the kind's schemas to the OpenAPI documents.
-    pub schema: fn(&mut Collector),
+    /// What the OpenAPI documents say of it.
+    pub doc: KindDoc,
     /// The kind's registry over a storage.
     pub resource: fn(Arc<dyn Storage>, Context) -> Arc<dyn Resource>,
+    /// The offline command line's `apply` of one document of the kind.
+    pub apply: for<'a> fn(&'a Registry, &'a str, Parsed, bool) -> Applying<'a>,
 }
 
 impl std::fmt::Debug for KindEntry {
@@ -53,8 +57,9 @@ impl KindEntry {
             scope: S::Kind::SCOPE,
             categories,
             columns,
-            schema: Collector::add_kind::<S::Kind>,
+            doc: KindDoc::of::<S::Kind>(),
             resource: dynamic::resource::<S>,
+            apply: apply::apply::<S>,
         }
     }
 
