@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::support::{Etcd, Kubectl, free_port};
+use super::support::{Etcd, Kubectl, loopback_port};
 
 pub const NAMESPACE: &str = "gpustack-system";
 pub const SERVICE: &str = "kvcache-apiserver";
@@ -134,7 +134,7 @@ impl ControlPlane {
         let mut attempt = 0;
         let mut plane = loop {
             attempt += 1;
-            let port = free_port();
+            let port = loopback_port();
             let server = format!("https://127.0.0.1:{port}");
             let admin = d.join("admin.kubeconfig");
             cert_kubeconfig(&admin, &server, &cluster_ca.pair.cert_pem, "harness-admin", &admin_pair);
@@ -335,7 +335,7 @@ impl Aggregated {
     /// One start; `None` when the port was taken.
     fn try_start(plane: &ControlPlane, kubeconfig: &Path, certs: &Path, extra: &[&str]) -> Option<Aggregated> {
         let controllers = extra.iter().any(|a| a.starts_with("--runtime"));
-        let port = free_port();
+        let port = loopback_port();
         let data = plane.dir.path().join(format!("kv-{port}"));
         let log = plane.dir.path().join(format!("kv-apiserver-{port}.log"));
         let mut args: Vec<String> = vec![

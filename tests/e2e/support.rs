@@ -5,28 +5,24 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Polls `f` every 50 ms until it gives a value; fails the test after `within`.
-pub fn eventually_within<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+#[path = "../support/eventually.rs"]
+mod wait;
+#[allow(unused_imports)]
+pub use wait::{eventually, eventually_within};
 
-/// [`eventually_within`] `secs` seconds.
-pub fn eventually<T>(secs: u64, what: &str, f: impl FnMut() -> Option<T>) -> T {
-    eventually_within(Duration::from_secs(secs), what, f)
-}
+#[path = "../support/etcd.rs"]
+mod etcd;
+/// A single-member etcd (Debian's `/usr/bin/etcd`) on loopback ports; killed when dropped.
+#[allow(unused_imports)]
+pub use etcd::EtcdProcess as Etcd;
+/// A loopback port for a process a test starts (the server's own picker).
+#[allow(unused_imports)]
+pub use kvcache_apiserver::runtime::local::loopback_port;
 
 /// The kubectl versions every core scenario runs against.
 pub const VERSIONS: &[&str] = &["1.27", "1.30", "1.33"];
@@ -39,62 +35,6 @@ pub fn kubectl_path(version: &str) -> PathBuf {
         path.display()
     );
     path
-}
-
-/// A single-member etcd (Debian's `/usr/bin/etcd`) on free loopback ports; killed when dropped.
-pub struct Etcd {
-    child: Child,
-    pub endpoint: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Etcd {
-    pub fn start() -> Etcd {
-        let bin = "/usr/bin/etcd";
-        assert!(
-            Path::new(bin).exists(),
-            "{bin} is missing: these tests run against Debian's etcd (./scripts/setup installs it)"
-        );
-        let dir = tempfile::tempdir().expect("temp dir");
-        let (client, peer) = (free_port(), free_port());
-        let endpoint = format!("127.0.0.1:{client}");
-        let child = Command::new(bin)
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args([
-                "--listen-client-urls",
-                &format!("http://{endpoint}"),
-                "--advertise-client-urls",
-                &format!("http://{endpoint}"),
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{peer}"),
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer}"),
-                "--initial-cluster",
-                &format!("default=http://127.0.0.1:{peer}"),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start etcd");
-        Etcd {
-            child,
-            endpoint,
-            _dir: dir,
-        }
-    }
-
-    /// `--storage etcd://...` for a server on this etcd.
-    pub fn storage_flag(&self) -> String {
-        format!("etcd://{}", self.endpoint)
-    }
 }
 
 /// The server process; killed when dropped (before its etcd, if it has one).
@@ -113,13 +53,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 /// The server binary: this build's, or another one named by `KV_APISERVER_BIN` (to run a test
@@ -155,7 +88,7 @@ impl Server {
         let mut dir = Some(dir);
         for _ in 0..5 {
             let data = dir.take().expect("the data directory");
-            let port = free_port();
+            let port = loopback_port();
             let child = Command::new(server_binary())
                 .args([
                     "serve",

@@ -21,13 +21,20 @@ fn server() -> Server {
     Server::start_with(&["--requeue-interval", "2s"])
 }
 
-/// Status writes the controllers made so far (their metric).
+/// Status writes the controllers made so far (their metric); fails when the metric is not
+/// served, so a renamed metric cannot make "nothing was written" pass.
 fn status_writes(s: &Server) -> u64 {
-    s.get_body("/metrics", &[])
+    let body = s.get_body("/metrics", &[]);
+    let samples: Vec<u64> = body
         .lines()
-        .filter(|l| l.starts_with("kvcache_controller_status_writes_total"))
+        .filter(|l| l.starts_with("kvcache_controller_status_writes_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+        .collect();
+    assert!(
+        !samples.is_empty(),
+        "/metrics serves no kvcache_controller_status_writes_total sample"
+    );
+    samples.iter().sum()
 }
 
 fn apply_walkthrough(k: &Kubectl) {
@@ -140,7 +147,12 @@ fn the_walkthrough_runs_on_one_machine() {
     );
 
     // Settled: once the engines are idle, three requeue intervals pass without a status write.
+    // The counter moved while the walkthrough assembled: it counts the writes it is meant to.
     let mut last = status_writes(&s);
+    assert!(
+        last > 0,
+        "the controllers wrote every status above, and the counter shows none"
+    );
     eventually(90, "the walkthrough settles", || {
         std::thread::sleep(REQUEUE * 2);
         let now = status_writes(&s);

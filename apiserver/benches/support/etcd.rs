@@ -3,13 +3,10 @@
 
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use tempfile::TempDir;
 
 pub const ETCD: &str = "/usr/bin/etcd";
 const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -43,45 +40,28 @@ pub fn filesystem_of(path: &Path) -> anyhow::Result<(String, String)> {
         .with_context(|| format!("no mount holds {}", path.display()))
 }
 
-/// A single-member etcd in a temporary directory, stopped (SIGTERM) and removed on drop.
+#[path = "../../../tests/support/etcd.rs"]
+mod process;
+use kvcache_apiserver::runtime::local::loopback_port;
+
+/// A single-member etcd in a temporary directory under the scratch folder (the tests' one
+/// launcher), stopped with SIGTERM and removed on drop.
 pub struct EtcdServer {
-    child: Child,
-    endpoint: String,
-    /// Holds `data/` and `etcd.log`; removed after the process is gone.
-    dir: TempDir,
+    process: process::EtcdProcess,
 }
 
 impl EtcdServer {
     pub fn start(scratch: &Path) -> anyhow::Result<EtcdServer> {
-        let dir = tempfile::Builder::new().prefix("etcd-").tempdir_in(scratch)?;
-        let (client_port, peer_port) = two_free_ports()?;
-        let client_url = format!("http://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(dir.path().join("etcd.log"))?;
-        let child = Command::new(ETCD)
-            .arg("--name=bench")
-            .arg(format!("--data-dir={}", dir.path().join("data").display()))
-            .arg(format!("--listen-client-urls={client_url}"))
-            .arg(format!("--advertise-client-urls={client_url}"))
-            .arg(format!("--listen-peer-urls={peer_url}"))
-            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-            .arg(format!("--initial-cluster=bench={peer_url}"))
-            .args(["--logger=zap", "--log-level=warn"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {ETCD}"))?;
-        Ok(EtcdServer {
-            child,
-            endpoint: client_url,
-            dir,
-        })
+        let process = process::EtcdProcess::start_with(&process::Launch {
+            under: Some(scratch.to_path_buf()),
+            ..process::Launch::default()
+        });
+        Ok(EtcdServer { process })
     }
 
     /// The client URL (`http://127.0.0.1:<port>`).
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
+    pub fn endpoint(&self) -> String {
+        self.process.url()
     }
 
     /// Connects once etcd answers `status`, retrying for a bounded time.
@@ -92,14 +72,14 @@ impl EtcdServer {
                 Ok(client) => return Ok(client),
                 Err(e) => e,
             };
-            if let Some(status) = self.child.try_wait()? {
-                bail!("etcd exited ({status}) before it was ready:\n{}", self.log_tail());
+            if !self.process.running() {
+                bail!("etcd exited before it was ready:\n{}", self.process.log_tail());
             }
             if Instant::now() >= deadline {
                 bail!(
                     "etcd at {} was not ready after {ETCD_READY_TIMEOUT:?} (last error: {last_error:#}):\n{}",
-                    self.endpoint,
-                    self.log_tail()
+                    self.endpoint(),
+                    self.process.log_tail()
                 );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -110,52 +90,13 @@ impl EtcdServer {
         let options = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(1))
             .with_timeout(Duration::from_secs(2));
-        let mut client = etcd_client::Client::connect([self.endpoint.as_str()], Some(options)).await?;
+        let mut client = etcd_client::Client::connect([self.endpoint().as_str()], Some(options)).await?;
         client.status().await?;
         Ok(client)
     }
 
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    }
-
     /// Sends SIGTERM and waits (bounded) for the process to exit; SIGKILL if it does not.
     pub fn stop(&mut self) -> anyhow::Result<()> {
-        if self.child.try_wait()?.is_some() {
-            return Ok(());
-        }
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status()?;
-        ensure!(sent.success(), "kill -TERM {pid} failed ({sent})");
-        let deadline = Instant::now() + ETCD_STOP_TIMEOUT;
-        while Instant::now() < deadline {
-            if self.child.try_wait()?.is_some() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.child.kill()?;
-        self.child.wait()?;
-        bail!("etcd ignored SIGTERM for {ETCD_STOP_TIMEOUT:?} and was killed")
+        self.process.terminate(ETCD_STOP_TIMEOUT).map_err(anyhow::Error::msg)
     }
-}
-
-impl Drop for EtcdServer {
-    fn drop(&mut self) {
-        if let Err(e) = self.stop() {
-            eprintln!("stopping etcd: {e:#}");
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        // `dir` is removed after this, with the process gone.
-    }
-}
-
-/// Two distinct free ports on 127.0.0.1, found by binding port 0 and releasing them.
-pub fn two_free_ports() -> anyhow::Result<(u16, u16)> {
-    let a = TcpListener::bind("127.0.0.1:0")?;
-    let b = TcpListener::bind("127.0.0.1:0")?;
-    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
 }

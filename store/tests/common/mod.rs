@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvcache_store::client::Client;
 use kvcache_store::proto::{GetMembersRequest, GetTenantsRequest, Scope, TenantStatus};
@@ -113,18 +113,17 @@ pub async fn client(leader: &str, tenant: &str) -> Client {
     Client::connect(leader, scope(tenant)).await.expect("connect to leader")
 }
 
-/// Polls `f` every 20 ms until it holds; panics with `what` after 30 s (a liveness bound, far above
-/// what any of these conditions needs, not a timing assertion).
-pub async fn eventually<F, Fut>(what: &str, mut f: F)
+#[path = "../../../tests/support/eventually.rs"]
+mod wait;
+
+/// Polls `f` until it holds; panics with `what` after 30 s (a liveness bound, far above what any
+/// of these conditions needs, not a timing assertion).
+pub async fn eventually<F, Fut>(what: &str, f: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let start = Instant::now();
-    while !f().await {
-        assert!(start.elapsed() < Duration::from_secs(30), "gave up waiting: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait::eventually_async(Duration::from_secs(30), what, f).await;
 }
 
 pub async fn member_count(c: &Client) -> usize {

@@ -302,9 +302,42 @@ impl LocalRuntime {
 }
 
 fn free_port() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], loopback_port()))
+}
+
+/// A loopback port for a process this server (or a test) starts, which binds it itself: free
+/// now, below the kernel's ephemeral range (`ip_local_port_range`), so no outgoing connection can
+/// take it before the process binds it, and never one this process handed out before. Where the
+/// range leaves no room below it, a port the kernel picks.
+pub fn loopback_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOWEST: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let below = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768)
+        .min(u32::from(u16::MAX));
+    if below > LOWEST + 1_000 {
+        let span = below - LOWEST;
+        // processes (parallel tests, several servers) start at different places in the span
+        let _ = NEXT.compare_exchange(
+            0,
+            std::process::id().wrapping_mul(7_919) % span + 1,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        for _ in 0..span {
+            let offset = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+            let port = u16::try_from(LOWEST + offset).unwrap_or(0);
+            if port != 0 && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
-        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+        .map_or(0, |a| a.port())
 }
 
 /// `MemTotal` of `/proc/meminfo`, in bytes.

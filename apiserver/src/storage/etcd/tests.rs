@@ -2,8 +2,6 @@
 //! free loopback ports and stopped at the end), and what etcd makes subtle: compares on deleted
 //! keys, revisions across compaction, a watch that starts exactly at a revision.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,64 +9,22 @@ use super::{Etcd, EtcdOptions};
 use crate::storage::watch::Hub;
 use crate::storage::{Compare, EventKind, ListRequest, Op, Storage, StorageError, Txn, TxnOutcome};
 
-const ETCD: &str = "/usr/bin/etcd";
-
-/// A single-member etcd; killed and removed on drop.
-struct EtcdProcess {
-    child: Child,
-    endpoint: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for EtcdProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+#[path = "../../../../tests/support/etcd.rs"]
+mod process;
+use crate::runtime::local::loopback_port;
+use process::{EtcdProcess, Launch};
 
 fn start_etcd() -> EtcdProcess {
-    start_etcd_with("http", &[])
+    EtcdProcess::start()
 }
 
 /// An etcd serving clients over `scheme` (`http` or `https`), with `extra` flags (TLS files).
 fn start_etcd_with(scheme: &str, extra: &[String]) -> EtcdProcess {
-    assert!(
-        std::path::Path::new(ETCD).exists(),
-        "{ETCD} is missing: the etcd storage tests run against Debian's etcd (apt-get install etcd-server, or ./scripts/setup)"
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let (client, peer) = (free_port(), free_port());
-    let endpoint = format!("127.0.0.1:{client}");
-    let child = Command::new(ETCD)
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .args([
-            "--listen-client-urls",
-            &format!("{scheme}://{endpoint}"),
-            "--advertise-client-urls",
-            &format!("{scheme}://{endpoint}"),
-            "--listen-peer-urls",
-            &format!("http://127.0.0.1:{peer}"),
-            "--initial-advertise-peer-urls",
-            &format!("http://127.0.0.1:{peer}"),
-            "--initial-cluster",
-            &format!("default=http://127.0.0.1:{peer}"),
-        ])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start etcd");
-    EtcdProcess {
-        child,
-        endpoint,
-        _dir: dir,
-    }
+    EtcdProcess::start_with(&Launch {
+        scheme: scheme.to_owned(),
+        extra: extra.to_vec(),
+        under: None,
+    })
 }
 
 /// Connects with `opts`, retrying while etcd starts.
