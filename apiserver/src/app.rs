@@ -21,8 +21,8 @@ use crate::handlers::{self, Api};
 use crate::metrics::ApiMetrics;
 use crate::registry::kinds::KINDS;
 use crate::registry::{Context, Registry};
-use crate::runtime::Runtime;
 use crate::runtime::local::{LocalOptions, LocalRuntime};
+use crate::runtime::{Runtime, Secrets};
 use crate::storage::embedded::{Embedded, Options as EmbeddedOptions};
 use crate::storage::etcd::{Etcd, EtcdOptions};
 use crate::storage::metrics::{ResourceLabel, StorageMetrics};
@@ -148,6 +148,9 @@ pub enum AppError {
     NeedsOpen,
 }
 
+/// How the controllers run, where their workloads run, and where that keeps its secrets.
+type Controllers = (controller::Options, Arc<dyn Runtime>, Arc<dyn Secrets>);
+
 /// The application: storage, registry, the API behind its filters.
 pub struct App {
     pub storage: Arc<dyn Storage>,
@@ -163,7 +166,7 @@ pub struct App {
     pipeline: Pipeline,
     shutdown: tokio::sync::watch::Sender<bool>,
     controller_metrics: controller::Metrics,
-    controllers: Option<(controller::Options, Arc<dyn Runtime>)>,
+    controllers: Option<Controllers>,
     election: Option<controller::replica_election::ElectionOptions>,
     /// The configuration admission, the controllers and the runtime read, and its file.
     config: crate::config::Live,
@@ -225,17 +228,22 @@ impl App {
         let election = opts.controllers.as_ref().and_then(|c| c.election.clone());
         let config = crate::config::Live::new(opts.config);
         let controllers = opts.controllers.map(|c| {
-            let runtime: Arc<dyn Runtime> =
-                match c.runtime {
-                    RuntimeChoice::Local(mut local) => {
-                        local.config = config.clone();
-                        Arc::new(LocalRuntime::new(local))
-                    }
-                    RuntimeChoice::Kubernetes(client, k) => Arc::new(
-                        crate::runtime::kubernetes::KubernetesRuntime::new(client, k, config.clone()),
-                    ),
-                };
-            (c.options, runtime)
+            let (runtime, secrets): (Arc<dyn Runtime>, Arc<dyn Secrets>) = match c.runtime {
+                RuntimeChoice::Local(mut local) => {
+                    local.config = config.clone();
+                    let r = Arc::new(LocalRuntime::new(local));
+                    (r.clone(), r)
+                }
+                RuntimeChoice::Kubernetes(client, k) => {
+                    let r = Arc::new(crate::runtime::kubernetes::KubernetesRuntime::new(
+                        client,
+                        k,
+                        config.clone(),
+                    ));
+                    (r.clone(), r)
+                }
+            };
+            (c.options, runtime, secrets)
         });
         let registry = Arc::new(Registry::new(storage.clone(), Context { config: config.clone() }));
         let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
@@ -308,7 +316,12 @@ impl App {
 
     /// What the controllers' passes get: a client of this API in the process, acting as
     /// `system:kvcache-controller`, and `runtime`.
-    pub fn controller_context(&self, runtime: Arc<dyn Runtime>, opts: controller::Options) -> controller::Context {
+    pub fn controller_context(
+        &self,
+        runtime: Arc<dyn Runtime>,
+        secrets: Arc<dyn Secrets>,
+        opts: controller::Options,
+    ) -> controller::Context {
         let user = User::new(
             controller::CONTROLLER_USER,
             &["system:authenticated", crate::auth::delegated::IN_PROCESS_GROUP],
@@ -316,6 +329,7 @@ impl App {
         controller::Context {
             client: kube::Client::new(self.in_process(user), "default"),
             runtime,
+            secrets,
             opts,
             config: self.config.clone(),
             metrics: self.controller_metrics.clone(),
@@ -332,8 +346,8 @@ impl App {
             // Ends with the runtime (the server's lifetime).
             drop(self.config.watch(path.clone()));
         }
-        if let Some((options, runtime)) = &self.controllers {
-            let ctx = Arc::new(self.controller_context(runtime.clone(), options.clone()));
+        if let Some((options, runtime, secrets)) = &self.controllers {
+            let ctx = Arc::new(self.controller_context(runtime.clone(), secrets.clone(), options.clone()));
             match &self.election {
                 None => {
                     ctx.metrics.leader.set(1);
@@ -409,7 +423,7 @@ impl App {
 
     /// Stops every process the runtime runs (after [`App::shut_down`], at server exit).
     pub async fn stop_workloads(&self) {
-        if let Some((_, runtime)) = &self.controllers {
+        if let Some((_, runtime, _)) = &self.controllers {
             runtime.shutdown().await;
         }
     }

@@ -42,7 +42,7 @@ pub enum LedgerView<'a> {
 }
 
 async fn keep(ctx: &Context, b: &KVCachePoolBinding, c: &TenantCredentials) -> Result<()> {
-    ctx.runtime.credentials().put(&key(b), c).await?;
+    ctx.secrets.credentials().put(&key(b), c).await?;
     let _ = ctx.credentials_changed.send(key(b));
     Ok(())
 }
@@ -50,7 +50,7 @@ async fn keep(ctx: &Context, b: &KVCachePoolBinding, c: &TenantCredentials) -> R
 /// The Binding's credentials, minted first when it has none of its own, with a rotation staged
 /// when one is asked for and none is under way.
 pub async fn ensure(ctx: &Context, b: &KVCachePoolBinding) -> Result<TenantCredentials> {
-    let kept = ctx.runtime.credentials().get(&key(b)).await?;
+    let kept = ctx.secrets.credentials().get(&key(b)).await?;
     let mut c = match kept {
         Some(c) if c.uid == uid(b) => c,
         previous => {
@@ -139,7 +139,7 @@ pub fn rotating(c: &TenantCredentials) -> bool {
 
 /// Forgets the Binding's credentials (its deletion completes).
 pub async fn forget(ctx: &Context, b: &KVCachePoolBinding) -> Result<()> {
-    ctx.runtime.credentials().remove(&key(b)).await?;
+    ctx.secrets.credentials().remove(&key(b)).await?;
     let _ = ctx.credentials_changed.send(key(b));
     Ok(())
 }

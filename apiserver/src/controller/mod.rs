@@ -142,7 +142,10 @@ impl Metrics {
 /// What every reconcile gets.
 pub struct Context {
     pub client: Client,
+    /// The workloads: the store's processes and the replicas.
     pub runtime: Arc<dyn Runtime>,
+    /// The controllers' token and the Bindings' credentials.
+    pub secrets: Arc<dyn crate::runtime::Secrets>,
     pub opts: Options,
     /// The server's configuration as it is now (settings, instance types).
     pub config: crate::config::Live,

@@ -18,7 +18,7 @@ use crate::app::{App, AppOptions};
 use crate::auth::User;
 use crate::runtime::credentials::{FileKeeper, Keeper};
 use crate::runtime::{
-    Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, StoreObservation, StorePlan, WorkloadState,
+    Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, Secrets, StoreObservation, StorePlan, WorkloadState,
 };
 
 /// A runtime that runs nothing: every plan is kept, and every workload it names is reported
@@ -43,6 +43,12 @@ fn ready() -> WorkloadState {
     }
 }
 
+impl Secrets for FakeRuntime {
+    fn credentials(&self) -> &dyn Keeper {
+        &self.keeper
+    }
+}
+
 #[async_trait]
 impl Runtime for FakeRuntime {
     fn nodes(&self) -> Vec<Node> {
@@ -51,10 +57,6 @@ impl Runtime for FakeRuntime {
 
     fn lease_namespace(&self) -> &str {
         "kvcache-system"
-    }
-
-    fn credentials(&self) -> &dyn Keeper {
-        &self.keeper
     }
 
     async fn credential_in_use(&self, _namespace: &str, _fingerprint: &str) -> Result<bool, String> {
@@ -148,7 +150,7 @@ impl Harness {
             replica_plans: Mutex::default(),
             removed: Mutex::default(),
         });
-        let ctx = Arc::new(app.controller_context(runtime.clone(), Options::default()));
+        let ctx = Arc::new(app.controller_context(runtime.clone(), runtime.clone(), Options::default()));
         let admin = User::new("kvcache-admin", &["system:masters", "system:authenticated"]);
         Harness {
             ctx,

@@ -328,7 +328,21 @@ pub enum Changed {
     Replicas(String),
 }
 
-/// Where the controllers' workloads run.
+/// What a runtime keeps outside the API for the store and its tenants: the controllers' token for
+/// the leaders' Control API, and each Binding's tenant credentials. Apart from [`Runtime`] (the
+/// workloads), so that a controller reading a credential needs nothing that runs processes.
+pub trait Secrets: Send + Sync + std::fmt::Debug {
+    /// The token the controllers show the leaders' Control API, when this runtime starts the
+    /// leaders with one (`tokens.rs`; local mode).
+    fn control_token(&self) -> Option<String> {
+        None
+    }
+
+    /// Where the tenant credentials of Bindings are kept (never in the API).
+    fn credentials(&self) -> &dyn credentials::Keeper;
+}
+
+/// Where the controllers' workloads run: the store's processes and the engine replicas.
 #[async_trait]
 pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// The nodes member groups are placed on.
@@ -342,15 +356,6 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     fn cluster_client(&self) -> Option<kube::Client> {
         None
     }
-
-    /// The token the controllers show the leaders' Control API, when this runtime starts the
-    /// leaders with one (`tokens.rs`; local mode).
-    fn control_token(&self) -> Option<String> {
-        None
-    }
-
-    /// Where the tenant credentials of Bindings are kept (never in the API).
-    fn credentials(&self) -> &dyn credentials::Keeper;
 
     /// Whether a replica in `namespace` still runs with the credential of `fingerprint`.
     async fn credential_in_use(&self, namespace: &str, fingerprint: &str) -> Result<bool, String>;

@@ -95,7 +95,7 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context, used_by: Vec<UsedBy>) -> B
         None => None,
         Some(admin) => Some(
             async {
-                LeaderClient::connect(&admin, ctx.opts.leader_timeout, ctx.runtime.control_token())
+                LeaderClient::connect(&admin, ctx.opts.leader_timeout, ctx.secrets.control_token())
                     .await?
                     .observe()
                     .await

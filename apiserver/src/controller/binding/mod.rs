@@ -117,7 +117,7 @@ async fn observe(
 ) -> Result<Observed> {
     let (_, backend) = shared::pool_and_backend(&ctx.client, obj.spec.pool_name()).await?;
     let leader = match backend.as_ref().and_then(|b| shared::endpoint(b, EndpointName::Admin)) {
-        Some(a) => match LeaderClient::connect(&a, ctx.opts.leader_timeout, ctx.runtime.control_token()).await {
+        Some(a) => match LeaderClient::connect(&a, ctx.opts.leader_timeout, ctx.secrets.control_token()).await {
             Ok(l) => l.tenants().await.map_err(|e| e.0),
             Err(e) => Err(e.0),
         },

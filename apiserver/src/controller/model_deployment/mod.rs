@@ -106,7 +106,7 @@ async fn resolve(obj: &ModelDeployment, ctx: &Context) -> Result<Resolved> {
         return Ok(Resolved::default());
     };
     let (pool, backend) = super::shared::pool_and_backend(&ctx.client, b.spec.pool_name()).await?;
-    let credential = ctx.runtime.credentials().get(&super::credential::key(&b)).await?;
+    let credential = ctx.secrets.credentials().get(&super::credential::key(&b)).await?;
     Ok(Resolved {
         binding: Some(b),
         pool,

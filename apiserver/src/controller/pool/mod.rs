@@ -81,7 +81,7 @@ async fn observe(obj: &KVCachePool, ctx: &Context) -> Result<(Observed, Option<L
         .list(&Default::default())
         .await?
         .items;
-    let credentials = ctx.runtime.credentials().all().await?;
+    let credentials = ctx.secrets.credentials().all().await?;
     let backend = match obj.spec.backend() {
         Some(b) => Api::<KVCacheBackend>::all(ctx.client.clone()).get_opt(b).await?,
         None => None,
@@ -89,7 +89,7 @@ async fn observe(obj: &KVCachePool, ctx: &Context) -> Result<(Observed, Option<L
     let (leader, read) = match leader_to_read(obj, backend.as_ref(), &bindings) {
         None => (None, LeaderRead::NotAsked),
         Some(admin) => {
-            match LeaderClient::connect(&admin, ctx.opts.leader_timeout, ctx.runtime.control_token()).await {
+            match LeaderClient::connect(&admin, ctx.opts.leader_timeout, ctx.secrets.control_token()).await {
                 Err(e) => (None, LeaderRead::Unreachable(e.0)),
                 Ok(l) => {
                     let read = match l.tenants().await {

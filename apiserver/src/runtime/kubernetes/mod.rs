@@ -336,6 +336,16 @@ fn refused(why: String) -> WorkloadState {
     }
 }
 
+impl crate::runtime::Secrets for KubernetesRuntime {
+    fn control_token(&self) -> Option<String> {
+        self.control_token.read().clone()
+    }
+
+    fn credentials(&self) -> &dyn crate::runtime::credentials::Keeper {
+        &self.credentials
+    }
+}
+
 #[async_trait]
 impl Runtime for KubernetesRuntime {
     fn nodes(&self) -> Vec<Node> {
@@ -348,14 +358,6 @@ impl Runtime for KubernetesRuntime {
 
     fn cluster_client(&self) -> Option<kube::Client> {
         Some(self.client.clone())
-    }
-
-    fn control_token(&self) -> Option<String> {
-        self.control_token.read().clone()
-    }
-
-    fn credentials(&self) -> &dyn crate::runtime::credentials::Keeper {
-        &self.credentials
     }
 
     async fn credential_in_use(&self, namespace: &str, fingerprint: &str) -> Result<bool, String> {

@@ -40,7 +40,7 @@ use tokio::sync::Mutex;
 
 use self::front::{Endpoint, Front};
 use self::process::{Hooks, ProcessSpec, Supervised};
-use super::{Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, StoreObservation, StorePlan};
+use super::{Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, Secrets, StoreObservation, StorePlan};
 
 /// How the local runtime runs.
 #[derive(Clone, Debug)]
@@ -367,6 +367,16 @@ async fn converge(old: Option<Supervised>, spec: ProcessSpec, grace: Duration, h
     }
 }
 
+impl Secrets for LocalRuntime {
+    fn control_token(&self) -> Option<String> {
+        self.control_token.as_ref().map(|(_, t)| t.clone())
+    }
+
+    fn credentials(&self) -> &dyn super::credentials::Keeper {
+        &self.credentials
+    }
+}
+
 #[async_trait]
 impl Runtime for LocalRuntime {
     fn nodes(&self) -> Vec<Node> {
@@ -375,14 +385,6 @@ impl Runtime for LocalRuntime {
 
     fn lease_namespace(&self) -> &str {
         LEASE_NAMESPACE
-    }
-
-    fn control_token(&self) -> Option<String> {
-        self.control_token.as_ref().map(|(_, t)| t.clone())
-    }
-
-    fn credentials(&self) -> &dyn super::credentials::Keeper {
-        &self.credentials
     }
 
     async fn credential_in_use(&self, namespace: &str, fingerprint: &str) -> Result<bool, String> {
