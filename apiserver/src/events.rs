@@ -13,8 +13,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Event;
 use serde_json::{Value, json};
 
-pub use crate::plain::Refusal;
+use crate::plain::Refusal;
 use crate::plain::{PlainKind, refuse};
+pub use crate::selectors::SelectableFields;
 use crate::storage::{Compare, KeyValue, ListRequest, Op, Storage, Txn, TxnOutcome};
 use crate::table::{Column, at, col, human_duration, text};
 
@@ -30,70 +31,28 @@ pub const EVENTS: PlainKind = PlainKind {
     columns: COLUMNS,
 };
 
-/// A field selector over the fields `kubectl describe` and `kubectl get events` use:
-/// `involvedObject.{kind,namespace,name,uid,apiVersion,resourceVersion,fieldPath}`, `reason`,
-/// `type`, `source`, `reportingComponent`, `metadata.name` and `metadata.namespace`, with `=`,
-/// `==` and `!=`. A term with no operator (`involvedObject.UID`, as kubectl 1.27 sends for an
-/// empty UID) matches an empty value.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FieldSelector(Vec<(Vec<String>, bool, String)>);
-
-const FIELDS: &[&str] = &[
-    "involvedObject.kind",
-    "involvedObject.namespace",
-    "involvedObject.name",
-    "involvedObject.uid",
-    "involvedObject.apiVersion",
-    "involvedObject.resourceVersion",
-    "involvedObject.fieldPath",
-    "reason",
-    "type",
-    "source",
-    "reportingComponent",
-    "metadata.name",
-    "metadata.namespace",
-];
-
-impl FieldSelector {
-    pub fn parse(s: &str) -> Result<FieldSelector, Refusal> {
-        let mut terms = Vec::new();
-        for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-            let (field, eq, value) = if let Some((f, v)) = term.split_once("!=") {
-                (f, false, v)
-            } else if let Some((f, v)) = term.split_once("==") {
-                (f, true, v)
-            } else if let Some((f, v)) = term.split_once('=') {
-                (f, true, v)
-            } else {
-                (term, true, "")
-            };
-            let known = FIELDS.iter().find(|k| k.eq_ignore_ascii_case(field)).ok_or_else(|| {
-                refuse(
-                    400,
-                    "BadRequest",
-                    format!(
-                        "field label not supported: {field}; events can be selected by {}",
-                        FIELDS.join(", ")
-                    ),
-                )
-            })?;
-            let path = match *known {
-                "source" => vec!["source".to_owned(), "component".to_owned()],
-                k => k.split('.').map(str::to_owned).collect(),
-            };
-            terms.push((path, eq, value.to_owned()));
-        }
-        Ok(FieldSelector(terms))
-    }
-
-    pub fn matches(&self, event: &Value) -> bool {
-        self.0.iter().all(|(path, eq, want)| {
-            let refs: Vec<&str> = path.iter().map(String::as_str).collect();
-            let have = at(event, &refs).and_then(Value::as_str).unwrap_or_default();
-            (have == want) == *eq
-        })
-    }
-}
+/// The fields `kubectl describe` and `kubectl get events` select Events by, with `=`, `==` and
+/// `!=` ([`crate::selectors`]); `source` reads `source.component`. A term with no operator
+/// (`involvedObject.UID`, as kubectl 1.27 sends for an empty UID) matches an empty value.
+pub const FIELDS: SelectableFields = SelectableFields {
+    what: "events",
+    fields: &[
+        ("involvedObject.kind", &["involvedObject", "kind"]),
+        ("involvedObject.namespace", &["involvedObject", "namespace"]),
+        ("involvedObject.name", &["involvedObject", "name"]),
+        ("involvedObject.uid", &["involvedObject", "uid"]),
+        ("involvedObject.apiVersion", &["involvedObject", "apiVersion"]),
+        ("involvedObject.resourceVersion", &["involvedObject", "resourceVersion"]),
+        ("involvedObject.fieldPath", &["involvedObject", "fieldPath"]),
+        ("reason", &["reason"]),
+        ("type", &["type"]),
+        ("source", &["source", "component"]),
+        ("reportingComponent", &["reportingComponent"]),
+        ("metadata.name", &["metadata", "name"]),
+        ("metadata.namespace", &["metadata", "namespace"]),
+    ],
+    bare_term_is_empty: true,
+};
 
 /// Stores a new event in `namespace` (the request path's); returns it as stored.
 pub async fn create(storage: &Arc<dyn Storage>, namespace: &str, body: &[u8]) -> Result<Value, Refusal> {
@@ -248,18 +207,25 @@ mod tests {
 
     #[test]
     fn describe_selectors_match_the_involved_object() {
-        let e = json!({"involvedObject": {"kind": "KVCacheBackend", "name": "m", "namespace": "", "uid": "u1"}, "reason": "LeaderStarted", "type": "Normal"});
-        let s = FieldSelector::parse(
+        let parse = |s: &str| crate::selectors::FieldSelector::parse_for(s, &FIELDS);
+        let e = json!({"involvedObject": {"kind": "KVCacheBackend", "name": "m", "namespace": "", "uid": "u1"}, "reason": "LeaderStarted", "type": "Normal", "source": {"component": "kvcache-controller"}});
+        let s = parse(
             "involvedObject.name=m,involvedObject.namespace=,involvedObject.kind=KVCacheBackend,involvedObject.uid=u1",
         )
         .unwrap();
-        assert!(s.matches(&e));
-        assert!(!FieldSelector::parse("involvedObject.name=other").unwrap().matches(&e));
-        assert!(FieldSelector::parse("type!=Warning").unwrap().matches(&e));
+        assert!(s.matches_json(&e));
+        assert!(!parse("involvedObject.name=other").unwrap().matches_json(&e));
+        assert!(parse("type!=Warning").unwrap().matches_json(&e));
+        assert!(parse("source=kvcache-controller").unwrap().matches_json(&e));
         // kubectl 1.27 sends `involvedObject.UID` without a value for an empty uid
-        assert!(!FieldSelector::parse("involvedObject.UID").unwrap().matches(&e));
-        let err = FieldSelector::parse("spec.nodeName=x").unwrap_err();
-        assert_eq!(err.0, 400);
+        assert!(!parse("involvedObject.UID").unwrap().matches_json(&e));
+        let err = parse("spec.nodeName=x").unwrap_err();
+        assert!(
+            err.0
+                .starts_with("field label not supported: spec.nodeName; events can be selected by"),
+            "{}",
+            err.0
+        );
     }
 
     #[test]

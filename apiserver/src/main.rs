@@ -573,7 +573,7 @@ async fn delete(app: &App, kind: &KindEntry, namespace: &str, name: &str) -> any
 }
 
 fn report(kind: &KindEntry, name: &str, e: &RegistryError) -> anyhow::Error {
-    let (_, status) = kvcache_apiserver::status::for_resource(kind.plural, name, e);
+    let kvcache_apiserver::status::Refusal(_, status) = kvcache_apiserver::status::for_resource(kind.plural, name, e);
     anyhow::anyhow!(
         "Error from server ({}): {}",
         status.reason.unwrap_or_default(),

@@ -70,13 +70,13 @@ pub async fn apply(reg: &Registry, doc: Parsed, namespace: &str, dry_run: bool) 
             warnings,
         },
         Err(e) => {
-            let (code, status) = crate::status::for_resource(entry.plural, &name, &e);
+            let crate::status::Refusal(code, status) = crate::status::for_resource(entry.plural, &name, &e);
             Applied {
                 object,
                 result: Err(ApplyError::Refused {
                     message: status.message.clone().unwrap_or_default(),
                     code,
-                    status: Box::new(status),
+                    status,
                 }),
                 warnings: Vec::new(),
             }

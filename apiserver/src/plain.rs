@@ -1,27 +1,31 @@
 //! Built-in kinds served in direct mode, stored as the JSON clients read: core `v1` Events
 //! ([`crate::events`]) and `coordination.k8s.io/v1` Leases ([`crate::leases`]). In a cluster
 //! kube-apiserver serves both instead. This module holds what they share: where an object is
-//! stored, reading one with its revision as `resourceVersion`, pages of a prefix, continue
-//! tokens, and the refusal type their handlers turn into a `Status`.
+//! stored, reading one with its revision as `resourceVersion`, and pages of a prefix.
+//!
+//! Why not the generic registry: it serves our group's kinds, typed (`Object<K>` with
+//! `kvcache_api::Kind`), with a strategy, admission, `managedFields` and server-side apply, and
+//! names resources `<plural>.worker.gpustack.ai` in every refusal. Events and Leases are other
+//! groups' types that we store as the JSON their clients (the controllers, the store's election,
+//! kubectl) send, with Kubernetes' own narrower rules (a Lease's compare-and-swap on its
+//! `resourceVersion`, an Event's TTL). What must be the same for a client is shared with the
+//! typed kinds: the continue token and consistent paging ([`crate::paging`]), the field and label
+//! selector parser ([`crate::selectors`]; each kind lists its selectable fields), and the
+//! refusal every handler answers with ([`crate::status::Refusal`]).
 
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use serde_json::{Value, json};
 
+use crate::paging::ContinueToken;
 use crate::status::failure;
-use crate::storage::{KeyValue, ListRequest, Storage};
+use crate::storage::{KeyValue, ListRequest, Storage, StorageError};
 
 /// Largest page of a list.
 pub const MAX_LIMIT: usize = 500;
 
-/// A refusal: its HTTP code and Status.
-#[derive(Debug)]
-pub struct Refusal(pub u16, pub Box<Status>);
-
-pub fn refuse(code: u16, reason: &str, message: impl Into<String>) -> Refusal {
-    Refusal(code, Box::new(failure(code, reason, message)))
-}
+/// The refusal every handler answers with ([`crate::status::Refusal`]).
+pub use crate::status::{Refusal, refuse};
 
 /// A 422 naming one field of a `kind`.
 pub fn invalid(kind: &str, name: &str, field: &str, reason: &str, message: &str) -> Refusal {
@@ -123,31 +127,53 @@ impl PlainKind {
         }
     }
 
-    /// A page of the objects `keep` admits, the list's revision and the key to continue after.
+    /// A page of the objects `keep` admits, the list's revision and the continue token of the
+    /// next page; a `continue` token reads at the revision of the list's first page
+    /// ([`crate::paging`]).
     pub async fn list(
         &self,
         storage: &Arc<dyn Storage>,
         namespace: Option<&str>,
         keep: Arc<dyn Fn(&Value) -> bool + Send + Sync>,
         limit: Option<usize>,
-        continue_after: Option<String>,
+        continue_token: Option<&str>,
     ) -> Result<(Vec<Value>, u64, Option<String>), Refusal> {
+        let prefix = self.prefix(namespace);
+        let (revision, start_after) = match continue_token {
+            Some(t) => {
+                let t = ContinueToken::decode(t, &prefix).map_err(|e| refuse(400, "BadRequest", e.to_string()))?;
+                (Some(t.rv), Some(t.start))
+            }
+            None => (None, None),
+        };
         let filter = Arc::new(move |kv: &KeyValue| serde_json::from_slice::<Value>(&kv.value).is_ok_and(|v| keep(&v)));
         let limit = limit.unwrap_or(MAX_LIMIT).clamp(1, MAX_LIMIT);
         let r = storage
             .list(ListRequest {
-                prefix: self.prefix(namespace),
-                revision: None,
-                start_after: continue_after,
+                prefix,
+                revision,
+                start_after,
                 limit: Some(limit),
                 filter: Some(filter),
             })
             .await
-            .map_err(unavailable)?;
-        let next = if r.more {
-            r.items.last().map(|kv| kv.key.clone())
-        } else {
-            None
+            .map_err(|e| match e {
+                StorageError::Expired { .. } => refuse(
+                    410,
+                    "Expired",
+                    "the continue token's revision has been compacted; list again without it",
+                ),
+                e => unavailable(e),
+            })?;
+        let next = match (r.more, r.items.last()) {
+            (true, Some(last)) => Some(
+                ContinueToken {
+                    rv: r.revision,
+                    start: last.key.clone(),
+                }
+                .encode(),
+            ),
+            _ => None,
         };
         Ok((r.items.iter().filter_map(with_revision).collect(), r.revision, next))
     }
@@ -158,17 +184,6 @@ pub fn with_revision(kv: &KeyValue) -> Option<Value> {
     let mut v: Value = serde_json::from_slice(&kv.value).ok()?;
     v["metadata"]["resourceVersion"] = json!(kv.mod_revision.to_string());
     Some(v)
-}
-
-/// The continue token of a storage key.
-pub fn continue_token(key: &str) -> String {
-    base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, key)
-}
-
-/// The storage key a continue token names (empty if it is not one of ours).
-pub fn continue_key(token: &str) -> String {
-    let bytes = base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, token).unwrap_or_default();
-    String::from_utf8(bytes).unwrap_or_default()
 }
 
 /// The labels of a stored object.

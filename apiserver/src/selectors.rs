@@ -177,27 +177,54 @@ fn check_value(v: &str) -> Result<String, String> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Field {
-    Name,
-    Namespace,
+/// The fields a kind can be selected by: each name a client sends, and the JSON path in the
+/// object it reads (Events select `source` by `source.component`).
+#[derive(Debug, Clone, Copy)]
+pub struct SelectableFields {
+    /// What the kind is called in a refusal that lists the fields (`events can be selected by
+    /// ...`); empty: the refusal is kube-apiserver's own words, without the list.
+    pub what: &'static str,
+    pub fields: &'static [(&'static str, &'static [&'static str])],
+    /// A term with no operator matches an empty value (kubectl 1.27 sends `involvedObject.uid`
+    /// for an empty UID); otherwise it is refused.
+    pub bare_term_is_empty: bool,
 }
+
+/// What every kind can be selected by: `metadata.name` and `metadata.namespace`.
+pub const METADATA_FIELDS: SelectableFields = SelectableFields {
+    what: "",
+    fields: &[
+        ("metadata.name", &["metadata", "name"]),
+        ("metadata.namespace", &["metadata", "namespace"]),
+    ],
+    bare_term_is_empty: false,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct FieldRequirement {
-    field: Field,
+    path: &'static [&'static str],
     value: String,
     equal: bool,
 }
 
-/// A parsed field selector over `metadata.name` and `metadata.namespace`.
+/// A parsed field selector: `field=value`, `field==value` and `field!=value` terms over a kind's
+/// [`SelectableFields`], all of which must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FieldSelector {
     requirements: Vec<FieldRequirement>,
 }
 
+const NAME: &[&str] = &["metadata", "name"];
+const NAMESPACE: &[&str] = &["metadata", "namespace"];
+
 impl FieldSelector {
+    /// A selector over `metadata.name` and `metadata.namespace`.
     pub fn parse(s: &str) -> Result<FieldSelector, SelectorError> {
+        FieldSelector::parse_for(s, &METADATA_FIELDS)
+    }
+
+    /// A selector over the fields `kind` offers.
+    pub fn parse_for(s: &str, kind: &SelectableFields) -> Result<FieldSelector, SelectorError> {
         let mut requirements = Vec::new();
         for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             let (field, value, equal) = if let Some((f, v)) = term.split_once("!=") {
@@ -206,18 +233,25 @@ impl FieldSelector {
                 (f, v, true)
             } else if let Some((f, v)) = term.split_once('=') {
                 (f, v, true)
+            } else if kind.bare_term_is_empty {
+                (term, "", true)
             } else {
                 return Err(SelectorError(format!(
                     "invalid selector: {term:?}; a field selector is field=value, field==value or field!=value"
                 )));
             };
-            let field = match field.trim() {
-                "metadata.name" => Field::Name,
-                "metadata.namespace" => Field::Namespace,
-                other => return Err(SelectorError(format!("field label not supported: {other}"))),
+            let field = field.trim();
+            let Some((_, path)) = kind.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case(field)) else {
+                let names: Vec<&str> = kind.fields.iter().map(|(n, _)| *n).collect();
+                let hint = if kind.what.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {} can be selected by {}", kind.what, names.join(", "))
+                };
+                return Err(SelectorError(format!("field label not supported: {field}{hint}")));
             };
             requirements.push(FieldRequirement {
-                field,
+                path,
                 value: value.trim().to_owned(),
                 equal,
             });
@@ -229,13 +263,28 @@ impl FieldSelector {
         self.requirements.is_empty()
     }
 
+    /// Whether an object of this `name` and `namespace` matches (a selector over the metadata).
     pub fn matches(&self, name: &str, namespace: &str) -> bool {
         self.requirements.iter().all(|r| {
-            let v = match r.field {
-                Field::Name => name,
-                Field::Namespace => namespace,
+            let v = match r.path {
+                NAME => name,
+                NAMESPACE => namespace,
+                _ => "",
             };
             (v == r.value) == r.equal
+        })
+    }
+
+    /// Whether the JSON object matches (an absent field reads as empty).
+    pub fn matches_json(&self, object: &serde_json::Value) -> bool {
+        self.requirements.iter().all(|r| {
+            let have = r
+                .path
+                .iter()
+                .try_fold(object, |v, k| v.get(*k))
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default();
+            (have == r.value) == r.equal
         })
     }
 
@@ -243,7 +292,7 @@ impl FieldSelector {
     pub fn exact_name(&self) -> Option<&str> {
         self.requirements
             .iter()
-            .find(|r| r.field == Field::Name && r.equal)
+            .find(|r| r.path == NAME && r.equal)
             .map(|r| r.value.as_str())
     }
 }

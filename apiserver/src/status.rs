@@ -18,13 +18,25 @@ pub fn failure(code: u16, reason: &str, message: impl Into<String>) -> Status {
 
 use crate::registry::RegistryError;
 
-/// The HTTP status code and the `Status` body for a refusal of an operation on kind `K`.
-pub fn from_error<K: Kind>(name: &str, e: &RegistryError) -> (u16, Status) {
-    for_resource(K::PLURAL, name, e)
+/// A refusal on its way to the client: its HTTP code and `Status` body. Every handler answers
+/// refusals with one, whether they came from the registry ([`for_resource`]) or from the plain
+/// kinds' own checks (Events, Leases: [`refuse`]).
+#[derive(Debug)]
+pub struct Refusal(pub u16, pub Box<Status>);
+
+/// A refusal with no details beyond its reason and message.
+pub fn refuse(code: u16, reason: &str, message: impl Into<String>) -> Refusal {
+    Refusal(code, Box::new(failure(code, reason, message)))
 }
 
-/// [`from_error`] for a resource known by its plural name at run time.
-pub fn for_resource(plural: &str, name: &str, e: &RegistryError) -> (u16, Status) {
+/// The refusal of an operation on kind `K`.
+pub fn from_error<K: Kind>(name: &str, e: &RegistryError) -> (u16, Status) {
+    let Refusal(code, status) = for_resource(K::PLURAL, name, e);
+    (code, *status)
+}
+
+/// The refusal of a registry operation on a resource known by its plural name at run time.
+pub fn for_resource(plural: &str, name: &str, e: &RegistryError) -> Refusal {
     let (code, reason) = match e {
         RegistryError::BadRequest(_) => (400, "BadRequest"),
         RegistryError::TooLarge(_) => (413, "RequestEntityTooLarge"),
@@ -85,7 +97,7 @@ pub fn for_resource(plural: &str, name: &str, e: &RegistryError) -> (u16, Status
         reason: Some(reason.to_owned()),
         status: Some("Failure".to_owned()),
     };
-    (code, status)
+    Refusal(code, Box::new(status))
 }
 
 #[cfg(test)]

@@ -621,6 +621,56 @@ async fn core_events_are_created_listed_by_involved_object_and_not_updated() {
     put.refused(405, "MethodNotAllowed");
     let bad = as_admin(&f, "GET", "/api/v1/events?fieldSelector=spec.x%3D1", "", Body::empty()).await;
     bad.refused(400, "BadRequest");
+    // pages of one list are read at the revision of its first page, with the typed kinds' token
+    let first = as_admin(&f, "GET", "/api/v1/events?limit=1", "", Body::empty()).await;
+    let token = first.json()["metadata"]["continue"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let revision = first.json()["metadata"]["resourceVersion"].clone();
+    assert!(!token.is_empty(), "{}", first.text());
+    let created = call(
+        &f,
+        Some(ctl.clone()),
+        req(
+            "POST",
+            "/api/v1/namespaces/default/events",
+            "application/json",
+            event("c.1", "m"),
+        ),
+    )
+    .await;
+    assert_eq!(created.code, StatusCode::CREATED, "{}", created.text());
+    let second = as_admin(
+        &f,
+        "GET",
+        &format!("/api/v1/events?limit=5&continue={token}"),
+        "",
+        Body::empty(),
+    )
+    .await;
+    let names: Vec<String> = second.json()["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|e| e["metadata"]["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["b.1"],
+        "the event made after the first page is not in this list"
+    );
+    assert_eq!(second.json()["metadata"]["resourceVersion"], revision);
+    let elsewhere = as_admin(
+        &f,
+        "GET",
+        &format!("/apis/coordination.k8s.io/v1/leases?limit=5&continue={token}"),
+        "",
+        Body::empty(),
+    )
+    .await;
+    elsewhere.refused(400, "BadRequest");
     let missing = as_admin(
         &f,
         "POST",

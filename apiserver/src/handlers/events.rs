@@ -11,8 +11,9 @@ use super::Api;
 use super::body;
 use super::plain::{self, Keep, refused};
 use super::response;
-use crate::events::{self, EVENTS, FieldSelector};
+use crate::events::{self, EVENTS};
 use crate::request_info::RequestInfo;
+use crate::selectors::FieldSelector;
 use crate::selectors::LabelSelector;
 
 type Request = http::Request<Body>;
@@ -67,10 +68,11 @@ pub async fn handle(api: Arc<Api>, info: &RequestInfo, req: Request) -> Response
 
 /// The field and label selectors of a list or watch.
 fn keep(info: &RequestInfo) -> Result<Keep, Response> {
-    let fields = FieldSelector::parse(info.query.get("fieldSelector").unwrap_or_default()).map_err(refused)?;
+    let fields = FieldSelector::parse_for(info.query.get("fieldSelector").unwrap_or_default(), &events::FIELDS)
+        .map_err(|e| refused(crate::plain::refuse(400, "BadRequest", e.0)))?;
     let labels = LabelSelector::parse(info.query.get("labelSelector").unwrap_or_default())
         .map_err(|e| response::bad_request(format!("labelSelector: {e}")))?;
     Ok(Arc::new(move |v: &Value| {
-        fields.matches(v) && labels.matches(crate::plain::labels(v).as_ref())
+        fields.matches_json(v) && labels.matches(crate::plain::labels(v).as_ref())
     }))
 }

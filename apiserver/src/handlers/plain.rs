@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::Api;
 use super::response;
 use crate::negotiate::{self, Shape};
-use crate::plain::{PlainKind, Refusal, continue_key, continue_token};
+use crate::plain::{PlainKind, Refusal};
 use crate::request_info::RequestInfo;
 use crate::storage::EventKind;
 use crate::table;
@@ -41,20 +41,13 @@ pub async fn list(
         .get("limit")
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0);
-    let after = info.query.get("continue").filter(|c| !c.is_empty()).map(continue_key);
-    if after.as_deref().is_some_and(|a| !a.starts_with(&kind.prefix(ns))) {
-        return response::error(
-            410,
-            "Expired",
-            "the continue token is not valid for this list; list again",
-        );
-    }
-    let (items, revision, next) = match kind.list(&api.storage, ns, keep, limit, after).await {
+    let token = info.query.get("continue").filter(|c| !c.is_empty());
+    let (items, revision, next) = match kind.list(&api.storage, ns, keep, limit, token).await {
         Ok(page) => page,
         Err(e) => return refused(e),
     };
     let rv = revision.to_string();
-    let cont = next.as_deref().map(continue_token).unwrap_or_default();
+    let cont = next.unwrap_or_default();
     match negotiate::for_objects(accept) {
         Some(Shape::Table) => {
             let include = match super::params::include_object(&info.query) {
@@ -105,9 +98,10 @@ pub async fn watch(api: &Arc<Api>, info: &RequestInfo, kind: &PlainKind, ns: Opt
     let mut initial = Vec::new();
     let start = if from == 0 {
         let all: Keep = Arc::new(|_| true);
-        let mut after = None;
+        // the pages of one list, read at one revision, from which the watch then goes on
+        let mut after: Option<String> = None;
         loop {
-            match kind.list(&api.storage, ns, all.clone(), None, after).await {
+            match kind.list(&api.storage, ns, all.clone(), None, after.as_deref()).await {
                 Ok((items, rev, next)) => {
                     initial.extend(items);
                     if next.is_none() {

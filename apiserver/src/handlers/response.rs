@@ -90,7 +90,7 @@ pub fn not_acceptable(accept: &str) -> Response {
 
 /// A registry refusal of an operation on `kind`'s object `name`.
 pub fn registry_error(kind: &KindEntry, name: &str, e: &RegistryError) -> Response {
-    let (code, s) = crate::status::for_resource(kind.plural, name, e);
+    let crate::status::Refusal(code, s) = crate::status::for_resource(kind.plural, name, e);
     status(code, &s)
 }
 

@@ -4,13 +4,11 @@
 
 use std::sync::Arc;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use kvcache_api::{Kind, Object};
-use serde::{Deserialize, Serialize};
 
 use super::errors::RegistryError;
 use super::{Admission, Change, Context, ErrorList, Reads, StatusStrategy, Strategy, decode, encode, meta};
+use crate::paging::ContinueToken;
 use crate::storage::{KeyValue, ListRequest, Op, Storage, Txn, TxnOutcome, keys};
 
 /// Retries of the read-decide-commit loop before giving up with a conflict.
@@ -79,12 +77,6 @@ pub struct ObjectList<K: Kind> {
     pub continue_token: Option<String>,
 }
 
-#[derive(Serialize, Deserialize)]
-struct ContinueToken {
-    rv: u64,
-    start: String,
-}
-
 impl<S: Strategy> Store<S> {
     pub fn new(storage: Arc<dyn Storage>, strategy: S, ctx: Context) -> Self {
         Store { storage, strategy, ctx }
@@ -149,12 +141,7 @@ impl<S: Strategy> Store<S> {
         }
         let (revision, start_after) = match &opts.continue_token {
             Some(token) => {
-                let t = decode_continue(token)?;
-                if !t.start.starts_with(&prefix) {
-                    return Err(RegistryError::BadRequest(
-                        "the continue token belongs to another list".into(),
-                    ));
-                }
+                let t = ContinueToken::decode(token, &prefix).map_err(|e| RegistryError::BadRequest(e.to_string()))?;
                 (Some(t.rv), Some(t.start))
             }
             None => (opts.revision, None),
@@ -175,7 +162,13 @@ impl<S: Strategy> Store<S> {
             })
             .await?;
         let continue_token = match (page.more, page.items.last()) {
-            (true, Some(last)) => Some(encode_continue(page.revision, &last.key)),
+            (true, Some(last)) => Some(
+                ContinueToken {
+                    rv: page.revision,
+                    start: last.key.clone(),
+                }
+                .encode(),
+            ),
             _ => None,
         };
         Ok((page.items, page.revision, continue_token))
@@ -526,21 +519,4 @@ fn unchanged<K: Kind>(new: &Object<K>, old: &Object<K>) -> bool {
     let mut a = new.clone();
     a.metadata.resource_version = old.metadata.resource_version.clone();
     a == *old
-}
-
-fn encode_continue(rv: u64, start: &str) -> String {
-    let json = serde_json::to_vec(&ContinueToken {
-        rv,
-        start: start.to_owned(),
-    })
-    .unwrap_or_default();
-    URL_SAFE_NO_PAD.encode(json)
-}
-
-fn decode_continue(token: &str) -> Result<ContinueToken, RegistryError> {
-    URL_SAFE_NO_PAD
-        .decode(token)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(|| RegistryError::BadRequest("the continue token is not valid; start a new list without it".into()))
 }
