@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::ValueEnum;
 
 use super::ledger::{self, Layout};
-use super::placement::Strategy;
+use super::placement::AllocationStrategy;
 use crate::flags::{self, ConfigError, FastListen, format_size, format_time, push};
 use crate::proto::TenantEntry;
 
@@ -38,7 +38,7 @@ pub struct LeaderConfig {
     pub default_dtype: Option<String>,
     /// How a segment is chosen for a new value.
     #[arg(long, value_enum, default_value = "free-ratio-first")]
-    pub allocation_strategy: Strategy,
+    pub allocation_strategy: AllocationStrategy,
     /// How long a get or exists protects a value from eviction and removal.
     #[arg(long, default_value = "10s", value_parser = kvcache_units::parse_duration)]
     pub lease_ttl: Duration,
@@ -141,7 +141,7 @@ impl Default for LeaderConfig {
             multi_tenancy: true,
             default_block_size: None,
             default_dtype: None,
-            allocation_strategy: Strategy::FreeRatioFirst,
+            allocation_strategy: AllocationStrategy::FreeRatioFirst,
             lease_ttl: Duration::from_secs(10),
             member_ttl: Duration::from_secs(10),
             put_ttl: Duration::from_secs(30),
@@ -404,7 +404,7 @@ mod tests {
                 listen: "0.0.0.0:0".parse().unwrap(),
                 fast_listen: Some(FastListen::Off),
                 metrics_listen: Some("127.0.0.1:9100".parse().unwrap()),
-                allocation_strategy: Strategy::Random,
+                allocation_strategy: AllocationStrategy::Random,
                 lease_ttl: Duration::from_millis(1500),
                 member_ttl: Duration::from_secs(120),
                 put_ttl: Duration::from_micros(7),

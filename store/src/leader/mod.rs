@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use parking_lot::Mutex;
 
 pub use config::{ELECTION_TIMINGS, Election, LeaderConfig};
-pub use placement::Strategy;
+pub use placement::AllocationStrategy;
 pub use serve::{LeaderAddrs, LeaderListeners};
 pub use state::State;
 pub use term::Gate;

@@ -99,7 +99,7 @@ impl SegmentAllocator {
 
 /// How a segment is chosen for a new value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Strategy {
+pub enum AllocationStrategy {
     /// The segment with the largest share of free space.
     FreeRatioFirst,
     /// Any segment with room, picked at random.
@@ -107,9 +107,9 @@ pub enum Strategy {
 }
 
 /// Picks one candidate `(id, free, capacity)` that can hold the value.
-pub fn choose(strategy: Strategy, candidates: &[(u64, u64, u64)], seed: &mut u64) -> Option<u64> {
+pub fn choose(strategy: AllocationStrategy, candidates: &[(u64, u64, u64)], seed: &mut u64) -> Option<u64> {
     match strategy {
-        Strategy::FreeRatioFirst => candidates
+        AllocationStrategy::FreeRatioFirst => candidates
             .iter()
             .max_by(|a, b| {
                 let ra = a.1 as u128 * b.2 as u128;
@@ -117,7 +117,7 @@ pub fn choose(strategy: Strategy, candidates: &[(u64, u64, u64)], seed: &mut u64
                 ra.cmp(&rb).then(b.0.cmp(&a.0))
             })
             .map(|c| c.0),
-        Strategy::Random => {
+        AllocationStrategy::Random => {
             if candidates.is_empty() {
                 return None;
             }
@@ -178,8 +178,8 @@ mod tests {
     fn free_ratio_first_prefers_the_emptiest() {
         let mut seed = 1;
         let c = [(1, 50, 100), (2, 90, 1000), (3, 80, 100)];
-        assert_eq!(choose(Strategy::FreeRatioFirst, &c, &mut seed), Some(3));
-        assert!(choose(Strategy::Random, &c, &mut seed).is_some());
-        assert_eq!(choose(Strategy::Random, &[], &mut seed), None);
+        assert_eq!(choose(AllocationStrategy::FreeRatioFirst, &c, &mut seed), Some(3));
+        assert!(choose(AllocationStrategy::Random, &c, &mut seed).is_some());
+        assert_eq!(choose(AllocationStrategy::Random, &[], &mut seed), None);
     }
 }

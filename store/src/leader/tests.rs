@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::state::State;
-use super::{LeaderConfig, Strategy};
+use super::{AllocationStrategy, LeaderConfig};
 use crate::error::ErrorCode;
 use crate::proto::{HeartbeatRequest, MountRequest, Scope, TenantEntry};
 
@@ -171,7 +171,7 @@ fn watermark_eviction_frees_a_share_and_prefers_tenants_over_their_grant() {
 fn a_silent_member_loses_its_objects_and_a_remount_starts_empty() {
     let cfg = LeaderConfig {
         member_ttl: Duration::from_secs(2),
-        allocation_strategy: Strategy::Random,
+        allocation_strategy: AllocationStrategy::Random,
         ..Default::default()
     };
     let (mut s, t0) = state(cfg);

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use kvcache_api::backend::BackendSpec;
-use kvcache_store::leader::{LeaderConfig, Strategy};
+use kvcache_store::leader::{AllocationStrategy, LeaderConfig};
 use kvcache_store::member::MemberConfig;
 
 use kvcache_api::backend::{ElectionBackend, MemberAddressing};
@@ -21,8 +21,8 @@ pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan
         ..LeaderConfig::default()
     };
     leader.allocation_strategy = match leader_spec.allocation_strategy {
-        Some(kvcache_api::backend::AllocationStrategy::Random) => Strategy::Random,
-        _ => Strategy::FreeRatioFirst,
+        Some(kvcache_api::backend::AllocationStrategy::Random) => AllocationStrategy::Random,
+        _ => AllocationStrategy::FreeRatioFirst,
     };
     let leader = with_extra_args(leader.to_args(), &leader_spec.extra_args, LeaderConfig::parse_args).unwrap_or(leader);
     let mut members = Vec::new();
