@@ -136,6 +136,15 @@ pub fn decide(pool: &KVCachePool, seen: &Observed, now: &Time, requeue: Duration
     d
 }
 
+/// Why a pool has no ledger to show: both ledger conditions say so with one reason.
+#[derive(Clone, Copy, Debug)]
+enum NoLedger {
+    /// The backend keeps none (multi-tenancy is off); not a fault for the phase.
+    MultiTenancyOff,
+    /// The leader could not be read.
+    Unreachable,
+}
+
 /// Sets conditions at the pool's generation and this pass's time.
 struct Conditions<'a> {
     generation: Option<i64>,
@@ -155,17 +164,16 @@ impl<'a> Conditions<'a> {
     }
 
     /// QuotaLedgerAvailable False and QuotaPolicyWritable Unknown, for one reason.
-    fn no_ledger(&self, st: &mut PoolStatus, multi_tenancy_off: bool, msg: &str) {
-        let (available, writable) = if multi_tenancy_off {
-            (
+    fn no_ledger(&self, st: &mut PoolStatus, why: NoLedger, msg: &str) {
+        let (available, writable) = match why {
+            NoLedger::MultiTenancyOff => (
                 quota_ledger_available::MULTI_TENANCY_DISABLED,
                 quota_policy_writable::MULTI_TENANCY_DISABLED,
-            )
-        } else {
-            (
+            ),
+            NoLedger::Unreachable => (
                 quota_ledger_available::LEDGER_UNREACHABLE,
                 quota_policy_writable::LEDGER_UNREACHABLE,
-            )
+            ),
         };
         self.set(
             st,
@@ -376,20 +384,24 @@ fn ledger(
             "the KVCacheBackend {:?} runs without multi-tenancy: no per-domain quota, one default tenant",
             backend.name()
         );
-        c.no_ledger(st, true, &msg);
+        c.no_ledger(st, NoLedger::MultiTenancyOff, &msg);
         return (None, None);
     }
     let (current, refused) = match &seen.leader {
         LeaderRead::NotAsked => {
-            c.no_ledger(st, false, "the leader has not been read yet");
+            c.no_ledger(st, NoLedger::Unreachable, "the leader has not been read yet");
             return (None, None);
         }
         LeaderRead::Unreachable(e) => {
-            c.no_ledger(st, false, e);
+            c.no_ledger(st, NoLedger::Unreachable, e);
             return (None, None);
         }
         LeaderRead::Ledger { current, .. } if !current.multi_tenancy => {
-            c.no_ledger(st, true, "the leader keeps no tenant ledger (multi-tenancy is off)");
+            c.no_ledger(
+                st,
+                NoLedger::MultiTenancyOff,
+                "the leader keeps no tenant ledger (multi-tenancy is off)",
+            );
             return (None, None);
         }
         LeaderRead::Ledger { current, refused } => (current, refused),
