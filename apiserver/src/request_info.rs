@@ -165,12 +165,12 @@ fn resource_of(path: &str) -> Option<ResourceInfo> {
         tail => ("", tail),
     };
     let (resource, name, subresource) = match tail {
-        [r] => (*r, "", ""),
-        [r, n] => (*r, *n, ""),
-        [r, n, s] => (*r, *n, *s),
-        // Deeper paths are no resource of ours; they are reported as this resource's
-        // unknown subresource (a 404).
-        [r, n, s, ..] => (*r, *n, *s),
+        [r] => (*r, "", String::new()),
+        [r, n] => (*r, *n, String::new()),
+        // Deeper paths (`<name>/status/extra`) are no resource of ours: the whole rest is this
+        // resource's subresource, which no kind has, so the request is a 404 as in
+        // kube-apiserver, never served as the shorter path.
+        [r, n, rest @ ..] => (*r, *n, rest.join("/")),
         [] => return None,
     };
     Some(ResourceInfo {
@@ -179,7 +179,7 @@ fn resource_of(path: &str) -> Option<ResourceInfo> {
         namespace: namespace.to_owned(),
         resource: resource.to_owned(),
         name: name.to_owned(),
-        subresource: subresource.to_owned(),
+        subresource,
     })
 }
 
@@ -282,6 +282,12 @@ mod tests {
                 .unwrap()
                 .resource,
             "namespaces"
+        );
+        let deep = info("GET", "/apis/worker.gpustack.ai/v1/kvcachebackends/a/status/extra");
+        assert_eq!(
+            deep.resource.unwrap().subresource,
+            "status/extra",
+            "no subresource of any kind"
         );
         assert!(info("GET", "/apis/worker.gpustack.ai/v1").resource.is_none());
         assert!(info("GET", "/apis/worker.gpustack.ai/v1/a//b").resource.is_none());

@@ -207,6 +207,22 @@ async fn every_verb_reaches_its_handler() {
     )
     .await;
     a.refused(422, "Invalid");
+    // a path with segments past a subresource or a name is no resource: 404, as kube-apiserver
+    for extra in [format!("{item}/status/extra"), format!("{item}/x/y")] {
+        for method in ["GET", "PATCH", "DELETE"] {
+            let a = as_admin(&f, method, &extra, "application/merge-patch+json", "{}").await;
+            assert_eq!(a.code, 404, "{method} {extra}: {}", a.text());
+        }
+    }
+    let a = as_admin(
+        &f,
+        "GET",
+        "/apis/worker.gpustack.ai/v1/namespaces/team-a/kvcachepoolbindings/b/status/x",
+        "",
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(a.code, 404, "{}", a.text());
     // delete, deletecollection
     let a = as_admin(&f, "DELETE", &format!("{POOLS}/p2"), "", Body::empty()).await;
     assert_eq!(a.code, 200);
