@@ -1,10 +1,14 @@
 //! Bodies (JSON or YAML) → `serde_json::Value`, within bounds, noting duplicate keys.
 //!
 //! Every value the server builds from client input is bounded here: how deep it nests and how
-//! much it holds once built. The size counts what the value would take written as JSON, so a YAML
-//! alias referenced a thousand times counts a thousand times: an anchored 64 KiB string referenced
-//! 3,000 times is refused after a few dozen expansions instead of building 200 MB. Nothing here
-//! recurses deeper than [`MAX_DEPTH`], so no input can overflow the stack, however it is shaped.
+//! much it holds once built. The size is charged as the value is built, each node as it is made:
+//! its JSON text plus the memory the node itself takes (a `Value`, and a map entry's key), so a
+//! YAML alias referenced a thousand times counts a thousand times, and many tiny nodes count what
+//! they cost in memory, not only their few bytes of text. An anchored 64 KiB string referenced
+//! 3,000 times is refused after a few dozen expansions instead of building 200 MB, and a list of
+//! 2,000 one-letter items referenced 2,000 times after about 300,000 items instead of 4 million
+//! (peak memory stays within a small multiple of [`MAX_BUILT_BYTES`]). Nothing here recurses
+//! deeper than [`MAX_DEPTH`], so no input can overflow the stack, however it is shaped.
 //!
 //! Duplicate keys in one object are reported with their path (`metadata.name`): JSON and YAML
 //! parsers keep the last value silently, so `fieldValidation=Strict` refuses them and `Warn` warns.
@@ -18,9 +22,16 @@ use serde_json::{Map, Value};
 /// Deepest nesting a built value may have (the JSON parser's own limit is 128 too).
 pub const MAX_DEPTH: usize = 128;
 
-/// Most a built value may hold, counted as JSON bytes (four times the largest body accepted,
-/// 3 MiB, which is room for YAML's verbosity but not for an alias bomb).
+/// Most a built value may hold, counted as its JSON text plus each node's own memory (four times
+/// the largest body accepted, 3 MiB, which is room for YAML's verbosity but not for an alias
+/// bomb).
 pub const MAX_BUILT_BYTES: usize = 12 * 1024 * 1024;
+
+/// What one node of a built value takes in memory besides its text: the `Value` itself.
+const NODE: usize = std::mem::size_of::<Value>();
+/// What one map entry takes besides its key's text and its value: the key's `String` and the
+/// map's own bookkeeping for the entry.
+const ENTRY: usize = std::mem::size_of::<String>() + 2 * std::mem::size_of::<usize>();
 
 /// A parsed body.
 #[derive(Debug, Clone, PartialEq)]
@@ -271,33 +282,33 @@ impl<'de> Visitor<'de> for Seed<'_> {
     }
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
-        self.state.charge(5)?;
+        self.state.charge(5 + NODE)?;
         Ok(Value::Bool(v))
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
-        self.state.charge(int_len(v.unsigned_abs()) + 1)?;
+        self.state.charge(int_len(v.unsigned_abs()) + 1 + NODE)?;
         Ok(Value::from(v))
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
-        self.state.charge(int_len(v))?;
+        self.state.charge(int_len(v) + NODE)?;
         Ok(Value::from(v))
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
-        self.state.charge(24)?;
+        self.state.charge(24 + NODE)?;
         // JSON has no NaN or infinity; YAML's `.nan` and `.inf` become null, as in Kubernetes.
         Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
-        self.state.charge(v.len() + 2)?;
+        self.state.charge(v.len() + 2 + NODE)?;
         Ok(Value::String(v.to_owned()))
     }
 
     fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
-        self.state.charge(v.len() + 2)?;
+        self.state.charge(v.len() + 2 + NODE)?;
         Ok(Value::String(v))
     }
 
@@ -310,12 +321,13 @@ impl<'de> Visitor<'de> for Seed<'_> {
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
-        self.state.charge(4)?;
+        self.state.charge(4 + NODE)?;
         Ok(Value::Null)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let child = self.nested::<A::Error>()?;
+        self.state.charge(NODE)?;
         let mut out = Vec::new();
         loop {
             self.state.path.borrow_mut().push(Segment::Index(out.len()));
@@ -334,9 +346,10 @@ impl<'de> Visitor<'de> for Seed<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let child = self.nested::<A::Error>()?;
+        self.state.charge(NODE)?;
         let mut out = Map::new();
         while let Some(key) = map.next_key_seed(KeySeed)? {
-            self.state.charge(key.len() + 4)?;
+            self.state.charge(key.len() + 4 + ENTRY)?;
             // The key waits on the path while its value is built (errors name it), then moves
             // into the map: no copy.
             self.state.path.borrow_mut().push(Segment::Key(key));
