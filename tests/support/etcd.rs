@@ -17,6 +17,8 @@ use super::loopback_port;
 pub const ETCD: &str = "/usr/bin/etcd";
 const READY_WITHIN: Duration = Duration::from_secs(20);
 const TRIES: usize = 5;
+/// How often a start or a stop is checked on (a condition polled, not a fixed wait).
+const POLL: Duration = Duration::from_millis(20);
 
 /// How to start one.
 #[derive(Clone, Debug, Default)]
@@ -108,8 +110,8 @@ impl EtcdProcess {
             if std::net::TcpStream::connect(&self.endpoint).is_ok() {
                 return Ok(());
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("etcd exited ({status}):\n{}", self.log_tail()));
+            if !self.running() {
+                return Err(format!("etcd exited:\n{}", self.log_tail()));
             }
             if Instant::now() >= deadline {
                 return Err(format!(
@@ -117,7 +119,7 @@ impl EtcdProcess {
                     self.log_tail()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL);
         }
     }
 
@@ -151,17 +153,17 @@ impl EtcdProcess {
     /// Stops it with SIGTERM, as an operator would, waiting at most `within`; then SIGKILL.
     /// `Err` says it had to be killed.
     pub fn terminate(&mut self, within: Duration) -> Result<(), String> {
-        if matches!(self.child.try_wait(), Ok(Some(_))) {
+        if !self.running() {
             return Ok(());
         }
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
+            if !self.running() {
                 return Ok(());
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL);
         }
         self.kill();
         Err(format!("etcd ignored SIGTERM for {within:?} and was killed"))

@@ -169,6 +169,12 @@ impl Context {
         self.runtime.cluster_client().unwrap_or_else(|| self.client.clone())
     }
 
+    /// A channel to the store leader at `endpoint`, with this server's call timeout and the
+    /// controllers' token (the one way every controller reaches a leader).
+    pub async fn leader(&self, endpoint: &str) -> Result<store_client::LeaderClient, store_client::LeaderError> {
+        store_client::LeaderClient::connect(endpoint, self.opts.leader_timeout, self.secrets.control_token()).await
+    }
+
     /// The lock of `backend`'s ledger.
     pub fn ledger_lock(&self, backend: &str) -> Arc<tokio::sync::Mutex<()>> {
         self.ledger_locks.lock().entry(backend.to_owned()).or_default().clone()

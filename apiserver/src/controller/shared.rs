@@ -1,11 +1,30 @@
-//! What several controllers read or say the same way, so that no controller imports another: the
-//! backend a pool names, the endpoints a backend publishes, a hit rate, a list of names in a
+//! What several controllers read or say the same way, so that no controller imports another: when
+//! the next pass comes ([`Next`]), the backend a pool names, the endpoints a backend publishes, a hit rate, a list of names in a
 //! message, and the "held by …; delete them first" message a deletion waits on.
 
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
 use kube::{Api, Client};
 use kvcache_api::backend::EndpointName;
 use kvcache_api::common::UsedBy;
 use kvcache_api::{KVCacheBackend, KVCachePool};
+
+/// When a controller's next pass comes, as its pure `decide` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    Requeue(Duration),
+    AwaitChange,
+}
+
+impl From<Next> for Action {
+    fn from(next: Next) -> Action {
+        match next {
+            Next::Requeue(after) => Action::requeue(after),
+            Next::AwaitChange => Action::await_change(),
+        }
+    }
+}
 
 /// Names listed in a message before "and N more".
 const MAX_NAMES: usize = 20;

@@ -245,6 +245,22 @@ impl Stored for ModelDeployment {
     }
 }
 
+/// `status|reason|message` of the condition `t`, empty when absent: what the controller tests
+/// compare.
+pub fn condition(
+    conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: kvcache_api::conditions::ConditionType,
+) -> String {
+    kvcache_api::conditions::find(conds, t)
+        .map(|c| format!("{}|{}|{}", c.status, c.reason, c.message))
+        .unwrap_or_default()
+}
+
+/// `phase|message` of a status.
+pub fn phase(phase: Option<&str>, message: Option<&str>) -> String {
+    format!("{}|{}", phase.unwrap_or_default(), message.unwrap_or_default())
+}
+
 fn from<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
     serde_json::from_value(v).unwrap()
 }

@@ -5,23 +5,16 @@
 use std::sync::Arc;
 
 use kube::runtime::controller::Action;
-use kvcache_api::conditions::{self, ConditionType};
+use kvcache_api::conditions;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
 
-use super::testing::Harness;
+use super::testing::{Harness, condition};
 use super::{backend, binding, model_deployment, pool};
 
 const BACKEND: &str = include_str!("../../../tests/fixtures/walkthrough/01-backend.yaml");
 const POOL_BINDING: &str = include_str!("../../../tests/fixtures/walkthrough/02-pool-binding.yaml");
 const DEPLOYMENT: &str = include_str!("../../../tests/fixtures/walkthrough/03-model-deployment.yaml");
 const NS: Option<&str> = Some("team-a");
-
-/// `status|reason` of a condition, empty when absent.
-fn condition(conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], t: ConditionType) -> String {
-    conditions::find(conds, t)
-        .map(|c| format!("{}|{}|{}", c.status, c.reason, c.message))
-        .unwrap_or_default()
-}
 
 async fn backend_pass(h: &Harness) -> Action {
     let b = h.get::<KVCacheBackend>(None, "mooncake-dram").await.unwrap();

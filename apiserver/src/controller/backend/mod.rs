@@ -18,7 +18,6 @@ use kvcache_api::conditions::{self, Observation};
 use kvcache_api::{KVCacheBackend, KVCachePool};
 
 use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
-use super::store_client::LeaderClient;
 use super::{Context, KindLabel, Result};
 use decide::Observed;
 
@@ -94,14 +93,9 @@ async fn observe(obj: &KVCacheBackend, ctx: &Context, used_by: Vec<UsedBy>) -> B
     let read = match decide::admin(&decide::endpoints(obj, observed.as_ref())) {
         None => None,
         Some(admin) => Some(
-            async {
-                LeaderClient::connect(&admin, ctx.opts.leader_timeout, ctx.secrets.control_token())
-                    .await?
-                    .observe()
-                    .await
-            }
-            .await
-            .map_err(|e| e.0),
+            async { ctx.leader(&admin).await?.observe().await }
+                .await
+                .map_err(|e| e.0),
         ),
     };
     let now = crate::registry::meta::now();

@@ -13,7 +13,7 @@ use kvcache_api::conditions::{self, BindingPhase, ConditionStatus, Observation};
 use kvcache_api::{KVCachePoolBinding, Quantity};
 use kvcache_store::proto::{GetTenantsResponse, GrantLimit, TenantStatus};
 
-use crate::controller::shared;
+use crate::controller::shared::{self, Next};
 use crate::controller::status::{Axes, axes, has_finalizer};
 use crate::controller::{human, quantity};
 
@@ -28,13 +28,6 @@ pub struct Observed {
     pub rotating: bool,
     /// the leader's ledger, or why it could not be read
     pub leader: Result<GetTenantsResponse, String>,
-}
-
-/// When the next pass comes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Next {
-    Requeue(Duration),
-    AwaitChange,
 }
 
 /// What the pass does.
@@ -276,7 +269,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::controller::FINALIZER;
+    use crate::controller::{FINALIZER, testing};
 
     const REQUEUE: Duration = Duration::from_secs(15);
     const CREDENTIAL: [u8; 32] = [7; 32];
@@ -329,19 +322,12 @@ mod tests {
     }
 
     fn condition(d: &Decision, type_: conditions::ConditionType) -> String {
-        let st = d.status.as_ref().expect("a status");
-        conditions::find(&st.conditions, type_)
-            .map(|c| format!("{}|{}|{}", c.status, c.reason, c.message))
-            .unwrap_or_default()
+        testing::condition(&d.status.as_ref().expect("a status").conditions, type_)
     }
 
     fn phase_of(d: &Decision) -> String {
         let st = d.status.as_ref().expect("a status");
-        format!(
-            "{}|{}",
-            st.phase.map(|p| p.as_str()).unwrap_or_default(),
-            st.phase_message.clone().unwrap_or_default()
-        )
+        testing::phase(st.phase.map(|p| p.as_str()), st.phase_message.as_deref())
     }
 
     #[test]

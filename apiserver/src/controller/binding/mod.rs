@@ -22,10 +22,9 @@ use kvcache_api::{KVCachePool, KVCachePoolBinding, ModelDeployment};
 use super::credential::LedgerView;
 use super::shared;
 use super::status::{self, add_finalizer, remove_finalizer};
-use super::store_client::LeaderClient;
 use super::{Context, KindLabel, Result};
 use crate::runtime::credentials::TenantCredentials;
-use decide::{Decision, Next, Observed, decide};
+use decide::{Decision, Observed, decide};
 
 const KIND: &str = "KVCachePoolBinding";
 
@@ -117,7 +116,7 @@ async fn observe(
 ) -> Result<Observed> {
     let (_, backend) = shared::pool_and_backend(&ctx.client, obj.spec.pool_name()).await?;
     let leader = match backend.as_ref().and_then(|b| shared::endpoint(b, EndpointName::Admin)) {
-        Some(a) => match LeaderClient::connect(&a, ctx.opts.leader_timeout, ctx.secrets.control_token()).await {
+        Some(a) => match ctx.leader(&a).await {
             Ok(l) => l.tenants().await.map_err(|e| e.0),
             Err(e) => Err(e.0),
         },
@@ -146,8 +145,5 @@ async fn write(api: &Api<KVCachePoolBinding>, obj: &KVCachePoolBinding, d: Decis
         super::credential::forget(ctx, obj).await?;
         remove_finalizer(api, obj).await?;
     }
-    Ok(match d.next {
-        Next::Requeue(after) => Action::requeue(after),
-        Next::AwaitChange => Action::await_change(),
-    })
+    Ok(d.next.into())
 }

@@ -86,48 +86,49 @@ pub fn render_ledger(
 }
 
 /// Whether the leader's ledger already is `desired` (its pools, and its tenants' names, ceilings,
-/// pools, layouts and credentials).
+/// pools, layouts and credentials, in any order).
 pub fn same_ledger(current: &GetTenantsResponse, desired: &Ledger) -> bool {
-    type Row = (String, u64, String, u32, String, Vec<bytes::Bytes>);
-    let sorted = |mut h: Vec<bytes::Bytes>| {
-        h.sort();
-        h
-    };
-    let mut have: Vec<Row> = current
-        .tenants
-        .iter()
-        .map(|t| {
-            let h = sorted(t.credential_sha256.clone());
-            (
-                t.name.clone(),
-                t.ceiling,
-                t.pool.clone(),
-                t.block_size,
-                t.dtype.clone(),
-                h,
-            )
-        })
-        .collect();
-    have.sort();
-    let mut want: Vec<Row> = desired
-        .tenants
-        .iter()
-        .map(|t| {
-            let h = sorted(t.credential_sha256.clone());
-            (
-                t.name.clone(),
-                t.ceiling,
-                t.pool.clone(),
-                t.block_size,
-                t.dtype.clone(),
-                h,
-            )
-        })
-        .collect();
-    want.sort();
+    let have = rows(current.tenants.iter().map(|t| {
+        (
+            &t.name,
+            t.ceiling,
+            &t.pool,
+            t.block_size,
+            &t.dtype,
+            &t.credential_sha256,
+        )
+    }));
+    let want = rows(desired.tenants.iter().map(|t| {
+        (
+            &t.name,
+            t.ceiling,
+            &t.pool,
+            t.block_size,
+            &t.dtype,
+            &t.credential_sha256,
+        )
+    }));
     let mut pools = current.pools.clone();
     pools.sort_by(|a, b| a.name.cmp(&b.name));
     have == want && pools == desired.pools
+}
+
+/// A tenant as the ledger comparison sees it: its fields, with its credential hashes sorted.
+type Row<'a> = (&'a String, u64, &'a String, u32, &'a String, Vec<&'a bytes::Bytes>);
+
+/// Every tenant's row, sorted.
+fn rows<'a>(
+    tenants: impl Iterator<Item = (&'a String, u64, &'a String, u32, &'a String, &'a Vec<bytes::Bytes>)>,
+) -> Vec<Row<'a>> {
+    let mut out: Vec<Row<'a>> = tenants
+        .map(|(name, ceiling, pool, block_size, dtype, hashes)| {
+            let mut h: Vec<&bytes::Bytes> = hashes.iter().collect();
+            h.sort();
+            (name, ceiling, pool, block_size, dtype, h)
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 #[cfg(test)]

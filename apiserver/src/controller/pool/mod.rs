@@ -24,7 +24,7 @@ use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use super::status::{self, add_finalizer, remove_finalizer};
 use super::store_client::LeaderClient;
 use super::{Context, KindLabel, Result};
-use decide::{Decision, LeaderRead, Next, Observed, decide, leader_to_read};
+use decide::{Decision, LeaderRead, Observed, decide, leader_to_read};
 use ledger_render::Ledger;
 
 const KIND: &str = "KVCachePool";
@@ -88,18 +88,16 @@ async fn observe(obj: &KVCachePool, ctx: &Context) -> Result<(Observed, Option<L
     };
     let (leader, read) = match leader_to_read(obj, backend.as_ref(), &bindings) {
         None => (None, LeaderRead::NotAsked),
-        Some(admin) => {
-            match LeaderClient::connect(&admin, ctx.opts.leader_timeout, ctx.secrets.control_token()).await {
-                Err(e) => (None, LeaderRead::Unreachable(e.0)),
-                Ok(l) => {
-                    let read = match l.tenants().await {
-                        Ok(current) => LeaderRead::Ledger { current, refused: None },
-                        Err(e) => LeaderRead::Unreachable(e.0),
-                    };
-                    (Some(l), read)
-                }
+        Some(admin) => match ctx.leader(&admin).await {
+            Err(e) => (None, LeaderRead::Unreachable(e.0)),
+            Ok(l) => {
+                let read = match l.tenants().await {
+                    Ok(current) => LeaderRead::Ledger { current, refused: None },
+                    Err(e) => LeaderRead::Unreachable(e.0),
+                };
+                (Some(l), read)
             }
-        }
+        },
     };
     let seen = Observed {
         pools,
@@ -137,8 +135,5 @@ async fn write(api: &Api<KVCachePool>, obj: &KVCachePool, d: Decision, ctx: &Con
     if d.release {
         remove_finalizer(api, obj).await?;
     }
-    Ok(match d.next {
-        Next::Requeue(after) => Action::requeue(after),
-        Next::AwaitChange => Action::await_change(),
-    })
+    Ok(d.next.into())
 }

@@ -26,10 +26,11 @@
 
 pub mod engines;
 pub mod front;
+mod ports;
 pub mod process;
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -39,6 +40,8 @@ use kvcache_store::leader::{Election, LeaderConfig};
 use tokio::sync::Mutex;
 
 use self::front::{Endpoint, Front};
+use self::ports::free_port;
+pub use self::ports::loopback_port;
 use self::process::{Hooks, ProcessSpec, Supervised};
 use super::{Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, Secrets, StoreObservation, StorePlan};
 
@@ -299,45 +302,6 @@ impl LocalRuntime {
     fn memory_limit(&self) -> u64 {
         self.opts.memory_limit.unwrap_or(u64::MAX)
     }
-}
-
-fn free_port() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], loopback_port()))
-}
-
-/// A loopback port for a process this server (or a test) starts, which binds it itself: free
-/// now, below the kernel's ephemeral range (`ip_local_port_range`), so no outgoing connection can
-/// take it before the process binds it, and never one this process handed out before. Where the
-/// range leaves no room below it, a port the kernel picks.
-pub fn loopback_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    const LOWEST: u32 = 10_000;
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let below = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32_768)
-        .min(u32::from(u16::MAX));
-    if below > LOWEST + 1_000 {
-        let span = below - LOWEST;
-        // processes (parallel tests, several servers) start at different places in the span
-        let _ = NEXT.compare_exchange(
-            0,
-            std::process::id().wrapping_mul(7_919) % span + 1,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
-        for _ in 0..span {
-            let offset = NEXT.fetch_add(1, Ordering::Relaxed) % span;
-            let port = u16::try_from(LOWEST + offset).unwrap_or(0);
-            if port != 0 && TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return port;
-            }
-        }
-    }
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_or(0, |a| a.port())
 }
 
 /// `MemTotal` of `/proc/meminfo`, in bytes.
