@@ -102,13 +102,32 @@ pub fn data_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListener>
     s.listen(1024)
 }
 
+/// How long a client waits for a new connection to a leader or member. A peer that vanished
+/// without a trace (a deleted Pod's address, or a Service's stale connection-tracking entry that
+/// still points at it) answers no SYN, and the system's own retries take minutes; giving up
+/// sooner lets the next attempt, from a new port, reach whoever serves now.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `connect` under [`CONNECT_TIMEOUT`].
+pub async fn within_connect_timeout<T>(
+    addr: impl std::fmt::Display,
+    connect: impl Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    tokio::time::timeout(CONNECT_TIMEOUT, connect).await.map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{addr} did not answer within {CONNECT_TIMEOUT:?}"),
+        )
+    })?
+}
+
 /// Connects a data connection to `addr` (HOST:PORT), with Nagle's algorithm off.
 pub async fn connect_data(addr: &str) -> std::io::Result<TcpStream> {
     let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, format!("{addr} resolved to no address"));
     for a in tokio::net::lookup_host(addr).await? {
         let sock = data_socket(&a)?;
         tune_data_connection(socket2::SockRef::from(&sock), &a);
-        match sock.connect(a).await {
+        match within_connect_timeout(a, sock.connect(a)).await {
             Ok(s) => {
                 s.set_nodelay(true)?;
                 return Ok(s);

@@ -69,7 +69,8 @@ impl FastPort {
     async fn connect(&self) -> Result<TcpStream> {
         use std::sync::atomic::Ordering;
         let port = self.port.load(Ordering::Acquire);
-        let first = TcpStream::connect(format!("{}:{port}", self.host)).await;
+        let addr = format!("{}:{port}", self.host);
+        let first = crate::net::within_connect_timeout(&addr, TcpStream::connect(&addr)).await;
         let s = match first {
             Ok(s) => s,
             Err(e) => {
@@ -82,7 +83,8 @@ impl FastPort {
                     )));
                 }
                 self.port.store(fresh, Ordering::Release);
-                TcpStream::connect(format!("{}:{fresh}", self.host))
+                let addr = format!("{}:{fresh}", self.host);
+                crate::net::within_connect_timeout(&addr, TcpStream::connect(&addr))
                     .await
                     .map_err(|e| {
                         transport(format!(
@@ -117,7 +119,20 @@ impl FastPort {
         Ok(s)
     }
 
-    async fn exchange(&self, mut s: TcpStream, frame: &[u8], spin: Duration) -> std::io::Result<(u8, BytesMut)> {
+    /// One request and its reply, given up after [`CALL_TIMEOUT`] (a leader gone without closing
+    /// the connection never answers).
+    async fn exchange(&self, s: TcpStream, frame: &[u8], spin: Duration) -> std::io::Result<(u8, BytesMut)> {
+        tokio::time::timeout(CALL_TIMEOUT, self.exchange_now(s, frame, spin))
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the leader's fast port did not answer within {CALL_TIMEOUT:?}"),
+                )
+            })?
+    }
+
+    async fn exchange_now(&self, mut s: TcpStream, frame: &[u8], spin: Duration) -> std::io::Result<(u8, BytesMut)> {
         s.write_all(frame).await?;
         crate::spin::until_readable(&s, Instant::now() + spin);
         let mut buf = BytesMut::new();
@@ -131,6 +146,10 @@ impl FastPort {
         Ok(reply)
     }
 }
+
+/// How long one fast-port call may take: far above any answer a live leader gives (metadata
+/// only, no bytes of values), well below a hung engine.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Largest fast-port reply accepted.
 const MAX_REPLY: usize = 16 << 20;

@@ -82,7 +82,12 @@ impl Client {
                 )
             })?
             .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(5))
+            .connect_timeout(crate::net::CONNECT_TIMEOUT)
+            // a leader gone without closing the connection (its Pod deleted) is noticed by
+            // pings, and the channel connects again to whoever serves the address now
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .keep_alive_while_idle(true)
             .connect()
             .await
             .map_err(|e| {
