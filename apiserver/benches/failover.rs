@@ -41,6 +41,7 @@ fn scope(dir: &std::path::Path) -> Scope {
         block_size: 64,
         dtype: "bfloat16".into(),
         credential,
+        ..Default::default()
     }
 }
 

@@ -70,6 +70,7 @@ impl BenchArgs {
             block_size: self.block_size,
             dtype: self.dtype.clone(),
             credential: self.credential.clone(),
+            client: String::new(),
         }
     }
 

@@ -11,12 +11,17 @@
 //! - `KVSTORE_BLOCK_SIZE`: tokens per block (required with a leader; 16 without);
 //! - `KVSTORE_DTYPE`: the KV dtype (required with a leader; `auto` without);
 //! - `KVSTORE_CREDENTIAL`: the tenant's credential, when the ledger binds the tenant to one;
+//! - `KVSTORE_CLIENT`: the replica's name (`<deployment>/<replica>`), which the leader counts
+//!   the replica's gets, hits and puts under;
 //! - `KVSTORE_SESSIONS` (8), `KVSTORE_REQUESTS` per session (16), `KVSTORE_PREFIXES` (4 shared
 //!   system prompts), `KVSTORE_PREFIX_BLOCKS` (8), `KVSTORE_SUFFIX_BLOCKS` (4),
 //!   `KVSTORE_BLOCK_BYTES` (bytes stored per block, default 64Ki), `KVSTORE_ROUNDS` (1; 0 = run
 //!   until stopped, printing a line per round), `KVSTORE_ROUND_PAUSE` (time between rounds,
 //!   default `0s`), `KVSTORE_AFTER_ROUNDS` (`exit`, the default, or `idle`: stay up, serving no
-//!   more requests, until stopped, as an engine without traffic).
+//!   more requests, until stopped, as an engine without traffic);
+//! - `KVSTORE_LISTEN` (HOST:PORT, optional): answer an engine's health check there, `GET /health`
+//!   200 once the first round has run (503 before), as an engine does once its model is loaded,
+//!   so a kubelet's probes can watch the simulator like a real engine.
 //!
 //! A store call that fails (during a failover, say) is counted in the report's `errors` and the
 //! block is computed instead, as an engine does; a refusal no failover explains (a layout the
@@ -50,6 +55,8 @@ pub struct SimConfig {
     pub pause: std::time::Duration,
     /// Stay up after the last round instead of exiting.
     pub idle_after: bool,
+    /// Where to answer `GET /health`, if anywhere.
+    pub listen: Option<String>,
 }
 
 impl SimConfig {
@@ -101,6 +108,7 @@ impl SimConfig {
                 block_size,
                 dtype,
                 credential: first(&["KVSTORE_CREDENTIAL"]).unwrap_or_default(),
+                client: first(&["KVSTORE_CLIENT"]).unwrap_or_default(),
             },
             sessions: num("KVSTORE_SESSIONS", 8)?.max(1) as usize,
             requests: num("KVSTORE_REQUESTS", 16)? as usize,
@@ -111,8 +119,33 @@ impl SimConfig {
             rounds: num("KVSTORE_ROUNDS", 1)?,
             pause,
             idle_after,
+            listen: first(&["KVSTORE_LISTEN"]),
         })
     }
+}
+
+/// Answers `GET /health` on `listener` until `cancel`: 200 once `ready` is set, 503 before; any
+/// other path is 404.
+pub async fn serve_health(
+    listener: tokio::net::TcpListener,
+    ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cancel: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    use axum::http::StatusCode;
+    let health = move || {
+        let ready = ready.clone();
+        async move {
+            if ready.load(std::sync::atomic::Ordering::Relaxed) {
+                (StatusCode::OK, "ok\n")
+            } else {
+                (StatusCode::SERVICE_UNAVAILABLE, "the first round has not run yet\n")
+            }
+        }
+    };
+    let app = axum::Router::new().route("/health", axum::routing::get(health));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(cancel.cancelled_owned())
+        .await
 }
 
 /// A round's result.
@@ -279,6 +312,33 @@ pub fn distinct_keys(cfg: &SimConfig) -> HashMap<String, usize> {
 mod tests {
     use super::*;
 
+    /// The status line of `GET path` on `addr`.
+    async fn status_line(addr: std::net::SocketAddr, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: sim\r\nConnection: close\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out.lines().next().unwrap_or_default().to_owned()
+    }
+
+    #[tokio::test]
+    async fn health_answers_once_a_round_ran() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(serve_health(listener, ready.clone(), cancel.clone()));
+        assert_eq!(status_line(addr, "/health").await, "HTTP/1.1 503 Service Unavailable");
+        ready.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(status_line(addr, "/health").await, "HTTP/1.1 200 OK");
+        assert_eq!(status_line(addr, "/v1/models").await, "HTTP/1.1 404 Not Found");
+        cancel.cancel();
+        server.await.unwrap().unwrap();
+    }
+
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k| m.get(k).cloned()
@@ -350,6 +410,7 @@ mod tests {
             rounds: 1,
             pause: std::time::Duration::ZERO,
             idle_after: false,
+            listen: None,
         };
         let keys = distinct_keys(&cfg);
         assert_eq!(

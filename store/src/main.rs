@@ -3,6 +3,8 @@
 //! stops on SIGINT/SIGTERM, and turns a failure into one line on stderr and exit status 1.
 
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -71,6 +73,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // colours only for a person at a terminal, never in a container's log or a file
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -293,10 +297,23 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
                 Some(leader) => Some(Client::connect(leader, cfg.scope.clone()).await?),
                 None => None,
             };
+            let ready = Arc::new(AtomicBool::new(false));
+            if let Some(addr) = &cfg.listen {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("KVSTORE_LISTEN {addr}: {e}"))?;
+                let (ready, cancel) = (ready.clone(), cancel.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = engine_sim::serve_health(listener, ready, cancel).await {
+                        tracing::error!("the health endpoint stopped: {e}");
+                    }
+                });
+            }
             let mut round = 0;
             loop {
                 let report = engine_sim::round(client.as_ref(), &cfg, round).await?;
                 println!("{}", serde_json::to_string(&report)?);
+                ready.store(true, Ordering::Relaxed);
                 round += 1;
                 if cfg.rounds != 0 && round >= cfg.rounds {
                     if cfg.idle_after {

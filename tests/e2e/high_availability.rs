@@ -42,6 +42,7 @@ fn scope(s: &Server) -> Scope {
         block_size: 64,
         dtype: "bfloat16".into(),
         credential: credential(s),
+        ..Default::default()
     }
 }
 

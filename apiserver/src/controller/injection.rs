@@ -96,6 +96,17 @@ pub struct Injected {
     pub package_image: Option<String>,
 }
 
+/// The variable naming a replica to our store (`<deployment>/<replica>`): the leader counts the
+/// replica's gets, hits and puts under it, which is how a cluster observes a replica's cache use
+/// (`CacheAttached`) without asking the engine.
+pub const CLIENT_ENV: &str = "KVSTORE_CLIENT";
+
+/// The caller name of replica `replica` of `deployment`, as [`CLIENT_ENV`] carries it and the
+/// leader reports it.
+pub fn client_name(deployment: &str, replica: &str) -> String {
+    format!("{deployment}/{replica}")
+}
+
 /// The injection for `engine` in a role of `kind`; empty without a connection. `dtype_owned` is
 /// the `model-deployment-kv-cache-dtype-owned` setting.
 pub fn inject(engine: EngineName, kind: RoleKind, conn: Option<&Connection>, dtype_owned: bool) -> Injected {

@@ -154,13 +154,14 @@ async fn within<T>(timeout: Option<Duration>, f: impl Future<Output = Result<T, 
 #[pymethods]
 impl Store {
     /// `Store(endpoint, tenant, block_size, dtype, spin_us=0, same_host=True, credential="",
-    /// timeout_ms=0)`: connects to the leader at `endpoint` (HOST:PORT, the backend's Client
+    /// timeout_ms=0, client="")`: connects to the leader at `endpoint` (HOST:PORT, the backend's Client
     /// endpoint). With `same_host`, values held by a member on this host move through its mapped
     /// segment (one memcpy) instead of TCP. `credential` proves the tenant, when the ledger binds
     /// it to one. With `timeout_ms`, a call (connecting too) that takes longer is given up with
-    /// `TRANSPORT`.
+    /// `TRANSPORT`. `client` names the caller within its tenant (a replica, as `KVSTORE_CLIENT`),
+    /// for the leader's per-caller counters.
     #[new]
-    #[pyo3(signature = (endpoint, tenant, block_size, dtype, spin_us = 0, same_host = true, credential = String::new(), timeout_ms = 0))]
+    #[pyo3(signature = (endpoint, tenant, block_size, dtype, spin_us = 0, same_host = true, credential = String::new(), timeout_ms = 0, client = String::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -172,12 +173,14 @@ impl Store {
         same_host: bool,
         credential: String,
         timeout_ms: u64,
+        client: String,
     ) -> PyResult<Self> {
         let scope = Scope {
             tenant,
             block_size,
             dtype,
             credential,
+            client,
         };
         py.detach(|| Store::connect(&endpoint, scope, spin_us, same_host, timeout_ms))
             .map_err(raise)
@@ -185,7 +188,7 @@ impl Store {
 
     /// A Store from exactly what injection gives a replica: `KVSTORE_LEADER` (or
     /// `MOONCAKE_MASTER`), `KVSTORE_TENANT` (or `MOONCAKE_TENANT_ID`, default `default`),
-    /// `KVSTORE_BLOCK_SIZE`, `KVSTORE_DTYPE` and `KVSTORE_CREDENTIAL`.
+    /// `KVSTORE_BLOCK_SIZE`, `KVSTORE_DTYPE`, `KVSTORE_CREDENTIAL` and `KVSTORE_CLIENT`.
     #[staticmethod]
     #[pyo3(signature = (spin_us = 0, same_host = true, timeout_ms = 0))]
     fn from_env(py: Python<'_>, spin_us: u64, same_host: bool, timeout_ms: u64) -> PyResult<Self> {

@@ -6,11 +6,12 @@
 //! housekeeping), `state` (the lock-protected tables and engine operations), `calls` (each
 //! `Store` call, shared by both faces), `service` (the gRPC faces), `fastport` (the framed
 //! metadata port), `ledger` (tenant validation, grants), `tenants` (the ledger applied),
-//! `status` (read-outs), `blocks` (KV events: `WatchBlocks`), `objects` (per-value and per-tenant records), `placement` (free space,
+//! `status` (read-outs), `blocks` (KV events: `WatchBlocks`), `objects` (per-value and per-tenant records), `clients` (each caller's counters), `placement` (free space,
 //! segment choice), `eviction`, `members` (mount, heartbeat, liveness), `metrics` (the collector).
 
 pub mod blocks;
 pub mod calls;
+pub mod clients;
 mod config;
 mod eviction;
 pub mod fastport;

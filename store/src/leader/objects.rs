@@ -71,6 +71,8 @@ pub struct Tenant {
     pub used: u64,
     pub objects: HashMap<String, Object>,
     pub counters: Counters,
+    /// the same counters per caller that names itself
+    pub clients: super::clients::Clients,
     /// what its blocks do, for `WatchBlocks` (`blocks.rs`)
     pub log: super::blocks::BlockLog,
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::LeaderConfig;
 use super::blocks::Removal;
+use super::clients::Use;
 use super::ledger::DEFAULT_TENANT;
 use super::objects::{Counters, Object, ObjectState, Tenant};
 use super::placement::{self, SegmentAllocator, aligned};
@@ -298,6 +299,7 @@ impl State {
                 o.state = ObjectState::Committed;
                 o.last_used = tick;
                 t.counters.puts += 1;
+                t.clients.count(client(scope), tick, Use::Put);
                 t.log.stored(epoch, key, o.size);
                 Ok(())
             }
@@ -340,9 +342,11 @@ impl State {
         t.counters.gets += 1;
         let Some(o) = t.objects.get_mut(key).filter(|o| o.state == ObjectState::Committed) else {
             t.counters.misses += 1;
+            t.clients.count(client(scope), tick, Use::Get { hit: false });
             return Ok(GetResponse::default());
         };
         t.counters.hits += 1;
+        t.clients.count(client(scope), tick, Use::Get { hit: true });
         o.lease_until = o.lease_until.max(now + ttl);
         o.last_used = tick;
         let o = o.clone();
@@ -442,4 +446,9 @@ impl State {
 
 fn internal(msg: &str) -> StoreError {
     StoreError::new(ErrorCode::Internal, format!("{msg}; this is a bug, please report it"))
+}
+
+/// The caller's name within its tenant (`Scope.client`), empty when it gave none.
+fn client(scope: Option<&Scope>) -> &str {
+    scope.map_or("", |s| s.client.as_str())
 }

@@ -28,6 +28,7 @@ impl State {
                 credential_sha256: t.credentials.iter().map(|h| bytes::Bytes::copy_from_slice(h)).collect(),
                 pool: t.pool.clone(),
                 limited_by: t.limited_by.into(),
+                clients: t.clients.statuses(),
             })
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));

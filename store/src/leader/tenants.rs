@@ -113,6 +113,7 @@ impl State {
                 "the request has no scope; send tenant, block_size and dtype",
             )
         })?;
+        super::clients::check_name(&scope.client)?;
         if !self.cfg.multi_tenancy {
             if let Some(Some(layout)) = self.tenants.get(DEFAULT_TENANT).map(|t| &t.layout) {
                 ledger::check_layout(DEFAULT_TENANT, layout, scope)?;

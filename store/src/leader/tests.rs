@@ -342,3 +342,45 @@ fn a_name_held_by_a_live_process_is_refused_until_the_holder_expires() {
     assert_eq!(members.len(), 1);
     assert_eq!(members[0].member_id, taken.member_id);
 }
+
+#[test]
+fn each_named_caller_is_counted_within_its_tenant() {
+    let (mut s, t0) = state(LeaderConfig::default());
+    s.set_tenants(&[entry("t", 8 * MIB), entry("u", 8 * MIB)], &[]).unwrap();
+    mount(&mut s, "m", 16 * MIB, t0);
+    let as_client = |t: &str, client: &str| Scope {
+        client: client.into(),
+        ..scope(t)
+    };
+    let a = as_client("t", "md/server-0");
+    let r = s.put_start(Some(&a), "k", 100, t0).unwrap();
+    s.put_commit(Some(&a), "k", r.put_id).unwrap();
+    s.get(Some(&a), "k", t0).unwrap();
+    s.get(Some(&as_client("t", "md/server-1")), "k", t0).unwrap();
+    s.get(Some(&as_client("t", "md/server-1")), "missing", t0).unwrap();
+    s.get(Some(&as_client("u", "md/server-0")), "k", t0).unwrap();
+    let counts = |tenant: &str| -> Vec<(String, u64, u64, u64)> {
+        s.tenant_statuses()
+            .into_iter()
+            .find(|x| x.name == tenant)
+            .unwrap()
+            .clients
+            .into_iter()
+            .map(|c| (c.name, c.gets, c.hits, c.puts))
+            .collect()
+    };
+    assert_eq!(
+        counts("t"),
+        [("md/server-1".to_owned(), 2, 1, 0), ("md/server-0".to_owned(), 1, 1, 1)]
+    );
+    assert_eq!(
+        counts("u"),
+        [("md/server-0".to_owned(), 1, 0, 0)],
+        "another tenant's caller of the same name is counted apart"
+    );
+    let long = as_client("t", &"x".repeat(300));
+    assert_eq!(
+        s.get(Some(&long), "k", t0).unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
+}

@@ -14,7 +14,8 @@ use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployme
 
 use crate::controller::injection::{self, Connection};
 use crate::runtime::credentials::{ReplicaCredential, TenantCredentials};
-use crate::runtime::{Replica, ReplicaObservation};
+use crate::runtime::{CacheReport, Replica, ReplicaObservation};
+use kvcache_store::proto::ClientStatus;
 
 /// What the deployment's `kvCache` leads to, each if it exists: the Binding it names, the
 /// Binding's pool, the pool's backend, and the credential kept for the Binding.
@@ -248,19 +249,53 @@ pub fn replicas(
         let injected = injection::inject(engine, kind, connection, dtype_owned);
         let container = crate::controller::engine::container(obj, role, engine, &injected, &config.instance_types);
         for i in 0..role.replicas.unwrap_or(1).max(0) {
+            let name = format!("{}-{i}", role.name);
+            let (mut env, mut engine) = (injected.env.clone(), container.clone());
+            // Our store counts each replica's cache use under its name; the role's own
+            // environment still comes last (and wins).
+            if injected.package_image.is_some() {
+                let named = (
+                    injection::CLIENT_ENV.to_owned(),
+                    injection::client_name(obj.name(), &name),
+                );
+                env.push(named.clone());
+                engine.env.insert(injected.env.len().min(engine.env.len()), named);
+            }
             replicas.push(Replica {
-                name: format!("{}-{i}", role.name),
+                name,
                 role: role.name.clone(),
-                env: injected.env.clone(),
+                env,
                 args: injected.args.clone(),
                 credential: injected.credential.clone(),
                 client_config: injected.client_config.clone(),
                 package_image: injected.package_image.clone(),
-                engine: container.clone(),
+                engine,
             });
         }
     }
     replicas
+}
+
+/// Fills in the cache use of replicas that gave no report of their own (a cluster's engines do
+/// not report to the controllers) from what the leader counted under each replica's name
+/// ([`injection::CLIENT_ENV`]): its gets, hits and committed puts in the tenant. A replica the
+/// leader has not seen keeps no report.
+pub fn with_leader_counts(deployment: &str, observed: &mut [ReplicaObservation], clients: &[ClientStatus]) {
+    for r in observed.iter_mut().filter(|r| r.cache.is_none()) {
+        let name = injection::client_name(deployment, &r.name);
+        if let Some(c) = clients.iter().find(|c| c.name == name) {
+            r.cache = Some(CacheReport {
+                blocks: c.gets,
+                hits: c.hits,
+                stored: c.puts,
+                hit_rate: if c.gets == 0 {
+                    0.0
+                } else {
+                    c.hits as f64 / c.gets as f64
+                },
+            });
+        }
+    }
 }
 
 /// The phase message followed by what the runtime says runs (`server-0: vLLM (vllm serve) at
@@ -502,6 +537,99 @@ mod tests {
             ("127.0.0.1:7", Some("qwen"), 64)
         );
         assert_eq!(c.credential.map(|x| x.binding), Some("team-a".to_owned()));
+    }
+
+    #[test]
+    fn replicas_are_named_to_our_store_and_read_back_from_its_counts() {
+        let config = crate::config::Config::default();
+        let c = attach(
+            &deployment(true),
+            &whole(binding("Ready", "True", "Granted")),
+            "store:1",
+        )
+        .connection
+        .unwrap();
+        let named: Vec<Option<String>> = replicas(&deployment(true), Some(&c), &config)
+            .iter()
+            .map(|r| {
+                let env = r
+                    .env
+                    .iter()
+                    .find(|(k, _)| k == injection::CLIENT_ENV)
+                    .map(|(_, v)| v.clone());
+                let engine = r
+                    .engine
+                    .env
+                    .iter()
+                    .find(|(k, _)| k == injection::CLIENT_ENV)
+                    .map(|(_, v)| v.clone());
+                assert_eq!(
+                    env, engine,
+                    "the simulator and the engine container carry the same name"
+                );
+                env
+            })
+            .collect();
+        assert_eq!(
+            named,
+            [
+                Some("qwen-chat/server-0".to_owned()),
+                Some("qwen-chat/server-1".to_owned())
+            ]
+        );
+        assert!(
+            replicas(&deployment(true), None, &config)
+                .iter()
+                .all(|r| r.env.is_empty()),
+            "no connection, no name"
+        );
+
+        let clients = [
+            ClientStatus {
+                name: "qwen-chat/server-0".into(),
+                gets: 8,
+                hits: 6,
+                puts: 2,
+            },
+            ClientStatus {
+                name: "other/server-1".into(),
+                gets: 5,
+                hits: 5,
+                puts: 0,
+            },
+        ];
+        let own = CacheReport {
+            blocks: 1,
+            hits: 1,
+            stored: 0,
+            hit_rate: 1.0,
+        };
+        let mut observed = vec![
+            replica(true, None),
+            ReplicaObservation {
+                name: "server-1".into(),
+                ..replica(true, None)
+            },
+            ReplicaObservation {
+                name: "server-2".into(),
+                ..replica(true, Some(own.clone()))
+            },
+        ];
+        with_leader_counts("qwen-chat", &mut observed, &clients);
+        assert_eq!(
+            observed[0].cache,
+            Some(CacheReport {
+                blocks: 8,
+                hits: 6,
+                stored: 2,
+                hit_rate: 0.75
+            })
+        );
+        assert_eq!(
+            observed[1].cache, None,
+            "another deployment's replica of the same name is not ours"
+        );
+        assert_eq!(observed[2].cache, Some(own), "a replica's own report stands");
     }
 
     fn replica(ready: bool, cache: Option<CacheReport>) -> ReplicaObservation {

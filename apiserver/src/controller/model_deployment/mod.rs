@@ -17,11 +17,15 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
 
+use super::injection::{Connection, StoreKind};
+use super::shared;
 use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
 use super::{Context, KindLabel, ReplicaLabel, Result};
 use crate::runtime::{ReplicaObservation, ReplicaPlan};
 pub use decide::replicas;
-use decide::{Resolved, attach, report};
+use decide::{Resolved, attach, report, with_leader_counts};
+use kvcache_api::backend::EndpointName;
+use kvcache_store::proto::ClientStatus;
 
 const KIND: &str = "ModelDeployment";
 
@@ -56,11 +60,8 @@ pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
         return Ok(Action::await_change());
     }
     let config = ctx.config.get();
-    let attached = attach(
-        &obj,
-        &resolve(&obj, &ctx).await?,
-        &config.settings.kv_cache_backend_image,
-    );
+    let resolved = resolve(&obj, &ctx).await?;
+    let attached = attach(&obj, &resolved, &config.settings.kv_cache_backend_image);
     // Hold rule (§3.3 step 5): replicas attached before keep running as they are while the
     // connection does not resolve, rather than being rolled to run without a cache.
     let had_cache = obj.status.as_ref().is_some_and(|s| s.kv_cache.is_some());
@@ -70,7 +71,13 @@ pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
         replicas: replicas(&obj, attached.connection.as_ref(), &config),
         hold_rollout: attached.connection.is_none() && obj.spec.binding_name().is_some() && had_cache,
     };
-    let observed = ctx.runtime.ensure_replicas(&plan).await;
+    let mut observed = ctx.runtime.ensure_replicas(&plan).await;
+    if let Some(c) = &attached.connection
+        && observed.iter().any(|r| r.cache.is_none() && r.state.ready)
+    {
+        let clients = leader_counts(&resolved, c, &ctx).await;
+        with_leader_counts(obj.name(), &mut observed, &clients);
+    }
     record_hit_rates(&obj, &observed, &ctx);
     let st = report(&obj, &attached, &observed, &crate::registry::meta::now());
     status::write(&api, &obj, st, &ctx).await?;
@@ -93,6 +100,42 @@ fn record_hit_rates(obj: &ModelDeployment, observed: &[ReplicaObservation], ctx:
     }
 }
 
+/// What our store's leader counted for each of the tenant's callers; nothing when the store is
+/// not ours, publishes no Admin endpoint yet, or cannot be reached (the replicas then read as
+/// not having reported, and the next pass asks again).
+async fn leader_counts(resolved: &Resolved, c: &Connection, ctx: &Context) -> Vec<ClientStatus> {
+    let StoreKind::Ours { .. } = c.store else {
+        return Vec::new();
+    };
+    let Some(admin) = resolved
+        .backend
+        .as_ref()
+        .and_then(|b| shared::endpoint(b, EndpointName::Admin))
+    else {
+        return Vec::new();
+    };
+    let tenant = c
+        .tenant
+        .as_deref()
+        .unwrap_or(kvcache_store::leader::ledger::DEFAULT_TENANT);
+    let ledger = match ctx.leader(&admin).await {
+        Ok(l) => l.tenants().await,
+        Err(e) => Err(e),
+    };
+    match ledger {
+        Ok(t) => t
+            .tenants
+            .into_iter()
+            .find(|x| x.name == tenant)
+            .map(|x| x.clients)
+            .unwrap_or_default(),
+        Err(e) => {
+            tracing::debug!(tenant, "reading the replicas' cache use from the leader: {e}");
+            Vec::new()
+        }
+    }
+}
+
 /// What the deployment's `kvCache` leads to: its Binding, the Binding's pool and backend, and the
 /// credential kept for the Binding.
 async fn resolve(obj: &ModelDeployment, ctx: &Context) -> Result<Resolved> {
@@ -105,7 +148,7 @@ async fn resolve(obj: &ModelDeployment, ctx: &Context) -> Result<Resolved> {
     let Some(b) = binding else {
         return Ok(Resolved::default());
     };
-    let (pool, backend) = super::shared::pool_and_backend(&ctx.client, b.spec.pool_name()).await?;
+    let (pool, backend) = shared::pool_and_backend(&ctx.client, b.spec.pool_name()).await?;
     let credential = ctx.secrets.credentials().get(&super::credential::key(&b)).await?;
     Ok(Resolved {
         binding: Some(b),

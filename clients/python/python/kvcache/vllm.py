@@ -324,7 +324,8 @@ class Link:
             tenant = s.tenant or os.environ.get("KVSTORE_TENANT") or "default"
             store = Store(
                 s.endpoint, tenant, self.block_size, self.dtype,
-                credential=os.environ.get("KVSTORE_CREDENTIAL", ""), **options,
+                credential=os.environ.get("KVSTORE_CREDENTIAL", ""),
+                client=os.environ.get("KVSTORE_CLIENT", ""), **options,
             )
         # the store's refusals of this tenant or layout surface now, in the log, once
         store.is_exist("kvcache/attach-probe")
