@@ -179,6 +179,9 @@ impl std::fmt::Debug for App {
     }
 }
 
+/// How long [`App::open`] waits for etcd to answer before it gives up.
+const ETCD_START_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl App {
     /// Opens the storage chosen (connecting to etcd when that is the one) and builds the
     /// application on it.
@@ -187,7 +190,19 @@ impl App {
             return App::build(opts);
         };
         let hub = Arc::new(Hub::new(opts.watch_history.max(1), opts.watch_queue.max(1)));
-        let storage = Etcd::connect(etcd, hub.clone()).await.map_err(AppError::Etcd)?;
+        // etcd may start after us (in a cluster, its Pod and DNS name appear with ours): wait
+        // for it a while, saying why, before giving up.
+        let began = std::time::Instant::now();
+        let storage = loop {
+            match Etcd::connect(etcd, hub.clone()).await {
+                Ok(s) => break s,
+                Err(e) if began.elapsed() < ETCD_START_WAIT => {
+                    tracing::warn!("waiting for etcd at {}: {e}", etcd.endpoints.join(","));
+                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                }
+                Err(e) => return Err(AppError::Etcd(e)),
+            }
+        };
         App::build_on(opts, Some((Arc::new(storage), hub)))
     }
 

@@ -195,6 +195,8 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
+        // colours only for a person at a terminal, never in a container's log or a file
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
@@ -434,9 +436,21 @@ fn certs(out: &std::path::Path, service: &str, namespace: &str, extra: &[String]
         group = kvcache_api::GROUP
     );
     kvcache_certs::write_file(&out.join("apiservice-cabundle.yaml"), patch.as_bytes(), 0o644)?;
+    // deploy/etcd.yaml's member, reached through its headless Service, takes only this server.
+    let etcd = format!("kvcache-etcd.{namespace}.svc");
+    let etcd_names = vec![
+        format!("kvcache-etcd-0.{etcd}"),
+        format!("*.{etcd}"),
+        etcd.clone(),
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+    ];
+    kvcache_certs::install_etcd(out, &etcd_names).context("writing the storage's certificates")?;
     println!(
-        "wrote {dir}/tls.crt and tls.key (for {}), ca.crt and apiservice-cabundle.yaml",
+        "wrote {dir}/tls.crt and tls.key (for {}), ca.crt and apiservice-cabundle.yaml; \
+         etcd-ca.crt, etcd-server.crt and .key (for {}), etcd-client.crt and .key",
         names.join(", "),
+        etcd_names.join(", "),
         dir = out.display()
     );
     Ok(())

@@ -195,6 +195,27 @@ pub fn install(dir: &Path, names: &[String]) -> Result<Install, CertError> {
     })
 }
 
+/// The files of the storage's TLS in an aggregated install, next to [`install`]'s: a CA of its
+/// own (`etcd-ca.crt`, `etcd-ca.key`, created once and kept), etcd's serving certificate for
+/// `names` (`etcd-server.crt`, `.key`) and the API server's client certificate
+/// (`etcd-client.crt`, `.key`, CN `kvcache-apiserver`), issued again on every run. etcd takes
+/// only clients whose certificate this CA signed.
+pub fn install_etcd(dir: &Path, names: &[String]) -> Result<(), CertError> {
+    fs::create_dir_all(dir).map_err(|source| io(dir, source))?;
+    let ca = if dir.join("etcd-ca.crt").exists() && dir.join("etcd-ca.key").exists() {
+        read_pair(dir, "etcd-ca")?
+    } else {
+        let pair = new_ca("kvcache-etcd-ca")?;
+        write_pair(dir, "etcd-ca", &pair)?;
+        pair
+    };
+    let authority = Authority::from_pair(ca)?;
+    let serving = authority.serving(names, names.first().map_or("kvcache-etcd", String::as_str))?;
+    write_pair(dir, "etcd-server", &serving)?;
+    write_pair(dir, "etcd-client", &authority.client("kvcache-apiserver", &[])?)?;
+    Ok(())
+}
+
 /// The DNS names a Service's clients dial: `<service>.<namespace>.svc` is the one kube-apiserver's
 /// aggregator verifies, the others are what Pods in the cluster use.
 pub fn service_names(service: &str, namespace: &str) -> Vec<String> {

@@ -62,7 +62,18 @@ fn token_file(name: &str) -> std::path::PathBuf {
     std::path::Path::new(TOKENS_DIR).join(name)
 }
 
-/// The volume of the tokens: `(secret, file)` pairs, read-only to the owner.
+/// The group the store's Pods run with (`fsGroup`): the store image's user (65532, see
+/// `deploy/images/store/Containerfile`) is in it, and the kubelet gives it read access to the
+/// token files, which are otherwise root's alone.
+pub const STORE_FS_GROUP: u32 = 65532;
+
+/// The Pod's security context: the token files readable by [`STORE_FS_GROUP`].
+fn store_pod_security() -> Value {
+    json!({"fsGroup": STORE_FS_GROUP})
+}
+
+/// The volume of the tokens: `(secret, file)` pairs, read-only to the owner (and, through
+/// `fsGroup`, to the Pod's group).
 fn tokens_volume(tokens: &[(&str, &str)]) -> Value {
     let sources: Vec<Value> = tokens
         .iter()
@@ -288,6 +299,7 @@ pub fn leader_deployment(plan: &StorePlan, t: &Target) -> Value {
             "metadata": {"labels": labels(&plan.backend, "leader")},
             "spec": {
                 "automountServiceAccountToken": elects,
+                "securityContext": store_pod_security(),
                 "imagePullSecrets": pull_secrets(t),
                 "containers": [container],
                 "volumes": [tokens],
@@ -388,6 +400,7 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
     let mut pod = json!({
         "nodeSelector": g.node_selector,
         "automountServiceAccountToken": reads_lease,
+        "securityContext": store_pod_security(),
         "imagePullSecrets": pull_secrets(t),
         "terminationGracePeriodSeconds": 60,
         "containers": [container],
@@ -416,13 +429,18 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
 pub fn store(plan: &StorePlan, t: &Target) -> Vec<Value> {
     let mut out = Vec::new();
     if let Some(e) = &plan.election {
+        // Only this backend's Lease: reading, watching (by its name's field selector) and
+        // renewing it. Kubernetes cannot limit `create` by name (the name is not known when the
+        // request is authorized), so creating stays a rule of its own, as for the control
+        // plane's own leader elections.
         let leases = json!([
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "list", "watch", "update"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "watch", "update"], "resourceNames": [e.lease]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         ]);
         out.extend(rbac(plan, t, &e.lease, "leader", "leader", leases));
         if e.members_follow_lease {
             let read = json!([
-                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "watch"], "resourceNames": [e.lease]},
             ]);
             out.extend(rbac(
                 plan,
@@ -504,6 +522,29 @@ mod tests {
                 (&json!("KVCacheBackend"), &json!("u-1"), &json!(true), &json!(false))
             );
         }
+    }
+
+    #[test]
+    fn the_leaders_and_members_reach_only_their_backends_lease() {
+        let p = plan(&ONE.replace("leader: {}", "leader: {memberAddressing: Lease}"));
+        let objects = store(&p, &target());
+        let rules = |name: &str| {
+            objects
+                .iter()
+                .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == name)
+                .map(|o| o["rules"].clone())
+                .unwrap_or_else(|| panic!("no Role {name}"))
+        };
+        let named = json!(["b-leader"]);
+        let leader = rules("b-leader");
+        assert_eq!(leader[0]["verbs"], json!(["get", "watch", "update"]));
+        assert_eq!(leader[0]["resourceNames"], named);
+        // create cannot be limited by name in Kubernetes: it is the only verb without one
+        assert_eq!(leader[1]["verbs"], json!(["create"]));
+        assert_eq!(leader.as_array().map(Vec::len), Some(2));
+        let member = rules("b-member");
+        assert_eq!(member[0]["verbs"], json!(["get", "watch"]));
+        assert_eq!(member[0]["resourceNames"], named);
     }
 
     #[test]
