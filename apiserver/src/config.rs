@@ -6,7 +6,7 @@
 //!
 //! ```yaml
 //! settings:
-//!   kvCacheBackendImage: gpustack/mirrored-mooncake:0.3.13.post1-cpu
+//!   kvCacheBackendImage: ghcr.io/gpustack/kvcache-store:v0.1.0
 //!   modelDeploymentKvCacheDtypeOwned: true
 //! instanceTypes:
 //!   - name: local-small
@@ -24,8 +24,10 @@ use parking_lot::RwLock;
 
 use serde::{Deserialize, Serialize};
 
-/// The image every backend role runs when the backend names none.
-pub const DEFAULT_BACKEND_IMAGE: &str = "gpustack/mirrored-mooncake:0.3.13.post1-cpu";
+/// The image every backend role runs when the backend names none: the store image of this release
+/// (`scripts/image` builds it; it carries `kv-store` and the Python package). The reference's
+/// Mooncake image has no `kv-store`, so it cannot run a managed backend of ours.
+pub const DEFAULT_BACKEND_IMAGE: &str = concat!("ghcr.io/gpustack/kvcache-store:v", env!("CARGO_PKG_VERSION"));
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
