@@ -179,14 +179,7 @@ pub struct Install {
 /// `tls.key`) that the same `caBundle` still verifies.
 pub fn install(dir: &Path, names: &[String]) -> Result<Install, CertError> {
     fs::create_dir_all(dir).map_err(|source| io(dir, source))?;
-    let ca = if dir.join("ca.crt").exists() && dir.join("ca.key").exists() {
-        read_pair(dir, "ca")?
-    } else {
-        let pair = new_ca("kvcache-apiserver-ca")?;
-        write_pair(dir, "ca", &pair)?;
-        pair
-    };
-    let authority = Authority::from_pair(ca)?;
+    let authority = Authority::from_pair(load_or_create_ca(dir)?)?;
     let serving = authority.serving(names, names.first().map_or("kvcache-apiserver", String::as_str))?;
     write_pair(dir, "tls", &serving)?;
     Ok(Install {
@@ -202,14 +195,7 @@ pub fn install(dir: &Path, names: &[String]) -> Result<Install, CertError> {
 /// only clients whose certificate this CA signed.
 pub fn install_etcd(dir: &Path, names: &[String]) -> Result<(), CertError> {
     fs::create_dir_all(dir).map_err(|source| io(dir, source))?;
-    let ca = if dir.join("etcd-ca.crt").exists() && dir.join("etcd-ca.key").exists() {
-        read_pair(dir, "etcd-ca")?
-    } else {
-        let pair = new_ca("kvcache-etcd-ca")?;
-        write_pair(dir, "etcd-ca", &pair)?;
-        pair
-    };
-    let authority = Authority::from_pair(ca)?;
+    let authority = Authority::from_pair(load_or_create(dir, "etcd-ca", "kvcache-etcd-ca")?)?;
     let serving = authority.serving(names, names.first().map_or("kvcache-etcd", String::as_str))?;
     write_pair(dir, "etcd-server", &serving)?;
     write_pair(dir, "etcd-client", &authority.client("kvcache-apiserver", &[])?)?;
@@ -228,11 +214,16 @@ pub fn service_names(service: &str, namespace: &str) -> Vec<String> {
 }
 
 fn load_or_create_ca(dir: &Path) -> Result<CertPair, CertError> {
-    if dir.join("ca.crt").exists() && dir.join("ca.key").exists() {
-        return read_pair(dir, "ca");
+    load_or_create(dir, "ca", "kvcache-apiserver-ca")
+}
+
+/// The CA `<stem>.crt`/`<stem>.key` in `dir`, created (named `common_name`) when missing.
+fn load_or_create(dir: &Path, stem: &str, common_name: &str) -> Result<CertPair, CertError> {
+    if dir.join(format!("{stem}.crt")).exists() && dir.join(format!("{stem}.key")).exists() {
+        return read_pair(dir, stem);
     }
-    let pair = new_ca("kvcache-apiserver-ca")?;
-    write_pair(dir, "ca", &pair)?;
+    let pair = new_ca(common_name)?;
+    write_pair(dir, stem, &pair)?;
     Ok(pair)
 }
 

@@ -175,6 +175,15 @@ impl Context {
         store_client::LeaderClient::connect(endpoint, self.opts.leader_timeout, self.secrets.control_token()).await
     }
 
+    /// The tenant ledger of the leader at `admin` (its Admin endpoint), in one connection; the
+    /// error says what failed in the store's words.
+    pub async fn ledger(&self, admin: &str) -> Result<kvcache_store::proto::GetTenantsResponse, String> {
+        match self.leader(admin).await {
+            Ok(l) => l.tenants().await.map_err(|e| e.0),
+            Err(e) => Err(e.0),
+        }
+    }
+
     /// The lock of `backend`'s ledger.
     pub fn ledger_lock(&self, backend: &str) -> Arc<tokio::sync::Mutex<()>> {
         self.ledger_locks.lock().entry(backend.to_owned()).or_default().clone()

@@ -116,10 +116,7 @@ async fn observe(
 ) -> Result<Observed> {
     let (_, backend) = shared::pool_and_backend(&ctx.client, obj.spec.pool_name()).await?;
     let leader = match backend.as_ref().and_then(|b| shared::endpoint(b, EndpointName::Admin)) {
-        Some(a) => match ctx.leader(&a).await {
-            Ok(l) => l.tenants().await.map_err(|e| e.0),
-            Err(e) => Err(e.0),
-        },
+        Some(a) => ctx.ledger(&a).await,
         None => Err(format!(
             "the pool {:?} has no backend that publishes an endpoint yet",
             obj.spec.pool_name()

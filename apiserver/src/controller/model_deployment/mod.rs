@@ -118,11 +118,7 @@ async fn leader_counts(resolved: &Resolved, c: &Connection, ctx: &Context) -> Ve
         .tenant
         .as_deref()
         .unwrap_or(kvcache_store::leader::ledger::DEFAULT_TENANT);
-    let ledger = match ctx.leader(&admin).await {
-        Ok(l) => l.tenants().await,
-        Err(e) => Err(e),
-    };
-    match ledger {
+    match ctx.ledger(&admin).await {
         Ok(t) => t
             .tenants
             .into_iter()

@@ -1,0 +1,200 @@
+use super::*;
+
+fn plan(yaml: &str) -> StorePlan {
+    let spec: kvcache_api::backend::BackendSpec = yaml_serde::from_str(yaml).unwrap();
+    let (mut p, _) = crate::controller::backend::plan("b", &spec, &[]).unwrap();
+    p.uid = "u-1".into();
+    p
+}
+
+fn target() -> Target {
+    Target {
+        namespace: "gpustack-system".into(),
+        image: "registry.example/kv-store:v1".into(),
+        pull_policy: None,
+        pull_secrets: vec!["regcred".into()],
+    }
+}
+
+const ONE: &str = "type: Mooncake\nconnection:\n  managed:\n    leader: {}\n    members:\n    - nodeSelector: {gpu: a100}\n      capacityPerMember: 2Gi\n      extraEnv: [{name: X, value: y}]\n";
+
+fn args(container: &Value) -> Vec<String> {
+    container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn every_object_is_owned_noted_and_labelled() {
+    let objects = store(&plan(ONE), &target());
+    let kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "Deployment",
+            "DaemonSet"
+        ]
+    );
+    for o in &objects {
+        let m = &o["metadata"];
+        assert_eq!(m["namespace"], "gpustack-system");
+        assert_eq!(m["annotations"][BACKEND_NOTE], "b");
+        assert_eq!(m["labels"][TYPE_LABEL], "kvcachebackends");
+        let owner = &m["ownerReferences"][0];
+        assert_eq!(
+            (
+                &owner["kind"],
+                &owner["uid"],
+                &owner["controller"],
+                &owner["blockOwnerDeletion"]
+            ),
+            (&json!("KVCacheBackend"), &json!("u-1"), &json!(true), &json!(false))
+        );
+    }
+}
+
+#[test]
+fn the_leaders_and_members_reach_only_their_backends_lease() {
+    let p = plan(&ONE.replace("leader: {}", "leader: {memberAddressing: Lease}"));
+    let objects = store(&p, &target());
+    let rules = |name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == name)
+            .map(|o| o["rules"].clone())
+            .unwrap_or_else(|| panic!("no Role {name}"))
+    };
+    let named = json!(["b-leader"]);
+    let leader = rules("b-leader");
+    assert_eq!(leader[0]["verbs"], json!(["get", "watch", "update"]));
+    assert_eq!(leader[0]["resourceNames"], named);
+    // create cannot be limited by name in Kubernetes: it is the only verb without one
+    assert_eq!(leader[1]["verbs"], json!(["create"]));
+    assert_eq!(leader.as_array().map(Vec::len), Some(2));
+    let member = rules("b-member");
+    assert_eq!(member[0]["verbs"], json!(["get", "watch"]));
+    assert_eq!(member[0]["resourceNames"], named);
+}
+
+#[test]
+fn the_leader_elects_through_its_lease_and_is_ready_only_while_serving() {
+    let p = plan(ONE);
+    let d = leader_deployment(&p, &target());
+    assert_eq!(d["spec"]["replicas"], 1);
+    assert_eq!(d["spec"]["strategy"]["type"], "Recreate");
+    assert!(d["spec"].get("progressDeadlineSeconds").is_none());
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "b-leader");
+    assert_eq!(pod["automountServiceAccountToken"], true);
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
+    let c = &pod["containers"][0];
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["imagePullPolicy"], "IfNotPresent");
+    let a = args(c);
+    assert_eq!(a[0], "leader");
+    // The flags parse back into the store's own config, Pod references and all.
+    let parsed = LeaderConfig::parse_args(&a[1..]).unwrap();
+    assert_eq!(parsed, leader_config(&p, &target()));
+    assert_eq!(parsed.lease.as_deref(), Some("gpustack-system/b-leader"));
+    assert_eq!(parsed.identity.as_deref(), Some("$(POD_NAME)"));
+    // Both tokens, from their Secrets, where the flags name them.
+    assert_eq!(
+        parsed.control_token_file.as_deref(),
+        Some(std::path::Path::new("/etc/gpustack/kvcache/tokens/control.token"))
+    );
+    assert_eq!(c["volumeMounts"][0]["mountPath"], TOKENS_DIR);
+    let sources = &pod["volumes"][0]["projected"]["sources"];
+    assert_eq!(sources[0]["secret"]["name"], CONTROL_TOKEN_SECRET);
+    assert_eq!(sources[1]["secret"]["name"], "b-member-token");
+    assert_eq!(sources[1]["secret"]["items"][0]["path"], "member.token");
+    assert_eq!(
+        d["spec"]["selector"]["matchLabels"],
+        json!({"app.kubernetes.io/name": "kv-cache-backend", "app.kubernetes.io/instance": "b", "app.kubernetes.io/component": "leader"})
+    );
+    let svc = leader_service(&p, &target());
+    assert_eq!(svc["spec"]["selector"], d["spec"]["selector"]["matchLabels"]);
+}
+
+#[test]
+fn three_replicas_roll_one_at_a_time_and_members_are_untouched() {
+    let one = plan(ONE);
+    let three = plan(&ONE.replace("leader: {}", "leader: {replicas: 3}"));
+    let d = leader_deployment(&three, &target());
+    assert_eq!(d["spec"]["replicas"], 3);
+    assert_eq!(
+        d["spec"]["strategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 3}})
+    );
+    assert_eq!(d["spec"]["progressDeadlineSeconds"], i32::MAX);
+    assert_eq!(
+        d["spec"]["template"],
+        leader_deployment(&one, &target())["spec"]["template"],
+        "the Pod template does not change with the count"
+    );
+    assert_eq!(
+        member_daemon_set(&three, &three.groups[0], &target()),
+        member_daemon_set(&one, &one.groups[0], &target())
+    );
+}
+
+#[test]
+fn a_member_group_requests_its_segment_and_finds_the_leader() {
+    let p = plan(ONE);
+    let ds = member_daemon_set(&p, &p.groups[0], &target());
+    assert_eq!(ds["metadata"]["name"], "b-member-0");
+    assert_eq!(ds["metadata"]["annotations"][GROUP_NOTE], "0");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeSelector"], json!({"gpu": "a100"}));
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    let c = &pod["containers"][0];
+    assert_eq!(c["resources"], json!({"requests": {"memory": "2Gi"}}));
+    assert_eq!(
+        pod["volumes"][0]["emptyDir"],
+        json!({"medium": "Memory", "sizeLimit": "2Gi"})
+    );
+    assert_eq!(c["env"][3], json!({"name": "X", "value": "y"}));
+    let a = args(c);
+    let parsed = MemberConfig::parse_args(&a[1..]).unwrap();
+    assert_eq!(parsed.leader, "b-leader.gpustack-system.svc:50051");
+    assert_eq!(parsed.capacity, 2 << 30);
+    assert_eq!(parsed.name.as_deref(), Some("b-member-0-$(NODE_NAME)"));
+    assert_eq!(
+        parsed.member_token_file.as_deref(),
+        Some(std::path::Path::new("/etc/gpustack/kvcache/tokens/member.token"))
+    );
+    let sources = &pod["volumes"][1]["projected"]["sources"];
+    assert_eq!(
+        sources,
+        &json!([{"secret": {"name": "b-member-token", "items": [{"key": "token", "path": "member.token"}]}}]),
+        "a member gets the member token alone"
+    );
+
+    let lease = plan(&ONE.replace("leader: {}", "leader: {memberAddressing: Lease}"));
+    let ds = member_daemon_set(&lease, &lease.groups[0], &target());
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "b-member");
+    let parsed = MemberConfig::parse_args(&args(&pod["containers"][0])[1..]).unwrap();
+    assert_eq!(parsed.leader, "k8s://gpustack-system/b-leader");
+    assert_eq!(store(&lease, &target()).len(), 9, "the member RBAC is rendered too");
+}
+
+#[test]
+fn without_the_election_there_is_no_rbac_and_no_token() {
+    let p = plan(&ONE.replace("leader: {}", "leader: {electionBackend: None}"));
+    let objects = store(&p, &target());
+    assert_eq!(objects.len(), 3);
+    let d = leader_deployment(&p, &target());
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert!(pod.get("serviceAccountName").is_none());
+    let parsed = LeaderConfig::parse_args(&args(&pod["containers"][0])[1..]).unwrap();
+    assert_eq!(parsed.election, Election::None);
+}
