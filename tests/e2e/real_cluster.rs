@@ -304,6 +304,39 @@ fn engines_now(k: &Kubectl) -> Vec<Engine> {
     })
 }
 
+/// The node's containerd (`scripts/cluster`).
+fn containerd_socket() -> String {
+    std::env::var("KVCACHE_CLUSTER_DIR").unwrap_or_else(|_| "/var/lib/kvcache-cluster".into())
+        + "/containerd/containerd.sock"
+}
+
+/// Runs `args` in a throwaway container of `image` under the node's containerd (through the
+/// cluster's runc wrapper); its output.
+fn in_container(image: &str, args: &[&str]) -> String {
+    let runc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cluster/runc");
+    let out = Command::new("ctr")
+        .args([
+            "--address",
+            &containerd_socket(),
+            "-n",
+            "k8s.io",
+            "run",
+            "--rm",
+            "--runc-binary",
+        ])
+        .arg(&runc)
+        .args([image, &format!("kvcache-test-{}", std::process::id())])
+        .args(args)
+        .output()
+        .expect("ctr runs");
+    assert!(
+        out.status.success(),
+        "ctr run {image} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 /// The containerd id of a Pod's first container.
 fn container_id(k: &Kubectl, pod: &str) -> String {
     let id = k.ok(&[
@@ -325,6 +358,17 @@ fn the_walkthrough_on_a_real_single_node_cluster() {
     let tmp = tempfile::tempdir().unwrap();
     let cluster = Cluster::up();
     let k = Kubectl::new("1.33", &cluster.kubeconfig, &tmp.path().join("kubectl-cache"));
+    // Our images run under containerd, as their non-root user.
+    let version = env!("CARGO_PKG_VERSION");
+    for (image, bin) in [("kvcache-apiserver", "kv-apiserver"), ("kvcache-store", "kv-store")] {
+        let image = format!("ghcr.io/gpustack/{image}:v{version}");
+        assert_eq!(in_container(&image, &[bin, "--version"]), format!("{bin} {version}"));
+        assert_eq!(
+            in_container(&image, &["id", "-u"]),
+            "65532",
+            "{image} runs as a non-root user"
+        );
+    }
     let node = k.ok(&["get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"]);
     assert_eq!(node, "kvcache-node", "one node");
 
@@ -522,8 +566,7 @@ fn the_walkthrough_on_a_real_single_node_cluster() {
     let (serving, term) = wait_standbys(&k);
     let marks = engines_now(&k);
     let before = handovers(&k);
-    let socket = std::env::var("KVCACHE_CLUSTER_DIR").unwrap_or_else(|_| "/var/lib/kvcache-cluster".into())
-        + "/containerd/containerd.sock";
+    let socket = containerd_socket();
     let id = container_id(&k, &serving);
     let began = Instant::now();
     let killed = Command::new("ctr")
