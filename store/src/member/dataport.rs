@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::segment::{Grant, Segment};
 use crate::error::StoreError;
+use crate::grant::Access;
 use crate::spin::HotWindow;
 use crate::time::now_unix_ms;
 use crate::wire::{Op, REQUEST_LEN, Request, Response};
@@ -89,6 +90,7 @@ fn grant(req: &Request) -> Grant {
 
 /// Returns `false` when the connection must close.
 async fn write(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::Result<bool> {
+    segment.settle(&grant(&req), Access::Write, req.len).await;
     match segment.begin_write(grant(&req), req.len) {
         Ok(mut range) => {
             let left = Duration::from_millis(req.deadline_unix_ms.saturating_sub(now_unix_ms())) + WRITE_GRACE;
@@ -130,6 +132,7 @@ async fn write(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::R
 }
 
 async fn read(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::Result<()> {
+    segment.settle(&grant(&req), Access::Read, req.len).await;
     match segment.begin_read(grant(&req), req.len) {
         Ok(range) => {
             let head = Response { ok: true, len: req.len }.encode();

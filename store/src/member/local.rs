@@ -31,6 +31,7 @@ use super::dataport::WRITE_GRACE;
 use super::mmap::{ReadRange, WriteRange};
 use super::segment::{Grant, Segment};
 use crate::error::{ErrorCode, StoreError};
+use crate::grant::Access;
 use crate::spin::HotWindow;
 use crate::time::now_unix_ms;
 use crate::wire::{Op, REQUEST_LEN, Request, Response};
@@ -132,14 +133,20 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
                 ErrorCode::InvalidArgument,
                 "this connection holds a claim already; release it first",
             )),
-            Op::ClaimWrite => segment.begin_write(grant, req.len).map(|r| {
-                claim = Claim::Write(r);
-                until = Some(claim_deadline(req.deadline_unix_ms));
-            }),
-            Op::ClaimRead => segment.begin_read(grant, req.len).map(|r| {
-                claim = Claim::Read(r);
-                until = Some(claim_deadline(req.deadline_unix_ms));
-            }),
+            Op::ClaimWrite => {
+                segment.settle(&grant, Access::Write, req.len).await;
+                segment.begin_write(grant, req.len).map(|r| {
+                    claim = Claim::Write(r);
+                    until = Some(claim_deadline(req.deadline_unix_ms));
+                })
+            }
+            Op::ClaimRead => {
+                segment.settle(&grant, Access::Read, req.len).await;
+                segment.begin_read(grant, req.len).map(|r| {
+                    claim = Claim::Read(r);
+                    until = Some(claim_deadline(req.deadline_unix_ms));
+                })
+            }
             Op::Release => {
                 until = None;
                 match std::mem::replace(&mut claim, Claim::None) {

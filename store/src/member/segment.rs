@@ -127,25 +127,42 @@ impl Segment {
     }
 
     /// Whether `at` is a grant the serving leader gave for this mount, for writing or for reading
-    /// `len` bytes: what a same-host client shows to map the segment at all. A client learns of a
-    /// new mount from the leader and may ask to map it before this member has the leader's
-    /// answer; while a mount is in flight the check waits for it (at most [`MOUNT_WAIT`]) rather
-    /// than sending the client to TCP.
+    /// `len` bytes: what a same-host client shows to map the segment at all. While a mount is in
+    /// flight the check waits for it ([`Segment::settle`]) rather than sending the client to TCP.
     pub async fn check_map(&self, at: &Grant, len: u64) -> Result<()> {
+        self.until_settled(|| {
+            self.verify(at, Access::Write, len)
+                .or_else(|_| self.verify(at, Access::Read, len))
+        })
+        .await
+        .inspect_err(|_| {
+            self.counters.refusals.fetch_add(1, Ordering::Relaxed);
+        })
+    }
+
+    /// Waits, while a Mount call is in flight, until `at` passes or the mount settles (at most
+    /// [`MOUNT_WAIT`]); returns at once when none is. A client learns of a new mount from the
+    /// leader, whose answer may reach this member after the client's first transfer: that transfer
+    /// waits for the leader's key instead of being refused. Call it before `begin_write` or
+    /// `begin_read`, which decide.
+    pub async fn settle(&self, at: &Grant, access: Access, len: u64) {
+        if self.mounting.load(Ordering::Acquire) {
+            let _ = self.until_settled(|| self.verify(at, access, len)).await;
+        }
+    }
+
+    /// `verify`'s verdict once it passes or no mount is in flight, or after [`MOUNT_WAIT`].
+    async fn until_settled(&self, verify: impl Fn() -> Result<()>) -> Result<()> {
         let until = tokio::time::Instant::now() + MOUNT_WAIT;
         loop {
             let changed = self.mount_changed.notified();
             tokio::pin!(changed);
             // registered before the check, so a change between the two is not missed
             changed.as_mut().enable();
-            let verdict = self
-                .verify(at, Access::Write, len)
-                .or_else(|_| self.verify(at, Access::Read, len));
+            let verdict = verify();
             let settled = verdict.is_ok() || !self.mounting.load(Ordering::Acquire);
             if settled || tokio::time::timeout_at(until, changed).await.is_err() {
-                return verdict.inspect_err(|_| {
-                    self.counters.refusals.fetch_add(1, Ordering::Relaxed);
-                });
+                return verdict;
             }
         }
     }
@@ -344,6 +361,40 @@ mod tests {
             seg.check_map(&forged, 100).await.unwrap_err().code,
             ErrorCode::Unauthenticated
         );
+        assert!(started.elapsed() < MOUNT_WAIT);
+    }
+
+    #[tokio::test]
+    async fn a_transfer_during_the_mount_in_flight_waits_for_the_leaders_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = std::sync::Arc::new(Segment::new(SharedMap::create(dir.path(), 1 << 16, false).unwrap()));
+        let key = GrantKey::generate();
+        let granted = signed(&key, Access::Write, 11, 3, 0, 100);
+        // the leader answered the mount and a client got a range before this member has the key
+        let in_flight = seg.mounting();
+        seg.set_mount(11);
+        assert!(seg.see_epoch(3));
+        assert_eq!(
+            seg.begin_write(granted, 100).map(drop).unwrap_err().code,
+            ErrorCode::StaleMount,
+            "unsettled, the range cannot be checked yet"
+        );
+        let writer = {
+            let seg = seg.clone();
+            tokio::spawn(async move {
+                seg.settle(&granted, Access::Write, 100).await;
+                seg.begin_write(granted, 100).map(drop)
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(!writer.is_finished(), "the transfer waits for the mount in flight");
+        seg.set_grant_key(key.clone());
+        drop(in_flight);
+        writer.await.unwrap().unwrap();
+        // nothing in flight: settling costs nothing
+        let started = tokio::time::Instant::now();
+        seg.settle(&signed(&key, Access::Read, 12, 3, 0, 100), Access::Read, 100)
+            .await;
         assert!(started.elapsed() < MOUNT_WAIT);
     }
 

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use tonic::{Request, Response, Status};
 
 use super::segment::{Grant, Segment};
+use crate::grant::Access;
 use crate::proto::segment_data_server::{SegmentData, SegmentDataServer};
 use crate::proto::{HealthRequest, HealthResponse, ReadRequest, ReadResponse, WriteRequest, WriteResponse};
 use crate::readiness::ReadinessHandle;
@@ -33,16 +34,15 @@ impl SegmentData for DataService {
     async fn write(&self, req: Request<WriteRequest>) -> Result<Response<WriteResponse>, Status> {
         let r = req.into_inner();
         let len = r.data.len() as u64;
-        let mut range = self.segment.begin_write(
-            Grant {
-                mount_id: r.mount_id,
-                epoch: r.epoch,
-                offset: r.offset,
-                deadline_unix_ms: r.write_deadline_unix_ms,
-                mac: Grant::mac_from(&r.grant_mac),
-            },
-            len,
-        )?;
+        let grant = Grant {
+            mount_id: r.mount_id,
+            epoch: r.epoch,
+            offset: r.offset,
+            deadline_unix_ms: r.write_deadline_unix_ms,
+            mac: Grant::mac_from(&r.grant_mac),
+        };
+        self.segment.settle(&grant, Access::Write, len).await;
+        let mut range = self.segment.begin_write(grant, len)?;
         range.copy_from(&r.data)?;
         drop(range);
         self.segment.wrote(len);
@@ -51,16 +51,15 @@ impl SegmentData for DataService {
 
     async fn read(&self, req: Request<ReadRequest>) -> Result<Response<ReadResponse>, Status> {
         let r = req.into_inner();
-        let range = self.segment.begin_read(
-            Grant {
-                mount_id: r.mount_id,
-                epoch: r.epoch,
-                offset: r.offset,
-                deadline_unix_ms: r.lease_deadline_unix_ms,
-                mac: Grant::mac_from(&r.grant_mac),
-            },
-            r.len,
-        )?;
+        let grant = Grant {
+            mount_id: r.mount_id,
+            epoch: r.epoch,
+            offset: r.offset,
+            deadline_unix_ms: r.lease_deadline_unix_ms,
+            mac: Grant::mac_from(&r.grant_mac),
+        };
+        self.segment.settle(&grant, Access::Read, r.len).await;
+        let range = self.segment.begin_read(grant, r.len)?;
         let data = Bytes::from(range.to_vec());
         drop(range);
         self.segment.read(r.len);
