@@ -80,10 +80,9 @@ pub struct AppOptions {
     /// Aggregated mode: users and decisions come from the cluster. `None` is direct mode (our own
     /// client certificates and the static policy).
     pub delegated: Option<crate::auth::delegated::Delegated>,
-    /// The bytes the process's allocator has handed out and not had back, when the binary
-    /// counts them: served as `process_heap_allocated_bytes`, because RSS alone cannot tell a
-    /// leak from free memory the allocator keeps for reuse.
-    pub heap_allocated: Option<fn() -> usize>,
+    /// The heap as the process's allocator counts it, when the binary counts it (served on
+    /// `/metrics`).
+    pub heap: Option<crate::metrics::HeapReadings>,
 }
 
 /// The controllers' settings and their runtime.
@@ -129,7 +128,7 @@ impl AppOptions {
             controllers: None,
             config_path: None,
             delegated: None,
-            heap_allocated: None,
+            heap: None,
         }
     }
 }
@@ -160,8 +159,6 @@ pub struct App {
     storage_metrics: StorageMetrics,
     /// the storage's watch fan-out, for its figures on `/metrics`
     hub: Arc<Hub>,
-    /// how to read the heap in use, and its gauge
-    heap: Option<(fn() -> usize, prometheus_client::metrics::gauge::Gauge)>,
     object_count_interval: Duration,
     pipeline: Pipeline,
     shutdown: tokio::sync::watch::Sender<bool>,
@@ -216,15 +213,9 @@ impl App {
         let metrics = ApiMetrics::register(&mut metrics_registry);
         let storage_metrics = StorageMetrics::register(&mut metrics_registry);
         let controller_metrics = controller::Metrics::register(&mut metrics_registry);
-        let heap = opts.heap_allocated.map(|read| {
-            let gauge = prometheus_client::metrics::gauge::Gauge::<i64>::default();
-            metrics_registry.register(
-                "process_heap_allocated_bytes",
-                "Bytes the allocator has handed out and not had back (the heap in use; RSS adds the free memory it keeps)",
-                gauge.clone(),
-            );
-            (read, gauge)
-        });
+        if let Some(heap) = opts.heap {
+            metrics_registry.register_collector(Box::new(heap));
+        }
         let (storage, hub): (Arc<dyn Storage>, Arc<Hub>) = match (opts.storage, opened) {
             (_, Some(opened)) => opened,
             (StorageChoice::Etcd(_), None) => return Err(AppError::NeedsOpen),
@@ -301,7 +292,6 @@ impl App {
             metrics,
             storage_metrics,
             hub,
-            heap,
             object_count_interval: opts.object_count_interval,
             pipeline,
             shutdown,
@@ -383,7 +373,6 @@ impl App {
         let storage = self.storage.clone();
         let metrics = self.storage_metrics.clone();
         let hub = self.hub.clone();
-        let heap = self.heap.clone();
         let interval = self.object_count_interval.max(Duration::from_millis(100));
         let mut shutdown = self.shutdown.subscribe();
         tokio::spawn(async move {
@@ -418,9 +407,6 @@ impl App {
                     .watch_history_bytes
                     .set(i64::try_from(watch.history_bytes).unwrap_or(i64::MAX));
                 metrics.watchers.set(i64::try_from(watch.watchers).unwrap_or(i64::MAX));
-                if let Some((read, gauge)) = &heap {
-                    gauge.set(i64::try_from(read()).unwrap_or(i64::MAX));
-                }
             }
         });
     }

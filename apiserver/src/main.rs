@@ -186,8 +186,8 @@ fn parse_runtime(s: &str) -> Result<String, String> {
 
 /// The server allocates and frees many small buffers per request (JSON values, headers,
 /// field sets); mimalloc's thread-local free lists make that markedly cheaper than glibc's.
-/// `cap` counts the bytes handed out and not yet freed (one atomic add per call, no limit), for
-/// `process_heap_allocated_bytes`.
+/// `cap` counts the bytes handed out and not yet freed, and the most that has been (a few atomic
+/// operations per call, no limit), for `process_heap_allocated_bytes` and its peak.
 #[global_allocator]
 static GLOBAL: cap::Cap<mimalloc::MiMalloc> = cap::Cap::new(mimalloc::MiMalloc, usize::MAX);
 
@@ -243,7 +243,10 @@ fn storage_choice(cli: &Cli) -> anyhow::Result<StorageChoice> {
 
 async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
     let mut opts = AppOptions::new(&cli.data_dir);
-    opts.heap_allocated = Some(|| GLOBAL.allocated());
+    opts.heap = Some(kvcache_apiserver::metrics::HeapReadings {
+        allocated: || GLOBAL.allocated(),
+        peak: || GLOBAL.max_allocated(),
+    });
     opts.storage = storage_choice(&cli)?;
     opts.config = config;
     opts.config_path = cli.config.clone();

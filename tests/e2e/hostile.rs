@@ -178,6 +178,7 @@ fn list_bomb(name: &str) -> String {
 fn many_tiny_aliased_nodes_are_bounded_by_what_they_cost_in_memory() {
     let mut s = Server::start();
     let before = s.peak_rss_kib();
+    let heap_before = s.metric("process_heap_allocated_bytes").expect("the heap in use");
     let body = list_bomb("tiny");
     assert!(body.len() < 16 << 10, "{} bytes", body.len());
     let r = send(
@@ -190,6 +191,15 @@ fn many_tiny_aliased_nodes_are_bounded_by_what_they_cost_in_memory() {
     );
     r.status(413);
     assert_eq!(get(&s, "tiny").code, 404, "nothing is created");
+    // The heap's peak since the start bounds what the request built (from the heap in use
+    // before it): at most three times the 12 MiB bound.
+    let peak = s.metric("process_heap_peak_allocated_bytes").expect("the heap's peak");
+    let rise = peak - heap_before;
+    eprintln!("the heap rose by at most {:.1} MiB", rise / f64::from(1 << 20));
+    assert!(
+        rise <= 3.0 * f64::from(12 << 20),
+        "the heap rose by up to {rise} bytes for a 14 KB body"
+    );
     let grown = s.peak_rss_kib().saturating_sub(before);
     eprintln!("the server grew by {grown} KiB");
     // the bound is 12 MiB of built value; the server may hold a small multiple of it, not the
@@ -202,6 +212,7 @@ fn many_tiny_aliased_nodes_are_bounded_by_what_they_cost_in_memory() {
 fn yaml_aliases_cannot_build_more_than_the_bounds() {
     let mut s = Server::start();
     let before = s.peak_rss_kib();
+    let heap_before = s.metric("process_heap_allocated_bytes").expect("the heap in use");
     let r = send(
         &s,
         "POST",
@@ -222,6 +233,11 @@ fn yaml_aliases_cannot_build_more_than_the_bounds() {
     );
     r.status(413);
     assert_eq!(get(&s, "bomb2").code, 404, "nothing is created");
+    let rise = s.metric("process_heap_peak_allocated_bytes").expect("the heap's peak") - heap_before;
+    assert!(
+        rise <= 3.0 * f64::from(12 << 20),
+        "the heap rose by up to {rise} bytes for two 85 KB bodies"
+    );
     let grown = s.peak_rss_kib().saturating_sub(before);
     assert!(grown < 100 << 10, "the server grew by {grown} KiB for two 85 KB bodies");
     assert!(s.alive());

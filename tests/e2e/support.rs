@@ -150,6 +150,13 @@ impl Server {
         false
     }
 
+    /// The value of the unlabelled metric `name` on `/metrics`.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        self.get_body("/metrics", &[])
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
     /// How many watch requests the server has answered so far (`apiserver_request_total` with
     /// verb WATCH): a counter, so a waiter never misses one that came and went.
     pub fn watch_requests(&self) -> u64 {
