@@ -94,6 +94,12 @@ enum Command {
         /// With --runtime kubernetes: the namespace of the store's workloads and Leases.
         #[arg(long, default_value = "gpustack-system")]
         store_namespace: String,
+        /// With --runtime kubernetes: the runtime's own ServiceAccount, `<namespace>/<name>`. The
+        /// runtime then binds it, by a RoleBinding in each namespace it writes Secrets and engine
+        /// Pods to, to the ClusterRole `kvcache-apiserver-tenant`, and holds no such rights
+        /// elsewhere. Without it, its credentials must already reach those namespaces.
+        #[arg(long, value_parser = parse_service_account)]
+        runtime_service_account: Option<(String, String)>,
         /// The stand-in nodes of the local runtime, comma-separated; each is labelled
         /// kubernetes.io/hostname=<name> and kubernetes.io/os=linux.
         #[arg(long, default_value = "local-0,local-1", value_delimiter = ',')]
@@ -184,6 +190,16 @@ fn parse_runtime(s: &str) -> Result<String, String> {
     }
 }
 
+/// `<namespace>/<name>` of a ServiceAccount.
+fn parse_service_account(s: &str) -> Result<(String, String), String> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns.to_owned(), name.to_owned()))
+        }
+        _ => Err(format!("{s:?} is not <namespace>/<name> of a ServiceAccount")),
+    }
+}
+
 /// The server allocates and frees many small buffers per request (JSON values, headers,
 /// field sets); mimalloc's thread-local free lists make that markedly cheaper than glibc's.
 /// `cap` counts the bytes handed out and not yet freed, and the most that has been (a few atomic
@@ -260,6 +276,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         runtime,
         runtime_kubeconfig,
         store_namespace,
+        runtime_service_account,
         nodes,
         requeue_interval,
         store_binary,
@@ -311,6 +328,9 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
         if runtime != "kubernetes" && runtime_kubeconfig.is_some() {
             bail!("--runtime-kubeconfig goes with --runtime kubernetes");
         }
+        if runtime != "kubernetes" && runtime_service_account.is_some() {
+            bail!("--runtime-service-account goes with --runtime kubernetes");
+        }
         let runtime_choice = if runtime == "kubernetes" && controllers {
             let client = kvcache_store::election::kube::client(runtime_kubeconfig.as_deref())
                 .await
@@ -319,6 +339,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<()> {
                 client,
                 kvcache_apiserver::runtime::kubernetes::KubernetesOptions {
                     namespace: store_namespace,
+                    service_account: runtime_service_account,
                 },
             ))
         } else {

@@ -32,7 +32,7 @@ pub fn render(docs: &[(String, Value)], namespace: &str, config: &Config) -> Res
     let mut endpoints = std::collections::BTreeMap::new();
     for backend in &backends {
         let name = backend.metadata.name.clone().unwrap_or_default();
-        let Some((plan, _)) = crate::controller::backend::plan(&name, &backend.spec, &[]) else {
+        let Some((mut plan, _)) = crate::controller::backend::plan(&name, &backend.spec, &[]) else {
             if let Some(client) = backend.spec.external().and_then(|e| {
                 e.endpoints
                     .iter()
@@ -43,6 +43,7 @@ pub fn render(docs: &[(String, Value)], namespace: &str, config: &Config) -> Res
             out.push_str(&format!("---\n# KVCacheBackend {name}: external, renders nothing\n"));
             continue;
         };
+        plan.tenant_namespaces = crate::controller::backend::tenant_namespaces(&name, &pools, &bindings);
         endpoints.insert(
             name.clone(),
             crate::runtime::kubernetes::render::leader_address(&plan, namespace),

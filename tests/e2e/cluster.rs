@@ -494,7 +494,8 @@ pub fn start_behind(plane: &ControlPlane, deploy: &Path) -> Aggregated {
 }
 
 /// [`start_behind`] with more flags; `--runtime kubernetes` runs the controllers, whose runtime
-/// acts as the same ServiceAccount (`--runtime-kubeconfig`).
+/// acts as the same ServiceAccount (`--runtime-kubeconfig`) and binds it in the namespaces it
+/// writes to (`--runtime-service-account`), as deploy/deployment.yaml does.
 pub fn start_behind_with(plane: &ControlPlane, deploy: &Path, extra: &[&str]) -> Aggregated {
     let k = plane.kubectl();
     let token = plane.token(NAMESPACE, SERVICE);
@@ -502,6 +503,7 @@ pub fn start_behind_with(plane: &ControlPlane, deploy: &Path, extra: &[&str]) ->
     let mut args: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
     if extra.iter().any(|a| a.starts_with("--runtime")) {
         args.push(format!("--runtime-kubeconfig={}", kubeconfig.display()));
+        args.push(format!("--runtime-service-account={NAMESPACE}/{SERVICE}"));
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let server = Aggregated::start(plane, &kubeconfig, &deploy.join("tls"), &args);

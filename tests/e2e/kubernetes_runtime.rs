@@ -105,7 +105,7 @@ fn the_store_runs_as_workloads_of_the_cluster() {
             "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    kubernetes.io/hostname: {node}\n    kubernetes.io/os: linux\n"
         ));
     }
-    let _server = runtime_server(&plane, &[]);
+    let server = runtime_server(&plane, &[]);
     // A DaemonSet with our labels and a name of ours but no ownership note: never ours.
     let foreign = format!(
         "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: mooncake-dram-member-9\n  namespace: {NAMESPACE}\n  labels:\n    app.kubernetes.io/instance: mooncake-dram\n    resource.gpustack.ai/type: kvcachebackends\nspec:\n  selector:\n    matchLabels: {{app: foreign}}\n  template:\n    metadata:\n      labels: {{app: foreign}}\n    spec:\n      nodeSelector: {{nowhere: \"true\"}}\n      containers: [{{name: c, image: busybox}}]\n"
@@ -150,6 +150,15 @@ fn the_store_runs_as_workloads_of_the_cluster() {
             "{kind}"
         );
     }
+    // The store's ports: its own Pods and the server's, and no engine before a Binding.
+    let policy = store(&k, "networkpolicy", "mooncake-dram-store").expect("the store's NetworkPolicy");
+    assert_eq!(policy["spec"]["policyTypes"], serde_json::json!(["Ingress"]));
+    let from = &policy["spec"]["ingress"][0]["from"];
+    assert_eq!(from.as_array().map(Vec::len), Some(2), "{from}");
+    assert_eq!(
+        from[1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        NAMESPACE
+    );
     let ds = store(&k, "daemonset", "mooncake-dram-member-0").expect("the member DaemonSet");
     assert_eq!(d["spec"]["replicas"], 1);
     assert_eq!(d["spec"]["strategy"]["type"], "Recreate");
@@ -284,13 +293,15 @@ fn the_store_runs_as_workloads_of_the_cluster() {
     );
     k.ok(&["delete", "kvcpb", "team-a", "-n", "team-a", "--wait=false"]);
     k.ok(&["delete", "kvcp", "shared-dram", "--wait=false"]);
-    eventually(90, "every rendered object is gone", || {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    loop {
         let left: Vec<&str> = [
             ("deployment", "mooncake-dram-leader"),
             ("service", "mooncake-dram-leader"),
             ("serviceaccount", "mooncake-dram-leader"),
             ("role", "mooncake-dram-leader"),
             ("rolebinding", "mooncake-dram-leader"),
+            ("networkpolicy", "mooncake-dram-store"),
             ("daemonset", "mooncake-dram-member-0"),
             ("secret", "mooncake-dram-member-token"),
         ]
@@ -298,8 +309,22 @@ fn the_store_runs_as_workloads_of_the_cluster() {
         .filter(|(kind, name)| store(&k, kind, name).is_some())
         .map(|(kind, _)| *kind)
         .collect();
-        left.is_empty().then_some(())
-    });
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not gone within 90s: {left:?}; the Binding: {}; the server's warnings:\n{}",
+            k.run(&["get", "kvcpb", "-A", "-o", "yaml"]).stdout,
+            std::fs::read_to_string(&server.log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
     eventually(60, "the backend is gone", || {
         (!k.run(&["get", "kvcb", "mooncake-dram"]).ok).then_some(())
     });
@@ -380,8 +405,44 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
         "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata:\n  name: mooncake-dram\nspec:\n  type: Mooncake\n  connection:\n    external:\n      endpoints:\n      - {{name: Client, address: \"{leader_at}\"}}\n      - {{name: Admin, address: \"{leader_at}\"}}\n"
     ));
     k.ok(&["create", "namespace", "team-a"]);
+    k.ok(&["create", "namespace", "team-b"]);
+    // The runtime's rights in a namespace: none until it writes there.
+    let who = format!("--as=system:serviceaccount:{NAMESPACE}:{}", cluster::SERVICE);
+    let runtime_may = |verb: &str, resource: &str, namespace: &str| {
+        let scope = if namespace == "--all-namespaces" {
+            vec![namespace]
+        } else {
+            vec!["-n", namespace]
+        };
+        let mut args = vec!["auth", "can-i", verb, resource, who.as_str()];
+        args.extend(scope);
+        k.run(&args).stdout.trim() == "yes"
+    };
+    for ns in ["team-a", "team-b"] {
+        assert!(
+            !runtime_may("list", "secrets", ns),
+            "the runtime lists no Secret in {ns} yet"
+        );
+        assert!(
+            !runtime_may("create", "pods", ns),
+            "the runtime creates no Pod in {ns} yet"
+        );
+    }
+    assert!(
+        !runtime_may("list", "secrets", "--all-namespaces"),
+        "no cluster-wide Secret list"
+    );
     k.must_apply(&manifest("02-pool-binding.yaml"));
     support::walkthrough::wait_jp(&k, &["kvcpb", "team-a", "-n", "team-a"], "{.status.phase}", "Ready");
+    // The Binding's credential brought the runtime into team-a, and nowhere else.
+    let rb = json(&k, &["-n", "team-a", "get", "rolebinding", "kvcache-apiserver-tenant"]);
+    assert_eq!(rb["roleRef"]["name"], "kvcache-apiserver-tenant");
+    assert_eq!(rb["subjects"][0]["name"], cluster::SERVICE);
+    assert!(runtime_may("list", "secrets", "team-a"));
+    assert!(runtime_may("create", "pods", "team-a"));
+    assert!(!runtime_may("list", "secrets", "team-b"));
+    assert!(!runtime_may("create", "pods", "team-b"));
+    assert!(!runtime_may("list", "secrets", "kube-system"));
     let md = manifest("03-model-deployment.yaml").replace(
         "instanceType: local-small",
         "instanceType: local-small\n      image: vllm/vllm-openai:v0.29.0",

@@ -499,6 +499,31 @@ fn the_walkthrough_on_a_real_single_node_cluster() {
     eprintln!("step 2, Binding granted: {:.1}s", began.elapsed().as_secs_f64());
     let granted = condition(&k, KVCPB, "QuotaGranted");
     assert!(granted.starts_with("True|Granted|"), "{granted}");
+    // The runtime came into team-a (its RoleBinding there) and into no other namespace, and the
+    // store's NetworkPolicy admits team-a's engines. The harness's bridge CNI does not enforce
+    // NetworkPolicies, so a Pod of another namespace is not refused here: only the policy is
+    // checked.
+    let tenant_bindings = k.ok(&[
+        "get",
+        "rolebindings",
+        "-A",
+        "--field-selector=metadata.name=kvcache-apiserver-tenant",
+        "-o",
+        "jsonpath={.items[*].metadata.namespace}",
+    ]);
+    assert_eq!(tenant_bindings.trim(), "team-a");
+    eventually(60, "the store's NetworkPolicy admits team-a's engines", || {
+        let values = k.ok(&[
+            "-n",
+            "gpustack-system",
+            "get",
+            "networkpolicy",
+            "mooncake-dram-store",
+            "-o",
+            "jsonpath={.spec.ingress[0].from[2].namespaceSelector.matchExpressions[0].values}",
+        ]);
+        (values.trim() == r#"["team-a"]"#).then_some(())
+    });
 
     // Step 3: two engine Pods (the stand-in image) attach through the injected environment;
     // the leader counts each replica's cache use under its name, and CacheAttached turns True

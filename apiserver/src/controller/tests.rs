@@ -126,7 +126,16 @@ async fn pool_and_binding_passes_set_the_ledger_read_the_grant_and_release_in_or
     binding_pass(&h).await;
     assert!(h.get::<KVCachePoolBinding>(NS, "team-a").await.is_none(), "released");
     assert!(
-        h.ctx.secrets.credentials().all().await.unwrap().is_empty(),
+        h.ctx
+            .secrets
+            .credentials()
+            .get(&crate::runtime::credentials::BindingKey::new(
+                NS.unwrap_or_default(),
+                "team-a"
+            ))
+            .await
+            .unwrap()
+            .is_none(),
         "its credential forgotten"
     );
     pool_pass(&h).await;

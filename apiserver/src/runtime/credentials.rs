@@ -180,8 +180,8 @@ impl KeeperError {
 /// Where a runtime keeps tenant credentials, outside the API.
 #[async_trait]
 pub trait Keeper: Send + Sync {
-    /// Every Binding's credentials.
-    async fn all(&self) -> Result<HashMap<BindingKey, TenantCredentials>, KeeperError>;
+    /// The credentials kept for each of `bindings` (those with none are left out).
+    async fn of(&self, bindings: &[BindingKey]) -> Result<HashMap<BindingKey, TenantCredentials>, KeeperError>;
     /// One Binding's.
     async fn get(&self, binding: &BindingKey) -> Result<Option<TenantCredentials>, KeeperError>;
     /// Keeps `c` as the Binding's, replacing what was kept.
@@ -229,32 +229,11 @@ impl FileKeeper {
 
 #[async_trait]
 impl Keeper for FileKeeper {
-    async fn all(&self) -> Result<HashMap<BindingKey, TenantCredentials>, KeeperError> {
+    async fn of(&self, bindings: &[BindingKey]) -> Result<HashMap<BindingKey, TenantCredentials>, KeeperError> {
         let mut out = HashMap::new();
-        let namespaces = match std::fs::read_dir(&self.dir) {
-            Ok(d) => d,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => {
-                return Err(KeeperError::new(
-                    "every Binding",
-                    format!("{}: {e}", self.dir.display()),
-                ));
-            }
-        };
-        for ns in namespaces.flatten() {
-            let Ok(files) = std::fs::read_dir(ns.path()) else {
-                continue;
-            };
-            let namespace = ns.file_name().to_string_lossy().into_owned();
-            for f in files.flatten() {
-                let file = f.file_name().to_string_lossy().into_owned();
-                let Some(name) = file.strip_suffix(".json") else {
-                    continue;
-                };
-                let key = BindingKey::new(&namespace, name);
-                if let Some(c) = self.read(&f.path(), &key)? {
-                    out.insert(key, c);
-                }
+        for b in bindings {
+            if let Some(c) = self.read(&self.path(b), b)? {
+                out.insert(b.clone(), c);
             }
         }
         Ok(out)
@@ -300,7 +279,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn files_are_private_replaced_whole_and_listed() {
+    async fn files_are_private_replaced_whole_and_read_by_binding() {
         let dir = tempfile::tempdir().unwrap();
         let k = FileKeeper::new(dir.path());
         let b = BindingKey::new("team-a", "cache");
@@ -316,10 +295,14 @@ mod tests {
         c.rotation = Rotation::Staged { next: "n".into() };
         k.put(&b, &c).await.unwrap();
         assert_eq!(k.get(&b).await.unwrap(), Some(c.clone()));
-        assert_eq!(k.all().await.unwrap(), HashMap::from([(b.clone(), c)]));
+        let other = BindingKey::new("team-b", "cache");
+        assert_eq!(
+            k.of(&[b.clone(), other.clone()]).await.unwrap(),
+            HashMap::from([(b.clone(), c)])
+        );
         k.remove(&b).await.unwrap();
         k.remove(&b).await.unwrap();
-        assert!(k.all().await.unwrap().is_empty());
+        assert!(k.of(&[b, other]).await.unwrap().is_empty());
     }
 
     #[test]

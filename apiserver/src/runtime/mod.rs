@@ -71,6 +71,9 @@ pub struct StorePlan {
     pub groups: Vec<GroupPlan>,
     /// How many leaders run and how the serving one is chosen; `None`: one leader, no election.
     pub election: Option<ElectionPlan>,
+    /// The namespaces of the Bindings on the backend's pools: only their engines may reach the
+    /// store (a cluster's NetworkPolicy).
+    pub tenant_namespaces: std::collections::BTreeSet<String>,
 }
 
 /// One member group: where its members go and the flags each of them runs with (the runtime

@@ -7,6 +7,7 @@
 //! A pass runs the store (the runtime's answer is its observation), reads the leader, and writes
 //! the status [`decide::status`] makes of both, with the election's conditions beside it.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use kube::Api;
@@ -15,7 +16,7 @@ use kube::runtime::reflector::ObjectRef;
 use kvcache_api::backend::BackendStatus;
 use kvcache_api::common::UsedBy;
 use kvcache_api::conditions::{self, Observation};
-use kvcache_api::{KVCacheBackend, KVCachePool};
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 
 use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
 use super::{Context, KindLabel, Result};
@@ -26,7 +27,7 @@ mod leader_replicas;
 mod members;
 mod plan;
 pub use leader_replicas::HANDOVER;
-pub use plan::plan;
+pub use plan::{plan, tenant_namespaces};
 
 const KIND: &str = "KVCacheBackend";
 
@@ -44,11 +45,9 @@ pub async fn reconcile(obj: Arc<KVCacheBackend>, ctx: Arc<Context>) -> Result<Ac
     let api: Api<KVCacheBackend> = Api::all(ctx.client.clone());
     let pools: Api<KVCachePool> = Api::all(ctx.client.clone());
     let name = obj.name().to_owned();
+    let pools = pools.list(&Default::default()).await?.items;
     let consumers: Vec<UsedBy> = pools
-        .list(&Default::default())
-        .await?
-        .items
-        .into_iter()
+        .iter()
         .filter(|p| p.spec.backend() == Some(name.as_str()))
         .map(|p| UsedBy {
             kind: "KVCachePool".into(),
@@ -72,14 +71,20 @@ pub async fn reconcile(obj: Arc<KVCacheBackend>, ctx: Arc<Context>) -> Result<Ac
     if !deleting && add_finalizer(&api, &obj).await? {
         return Ok(Action::await_change());
     }
-    let st = observe(&obj, &ctx, consumers).await;
+    let bindings = Api::<KVCachePoolBinding>::all(ctx.client.clone())
+        .list(&Default::default())
+        .await?
+        .items;
+    let tenants = tenant_namespaces(&name, &pools, &bindings);
+    let st = observe(&obj, &ctx, consumers, tenants).await;
     status::write(&api, &obj, st, &ctx).await?;
     Ok(Action::requeue(ctx.opts.requeue))
 }
 
 /// What the runtime runs for a managed backend, once it converged it to the plan.
-async fn run_store(obj: &KVCacheBackend, ctx: &Context) -> Option<Observed> {
+async fn run_store(obj: &KVCacheBackend, ctx: &Context, tenants: BTreeSet<String>) -> Option<Observed> {
     let (mut plan, unmatched) = plan(obj.name(), &obj.spec, &ctx.runtime.nodes())?;
+    plan.tenant_namespaces = tenants;
     plan.uid = obj.metadata.uid.clone().unwrap_or_default();
     plan.existing_only = obj.metadata.deletion_timestamp.is_some();
     let obs = ctx.runtime.ensure_store(&plan).await;
@@ -88,8 +93,13 @@ async fn run_store(obj: &KVCacheBackend, ctx: &Context) -> Option<Observed> {
 
 /// One observation pass: run the workloads (managed), read the leader, decide the status, then
 /// observe the leader replicas and the election.
-async fn observe(obj: &KVCacheBackend, ctx: &Context, used_by: Vec<UsedBy>) -> BackendStatus {
-    let observed = run_store(obj, ctx).await;
+async fn observe(
+    obj: &KVCacheBackend,
+    ctx: &Context,
+    used_by: Vec<UsedBy>,
+    tenants: BTreeSet<String>,
+) -> BackendStatus {
+    let observed = run_store(obj, ctx, tenants).await;
     let read = match decide::admin(&decide::endpoints(obj, observed.as_ref())) {
         None => None,
         Some(admin) => Some(

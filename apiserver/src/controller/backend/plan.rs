@@ -84,9 +84,28 @@ pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan
             members,
             groups,
             election,
+            tenant_namespaces: Default::default(),
         },
         unmatched,
     ))
+}
+
+/// The namespaces of the Bindings on `backend`'s pools.
+pub fn tenant_namespaces(
+    backend: &str,
+    pools: &[kvcache_api::KVCachePool],
+    bindings: &[kvcache_api::KVCachePoolBinding],
+) -> std::collections::BTreeSet<String> {
+    let on_backend: Vec<&str> = pools
+        .iter()
+        .filter(|p| p.spec.backend() == Some(backend))
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    bindings
+        .iter()
+        .filter(|b| on_backend.contains(&b.spec.pool_name()))
+        .filter_map(|b| b.metadata.namespace.clone())
+        .collect()
 }
 
 /// The election Lease of a backend: `<backend>-leader`.

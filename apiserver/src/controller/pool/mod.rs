@@ -81,7 +81,8 @@ async fn observe(obj: &KVCachePool, ctx: &Context) -> Result<(Observed, Option<L
         .list(&Default::default())
         .await?
         .items;
-    let credentials = ctx.secrets.credentials().all().await?;
+    let keys: Vec<_> = bindings.iter().map(super::credential::key).collect();
+    let credentials = ctx.secrets.credentials().of(&keys).await?;
     let backend = match obj.spec.backend() {
         Some(b) => Api::<KVCacheBackend>::all(ctx.client.clone()).get_opt(b).await?,
         None => None,

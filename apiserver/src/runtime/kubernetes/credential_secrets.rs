@@ -1,9 +1,11 @@
 //! Tenant credentials in a cluster: one Secret per Binding, in the Binding's namespace, named
 //! [`secret_name`]. Its key [`KEY`] holds the credential replicas receive (engine Pods reference
 //! it with `valueFrom.secretKeyRef`, so the value never appears in a Pod spec), and
-//! [`RECORD_KEY`] the whole rotation state. Found by the label [`COMPONENT_LABEL`].
+//! [`RECORD_KEY`] the whole rotation state. Found by the label [`COMPONENT_LABEL`], listed only
+//! in the Bindings' own namespaces (the runtime may list Secrets nowhere else).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::ByteString;
@@ -11,6 +13,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
+use super::tenant_namespaces::{Entered, TenantNamespaces};
 use crate::runtime::credentials::{BindingKey, Keeper, KeeperError, TenantCredentials};
 
 /// The key of the credential replicas receive.
@@ -34,9 +37,26 @@ pub fn secret_name(binding: &str) -> String {
     format!("kvcache-credential-{h}")
 }
 
-/// Secrets through kube-rs.
+/// Secrets through kube-rs, in namespaces entered first.
 pub struct SecretKeeper {
     pub client: kube::Client,
+    pub tenants: Arc<TenantNamespaces>,
+}
+
+impl SecretKeeper {
+    /// The Secrets of `namespace`, entered first; `None` when the namespace does not exist.
+    async fn api(&self, namespace: &str, binding: impl std::fmt::Display) -> Result<Option<Api<Secret>>, KeeperError> {
+        match self.tenants.enter(namespace).await {
+            Ok(Entered::Yes) => Ok(Some(Api::namespaced(self.client.clone(), namespace))),
+            Ok(Entered::NoSuchNamespace) => Ok(None),
+            Err(why) => Err(KeeperError::new(binding, why)),
+        }
+    }
+
+    fn failed(&self, binding: &BindingKey, what: &str, e: kube::Error) -> KeeperError {
+        self.tenants.forget_if_forbidden(&binding.namespace, &e);
+        KeeperError::new(binding, format!("{what}: {e}"))
+    }
 }
 
 fn decode(s: &Secret, key: &BindingKey) -> Result<TenantCredentials, KeeperError> {
@@ -50,41 +70,62 @@ fn decode(s: &Secret, key: &BindingKey) -> Result<TenantCredentials, KeeperError
 
 #[async_trait]
 impl Keeper for SecretKeeper {
-    async fn all(&self) -> Result<HashMap<BindingKey, TenantCredentials>, KeeperError> {
-        let api = Api::<Secret>::all(self.client.clone());
+    async fn of(&self, bindings: &[BindingKey]) -> Result<HashMap<BindingKey, TenantCredentials>, KeeperError> {
+        let mut by_namespace: BTreeMap<&str, HashSet<&str>> = BTreeMap::new();
+        for b in bindings {
+            by_namespace.entry(&b.namespace).or_default().insert(&b.name);
+        }
         let selector = format!("{}={}", COMPONENT_LABEL.0, COMPONENT_LABEL.1);
-        let list = api
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(|e| KeeperError::new("every Binding", format!("listing Secrets: {e}")))?;
         let mut out = HashMap::new();
-        for s in list.items {
-            let ns = s.metadata.namespace.clone().unwrap_or_default();
-            let Some(name) = s.metadata.annotations.as_ref().and_then(|a| a.get(BINDING_NOTE)) else {
+        for (namespace, names) in by_namespace {
+            let what = format!("the Bindings of namespace {namespace}");
+            let Some(api) = self.api(namespace, &what).await? else {
                 continue;
             };
-            let key = BindingKey::new(&ns, name);
-            match decode(&s, &key) {
-                Ok(c) => {
-                    out.insert(key, c);
+            let list = match api.list(&ListParams::default().labels(&selector)).await {
+                Ok(l) => l,
+                Err(e) => {
+                    self.tenants.forget_if_forbidden(namespace, &e);
+                    return Err(KeeperError::new(what, format!("listing Secrets: {e}")));
                 }
-                Err(e) => tracing::warn!("{e}; it is left out of the ledger until it parses"),
+            };
+            for s in list.items {
+                let Some(name) = s.metadata.annotations.as_ref().and_then(|a| a.get(BINDING_NOTE)) else {
+                    continue;
+                };
+                if !names.contains(name.as_str()) {
+                    continue;
+                }
+                let key = BindingKey::new(namespace, name);
+                match decode(&s, &key) {
+                    Ok(c) => {
+                        out.insert(key, c);
+                    }
+                    Err(e) => tracing::warn!("{e}; it is left out of the ledger until it parses"),
+                }
             }
         }
         Ok(out)
     }
 
     async fn get(&self, binding: &BindingKey) -> Result<Option<TenantCredentials>, KeeperError> {
-        let api = Api::<Secret>::namespaced(self.client.clone(), &binding.namespace);
+        let Some(api) = self.api(&binding.namespace, binding).await? else {
+            return Ok(None);
+        };
         match api.get_opt(&secret_name(&binding.name)).await {
             Ok(Some(s)) => decode(&s, binding).map(Some),
             Ok(None) => Ok(None),
-            Err(e) => Err(KeeperError::new(binding, format!("reading its Secret: {e}"))),
+            Err(e) => Err(self.failed(binding, "reading its Secret", e)),
         }
     }
 
     async fn put(&self, binding: &BindingKey, c: &TenantCredentials) -> Result<(), KeeperError> {
-        let api = Api::<Secret>::namespaced(self.client.clone(), &binding.namespace);
+        let Some(api) = self.api(&binding.namespace, binding).await? else {
+            return Err(KeeperError::new(
+                binding,
+                format!("the namespace {} does not exist; create it", binding.namespace),
+            ));
+        };
         let name = secret_name(&binding.name);
         let record = serde_json::to_vec(c).map_err(|e| KeeperError::new(binding, e))?;
         let data = [
@@ -112,16 +153,18 @@ impl Keeper for SecretKeeper {
             &Patch::Apply(&secret),
         )
         .await
-        .map_err(|e| KeeperError::new(binding, format!("writing its Secret {}/{name}: {e}", binding.namespace)))?;
+        .map_err(|e| self.failed(binding, &format!("writing its Secret {}/{name}", binding.namespace), e))?;
         Ok(())
     }
 
     async fn remove(&self, binding: &BindingKey) -> Result<(), KeeperError> {
-        let api = Api::<Secret>::namespaced(self.client.clone(), &binding.namespace);
+        let Some(api) = self.api(&binding.namespace, binding).await? else {
+            return Ok(());
+        };
         match api.delete(&secret_name(&binding.name), &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(KeeperError::new(binding, format!("deleting its Secret: {e}"))),
+            Err(e) => Err(self.failed(binding, "deleting its Secret", e)),
         }
     }
 }

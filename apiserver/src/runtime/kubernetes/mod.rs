@@ -11,6 +11,7 @@
 //! | [`rollout`] | the leader Deployment's rollout, and rising past one replica in two steps |
 //! | [`credential_secrets`] | tenant credentials in Secrets of the Bindings' namespaces |
 //! | [`token_secrets`] | the controllers' and each backend's member token, in Secrets |
+//! | [`tenant_namespaces`] | the runtime's access to the namespaces of Bindings and engines |
 
 pub mod credential_secrets;
 pub mod engine_pod;
@@ -18,6 +19,7 @@ pub mod observe;
 pub mod render;
 mod rollout;
 pub mod store_target;
+pub mod tenant_namespaces;
 pub mod token_secrets;
 
 use std::collections::BTreeMap;
@@ -43,6 +45,9 @@ pub const FIELD_MANAGER: &str = "kvcache-controllers";
 pub struct KubernetesOptions {
     /// The namespace of the store's objects and Leases (`gpustack-system`).
     pub namespace: String,
+    /// `(namespace, name)` of the runtime's own ServiceAccount, which it binds in each tenant
+    /// namespace it enters ([`tenant_namespaces`]); `None`: its credentials reach them already.
+    pub service_account: Option<(String, String)>,
 }
 
 /// The kinds this runtime renders, each with its API path.
@@ -55,6 +60,7 @@ fn resource(kind: &str) -> Option<ApiResource> {
         "Deployment" => ("apps", "v1", "deployments"),
         "DaemonSet" => ("apps", "v1", "daemonsets"),
         "Secret" => ("", "v1", "secrets"),
+        "NetworkPolicy" => ("networking.k8s.io", "v1", "networkpolicies"),
         _ => return None,
     };
     Some(ApiResource::from_gvk_with_plural(
@@ -69,6 +75,7 @@ const REMOVAL_ORDER: &[&str] = &[
     "DaemonSet",
     "Deployment",
     "Service",
+    "NetworkPolicy",
     "RoleBinding",
     "Role",
     "ServiceAccount",
@@ -86,6 +93,7 @@ pub struct KubernetesRuntime {
     changes: tokio::sync::broadcast::Sender<Changed>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     credentials: credential_secrets::SecretKeeper,
+    tenants: Arc<tenant_namespaces::TenantNamespaces>,
     /// The controllers' token, once read from (or made into) its Secret.
     control_token: RwLock<Option<String>>,
 }
@@ -134,29 +142,32 @@ impl KubernetesRuntime {
                 }
             })
         };
-        // The store's Pods wake their backend; engine Pods, in their deployments' namespaces,
-        // wake their deployment.
+        // The store's Pods wake their backend; engine Pods, watched in each namespace the runtime
+        // enters, wake their deployment.
         let pod_task = watch_pods(
             Api::namespaced(client.clone(), &opts.namespace),
             "app.kubernetes.io/name=kv-cache-backend",
             changes.clone(),
             |_, instance| Changed::Store(instance.to_owned()),
         );
-        let engine_task = watch_pods(
-            Api::all(client.clone()),
-            "app.kubernetes.io/name=model-deployment",
+        let tenants = Arc::new(tenant_namespaces::TenantNamespaces::new(
+            client.clone(),
+            opts.service_account.clone(),
             changes.clone(),
-            |namespace, instance| Changed::Replicas(format!("{namespace}/{instance}")),
-        );
+        ));
         KubernetesRuntime {
-            credentials: credential_secrets::SecretKeeper { client: client.clone() },
+            credentials: credential_secrets::SecretKeeper {
+                client: client.clone(),
+                tenants: tenants.clone(),
+            },
+            tenants,
             control_token: RwLock::new(None),
             client,
             opts,
             config,
             nodes,
             changes,
-            tasks: vec![node_task, pod_task, engine_task],
+            tasks: vec![node_task, pod_task],
         }
     }
 
@@ -325,6 +336,9 @@ impl Runtime for KubernetesRuntime {
     }
 
     async fn credential_in_use(&self, namespace: &str, fingerprint: &str) -> Result<bool, String> {
+        if self.tenants.enter(namespace).await? == tenant_namespaces::Entered::NoSuchNamespace {
+            return Ok(false);
+        }
         credential_secrets::in_use(&self.client, namespace, fingerprint).await
     }
 
@@ -345,7 +359,12 @@ impl Runtime for KubernetesRuntime {
         };
         let default_image = self.config.get().settings.kv_cache_backend_image.clone();
         let target = match render::Target::for_plan(plan, &self.opts.namespace, &default_image) {
-            Ok(t) => t,
+            Ok(mut t) => {
+                if let Some((server_namespace, _)) = &self.opts.service_account {
+                    t.server_namespace = server_namespace.clone();
+                }
+                t
+            }
             Err(why) => {
                 return StoreObservation {
                     leaders: vec![refused(why.clone())],
@@ -454,6 +473,26 @@ impl Runtime for KubernetesRuntime {
     async fn ensure_replicas(&self, plan: &ReplicaPlan) -> Vec<ReplicaObservation> {
         let (namespace, deployment) = plan.owner.split_once('/').unwrap_or(("default", plan.owner.as_str()));
         let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
+        let entered = match self.tenants.enter(namespace).await {
+            Ok(tenant_namespaces::Entered::Yes) => Ok(()),
+            Ok(tenant_namespaces::Entered::NoSuchNamespace) => {
+                Err(format!("the namespace {namespace} does not exist; create it"))
+            }
+            Err(why) => Err(why),
+        };
+        if let Err(why) = entered {
+            return plan
+                .replicas
+                .iter()
+                .map(|r| ReplicaObservation {
+                    name: r.name.clone(),
+                    role: r.role.clone(),
+                    state: refused(why.clone()),
+                    cache: None,
+                    runs: None,
+                })
+                .collect();
+        }
         let mut out = Vec::new();
         let mut replaced_roles: Vec<String> = Vec::new();
         for r in &plan.replicas {
@@ -476,6 +515,7 @@ impl Runtime for KubernetesRuntime {
             let live = match api.get_opt(&name).await {
                 Ok(l) => l,
                 Err(e) => {
+                    self.tenants.forget_if_forbidden(namespace, &e);
                     out.push(observation(refused(format!("reading Pod {namespace}/{name}: {e}"))));
                     continue;
                 }
@@ -541,8 +581,21 @@ impl Runtime for KubernetesRuntime {
         let (namespace, deployment) = owner.split_once('/').unwrap_or(("default", owner));
         let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
         let selector = engine_selector(deployment);
-        let Ok(list) = api.list(&ListParams::default().labels(&selector)).await else {
-            return false;
+        match self.tenants.enter(namespace).await {
+            Ok(tenant_namespaces::Entered::Yes) => {}
+            // Nothing can run in a namespace that does not exist.
+            Ok(tenant_namespaces::Entered::NoSuchNamespace) => return true,
+            Err(why) => {
+                tracing::warn!(deployment = owner, "{why}");
+                return false;
+            }
+        }
+        let list = match api.list(&ListParams::default().labels(&selector)).await {
+            Ok(l) => l,
+            Err(e) => {
+                self.tenants.forget_if_forbidden(namespace, &e);
+                return false;
+            }
         };
         let mut left = false;
         for p in list.items {

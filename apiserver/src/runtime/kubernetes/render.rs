@@ -424,8 +424,55 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
     })
 }
 
+/// NetworkPolicy `<backend>-store`: the store's ports (gRPC, fast, data) take connections only
+/// from the backend's own Pods, the API server's Pods (its controllers), and engine Pods in the
+/// namespaces of the backend's Bindings; the metrics ports stay open to scrapers and probes.
+pub fn network_policy(plan: &StorePlan, t: &Target) -> Value {
+    let store_pods = json!({
+        "app.kubernetes.io/name": "kv-cache-backend",
+        "app.kubernetes.io/instance": plan.backend,
+    });
+    let store_ports = json!([
+        {"protocol": "TCP", "port": "rpc"},
+        {"protocol": "TCP", "port": "fast"},
+        {"protocol": "TCP", "port": "data"},
+    ]);
+    let mut from = vec![
+        json!({"podSelector": {"matchLabels": store_pods}}),
+        json!({
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": t.server_namespace}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kvcache-apiserver"}},
+        }),
+    ];
+    if !plan.tenant_namespaces.is_empty() {
+        from.push(json!({
+            "namespaceSelector": {"matchExpressions": [{
+                "key": "kubernetes.io/metadata.name",
+                "operator": "In",
+                "values": plan.tenant_namespaces,
+            }]},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "model-deployment"}},
+        }));
+    }
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(plan, t, &format!("{}-store", plan.backend), "store", "store", None),
+        "spec": {
+            "podSelector": {"matchLabels": store_pods},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": from, "ports": store_ports},
+                {"ports": [
+                    {"protocol": "TCP", "port": "metrics"},
+                ]},
+            ],
+        },
+    })
+}
+
 /// Every object of the backend, in the order they are applied: RBAC before the workloads that
-/// use it, the Service before the Deployment.
+/// use it, the NetworkPolicy and Service before the Deployment.
 pub fn store(plan: &StorePlan, t: &Target) -> Vec<Value> {
     let mut out = Vec::new();
     if let Some(e) = &plan.election {
@@ -452,6 +499,7 @@ pub fn store(plan: &StorePlan, t: &Target) -> Vec<Value> {
             ));
         }
     }
+    out.push(network_policy(plan, t));
     out.push(leader_service(plan, t));
     out.push(leader_deployment(plan, t));
     for g in &plan.groups {

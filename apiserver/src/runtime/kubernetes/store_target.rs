@@ -13,11 +13,14 @@ pub struct Target {
     /// `Always`, `IfNotPresent` or `Never`; `None` follows the image's tag.
     pub pull_policy: Option<String>,
     pub pull_secrets: Vec<String>,
+    /// The namespace the API server (and its controllers) run in, whose Pods may reach the store.
+    pub server_namespace: String,
 }
 
 impl Target {
     /// A backend's target in `namespace`: its own image, else `default_image` (the setting
     /// `kv-cache-backend-image`); with neither, nothing can be rendered and the error says so.
+    /// The server is taken to run in `namespace` too.
     pub fn for_plan(plan: &StorePlan, namespace: &str, default_image: &str) -> Result<Target, String> {
         let image = plan.image.as_deref().unwrap_or(default_image).trim();
         if image.is_empty() {
@@ -28,6 +31,7 @@ impl Target {
             image: image.to_owned(),
             pull_policy: plan.pull_policy.clone(),
             pull_secrets: plan.pull_secrets.clone(),
+            server_namespace: namespace.to_owned(),
         })
     }
 }

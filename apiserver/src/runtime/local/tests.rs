@@ -29,6 +29,7 @@ async fn members_that_would_need_more_memory_than_the_machine_are_refused() {
         members: vec![member("local-0"), member("local-1")],
         groups: vec![],
         election: None,
+        tenant_namespaces: Default::default(),
     };
     let obs = rt.ensure_store(&plan).await;
     assert_eq!(obs.members.len(), 2);

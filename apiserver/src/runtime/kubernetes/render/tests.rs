@@ -13,6 +13,7 @@ fn target() -> Target {
         image: "registry.example/kv-store:v1".into(),
         pull_policy: None,
         pull_secrets: vec!["regcred".into()],
+        server_namespace: "kvcache-server".into(),
     }
 }
 
@@ -37,6 +38,7 @@ fn every_object_is_owned_noted_and_labelled() {
             "ServiceAccount",
             "Role",
             "RoleBinding",
+            "NetworkPolicy",
             "Service",
             "Deployment",
             "DaemonSet"
@@ -183,18 +185,77 @@ fn a_member_group_requests_its_segment_and_finds_the_leader() {
     assert_eq!(pod["serviceAccountName"], "b-member");
     let parsed = MemberConfig::parse_args(&args(&pod["containers"][0])[1..]).unwrap();
     assert_eq!(parsed.leader, "k8s://gpustack-system/b-leader");
-    assert_eq!(store(&lease, &target()).len(), 9, "the member RBAC is rendered too");
+    assert_eq!(store(&lease, &target()).len(), 10, "the member RBAC is rendered too");
 }
 
 #[test]
 fn without_the_election_there_is_no_rbac_and_no_token() {
     let p = plan(&ONE.replace("leader: {}", "leader: {electionBackend: None}"));
     let objects = store(&p, &target());
-    assert_eq!(objects.len(), 3);
+    assert_eq!(objects.len(), 4);
     let d = leader_deployment(&p, &target());
     let pod = &d["spec"]["template"]["spec"];
     assert_eq!(pod["automountServiceAccountToken"], false);
     assert!(pod.get("serviceAccountName").is_none());
     let parsed = LeaderConfig::parse_args(&args(&pod["containers"][0])[1..]).unwrap();
     assert_eq!(parsed.election, Election::None);
+}
+
+#[test]
+fn the_store_ports_admit_its_own_pods_the_server_and_its_tenants_engines_only() {
+    let mut p = plan(ONE);
+    let policy = |p: &StorePlan| {
+        let n: k8s_openapi::api::networking::v1::NetworkPolicy =
+            serde_json::from_value(network_policy(p, &target())).expect("a NetworkPolicy");
+        n.spec.expect("a spec")
+    };
+    let spec = policy(&p);
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_owned()]));
+    let selected = spec.pod_selector.unwrap().match_labels.unwrap();
+    assert_eq!(selected["app.kubernetes.io/instance"], "b");
+    let ingress = spec.ingress.unwrap();
+    let store_rule = &ingress[0];
+    let ports: Vec<String> = store_rule
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| match p.port.clone().unwrap() {
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(s) => s,
+            other => panic!("a named port, not {other:?}"),
+        })
+        .collect();
+    assert_eq!(ports, ["rpc", "fast", "data"]);
+    let from = store_rule.from.as_ref().unwrap();
+    assert_eq!(from.len(), 2, "no tenant namespace, no engine admitted: {from:?}");
+    let server = from[1]
+        .namespace_selector
+        .as_ref()
+        .unwrap()
+        .match_labels
+        .as_ref()
+        .unwrap();
+    assert_eq!(server["kubernetes.io/metadata.name"], "kvcache-server");
+    // The metrics ports alone are open to anyone (probes, scrapers).
+    assert!(ingress[1].from.is_none());
+    assert_eq!(ingress[1].ports.as_ref().unwrap().len(), 1);
+
+    p.tenant_namespaces = ["team-a".to_owned(), "team-b".to_owned()].into();
+    let from = policy(&p).ingress.unwrap()[0].from.clone().unwrap();
+    let engines = &from[2];
+    let expr = &engines
+        .namespace_selector
+        .as_ref()
+        .unwrap()
+        .match_expressions
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(
+        (expr.key.as_str(), expr.operator.as_str()),
+        ("kubernetes.io/metadata.name", "In")
+    );
+    assert_eq!(expr.values, Some(vec!["team-a".to_owned(), "team-b".to_owned()]));
+    assert_eq!(
+        engines.pod_selector.as_ref().unwrap().match_labels.as_ref().unwrap()["app.kubernetes.io/name"],
+        "model-deployment"
+    );
 }
