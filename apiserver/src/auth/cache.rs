@@ -1,17 +1,18 @@
 //! A decision cache in front of an authorizer, as kube-apiserver's webhook authorizer keeps one:
 //! allowed decisions for a few minutes, denials for a few seconds, at most a fixed number of
-//! entries. With delegated authorization every request would otherwise be a SubjectAccessReview.
-//! Keys hash with foldhash (seeded per process): a lookup costs far less than the request.
+//! entries (the least recently used goes first, [`super::remembered`]). With delegated
+//! authorization every request would otherwise be a SubjectAccessReview. Keys hash with foldhash
+//! (seeded per process): a lookup costs far less than the request.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
+use super::remembered::Remembered;
 use super::{Attributes, Authorizer, Decision};
 
-/// Entries kept; past it the cache starts over (cheap and bounded).
+/// Decisions kept; past it the least recently used is forgotten.
 const MAX_ENTRIES: usize = 10_000;
 
 /// `inner`, with its decisions remembered.
@@ -19,7 +20,7 @@ pub struct Cached<A> {
     inner: A,
     allow_ttl: Duration,
     deny_ttl: Duration,
-    entries: Mutex<HashMap<Attributes, (Decision, Instant), foldhash::fast::RandomState>>,
+    entries: Mutex<Remembered<Attributes, Decision>>,
 }
 
 impl<A> std::fmt::Debug for Cached<A> {
@@ -41,7 +42,7 @@ impl<A: Authorizer> Cached<A> {
             inner,
             allow_ttl,
             deny_ttl,
-            entries: Mutex::new(HashMap::default()),
+            entries: Mutex::new(Remembered::new(MAX_ENTRIES)),
         }
     }
 }
@@ -50,10 +51,8 @@ impl<A: Authorizer> Cached<A> {
 impl<A: Authorizer> Authorizer for Cached<A> {
     async fn authorize(&self, attrs: &Attributes) -> Decision {
         let now = Instant::now();
-        if let Some((d, until)) = self.entries.lock().get(attrs)
-            && *until > now
-        {
-            return d.clone();
+        if let Some(d) = self.entries.lock().get(attrs, now) {
+            return d;
         }
         let decision = self.inner.authorize(attrs).await;
         let ttl = match decision {
@@ -61,11 +60,7 @@ impl<A: Authorizer> Authorizer for Cached<A> {
             Decision::Deny(_) => self.deny_ttl,
             Decision::Error(_) => return decision,
         };
-        let mut entries = self.entries.lock();
-        if entries.len() >= MAX_ENTRIES {
-            entries.clear();
-        }
-        entries.insert(attrs.clone(), (decision.clone(), now + ttl));
+        self.entries.lock().insert(attrs.clone(), decision.clone(), now + ttl);
         decision
     }
 }
@@ -88,6 +83,26 @@ mod tests {
                 Decision::Deny(String::new())
             }
         }
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_one_off_requests_does_not_push_out_the_decisions_in_use() {
+        let c = Cached::new(Counting(AtomicUsize::new(0)));
+        c.authorize(&attrs("get")).await;
+        // twice the bound of distinct requests (as a caller with a fresh token each time sends),
+        // with the real user's request among them
+        for i in 0..2 * MAX_ENTRIES {
+            c.authorize(&attrs(&format!("junk-{i}"))).await;
+            if i % 100 == 0 {
+                assert_eq!(c.authorize(&attrs("get")).await, Decision::Allow);
+            }
+        }
+        assert_eq!(
+            c.inner.0.load(Ordering::Relaxed),
+            1 + 2 * MAX_ENTRIES,
+            "the decision in use was asked for once"
+        );
+        assert_eq!(c.entries.lock().len(), MAX_ENTRIES);
     }
 
     fn attrs(verb: &str) -> Attributes {

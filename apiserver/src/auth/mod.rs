@@ -14,12 +14,14 @@
 //! | [`anonymous`] | the anonymous user, for the public paths only |
 //! | [`policy`] | the direct-mode authorization policy |
 //! | [`cache`] | the decision cache in front of an authorizer |
+//! | [`remembered`] | bounded answers with a deadline, least recently used forgotten first |
 //! | [`delegated`] | aggregated mode: request headers, the cluster's client CA, TokenReview, SubjectAccessReview |
 
 pub mod anonymous;
 pub mod cache;
 pub mod delegated;
 pub mod policy;
+pub mod remembered;
 pub mod x509;
 
 /// The user the controllers act as, in this process; the direct-mode policy lets it write

@@ -1,9 +1,9 @@
 //! Bearer tokens, verified by the cluster through a TokenReview (`authentication.k8s.io/v1`),
 //! as kube-apiserver's delegated token authenticator. Answers are remembered for a short TTL,
-//! keyed by the token's SHA-256 (the token itself is never kept); a review that fails to reach
-//! the cluster is not remembered.
+//! keyed by the token's SHA-256 (the token itself is never kept), at most 10,000 of them, the
+//! least recently used forgotten first; a review that fails to reach the cluster is not
+//! remembered.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -12,20 +12,18 @@ use kube::Api;
 use kube::api::PostParams;
 use parking_lot::Mutex;
 
+use crate::auth::remembered::Remembered;
 use crate::auth::{AuthError, Authenticator, ConnectionInfo, User};
 
-/// Entries kept; past it the cache starts over.
+/// Answers kept; past it the least recently used is forgotten.
 const MAX_ENTRIES: usize = 10_000;
 
 type Digest = [u8; 32];
 
-/// A review's answer and until when it holds.
-type Remembered = (Result<User, AuthError>, Instant);
-
 pub struct TokenReviewer {
     api: Api<TokenReview>,
     ttl: Duration,
-    cache: Mutex<HashMap<Digest, Remembered>>,
+    cache: Mutex<Remembered<Digest, Result<User, AuthError>>>,
 }
 
 impl std::fmt::Debug for TokenReviewer {
@@ -41,7 +39,7 @@ impl TokenReviewer {
         TokenReviewer {
             api: Api::all(client),
             ttl,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(Remembered::new(MAX_ENTRIES)),
         }
     }
 
@@ -103,21 +101,15 @@ impl Authenticator for TokenReviewer {
             .try_into()
             .unwrap_or_default();
         let now = Instant::now();
-        if let Some((answer, until)) = self.cache.lock().get(&digest)
-            && *until > now
-        {
-            return answer.clone().map(Some);
+        if let Some(answer) = self.cache.lock().get(&digest, now) {
+            return answer.map(Some);
         }
         let answer = self.review(token).await.map_err(|e| {
             AuthError(format!(
                 "the bearer token could not be verified (TokenReview failed): {e}"
             ))
         })?;
-        let mut cache = self.cache.lock();
-        if cache.len() >= MAX_ENTRIES {
-            cache.clear();
-        }
-        cache.insert(digest, (answer.clone(), now + self.ttl));
+        self.cache.lock().insert(digest, answer.clone(), now + self.ttl);
         answer.map(Some)
     }
 }
