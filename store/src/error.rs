@@ -11,7 +11,6 @@ pub const ERROR_CODE_HEADER: &str = "x-kvstore-error";
 /// Stable codes callers can match on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
-    TenantNotRegistered,
     TenantQuotaExceeded,
     TenantLayoutMismatch,
     TenantLayoutImmutable,
@@ -32,7 +31,8 @@ pub enum ErrorCode {
     NotServing,
     Transport,
     Internal,
-    /// The call does not prove who it acts for: a tenant's credential, the controllers' token on
+    /// The call does not prove who it acts for: a tenant the ledger has with one of its
+    /// credentials (an unknown tenant gets the same answer as a wrong credential), the controllers' token on
     /// the Control API, the backend's member token on Membership, or a grant's MAC on a data port.
     Unauthenticated,
     /// The client speaks a store protocol this leader does not serve, or did not say which
@@ -44,7 +44,6 @@ impl ErrorCode {
     /// The spelling on the wire.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::TenantNotRegistered => "TENANT_NOT_REGISTERED",
             Self::TenantQuotaExceeded => "TENANT_QUOTA_EXCEEDED",
             Self::TenantLayoutMismatch => "TENANT_LAYOUT_MISMATCH",
             Self::TenantLayoutImmutable => "TENANT_LAYOUT_IMMUTABLE",
@@ -78,7 +77,6 @@ impl ErrorCode {
     /// The gRPC code a refusal with this store code is sent with.
     pub fn grpc_code(self) -> Code {
         match self {
-            Self::TenantNotRegistered => Code::PermissionDenied,
             Self::TenantQuotaExceeded | Self::NoSpace => Code::ResourceExhausted,
             Self::TenantLayoutMismatch
             | Self::TenantLayoutImmutable
@@ -102,7 +100,6 @@ impl ErrorCode {
 /// Every code, in a fixed order (clients that number codes, such as the Python package, number
 /// them by their place here; append new codes at the end).
 pub const ALL: &[ErrorCode] = &[
-    ErrorCode::TenantNotRegistered,
     ErrorCode::TenantQuotaExceeded,
     ErrorCode::TenantLayoutMismatch,
     ErrorCode::TenantLayoutImmutable,

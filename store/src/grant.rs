@@ -1,10 +1,15 @@
 //! Grant MACs: the proof, on a member's data paths, that the leader handed a range out. Each
 //! leader term draws a random key and gives it to every member it mounts (in `MountResponse`,
 //! over the Membership API, which the member token guards). Every `Location` it hands out carries
-//! `HMAC-SHA256(key, access | mount | epoch | offset | len | deadline)`; a member serves a write
-//! or read of a range only when the MAC the client sends with it verifies. A client that was not
-//! given a range cannot forge one, nor stretch one it was given (another offset, a longer length,
-//! a later deadline, a read turned into a write).
+//! `HMAC-SHA256(key, access | mount | epoch | allocation | offset | len | deadline)`; a member
+//! serves a write or read of a range only when the MAC the client sends with it verifies. A client
+//! that was not given a range cannot forge one, nor stretch one it was given (another offset, a
+//! longer length, a later deadline, a read turned into a write, another allocation).
+//!
+//! The allocation is the leader's number for one placement of one value (rising within a term):
+//! a range freed and placed again gets a higher one, and a member refuses a grant whose
+//! allocation is older than the one that last wrote the range (`member/written.rs`), so a grant
+//! kept past its range's release can neither overwrite nor read the next owner's bytes.
 
 use crate::error::{ErrorCode, Result, StoreError};
 
@@ -26,18 +31,27 @@ pub struct Range {
     pub access: Access,
     pub mount_id: u64,
     pub epoch: u64,
+    /// the placement the range was granted for (rising within a term)
+    pub allocation: u64,
     pub offset: u64,
     pub len: u64,
     pub deadline_unix_ms: u64,
 }
 
 impl Range {
-    fn message(&self) -> [u8; 41] {
-        let mut m = [0u8; 41];
+    fn message(&self) -> [u8; 49] {
+        let mut m = [0u8; 49];
         m[0] = self.access as u8;
-        for (i, v) in [self.mount_id, self.epoch, self.offset, self.len, self.deadline_unix_ms]
-            .into_iter()
-            .enumerate()
+        for (i, v) in [
+            self.mount_id,
+            self.epoch,
+            self.allocation,
+            self.offset,
+            self.len,
+            self.deadline_unix_ms,
+        ]
+        .into_iter()
+        .enumerate()
         {
             m[1 + 8 * i..9 + 8 * i].copy_from_slice(&v.to_le_bytes());
         }
@@ -121,6 +135,7 @@ mod tests {
             access: Access::Write,
             mount_id: 7,
             epoch: 2,
+            allocation: 5,
             offset: 4096,
             len: 100,
             deadline_unix_ms: 1_000,
@@ -141,6 +156,7 @@ mod tests {
             },
             Range { mount_id: 8, ..r },
             Range { epoch: 3, ..r },
+            Range { allocation: 6, ..r },
             Range { offset: 0, ..r },
             Range { len: 101, ..r },
             Range {

@@ -3,17 +3,22 @@
 //! /readyz` (200 only in [`Readiness::Serving`]; the body names the state either way). Any other
 //! path is 404, any other method 405. Each subsystem registers its metrics on the registry passed
 //! to it (no globals); the leader and member read theirs at scrape time through a `Collector`.
+//!
+//! A [`Private`] part (the leader's per-tenant series, whose labels name the cache domains) is
+//! added to `/metrics` only for a scrape carrying its token as `Authorization: Bearer …`, when it
+//! has one; every other scrape gets the rest.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Expected;
 use crate::readiness::{Readiness, ReadinessHandle};
 
 /// The `Content-Type` of `/metrics`: what `prometheus_client`'s text encoder writes.
@@ -22,9 +27,17 @@ pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; versio
 /// How long open scrapes may take to finish after a stop before the endpoint closes anyway.
 const DRAIN: Duration = Duration::from_secs(2);
 
+/// Series served only to scrapes that carry `token` (to every scrape when it is `None`: the
+/// process was given no token, so nothing it serves is guarded).
+pub struct Private {
+    pub registry: Registry,
+    pub token: Option<Expected>,
+}
+
 #[derive(Clone)]
 struct Endpoint {
     registry: Arc<Registry>,
+    private: Option<Arc<Private>>,
     readiness: ReadinessHandle,
 }
 
@@ -32,12 +45,15 @@ struct Endpoint {
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
+    private: Option<Private>,
     readiness: ReadinessHandle,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = axum::Router::new()
-        .fallback(answer)
-        .with_state(Endpoint { registry, readiness });
+    let app = axum::Router::new().fallback(answer).with_state(Endpoint {
+        registry,
+        private: private.map(Arc::new),
+        readiness,
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(cancel.clone().cancelled_owned());
     tokio::select! {
         r = server => r,
@@ -45,7 +61,7 @@ pub async fn serve(
     }
 }
 
-async fn answer(State(ep): State<Endpoint>, method: Method, uri: Uri) -> Response {
+async fn answer(State(ep): State<Endpoint>, method: Method, uri: Uri, headers: HeaderMap) -> Response {
     if method != Method::GET {
         return (
             StatusCode::METHOD_NOT_ALLOWED,
@@ -55,7 +71,10 @@ async fn answer(State(ep): State<Endpoint>, method: Method, uri: Uri) -> Respons
             .into_response();
     }
     match uri.path() {
-        "/metrics" => metrics(&ep.registry),
+        "/metrics" => {
+            let private = ep.private.as_deref().filter(|p| shown_to(p, &headers));
+            metrics(&ep.registry, private.map(|p| &p.registry))
+        }
         "/healthz" => text(StatusCode::OK, "ok\n".to_string()),
         "/readyz" => {
             let state = ep.readiness.get();
@@ -70,9 +89,29 @@ async fn answer(State(ep): State<Endpoint>, method: Method, uri: Uri) -> Respons
     }
 }
 
-fn metrics(registry: &Registry) -> Response {
+/// Whether a scrape with these headers sees `p`.
+fn shown_to(p: &Private, headers: &HeaderMap) -> bool {
+    let Some(token) = &p.token else { return true };
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    if let Some(v) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| tonic::metadata::MetadataValue::try_from(v.as_bytes()).ok())
+    {
+        metadata.insert(crate::auth::AUTHORIZATION, v);
+    }
+    token.check(&metadata).is_ok()
+}
+
+fn metrics(registry: &Registry, private: Option<&Registry>) -> Response {
     let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, registry) {
+    let encoded = (|| {
+        prometheus_client::encoding::text::encode_registry(&mut body, registry)?;
+        if let Some(p) = private {
+            prometheus_client::encoding::text::encode_registry(&mut body, p)?;
+        }
+        prometheus_client::encoding::text::encode_eof(&mut body)
+    })();
+    match encoded {
         Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], body).into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "encoding metrics failed");
@@ -95,8 +134,12 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> String {
+        request_with(addr, method, path, "").await
+    }
+
+    async fn request_with(addr: std::net::SocketAddr, method: &str, path: &str, headers: &str) -> String {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let req = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let req = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n");
         s.write_all(req.as_bytes()).await.unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
@@ -113,7 +156,7 @@ mod tests {
         let cancel = CancellationToken::new();
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        let server = tokio::spawn(serve(l, Arc::new(registry), readiness.clone(), cancel.clone()));
+        let server = tokio::spawn(serve(l, Arc::new(registry), None, readiness.clone(), cancel.clone()));
 
         let m = request(addr, "GET", "/metrics").await;
         assert!(m.starts_with("HTTP/1.1 200"), "{m}");
@@ -143,5 +186,57 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "port closed");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn private_series_only_to_a_scrape_with_the_token() {
+        let counted = |name: &str| {
+            let mut r = Registry::default();
+            let c = Counter::<u64>::default();
+            c.inc();
+            r.register(name, "counted", c);
+            r
+        };
+        let private = Private {
+            registry: counted("secret_things"),
+            token: Some(Expected::new("the-token", "the metrics", "--control-token-file")),
+        };
+        let cancel = CancellationToken::new();
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let readiness = ReadinessHandle::new();
+        let server = tokio::spawn(serve(
+            l,
+            Arc::new(counted("open_things")),
+            Some(private),
+            readiness,
+            cancel.clone(),
+        ));
+        for (who, headers) in [
+            ("no token", ""),
+            ("a wrong token", "Authorization: Bearer guess\r\n"),
+            ("another scheme", "Authorization: Basic dGhlLXRva2Vu\r\n"),
+        ] {
+            let m = request_with(addr, "GET", "/metrics", headers).await;
+            assert!(
+                m.starts_with("HTTP/1.1 200") && m.contains("open_things_total 1"),
+                "{who}: {m}"
+            );
+            assert!(!m.contains("secret"), "{who}: {m}");
+            assert!(m.trim_end().ends_with("# EOF"), "{who}: {m}");
+        }
+        let m = request_with(addr, "GET", "/metrics", "Authorization: Bearer the-token\r\n").await;
+        assert!(
+            m.contains("open_things_total 1") && m.contains("secret_things_total 1"),
+            "{m}"
+        );
+        assert_eq!(m.matches("# EOF").count(), 1, "{m}");
+        assert!(m.trim_end().ends_with("# EOF"), "{m}");
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
     }
 }

@@ -17,10 +17,12 @@ use tonic::metadata::MetadataMap;
 use crate::error::{ErrorCode, StoreError};
 pub use crate::proto::{ClientHello, ServerHello};
 
-/// The store protocol this build speaks.
-pub const PROTOCOL: u32 = 1;
-/// The oldest client protocol a leader of this build serves.
-pub const OLDEST_SERVED: u32 = 1;
+/// The store protocol this build speaks. 2: grants name their allocation (`grant.rs`, the data
+/// port's `KVD2` header) and an unknown tenant is refused as a wrong credential is.
+pub const PROTOCOL: u32 = 2;
+/// The oldest client protocol a leader of this build serves: a protocol-1 client sends no
+/// allocation, so its every transfer would be refused by the members.
+pub const OLDEST_SERVED: u32 = 2;
 /// This build's release.
 pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 /// gRPC metadata: the client's protocol, in decimal.

@@ -2,9 +2,10 @@
 //! connection that carries one request at a time (connections are pooled and reused). The
 //! member's same-host socket (`member/local.rs`) speaks the same headers with other ops.
 //!
-//! Request header, 80 bytes, little-endian:
+//! Request header, 88 bytes, little-endian:
 //! `magic u32 | op u32 | mount_id u64 | offset u64 | len u64 | deadline_unix_ms u64 | epoch u64 |
-//! grant_mac [u8; 32]` (the Location's MAC over the range, `grant.rs`; ops 1, 2, 4 and 5),
+//! allocation u64 | grant_mac [u8; 32]` (the Location's allocation and its MAC over the range,
+//! `grant.rs`; ops 1, 2, 4 and 5),
 //! op 1 write and 2 read on the data port; on the same-host socket 3 map (the answer carries the
 //! segment's descriptor, SCM_RIGHTS, and its length in `len`), 4 claim a range to write, 5 claim a
 //! range to read, 6 release the claim (ops 4 and 5 carry the grant, as 1 and 2 do)
@@ -16,8 +17,10 @@
 use crate::error::{ErrorCode, StoreError};
 use crate::grant::MAC_LEN;
 
-pub const MAGIC: u32 = 0x3144_564b; // "KVD1" as little-endian bytes
-pub const REQUEST_LEN: usize = 80;
+pub const MAGIC: u32 = 0x3244_564b; // "KVD2" as little-endian bytes
+/// The first version's magic, whose header had no allocation: refused with a word on upgrading.
+const MAGIC_V1: u32 = 0x3144_564b; // "KVD1"
+pub const REQUEST_LEN: usize = 88;
 pub const RESPONSE_LEN: usize = 16;
 /// Longest refusal message a client accepts.
 pub const MAX_MESSAGE: u64 = 64 * 1024;
@@ -42,6 +45,8 @@ pub struct Request {
     pub deadline_unix_ms: u64,
     /// the epoch of the leader that handed the range out
     pub epoch: u64,
+    /// the placement the range was granted for (`grant.rs`)
+    pub allocation: u64,
     /// the leader's MAC over the range (`grant.rs`)
     pub mac: [u8; MAC_LEN],
 }
@@ -68,16 +73,26 @@ impl Request {
         b[24..32].copy_from_slice(&self.len.to_le_bytes());
         b[32..40].copy_from_slice(&self.deadline_unix_ms.to_le_bytes());
         b[40..48].copy_from_slice(&self.epoch.to_le_bytes());
-        b[48..80].copy_from_slice(&self.mac);
+        b[48..56].copy_from_slice(&self.allocation.to_le_bytes());
+        b[56..88].copy_from_slice(&self.mac);
         b
     }
 
     pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Self, StoreError> {
         let bad = |m: &str| StoreError::new(ErrorCode::InvalidArgument, m.to_string());
-        if u32_at(b, 0) != MAGIC {
-            return Err(bad(
-                "not a kvstore data request (bad magic); connect with the kvstore client",
-            ));
+        match u32_at(b, 0) {
+            MAGIC => {}
+            MAGIC_V1 => {
+                return Err(bad(
+                    "this client speaks store protocol 1; this member speaks 2 (grants name their allocation): \
+                     upgrade the kvstore client",
+                ));
+            }
+            _ => {
+                return Err(bad(
+                    "not a kvstore data request (bad magic); connect with the kvstore client",
+                ));
+            }
         }
         let op = match u32_at(b, 4) {
             1 => Op::Write,
@@ -99,7 +114,8 @@ impl Request {
             len: u64_at(b, 24),
             deadline_unix_ms: u64_at(b, 32),
             epoch: u64_at(b, 40),
-            mac: b[48..80].try_into().unwrap_or([0; MAC_LEN]),
+            allocation: u64_at(b, 48),
+            mac: b[56..88].try_into().unwrap_or([0; MAC_LEN]),
         })
     }
 }
@@ -159,6 +175,7 @@ mod tests {
             len: 4 << 20,
             deadline_unix_ms: 123,
             epoch: 42,
+            allocation: 77,
             mac: [9; MAC_LEN],
         };
         assert_eq!(Request::decode(&r.encode()), Ok(r));
@@ -176,11 +193,16 @@ mod tests {
             len: 1,
             deadline_unix_ms: 0,
             epoch: 0,
+            allocation: 1,
             mac: [0; MAC_LEN],
         }
         .encode();
         b[4] = 9;
         assert!(Request::decode(&b).is_err());
+        // a client of the first data protocol is told to upgrade
+        b[0..4].copy_from_slice(&MAGIC_V1.to_le_bytes());
+        let old = Request::decode(&b).unwrap_err();
+        assert!(old.message.contains("upgrade"), "{old}");
         assert_eq!(refusal(b"STALE_MOUNT: remount").code, ErrorCode::StaleMount);
     }
 }

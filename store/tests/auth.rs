@@ -12,7 +12,11 @@ use common::{Proc, eventually, leader, member_with, scope};
 use kvcache_store::client::Client;
 use kvcache_store::error::{ErrorCode, StoreError};
 use kvcache_store::proto::control_client::ControlClient;
-use kvcache_store::proto::{GetMembersRequest, Scope, SetTenantsRequest, TenantEntry};
+use kvcache_store::proto::segment_data_client::SegmentDataClient;
+use kvcache_store::proto::store_client::StoreClient;
+use kvcache_store::proto::{
+    GetMembersRequest, PutRevokeRequest, PutStartRequest, Scope, SetTenantsRequest, TenantEntry, WriteRequest,
+};
 use kvcache_store::wire;
 
 const CONTROL_TOKEN: &str = "controllers-0123456789abcdef";
@@ -197,6 +201,18 @@ async fn a_credential_opens_its_own_tenant_only_on_grpc_and_on_the_fast_port() {
             let remove = c.remove("b/key").await.unwrap_err();
             assert!(unauthenticated(&remove), "{what}: remove: {remove}");
         }
+        // a domain the ledger does not have gets the very answer a wrong or missing credential
+        // gets, so a caller cannot tell which tenants exist
+        let nobody = Client::connect(&addr, as_tenant("team-c", CREDENTIAL_A)).await.unwrap();
+        let unknown = nobody.get("b/key").await.unwrap_err();
+        let wrong = a_on_b.get("b/key").await.unwrap_err();
+        let missing = none_on_b.get("b/key").await.unwrap_err();
+        assert_eq!(
+            (unknown.code, unknown.message.replace("team-c", "team-b")),
+            (wrong.code, wrong.message.clone()),
+            "fast port {fast}"
+        );
+        assert_eq!((missing.code, &missing.message), (wrong.code, &wrong.message));
         // team-a's own domain takes it, and team-b's value is untouched
         let a = Client::connect(&addr, as_tenant("team-a", CREDENTIAL_A)).await.unwrap();
         a.put("a/key", Bytes::from_static(b"a's bytes")).await.unwrap();
@@ -267,6 +283,7 @@ async fn the_data_port_serves_only_ranges_the_leader_signed() {
         len: 4,
         deadline_unix_ms: 0,
         epoch: loc.epoch,
+        allocation: loc.allocation,
         mac: [1; 32],
     };
     use tokio::io::AsyncWriteExt;
@@ -277,6 +294,118 @@ async fn the_data_port_serves_only_ranges_the_leader_signed() {
         a.get("secret").await.unwrap().unwrap(),
         Bytes::from(secret),
         "the bytes are intact"
+    );
+}
+
+#[tokio::test]
+async fn a_write_grant_kept_past_its_release_cannot_overwrite_the_next_tenants_value() {
+    let s = start(true);
+    let addr = s.leader.field("grpc");
+    control(&addr)
+        .await
+        .set_tenants(authorized(
+            SetTenantsRequest {
+                tenants: vec![entry("team-a", CREDENTIAL_A), entry("team-b", CREDENTIAL_B)],
+                ..Default::default()
+            },
+            CONTROL_TOKEN,
+        ))
+        .await
+        .unwrap();
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let ours = kvcache_store::protocol::SendVersion(kvcache_store::protocol::ClientVersion::ours("auth-test"));
+    let mut store = StoreClient::with_interceptor(channel, ours);
+    let attacker = as_tenant("team-a", CREDENTIAL_A);
+    let b = Client::connect(&addr, as_tenant("team-b", CREDENTIAL_B))
+        .await
+        .unwrap()
+        .without_local();
+    let size = 64 << 10;
+    // Tenant A reserves a range and revokes the reservation at once: the range is free again,
+    // while A still holds a write grant for it (its deadline is 30 s away).
+    let mut tries = 0;
+    let reserved = loop {
+        tries += 1;
+        match store
+            .put_start(PutStartRequest {
+                scope: Some(attacker.clone()),
+                key: "bait".into(),
+                size,
+            })
+            .await
+        {
+            Ok(r) => break r.into_inner(),
+            // until the member has mounted
+            Err(e) if tries < 100 => {
+                assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("no reservation after 10 s: {e:?}"),
+        }
+    };
+    let grant = reserved.location.clone().expect("a location");
+    store
+        .put_revoke(PutRevokeRequest {
+            scope: Some(attacker.clone()),
+            key: "bait".into(),
+            put_id: reserved.put_id,
+        })
+        .await
+        .unwrap();
+    // Tenant B's value of the same size lands in that range.
+    let victim = vec![0x5a_u8; size as usize];
+    b.put("victim", Bytes::from(victim.clone())).await.unwrap();
+    let (placed, _) = b.locate("victim").await.unwrap().unwrap();
+    assert_eq!(
+        (placed.member_id, placed.offset),
+        (grant.member_id, grant.offset),
+        "the freed range is placed again (the attack needs it)"
+    );
+    assert!(
+        placed.allocation > grant.allocation,
+        "a new placement, a newer allocation"
+    );
+    // A replays its write with the old grant: refused, and B reads its own bytes.
+    let mut conn = tokio::net::TcpStream::connect(&grant.data_addr).await.unwrap();
+    let head = wire::Request {
+        op: wire::Op::Write,
+        mount_id: grant.mount_id,
+        offset: grant.offset,
+        len: size,
+        deadline_unix_ms: reserved.write_deadline_unix_ms,
+        epoch: grant.epoch,
+        allocation: grant.allocation,
+        mac: kvcache_store::member::segment::Grant::mac_from(&grant.grant_mac),
+    };
+    use tokio::io::AsyncWriteExt;
+    conn.write_all(&head.encode()).await.unwrap();
+    conn.write_all(&vec![0xee_u8; size as usize]).await.unwrap();
+    assert_eq!(response(&mut conn).await.unwrap_err(), ErrorCode::PutExpired);
+    // and over gRPC
+    let mut member = SegmentDataClient::connect(format!("http://{}", grant.grpc_addr))
+        .await
+        .unwrap();
+    let refused = member
+        .write(WriteRequest {
+            mount_id: grant.mount_id,
+            offset: grant.offset,
+            write_deadline_unix_ms: reserved.write_deadline_unix_ms,
+            data: vec![0xee_u8; size as usize].into(),
+            epoch: grant.epoch,
+            grant_mac: grant.grant_mac.clone(),
+            allocation: grant.allocation,
+        })
+        .await
+        .unwrap_err();
+    assert!(refused.message().starts_with("PUT_EXPIRED:"), "{refused:?}");
+    assert_eq!(
+        b.get("victim").await.unwrap().unwrap(),
+        Bytes::from(victim),
+        "B's own bytes"
     );
 }
 
@@ -296,6 +425,7 @@ async fn raw_read(
         len,
         deadline_unix_ms: deadline,
         epoch: loc.epoch,
+        allocation: loc.allocation,
         mac: kvcache_store::member::segment::Grant::mac_from(mac),
     };
     s.write_all(&req.encode()).await.unwrap();
@@ -314,4 +444,49 @@ async fn response(s: &mut tokio::net::TcpStream) -> Result<Vec<u8>, ErrorCode> {
     } else {
         Err(wire::refusal(&body).code)
     }
+}
+
+#[tokio::test]
+async fn per_tenant_metrics_only_to_the_control_token() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let token = token_file(dir.path(), "control", CONTROL_TOKEN);
+    let l = leader(&["--control-token-file", &token, "--metrics-listen", "127.0.0.1:0"]);
+    let addr = l.field("grpc");
+    control(&addr)
+        .await
+        .set_tenants(authorized(
+            SetTenantsRequest {
+                tenants: vec![entry("team-a", CREDENTIAL_A)],
+                ..Default::default()
+            },
+            CONTROL_TOKEN,
+        ))
+        .await
+        .unwrap();
+    let scrape = |authorization: Option<String>| {
+        let metrics = l.field("metrics");
+        async move {
+            let mut s = tokio::net::TcpStream::connect(metrics).await.unwrap();
+            let header = authorization.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
+            let req = format!("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{header}\r\n");
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+            out
+        }
+    };
+    for anyone in [scrape(None).await, scrape(Some("Bearer guess".into())).await] {
+        assert!(anyone.contains("kvstore_capacity_bytes"), "{anyone}");
+        assert!(
+            !anyone.contains("team-a") && !anyone.contains("kvstore_tenant_"),
+            "no tenant's name or series without the token:\n{anyone}"
+        );
+    }
+    let controllers = scrape(Some(format!("Bearer {CONTROL_TOKEN}"))).await;
+    assert!(
+        controllers.contains("kvstore_tenant_ceiling_bytes{tenant=\"team-a\"} 16777216"),
+        "{controllers}"
+    );
 }

@@ -121,5 +121,59 @@ async fn a_tenant_outside_the_ledger_cannot_watch() {
     let l = leader(&["--tenant", "t=1Mi:64:bfloat16"]);
     let c = client(&l.field("grpc"), "nobody").await;
     let e = c.watch_blocks().await.unwrap_err();
-    assert_eq!(e.code, kvcache_store::error::ErrorCode::TenantNotRegistered);
+    assert_eq!(e.code, kvcache_store::error::ErrorCode::Unauthenticated);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_ends_when_its_credential_is_rotated_out() {
+    use kvcache_store::client::Client;
+    use kvcache_store::leader::ledger::credential_hash;
+    use kvcache_store::proto::control_client::ControlClient;
+    use kvcache_store::proto::{Scope, SetTenantsRequest, TenantEntry};
+
+    let l = leader(&[]);
+    let addr = l.field("grpc");
+    let _m = member(&addr, "m1", "32Mi");
+    let mut control = ControlClient::connect(format!("http://{addr}")).await.unwrap();
+    let ledger = |credentials: &[&str]| SetTenantsRequest {
+        tenants: vec![TenantEntry {
+            name: "t".into(),
+            ceiling: 8 << 20,
+            block_size: 64,
+            dtype: "bfloat16".into(),
+            credential_sha256: credentials.iter().map(|c| credential_hash(c).to_vec().into()).collect(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let with = |credential: &str| Scope {
+        credential: credential.into(),
+        ..scope("t")
+    };
+    control.set_tenants(ledger(&["old"])).await.unwrap();
+    let old = Client::connect(&addr, with("old")).await.unwrap();
+    wait_members(&old, 1).await;
+    let mut s = old.watch_blocks().await.unwrap();
+    assert_eq!(keys(&next(&mut s).await).0, "cleared");
+
+    // the rotation's overlap: both credentials hold, and the stream goes on
+    control.set_tenants(ledger(&["old", "new"])).await.unwrap();
+    let new = Client::connect(&addr, with("new")).await.unwrap();
+    new.put("during", Bytes::from_static(b"x")).await.unwrap();
+    assert_eq!(keys(&next(&mut s).await), ("stored", vec!["during".to_owned()]));
+    let mut kept = new.watch_blocks().await.unwrap();
+    assert_eq!(keys(&next(&mut kept).await).0, "cleared");
+    assert_eq!(keys(&next(&mut kept).await), ("stored", vec!["during".to_owned()]));
+
+    // the old credential leaves the ledger: its stream ends with the refusal a call would get,
+    // and carries no key written after
+    control.set_tenants(ledger(&["new"])).await.unwrap();
+    new.put("after", Bytes::from_static(b"y")).await.unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(10), s.message())
+        .await
+        .expect("the old stream ends within 10 s");
+    let status = end.expect_err("the old stream ends with a refusal, not an event");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    assert_eq!(keys(&next(&mut kept).await), ("stored", vec!["after".to_owned()]));
+    assert!(old.watch_blocks().await.is_err(), "and cannot start again");
 }

@@ -117,6 +117,7 @@ async fn raw_read(loc: &kvcache_store::proto::Location, deadline: u64) -> Option
         len: loc.len,
         deadline_unix_ms: deadline,
         epoch: loc.epoch,
+        allocation: loc.allocation,
         mac: kvcache_store::member::segment::Grant::mac_from(&loc.grant_mac),
     };
     s.write_all(&req.encode()).await.unwrap();
@@ -189,4 +190,52 @@ async fn a_second_member_under_a_live_members_name_is_refused_and_evicts_nothing
         let v = c.get(&format!("k{i}")).await.unwrap().expect("kept");
         assert!(v[..] == random_bytes(i, 10_000)[..]);
     }
+}
+
+/// A reader that sends its request and then stops reading holds its range only until its lease
+/// ends: the member drops the transfer then, so the value placed next in that range is written,
+/// not refused `RANGE_BUSY`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_stops_reading_holds_its_range_no_longer_than_its_lease() {
+    use kvcache_store::wire;
+    use tokio::io::AsyncWriteExt;
+    let l = leader(&["--tenant", "t=256Mi:64:bfloat16", "--lease-ttl", "1s"]);
+    let addr = l.field("grpc");
+    let _m = member(&addr, "m1", "128Mi");
+    let c = client(&addr, "t").await.without_local();
+    wait_members(&c, 1).await;
+    // far more than the socket buffers on both sides hold, so the member's send blocks
+    let size = 32 << 20;
+    c.put("held", Bytes::from(random_bytes(1, size))).await.unwrap();
+    let (loc, got) = c.locate("held").await.unwrap().unwrap();
+
+    let stalled = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    stalled.set_recv_buffer_size(4096).unwrap();
+    let to: std::net::SocketAddr = loc.data_addr.parse().unwrap();
+    stalled.connect(&to.into()).unwrap();
+    stalled.set_nonblocking(true).unwrap();
+    let mut stalled = tokio::net::TcpStream::from_std(stalled.into()).unwrap();
+    let req = wire::Request {
+        op: wire::Op::Read,
+        mount_id: loc.mount_id,
+        offset: loc.offset,
+        len: loc.len,
+        deadline_unix_ms: got.lease_deadline_unix_ms,
+        epoch: loc.epoch,
+        allocation: loc.allocation,
+        mac: kvcache_store::member::segment::Grant::mac_from(&loc.grant_mac),
+    };
+    stalled.write_all(&req.encode()).await.unwrap();
+
+    // once the lease is over the value may go, and the next of its size takes its range
+    eventually("the lease ends and the value is removed", || async {
+        c.remove("held").await.is_ok_and(|removed| removed)
+    })
+    .await;
+    let next = Bytes::from(random_bytes(2, size));
+    c.put("next", next.clone()).await.unwrap();
+    let (placed, _) = c.locate("next").await.unwrap().unwrap();
+    assert_eq!(placed.offset, loc.offset, "best fit places it in the freed range");
+    assert_eq!(c.get("next").await.unwrap().unwrap(), next);
+    drop(stalled);
 }

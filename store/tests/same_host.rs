@@ -205,6 +205,7 @@ async fn only_a_caller_the_leader_granted_a_range_maps_the_segment() {
         len: 0,
         deadline_unix_ms: 0,
         epoch: 0,
+        allocation: 0,
         mac: [0; kvcache_store::grant::MAC_LEN],
     };
     let socket2 = socket.clone();

@@ -150,12 +150,9 @@ async fn unregistered_tenants_and_mismatched_layouts_are_refused() {
 
     let stranger = client(&addr, "stranger").await;
     let err = stranger.put("k", Bytes::from_static(b"x")).await.unwrap_err();
-    assert_eq!(err.code, ErrorCode::TenantNotRegistered, "{err}");
-    assert!(err.message.contains("register"), "{err}");
-    assert_eq!(
-        stranger.get("k").await.unwrap_err().code,
-        ErrorCode::TenantNotRegistered
-    );
+    assert_eq!(err.code, ErrorCode::Unauthenticated, "{err}");
+    assert!(err.message.contains("KVCachePoolBinding"), "{err}");
+    assert_eq!(stranger.get("k").await.unwrap_err().code, ErrorCode::Unauthenticated);
 
     let mut fp8 = scope("known");
     fp8.dtype = "fp8_e4m3".into();
@@ -473,6 +470,7 @@ async fn batch_calls_answer_key_by_key() {
                 data: v.clone().into(),
                 epoch: loc.epoch,
                 grant_mac: loc.grant_mac.clone(),
+                allocation: loc.allocation,
             })
             .await
             .unwrap();
@@ -572,8 +570,8 @@ async fn batch_calls_answer_key_by_key() {
     ];
     for r in refusals {
         let err = r.unwrap_err();
-        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
-        assert!(err.message().starts_with("TENANT_NOT_REGISTERED"), "{err:?}");
+        assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+        assert!(err.message().starts_with("UNAUTHENTICATED"), "{err:?}");
     }
     assert!(c.exists("c").await.unwrap());
 }

@@ -382,6 +382,7 @@ fn a_paused_leader_that_lost_its_lease_places_no_byte() {
         data: vec![7u8; 4096].into(),
         epoch: loc.epoch,
         grant_mac: loc.grant_mac.clone(),
+        allocation: loc.allocation,
     }));
     let refusal = write
         .expect_err("a deposed leader's range was written")

@@ -28,7 +28,7 @@ BLOCK_SIZE, DTYPE = 16, "bfloat16"
 # Every store code, and where a package call meets it. A new code fails this file until it is
 # placed here.
 RAISED_IN_TEST_STORE = {
-    "TENANT_NOT_REGISTERED", "TENANT_LAYOUT_MISMATCH", "TENANT_QUOTA_EXCEEDED", "INVALID_ARGUMENT",
+    "TENANT_LAYOUT_MISMATCH", "TENANT_QUOTA_EXCEEDED", "INVALID_ARGUMENT",
     "VALUE_TOO_LARGE", "OBJECT_HAS_LEASE", "TRANSPORT",
 }
 RAISED_HERE = {

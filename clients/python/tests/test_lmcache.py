@@ -222,7 +222,7 @@ class LMCacheRemotePluginTest(unittest.TestCase):
             with self.assertRaises(kvcache.StoreError) as e:
                 CreateConnector("plugin://kvcache", self.loop, local, self.config(tenant="nobody"), metadata(),
                                 plugin_name="kvcache")
-            self.assertEqual(e.exception.code, "TENANT_NOT_REGISTERED")
+            self.assertEqual(e.exception.code, "UNAUTHENTICATED")
             os.environ.update({"KVSTORE_LEADER": self.cluster.endpoint, "KVSTORE_TENANT": TENANT,
                                "KVSTORE_BLOCK_SIZE": str(CHUNK), "KVSTORE_DTYPE": "bfloat16"})
             remote = self.remote(config)

@@ -259,7 +259,7 @@ class SGLangHiCacheTest(unittest.TestCase):
             self.assertEqual(e.exception.code, "TENANT_LAYOUT_MISMATCH")
             with self.assertRaises(kvcache.StoreError) as e:
                 self.attach(pool, self.extra_config(tenant="nobody"))
-            self.assertEqual(e.exception.code, "TENANT_NOT_REGISTERED")
+            self.assertEqual(e.exception.code, "UNAUTHENTICATED")
 
 
 if __name__ == "__main__":

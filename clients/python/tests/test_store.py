@@ -119,8 +119,8 @@ class StoreTest(unittest.TestCase):
 
     def test_refusals_are_exceptions_with_the_store_code(self):
         stranger = kvcache.Store(self.endpoint, "nobody", BLOCK_SIZE, DTYPE)
-        self.assertRefused("TENANT_NOT_REGISTERED", stranger.put, "k", b"v")
-        self.assertRefused("TENANT_NOT_REGISTERED", stranger.get, "k")
+        self.assertRefused("UNAUTHENTICATED", stranger.put, "k", b"v")
+        self.assertRefused("UNAUTHENTICATED", stranger.get, "k")
         wrong = kvcache.Store(self.endpoint, TENANT, BLOCK_SIZE, "fp8")
         self.assertRefused("TENANT_LAYOUT_MISMATCH", wrong.put, "k", b"v")
         self.assertRefused("INVALID_ARGUMENT", self.store.put, "", b"v")
@@ -216,7 +216,7 @@ class StoreTest(unittest.TestCase):
 
         said = subprocess.run([BIN, "--version"], capture_output=True, text=True, check=True).stdout.split()
         self.assertEqual(said, ["kv-store", kvcache.__version__])
-        self.assertEqual(kvcache.PROTOCOL, 1)
+        self.assertEqual(kvcache.PROTOCOL, 2)
 
     def test_a_call_given_up_after_its_timeout_is_a_transport_failure(self):
         # a listener that accepts and never answers: the connection never completes its handshake

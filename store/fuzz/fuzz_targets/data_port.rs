@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
     while rest.len() >= REQUEST_LEN {
         let (head, tail) = rest.split_at(REQUEST_LEN);
         rest = tail;
-        let Ok(req) = Request::decode(head.try_into().expect("48 bytes")) else {
+        let Ok(req) = Request::decode(head.try_into().expect("a whole header")) else {
             continue;
         };
         let access = match req.op {
@@ -50,6 +50,7 @@ fuzz_target!(|data: &[u8]| {
                 access,
                 mount_id: req.mount_id,
                 epoch: req.epoch,
+                allocation: req.allocation,
                 offset: req.offset,
                 len: req.len,
                 deadline_unix_ms: req.deadline_unix_ms,
@@ -61,6 +62,7 @@ fuzz_target!(|data: &[u8]| {
             mount_id: req.mount_id,
             epoch: req.epoch,
             offset: req.offset,
+            allocation: req.allocation,
             deadline_unix_ms: req.deadline_unix_ms,
             mac,
         };

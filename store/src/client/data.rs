@@ -15,8 +15,18 @@ use crate::proto::Location;
 use crate::wire::{self, Op, RESPONSE_LEN};
 
 impl Client {
+    /// A pooled connection the member has not closed (it closes idle ones: `dataport.rs`).
     fn take_conn(&self, addr: &str) -> Option<TcpStream> {
-        self.pool.lock().get_mut(addr).and_then(Vec::pop)
+        let mut pool = self.pool.lock();
+        let conns = pool.get_mut(addr)?;
+        while let Some(s) = conns.pop() {
+            // between requests the member sends nothing: anything readable is its close
+            let mut probe = [0u8; 1];
+            if matches!(s.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
+                return Some(s);
+            }
+        }
+        None
     }
 
     fn give_back(&self, addr: &str, s: TcpStream) {
@@ -60,6 +70,7 @@ impl Client {
             len: len as u64,
             deadline_unix_ms: deadline,
             epoch: loc.epoch,
+            allocation: loc.allocation,
             mac: Grant::mac_from(&loc.grant_mac),
         }
         .encode();
@@ -103,6 +114,7 @@ impl Client {
             len: loc.len,
             deadline_unix_ms: deadline,
             epoch: loc.epoch,
+            allocation: loc.allocation,
             mac: Grant::mac_from(&loc.grant_mac),
         }
         .encode();

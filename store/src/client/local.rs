@@ -209,6 +209,7 @@ impl Client {
             len: loc.len,
             deadline_unix_ms: deadline,
             epoch: loc.epoch,
+            allocation: loc.allocation,
             mac: Grant::mac_from(&loc.grant_mac),
         };
         let peer = local.peer(&loc.local_addr, claim).await?;

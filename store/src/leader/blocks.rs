@@ -9,6 +9,10 @@
 //! over the same way. A new term replaces the leader's whole state, which closes every log: the
 //! streams end with `NOT_SERVING`, and a router that reconnects (to the new leader, which starts
 //! cold) receives `AllBlocksCleared` first.
+//!
+//! Access is checked again whenever the ledger is replaced: a stream whose credential is no
+//! longer its tenant's (rotated out, or the Binding gone) ends with the refusal a new call would
+//! get, since the keys it carries are derived from that tenant's prompts.
 
 use std::collections::BTreeMap;
 
@@ -114,6 +118,8 @@ pub struct Subscription {
     last_id: u64,
     /// committed blocks held now: key and size
     held: Vec<(String, u64)>,
+    /// the ledger's generation: a change means the stream's access is checked again
+    ledger: tokio::sync::watch::Receiver<u64>,
 }
 
 impl super::State {
@@ -131,11 +137,14 @@ impl super::State {
             .filter(|(_, o)| o.state == super::objects::ObjectState::Committed)
             .map(|(k, o)| (k.clone(), o.size))
             .collect();
+        let mut ledger = self.ledger_generation.subscribe();
+        ledger.mark_unchanged();
         Ok(Subscription {
             rx: t.log.tx.subscribe(),
             epoch,
             last_id: t.log.last_id,
             held,
+            ledger,
         })
     }
 }
@@ -180,12 +189,28 @@ pub(super) async fn feed(
         }
         sub.held = Vec::new();
         loop {
+            // the ledger first: an event sent after a ledger change never reaches a caller that
+            // change shut out
             let next = tokio::select! {
-                r = sub.rx.recv() => r,
+                biased;
+                changed = sub.ledger.changed() => match changed {
+                    Ok(()) => None,
+                    // the state it belonged to was replaced (a new term)
+                    Err(_) => Some(Err(broadcast::error::RecvError::Closed)),
+                },
+                r = sub.rx.recv() => Some(r),
                 _ = readiness.wait_for(|r| matches!(r, Readiness::Stopping | Readiness::Standby)) => {
-                    Err(broadcast::error::RecvError::Closed)
+                    Some(Err(broadcast::error::RecvError::Closed))
                 }
                 () = tx.closed() => return,
+            };
+            let Some(next) = next else {
+                // the ledger was replaced: is this caller still admitted?
+                if let Err(e) = leader.serving(|s| s.tenant_name(scope.as_ref())) {
+                    let _ = tx.send(Err(e.into())).await;
+                    return;
+                }
+                continue;
             };
             match next {
                 Ok(e) => {

@@ -172,35 +172,40 @@ pub fn credential_hash(credential: &str) -> [u8; 32] {
     crate::auth::sha256(credential.as_bytes())
 }
 
-/// Refuses a call for a tenant bound to credentials unless it carries one of them.
-pub fn check_credential(tenant: &str, hashes: &[[u8; 32]], presented: &str) -> Result<()> {
+/// Checks the credential a call carries against a tenant's entry, or against none when the
+/// ledger has no such tenant. Every refusal is the same [`refused`]: the code, the message and
+/// the work done (one hash, compared against each known hash in full) do not tell a caller
+/// whether the tenant exists, whether it takes credentials, or whether the credential was
+/// missing or wrong.
+pub fn check_credential(tenant: &str, hashes: Option<&[[u8; 32]]>, presented: &str) -> Result<()> {
+    let h = credential_hash(presented);
+    let Some(hashes) = hashes else {
+        return Err(refused(tenant));
+    };
     if hashes.is_empty() {
         return Ok(());
     }
-    if presented.is_empty() {
-        return Err(StoreError::new(
-            ErrorCode::Unauthenticated,
-            format!(
-                "tenant {tenant:?} takes only calls that carry its credential, and this one carries none; pass the \
-                 credential its KVCachePoolBinding was given (KVSTORE_CREDENTIAL in the replica's environment)"
-            ),
-        ));
-    }
-    let h = credential_hash(presented);
     // compare every hash in full, so the time taken says nothing about which bytes matched
     let matched = hashes
         .iter()
         .fold(false, |any, known| any | crate::auth::same_hash(known, &h));
-    if !matched {
-        return Err(StoreError::new(
-            ErrorCode::Unauthenticated,
-            format!(
-                "the credential this call carries is not tenant {tenant:?}'s; a replica may use a cache domain only \
-                 with the credential of a KVCachePoolBinding of that domain in its own namespace"
-            ),
-        ));
+    if presented.is_empty() || !matched {
+        return Err(refused(tenant));
     }
     Ok(())
+}
+
+/// The one answer to a call the ledger does not admit for `tenant`.
+pub fn refused(tenant: &str) -> StoreError {
+    StoreError::new(
+        ErrorCode::Unauthenticated,
+        format!(
+            "tenant {tenant:?} does not admit this call: either no KVCachePoolBinding of this domain is granted on \
+             this store yet, or the call's credential is missing or not one of that domain's Bindings' (a replica \
+             uses KVSTORE_CREDENTIAL from its environment, the credential of a Binding of the domain in its own \
+             namespace); the store does not say which, so that it does not tell who its tenants are"
+        ),
+    )
 }
 
 /// Refuses a scope whose declared layout differs from the registered one.

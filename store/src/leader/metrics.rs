@@ -3,6 +3,11 @@
 //! tenant (grant, ceiling, usage) and per member (capacity, usage). Labels are tenant and member
 //! names only: bounded by the ledger and the mounted members, never by keys or requests.
 //!
+//! The per-tenant series are a registry of their own ([`tenant_registry`]), served only to
+//! scrapes carrying the Control token when the leader has one (`crate::metrics::Private`): their
+//! labels are the cache domains, which would otherwise tell anyone on the network who the
+//! tenants are and how much each uses.
+//!
 //! Counters are registered without `_total`; the OpenMetrics encoder appends it, so the sample
 //! names are the ones store/README.md lists (`kvstore_puts_total`, ...).
 
@@ -25,8 +30,6 @@ struct Snapshot {
     members: u64,
     objects: u64,
     totals: Counters,
-    /// sorted by name
-    tenants: Vec<(String, TenantRow)>,
     /// (name, capacity, used)
     segments: Vec<(String, u64, u64)>,
 }
@@ -54,8 +57,6 @@ impl TenantRow {
 
 impl Snapshot {
     fn of(s: &State, ready: bool) -> Self {
-        let mut tenants: Vec<_> = s.tenants.iter().map(|(n, t)| (n.clone(), TenantRow::of(t))).collect();
-        tenants.sort_by(|a, b| a.0.cmp(&b.0));
         Self {
             ready,
             capacity: s.capacity(),
@@ -63,7 +64,6 @@ impl Snapshot {
             members: s.members.len() as u64,
             objects: s.object_count(),
             totals: s.totals(),
-            tenants,
             segments: s
                 .members
                 .values()
@@ -78,8 +78,32 @@ pub(super) fn register(leader: &Leader, registry: &mut Registry) {
     registry.register_collector(Box::new(LeaderCollector(leader.clone())));
 }
 
+/// The per-tenant series, in a registry of their own.
+pub(super) fn tenant_registry(leader: &Leader) -> Registry {
+    let mut r = Registry::default();
+    r.register_collector(Box::new(TenantCollector(leader.clone())));
+    r
+}
+
 #[derive(Debug)]
 struct LeaderCollector(Leader);
+
+#[derive(Debug)]
+struct TenantCollector(Leader);
+
+impl Collector for TenantCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut tenants: Vec<(String, TenantRow)> = self
+            .0
+            .with(|s| s.tenants.iter().map(|(n, t)| (n.clone(), TenantRow::of(t))).collect());
+        tenants.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, help, unit, is_counter, f) in &TENANT_FAMILIES {
+            let rows = tenants.iter().map(|(n, t)| (n.as_str(), f(t)));
+            labelled(&mut e, (name, help, unit.as_ref()), "tenant", *is_counter, rows)?;
+        }
+        Ok(())
+    }
+}
 
 type Enc<'a> = DescriptorEncoder<'a>;
 
@@ -209,10 +233,6 @@ impl Collector for LeaderCollector {
             "puts refused with TENANT_QUOTA_EXCEEDED",
             t.quota_refusals,
         )?;
-        for (name, help, unit, is_counter, f) in &TENANT_FAMILIES {
-            let rows = s.tenants.iter().map(|(n, t)| (n.as_str(), f(t)));
-            labelled(&mut e, (name, help, unit.as_ref()), "tenant", *is_counter, rows)?;
-        }
         labelled(
             &mut e,
             ("kvstore_member_capacity", "capacity per member", bytes),

@@ -24,6 +24,8 @@ pub struct Object {
     pub member: u64,
     pub mount_id: u64,
     pub offset: u64,
+    /// the leader's number for this placement (`grant.rs`), in every grant of the object
+    pub allocation: u64,
     /// the value's size in bytes
     pub size: u64,
     /// the allocated (and charged) length: `size` rounded up to the allocation granularity

@@ -96,6 +96,10 @@ impl Leader {
             Task::spawn(crate::metrics::serve(
                 l,
                 Arc::new(registry),
+                Some(crate::metrics::Private {
+                    registry: metrics::tenant_registry(&self),
+                    token: self.tokens.control.clone(),
+                }),
                 self.readiness.clone(),
                 stop.clone(),
             ))

@@ -46,6 +46,8 @@ pub struct State {
     pub(super) pools: BTreeMap<String, u64>,
     pub(super) next_member_id: u64,
     pub(super) next_put_id: u64,
+    /// numbers each placement of a value (`grant.rs`); rises for the whole term
+    pub(super) next_allocation: u64,
     pub(super) tick: u64,
     pub(super) seed: u64,
     /// counters of tenants that were removed from the ledger, so global totals never go down
@@ -55,6 +57,9 @@ pub struct State {
     pub(super) epoch: u64,
     /// signs every range this term hands out (`grant.rs`); members get it when they mount
     pub(super) grant_key: crate::grant::GrantKey,
+    /// counts ledger replacements: a `WatchBlocks` stream checks its credential again at each
+    /// (`blocks.rs`), so access ends with the credential, not only at the stream's start
+    pub(super) ledger_generation: tokio::sync::watch::Sender<u64>,
 }
 
 impl State {
@@ -67,11 +72,13 @@ impl State {
             pools: BTreeMap::new(),
             next_member_id: 1,
             next_put_id: 1,
+            next_allocation: 1,
             tick: 0,
             seed,
             retired: Counters::default(),
             epoch: 0,
             grant_key: crate::grant::GrantKey::generate(),
+            ledger_generation: tokio::sync::watch::Sender::new(0),
         };
         if !s.cfg.multi_tenancy {
             let layout = s.cfg.default_layout();
@@ -130,6 +137,7 @@ impl State {
             access,
             mount_id: o.mount_id,
             epoch: self.epoch,
+            allocation: o.allocation,
             offset: o.offset,
             len: o.size,
             deadline_unix_ms,
@@ -144,6 +152,7 @@ impl State {
             epoch: self.epoch,
             local_addr: m.local_addr.clone(),
             grant_mac: grant_mac.into(),
+            allocation: o.allocation,
         })
     }
 
@@ -192,6 +201,8 @@ impl State {
         })?;
         let put_id = self.next_put_id;
         self.next_put_id += 1;
+        let allocation = self.next_allocation;
+        self.next_allocation += 1;
         let reclaim_after = self.cfg.put_ttl + self.cfg.put_grace;
         let (member_id, offset) = member;
         let mount_id = self.members.get(&member_id).map_or(0, |m| m.mount_id);
@@ -199,6 +210,7 @@ impl State {
             member: member_id,
             mount_id,
             offset,
+            allocation,
             size,
             len,
             state: ObjectState::Reserved {

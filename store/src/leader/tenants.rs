@@ -102,6 +102,7 @@ impl State {
         }
         self.pools = pools.iter().map(|p| (p.name.clone(), p.total)).collect();
         self.recompute_grants();
+        self.ledger_generation.send_modify(|g| *g += 1);
         Ok(dropped)
     }
 
@@ -120,17 +121,11 @@ impl State {
             }
             return Ok(DEFAULT_TENANT.to_string());
         }
-        let Some(t) = self.tenants.get(&scope.tenant) else {
-            return Err(StoreError::new(
-                ErrorCode::TenantNotRegistered,
-                format!(
-                    "tenant {:?} is not in the leader's ledger; register it (a KVCachePoolBinding whose domain is \
-                     this name) before writing or reading",
-                    scope.tenant
-                ),
-            ));
+        let t = self.tenants.get(&scope.tenant);
+        ledger::check_credential(&scope.tenant, t.map(|t| t.credentials.as_slice()), &scope.credential)?;
+        let Some(t) = t else {
+            return Err(ledger::refused(&scope.tenant));
         };
-        ledger::check_credential(&scope.tenant, &t.credentials, &scope.credential)?;
         if let Some(layout) = &t.layout {
             ledger::check_layout(&scope.tenant, layout, scope)?;
         }

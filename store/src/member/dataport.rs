@@ -1,6 +1,13 @@
 //! The member's framed data port (format in `wire.rs`): writes are received from the socket
 //! straight into the segment and reads are sent straight from it, with no copy in between (the
 //! system calls take the mapping's raw pointers: `mmap.rs`).
+//!
+//! What one connection may cost is bounded: a connection idle for [`IDLE`] between requests is
+//! closed (clients check a pooled connection before reusing it); a header, once begun, must be
+//! whole within [`HEADER`]; a write must end by its deadline plus [`WRITE_GRACE`], a read by its
+//! lease's deadline (past it the leader may place another value in the range, which a reader
+//! that stopped reading must not keep claimed); a write whose grant the leader did not sign is
+//! refused and the connection closed without reading its payload.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +27,10 @@ use crate::wire::{Op, REQUEST_LEN, Request, Response};
 /// How long past its deadline a write that already started may take. The leader reuses an
 /// abandoned reservation only after its own grace (`--put-grace`, 30 s), which is longer.
 pub const WRITE_GRACE: Duration = Duration::from_secs(10);
+/// How long a connection may sit between requests.
+pub const IDLE: Duration = Duration::from_secs(120);
+/// How long a request header may take once its first byte arrived.
+pub const HEADER: Duration = Duration::from_secs(10);
 
 /// Serves the data port until `cancel` fires, then closes every connection (a transfer cut off
 /// mid-way is refused by its client's checks, and its range is released with the task).
@@ -45,10 +56,22 @@ pub async fn serve(listener: TcpListener, segment: Arc<Segment>, hot: Arc<HotWin
 async fn connection(mut s: TcpStream, segment: &Segment, hot: &HotWindow) -> std::io::Result<()> {
     let mut head = [0u8; REQUEST_LEN];
     loop {
-        match s.read_exact(&mut head).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
+        // the whole header usually arrives at once
+        let got = match tokio::time::timeout(IDLE, s.read(&mut head)).await {
+            Ok(Ok(0)) | Err(_) => return Ok(()),
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => return Err(e),
+        };
+        match tokio::time::timeout(HEADER, s.read_exact(&mut head[got..])).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "header not sent in time",
+                ));
+            }
         }
         let req = match Request::decode(&head) {
             Ok(r) => r,
@@ -64,7 +87,11 @@ async fn connection(mut s: TcpStream, segment: &Segment, hot: &HotWindow) -> std
                     return Ok(());
                 }
             }
-            Op::Read => read(&mut s, segment, req).await?,
+            Op::Read => {
+                if !read(&mut s, segment, req).await? {
+                    return Ok(());
+                }
+            }
             Op::Map | Op::ClaimWrite | Op::ClaimRead | Op::Release => {
                 let e = StoreError::new(
                     crate::error::ErrorCode::InvalidArgument,
@@ -83,6 +110,7 @@ fn grant(req: &Request) -> Grant {
         mount_id: req.mount_id,
         epoch: req.epoch,
         offset: req.offset,
+        allocation: req.allocation,
         deadline_unix_ms: req.deadline_unix_ms,
         mac: req.mac,
     }
@@ -113,17 +141,29 @@ async fn write(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::R
             Ok(true)
         }
         Err(e) => {
-            // keep the connection usable by consuming the payload, if it is of a sane size
-            if req.len > segment.capacity() {
+            // a grant the leader did not sign (or a payload larger than the segment): not worth
+            // reading; answer and close
+            if e.code == crate::error::ErrorCode::Unauthenticated || req.len > segment.capacity() {
                 refuse(s, &e).await?;
                 return Ok(false);
             }
-            let mut rest = req.len;
-            let mut sink = vec![0u8; 64 * 1024];
-            while rest > 0 {
-                let n = rest.min(sink.len() as u64) as usize;
-                s.read_exact(&mut sink[..n]).await?;
-                rest -= n as u64;
+            // a signed grant refused for now (expired, remounted, busy): keep the connection
+            // usable by consuming the payload, within the time a write of it would have had
+            let left = Duration::from_millis(req.deadline_unix_ms.saturating_sub(now_unix_ms())) + WRITE_GRACE;
+            let drained = tokio::time::timeout(left, async {
+                let mut rest = req.len;
+                let mut sink = [0u8; 16 * 1024];
+                while rest > 0 {
+                    let n = rest.min(sink.len() as u64) as usize;
+                    s.read_exact(&mut sink[..n]).await?;
+                    rest -= n as u64;
+                }
+                std::io::Result::Ok(())
+            })
+            .await;
+            match drained {
+                Ok(r) => r?,
+                Err(_) => return Ok(false),
             }
             refuse(s, &e).await?;
             Ok(true)
@@ -131,17 +171,33 @@ async fn write(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::R
     }
 }
 
-async fn read(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::Result<()> {
+/// Returns `false` when the connection must close.
+async fn read(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::Result<bool> {
     segment.settle(&grant(&req), Access::Read, req.len).await;
     match segment.begin_read(grant(&req), req.len) {
         Ok(range) => {
             let head = Response { ok: true, len: req.len }.encode();
-            range.send_to(s, &head).await?;
+            // the claim ends with the lease: a reader that stops reading loses the connection
+            let left = Duration::from_millis(req.deadline_unix_ms.saturating_sub(now_unix_ms()));
+            match tokio::time::timeout(left, range.send_to(s, &head)).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    tracing::warn!(
+                        offset = req.offset,
+                        len = req.len,
+                        "read passed its lease, dropping connection"
+                    );
+                    return Ok(false);
+                }
+            }
             drop(range);
             segment.read(req.len);
-            Ok(())
+            Ok(true)
         }
-        Err(e) => refuse(s, &e).await,
+        Err(e) => {
+            refuse(s, &e).await?;
+            Ok(true)
+        }
     }
 }
 

@@ -15,8 +15,11 @@
 //!   connection until
 //! - `Release`, answered once the claim is dropped; a closed connection drops it too.
 //!
-//! A claim is held at most until its grant's deadline plus [`WRITE_GRACE`]; past that the
-//! connection is closed and the range is free again, so a client that stalls cannot pin a range.
+//! A read claim is held at most until its grant's deadline (the read lease: past it the leader may
+//! free the range and place another value there), a write claim until its deadline plus
+//! [`WRITE_GRACE`] (the leader reuses an abandoned reservation only after a longer grace); past
+//! that the connection is closed and the range is free again, so a client that stalls cannot pin
+//! a range.
 
 use std::io;
 use std::os::linux::net::SocketAddrExt;
@@ -117,6 +120,7 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
             mount_id: req.mount_id,
             epoch: req.epoch,
             offset: req.offset,
+            allocation: req.allocation,
             deadline_unix_ms: req.deadline_unix_ms,
             mac: req.mac,
         };
@@ -137,14 +141,14 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
                 segment.settle(&grant, Access::Write, req.len).await;
                 segment.begin_write(grant, req.len).map(|r| {
                     claim = Claim::Write(r);
-                    until = Some(claim_deadline(req.deadline_unix_ms));
+                    until = Some(claim_deadline(req.deadline_unix_ms, Access::Write));
                 })
             }
             Op::ClaimRead => {
                 segment.settle(&grant, Access::Read, req.len).await;
                 segment.begin_read(grant, req.len).map(|r| {
                     claim = Claim::Read(r);
-                    until = Some(claim_deadline(req.deadline_unix_ms));
+                    until = Some(claim_deadline(req.deadline_unix_ms, Access::Read));
                 })
             }
             Op::Release => {
@@ -181,9 +185,13 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
     }
 }
 
-fn claim_deadline(deadline_unix_ms: u64) -> tokio::time::Instant {
+fn claim_deadline(deadline_unix_ms: u64, access: Access) -> tokio::time::Instant {
     let left = Duration::from_millis(deadline_unix_ms.saturating_sub(now_unix_ms()));
-    tokio::time::Instant::now() + left + WRITE_GRACE
+    let grace = match access {
+        Access::Write => WRITE_GRACE,
+        Access::Read => Duration::ZERO,
+    };
+    tokio::time::Instant::now() + left + grace
 }
 
 /// Answers `Map`: the header and the capacity and flags, with the segment's descriptor.

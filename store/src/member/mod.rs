@@ -20,6 +20,7 @@ pub mod mmap;
 mod mount;
 pub mod segment;
 pub mod service;
+mod written;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -191,6 +192,7 @@ impl Member {
             Task::spawn(crate::metrics::serve(
                 l,
                 Arc::new(registry),
+                None,
                 readiness.clone(),
                 stop.clone(),
             ))

@@ -1,7 +1,8 @@
 //! One member's segment as the data path sees it: the mapped memory, the mount it currently
 //! belongs to, the newest leader epoch it has mounted under, and the checks every transfer passes
 //! (right mount, no older epoch, deadline not passed, the leader's MAC over the range verifies,
-//! range in bounds and not in use by a conflicting transfer).
+//! the range last written by the grant's allocation and no newer one ([`super::written`]), range
+//! in bounds and not in use by a conflicting transfer).
 //!
 //! Fencing: the epoch only rises ([`Segment::see_epoch`]). A range from a leader whose epoch is
 //! older than the newest this member mounted under is refused (`STALE_EPOCH`) before the mount
@@ -12,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::mmap::{ReadRange, SharedMap, WriteRange};
+use super::written::{Stale, Written};
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::grant::{Access, GrantKey, MAC_LEN, Range};
 use crate::time::now_unix_ms;
@@ -36,6 +38,8 @@ pub struct Grant {
     pub mount_id: u64,
     pub epoch: u64,
     pub offset: u64,
+    /// the placement the range was granted for (`grant.rs`)
+    pub allocation: u64,
     pub deadline_unix_ms: u64,
     /// the Location's `grant_mac` (`grant.rs`)
     pub mac: [u8; MAC_LEN],
@@ -63,6 +67,8 @@ pub struct Segment {
     mounting: AtomicBool,
     /// fires whenever the mount, the key or `mounting` changes
     mount_changed: tokio::sync::Notify,
+    /// which allocation last wrote each range of the current mount
+    written: parking_lot::Mutex<Written>,
     pub counters: DataCounters,
 }
 
@@ -78,6 +84,7 @@ impl Segment {
             grant_key: parking_lot::RwLock::new(None),
             mounting: AtomicBool::new(false),
             mount_changed: tokio::sync::Notify::new(),
+            written: parking_lot::Mutex::new(Written::default()),
             counters: DataCounters::default(),
         }
     }
@@ -90,9 +97,14 @@ impl Segment {
         self.mount_id.load(Ordering::Acquire)
     }
 
-    /// Adopts a new mount: ranges handed out under any earlier mount are refused from now on.
+    /// Adopts a new mount: ranges handed out under any earlier mount are refused from now on,
+    /// and the new mount's allocations start a new count.
     pub fn set_mount(&self, mount_id: u64) {
-        self.mount_id.store(mount_id, Ordering::Release);
+        let mut written = self.written.lock();
+        if self.mount_id.swap(mount_id, Ordering::AcqRel) != mount_id {
+            written.clear();
+        }
+        drop(written);
         self.mount_changed.notify_waiters();
     }
 
@@ -206,6 +218,7 @@ impl Segment {
             access,
             mount_id,
             epoch,
+            allocation: at.allocation,
             offset: at.offset,
             len,
             deadline_unix_ms,
@@ -222,15 +235,22 @@ impl Segment {
     /// A range to write a reserved value into (`deadline` is the reservation's write deadline).
     pub fn begin_write(&self, at: Grant, len: u64) -> Result<WriteRange<'_>> {
         self.check(&at, Access::Write, len)?;
-        let offset = at.offset;
-        self.map.write_range(offset, len)
+        let placed = self.written.lock().write(at.offset, len, at.allocation);
+        if let Err(stale) = placed {
+            self.counters.refusals.fetch_add(1, Ordering::Relaxed);
+            return Err(stale_write(stale, at.allocation));
+        }
+        self.map.write_range(at.offset, len)
     }
 
     /// A range to read a committed value from (`deadline` is its read lease).
     pub fn begin_read(&self, at: Grant, len: u64) -> Result<ReadRange<'_>> {
         self.check(&at, Access::Read, len)?;
-        let offset = at.offset;
-        self.map.read_range(offset, len)
+        if let Err(stale) = self.written.lock().read(at.offset, len, at.allocation) {
+            self.counters.refusals.fetch_add(1, Ordering::Relaxed);
+            return Err(stale_read(stale, at.allocation));
+        }
+        self.map.read_range(at.offset, len)
     }
 
     /// Whether ranges of `mount_id` are still valid (checked again after a transfer, so a remount
@@ -259,6 +279,37 @@ impl Segment {
     }
 }
 
+/// A write grant whose range was placed again since: its reservation is gone.
+fn stale_write(stale: Stale, allocation: u64) -> StoreError {
+    let newer = match stale {
+        Stale::Replaced { newer } => format!(" (allocation {newer} wrote it after this grant's {allocation})"),
+        Stale::NotWritten => String::new(),
+    };
+    StoreError::new(
+        ErrorCode::PutExpired,
+        format!(
+            "this range was freed and placed again for another value{newer}: the reservation this grant was for is \
+             gone; start the put over"
+        ),
+    )
+}
+
+/// A read grant whose value is no longer in its range.
+fn stale_read(stale: Stale, allocation: u64) -> StoreError {
+    let why = match stale {
+        Stale::Replaced { newer } => {
+            format!(
+                "the range was freed and placed again (allocation {newer} wrote it after this grant's {allocation})"
+            )
+        }
+        Stale::NotWritten => format!("this member holds nothing written under allocation {allocation} there"),
+    };
+    StoreError::new(
+        ErrorCode::LeaseExpired,
+        format!("the value this read grant was for is gone: {why}; ask the leader again"),
+    )
+}
+
 /// A Mount call in flight ([`Segment::mounting`]).
 #[must_use = "the mount counts as in flight only while the guard lives"]
 pub struct MountInFlight<'a>(&'a Segment);
@@ -273,6 +324,30 @@ impl Drop for MountInFlight<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_grant_kept_past_its_ranges_release_touches_nothing_of_the_next_owner() {
+        let (seg, key, _dir) = mounted();
+        // tenant A's reservation (allocation 5) is revoked; B's value (allocation 6) is placed
+        // at the same offset and written
+        let a_write = allocated(&key, Access::Write, 11, 3, 4096, 100, 5);
+        let a_read = allocated(&key, Access::Read, 11, 3, 4096, 100, 5);
+        seg.begin_write(a_write, 100).unwrap().copy_from(&[1; 100]).unwrap();
+        let b_write = allocated(&key, Access::Write, 11, 3, 4096, 100, 6);
+        seg.begin_write(b_write, 100).unwrap().copy_from(&[2; 100]).unwrap();
+        let replayed = seg.begin_write(a_write, 100).map(drop).unwrap_err();
+        assert_eq!(replayed.code, ErrorCode::PutExpired, "{replayed}");
+        assert_eq!(
+            seg.begin_read(a_read, 100).map(drop).unwrap_err().code,
+            ErrorCode::LeaseExpired
+        );
+        let b_read = allocated(&key, Access::Read, 11, 3, 4096, 100, 6);
+        assert_eq!(seg.begin_read(b_read, 100).unwrap().to_vec(), vec![2; 100]);
+        // a new mount starts a new count: the old table is gone with the old mount's grants
+        seg.set_mount(12);
+        let fresh = allocated(&key, Access::Write, 12, 3, 4096, 100, 1);
+        assert!(seg.begin_write(fresh, 100).is_ok());
+    }
 
     #[test]
     fn ranges_of_an_older_epoch_are_refused_before_the_mount_is_compared() {
@@ -311,10 +386,23 @@ mod tests {
     }
 
     fn signed(key: &GrantKey, access: Access, mount_id: u64, epoch: u64, offset: u64, len: u64) -> Grant {
+        allocated(key, access, mount_id, epoch, offset, len, 1)
+    }
+
+    fn allocated(
+        key: &GrantKey,
+        access: Access,
+        mount_id: u64,
+        epoch: u64,
+        offset: u64,
+        len: u64,
+        allocation: u64,
+    ) -> Grant {
         let mac = key.sign(&Range {
             access,
             mount_id,
             epoch,
+            allocation,
             offset,
             len,
             deadline_unix_ms: 0,
@@ -323,6 +411,7 @@ mod tests {
             mount_id,
             epoch,
             offset,
+            allocation,
             deadline_unix_ms: 0,
             mac: Grant::mac_from(&mac),
         }
@@ -416,6 +505,12 @@ mod tests {
         let read = signed(&key, Access::Read, 11, 3, 4096, 100);
         assert_eq!(refused(seg.begin_write(read, 100)), ErrorCode::Unauthenticated);
         assert!(seg.begin_read(read, 100).is_ok());
+        let other_allocation = Grant { allocation: 2, ..read };
+        assert_eq!(
+            seg.begin_read(other_allocation, 100).map(drop).unwrap_err().code,
+            ErrorCode::Unauthenticated,
+            "the MAC covers the allocation"
+        );
         // another term's key signs nothing this member serves
         let other = signed(&GrantKey::generate(), Access::Read, 11, 3, 4096, 100);
         assert_eq!(

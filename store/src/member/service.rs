@@ -38,6 +38,7 @@ impl SegmentData for DataService {
             mount_id: r.mount_id,
             epoch: r.epoch,
             offset: r.offset,
+            allocation: r.allocation,
             deadline_unix_ms: r.write_deadline_unix_ms,
             mac: Grant::mac_from(&r.grant_mac),
         };
@@ -55,6 +56,7 @@ impl SegmentData for DataService {
             mount_id: r.mount_id,
             epoch: r.epoch,
             offset: r.offset,
+            allocation: r.allocation,
             deadline_unix_ms: r.lease_deadline_unix_ms,
             mac: Grant::mac_from(&r.grant_mac),
         };

@@ -31,7 +31,7 @@ class _SaysItsProtocol(grpc.UnaryUnaryClientInterceptor):
     that do not, with CLIENT_VERSION_UNSUPPORTED; store/README.md, "Versions")."""
 
     def intercept_unary_unary(self, continuation, details, request):
-        meta = list(details.metadata or []) + [("x-kvstore-protocol", "1"), ("x-kvstore-client", "roundtrip.py")]
+        meta = list(details.metadata or []) + [("x-kvstore-protocol", "2"), ("x-kvstore-client", "roundtrip.py")]
         return continuation(details._replace(metadata=meta), request)
 
 
@@ -47,7 +47,7 @@ def put(key, value):
     member = rpc.SegmentDataStub(grpc.insecure_channel(loc.grpc_addr, options=OPTS))
     member.Write(pb.WriteRequest(mount_id=loc.mount_id, epoch=loc.epoch, offset=loc.offset,
                                  write_deadline_unix_ms=r.write_deadline_unix_ms, data=value,
-                                 grant_mac=loc.grant_mac))
+                                 grant_mac=loc.grant_mac, allocation=loc.allocation))
     store.PutCommit(pb.PutCommitRequest(scope=scope, key=key, put_id=r.put_id))
     return True
 
@@ -59,7 +59,8 @@ def get(key):
     loc = r.location
     member = rpc.SegmentDataStub(grpc.insecure_channel(loc.grpc_addr, options=OPTS))
     return member.Read(pb.ReadRequest(mount_id=loc.mount_id, epoch=loc.epoch, offset=loc.offset, len=loc.len,
-                                      lease_deadline_unix_ms=r.lease_deadline_unix_ms, grant_mac=loc.grant_mac)).data
+                                      lease_deadline_unix_ms=r.lease_deadline_unix_ms, grant_mac=loc.grant_mac,
+                                      allocation=loc.allocation)).data
 
 
 values = {f"py/{i}": os.urandom(n) for i, n in enumerate([1, 4097, 65536, 1 << 20, 4 << 20])}
@@ -83,10 +84,10 @@ try:
     store.PutStart(pb.PutStartRequest(scope=stranger, key="x", size=1))
     sys.exit("an unregistered tenant was allowed to write")
 except grpc.RpcError as e:
-    assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e.code()
-    assert e.details().startswith("TENANT_NOT_REGISTERED"), e.details()
+    assert e.code() == grpc.StatusCode.UNAUTHENTICATED, e.code()
+    assert e.details().startswith("UNAUTHENTICATED"), e.details()
     codes = dict(e.trailing_metadata() or ())
-    assert codes.get("x-kvstore-error") == "TENANT_NOT_REGISTERED", codes
+    assert codes.get("x-kvstore-error") == "UNAUTHENTICATED", codes
 
 wrong = pb.Scope(tenant=tenant, block_size=64, dtype="fp8_e4m3")
 try:

@@ -123,7 +123,7 @@ class HiCacheStore(HiCacheStorage):
         if self.store is None:
             store = self._connect(mem_pool_host)
             try:
-                # the store's refusals of this tenant or layout (TENANT_NOT_REGISTERED,
+                # the store's refusals of this tenant or layout (UNAUTHENTICATED,
                 # TENANT_LAYOUT_MISMATCH) fail the attach, rather than every later page
                 store.is_exist("kvcache/attach-probe")
             except StoreError:
