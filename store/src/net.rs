@@ -21,9 +21,14 @@ pub fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::
     })
 }
 
-/// Accepts from `incoming` until `cancel` fires, serving each connection in a task of its own;
-/// then stops accepting and aborts every connection, so no per-request work watches the token.
-/// A failed accept (out of descriptors, say) is logged and retried after 50 ms.
+/// Connections one framed port serves at once; past it a new connection is closed as soon as it
+/// is accepted (clients pool a few per peer, so only a caller that opens and holds many meets it).
+pub const MAX_CONNECTIONS: usize = 4096;
+
+/// Accepts from `incoming` until `cancel` fires, serving each connection in a task of its own
+/// (at most [`MAX_CONNECTIONS`] at once); then stops accepting and aborts every connection, so no
+/// per-request work watches the token. A failed accept (out of descriptors, say) is logged and
+/// retried after 50 ms.
 pub async fn serve_connections<S, I, F, Fut>(
     mut incoming: I,
     what: &'static str,
@@ -45,6 +50,12 @@ pub async fn serve_connections<S, I, F, Fut>(
         };
         match accepted {
             Some(Ok(conn)) => {
+                while conns.len() >= MAX_CONNECTIONS && conns.try_join_next().is_some() {}
+                if conns.len() >= MAX_CONNECTIONS {
+                    tracing::warn!("{what}: {MAX_CONNECTIONS} connections open, closing a new one");
+                    drop(conn);
+                    continue;
+                }
                 conns.spawn(serve(conn));
             }
             Some(Err(e)) => {

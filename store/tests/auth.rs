@@ -1,7 +1,8 @@
 //! Who may call the store, with real `kv-store` processes: the Control API takes only the
 //! controllers' token, a member without the backend's member token cannot mount, a call for a
-//! tenant proves itself with that tenant's credential (on gRPC and on the fast port), and a
-//! member's data port serves only ranges the leader signed.
+//! tenant proves itself with that tenant's credential (on gRPC and on the fast port), a
+//! member's data port serves only ranges the leader signed, and junk writes cost a member no
+//! memory.
 
 #![allow(clippy::unwrap_used)]
 
@@ -11,11 +12,12 @@ use bytes::Bytes;
 use common::{Proc, eventually, leader, member_with, scope};
 use kvcache_store::client::Client;
 use kvcache_store::error::{ErrorCode, StoreError};
+use kvcache_store::member::service::write_request;
 use kvcache_store::proto::control_client::ControlClient;
 use kvcache_store::proto::segment_data_client::SegmentDataClient;
 use kvcache_store::proto::store_client::StoreClient;
 use kvcache_store::proto::{
-    GetMembersRequest, PutRevokeRequest, PutStartRequest, Scope, SetTenantsRequest, TenantEntry, WriteRequest,
+    GetMembersRequest, PutRevokeRequest, PutStartRequest, Scope, SetTenantsRequest, TenantEntry,
 };
 use kvcache_store::wire;
 
@@ -27,7 +29,7 @@ const CREDENTIAL_B: &str = "credential-of-team-b";
 struct Store {
     _dir: tempfile::TempDir,
     leader: Proc,
-    _member: Proc,
+    member: Proc,
 }
 
 fn token_file(dir: &std::path::Path, name: &str, token: &str) -> String {
@@ -50,7 +52,7 @@ fn start(fast: bool) -> Store {
     Store {
         _dir: dir,
         leader,
-        _member: member,
+        member,
     }
 }
 
@@ -390,15 +392,11 @@ async fn a_write_grant_kept_past_its_release_cannot_overwrite_the_next_tenants_v
         .await
         .unwrap();
     let refused = member
-        .write(WriteRequest {
-            mount_id: grant.mount_id,
-            offset: grant.offset,
-            write_deadline_unix_ms: reserved.write_deadline_unix_ms,
-            data: vec![0xee_u8; size as usize].into(),
-            epoch: grant.epoch,
-            grant_mac: grant.grant_mac.clone(),
-            allocation: grant.allocation,
-        })
+        .write(write_request(
+            &grant,
+            reserved.write_deadline_unix_ms,
+            vec![0xee_u8; size as usize].into(),
+        ))
         .await
         .unwrap_err();
     assert!(refused.message().starts_with("PUT_EXPIRED:"), "{refused:?}");
@@ -488,5 +486,86 @@ async fn per_tenant_metrics_only_to_the_control_token() {
     assert!(
         controllers.contains("kvstore_tenant_ceiling_bytes{tenant=\"team-a\"} 16777216"),
         "{controllers}"
+    );
+}
+
+/// The peak resident memory of a process (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap();
+    kib << 10
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_connections_of_junk_writes_cost_a_member_no_memory() {
+    let s = start(true);
+    let addr = s.leader.field("grpc");
+    control(&addr)
+        .await
+        .set_tenants(authorized(
+            SetTenantsRequest {
+                tenants: vec![entry("team-a", CREDENTIAL_A)],
+                ..Default::default()
+            },
+            CONTROL_TOKEN,
+        ))
+        .await
+        .unwrap();
+    let a = Client::connect(&addr, as_tenant("team-a", CREDENTIAL_A))
+        .await
+        .unwrap()
+        .without_local();
+    eventually("team-a can write", || async {
+        a.put("warm", Bytes::from_static(b"x")).await.is_ok()
+    })
+    .await;
+    let (loc, _) = a.locate("warm").await.unwrap().unwrap();
+    let member_pid = s.member.child.id();
+    let before = peak_rss(member_pid);
+
+    // 50 connections, each sending 8 MiB writes: with no grant, with a forged one, and with a
+    // real header whose MAC was tampered with
+    let junk = Bytes::from(vec![0xab_u8; 8 << 20]);
+    let mut forged = loc.clone();
+    forged.grant_mac = vec![0; 32].into();
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let (grpc, junk, forged) = (loc.grpc_addr.clone(), junk.clone(), forged.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut m = SegmentDataClient::connect(format!("http://{grpc}"))
+                .await
+                .unwrap()
+                .max_encoding_message_size(usize::MAX);
+            for round in 0..2 {
+                let req = if (i + round) % 2 == 0 {
+                    tonic::Request::new(kvcache_store::proto::WriteRequest { data: junk.clone() })
+                } else {
+                    write_request(&forged, u64::MAX, junk.clone())
+                };
+                let refused = m.write(req).await.unwrap_err();
+                assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+            }
+        }));
+    }
+    // meanwhile the member keeps serving the tenant
+    for i in 0..20 {
+        let v = Bytes::from(vec![i as u8; 64 << 10]);
+        a.put(&format!("during/{i}"), v.clone()).await.unwrap();
+        assert_eq!(a.get(&format!("during/{i}")).await.unwrap().unwrap(), v);
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let rise = peak_rss(member_pid).saturating_sub(before);
+    // 100 refused writes of 8 MiB: had any been read whole, the peak would have risen by 8 MiB
+    // for each read at once
+    assert!(rise < 48 << 20, "the member's peak memory rose by {} MiB", rise >> 20);
+    eprintln!(
+        "member peak RSS rise over 100 junk 8 MiB writes: {:.1} MiB",
+        rise as f64 / (1 << 20) as f64
     );
 }

@@ -177,3 +177,29 @@ async fn a_watch_ends_when_its_credential_is_rotated_out() {
     assert_eq!(keys(&next(&mut kept).await), ("stored", vec!["after".to_owned()]));
     assert!(old.watch_blocks().await.is_err(), "and cannot start again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_may_hold_only_so_many_watches_at_once() {
+    use kvcache_store::leader::blocks::MAX_WATCHES;
+    let l = leader(&["--tenant", "t=8Mi:64:bfloat16"]);
+    let c = client(&l.field("grpc"), "t").await;
+    let mut open = Vec::new();
+    for _ in 0..MAX_WATCHES {
+        let mut s = c.watch_blocks().await.unwrap();
+        assert_eq!(keys(&next(&mut s).await).0, "cleared");
+        open.push(s);
+    }
+    let refused = c.watch_blocks().await.unwrap_err();
+    assert_eq!(
+        refused.code,
+        kvcache_store::error::ErrorCode::TenantQuotaExceeded,
+        "{refused}"
+    );
+    assert!(refused.message.contains("close one"), "{refused}");
+    // closing one makes room again
+    drop(open.pop());
+    eventually("a closed stream's place is free again", || async {
+        c.watch_blocks().await.is_ok()
+    })
+    .await;
+}

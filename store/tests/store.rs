@@ -91,7 +91,8 @@ async fn random_values_round_trip_under_16_concurrent_clients() {
 async fn quota_evicts_the_tenants_own_objects_then_refuses_when_all_are_leased() {
     let l = leader(&[
         "--tenant",
-        "q=16Mi:64:bfloat16",
+        // four 4 MiB values and what the leader charges for each (its key and overhead)
+        "q=16388Ki:64:bfloat16",
         "--tenant",
         "other=16Mi:64:bfloat16",
         "--lease-ttl",
@@ -110,9 +111,11 @@ async fn quota_evicts_the_tenants_own_objects_then_refuses_when_all_are_leased()
         assert_eq!(c.put(&format!("b{i}"), v).await.unwrap(), PutOutcome::Stored, "put {i}");
     }
     let t = tenant(&c, "q").await;
-    assert_eq!(t.grant, 16 * MIB);
+    assert_eq!(t.grant, 16 * MIB + 4096);
     assert_eq!(t.objects, 4, "four 4 MiB objects fit a 16 MiB grant");
-    assert_eq!(t.used, 16 * MIB, "exactly 16 MiB charged");
+    let each = kvcache_store::leader::objects::charge(4 * MIB, "b0");
+    assert_eq!(each, 4 * MIB + 384 + 2, "the value, the leader's overhead and the key");
+    assert_eq!(t.used, 4 * each, "exactly four objects charged");
     assert_eq!(t.evictions, 4);
     // the least recently used went first; the survivors read back intact (and are now leased)
     for i in 0..4u64 {
@@ -366,7 +369,7 @@ async fn metrics_and_readiness_are_served() {
         "kvstore_misses_total 1",
         "kvstore_evictions_total 0",
         "kvstore_tenant_grant_bytes{tenant=\"t\"} 8388608",
-        "kvstore_tenant_used_bytes{tenant=\"t\"} 64",
+        "kvstore_tenant_used_bytes{tenant=\"t\"} 449",
         "kvstore_tenant_evictions_total{tenant=\"t\"} 0",
         "kvstore_member_used_bytes{member=\"m1\"} 64",
     ] {
@@ -463,15 +466,11 @@ async fn batch_calls_answer_key_by_key() {
         SegmentDataClient::connect(format!("http://{}", loc.grpc_addr))
             .await
             .unwrap()
-            .write(WriteRequest {
-                mount_id: loc.mount_id,
-                offset: loc.offset,
-                write_deadline_unix_ms: r.write_deadline_unix_ms,
-                data: v.clone().into(),
-                epoch: loc.epoch,
-                grant_mac: loc.grant_mac.clone(),
-                allocation: loc.allocation,
-            })
+            .write(kvcache_store::member::service::write_request(
+                &loc,
+                r.write_deadline_unix_ms,
+                v.clone().into(),
+            ))
             .await
             .unwrap();
         ids.push(r.put_id);

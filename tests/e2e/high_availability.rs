@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use bytes::Bytes;
 use kvcache_store::client::Client;
 use kvcache_store::proto::{
-    HealthRequest, PutCommitRequest, PutStartRequest, Scope, WriteRequest, segment_data_client::SegmentDataClient,
+    HealthRequest, PutCommitRequest, PutStartRequest, Scope, segment_data_client::SegmentDataClient,
     store_client::StoreClient,
 };
 use support::walkthrough::*;
@@ -375,15 +375,11 @@ fn a_paused_leader_that_lost_its_lease_places_no_byte() {
     let mut member = rt
         .block_on(SegmentDataClient::connect(format!("http://{}", loc.grpc_addr)))
         .unwrap();
-    let write = rt.block_on(member.write(WriteRequest {
-        mount_id: loc.mount_id,
-        offset: loc.offset,
-        write_deadline_unix_ms: reserved.write_deadline_unix_ms,
-        data: vec![7u8; 4096].into(),
-        epoch: loc.epoch,
-        grant_mac: loc.grant_mac.clone(),
-        allocation: loc.allocation,
-    }));
+    let write = rt.block_on(member.write(kvcache_store::member::service::write_request(
+        &loc,
+        reserved.write_deadline_unix_ms,
+        vec![7u8; 4096].into(),
+    )));
     let refusal = write
         .expect_err("a deposed leader's range was written")
         .message()

@@ -29,6 +29,9 @@ use crate::readiness::Readiness;
 const LOG_CAPACITY: usize = 4096;
 /// Keys per snapshot event.
 const SNAPSHOT_BATCH: usize = 512;
+/// Streams one tenant may have open at once: each starts with a copy of every key the tenant
+/// holds, so their number is what bounds the memory a watcher can make the leader spend.
+pub const MAX_WATCHES: usize = 16;
 
 /// Why blocks stopped being readable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,14 +126,25 @@ pub struct Subscription {
 }
 
 impl super::State {
-    /// Subscribes to the tenant's log and takes the state it starts from, in one step.
-    pub fn watch_blocks(&mut self, scope: Option<&Scope>) -> Result<Subscription> {
+    /// Subscribes to the tenant's log and takes the state it starts from, in one step. A new
+    /// stream (`restart` false) is refused while the tenant has [`MAX_WATCHES`] open; a stream
+    /// starting over after falling behind keeps its place.
+    pub fn watch_blocks(&mut self, scope: Option<&Scope>, restart: bool) -> Result<Subscription> {
         let tenant = self.tenant_name(scope)?;
         let epoch = self.epoch;
         let t = self
             .tenants
             .get(&tenant)
             .ok_or_else(|| StoreError::new(ErrorCode::Internal, "tenant vanished"))?;
+        if !restart && t.log.tx.receiver_count() >= MAX_WATCHES {
+            return Err(StoreError::new(
+                ErrorCode::TenantQuotaExceeded,
+                format!(
+                    "tenant {tenant:?} has {MAX_WATCHES} WatchBlocks streams open, the most it may; close one (a router \
+                     needs one stream per leader)"
+                ),
+            ));
+        }
         let held = t
             .objects
             .iter()
@@ -231,7 +245,7 @@ pub(super) async fn feed(
             }
         }
         // fell behind: start over from the state now
-        match leader.serving(|s| s.watch_blocks(scope.as_ref())) {
+        match leader.serving(|s| s.watch_blocks(scope.as_ref(), true)) {
             Ok(s) => sub = s,
             Err(e) => {
                 let _ = tx.send(Err(e.into())).await;

@@ -10,6 +10,11 @@
 //! reusable output buffer. A connection opens with a `Hello` (method 12, a `ClientHello`): the
 //! client's protocol version, which the leader checks (`protocol.rs`) before it serves anything
 //! else on that connection.
+//!
+//! Bounds per connection: the opening frame may be at most [`MAX_HELLO`] bytes, later ones
+//! [`MAX_REQUEST`], and room for a frame grows only as its bytes arrive (`frame.rs`); a frame
+//! must arrive whole within [`IDLE`] of the previous answer, or the connection is closed (clients
+//! send a request again on a fresh connection when a pooled one was closed).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,6 +31,10 @@ use crate::spin::HotWindow;
 
 /// Largest request body accepted: a batch of 1,024 keys of the longest size (4 KiB) fits.
 pub const MAX_REQUEST: usize = 5 << 20;
+/// Largest opening frame: a `ClientHello` is a protocol number and a client name.
+pub const MAX_HELLO: usize = 1024;
+/// How long a connection may wait for its next whole frame.
+pub const IDLE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Method numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,13 +95,21 @@ async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::
     let mut out = BytesMut::new();
     let mut greeted = false;
     loop {
-        let (method, body) = match crate::frame::read(&mut s, &mut buf, MAX_REQUEST).await {
+        let max = if greeted { MAX_REQUEST } else { MAX_HELLO };
+        let Ok(frame) = tokio::time::timeout(IDLE, crate::frame::read(&mut s, &mut buf, max)).await else {
+            return Ok(());
+        };
+        let (method, body) = match frame {
             Ok(Some(f)) => f,
             Ok(None) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
                 let e = StoreError::new(
                     ErrorCode::InvalidArgument,
-                    format!("{e}; this port serves metadata calls of at most {MAX_REQUEST} bytes: split the batch"),
+                    if greeted {
+                        format!("{e}; this port serves metadata calls of at most {MAX_REQUEST} bytes: split the batch")
+                    } else {
+                        format!("{e}; a connection opens with a ClientHello of at most {MAX_HELLO} bytes")
+                    },
                 );
                 refusal(&mut out, &e);
                 return s.write_all(out.chunk()).await;

@@ -157,7 +157,7 @@ impl State {
                     readable.push(k);
                 }
             }
-            t.used = t.objects.values().map(|o| o.len).sum();
+            t.used = t.objects.values().map(|o| o.charge).sum();
             t.log.removed(epoch, readable, super::blocks::Removal::Member);
         }
         self.recompute_grants();

@@ -1,5 +1,11 @@
 //! What the leader knows about one stored value and one tenant: where the bytes are, whether the
 //! put is committed, until when a read lease protects it, and what the tenant is charged.
+//!
+//! A tenant is charged for the leader's memory as well as the member's: each object costs its
+//! allocated length plus [`OBJECT_OVERHEAD`] plus its key's length ([`charge`]). So a grant
+//! bounds the objects a tenant can hold, and with them the leader's heap, however small its
+//! values and long its keys: a 1 GiB grant of 64-byte values under 4 KiB keys is about 236,000
+//! objects, not 16 million.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -18,6 +24,16 @@ pub enum ObjectState {
     Committed,
 }
 
+/// What the leader keeps per object besides its key's bytes, rounded up: the `Object` and the
+/// key's `String` in a map bucket (about 170 bytes), with room for the map's growth (up to twice
+/// the buckets it needs) and the allocator's rounding of the key.
+pub const OBJECT_OVERHEAD: u64 = 384;
+
+/// What an object of allocated length `len` under `key` costs its tenant's grant.
+pub fn charge(len: u64, key: &str) -> u64 {
+    len + OBJECT_OVERHEAD + key.len() as u64
+}
+
 /// One value's metadata.
 #[derive(Debug, Clone)]
 pub struct Object {
@@ -28,8 +44,10 @@ pub struct Object {
     pub allocation: u64,
     /// the value's size in bytes
     pub size: u64,
-    /// the allocated (and charged) length: `size` rounded up to the allocation granularity
+    /// the allocated length: `size` rounded up to the allocation granularity
     pub len: u64,
+    /// what its tenant is charged ([`charge`])
+    pub charge: u64,
     pub state: ObjectState,
     /// protected from eviction and removal until then
     pub lease_until: Instant,
@@ -69,7 +87,7 @@ pub struct Tenant {
     pub grant: u64,
     /// what cut `grant` below `ceiling`
     pub limited_by: crate::proto::GrantLimit,
-    /// bytes charged: every reserved and committed object's `len`
+    /// bytes charged: every reserved and committed object's `charge`
     pub used: u64,
     pub objects: HashMap<String, Object>,
     pub counters: Counters,

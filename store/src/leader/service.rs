@@ -37,7 +37,7 @@ impl Store for Leader {
 
     async fn watch_blocks(&self, req: Request<WatchBlocksRequest>) -> Reply<Self::WatchBlocksStream> {
         let scope = req.into_inner().scope;
-        let sub = self.serving(|s| s.watch_blocks(scope.as_ref()))?;
+        let sub = self.serving(|s| s.watch_blocks(scope.as_ref(), false))?;
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         tokio::spawn(super::blocks::feed(self.clone(), scope, sub, tx));
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))

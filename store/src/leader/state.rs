@@ -186,7 +186,8 @@ impl State {
             });
         }
         let len = aligned(size);
-        self.make_room_in_grant(&tenant, len, now)?;
+        let charge = super::objects::charge(len, key);
+        self.make_room_in_grant(&tenant, charge, now)?;
         let member = self.allocate(len, now).ok_or_else(|| {
             StoreError::new(
                 ErrorCode::NoSpace,
@@ -213,6 +214,7 @@ impl State {
             allocation,
             size,
             len,
+            charge,
             state: ObjectState::Reserved {
                 put_id,
                 reclaim_at: now + reclaim_after,
@@ -229,7 +231,7 @@ impl State {
             .tenants
             .get_mut(&tenant)
             .ok_or_else(|| internal("tenant vanished during put"))?;
-        t.used += len;
+        t.used += charge;
         t.objects.insert(key.to_string(), object);
         Ok(PutStartResponse {
             already_exists: false,
@@ -239,7 +241,8 @@ impl State {
         })
     }
 
-    /// Evicts the tenant's own least-recently-used unleased objects until `len` more fits its grant.
+    /// Evicts the tenant's own least-recently-used unleased objects until a `len`-byte charge
+    /// more fits its grant.
     fn make_room_in_grant(&mut self, tenant: &str, len: u64, now: Instant) -> Result<()> {
         let (grant, used) = self.tenants.get(tenant).map_or((0, 0), |t| (t.grant, t.used));
         if len > grant {
@@ -247,8 +250,9 @@ impl State {
             return Err(StoreError::new(
                 ErrorCode::TenantQuotaExceeded,
                 format!(
-                    "tenant {tenant:?} has a grant of {grant} bytes ({} bytes mounted), smaller than this {len}-byte \
-                     value; raise the tenant's ceiling or mount more capacity",
+                    "tenant {tenant:?} has a grant of {grant} bytes ({} bytes mounted), smaller than this value's \
+                     {len}-byte charge (its length rounded up, plus its key and the leader's per-object overhead); \
+                     raise the tenant's ceiling or mount more capacity",
                     self.capacity()
                 ),
             ));
@@ -420,7 +424,7 @@ impl State {
         let epoch = self.epoch;
         let t = self.tenants.get_mut(tenant)?;
         let o = t.objects.remove(key)?;
-        t.used = t.used.saturating_sub(o.len);
+        t.used = t.used.saturating_sub(o.charge);
         if o.state == ObjectState::Committed {
             t.log.removed(epoch, vec![key.to_owned()], why);
         }

@@ -219,8 +219,11 @@ impl Member {
         .server(max);
         let grpc_server = {
             let stop = stop.clone();
+            let segment = segment.clone();
             Task::spawn(async move {
                 let server = tonic::transport::Server::builder()
+                    .max_concurrent_streams(service::MAX_STREAMS)
+                    .layer(service::GrantFirstLayer(segment.clone()))
                     .add_service(svc)
                     .serve_with_incoming_shutdown(crate::net::incoming(grpc), stop.clone().cancelled_owned());
                 lifecycle::drained(server, &stop, "member gRPC").await

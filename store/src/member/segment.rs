@@ -163,6 +163,14 @@ impl Segment {
         }
     }
 
+    /// Whether `at` would be served for `len` bytes now (after [`Segment::settle`]): the checks
+    /// of `begin_write` and `begin_read` before the range table, for a caller that wants to
+    /// refuse before it reads a value's bytes.
+    pub async fn admit(&self, at: &Grant, access: Access, len: u64) -> Result<()> {
+        self.settle(at, access, len).await;
+        self.check(at, access, len)
+    }
+
     /// `verify`'s verdict once it passes or no mount is in flight, or after [`MOUNT_WAIT`].
     async fn until_settled(&self, verify: impl Fn() -> Result<()>) -> Result<()> {
         let until = tokio::time::Instant::now() + MOUNT_WAIT;

@@ -7,6 +7,7 @@ usage: roundtrip.py PROTO_DIR OUT_DIR LEADER_ADDR TENANT
 Prints "ok" and exits 0 on success; anything else is a failure.
 """
 import os
+import struct
 import sys
 
 proto_dir, out_dir, leader, tenant = sys.argv[1:5]
@@ -45,9 +46,11 @@ def put(key, value):
         return False
     loc = r.location
     member = rpc.SegmentDataStub(grpc.insecure_channel(loc.grpc_addr, options=OPTS))
-    member.Write(pb.WriteRequest(mount_id=loc.mount_id, epoch=loc.epoch, offset=loc.offset,
-                                 write_deadline_unix_ms=r.write_deadline_unix_ms, data=value,
-                                 grant_mac=loc.grant_mac, allocation=loc.allocation))
+    # the grant rides in metadata, as the data port's request header (store/src/wire.rs), so the
+    # member checks it before it reads the value
+    grant = struct.pack("<IIQQQQQQ32s", 0x3244564B, 1, loc.mount_id, loc.offset, len(value),
+                        r.write_deadline_unix_ms, loc.epoch, loc.allocation, loc.grant_mac)
+    member.Write(pb.WriteRequest(data=value), metadata=[("x-kvstore-grant-bin", grant)])
     store.PutCommit(pb.PutCommitRequest(scope=scope, key=key, put_id=r.put_id))
     return True
 
