@@ -405,6 +405,12 @@ pub struct MemberStatus {
     /// `Undefined`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
+    /// Whether clients on the member's node may map its segment instead of using TCP (the
+    /// member was started with `--same-host`, through its group's `extraArgs`). Such a client
+    /// can read and write every tenant's bytes in the segment, not only its own: true only
+    /// where the backend's owner chose it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_host: Option<bool>,
 }
 
 impl BackendSpec {

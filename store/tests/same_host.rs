@@ -44,8 +44,9 @@ fn value_of(key: &str) -> Vec<u8> {
     random_bytes(seed, len)
 }
 
+/// A member that serves the same-host socket (`--same-host`).
 fn start_member(leader: &str, name: &str, capacity: &str, extra: &[&str]) -> Proc {
-    let mut args = vec!["--metrics-listen", "127.0.0.1:0"];
+    let mut args = vec!["--metrics-listen", "127.0.0.1:0", "--same-host"];
     args.extend_from_slice(extra);
     member_with(leader, name, capacity, &args)
 }
@@ -153,10 +154,11 @@ async fn clients_without_the_same_host_path_and_members_without_a_socket_use_tcp
     assert_eq!(member_counter(&metrics, "kvstore_member_reads").await, 6);
     drop(local);
 
-    // a member with --no-local hands out no socket: a client that would map falls back to TCP
+    // a member without --same-host (the default) hands out no socket: a client that would map
+    // falls back to TCP, and the leader says the member serves none
     let l2 = leader(&["--tenant", "t=64Mi:64:bfloat16"]);
     let addr2 = l2.field("grpc");
-    let plain = start_member(&addr2, "m2", "16Mi", &["--no-local"]);
+    let plain = member_with(&addr2, "m2", "16Mi", &["--metrics-listen", "127.0.0.1:0"]);
     let c2 = client(&addr2, "t").await;
     wait_members(&c2, 1).await;
     let v = Bytes::from(random_bytes(9, 300_000));
@@ -166,6 +168,21 @@ async fn clients_without_the_same_host_path_and_members_without_a_socket_use_tcp
     assert_eq!(member_counter(&metrics, "kvstore_member_local_writes").await, 0);
     assert_eq!(member_counter(&metrics, "kvstore_member_local_reads").await, 0);
     assert_eq!(member_counter(&metrics, "kvstore_member_writes").await, 1);
+    // the leader tells which members serve the socket (the backend's status shows it)
+    let same_host = |c: kvcache_store::client::Client| async move {
+        let r = c
+            .control()
+            .get_members(kvcache_store::proto::GetMembersRequest {})
+            .await
+            .unwrap();
+        r.into_inner().members.iter().map(|m| m.same_host).collect::<Vec<_>>()
+    };
+    assert_eq!(same_host(c2).await, [false]);
+    let l3 = leader(&["--tenant", "t=64Mi:64:bfloat16"]);
+    let _mapped = start_member(&l3.field("grpc"), "m3", "16Mi", &[]);
+    let c3 = client(&l3.field("grpc"), "t").await;
+    wait_members(&c3, 1).await;
+    assert_eq!(same_host(c3).await, [true]);
 }
 
 /// Asks the member's socket `name` to map its segment with `grant`; whether it was answered with

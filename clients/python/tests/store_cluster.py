@@ -46,6 +46,8 @@ class Cluster:
             member, _ = start([
                 "member", "--leader", self.endpoint, "--capacity", capacity, "--name", "test-member",
                 "--shm-dir", self.shm.name, "--no-prefault", "--spin", "0", "--max-value-size", max_value_size,
+                # the package's same-host path is under test too
+                "--same-host",
             ])
             self.procs.append(member)
         except BaseException:

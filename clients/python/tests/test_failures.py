@@ -189,8 +189,8 @@ class Cluster:
                     "--shm-dir", self.shm.name, "--no-prefault", "--spin", "0",
                 ]
                 if forward and i == 0:
-                    # the member's bytes must cross the forwarder: no same-host mapping
-                    args += ["--advertise-host", "127.0.0.2", "--no-local"]
+                    # the member's bytes must cross the forwarder (members map nothing without --same-host)
+                    args += ["--advertise-host", "127.0.0.2"]
                 member, ports = start(args)
                 self.procs.append(member)
                 if forward and i == 0:

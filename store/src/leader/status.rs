@@ -59,6 +59,7 @@ impl State {
                 objects: m.objects,
                 mount_id: m.mount_id,
                 last_heartbeat_ms_ago: now.saturating_duration_since(m.last_seen).as_millis() as u64,
+                same_host: !m.local_addr.is_empty(),
             })
             .collect()
     }

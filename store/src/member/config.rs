@@ -52,10 +52,14 @@ pub struct MemberConfig {
     /// Claim the segment's memory as it is written, instead of faulting every page in at start.
     #[arg(long)]
     pub no_prefault: bool,
-    /// Serve no same-host socket: clients on this host send their bytes over TCP too, instead of
-    /// mapping the segment (store/README.md, "Same host").
+    /// Also serve the same-host socket, through which a client on this host maps the segment
+    /// instead of sending its bytes over TCP (store/README.md, "Same host"). A mapping is the
+    /// whole segment, read and write: a client granted one range of one tenant can then read
+    /// and overwrite every tenant's bytes on this member, for as long as it keeps the mapping.
+    /// Off unless asked for; turn it on only where every engine on the node may see every
+    /// tenant's cache (one tenant per backend, or one trust domain).
     #[arg(long)]
-    pub no_local: bool,
+    pub same_host: bool,
     /// A file holding the backend's member token, shown to the leader on every mount and
     /// heartbeat (a leader started with `--member-token-file` takes no member without it).
     #[arg(long)]
@@ -82,7 +86,7 @@ impl MemberConfig {
             metrics_listen: None,
             max_value_size: 64 << 20,
             no_prefault: false,
-            no_local: false,
+            same_host: false,
             member_token_file: None,
             spin: crate::spin::DEFAULT_SPIN,
         }
@@ -180,8 +184,8 @@ impl MemberConfig {
         if self.no_prefault {
             a.push("--no-prefault".into());
         }
-        if self.no_local {
-            a.push("--no-local".into());
+        if self.same_host {
+            a.push("--same-host".into());
         }
         if let Some(p) = &self.member_token_file {
             push(&mut a, "member-token-file", p.display());
@@ -234,7 +238,7 @@ mod tests {
                 metrics_listen: Some("127.0.0.1:9101".parse().unwrap()),
                 max_value_size: 4097,
                 no_prefault: true,
-                no_local: true,
+                same_host: true,
                 spin: Duration::from_millis(3),
                 ..MemberConfig::new("leader.svc:50051", 1536 << 20)
             },

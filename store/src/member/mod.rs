@@ -44,7 +44,7 @@ pub struct Member {
     segment: Arc<Segment>,
     grpc: TcpListener,
     data: TcpListener,
-    /// the same-host socket and its name (none with `--no-local`)
+    /// the same-host socket and its name (only with `--same-host`)
     local: Option<(tokio::net::UnixListener, String)>,
     metrics: Option<TcpListener>,
     addrs: MemberAddrs,
@@ -111,14 +111,14 @@ impl Member {
             },
         };
         let instance_id = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
-        let local = if cfg.no_local {
+        let local = if !cfg.same_host {
             None
         } else {
             let name = local::socket_name(instance_id);
             let l = local::bind(&name).map_err(|e| {
                 StoreError::new(
                     ErrorCode::Internal,
-                    format!("cannot bind the same-host socket {name}: {e}; or run with --no-local"),
+                    format!("cannot bind the same-host socket {name}: {e}; or run without --same-host"),
                 )
             })?;
             Some((l, name))
@@ -145,7 +145,7 @@ impl Member {
         self.addrs
     }
 
-    /// The same-host socket's name (`@kvstore-member-…`), unless `--no-local`.
+    /// The same-host socket's name (`@kvstore-member-…`), with `--same-host`.
     pub fn local_socket(&self) -> Option<String> {
         self.local.as_ref().map(|(_, n)| n.clone())
     }

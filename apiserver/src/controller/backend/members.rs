@@ -29,6 +29,7 @@ pub(super) fn member_rows(obj: &KVCacheBackend, view: &LeaderView, plan: Option<
                     .map(|md| md.as_str().to_owned()),
                 protocol: Some("tcp".into()),
                 state: Some("OK".into()),
+                same_host: Some(m.same_host),
             }
         })
         .collect();
