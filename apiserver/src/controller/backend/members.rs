@@ -194,6 +194,22 @@ mod tests {
     }
 
     #[test]
+    fn a_member_row_says_whether_the_member_serves_same_host_clients() {
+        let obj = KVCacheBackend::new(
+            "b",
+            spec(
+                "type: Mooncake\nconnection:\n  managed:\n    leader: {}\n    members:\n    - capacityPerMember: 1Gi\n",
+            ),
+        );
+        let mut v = view(&["m0", "m1"]);
+        v.members[1].same_host = true;
+        v.members[1].member_id = 1;
+        let rows = member_rows(&obj, &v, None);
+        let same_host: Vec<_> = rows.iter().map(|r| (r.segment_name.as_str(), r.same_host)).collect();
+        assert_eq!(same_host, [("m0", Some(false)), ("m1", Some(true))]);
+    }
+
+    #[test]
     fn members_mounted_names_the_missing_node_or_the_selector() {
         let nodes = [Node::stand_in("local-0"), Node::stand_in("local-1")];
         let s = spec(
