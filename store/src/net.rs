@@ -3,8 +3,13 @@
 //! framed ports (fast port, data port, same-host socket) share one accept loop.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
@@ -24,6 +29,77 @@ pub fn incoming(listener: TcpListener) -> impl tokio_stream::Stream<Item = std::
 /// Connections one framed port serves at once; past it a new connection is closed as soon as it
 /// is accepted (clients pool a few per peer, so only a caller that opens and holds many meets it).
 pub const MAX_CONNECTIONS: usize = 4096;
+
+/// Connections one gRPC server serves at once (see [`incoming_limited`]).
+pub const MAX_GRPC_CONNECTIONS: usize = 4096;
+
+/// [`incoming`], each connection holding one of `limit` places until it closes: past the limit
+/// a new connection is closed as soon as it is accepted, so a caller that opens and holds
+/// connections cannot make a server keep more than `limit` of them.
+pub fn incoming_limited(
+    listener: TcpListener,
+    limit: usize,
+    what: &'static str,
+) -> impl tokio_stream::Stream<Item = std::io::Result<Limited>> {
+    let places = Arc::new(Semaphore::new(limit));
+    incoming(listener).filter_map(move |accepted| match accepted {
+        Ok(stream) => match places.clone().try_acquire_owned() {
+            Ok(place) => Some(Ok(Limited { stream, _place: place })),
+            Err(_) => {
+                tracing::warn!("{what}: {limit} connections open, closing a new one");
+                None
+            }
+        },
+        Err(e) => Some(Err(e)),
+    })
+}
+
+/// An accepted connection holding its place among a server's connections ([`incoming_limited`]).
+#[derive(Debug)]
+pub struct Limited {
+    stream: TcpStream,
+    _place: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for Limited {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Limited {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for Limited {
+    type ConnectInfo = <TcpStream as tonic::transport::server::Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
 
 /// Accepts from `incoming` until `cancel` fires, serving each connection in a task of its own
 /// (at most [`MAX_CONNECTIONS`] at once); then stops accepting and aborts every connection, so no
@@ -166,5 +242,37 @@ mod tests {
             assert_eq!(name.trim_end_matches('\0'), LOOPBACK_CONGESTION_CONTROL);
         }
         assert!(client.nodelay().unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_server_keeps_no_more_connections_than_its_limit() {
+        use tokio::io::AsyncReadExt;
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut accepted = Box::pin(incoming_limited(l, 2, "test"));
+        let mut clients = Vec::new();
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            clients.push(TcpStream::connect(addr).await.unwrap());
+            held.push(accepted.next().await.unwrap().unwrap());
+        }
+        // the third is closed at once: the stream yields nothing for it
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let mut byte = [0u8; 1];
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            tokio::select! {
+                served = accepted.next() => panic!("a connection past the limit was served: {served:?}"),
+                read = third.read(&mut byte) => read,
+            }
+        })
+        .await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "closed by the server: {closed:?}"
+        );
+        // a place freed is taken by the next
+        drop(held.pop());
+        let _fourth = TcpStream::connect(addr).await.unwrap();
+        assert!(accepted.next().await.unwrap().is_ok());
     }
 }

@@ -132,7 +132,10 @@ impl Leader {
                 gate.shut();
             }
         };
-        let server = service::router(self.clone()).serve_with_incoming_shutdown(crate::net::incoming(grpc), stopping);
+        let server = service::router(self.clone()).serve_with_incoming_shutdown(
+            crate::net::incoming_limited(grpc, crate::net::MAX_GRPC_CONNECTIONS, "leader gRPC"),
+            stopping,
+        );
         let result = lifecycle::drained(server, &stop, "gRPC").await;
         self.readiness.set(Readiness::Stopping);
         stop.cancel();

@@ -225,7 +225,10 @@ impl Member {
                     .max_concurrent_streams(service::MAX_STREAMS)
                     .layer(service::GrantFirstLayer(segment.clone()))
                     .add_service(svc)
-                    .serve_with_incoming_shutdown(crate::net::incoming(grpc), stop.clone().cancelled_owned());
+                    .serve_with_incoming_shutdown(
+                        crate::net::incoming_limited(grpc, crate::net::MAX_GRPC_CONNECTIONS, "member gRPC"),
+                        stop.clone().cancelled_owned(),
+                    );
                 lifecycle::drained(server, &stop, "member gRPC").await
             })
         };
