@@ -61,6 +61,9 @@ pub struct BenchArgs {
     /// TCP, as the reference's remote mode does).
     #[arg(long)]
     pub same_host: bool,
+    /// TLS to the leader and members (`--tls-ca`, `--tls-server-name`).
+    #[command(flatten)]
+    pub tls: crate::tls::DialFlags,
 }
 
 impl BenchArgs {

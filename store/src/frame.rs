@@ -4,8 +4,7 @@
 //! header that announces a large frame and sends nothing costs its sender, not the reader.
 
 use bytes::{Buf, BytesMut};
-use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The most room reserved ahead of the bytes received.
 pub const GROWTH: usize = 64 * 1024;
@@ -36,7 +35,11 @@ pub fn split(buf: &mut BytesMut, max: usize) -> std::io::Result<Option<(u8, Byte
 }
 
 /// Reads one frame; `None` if the peer closed the connection cleanly between frames.
-pub async fn read(s: &mut TcpStream, buf: &mut BytesMut, max: usize) -> std::io::Result<Option<(u8, BytesMut)>> {
+pub async fn read(
+    s: &mut (impl AsyncRead + Unpin),
+    buf: &mut BytesMut,
+    max: usize,
+) -> std::io::Result<Option<(u8, BytesMut)>> {
     loop {
         if let Some(frame) = split(buf, max)? {
             return Ok(Some(frame));

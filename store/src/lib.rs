@@ -9,6 +9,7 @@
 //! - [`election`]: a Lease campaign (client-go's rules) whose term is the leader's epoch;
 //! - [`lifecycle`]: binding, serving until a cancellation token fires, draining;
 //! - [`readiness`]: `Starting` → `Serving` | `Standby` → `Stopping`, observable;
+//! - [`tls`]: TLS on the TCP ports, and the connection type of the framed ports;
 //! - [`wire`]: the member's framed data port protocol;
 //! - [`protocol`]: which client protocol versions a leader serves, and the refusal of others;
 //! - [`leader`]: segments, objects, placement, tenants and quota, leases, eviction, liveness;
@@ -38,4 +39,5 @@ pub mod protocol;
 pub mod readiness;
 pub mod spin;
 pub mod time;
+pub mod tls;
 pub mod wire;

@@ -16,6 +16,7 @@ use kvcache_store::flags::{self, format_size};
 use kvcache_store::leader::{Leader, LeaderConfig, LeaderListeners};
 use kvcache_store::member::{Member, MemberConfig};
 use kvcache_store::proto::{GetTenantsRequest, Scope, SetTenantsRequest, TenantEntry};
+use kvcache_store::tls::DialFlags;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -63,6 +64,8 @@ enum Command {
         /// The controllers' token, for a leader started with `--control-token-file`.
         #[arg(long)]
         control_token_file: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        tls: DialFlags,
     },
 }
 
@@ -265,7 +268,9 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
             Ok(())
         }
         Command::Bench(args) => {
-            let mut client = Client::connect(&args.leader, args.scope()).await?.with_spin(args.spin);
+            let mut client = Client::connect_tls(&args.leader, args.scope(), args.tls.client()?)
+                .await?
+                .with_spin(args.spin);
             if !args.same_host {
                 client = client.without_local();
             }
@@ -294,7 +299,12 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
             let cfg = SimConfig::from_env(|k| std::env::var(k).ok())?;
             let cancel = stop_on_signal(exit_with_stdin)?;
             let client = match &cfg.leader {
-                Some(leader) => Some(Client::connect(leader, cfg.scope.clone()).await?),
+                Some(leader) => {
+                    let tls = DialFlags::from_env(|k| std::env::var(k).ok())
+                        .client_from_env()
+                        .map_err(anyhow::Error::msg)?;
+                    Some(Client::connect_tls(leader, cfg.scope.clone(), tls).await?)
+                }
                 None => None,
             };
             let ready = Arc::new(AtomicBool::new(false));
@@ -331,6 +341,7 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
             leader,
             set,
             control_token_file,
+            tls,
         } => {
             let token = match &control_token_file {
                 Some(p) => {
@@ -338,7 +349,7 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
                 }
                 None => None,
             };
-            let client = Client::connect(&leader, Scope::default()).await?;
+            let client = Client::connect_tls(&leader, Scope::default(), tls.client()?).await?;
             let mut control = client.control();
             if !set.is_empty() {
                 control

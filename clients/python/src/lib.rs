@@ -25,6 +25,7 @@ use kvcache_store::client::Client;
 use kvcache_store::engine_sim::SimConfig;
 use kvcache_store::error::{ALL, ErrorCode, StoreError as Refusal};
 use kvcache_store::proto::Scope;
+use kvcache_store::tls::DialFlags;
 use parking_lot::RwLock;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -70,7 +71,17 @@ struct Store {
 }
 
 impl Store {
-    fn connect(endpoint: &str, scope: Scope, spin_us: u64, same_host: bool, timeout_ms: u64) -> Result<Store, Refusal> {
+    fn connect(
+        endpoint: &str,
+        scope: Scope,
+        spin_us: u64,
+        same_host: bool,
+        timeout_ms: u64,
+        tls: DialFlags,
+    ) -> Result<Store, Refusal> {
+        let tls = tls
+            .client_from_env()
+            .map_err(|e| Refusal::new(ErrorCode::InvalidArgument, e))?;
         // worker threads, so calls from several Python threads run at once
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -80,7 +91,7 @@ impl Store {
             .map_err(|e| Refusal::new(ErrorCode::Internal, format!("starting the client's runtime: {e}")))?;
         let timeout = (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms));
         let version = kvcache_store::protocol::ClientVersion::ours("kvcache-python");
-        let connect = Client::connect_as(endpoint, scope, version);
+        let connect = Client::connect_with(endpoint, scope, version, tls);
         let mut client = rt
             .block_on(within(timeout, connect))?
             .with_spin(Duration::from_micros(spin_us));
@@ -159,9 +170,12 @@ impl Store {
     /// segment (one memcpy) instead of TCP. `credential` proves the tenant, when the ledger binds
     /// it to one. With `timeout_ms`, a call (connecting too) that takes longer is given up with
     /// `TRANSPORT`. `client` names the caller within its tenant (a replica, as `KVSTORE_CLIENT`),
-    /// for the leader's per-caller counters.
+    /// for the leader's per-caller counters. With `tls_ca` (a PEM file; default
+    /// `KVSTORE_TLS_CA`, or the PEM itself in `KVSTORE_TLS_CA_PEM`) every connection is TLS, and the leader and members must present
+    /// certificates that chain to it and carry `tls_server_name` (default
+    /// `KVSTORE_TLS_SERVER_NAME`, else the host dialled).
     #[new]
-    #[pyo3(signature = (endpoint, tenant, block_size, dtype, spin_us = 0, same_host = true, credential = String::new(), timeout_ms = 0, client = String::new()))]
+    #[pyo3(signature = (endpoint, tenant, block_size, dtype, spin_us = 0, same_host = true, credential = String::new(), timeout_ms = 0, client = String::new(), tls_ca = None, tls_server_name = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -174,7 +188,21 @@ impl Store {
         credential: String,
         timeout_ms: u64,
         client: String,
+        tls_ca: Option<String>,
+        tls_server_name: Option<String>,
     ) -> PyResult<Self> {
+        let env = DialFlags::from_env(|k| std::env::var(k).ok());
+        let tls = match tls_ca {
+            Some(ca) => DialFlags {
+                tls_ca: Some(ca.into()),
+                tls_server_name: tls_server_name.or(env.tls_server_name),
+                tls_ca_pem: None,
+            },
+            None => DialFlags {
+                tls_server_name: tls_server_name.or(env.tls_server_name),
+                ..env
+            },
+        };
         let scope = Scope {
             tenant,
             block_size,
@@ -182,13 +210,14 @@ impl Store {
             credential,
             client,
         };
-        py.detach(|| Store::connect(&endpoint, scope, spin_us, same_host, timeout_ms))
+        py.detach(|| Store::connect(&endpoint, scope, spin_us, same_host, timeout_ms, tls))
             .map_err(raise)
     }
 
     /// A Store from exactly what injection gives a replica: `KVSTORE_LEADER` (or
     /// `MOONCAKE_MASTER`), `KVSTORE_TENANT` (or `MOONCAKE_TENANT_ID`, default `default`),
-    /// `KVSTORE_BLOCK_SIZE`, `KVSTORE_DTYPE`, `KVSTORE_CREDENTIAL` and `KVSTORE_CLIENT`.
+    /// `KVSTORE_BLOCK_SIZE`, `KVSTORE_DTYPE`, `KVSTORE_CREDENTIAL`, `KVSTORE_CLIENT`,
+    /// `KVSTORE_TLS_CA` (or `KVSTORE_TLS_CA_PEM`) and `KVSTORE_TLS_SERVER_NAME`.
     #[staticmethod]
     #[pyo3(signature = (spin_us = 0, same_host = true, timeout_ms = 0))]
     fn from_env(py: Python<'_>, spin_us: u64, same_host: bool, timeout_ms: u64) -> PyResult<Self> {
@@ -198,7 +227,8 @@ impl Store {
                 "no store is configured: set KVSTORE_LEADER (or MOONCAKE_MASTER) to the backend's Client endpoint",
             )));
         };
-        py.detach(|| Store::connect(&endpoint, cfg.scope, spin_us, same_host, timeout_ms))
+        let tls = DialFlags::from_env(|k| std::env::var(k).ok());
+        py.detach(|| Store::connect(&endpoint, cfg.scope, spin_us, same_host, timeout_ms, tls))
             .map_err(raise)
     }
 

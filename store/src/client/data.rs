@@ -6,30 +6,33 @@ use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use super::{Client, POOL_PER_MEMBER, local, transport};
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::member::segment::Grant;
 use crate::proto::Location;
+use crate::tls::Conn;
 use crate::wire::{self, Op, RESPONSE_LEN};
 
 impl Client {
     /// A pooled connection the member has not closed (it closes idle ones: `dataport.rs`).
-    fn take_conn(&self, addr: &str) -> Option<TcpStream> {
+    fn take_conn(&self, addr: &str) -> Option<Conn> {
         let mut pool = self.pool.lock();
         let conns = pool.get_mut(addr)?;
         while let Some(s) = conns.pop() {
             // between requests the member sends nothing: anything readable is its close
             let mut probe = [0u8; 1];
-            if matches!(s.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
+            // (over TLS too: a close, or an alert, is all that could be there)
+            if !s.worn_out()
+                && matches!(s.tcp().try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            {
                 return Some(s);
             }
         }
         None
     }
 
-    fn give_back(&self, addr: &str, s: TcpStream) {
+    fn give_back(&self, addr: &str, s: Conn) {
         let mut pool = self.pool.lock();
         let v = pool.entry(addr.to_string()).or_default();
         if v.len() < POOL_PER_MEMBER {
@@ -37,13 +40,16 @@ impl Client {
         }
     }
 
-    async fn conn(&self, addr: &str) -> Result<TcpStream> {
+    async fn conn(&self, addr: &str) -> Result<Conn> {
         if let Some(s) = self.take_conn(addr) {
             return Ok(s);
         }
-        crate::net::connect_data(addr)
+        let tcp = crate::net::connect_data(addr)
             .await
-            .map_err(|e| transport(format!("cannot reach member {addr}: {e}")))
+            .map_err(|e| transport(format!("cannot reach member {addr}: {e}")))?;
+        crate::tls::connect(self.tls.as_ref(), tcp, addr)
+            .await
+            .map_err(|e| transport(format!("member {addr}: {e}")))
     }
 
     pub(super) async fn write(&self, loc: &Location, deadline: u64, value: &[u8]) -> Result<()> {
@@ -86,6 +92,7 @@ impl Client {
                 }
             }
         }
+        s.flush().await.map_err(transport)?;
         let resp = read_response(&mut s, until).await?;
         if resp.ok {
             self.give_back(&loc.data_addr, s);
@@ -119,6 +126,7 @@ impl Client {
         }
         .encode();
         s.write_all(&head).await.map_err(transport)?;
+        s.flush().await.map_err(transport)?;
         let resp = read_response(&mut s, until).await?;
         if !resp.ok {
             let err = read_refusal(&mut s, resp.len).await?;
@@ -141,7 +149,7 @@ impl Client {
             Sink::Fresh(out) => {
                 let mut limited = (&mut s).take(resp.len);
                 while (out.len() as u64) < resp.len {
-                    crate::spin::until_readable(limited.get_ref(), until);
+                    until_readable(limited.get_mut(), until);
                     if limited.read_buf(out).await.map_err(transport)? == 0 {
                         return Err(transport("the member closed the connection mid-value"));
                     }
@@ -161,10 +169,10 @@ pub(super) enum Sink<'a, 'b> {
 }
 
 /// Fills `out` from the connection.
-async fn read_exactly(s: &mut TcpStream, out: &mut [u8], until: Instant) -> Result<()> {
+async fn read_exactly(s: &mut Conn, out: &mut [u8], until: Instant) -> Result<()> {
     let mut got = 0;
     while got < out.len() {
-        crate::spin::until_readable(s, until);
+        until_readable(s, until);
         match s.read(&mut out[got..]).await.map_err(transport)? {
             0 => return Err(transport("the member closed the connection mid-value")),
             n => got += n,
@@ -173,14 +181,22 @@ async fn read_exactly(s: &mut TcpStream, out: &mut [u8], until: Instant) -> Resu
     Ok(())
 }
 
-async fn read_response(s: &mut TcpStream, until: Instant) -> Result<wire::Response> {
-    crate::spin::until_readable(s, until);
+/// Polls for the member's next bytes until `until` (`spin.rs`), unless some already wait
+/// decrypted.
+fn until_readable(s: &mut Conn, until: Instant) {
+    if !s.has_buffered() {
+        crate::spin::until_readable(s.tcp(), until);
+    }
+}
+
+async fn read_response(s: &mut Conn, until: Instant) -> Result<wire::Response> {
+    until_readable(s, until);
     let mut head = [0u8; RESPONSE_LEN];
     s.read_exact(&mut head).await.map_err(transport)?;
     wire::Response::decode(&head)
 }
 
-async fn read_refusal(s: &mut TcpStream, len: u64) -> Result<StoreError> {
+async fn read_refusal(s: &mut Conn, len: u64) -> Result<StoreError> {
     if len > wire::MAX_MESSAGE {
         return Err(transport("the member sent an oversized refusal"));
     }

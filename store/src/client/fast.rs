@@ -15,6 +15,7 @@ use crate::error::{ErrorCode, Result, StoreError};
 use crate::leader::fastport::Method;
 use crate::proto::HealthRequest;
 use crate::proto::control_client::ControlClient;
+use crate::tls::{ClientTls, Conn};
 use crate::wire;
 
 /// Pooled connections to the leader's framed metadata port (format in `leader/fastport.rs`).
@@ -24,9 +25,11 @@ pub(super) struct FastPort {
     pub(super) port: std::sync::atomic::AtomicU32,
     /// to ask the leader again which port it serves, after a restart
     pub(super) channel: Channel,
-    pub(super) idle: Mutex<Vec<TcpStream>>,
+    pub(super) idle: Mutex<Vec<Conn>>,
     /// what every new connection opens with (`protocol.rs`)
     pub(super) hello: crate::protocol::ClientHello,
+    /// TLS to the port, as to the leader's gRPC (`tls.rs`)
+    pub(super) tls: Option<ClientTls>,
 }
 
 impl FastPort {
@@ -66,13 +69,13 @@ impl FastPort {
 
     /// Connects to the port, asking the leader for it again if the one known refuses (a
     /// restarted leader may serve it elsewhere).
-    async fn connect(&self) -> Result<TcpStream> {
+    async fn connect(&self) -> Result<Conn> {
         use std::sync::atomic::Ordering;
         let port = self.port.load(Ordering::Acquire);
         let addr = format!("{}:{port}", self.host);
         let first = crate::net::within_connect_timeout(&addr, TcpStream::connect(&addr)).await;
-        let s = match first {
-            Ok(s) => s,
+        let (s, addr) = match first {
+            Ok(s) => (s, addr),
             Err(e) => {
                 let health = ControlClient::new(self.channel.clone()).health(HealthRequest {}).await;
                 let fresh = health.map(|h| h.into_inner().fast_port).unwrap_or(0);
@@ -84,23 +87,27 @@ impl FastPort {
                 }
                 self.port.store(fresh, Ordering::Release);
                 let addr = format!("{}:{fresh}", self.host);
-                crate::net::within_connect_timeout(&addr, TcpStream::connect(&addr))
+                let s = crate::net::within_connect_timeout(&addr, TcpStream::connect(&addr))
                     .await
                     .map_err(|e| {
                         transport(format!(
                             "cannot reach the leader's fast port {}:{fresh}: {e}",
                             self.host
                         ))
-                    })?
+                    })?;
+                (s, addr)
             }
         };
         s.set_nodelay(true).map_err(transport)?;
+        let s = crate::tls::connect(self.tls.as_ref(), s, &addr)
+            .await
+            .map_err(|e| transport(format!("the leader's fast port {addr}: {e}")))?;
         self.greet(s).await
     }
 
     /// Says which protocol this client speaks, first on a new connection; the leader's refusal
     /// (`CLIENT_VERSION_UNSUPPORTED`) is the call's answer.
-    async fn greet(&self, mut s: TcpStream) -> Result<TcpStream> {
+    async fn greet(&self, mut s: Conn) -> Result<Conn> {
         let mut frame = BytesMut::with_capacity(5 + self.hello.encoded_len());
         frame.put_u32_le(self.hello.encoded_len() as u32);
         frame.put_u8(Method::Hello as u8);
@@ -108,6 +115,7 @@ impl FastPort {
             .encode(&mut frame)
             .map_err(|e| StoreError::new(ErrorCode::Internal, e.to_string()))?;
         s.write_all(&frame).await.map_err(transport)?;
+        s.flush().await.map_err(transport)?;
         let mut buf = BytesMut::new();
         let (status, body) = crate::frame::read(&mut s, &mut buf, MAX_REPLY)
             .await
@@ -121,7 +129,7 @@ impl FastPort {
 
     /// One request and its reply, given up after [`CALL_TIMEOUT`] (a leader gone without closing
     /// the connection never answers).
-    async fn exchange(&self, s: TcpStream, frame: &[u8], spin: Duration) -> std::io::Result<(u8, BytesMut)> {
+    async fn exchange(&self, s: Conn, frame: &[u8], spin: Duration) -> std::io::Result<(u8, BytesMut)> {
         tokio::time::timeout(CALL_TIMEOUT, self.exchange_now(s, frame, spin))
             .await
             .map_err(|_| {
@@ -132,15 +140,17 @@ impl FastPort {
             })?
     }
 
-    async fn exchange_now(&self, mut s: TcpStream, frame: &[u8], spin: Duration) -> std::io::Result<(u8, BytesMut)> {
+    async fn exchange_now(&self, mut s: Conn, frame: &[u8], spin: Duration) -> std::io::Result<(u8, BytesMut)> {
         s.write_all(frame).await?;
-        crate::spin::until_readable(&s, Instant::now() + spin);
+        s.flush().await?;
+        // nothing of an earlier reply is left over: each is read whole
+        crate::spin::until_readable(s.tcp(), Instant::now() + spin);
         let mut buf = BytesMut::new();
         let reply = crate::frame::read(&mut s, &mut buf, MAX_REPLY)
             .await?
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
         let mut idle = self.idle.lock();
-        if idle.len() < POOL_PER_MEMBER {
+        if idle.len() < POOL_PER_MEMBER && !s.worn_out() {
             idle.push(s);
         }
         Ok(reply)

@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use tokio::net::TcpStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::leader::fastport::Method;
@@ -27,6 +26,7 @@ use crate::proto::store_client::StoreClient;
 use crate::proto::*;
 use crate::protocol::{ClientVersion, SendVersion};
 use crate::time::now_unix_ms;
+use crate::tls::{ClientTls, Conn};
 use data::Sink;
 use fast::FastPort;
 
@@ -50,7 +50,9 @@ pub struct Client {
     /// the leader's framed metadata port, when it serves one (used instead of gRPC for `Store`)
     fast: Option<Arc<FastPort>>,
     scope: Scope,
-    pool: Arc<Mutex<HashMap<String, Vec<TcpStream>>>>,
+    /// TLS to the leader and members (`tls.rs`); `None`: plaintext
+    tls: Option<ClientTls>,
+    pool: Arc<Mutex<HashMap<String, Vec<Conn>>>>,
     /// members' segments mapped on this host (`local.rs`); `None`: every byte goes over TCP
     local: Option<Arc<local::Local>>,
     /// how long to poll for a reply before sleeping (`spin.rs`)
@@ -71,10 +73,26 @@ impl Client {
         Self::connect_as(leader, scope, ClientVersion::ours("kvcache-store")).await
     }
 
+    /// [`connect`](Self::connect), over TLS to the leader and every member when `tls` is given.
+    pub async fn connect_tls(leader: &str, scope: Scope, tls: Option<ClientTls>) -> Result<Self> {
+        Self::connect_with(leader, scope, ClientVersion::ours("kvcache-store"), tls).await
+    }
+
     /// Connects to the leader at `HOST:PORT`, saying `version` of itself: the protocol the
     /// leader checks on every call (`protocol.rs`) and the client's name for its messages.
     pub async fn connect_as(leader: &str, scope: Scope, version: ClientVersion) -> Result<Self> {
-        let channel = Endpoint::from_shared(format!("http://{leader}"))
+        Self::connect_with(leader, scope, version, None).await
+    }
+
+    /// [`connect_as`](Self::connect_as), over TLS to the leader and every member when `tls` is
+    /// given (`tls.rs`).
+    pub async fn connect_with(
+        leader: &str,
+        scope: Scope,
+        version: ClientVersion,
+        tls: Option<ClientTls>,
+    ) -> Result<Self> {
+        let channel = crate::tls::grpc_endpoint(leader, tls.as_ref())
             .map_err(|e| {
                 StoreError::new(
                     ErrorCode::InvalidArgument,
@@ -99,7 +117,15 @@ impl Client {
         let health = ControlClient::new(channel.clone())
             .health(HealthRequest {})
             .await
-            .map_err(status)?;
+            .map_err(|s| match &tls {
+                // a TLS server's first bytes read as a malformed HTTP/2 frame
+                None if s.message().contains("h2 protocol error") => transport(format!(
+                    "the leader at {leader} did not answer in plaintext gRPC ({}); if it serves TLS, \
+                     connect with its CA (--tls-ca, KVSTORE_TLS_CA)",
+                    s.message()
+                )),
+                _ => status(s),
+            })?;
         let port = health.into_inner().fast_port;
         let fast = match leader.rsplit_once(':') {
             Some((host, _)) if port != 0 => Some(Arc::new(FastPort {
@@ -108,6 +134,7 @@ impl Client {
                 channel: channel.clone(),
                 idle: Mutex::new(Vec::new()),
                 hello: version.hello(),
+                tls: tls.clone(),
             })),
             _ => None,
         };
@@ -116,6 +143,7 @@ impl Client {
             channel,
             fast,
             scope,
+            tls,
             pool: Arc::default(),
             local: Some(Arc::default()),
             spin: crate::spin::DEFAULT_SPIN,

@@ -109,6 +109,9 @@ pub struct LeaderConfig {
     /// flag: the command line cannot set it (tests and embedders can); `to_args` leaves it out.
     #[arg(skip = DEFAULT_EVICTION_INTERVAL)]
     pub eviction_interval: Duration,
+    /// TLS on the gRPC and fast ports (`--tls-cert`, `--tls-key`; `tls.rs`).
+    #[command(flatten)]
+    pub tls: crate::tls::ServeFlags,
 }
 
 const DEFAULT_EVICTION_INTERVAL: Duration = Duration::from_millis(100);
@@ -163,6 +166,7 @@ impl Default for LeaderConfig {
             renew_deadline: ELECTION_TIMINGS.renew_deadline,
             retry_period: ELECTION_TIMINGS.retry_period,
             eviction_interval: DEFAULT_EVICTION_INTERVAL,
+            tls: crate::tls::ServeFlags::default(),
         }
     }
 }
@@ -357,6 +361,7 @@ impl LeaderConfig {
         push(&mut a, "lease-duration", format_time(self.lease_duration));
         push(&mut a, "renew-deadline", format_time(self.renew_deadline));
         push(&mut a, "retry-period", format_time(self.retry_period));
+        self.tls.to_args(&mut a);
         a
     }
 
@@ -423,6 +428,10 @@ mod tests {
                 lease_duration: Duration::from_secs(15),
                 renew_deadline: Duration::from_secs(10),
                 retry_period: Duration::from_secs(2),
+                tls: crate::tls::ServeFlags {
+                    tls_cert: Some("/etc/kv-store/tls/tls.crt".into()),
+                    tls_key: Some("/etc/kv-store/tls/tls.key".into()),
+                },
                 ..Default::default()
             },
             LeaderConfig {
@@ -450,7 +459,7 @@ mod tests {
             !names.iter().any(|f| f == "eviction-interval" || f == "tenants"),
             "{names:?}"
         );
-        assert_eq!(names.len(), 27, "{names:?}");
+        assert_eq!(names.len(), 29, "{names:?}");
         // every name is a flag the parser knows
         for n in &names {
             let err = LeaderConfig::parse_args([format!("--{n}=x")]).err();

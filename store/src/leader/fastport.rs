@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Leader, calls};
 use crate::error::{ErrorCode, StoreError};
 use crate::spin::HotWindow;
+use crate::tls::{Conn, ServerTls};
 
 /// Largest request body accepted: a batch of 1,024 keys of the longest size (4 KiB) fits.
 pub const MAX_REQUEST: usize = 5 << 20;
@@ -76,13 +77,24 @@ impl Method {
 }
 
 /// Serves the port until `cancel` fires, then closes every connection.
-pub async fn serve(listener: TcpListener, leader: Leader, hot: Arc<HotWindow>, cancel: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<ServerTls>,
+    leader: Leader,
+    hot: Arc<HotWindow>,
+    cancel: CancellationToken,
+) {
     let incoming = crate::net::incoming(listener);
     crate::net::serve_connections(incoming, "fast port", cancel, move |stream: TcpStream| {
         let leader = leader.clone();
         let hot = hot.clone();
+        let tls = tls.clone();
         async move {
-            if let Err(e) = connection(stream, &leader, &hot).await {
+            let served = match crate::tls::accept(tls.as_ref(), stream).await {
+                Ok(s) => connection(s, &leader, &hot).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = served {
                 tracing::debug!(error = %e, "fast port connection closed");
             }
         }
@@ -90,7 +102,7 @@ pub async fn serve(listener: TcpListener, leader: Leader, hot: Arc<HotWindow>, c
     .await;
 }
 
-async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::io::Result<()> {
+async fn connection(mut s: Conn, leader: &Leader, hot: &HotWindow) -> std::io::Result<()> {
     let mut buf = BytesMut::new();
     let mut out = BytesMut::new();
     let mut greeted = false;
@@ -112,7 +124,7 @@ async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::
                     },
                 );
                 refusal(&mut out, &e);
-                return s.write_all(out.chunk()).await;
+                return send(&mut s, &out).await;
             }
             Err(e) => return Err(e),
         };
@@ -125,16 +137,22 @@ async fn connection(mut s: TcpStream, leader: &Leader, hot: &HotWindow) -> std::
                 }
                 Err(e) => {
                     refusal(&mut out, &e);
-                    return s.write_all(out.chunk()).await;
+                    return send(&mut s, &out).await;
                 }
             }
         } else {
             answer(leader, method, &body, &mut out);
         }
-        s.write_all(out.chunk()).await?;
+        send(&mut s, &out).await?;
         // the same client's next call usually follows within microseconds
         hot.touch();
     }
+}
+
+/// Sends a reply frame whole (over TLS, flushing what the encryption holds back).
+async fn send(s: &mut Conn, out: &BytesMut) -> std::io::Result<()> {
+    s.write_all(out.chunk()).await?;
+    s.flush().await
 }
 
 /// The answer to a connection's first frame: a `ServerHello` when it is a `Hello` naming a

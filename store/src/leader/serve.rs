@@ -19,6 +19,8 @@ use crate::readiness::Readiness;
 /// A leader's listeners, bound as its config says.
 #[derive(Debug)]
 pub struct LeaderListeners {
+    /// what the gRPC and fast ports serve with (`--tls-cert`); `None`: plaintext
+    tls: Option<crate::tls::ServerTls>,
     grpc: TcpListener,
     fast: Option<TcpListener>,
     metrics: Option<TcpListener>,
@@ -55,6 +57,7 @@ impl LeaderListeners {
             None => None,
         };
         Ok(Self {
+            tls: cfg.tls.server()?,
             grpc,
             fast: fast.map(|(l, _)| l),
             metrics: metrics.map(|(l, _)| l),
@@ -84,6 +87,7 @@ impl Leader {
         cancel: CancellationToken,
     ) -> Result<(), ServeError> {
         let LeaderListeners {
+            tls,
             grpc,
             fast,
             metrics: metrics_listener,
@@ -111,7 +115,7 @@ impl Leader {
             if let Some(a) = addrs.fast {
                 self.fast_port.store(u32::from(a.port()), Ordering::Release);
             }
-            Task::spawn(fastport::serve(l, self.clone(), hot.clone(), stop.clone()))
+            Task::spawn(fastport::serve(l, tls.clone(), self.clone(), hot.clone(), stop.clone()))
         });
         *self.bound.lock() = Some(addrs.grpc);
         let election = if self.with(|s| s.cfg.election) == Election::None {
@@ -132,7 +136,7 @@ impl Leader {
                 gate.shut();
             }
         };
-        let server = service::router(self.clone()).serve_with_incoming_shutdown(
+        let server = service::router(self.clone(), tls.as_ref())?.serve_with_incoming_shutdown(
             crate::net::incoming_limited(grpc, crate::net::MAX_GRPC_CONNECTIONS, "leader gRPC"),
             stopping,
         );

@@ -17,14 +17,14 @@ use crate::proto::store_server::{Store, StoreServer};
 use crate::proto::*;
 
 /// All three services on one server.
-pub(super) fn router(leader: Leader) -> Router {
-    tonic::transport::Server::builder()
+pub(super) fn router(leader: Leader, tls: Option<&crate::tls::ServerTls>) -> Result<Router, crate::flags::ConfigError> {
+    Ok(crate::tls::grpc_server(tls)?
         .add_service(StoreServer::with_interceptor(
             leader.clone(),
             crate::protocol::check_call,
         ))
         .add_service(MembershipServer::new(leader.clone()))
-        .add_service(ControlServer::new(leader))
+        .add_service(ControlServer::new(leader)))
 }
 
 type Reply<T> = Result<Response<T>, Status>;

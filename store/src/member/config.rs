@@ -68,6 +68,12 @@ pub struct MemberConfig {
     /// "Performance"); 0 never polls.
     #[arg(long, default_value = "200us", value_parser = kvcache_units::parse_duration)]
     pub spin: Duration,
+    /// TLS on the gRPC and data ports (`--tls-cert`, `--tls-key`; `tls.rs`).
+    #[command(flatten)]
+    pub tls: crate::tls::ServeFlags,
+    /// TLS to the leader (`--tls-ca`, `--tls-server-name`).
+    #[command(flatten)]
+    pub dial: crate::tls::DialFlags,
 }
 
 impl MemberConfig {
@@ -89,6 +95,8 @@ impl MemberConfig {
             same_host: false,
             member_token_file: None,
             spin: crate::spin::DEFAULT_SPIN,
+            tls: crate::tls::ServeFlags::default(),
+            dial: crate::tls::DialFlags::default(),
         }
     }
 
@@ -191,6 +199,8 @@ impl MemberConfig {
             push(&mut a, "member-token-file", p.display());
         }
         push(&mut a, "spin", format_time(self.spin));
+        self.tls.to_args(&mut a);
+        self.dial.to_args(&mut a);
         a
     }
 
@@ -240,6 +250,15 @@ mod tests {
                 no_prefault: true,
                 same_host: true,
                 spin: Duration::from_millis(3),
+                tls: crate::tls::ServeFlags {
+                    tls_cert: Some("/etc/kv-store/tls/tls.crt".into()),
+                    tls_key: Some("/etc/kv-store/tls/tls.key".into()),
+                },
+                dial: crate::tls::DialFlags {
+                    tls_ca: Some("/etc/kv-store/tls/ca.crt".into()),
+                    tls_server_name: Some("b.kvstore.internal".into()),
+                    tls_ca_pem: None,
+                },
                 ..MemberConfig::new("leader.svc:50051", 1536 << 20)
             },
             MemberConfig {
@@ -260,7 +279,7 @@ mod tests {
         for n in ["leader", "capacity", "name", "no-prefault", "data-listen", "spin"] {
             assert!(names.iter().any(|f| f == n), "{n} missing from {names:?}");
         }
-        assert_eq!(names.len(), 14, "{names:?}");
+        assert_eq!(names.len(), 18, "{names:?}");
         let e = MemberConfig::new("l:1", 0).validate().unwrap_err();
         assert_eq!(e.to_string(), "--capacity: must be greater than 0 (e.g. 8Gi)");
         let e = MemberConfig {

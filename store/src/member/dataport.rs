@@ -1,6 +1,9 @@
-//! The member's framed data port (format in `wire.rs`): writes are received from the socket
-//! straight into the segment and reads are sent straight from it, with no copy in between (the
-//! system calls take the mapping's raw pointers: `mmap.rs`).
+//! The member's framed data port (format in `wire.rs`). On a plain connection writes are
+//! received from the socket straight into the segment and reads are sent straight from it, with
+//! no copy in between (the system calls take the mapping's raw pointers: `mmap.rs`). Over TLS
+//! (`--tls-cert`, `tls/sealed.rs`) a write's records are decrypted in place in the buffer the
+//! socket filled and copied into the segment from there; a read's bytes are copied from the
+//! segment into the buffer they are encrypted in: one copy each way besides the cipher.
 //!
 //! What one connection may cost is bounded: a connection idle for [`IDLE`] between requests is
 //! closed (clients check a pooled connection before reusing it); a header, once begun, must be
@@ -17,11 +20,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use super::mmap::{ReadRange, WriteRange};
 use super::segment::{Grant, Segment};
 use crate::error::StoreError;
 use crate::grant::Access;
 use crate::spin::HotWindow;
 use crate::time::now_unix_ms;
+use crate::tls::{Conn, ServerTls};
 use crate::wire::{Op, REQUEST_LEN, Request, Response};
 
 /// How long past its deadline a write that already started may take. The leader reuses an
@@ -34,7 +39,13 @@ pub const HEADER: Duration = Duration::from_secs(10);
 
 /// Serves the data port until `cancel` fires, then closes every connection (a transfer cut off
 /// mid-way is refused by its client's checks, and its range is released with the task).
-pub async fn serve(listener: TcpListener, segment: Arc<Segment>, hot: Arc<HotWindow>, cancel: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<ServerTls>,
+    segment: Arc<Segment>,
+    hot: Arc<HotWindow>,
+    cancel: CancellationToken,
+) {
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     crate::net::serve_connections(incoming, "data port", cancel, move |stream: TcpStream| {
         let _ = stream.set_nodelay(true);
@@ -44,8 +55,13 @@ pub async fn serve(listener: TcpListener, segment: Arc<Segment>, hot: Arc<HotWin
         }
         let segment = segment.clone();
         let hot = hot.clone();
+        let tls = tls.clone();
         async move {
-            if let Err(e) = connection(stream, &segment, &hot).await {
+            let served = match crate::tls::accept(tls.as_ref(), stream).await {
+                Ok(s) => connection(s, &segment, &hot).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = served {
                 tracing::debug!(?peer, error = %e, "data connection closed");
             }
         }
@@ -53,7 +69,7 @@ pub async fn serve(listener: TcpListener, segment: Arc<Segment>, hot: Arc<HotWin
     .await;
 }
 
-async fn connection(mut s: TcpStream, segment: &Segment, hot: &HotWindow) -> std::io::Result<()> {
+async fn connection(mut s: Conn, segment: &Segment, hot: &HotWindow) -> std::io::Result<()> {
     let mut head = [0u8; REQUEST_LEN];
     loop {
         // the whole header usually arrives at once
@@ -117,12 +133,18 @@ fn grant(req: &Request) -> Grant {
 }
 
 /// Returns `false` when the connection must close.
-async fn write(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::Result<bool> {
+async fn write(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result<bool> {
     segment.settle(&grant(&req), Access::Write, req.len).await;
     match segment.begin_write(grant(&req), req.len) {
         Ok(mut range) => {
             let left = Duration::from_millis(req.deadline_unix_ms.saturating_sub(now_unix_ms())) + WRITE_GRACE;
-            match tokio::time::timeout(left, range.recv_from(s)).await {
+            let received = async {
+                match s {
+                    Conn::Plain(tcp) => range.recv_from(tcp).await,
+                    Conn::Sealed(_) => recv_decrypted(s, &mut range).await,
+                }
+            };
+            match tokio::time::timeout(left, received).await {
                 Ok(r) => {
                     r?;
                 }
@@ -138,6 +160,7 @@ async fn write(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::R
             drop(range);
             segment.wrote(req.len);
             s.write_all(&Response { ok: true, len: 0 }.encode()).await?;
+            s.flush().await?;
             Ok(true)
         }
         Err(e) => {
@@ -172,14 +195,20 @@ async fn write(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::R
 }
 
 /// Returns `false` when the connection must close.
-async fn read(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::Result<bool> {
+async fn read(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result<bool> {
     segment.settle(&grant(&req), Access::Read, req.len).await;
     match segment.begin_read(grant(&req), req.len) {
         Ok(range) => {
             let head = Response { ok: true, len: req.len }.encode();
             // the claim ends with the lease: a reader that stops reading loses the connection
             let left = Duration::from_millis(req.deadline_unix_ms.saturating_sub(now_unix_ms()));
-            match tokio::time::timeout(left, range.send_to(s, &head)).await {
+            let sent = async {
+                match s {
+                    Conn::Plain(tcp) => range.send_to(tcp, &head).await,
+                    Conn::Sealed(_) => send_encrypted(s, &range, &head).await,
+                }
+            };
+            match tokio::time::timeout(left, sent).await {
                 Ok(r) => r?,
                 Err(_) => {
                     tracing::warn!(
@@ -201,7 +230,61 @@ async fn read(s: &mut TcpStream, segment: &Segment, req: Request) -> std::io::Re
     }
 }
 
-async fn refuse(s: &mut TcpStream, e: &StoreError) -> std::io::Result<()> {
+/// Fills `range` from a TLS connection, each decrypted record copied in from TLS's own buffer.
+async fn recv_decrypted(s: &mut Conn, range: &mut WriteRange<'_>) -> std::io::Result<()> {
+    use tokio::io::{AsyncBufRead, AsyncBufReadExt};
+    async fn fill<R: AsyncBufRead + Unpin>(r: &mut R, range: &mut WriteRange<'_>) -> std::io::Result<()> {
+        let mut done = 0;
+        while done < range.len() {
+            let buf = r.fill_buf().await?;
+            if buf.is_empty() {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            let n = buf.len().min((range.len() - done) as usize);
+            range.copy_part(done, &buf[..n]).map_err(std::io::Error::other)?;
+            r.consume(n);
+            done += n as u64;
+        }
+        Ok(())
+    }
+    match s {
+        Conn::Sealed(tls) => fill(tls.as_mut(), range).await,
+        Conn::Plain(tcp) => range.recv_from(tcp).await,
+    }
+}
+
+/// Sends `head` and then the range's bytes on a TLS connection, each piece copied from the
+/// segment straight into the buffer it is encrypted in.
+async fn send_encrypted(s: &mut Conn, range: &ReadRange<'_>, head: &[u8]) -> std::io::Result<()> {
+    let Conn::Sealed(tls) = s else {
+        return range_plain(s, range, head).await;
+    };
+    let h = head.len() as u64;
+    tls.send_with(h + range.len(), |at, dst| {
+        let mut dst = dst;
+        let mut at = at;
+        if at < h {
+            let n = ((h - at) as usize).min(dst.len());
+            dst[..n].copy_from_slice(&head[at as usize..at as usize + n]);
+            dst = &mut dst[n..];
+            at += n as u64;
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        range.copy_part(at - h, dst).map_err(std::io::Error::other)
+    })
+    .await
+}
+
+async fn range_plain(s: &mut Conn, range: &ReadRange<'_>, head: &[u8]) -> std::io::Result<()> {
+    match s {
+        Conn::Plain(tcp) => range.send_to(tcp, head).await,
+        Conn::Sealed(_) => Err(std::io::Error::other("a TLS connection taken for a plain one")),
+    }
+}
+
+async fn refuse(s: &mut Conn, e: &StoreError) -> std::io::Result<()> {
     let msg = e.to_string();
     let head = Response {
         ok: false,
@@ -209,5 +292,6 @@ async fn refuse(s: &mut TcpStream, e: &StoreError) -> std::io::Result<()> {
     }
     .encode();
     let mut buf = Buf::chain(&head[..], msg.as_bytes());
-    s.write_all_buf(&mut buf).await
+    s.write_all_buf(&mut buf).await?;
+    s.flush().await
 }

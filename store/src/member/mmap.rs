@@ -270,6 +270,15 @@ impl WriteRange<'_> {
         self.map.copy_in(self.offset, src)
     }
 
+    /// Fills the range's bytes from `at` with `src` (for bytes that arrive in pieces, decrypted
+    /// in this process's memory first: `dataport.rs` over TLS).
+    pub fn copy_part(&mut self, at: u64, src: &[u8]) -> Result<(), StoreError> {
+        if at.checked_add(src.len() as u64).is_none_or(|end| end > self.len) {
+            return Err(out_of_range(at, src.len() as u64, self.len));
+        }
+        self.map.copy_in(self.offset + at, src)
+    }
+
     /// Fills the range with the next bytes of `s`, received straight into the mapping.
     pub async fn recv_from(&mut self, s: &TcpStream) -> io::Result<()> {
         let len = self.len as usize;
@@ -334,6 +343,15 @@ impl ReadRange<'_> {
         // cannot fail: the claim was checked against the mapping's bounds
         let _ = self.map.copy_out(self.offset, &mut out);
         out
+    }
+
+    /// Copies the range's bytes from `at` into `dst` (for bytes sent in pieces, encrypted in this
+    /// process's memory: `dataport.rs` over TLS).
+    pub fn copy_part(&self, at: u64, dst: &mut [u8]) -> Result<(), StoreError> {
+        if at.checked_add(dst.len() as u64).is_none_or(|end| end > self.len) {
+            return Err(out_of_range(at, dst.len() as u64, self.len));
+        }
+        self.map.copy_out(self.offset + at, dst)
     }
 
     /// Sends `head` and then the range's bytes on `s`, straight from the mapping (one vectored
@@ -411,10 +429,22 @@ mod tests {
         assert_eq!(m.write_range(50, 100).unwrap_err().code, ErrorCode::RangeBusy);
         assert_eq!(m.read_range(99, 1).unwrap_err().code, ErrorCode::RangeBusy);
         let r2 = m.read_range(100, 10).unwrap();
+        // pieces stay inside their claim
+        w.copy_part(90, &[8u8; 10]).unwrap();
+        assert_eq!(w.copy_part(91, &[8u8; 10]).unwrap_err().code, ErrorCode::OutOfRange);
+        assert_eq!(
+            w.copy_part(u64::MAX, &[8u8; 1]).unwrap_err().code,
+            ErrorCode::OutOfRange
+        );
+        w.copy_part(90, &[7u8; 10]).unwrap();
+        let mut piece = [0u8; 10];
+        assert_eq!(r2.copy_part(1, &mut piece).unwrap_err().code, ErrorCode::OutOfRange);
         drop(w);
         let r = m.read_range(0, 100).unwrap();
         let r3 = m.read_range(0, 100).unwrap();
         assert!(r.to_vec().iter().all(|b| *b == 7));
+        r.copy_part(95, &mut piece[..5]).unwrap();
+        assert_eq!(piece[..5], [7u8; 5]);
         assert_eq!(m.write_range(0, 1).unwrap_err().code, ErrorCode::RangeBusy);
         drop((r, r2, r3));
         assert!(m.write_range(0, 1 << 16).is_ok());

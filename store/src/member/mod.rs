@@ -54,6 +54,14 @@ pub struct Member {
     instance_id: u64,
     /// the member token (`--member-token-file`), shown on every Membership call
     token: Option<String>,
+    tls: Tls,
+}
+
+/// A member's TLS: what its gRPC and data ports serve with, and what it trusts the leader by.
+#[derive(Debug)]
+struct Tls {
+    server: Option<crate::tls::ServerTls>,
+    client: Option<crate::tls::ClientTls>,
 }
 
 /// Where a member's listeners are bound (with port 0 resolved).
@@ -75,6 +83,10 @@ impl Member {
             .map(|p| crate::auth::read_token(p))
             .transpose()
             .map_err(|e| crate::flags::ConfigError::new("member-token-file", e))?;
+        let tls = Tls {
+            server: cfg.tls.server()?,
+            client: cfg.dial.client()?,
+        };
         let map = mmap::SharedMap::create(&cfg.shm_dir, cfg.capacity, !cfg.no_prefault).map_err(|e| {
             StoreError::new(
                 ErrorCode::Internal,
@@ -134,6 +146,7 @@ impl Member {
             readiness: ReadinessHandle::new(),
             instance_id,
             token,
+            tls,
         })
     }
 
@@ -185,6 +198,7 @@ impl Member {
             metrics: metrics_listener,
             readiness,
             token,
+            tls,
             ..
         } = self;
         metrics::register(segment.clone(), readiness.clone(), &mut registry);
@@ -199,7 +213,13 @@ impl Member {
         });
         tracing::info!(name = %req.name, grpc = %req.grpc_addr, data = %req.data_addr, capacity = cfg.capacity, "member serving");
         let hot = crate::spin::HotWindow::start(cfg.spin);
-        let dataport = Task::spawn(dataport::serve(data, segment.clone(), hot.clone(), stop.clone()));
+        let dataport = Task::spawn(dataport::serve(
+            data,
+            tls.server.clone(),
+            segment.clone(),
+            hot.clone(),
+            stop.clone(),
+        ));
         let same_host = local_listener.map(|(l, _)| {
             Task::spawn(local::serve(
                 l,
@@ -217,11 +237,12 @@ impl Member {
             readiness: readiness.clone(),
         }
         .server(max);
+        let builder = crate::tls::grpc_server(tls.server.as_ref())?;
         let grpc_server = {
             let stop = stop.clone();
             let segment = segment.clone();
             Task::spawn(async move {
-                let server = tonic::transport::Server::builder()
+                let server = builder
                     .max_concurrent_streams(service::MAX_STREAMS)
                     .layer(service::GrantFirstLayer(segment.clone()))
                     .add_service(svc)
@@ -234,7 +255,15 @@ impl Member {
         };
 
         let mounted = tokio::select! {
-            r = mount::stay_mounted(&cfg.leader, cfg.kubeconfig.as_deref(), req, token.as_deref(), &segment, &readiness) => r,
+            r = mount::stay_mounted(
+                &cfg.leader,
+                cfg.kubeconfig.as_deref(),
+                req,
+                token.as_deref(),
+                tls.client.as_ref(),
+                &segment,
+                &readiness,
+            ) => r,
             () = stop.cancelled() => Ok(()),
         };
         readiness.set(Readiness::Stopping);

@@ -20,7 +20,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+use crate::tls::ClientTls;
 
 use super::segment::Segment;
 use crate::election::kube::{KubeLeases, LeaseRef};
@@ -81,8 +83,8 @@ impl Finder {
     }
 }
 
-async fn connect(addr: &str) -> Result<Channel, StoreError> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}")).map_err(|e| {
+async fn connect(addr: &str, tls: Option<&ClientTls>) -> Result<Channel, StoreError> {
+    let endpoint = crate::tls::grpc_endpoint(addr, tls).map_err(|e| {
         StoreError::new(
             ErrorCode::InvalidArgument,
             format!("leader address {addr:?} is not a usable HOST:PORT: {e}"),
@@ -108,6 +110,7 @@ pub(super) async fn stay_mounted(
     kubeconfig: Option<&Path>,
     req: MountRequest,
     token: Option<&str>,
+    tls: Option<&ClientTls>,
     segment: &Segment,
     readiness: &ReadinessHandle,
 ) -> Result<(), StoreError> {
@@ -120,7 +123,7 @@ pub(super) async fn stay_mounted(
         readiness.set(Readiness::Starting);
         let attempt = async {
             let addr = finder.find().await?;
-            let channel = connect(&addr).await?;
+            let channel = connect(&addr, tls).await?;
             Ok::<_, StoreError>((addr, channel))
         };
         let (addr, channel) = match attempt.await {
@@ -167,7 +170,7 @@ pub(super) async fn stay_mounted(
             epoch = mounted.epoch,
             "segment mounted"
         );
-        heartbeat(&finder, &addr, client, &mounted, req.instance_id, token).await;
+        heartbeat(&finder, &addr, tls, client, &mounted, req.instance_id, token).await;
     }
 }
 
@@ -235,6 +238,7 @@ async fn mount(
 async fn heartbeat(
     finder: &Finder,
     addr: &str,
+    tls: Option<&ClientTls>,
     mut client: MembershipClient<Channel>,
     mounted: &MountResponse,
     instance_id: u64,
@@ -283,7 +287,7 @@ async fn heartbeat(
                     tracing::warn!(%addr, error = %why, "heartbeat failed; retrying");
                 }
                 // a fresh connection: the old one may lead to a leader that stopped or hangs
-                if let Ok(c) = connect(addr).await {
+                if let Ok(c) = connect(addr, tls).await {
                     client = MembershipClient::new(c);
                 }
             }
