@@ -94,6 +94,8 @@ pub fn render(docs: &[(String, Value)], namespace: &str, config: &Config) -> Res
                 // minted by the Binding controller into a Secret when the controllers run;
                 // offline there is none to reference
                 credential: None,
+                // likewise the store's CA, which the runtime keeps in the cluster's Secret
+                tls: None,
             })
         });
         if md.spec.binding_name().is_some() && connection.is_none() {

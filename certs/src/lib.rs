@@ -165,6 +165,19 @@ impl Authority {
     }
 }
 
+/// The CA `<stem>.crt`/`<stem>.key` in `dir` (made once, named `common_name`, and kept), for
+/// certificates of a PKI other than the server's: the store's (`apiserver/src/runtime/store_tls.rs`).
+pub fn authority_in(dir: &Path, stem: &str, common_name: &str) -> Result<Authority, CertError> {
+    fs::create_dir_all(dir).map_err(|source| io(dir, source))?;
+    Authority::from_pair(load_or_create(dir, stem, common_name)?)
+}
+
+/// Writes `pair` as `<stem>.crt` (0644) and `<stem>.key` (0600) in `dir`.
+pub fn write_cert_pair(dir: &Path, stem: &str, pair: &CertPair) -> Result<(), CertError> {
+    fs::create_dir_all(dir).map_err(|source| io(dir, source))?;
+    write_pair(dir, stem, pair)
+}
+
 /// The files of an aggregated install, in one directory.
 #[derive(Clone, Debug)]
 pub struct Install {

@@ -46,6 +46,27 @@ fn scope(s: &Server) -> Scope {
     }
 }
 
+/// What dials the backend's store: the local runtime serves it with TLS, under the store CA it
+/// keeps in the data directory, for the backend's store name.
+fn tls(s: &Server) -> kvcache_store::tls::ClientTls {
+    let ca = s.dir.path().join("store-tls/ca.crt");
+    kvcache_store::tls::ClientTls::load(&ca, Some("mooncake-dram.kvstore.internal".into())).expect("the store's CA")
+}
+
+/// A gRPC channel to a leader or member process of the backend.
+async fn channel(s: &Server, addr: &str) -> Option<tonic::transport::Channel> {
+    kvcache_store::tls::grpc_endpoint(addr, Some(&tls(s)))
+        .ok()?
+        .connect()
+        .await
+        .ok()
+}
+
+/// A client of the walkthrough's tenant (or `scope`) through `front`.
+async fn client(s: &Server, front: &str, scope: Scope) -> Option<Client> {
+    Client::connect_tls(front, scope, Some(tls(s))).await.ok()
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -99,9 +120,7 @@ fn wait_standbys(s: &Server, port: &str) {
         let mut roles = rt().block_on(async {
             let mut roles = Vec::new();
             for a in &addrs {
-                let mut c = kvcache_store::proto::control_client::ControlClient::connect(format!("http://{a}"))
-                    .await
-                    .ok()?;
+                let mut c = kvcache_store::proto::control_client::ControlClient::new(channel(s, a).await?);
                 roles.push(c.health(HealthRequest {}).await.ok()?.into_inner().role);
             }
             Some(roles)
@@ -112,10 +131,10 @@ fn wait_standbys(s: &Server, port: &str) {
 }
 
 /// The store is whole again: a leader serves through the front with both members mounted.
-fn wait_whole(front: &str, capacity: u64) {
+fn wait_whole(s: &Server, front: &str, capacity: u64) {
     eventually(30, "the new leader serves with both members mounted", || {
         rt().block_on(async {
-            let c = Client::connect(front, Scope::default()).await.ok()?;
+            let c = client(s, front, Scope::default()).await?;
             let h = c.control().health(HealthRequest {}).await.ok()?.into_inner();
             (h.serving && h.members == 2 && h.capacity == capacity).then_some(())
         })
@@ -239,7 +258,9 @@ fn engine(front: &str, s: &Server) -> Stopped {
             ("KVSTORE_ROUNDS", "0"),
             ("KVSTORE_ROUND_PAUSE", "50ms"),
             ("KVSTORE_CREDENTIAL", credential.as_str()),
+            ("KVSTORE_TLS_SERVER_NAME", "mooncake-dram.kvstore.internal"),
         ])
+        .env("KVSTORE_TLS_CA", s.dir.path().join("store-tls/ca.crt"))
         .stdout(std::fs::File::create(dir.join("engine.out")).expect("the engine's output file"))
         .stderr(std::fs::File::create(dir.join("engine.err")).expect("the engine's log file"))
         .stdin(Stdio::null())
@@ -260,7 +281,7 @@ fn twenty_crash_failovers_under_load_never_serve_a_wrong_byte() {
     let port = leader_port(&k);
     let front = format!("127.0.0.1:{port}");
     let capacity = 2u64 << 30;
-    wait_whole(&front, capacity);
+    wait_whole(&s, &front, capacity);
     let mut sim = engine(&front, &s);
     let rounds = || std::fs::read_to_string(s.dir.path().join("engine.out")).unwrap_or_default();
     eventually(30, "the engine runs rounds", || {
@@ -273,18 +294,18 @@ fn twenty_crash_failovers_under_load_never_serve_a_wrong_byte() {
         let marker = format!("marker/{i}");
         eventually(30, "a marker is written before the kill", || {
             rt().block_on(async {
-                let c = Client::connect(&front, scope(&s)).await.ok()?;
+                let c = client(&s, &front, scope(&s)).await?;
                 c.put(&marker, value(i)).await.ok()
             })
         });
         signal("-KILL", leader_pid(&s, &port, &h));
         let (h2, term2) = eventually(30, "another term serves", || holder(&k).filter(|(_, t)| *t > term));
         assert_ne!(h2, h, "failover {i}: a standby serves, not the killed leader restarted");
-        wait_whole(&front, capacity);
+        wait_whole(&s, &front, capacity);
         // the cache is cold: the marker misses, and can be written and read again
         eventually(30, "the old key misses, then is written again", || {
             rt().block_on(async {
-                let c = Client::connect(&front, scope(&s)).await.ok()?;
+                let c = client(&s, &front, scope(&s)).await?;
                 assert_eq!(c.get(&marker).await.ok()?, None, "failover {i}: an old key was served");
                 c.put(&marker, value(i)).await.ok()?;
                 (c.get(&marker).await.ok()?? == value(i)).then_some(())
@@ -338,20 +359,20 @@ fn a_paused_leader_that_lost_its_lease_places_no_byte() {
     apply_with_standbys(&k);
     let port = leader_port(&k);
     let front = format!("127.0.0.1:{port}");
-    wait_whole(&front, 2 << 30);
+    wait_whole(&s, &front, 2 << 30);
     let (old, term) = holder(&k).expect("a holder");
     let pid = leader_pid(&s, &port, &old);
     let rt = rt();
     // a writer that talks to the old leader directly reserves a range before the pause
-    let channel = rt
+    let to_old = rt
         .block_on(
-            tonic::transport::Endpoint::from_shared(format!("http://{old}"))
+            kvcache_store::tls::grpc_endpoint(&old, Some(&tls(&s)))
                 .unwrap()
                 .connect(),
         )
         .unwrap();
     let ours = kvcache_store::protocol::SendVersion(kvcache_store::protocol::ClientVersion::ours("ha-test"));
-    let mut direct = StoreClient::with_interceptor(channel, ours);
+    let mut direct = StoreClient::with_interceptor(to_old, ours);
     let reserved = rt
         .block_on(direct.put_start(PutStartRequest {
             scope: Some(scope(&s)),
@@ -366,14 +387,15 @@ fn a_paused_leader_that_lost_its_lease_places_no_byte() {
     let resumed = std::panic::catch_unwind(|| {
         let (new, term2) = eventually(30, "a standby takes over", || holder(&k).filter(|(_, t)| *t > term));
         assert_ne!(new, old);
-        wait_whole(&front, 2 << 30);
+        wait_whole(&s, &front, 2 << 30);
         term2
     });
     signal("-CONT", pid);
     let term2 = resumed.unwrap_or_else(|e| std::panic::resume_unwind(e));
     // the member refuses the old leader's range: an older epoch than it mounted under
     let mut member = rt
-        .block_on(SegmentDataClient::connect(format!("http://{}", loc.grpc_addr)))
+        .block_on(channel(&s, &loc.grpc_addr))
+        .map(SegmentDataClient::new)
         .unwrap();
     let write = rt.block_on(member.write(kvcache_store::member::service::write_request(
         &loc,
@@ -404,15 +426,13 @@ fn a_paused_leader_that_lost_its_lease_places_no_byte() {
     assert!(again.unwrap_err().message().starts_with("NOT_SERVING:"));
     // nothing of it reaches a reader, and the old leader stands by under the new holder
     rt.block_on(async {
-        let c = Client::connect(&front, scope(&s)).await.unwrap();
+        let c = client(&s, &front, scope(&s)).await.unwrap();
         assert_eq!(c.get("fence/k").await.unwrap(), None);
         assert_eq!(c.get("fence/other").await.unwrap(), None);
     });
     eventually(30, "the resumed leader stands by", || {
         rt.block_on(async {
-            let mut c = kvcache_store::proto::control_client::ControlClient::connect(format!("http://{old}"))
-                .await
-                .ok()?;
+            let mut c = kvcache_store::proto::control_client::ControlClient::new(channel(&s, &old).await?);
             let h = c.health(HealthRequest {}).await.ok()?.into_inner();
             (!h.serving && h.role == "standby").then_some(())
         })
@@ -452,10 +472,10 @@ fn lease_addressed_members_follow_the_holder() {
             "{m}"
         );
     }
-    wait_whole(&front, 2 << 30);
+    wait_whole(&s, &front, 2 << 30);
     let (h, term) = holder(&k).expect("a holder");
     signal("-KILL", leader_pid(&s, &port, &h));
     eventually(30, "another term serves", || holder(&k).filter(|(_, t)| *t > term));
-    wait_whole(&front, 2 << 30);
+    wait_whole(&s, &front, 2 << 30);
     wait_granted(&k, "1Gi");
 }

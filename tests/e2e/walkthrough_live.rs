@@ -72,6 +72,7 @@ fn the_walkthrough_runs_on_one_machine() {
     let store = std::path::Path::new(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
     let anonymous = std::process::Command::new(&store)
         .args(["tenants", "--leader", &endpoint, "--set", "intruder=1Gi:64:bfloat16"])
+        .args(store_tls(&s))
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&anonymous.stderr);
@@ -87,6 +88,7 @@ fn the_walkthrough_runs_on_one_machine() {
     let read = std::process::Command::new(&store)
         .args(["tenants", "--leader", &endpoint, "--control-token-file"])
         .arg(&token)
+        .args(store_tls(&s))
         .output()
         .unwrap();
     assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
@@ -476,12 +478,24 @@ fn engine_credentials(s: &Server, port: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// The flags that make `kv-store` trust the walkthrough backend's store: the local runtime serves
+/// every store port with TLS, under the CA it keeps in the data directory.
+fn store_tls(s: &Server) -> Vec<String> {
+    vec![
+        "--tls-ca".into(),
+        s.dir.path().join("store-tls/ca.crt").display().to_string(),
+        "--tls-server-name".into(),
+        "mooncake-dram.kvstore.internal".into(),
+    ]
+}
+
 /// The tenant `team-a`'s line of `kv-store tenants`, read with the controllers' token.
 fn tenant_row(s: &Server, endpoint: &str) -> serde_json::Value {
     let store = std::path::Path::new(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
     let out = std::process::Command::new(&store)
         .args(["tenants", "--leader", endpoint, "--control-token-file"])
         .arg(s.dir.path().join("store-tokens/control.token"))
+        .args(store_tls(s))
         .output()
         .expect("kv-store tenants runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -510,7 +524,7 @@ fn rounds_logged(s: &Server, name: &str) -> Vec<serde_json::Value> {
 
 /// A simulated engine of tenant `default` with `credential`: what its single round reports,
 /// or why it failed.
-fn engine_round(endpoint: &str, credential: Option<&str>) -> serde_json::Value {
+fn engine_round(s: &Server, endpoint: &str, credential: Option<&str>) -> serde_json::Value {
     let store = std::path::Path::new(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
     let mut cmd = std::process::Command::new(&store);
     cmd.arg("engine-sim")
@@ -521,7 +535,9 @@ fn engine_round(endpoint: &str, credential: Option<&str>) -> serde_json::Value {
         .env("KVSTORE_DTYPE", "bfloat16")
         .env("KVSTORE_BLOCK_BYTES", "16Ki")
         .env("KVSTORE_SESSIONS", "1")
-        .env("KVSTORE_REQUESTS", "2");
+        .env("KVSTORE_REQUESTS", "2")
+        .env("KVSTORE_TLS_CA", s.dir.path().join("store-tls/ca.crt"))
+        .env("KVSTORE_TLS_SERVER_NAME", "mooncake-dram.kvstore.internal");
     if let Some(c) = credential {
         cmd.env("KVSTORE_CREDENTIAL", c);
     }
@@ -551,20 +567,36 @@ fn a_bindings_credential_is_private_injected_and_rotated_without_a_cold_cache() 
     let everything = k.ok(&["get", "kvcpb,md,kvcp,kvcb", "-A", "-o", "yaml"]);
     assert!(!everything.contains(&first), "the credential is in the API");
     assert_eq!(engine_credentials(&s, &port), BTreeSet::from([first.clone()]));
+    // and they trust the store's CA for the backend's name (every store port is TLS)
+    for (pid, _) in store_processes(&s, &port)
+        .into_iter()
+        .filter(|(_, c)| c.contains("engine-sim"))
+    {
+        let env = environ(pid);
+        assert!(
+            env.iter()
+                .any(|e| e == "KVSTORE_TLS_SERVER_NAME=mooncake-dram.kvstore.internal"),
+            "{env:?}"
+        );
+        assert!(
+            env.iter()
+                .any(|e| e.starts_with("KVSTORE_TLS_CA_PEM=-----BEGIN CERTIFICATE-----"))
+        );
+    }
     assert_eq!(tenant_row(&s, &endpoint)["credentials"], 1);
 
     // Without the credential, or with another, every call is refused; with it, calls succeed.
-    let none = engine_round(&endpoint, None);
+    let none = engine_round(&s, &endpoint, None);
     assert_eq!(
         (none["hits"].as_u64(), none["stored"].as_u64()),
         (Some(0), Some(0)),
         "{none}"
     );
     assert!(none["errors"].as_u64().unwrap() > 0, "{none}");
-    let wrong = engine_round(&endpoint, Some("not-the-credential"));
+    let wrong = engine_round(&s, &endpoint, Some("not-the-credential"));
     assert_eq!(wrong["hits"], 0, "{wrong}");
     assert!(wrong["errors"].as_u64().unwrap() > 0, "{wrong}");
-    assert_eq!(engine_round(&endpoint, Some(&first))["errors"], 0);
+    assert_eq!(engine_round(&s, &endpoint, Some(&first))["errors"], 0);
 
     // Both replicas ran their three rounds: from here a warm cache answers every block.
     eventually(90, "both replicas ran three rounds", || {
@@ -618,12 +650,12 @@ fn a_bindings_credential_is_private_injected_and_rotated_without_a_cold_cache() 
         "blocks were written again: {before} {after}"
     );
     assert_eq!(after["credentials"], 1);
-    let old = engine_round(&endpoint, Some(&first));
+    let old = engine_round(&s, &endpoint, Some(&first));
     assert!(
         old["errors"].as_u64().unwrap() > 0,
         "the retired credential still works: {old}"
     );
-    assert_eq!(engine_round(&endpoint, Some(&second))["errors"], 0);
+    assert_eq!(engine_round(&s, &endpoint, Some(&second))["errors"], 0);
     assert_eq!(jp(&k, MD, "{.status.phase}"), "Ready");
 
     // Deleted and created again, the Binding gets a credential of its own.

@@ -18,6 +18,9 @@
 //!   configuration file (`MOONCAKE_CONFIG_PATH`), SGLang's `mooncake` backend with its
 //!   `MOONCAKE_*` variables.
 //!
+//! Where the store serves TLS, engines of our store also get `KVSTORE_TLS_CA_PEM` (the store's CA,
+//! which is public) and `KVSTORE_TLS_SERVER_NAME` (the backend's store name).
+//!
 //! Where the leader binds the tenant to credentials, every engine also gets the Binding's
 //! credential as `KVSTORE_CREDENTIAL`, kept apart from the plain environment so a cluster renders
 //! it from the Binding's Secret; nothing secret is on a command line or in a file the Pod spec
@@ -80,7 +83,21 @@ pub struct Connection {
     pub protocol: String,
     /// The Binding's current credential; `None` when the leader keeps no ledger.
     pub credential: Option<ReplicaCredential>,
+    /// The store's TLS, when it serves TLS (`runtime/store_tls.rs`).
+    pub tls: Option<StoreTrust>,
 }
+
+/// What a replica trusts the store by: the store's CA (PEM; a CA certificate is public, so it
+/// travels in the plain environment) and the name its certificates carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreTrust {
+    pub ca_pem: String,
+    pub server_name: String,
+}
+
+/// The variables telling a replica's client the store's TLS.
+pub const STORE_CA_ENV: &str = kvcache_store::tls::CA_PEM_ENV;
+pub const STORE_SERVER_NAME_ENV: &str = kvcache_store::tls::SERVER_NAME_ENV;
 
 /// What one replica receives.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -128,6 +145,10 @@ pub fn inject(engine: EngineName, kind: RoleKind, conn: Option<&Connection>, dty
     match &c.store {
         StoreKind::Ours { package_image } => {
             env.push(("PYTHONPATH".into(), PACKAGE_DIR.into()));
+            if let Some(t) = &c.tls {
+                env.push((STORE_CA_ENV.into(), t.ca_pem.clone()));
+                env.push((STORE_SERVER_NAME_ENV.into(), t.server_name.clone()));
+            }
             out.package_image = Some(package_image.clone());
             ours(engine, kind, c, &mut out.args);
         }
@@ -258,7 +279,38 @@ mod tests {
             dtype: "bfloat16".into(),
             protocol: "tcp".into(),
             credential: tenant.map(|_| ReplicaCredential::new("cache", "secret-value")),
+            tls: None,
         }
+    }
+
+    #[test]
+    fn a_store_that_serves_tls_gives_our_engines_its_ca_and_name_and_the_references_nothing() {
+        let trust = StoreTrust {
+            ca_pem: "-----BEGIN CERTIFICATE-----".into(),
+            server_name: "b.kvstore.internal".into(),
+        };
+        let tls = Connection {
+            tls: Some(trust.clone()),
+            ..conn(Some("default"), ours())
+        };
+        for engine in [EngineName::Vllm, EngineName::Sglang] {
+            let i = inject(engine, RoleKind::Server, Some(&tls), false);
+            assert_eq!(get(&i, STORE_CA_ENV), Some("-----BEGIN CERTIFICATE-----"));
+            assert_eq!(get(&i, STORE_SERVER_NAME_ENV), Some("b.kvstore.internal"));
+        }
+        let plain = inject(
+            EngineName::Vllm,
+            RoleKind::Server,
+            Some(&conn(Some("default"), ours())),
+            false,
+        );
+        assert!(get(&plain, STORE_CA_ENV).is_none());
+        let reference = Connection {
+            tls: Some(trust),
+            ..conn(Some("default"), StoreKind::Mooncake)
+        };
+        let i = inject(EngineName::Vllm, RoleKind::Server, Some(&reference), false);
+        assert!(get(&i, STORE_CA_ENV).is_none() && get(&i, STORE_SERVER_NAME_ENV).is_none());
     }
 
     fn ours() -> StoreKind {

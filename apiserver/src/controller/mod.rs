@@ -169,16 +169,32 @@ impl Context {
         self.runtime.cluster_client().unwrap_or_else(|| self.client.clone())
     }
 
-    /// A channel to the store leader at `endpoint`, with this server's call timeout and the
-    /// controllers' token (the one way every controller reaches a leader).
-    pub async fn leader(&self, endpoint: &str) -> Result<store_client::LeaderClient, store_client::LeaderError> {
-        store_client::LeaderClient::connect(endpoint, self.opts.leader_timeout, self.secrets.control_token()).await
+    /// A channel to `backend`'s store leader at `endpoint`, with this server's call timeout, the
+    /// controllers' token and, for a backend this server runs, the store's TLS (the one way every
+    /// controller reaches a leader).
+    pub async fn leader(
+        &self,
+        backend: Option<&KVCacheBackend>,
+        endpoint: &str,
+    ) -> Result<store_client::LeaderClient, store_client::LeaderError> {
+        let tls = match backend.filter(|b| b.spec.managed().is_some()) {
+            Some(b) => self
+                .secrets
+                .store_tls(&kube::ResourceExt::name_any(b))
+                .map_err(store_client::LeaderError)?,
+            None => None,
+        };
+        store_client::LeaderClient::connect(endpoint, self.opts.leader_timeout, self.secrets.control_token(), tls).await
     }
 
-    /// The tenant ledger of the leader at `admin` (its Admin endpoint), in one connection; the
-    /// error says what failed in the store's words.
-    pub async fn ledger(&self, admin: &str) -> Result<kvcache_store::proto::GetTenantsResponse, String> {
-        match self.leader(admin).await {
+    /// The tenant ledger of `backend`'s leader at `admin` (its Admin endpoint), in one
+    /// connection; the error says what failed in the store's words.
+    pub async fn ledger(
+        &self,
+        backend: Option<&KVCacheBackend>,
+        admin: &str,
+    ) -> Result<kvcache_store::proto::GetTenantsResponse, String> {
+        match self.leader(backend, admin).await {
             Ok(l) => l.tenants().await.map_err(|e| e.0),
             Err(e) => Err(e.0),
         }

@@ -10,7 +10,7 @@ use kvcache_store::proto::{
     GetMembersRequest, GetTenantsRequest, GetTenantsResponse, HealthRequest, HealthResponse, MemberStatus, PoolEntry,
     SetTenantsRequest, TenantEntry,
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// A leader's answer, read in one pass.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,14 +41,16 @@ pub struct LeaderClient {
 }
 
 impl LeaderClient {
-    /// Connects to the leader at `endpoint` (HOST:PORT); each call then has `timeout`.
+    /// Connects to the leader at `endpoint` (HOST:PORT), over TLS with `tls`; each call then has
+    /// `timeout`.
     pub async fn connect(
         endpoint: &str,
         timeout: Duration,
         token: Option<String>,
+        tls: Option<kvcache_store::tls::ClientTls>,
     ) -> Result<LeaderClient, LeaderError> {
         let unreachable = |e: String| LeaderError(format!("cannot reach the leader at {endpoint}: {e}"));
-        let channel = Endpoint::from_shared(format!("http://{endpoint}"))
+        let channel = kvcache_store::tls::grpc_endpoint(endpoint, tls.as_ref())
             .map_err(|e| unreachable(e.to_string()))?
             .connect_timeout(timeout)
             .timeout(timeout)

@@ -10,6 +10,7 @@
 pub mod credentials;
 pub mod kubernetes;
 pub mod local;
+pub mod store_tls;
 pub mod tokens;
 
 use std::collections::BTreeMap;
@@ -343,6 +344,18 @@ pub trait Secrets: Send + Sync + std::fmt::Debug {
 
     /// Where the tenant credentials of Bindings are kept (never in the API).
     fn credentials(&self) -> &dyn credentials::Keeper;
+
+    /// What dials the leaders and members of the managed backend `backend`, when this runtime
+    /// runs them with TLS (`store_tls.rs`); `Ok(None)`: plaintext; an error: not known yet.
+    fn store_tls(&self, _backend: &str) -> Result<Option<kvcache_store::tls::ClientTls>, String> {
+        Ok(None)
+    }
+
+    /// The store's CA (PEM), which engines trust, when this runtime runs stores with TLS;
+    /// an error: not known yet.
+    fn store_ca_pem(&self) -> Result<Option<String>, String> {
+        Ok(None)
+    }
 }
 
 /// Where the controllers' workloads run: the store's processes and the engine replicas.

@@ -103,7 +103,7 @@ async fn observe(
     let read = match decide::admin(&decide::endpoints(obj, observed.as_ref())) {
         None => None,
         Some(admin) => Some(
-            async { ctx.leader(&admin).await?.observe().await }
+            async { ctx.leader(Some(obj), &admin).await?.observe().await }
                 .await
                 .map_err(|e| e.0),
         ),

@@ -116,7 +116,7 @@ async fn observe(
 ) -> Result<Observed> {
     let (_, backend) = shared::pool_and_backend(&ctx.client, obj.spec.pool_name()).await?;
     let leader = match backend.as_ref().and_then(|b| shared::endpoint(b, EndpointName::Admin)) {
-        Some(a) => ctx.ledger(&a).await,
+        Some(a) => ctx.ledger(backend.as_ref(), &a).await,
         None => Err(format!(
             "the pool {:?} has no backend that publishes an endpoint yet",
             obj.spec.pool_name()

@@ -25,6 +25,9 @@ pub struct Resolved {
     pub pool: Option<KVCachePool>,
     pub backend: Option<KVCacheBackend>,
     pub credential: Option<TenantCredentials>,
+    /// The store's CA (PEM) when the runtime runs the backend's store with TLS
+    /// (`runtime/store_tls.rs`).
+    pub store_ca: Option<String>,
 }
 
 /// What the deployment attaches to.
@@ -170,6 +173,10 @@ fn connect(
             dtype: domain.dtype.unwrap_or_default(),
             protocol: "tcp".into(),
             credential,
+            tls: r.store_ca.as_ref().map(|ca| injection::StoreTrust {
+                ca_pem: ca.clone(),
+                server_name: crate::runtime::store_tls::server_name(&kube::ResourceExt::name_any(backend)),
+            }),
         }),
     )
 }

@@ -118,7 +118,7 @@ async fn leader_counts(resolved: &Resolved, c: &Connection, ctx: &Context) -> Ve
         .tenant
         .as_deref()
         .unwrap_or(kvcache_store::leader::ledger::DEFAULT_TENANT);
-    match ctx.ledger(&admin).await {
+    match ctx.ledger(resolved.backend.as_ref(), &admin).await {
         Ok(t) => t
             .tenants
             .into_iter()
@@ -146,10 +146,16 @@ async fn resolve(obj: &ModelDeployment, ctx: &Context) -> Result<Resolved> {
     };
     let (pool, backend) = shared::pool_and_backend(&ctx.client, b.spec.pool_name()).await?;
     let credential = ctx.secrets.credentials().get(&super::credential::key(&b)).await?;
+    // a store whose TLS is not known yet is not attached to: its replicas would start without it
+    let store_ca = match backend.as_ref().filter(|k| k.spec.managed().is_some()) {
+        Some(_) => ctx.secrets.store_ca_pem().map_err(super::Error::Runtime)?,
+        None => None,
+    };
     Ok(Resolved {
         binding: Some(b),
         pool,
         backend,
         credential,
+        store_ca,
     })
 }

@@ -89,7 +89,7 @@ async fn observe(obj: &KVCachePool, ctx: &Context) -> Result<(Observed, Option<L
     };
     let (leader, read) = match leader_to_read(obj, backend.as_ref(), &bindings) {
         None => (None, LeaderRead::NotAsked),
-        Some(admin) => match ctx.leader(&admin).await {
+        Some(admin) => match ctx.leader(backend.as_ref(), &admin).await {
             Err(e) => (None, LeaderRead::Unreachable(e.0)),
             Ok(l) => {
                 let read = match l.tenants().await {

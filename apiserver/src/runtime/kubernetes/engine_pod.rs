@@ -158,6 +158,10 @@ mod tests {
             dtype: "bfloat16".into(),
             protocol: "tcp".into(),
             credential: Some(crate::runtime::credentials::ReplicaCredential::new("b", "secret-value")),
+            tls: Some(crate::controller::injection::StoreTrust {
+                ca_pem: "-----BEGIN CERTIFICATE-----".into(),
+                server_name: "store.kvstore.internal".into(),
+            }),
         };
         let config = crate::config::Config::default();
         let replicas = crate::controller::model_deployment::replicas(&md, Some(&conn), &config);
@@ -210,6 +214,15 @@ mod tests {
             json!([{"name": PACKAGE_VOLUME, "emptyDir": {}}])
         );
         assert_eq!(env(&pod, "PYTHONPATH").unwrap()["value"], PACKAGE_DIR);
+        // the store's CA is public: plain environment, no volume
+        assert_eq!(
+            env(&pod, "KVSTORE_TLS_CA_PEM").unwrap()["value"],
+            "-----BEGIN CERTIFICATE-----"
+        );
+        assert_eq!(
+            env(&pod, "KVSTORE_TLS_SERVER_NAME").unwrap()["value"],
+            "store.kvstore.internal"
+        );
         assert!(env(&pod, "MOONCAKE_CONFIG_PATH").is_none());
         assert!(pod["metadata"]["annotations"].get(CLIENT_CONFIG).is_none());
         // the credential is a Secret reference, never a value in the spec

@@ -20,6 +20,7 @@ pub mod render;
 mod rollout;
 pub mod store_target;
 pub mod tenant_namespaces;
+pub mod tls_secrets;
 pub mod token_secrets;
 
 use std::collections::BTreeMap;
@@ -39,6 +40,9 @@ use super::{Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, StoreObserv
 
 /// The field manager of every object the controllers apply.
 pub const FIELD_MANAGER: &str = "kvcache-controllers";
+
+/// Why a store's TLS is not known yet (the CA's Secret is still being read).
+const NO_CA_YET: &str = "the store's CA (the Secret kvcache-store-ca) is not read yet; retrying";
 
 /// Where the runtime renders and what with.
 #[derive(Clone, Debug)]
@@ -96,6 +100,8 @@ pub struct KubernetesRuntime {
     tenants: Arc<tenant_namespaces::TenantNamespaces>,
     /// The controllers' token, once read from (or made into) its Secret.
     control_token: RwLock<Option<String>>,
+    /// the store's CA, read from its Secret at every store pass (`tls_secrets.rs`)
+    store_ca: Arc<RwLock<Option<crate::runtime::store_tls::StoreCa>>>,
 }
 
 impl std::fmt::Debug for KubernetesRuntime {
@@ -142,6 +148,27 @@ impl KubernetesRuntime {
                 }
             })
         };
+        // The store's CA, read (or made) at once: replicas and controllers need it before any
+        // backend's pass (`Secrets::store_ca_pem` answers "not yet" until then).
+        let store_ca: Arc<RwLock<Option<crate::runtime::store_tls::StoreCa>>> = Arc::default();
+        let ca_task = {
+            let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &opts.namespace);
+            let (namespace, store_ca) = (opts.namespace.clone(), store_ca.clone());
+            tokio::spawn(async move {
+                loop {
+                    match tls_secrets::ca(&api, &namespace).await {
+                        Ok(ca) => {
+                            *store_ca.write() = Some(ca);
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!("the store's CA: {e}; retrying");
+                            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                        }
+                    }
+                }
+            })
+        };
         // The store's Pods wake their backend; engine Pods, watched in each namespace the runtime
         // enters, wake their deployment.
         let pod_task = watch_pods(
@@ -162,18 +189,20 @@ impl KubernetesRuntime {
             },
             tenants,
             control_token: RwLock::new(None),
+            store_ca,
             client,
             opts,
             config,
             nodes,
             changes,
-            tasks: vec![node_task, pod_task],
+            tasks: vec![node_task, pod_task, ca_task],
         }
     }
 
-    /// The controllers' token (kept for [`Runtime::control_token`]) and the backend's member
-    /// token, each in its Secret, made when missing (the member token not while the backend is
-    /// being deleted).
+    /// The controllers' token (kept for [`Runtime::control_token`]), the backend's member token,
+    /// the store's CA (kept for [`Secrets::store_tls`](crate::runtime::Secrets::store_tls)) and the
+    /// backend's certificate, each in its Secret, made when missing (the backend's not while it
+    /// is being deleted).
     async fn ensure_tokens(&self, plan: &StorePlan, target: &render::Target) -> Result<(), String> {
         let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(self.client.clone(), &self.opts.namespace);
         let control =
@@ -181,6 +210,10 @@ impl KubernetesRuntime {
         *self.control_token.write() = control;
         let member = render::member_token_metadata(plan, target);
         token_secrets::get_or_make(&api, member, !plan.existing_only).await?;
+        let ca = tls_secrets::ca(&api, &self.opts.namespace).await?;
+        let tls = render::store_tls_metadata(plan, target);
+        tls_secrets::ensure_backend(&api, tls, &plan.backend, &ca, !plan.existing_only).await?;
+        *self.store_ca.write() = Some(ca);
         Ok(())
     }
 
@@ -318,6 +351,20 @@ impl crate::runtime::Secrets for KubernetesRuntime {
 
     fn credentials(&self) -> &dyn crate::runtime::credentials::Keeper {
         &self.credentials
+    }
+
+    fn store_tls(&self, backend: &str) -> Result<Option<kvcache_store::tls::ClientTls>, String> {
+        match self.store_ca.read().as_ref() {
+            Some(ca) => Ok(ca.client(backend)),
+            None => Err(NO_CA_YET.to_owned()),
+        }
+    }
+
+    fn store_ca_pem(&self) -> Result<Option<String>, String> {
+        match self.store_ca.read().as_ref() {
+            Some(ca) => Ok(Some(ca.ca_pem().to_owned())),
+            None => Err(NO_CA_YET.to_owned()),
+        }
     }
 }
 

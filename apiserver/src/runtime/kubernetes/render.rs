@@ -8,7 +8,10 @@
 //!   election is on the ServiceAccount, Role and RoleBinding `<name>-member` (Lease reads);
 //! - the tokens they prove themselves with, from Secrets the runtime makes (`tokens.rs`): the
 //!   leader mounts the controllers' token ([`CONTROL_TOKEN_SECRET`]) and the backend's member
-//!   token ([`member_token_secret`]), each member the member token, under [`TOKENS_DIR`].
+//!   token ([`member_token_secret`]), each member the member token, under [`TOKENS_DIR`];
+//! - their TLS (`tls_secrets.rs`): leader and members mount the backend's certificate
+//!   ([`store_tls_secret`]) under [`TLS_DIR`] and serve every port with it; members check the
+//!   leader for the backend's store name.
 //!
 //! Every object carries the resource-type label, the ownership notes (backend, role, group) that
 //! decide what belongs to the backend, and a controller owner reference that never blocks the
@@ -39,6 +42,49 @@ pub const TOKENS_DIR: &str = "/etc/gpustack/kvcache/tokens";
 pub const CONTROL_TOKEN_SECRET: &str = "kvcache-store-control-token";
 /// The key of a token Secret.
 pub const TOKEN_KEY: &str = "token";
+
+/// Where the leader and members read their certificate, key and the store's CA.
+pub const TLS_DIR: &str = "/etc/gpustack/kvcache/tls";
+/// The keys of a backend's certificate Secret.
+pub const TLS_CERT_KEY: &str = "tls.crt";
+pub const TLS_KEY_KEY: &str = "tls.key";
+pub const TLS_CA_KEY: &str = "ca.crt";
+
+/// The Secret of `backend`'s store certificate.
+pub fn store_tls_secret(backend: &str) -> String {
+    format!("{backend}-store-tls")
+}
+
+/// The certificate Secret as it is made: the backend's labels, notes and owner.
+pub fn store_tls_metadata(plan: &StorePlan, t: &Target) -> Value {
+    metadata(plan, t, &store_tls_secret(&plan.backend), "store-tls", "leader", None)
+}
+
+fn tls_file(key: &str) -> std::path::PathBuf {
+    std::path::Path::new(TLS_DIR).join(key)
+}
+
+/// The volume of the backend's certificate, read-only to the owner and (`fsGroup`) the group.
+fn tls_volume(backend: &str) -> Value {
+    json!({"name": "store-tls", "projected": {"defaultMode": 0o400, "sources": [
+        {"secret": {"name": store_tls_secret(backend), "items": [
+            {"key": TLS_CERT_KEY, "path": TLS_CERT_KEY},
+            {"key": TLS_KEY_KEY, "path": TLS_KEY_KEY},
+            {"key": TLS_CA_KEY, "path": TLS_CA_KEY},
+        ]}},
+    ]}})
+}
+
+fn tls_mount() -> Value {
+    json!({"name": "store-tls", "mountPath": TLS_DIR, "readOnly": true})
+}
+
+fn serve_tls() -> kvcache_store::tls::ServeFlags {
+    kvcache_store::tls::ServeFlags {
+        tls_cert: Some(tls_file(TLS_CERT_KEY)),
+        tls_key: Some(tls_file(TLS_KEY_KEY)),
+    }
+}
 
 /// The Secret of the token `backend`'s leader mounts only members that show.
 pub fn member_token_secret(backend: &str) -> String {
@@ -171,6 +217,7 @@ pub fn leader_config(plan: &StorePlan, t: &Target) -> LeaderConfig {
     c.kubeconfig = None;
     c.control_token_file = Some(token_file("control.token"));
     c.member_token_file = Some(token_file("member.token"));
+    c.tls = serve_tls();
     match &plan.election {
         Some(e) => {
             c.election = Election::Kubernetes;
@@ -206,6 +253,12 @@ pub fn member_config(plan: &StorePlan, g: &GroupPlan, t: &Target) -> MemberConfi
     c.advertise_host = Some("$(POD_IP)".into());
     c.shm_dir = "/dev/shm".into();
     c.member_token_file = Some(token_file("member.token"));
+    c.tls = serve_tls();
+    c.dial = kvcache_store::tls::DialFlags {
+        tls_ca: Some(tls_file(TLS_CA_KEY)),
+        tls_server_name: Some(crate::runtime::store_tls::server_name(&plan.backend)),
+        tls_ca_pem: None,
+    };
     c
 }
 
@@ -288,9 +341,10 @@ pub fn leader_deployment(plan: &StorePlan, t: &Target) -> Value {
         LEADER_METRICS_PORT,
     );
     container["livenessProbe"] = http_probe("/healthz", LEADER_METRICS_PORT, 10, 6);
-    container["volumeMounts"] = json!([tokens_mount()]);
+    container["volumeMounts"] = json!([tokens_mount(), tls_mount()]);
     let member_token = member_token_secret(&plan.backend);
     let tokens = tokens_volume(&[(CONTROL_TOKEN_SECRET, "control.token"), (&member_token, "member.token")]);
+    let tls = tls_volume(&plan.backend);
     let mut spec = json!({
         "replicas": replicas,
         "selector": {"matchLabels": identity(&plan.backend, "leader")},
@@ -302,7 +356,7 @@ pub fn leader_deployment(plan: &StorePlan, t: &Target) -> Value {
                 "securityContext": store_pod_security(),
                 "imagePullSecrets": pull_secrets(t),
                 "containers": [container],
-                "volumes": [tokens],
+                "volumes": [tokens, tls],
             },
         },
     });
@@ -395,7 +449,7 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
         MEMBER_METRICS_PORT,
     );
     container["resources"] = json!({"requests": {"memory": capacity}});
-    container["volumeMounts"] = json!([{"name": "segment", "mountPath": "/dev/shm"}, tokens_mount()]);
+    container["volumeMounts"] = json!([{"name": "segment", "mountPath": "/dev/shm"}, tokens_mount(), tls_mount()]);
     let member_token = member_token_secret(&plan.backend);
     let mut pod = json!({
         "nodeSelector": g.node_selector,
@@ -407,6 +461,7 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
         "volumes": [
             {"name": "segment", "emptyDir": {"medium": "Memory", "sizeLimit": capacity}},
             tokens_volume(&[(&member_token, "member.token")]),
+            tls_volume(&plan.backend),
         ],
     });
     if reads_lease {

@@ -92,6 +92,9 @@ pub fn sibling_binary(name: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
+/// The folder of the store's CA and certificates, under the data directory.
+pub const STORE_TLS_DIR: &str = "store-tls";
+
 /// The namespace of the store's election Leases in direct mode.
 pub const LEASE_NAMESPACE: &str = "kvcache-system";
 
@@ -126,6 +129,19 @@ pub struct LocalRuntime {
     changes: tokio::sync::broadcast::Sender<Changed>,
     /// tenant credentials, in files under the data directory
     credentials: super::credentials::FileKeeper,
+    /// the store's CA (`store_tls.rs`, `<data-dir>/store-tls/`); `None` if it could not be made
+    /// (logged: the stores then run in plaintext)
+    store_ca: Option<super::store_tls::StoreCa>,
+    /// the backends whose certificate this process issued (once each, at its first plan)
+    issued: parking_lot::Mutex<std::collections::HashSet<String>>,
+}
+
+/// A backend's TLS files (`<data-dir>/store-tls/`).
+#[derive(Clone, Debug)]
+struct StoreTlsFiles {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
 }
 
 impl LocalRuntime {
@@ -142,8 +158,14 @@ impl LocalRuntime {
                 tracing::error!(error = %e, "cannot write the controllers' token; leaders will take unauthenticated Control calls")
             })
             .ok();
+        let store_ca = kvcache_certs::authority_in(&opts.data_dir.join(STORE_TLS_DIR), "ca", "kvcache-store-ca")
+            .inspect_err(|e| tracing::error!(error = %e, "cannot make the store's CA; stores will run in plaintext"))
+            .ok()
+            .map(super::store_tls::StoreCa::new);
         LocalRuntime {
             credentials: super::credentials::FileKeeper::new(&opts.data_dir),
+            store_ca,
+            issued: parking_lot::Mutex::default(),
             opts,
             control_token,
             state: Mutex::new(State::default()),
@@ -167,14 +189,17 @@ impl LocalRuntime {
     fn member_hooks(&self, backend: &str, leader: SocketAddr, name: String) -> Hooks {
         let mut hooks = self.notify(Changed::Store(backend.to_owned()));
         let token = self.control_token();
+        let tls = self.store_tls(backend).ok().flatten();
         hooks.on_exit = Some(std::sync::Arc::new(move || {
             let name = name.clone();
             let token = token.clone();
+            let tls = tls.clone();
             Box::pin(async move {
                 let removed = tokio::time::timeout(Duration::from_secs(2), async {
-                    let client = kvcache_store::client::Client::connect(
+                    let client = kvcache_store::client::Client::connect_tls(
                         &leader.to_string(),
                         kvcache_store::proto::Scope::default(),
+                        tls,
                     )
                     .await
                     .ok()?;
@@ -267,6 +292,35 @@ impl LocalRuntime {
             .map(|(p, _)| p)
     }
 
+    /// `backend`'s certificate, key and the CA, issued at the backend's first plan in this
+    /// process (`None`, logged, if they cannot be written: the store then runs in plaintext).
+    fn store_tls_files(&self, backend: &str) -> Option<StoreTlsFiles> {
+        let ca = self.store_ca.as_ref()?;
+        let root = self.opts.data_dir.join(STORE_TLS_DIR);
+        let dir = root.join(backend);
+        let files = StoreTlsFiles {
+            cert: dir.join("tls.crt"),
+            key: dir.join("tls.key"),
+            ca: root.join("ca.crt"),
+        };
+        if self.issued.lock().contains(backend) {
+            return Some(files);
+        }
+        let written = ca
+            .issue(backend)
+            .and_then(|pair| kvcache_certs::write_cert_pair(&dir, "tls", &pair));
+        match written {
+            Ok(()) => {
+                self.issued.lock().insert(backend.to_owned());
+                Some(files)
+            }
+            Err(e) => {
+                tracing::error!(%backend, error = %e, "cannot write the store's certificate; it will run in plaintext");
+                None
+            }
+        }
+    }
+
     /// The kubeconfig the store's processes reach the Lease API with.
     fn store_kubeconfig(&self) -> PathBuf {
         self.opts.store_kubeconfig.clone()
@@ -280,8 +334,13 @@ impl LocalRuntime {
         ports: (SocketAddr, SocketAddr),
         front: &Front,
         member_token: Option<&PathBuf>,
+        tls: Option<&StoreTlsFiles>,
     ) -> LeaderConfig {
         let mut cfg = plan.leader.clone();
+        cfg.tls = kvcache_store::tls::ServeFlags {
+            tls_cert: tls.map(|t| t.cert.clone()),
+            tls_key: tls.map(|t| t.key.clone()),
+        };
         cfg.listen = ports.0;
         cfg.fast_listen = Some(FastListen::At(ports.1));
         cfg.advertise_fast_port = Some(front.fast.port());
@@ -338,6 +397,14 @@ impl Secrets for LocalRuntime {
 
     fn credentials(&self) -> &dyn super::credentials::Keeper {
         &self.credentials
+    }
+
+    fn store_tls(&self, backend: &str) -> Result<Option<kvcache_store::tls::ClientTls>, String> {
+        Ok(self.store_ca.as_ref().and_then(|c| c.client(backend)))
+    }
+
+    fn store_ca_pem(&self) -> Result<Option<String>, String> {
+        Ok(self.store_ca.as_ref().map(|c| c.ca_pem().to_owned()))
     }
 }
 
@@ -397,11 +464,12 @@ impl Runtime for LocalRuntime {
         }
         // one read of the backend's member token for its leaders and members alike
         let member_token = self.member_token_file(&plan.backend);
+        let tls = self.store_tls_files(&plan.backend);
         // Leaders: replica i keeps its ports and flags, so scaling never restarts one that stays.
         let mut old_leaders = old_leaders.into_iter();
         let mut leaders = Vec::new();
         for (i, ports) in leader_ports.iter().take(replicas).enumerate() {
-            let cfg = self.leader_config(plan, *ports, &front, member_token.as_ref());
+            let cfg = self.leader_config(plan, *ports, &front, member_token.as_ref(), tls.as_ref());
             let spec = ProcessSpec {
                 program: self.opts.store_binary.clone(),
                 args: store_args("leader", cfg.to_args()),
@@ -475,6 +543,15 @@ impl Runtime for LocalRuntime {
             cfg.no_prefault = true;
             cfg.spin = Duration::ZERO;
             cfg.member_token_file = member_token.clone();
+            cfg.tls = kvcache_store::tls::ServeFlags {
+                tls_cert: tls.as_ref().map(|t| t.cert.clone()),
+                tls_key: tls.as_ref().map(|t| t.key.clone()),
+            };
+            cfg.dial = kvcache_store::tls::DialFlags {
+                tls_ca: tls.as_ref().map(|t| t.ca.clone()),
+                tls_server_name: tls.as_ref().map(|_| super::store_tls::server_name(&plan.backend)),
+                tls_ca_pem: None,
+            };
             let spec = ProcessSpec {
                 program: self.opts.store_binary.clone(),
                 args: store_args("member", cfg.to_args()),

@@ -54,6 +54,7 @@ fn whole(b: KVCachePoolBinding) -> Resolved {
         pool: Some(pool(true)),
         backend: Some(backend()),
         credential: Some(credential("u1")),
+        store_ca: Some("-----BEGIN CERTIFICATE-----".into()),
     }
 }
 
@@ -138,6 +139,15 @@ fn what_a_deployment_attaches_to() {
         ("127.0.0.1:7", Some("qwen"), 64)
     );
     assert_eq!(c.credential.map(|x| x.binding), Some("team-a".to_owned()));
+    // a store served with TLS: its CA and the backend's store name
+    let t = c.tls.unwrap();
+    assert_eq!(t.ca_pem, "-----BEGIN CERTIFICATE-----");
+    assert!(t.server_name.ends_with(".kvstore.internal"), "{}", t.server_name);
+    let plain = Resolved {
+        store_ca: None,
+        ..whole(ready())
+    };
+    assert!(attach(&deployment(true), &plain, "").connection.unwrap().tls.is_none());
 }
 
 #[test]

@@ -117,6 +117,21 @@ fn the_leader_elects_through_its_lease_and_is_ready_only_while_serving() {
     assert_eq!(sources[0]["secret"]["name"], CONTROL_TOKEN_SECRET);
     assert_eq!(sources[1]["secret"]["name"], "b-member-token");
     assert_eq!(sources[1]["secret"]["items"][0]["path"], "member.token");
+    // TLS on every port, with the backend's certificate from its Secret
+    assert_eq!(
+        parsed.tls.tls_cert.as_deref(),
+        Some(std::path::Path::new("/etc/gpustack/kvcache/tls/tls.crt"))
+    );
+    assert_eq!(
+        parsed.tls.tls_key.as_deref(),
+        Some(std::path::Path::new("/etc/gpustack/kvcache/tls/tls.key"))
+    );
+    assert_eq!(c["volumeMounts"][1]["mountPath"], TLS_DIR);
+    assert_eq!(
+        pod["volumes"][1]["projected"]["sources"][0]["secret"]["name"],
+        "b-store-tls"
+    );
+    assert_eq!(pod["volumes"][1]["projected"]["defaultMode"], 0o400);
     assert_eq!(
         d["spec"]["selector"]["matchLabels"],
         json!({"app.kubernetes.io/name": "kv-cache-backend", "app.kubernetes.io/instance": "b", "app.kubernetes.io/component": "leader"})
@@ -177,6 +192,17 @@ fn a_member_group_requests_its_segment_and_finds_the_leader() {
         sources,
         &json!([{"secret": {"name": "b-member-token", "items": [{"key": "token", "path": "member.token"}]}}]),
         "a member gets the member token alone"
+    );
+    // TLS: it serves the backend's certificate and checks the leader for the backend's name
+    assert!(parsed.tls.tls_cert.is_some() && parsed.tls.tls_key.is_some());
+    assert_eq!(
+        parsed.dial.tls_ca.as_deref(),
+        Some(std::path::Path::new("/etc/gpustack/kvcache/tls/ca.crt"))
+    );
+    assert_eq!(parsed.dial.tls_server_name.as_deref(), Some("b.kvstore.internal"));
+    assert_eq!(
+        pod["volumes"][2]["projected"]["sources"][0]["secret"]["name"],
+        "b-store-tls"
     );
 
     let lease = plan(&ONE.replace("leader: {}", "leader: {memberAddressing: Lease}"));
