@@ -32,7 +32,7 @@ use tokio::net::TcpStream;
 
 use crate::flags::ConfigError;
 
-mod sealed;
+pub mod sealed;
 pub use sealed::Sealed;
 
 /// How long a TLS handshake may take on a framed port, from the first byte.
