@@ -176,6 +176,7 @@ fn tenant_hits(s: &Server, endpoint: &str, tenant: &str) -> u64 {
     let out = Command::new(store)
         .args(["tenants", "--leader", endpoint, "--control-token-file"])
         .arg(s.dir.path().join("store-tokens/control.token"))
+        .args(store_tls(s))
         .output()
         .expect("kv-store tenants runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

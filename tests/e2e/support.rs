@@ -469,6 +469,18 @@ pub mod walkthrough {
             .replace("ceiling: 8Gi", "ceiling: 1Gi")
     }
 
+    /// The flags that make `kv-store` (`tenants`, `bench`) trust the walkthrough backend's store:
+    /// the local runtime serves every store port with TLS, under the CA it keeps in the data
+    /// directory, for the backend's store name.
+    pub fn store_tls(s: &Server) -> Vec<String> {
+        vec![
+            "--tls-ca".into(),
+            s.dir.path().join("store-tls/ca.crt").display().to_string(),
+            "--tls-server-name".into(),
+            "mooncake-dram.kvstore.internal".into(),
+        ]
+    }
+
     /// `kubectl get <what> -o jsonpath=<path>`, empty when it fails.
     pub fn jp(k: &Kubectl, what: &[&str], path: &str) -> String {
         let mut args = vec!["get"];

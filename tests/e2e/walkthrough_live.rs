@@ -478,17 +478,6 @@ fn engine_credentials(s: &Server, port: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The flags that make `kv-store` trust the walkthrough backend's store: the local runtime serves
-/// every store port with TLS, under the CA it keeps in the data directory.
-fn store_tls(s: &Server) -> Vec<String> {
-    vec![
-        "--tls-ca".into(),
-        s.dir.path().join("store-tls/ca.crt").display().to_string(),
-        "--tls-server-name".into(),
-        "mooncake-dram.kvstore.internal".into(),
-    ]
-}
-
 /// The tenant `team-a`'s line of `kv-store tenants`, read with the controllers' token.
 fn tenant_row(s: &Server, endpoint: &str) -> serde_json::Value {
     let store = std::path::Path::new(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
