@@ -43,32 +43,30 @@ async fn relay(upstream: String) -> (String, Arc<Mutex<Seen>>) {
             let Ok(outbound) = tokio::net::TcpStream::connect(&upstream).await else {
                 continue;
             };
-            let (mut ir, mut iw) = inbound.into_split();
-            let (mut or, mut ow) = outbound.into_split();
-            let (a, b) = (record.clone(), record.clone());
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                while let Ok(n) = ir.read(&mut buf).await {
-                    if n == 0 || ow.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                    a.lock().up.extend_from_slice(&buf[..n]);
-                }
-                let _ = ow.shutdown().await;
-            });
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                while let Ok(n) = or.read(&mut buf).await {
-                    if n == 0 || iw.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                    b.lock().down.extend_from_slice(&buf[..n]);
-                }
-                let _ = iw.shutdown().await;
-            });
+            let (ir, iw) = inbound.into_split();
+            let (or, ow) = outbound.into_split();
+            tokio::spawn(pump(ir, ow, record.clone(), |s| &mut s.up));
+            tokio::spawn(pump(or, iw, record.clone(), |s| &mut s.down));
         }
     });
     (addr, seen)
+}
+
+/// Copies `from` to `to` until either closes, recording each byte where `side` says.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    seen: Arc<Mutex<Seen>>,
+    side: fn(&mut Seen) -> &mut Vec<u8>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n) = from.read(&mut buf).await {
+        if n == 0 || to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        side(&mut seen.lock()).extend_from_slice(&buf[..n]);
+    }
+    let _ = to.shutdown().await;
 }
 
 /// Whether `bytes` is a run of whole TLS records (or their start, cut off at the end) whose
@@ -336,13 +334,9 @@ async fn a_client_that_does_not_trust_the_store_is_refused_before_it_sends_anyth
         .expect_err("a certificate for another name is refused");
     assert_eq!(e.code, ErrorCode::Transport, "{e}");
     // another CA
-    let stranger = pki_other_ca();
+    let stranger = self::pki();
     let e = Client::connect_tls(&store.leader, credentialed(), Some(tls(&stranger, NAME)))
         .await
         .expect_err("a certificate from another CA is refused");
     assert_eq!(e.code, ErrorCode::Transport, "{e}");
-}
-
-fn pki_other_ca() -> Pki {
-    pki()
 }

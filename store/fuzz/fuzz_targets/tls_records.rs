@@ -7,7 +7,7 @@
 
 #![no_main]
 
-use kvcache_store::tls::sealed::fuzzing::Records;
+use kvcache_store::tls::fuzzing::Records;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -26,7 +26,7 @@ use crate::error::StoreError;
 use crate::grant::Access;
 use crate::spin::HotWindow;
 use crate::time::now_unix_ms;
-use crate::tls::{Conn, ServerTls};
+use crate::tls::{Conn, Sealed, ServerTls};
 use crate::wire::{Op, REQUEST_LEN, Request, Response};
 
 /// How long past its deadline a write that already started may take. The leader reuses an
@@ -141,7 +141,7 @@ async fn write(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result
             let received = async {
                 match s {
                     Conn::Plain(tcp) => range.recv_from(tcp).await,
-                    Conn::Sealed(_) => recv_decrypted(s, &mut range).await,
+                    Conn::Sealed(tls) => recv_decrypted(tls, &mut range).await,
                 }
             };
             match tokio::time::timeout(left, received).await {
@@ -205,7 +205,7 @@ async fn read(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result<
             let sent = async {
                 match s {
                     Conn::Plain(tcp) => range.send_to(tcp, &head).await,
-                    Conn::Sealed(_) => send_encrypted(s, &range, &head).await,
+                    Conn::Sealed(tls) => send_encrypted(tls, &range, &head).await,
                 }
             };
             match tokio::time::timeout(left, sent).await {
@@ -231,34 +231,25 @@ async fn read(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result<
 }
 
 /// Fills `range` from a TLS connection, each decrypted record copied in from TLS's own buffer.
-async fn recv_decrypted(s: &mut Conn, range: &mut WriteRange<'_>) -> std::io::Result<()> {
-    use tokio::io::{AsyncBufRead, AsyncBufReadExt};
-    async fn fill<R: AsyncBufRead + Unpin>(r: &mut R, range: &mut WriteRange<'_>) -> std::io::Result<()> {
-        let mut done = 0;
-        while done < range.len() {
-            let buf = r.fill_buf().await?;
-            if buf.is_empty() {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            let n = buf.len().min((range.len() - done) as usize);
-            range.copy_part(done, &buf[..n]).map_err(std::io::Error::other)?;
-            r.consume(n);
-            done += n as u64;
+async fn recv_decrypted(tls: &mut Sealed, range: &mut WriteRange<'_>) -> std::io::Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let mut done = 0;
+    while done < range.len() {
+        let buf = tls.fill_buf().await?;
+        if buf.is_empty() {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
-        Ok(())
+        let n = buf.len().min((range.len() - done) as usize);
+        range.copy_part(done, &buf[..n]).map_err(std::io::Error::other)?;
+        tls.consume(n);
+        done += n as u64;
     }
-    match s {
-        Conn::Sealed(tls) => fill(tls.as_mut(), range).await,
-        Conn::Plain(tcp) => range.recv_from(tcp).await,
-    }
+    Ok(())
 }
 
 /// Sends `head` and then the range's bytes on a TLS connection, each piece copied from the
 /// segment straight into the buffer it is encrypted in.
-async fn send_encrypted(s: &mut Conn, range: &ReadRange<'_>, head: &[u8]) -> std::io::Result<()> {
-    let Conn::Sealed(tls) = s else {
-        return range_plain(s, range, head).await;
-    };
+async fn send_encrypted(tls: &mut Sealed, range: &ReadRange<'_>, head: &[u8]) -> std::io::Result<()> {
     let h = head.len() as u64;
     tls.send_with(h + range.len(), |at, dst| {
         let mut dst = dst;
@@ -275,13 +266,6 @@ async fn send_encrypted(s: &mut Conn, range: &ReadRange<'_>, head: &[u8]) -> std
         range.copy_part(at - h, dst).map_err(std::io::Error::other)
     })
     .await
-}
-
-async fn range_plain(s: &mut Conn, range: &ReadRange<'_>, head: &[u8]) -> std::io::Result<()> {
-    match s {
-        Conn::Plain(tcp) => range.send_to(tcp, head).await,
-        Conn::Sealed(_) => Err(std::io::Error::other("a TLS connection taken for a plain one")),
-    }
 }
 
 async fn refuse(s: &mut Conn, e: &StoreError) -> std::io::Result<()> {

@@ -151,24 +151,11 @@ impl KubernetesRuntime {
         // The store's CA, read (or made) at once: replicas and controllers need it before any
         // backend's pass (`Secrets::store_ca_pem` answers "not yet" until then).
         let store_ca: Arc<RwLock<Option<crate::runtime::store_tls::StoreCa>>> = Arc::default();
-        let ca_task = {
-            let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &opts.namespace);
-            let (namespace, store_ca) = (opts.namespace.clone(), store_ca.clone());
-            tokio::spawn(async move {
-                loop {
-                    match tls_secrets::ca(&api, &namespace).await {
-                        Ok(ca) => {
-                            *store_ca.write() = Some(ca);
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!("the store's CA: {e}; retrying");
-                            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-                        }
-                    }
-                }
-            })
-        };
+        let ca_task = tokio::spawn(tls_secrets::keep_reading(
+            Api::namespaced(client.clone(), &opts.namespace),
+            opts.namespace.clone(),
+            store_ca.clone(),
+        ));
         // The store's Pods wake their backend; engine Pods, watched in each namespace the runtime
         // enters, wake their deployment.
         let pod_task = watch_pods(

@@ -5,8 +5,11 @@
 //! again when it is missing or was issued by another CA (the CA Secret was replaced); its Pods
 //! read it when they start.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use parking_lot::RwLock;
 use serde_json::{Value, json};
 
 use super::render;
@@ -69,6 +72,22 @@ pub async fn ca(api: &Api<Secret>, namespace: &str) -> Result<StoreCa, String> {
     Err(format!(
         "the Secret {CA_SECRET} was made and removed again while it was read; retrying"
     ))
+}
+
+/// Reads (or makes) the store's CA into `slot`, retrying every 2 s until it has it.
+pub async fn keep_reading(api: Api<Secret>, namespace: String, slot: Arc<RwLock<Option<StoreCa>>>) {
+    loop {
+        match ca(&api, &namespace).await {
+            Ok(read) => {
+                *slot.write() = Some(read);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!("the store's CA: {e}; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+        }
+    }
 }
 
 /// The backend's certificate Secret (`meta`, from [`render::store_tls_metadata`]) issued by

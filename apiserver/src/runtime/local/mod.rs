@@ -28,6 +28,7 @@ pub mod engines;
 pub mod front;
 mod ports;
 pub mod process;
+mod tls_files;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -129,19 +130,8 @@ pub struct LocalRuntime {
     changes: tokio::sync::broadcast::Sender<Changed>,
     /// tenant credentials, in files under the data directory
     credentials: super::credentials::FileKeeper,
-    /// the store's CA (`store_tls.rs`, `<data-dir>/store-tls/`); `None` if it could not be made
-    /// (logged: the stores then run in plaintext)
-    store_ca: Option<super::store_tls::StoreCa>,
-    /// the backends whose certificate this process issued (once each, at its first plan)
-    issued: parking_lot::Mutex<std::collections::HashSet<String>>,
-}
-
-/// A backend's TLS files (`<data-dir>/store-tls/`).
-#[derive(Clone, Debug)]
-struct StoreTlsFiles {
-    cert: PathBuf,
-    key: PathBuf,
-    ca: PathBuf,
+    /// the store's CA and each backend's certificate, in files (`tls_files.rs`)
+    tls: tls_files::TlsFiles,
 }
 
 impl LocalRuntime {
@@ -158,14 +148,9 @@ impl LocalRuntime {
                 tracing::error!(error = %e, "cannot write the controllers' token; leaders will take unauthenticated Control calls")
             })
             .ok();
-        let store_ca = kvcache_certs::authority_in(&opts.data_dir.join(STORE_TLS_DIR), "ca", "kvcache-store-ca")
-            .inspect_err(|e| tracing::error!(error = %e, "cannot make the store's CA; stores will run in plaintext"))
-            .ok()
-            .map(super::store_tls::StoreCa::new);
         LocalRuntime {
             credentials: super::credentials::FileKeeper::new(&opts.data_dir),
-            store_ca,
-            issued: parking_lot::Mutex::default(),
+            tls: tls_files::TlsFiles::new(&opts.data_dir.join(STORE_TLS_DIR)),
             opts,
             control_token,
             state: Mutex::new(State::default()),
@@ -292,35 +277,6 @@ impl LocalRuntime {
             .map(|(p, _)| p)
     }
 
-    /// `backend`'s certificate, key and the CA, issued at the backend's first plan in this
-    /// process (`None`, logged, if they cannot be written: the store then runs in plaintext).
-    fn store_tls_files(&self, backend: &str) -> Option<StoreTlsFiles> {
-        let ca = self.store_ca.as_ref()?;
-        let root = self.opts.data_dir.join(STORE_TLS_DIR);
-        let dir = root.join(backend);
-        let files = StoreTlsFiles {
-            cert: dir.join("tls.crt"),
-            key: dir.join("tls.key"),
-            ca: root.join("ca.crt"),
-        };
-        if self.issued.lock().contains(backend) {
-            return Some(files);
-        }
-        let written = ca
-            .issue(backend)
-            .and_then(|pair| kvcache_certs::write_cert_pair(&dir, "tls", &pair));
-        match written {
-            Ok(()) => {
-                self.issued.lock().insert(backend.to_owned());
-                Some(files)
-            }
-            Err(e) => {
-                tracing::error!(%backend, error = %e, "cannot write the store's certificate; it will run in plaintext");
-                None
-            }
-        }
-    }
-
     /// The kubeconfig the store's processes reach the Lease API with.
     fn store_kubeconfig(&self) -> PathBuf {
         self.opts.store_kubeconfig.clone()
@@ -334,7 +290,7 @@ impl LocalRuntime {
         ports: (SocketAddr, SocketAddr),
         front: &Front,
         member_token: Option<&PathBuf>,
-        tls: Option<&StoreTlsFiles>,
+        tls: Option<&tls_files::BackendFiles>,
     ) -> LeaderConfig {
         let mut cfg = plan.leader.clone();
         cfg.tls = kvcache_store::tls::ServeFlags {
@@ -400,11 +356,11 @@ impl Secrets for LocalRuntime {
     }
 
     fn store_tls(&self, backend: &str) -> Result<Option<kvcache_store::tls::ClientTls>, String> {
-        Ok(self.store_ca.as_ref().and_then(|c| c.client(backend)))
+        Ok(self.tls.client(backend))
     }
 
     fn store_ca_pem(&self) -> Result<Option<String>, String> {
-        Ok(self.store_ca.as_ref().map(|c| c.ca_pem().to_owned()))
+        Ok(self.tls.ca_pem())
     }
 }
 
@@ -464,7 +420,7 @@ impl Runtime for LocalRuntime {
         }
         // one read of the backend's member token for its leaders and members alike
         let member_token = self.member_token_file(&plan.backend);
-        let tls = self.store_tls_files(&plan.backend);
+        let tls = self.tls.backend(&plan.backend);
         // Leaders: replica i keeps its ports and flags, so scaling never restarts one that stays.
         let mut old_leaders = old_leaders.into_iter();
         let mut leaders = Vec::new();
