@@ -38,6 +38,10 @@ pub enum ErrorCode {
     /// The client speaks a store protocol this leader does not serve, or did not say which
     /// (`protocol.rs`).
     ClientVersionUnsupported,
+    /// A member reports what it holds to a leader that has no tenant ledger yet this term (the
+    /// controllers send it within moments): mounting now would free every value for want of its
+    /// tenant, so the member is asked to retry shortly.
+    LedgerPending,
 }
 
 impl ErrorCode {
@@ -66,6 +70,7 @@ impl ErrorCode {
             Self::Internal => "INTERNAL",
             Self::Unauthenticated => "UNAUTHENTICATED",
             Self::ClientVersionUnsupported => "CLIENT_VERSION_UNSUPPORTED",
+            Self::LedgerPending => "LEDGER_PENDING",
         }
     }
 
@@ -89,7 +94,7 @@ impl ErrorCode {
             Self::PutExpired | Self::UnknownMember => Code::NotFound,
             Self::MemberNameTaken => Code::AlreadyExists,
             Self::OutOfRange => Code::OutOfRange,
-            Self::NotServing | Self::Transport => Code::Unavailable,
+            Self::NotServing | Self::Transport | Self::LedgerPending => Code::Unavailable,
             Self::Internal => Code::Internal,
             Self::Unauthenticated => Code::Unauthenticated,
             Self::ClientVersionUnsupported => Code::FailedPrecondition,
@@ -122,6 +127,7 @@ pub const ALL: &[ErrorCode] = &[
     ErrorCode::Internal,
     ErrorCode::Unauthenticated,
     ErrorCode::ClientVersionUnsupported,
+    ErrorCode::LedgerPending,
 ];
 
 /// A refusal or failure, with a message that says what to do.

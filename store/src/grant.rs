@@ -10,6 +10,12 @@
 //! a range freed and placed again gets a higher one, and a member refuses a grant whose
 //! allocation is older than the one that last wrote the range (`member/written.rs`), so a grant
 //! kept past its range's release can neither overwrite nor read the next owner's bytes.
+//!
+//! A write grant also covers its value's [`Tag`]: whose value it is (tenant, block layout, key),
+//! which the leader writes and the writer passes on to the member untouched. The member keeps the
+//! tag of every value it finished writing, so after a failover it can tell the next leader what it
+//! holds (`member/written.rs`): since the MAC covers the tag, a writer cannot make a member believe
+//! its bytes are another tenant's value, or another key's.
 
 use crate::error::{ErrorCode, Result, StoreError};
 
@@ -110,18 +116,87 @@ impl GrantKey {
         Ok(Self::from_raw(raw))
     }
 
-    pub fn sign(&self, range: &Range) -> Vec<u8> {
-        ring::hmac::sign(&self.key, &range.message()).as_ref().to_vec()
+    /// The MAC of a range and, for a write, its value's tag (empty for a read).
+    pub fn sign(&self, range: &Range, tag: &[u8]) -> Vec<u8> {
+        let mut ctx = ring::hmac::Context::with_key(&self.key);
+        ctx.update(&range.message());
+        ctx.update(tag);
+        ctx.sign().as_ref().to_vec()
     }
 
-    /// Refuses a range whose MAC does not verify.
-    pub fn verify(&self, range: &Range, mac: &[u8]) -> Result<()> {
-        ring::hmac::verify(&self.key, &range.message(), mac).map_err(|_| {
+    /// Refuses a range (and tag) whose MAC does not verify.
+    pub fn verify(&self, range: &Range, tag: &[u8], mac: &[u8]) -> Result<()> {
+        // the range's message is of fixed length, so the tag after it is unambiguous
+        let mut message = Vec::with_capacity(49 + tag.len());
+        message.extend_from_slice(&range.message());
+        message.extend_from_slice(tag);
+        ring::hmac::verify(&self.key, &message, mac).map_err(|_| {
             StoreError::new(
                 ErrorCode::Unauthenticated,
                 "this range's grant does not verify: a member serves only ranges the serving leader handed out, \
                  exactly as handed out; ask the leader for the key again",
             )
+        })
+    }
+}
+
+/// Longest tag accepted: a 4 KiB key, a tenant and a dtype with room to spare.
+pub const MAX_TAG_LEN: usize = 8 * 1024;
+const TAG_VERSION: u8 = 1;
+
+/// Whose value a write is, as the leader names it in the write's grant: the tenant, the block
+/// layout the tenant had, and the key. On the wire (`Location.tag`, after the data port's
+/// header): `version u8 (1) | tenant_len u16 | tenant | block_size u32 | dtype_len u16 | dtype |
+/// key`, little-endian; the key is the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tag {
+    pub tenant: String,
+    pub block_size: u32,
+    pub dtype: String,
+    pub key: String,
+}
+
+impl Tag {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(9 + self.tenant.len() + self.dtype.len() + self.key.len());
+        b.push(TAG_VERSION);
+        b.extend_from_slice(&(self.tenant.len() as u16).to_le_bytes());
+        b.extend_from_slice(self.tenant.as_bytes());
+        b.extend_from_slice(&self.block_size.to_le_bytes());
+        b.extend_from_slice(&(self.dtype.len() as u16).to_le_bytes());
+        b.extend_from_slice(self.dtype.as_bytes());
+        b.extend_from_slice(self.key.as_bytes());
+        b
+    }
+
+    /// Reads a tag a member reports; `None` for anything a leader did not write.
+    pub fn decode(b: &[u8]) -> Option<Tag> {
+        fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+            let (head, rest) = b.split_at_checked(n)?;
+            *b = rest;
+            Some(head)
+        }
+        fn u16_of(b: &mut &[u8]) -> Option<usize> {
+            Some(u16::from_le_bytes(take(b, 2)?.try_into().ok()?) as usize)
+        }
+        let mut b = b;
+        if take(&mut b, 1)? != [TAG_VERSION] {
+            return None;
+        }
+        let n = u16_of(&mut b)?;
+        let tenant = std::str::from_utf8(take(&mut b, n)?).ok()?.to_owned();
+        let block_size = u32::from_le_bytes(take(&mut b, 4)?.try_into().ok()?);
+        let n = u16_of(&mut b)?;
+        let dtype = std::str::from_utf8(take(&mut b, n)?).ok()?.to_owned();
+        let key = std::str::from_utf8(b).ok()?.to_owned();
+        if key.is_empty() {
+            return None;
+        }
+        Some(Tag {
+            tenant,
+            block_size,
+            dtype,
+            key,
         })
     }
 }
@@ -146,9 +221,28 @@ mod tests {
     fn only_the_granted_range_verifies() {
         let k = GrantKey::generate();
         let r = range();
-        let mac = k.sign(&r);
+        let tag = Tag {
+            tenant: "a".into(),
+            block_size: 16,
+            dtype: "bf16".into(),
+            key: "k".into(),
+        }
+        .encode();
+        let mac = k.sign(&r, &tag);
         assert_eq!(mac.len(), MAC_LEN);
-        assert!(k.verify(&r, &mac).is_ok());
+        assert!(k.verify(&r, &tag, &mac).is_ok());
+        let other_tenant = Tag {
+            tenant: "b".into(),
+            block_size: 16,
+            dtype: "bf16".into(),
+            key: "k".into(),
+        }
+        .encode();
+        assert!(
+            k.verify(&r, &other_tenant, &mac).is_err(),
+            "the MAC covers whose value it is"
+        );
+        assert!(k.verify(&r, &[], &mac).is_err(), "a write without its tag");
         let stretched = [
             Range {
                 access: Access::Read,
@@ -166,17 +260,48 @@ mod tests {
         ];
         for s in stretched {
             assert_eq!(
-                k.verify(&s, &mac).unwrap_err().code,
+                k.verify(&s, &tag, &mac).unwrap_err().code,
                 ErrorCode::Unauthenticated,
                 "{s:?}"
             );
         }
-        assert!(k.verify(&r, &mac[..16]).is_err(), "a cut MAC does not verify");
-        assert!(k.verify(&r, &[]).is_err());
+        assert!(k.verify(&r, &tag, &mac[..16]).is_err(), "a cut MAC does not verify");
+        assert!(k.verify(&r, &tag, &[]).is_err());
         let other = GrantKey::generate();
-        assert!(other.verify(&r, &mac).is_err(), "another term's key does not verify it");
+        assert!(
+            other.verify(&r, &tag, &mac).is_err(),
+            "another term's key does not verify it"
+        );
         let sent = GrantKey::from_bytes(&k.to_bytes()).unwrap();
-        assert!(sent.verify(&r, &mac).is_ok());
+        assert!(sent.verify(&r, &tag, &mac).is_ok());
         assert!(GrantKey::from_bytes(&[0; 5]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod tag_tests {
+    use super::*;
+
+    #[test]
+    fn a_tag_reads_back_and_nothing_else_reads_as_one() {
+        let t = Tag {
+            tenant: "ns-a".into(),
+            block_size: 16,
+            dtype: "bfloat16".into(),
+            key: "chunk:0123".into(),
+        };
+        assert_eq!(Tag::decode(&t.encode()), Some(t.clone()));
+        let b = t.encode();
+        for cut in 0..b.len() - "chunk:0123".len() {
+            assert_eq!(Tag::decode(&b[..cut]), None, "cut at {cut}");
+        }
+        let mut v2 = b.clone();
+        v2[0] = 2;
+        assert_eq!(Tag::decode(&v2), None, "another version");
+        let no_key = Tag {
+            key: String::new(),
+            ..t
+        };
+        assert_eq!(Tag::decode(&no_key.encode()), None);
     }
 }

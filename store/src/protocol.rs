@@ -17,12 +17,14 @@ use tonic::metadata::MetadataMap;
 use crate::error::{ErrorCode, StoreError};
 pub use crate::proto::{ClientHello, ServerHello};
 
-/// The store protocol this build speaks. 2: grants name their allocation (`grant.rs`, the data
-/// port's `KVD2` header) and an unknown tenant is refused as a wrong credential is.
-pub const PROTOCOL: u32 = 2;
-/// The oldest client protocol a leader of this build serves: a protocol-1 client sends no
-/// allocation, so its every transfer would be refused by the members.
-pub const OLDEST_SERVED: u32 = 2;
+/// The store protocol this build speaks. 2: grants name their allocation (`grant.rs`) and an
+/// unknown tenant is refused as a wrong credential is. 3: a write carries its value's tag, which
+/// its grant covers (the data port's `KVD3` header), so members can hand what they hold to the
+/// next leader.
+pub const PROTOCOL: u32 = 3;
+/// The oldest client protocol a leader of this build serves: a protocol-2 client sends no tag,
+/// so its every write would be refused by the members.
+pub const OLDEST_SERVED: u32 = 3;
 /// This build's release.
 pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 /// gRPC metadata: the client's protocol, in decimal.

@@ -3,23 +3,26 @@
 //! member's same-host socket (`member/local.rs`) speaks the same headers with other ops.
 //!
 //! Request header, 88 bytes, little-endian:
-//! `magic u32 | op u32 | mount_id u64 | offset u64 | len u64 | deadline_unix_ms u64 | epoch u64 |
+//! `magic u32 | op u16 | tag_len u16 | mount_id u64 | offset u64 | len u64 | deadline_unix_ms u64 | epoch u64 |
 //! allocation u64 | grant_mac [u8; 32]` (the Location's allocation and its MAC over the range,
 //! `grant.rs`; ops 1, 2, 4 and 5),
 //! op 1 write and 2 read on the data port; on the same-host socket 3 map (the answer carries the
 //! segment's descriptor, SCM_RIGHTS, and its length in `len`), 4 claim a range to write, 5 claim a
 //! range to read, 6 release the claim (ops 4 and 5 carry the grant, as 1 and 2 do)
 //! (`epoch`: the leader's, from the Location; a member refuses an epoch older than its newest),
-//! followed by `len` value bytes for a write.
+//! followed, for ops 1 and 4 (and 3 when its grant is a write's), by `tag_len` bytes of the
+//! value's tag (the Location's `tag`, which the write's MAC covers: `grant.rs`), then, for a
+//! write, `len` value bytes.
 //! Response header, 16 bytes: `magic u32 | status u32 (0 ok, 1 refused) | len u64`, followed by
 //! `len` value bytes (a read that succeeded) or a UTF-8 "CODE: message" (a refusal).
 
 use crate::error::{ErrorCode, StoreError};
 use crate::grant::MAC_LEN;
 
-pub const MAGIC: u32 = 0x3244_564b; // "KVD2" as little-endian bytes
-/// The first version's magic, whose header had no allocation: refused with a word on upgrading.
+pub const MAGIC: u32 = 0x3344_564b; // "KVD3" as little-endian bytes
+/// Earlier versions' magic (no allocation; no tag): refused with a word on upgrading.
 const MAGIC_V1: u32 = 0x3144_564b; // "KVD1"
+const MAGIC_V2: u32 = 0x3244_564b; // "KVD2"
 pub const REQUEST_LEN: usize = 88;
 pub const RESPONSE_LEN: usize = 16;
 /// Longest refusal message a client accepts.
@@ -49,6 +52,8 @@ pub struct Request {
     pub allocation: u64,
     /// the leader's MAC over the range (`grant.rs`)
     pub mac: [u8; MAC_LEN],
+    /// the length of the value's tag that follows the header (writes; 0 otherwise)
+    pub tag_len: u16,
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -67,7 +72,8 @@ impl Request {
     pub fn encode(&self) -> [u8; REQUEST_LEN] {
         let mut b = [0u8; REQUEST_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        b[4..8].copy_from_slice(&(self.op as u32).to_le_bytes());
+        b[4..6].copy_from_slice(&(self.op as u16).to_le_bytes());
+        b[6..8].copy_from_slice(&self.tag_len.to_le_bytes());
         b[8..16].copy_from_slice(&self.mount_id.to_le_bytes());
         b[16..24].copy_from_slice(&self.offset.to_le_bytes());
         b[24..32].copy_from_slice(&self.len.to_le_bytes());
@@ -82,10 +88,10 @@ impl Request {
         let bad = |m: &str| StoreError::new(ErrorCode::InvalidArgument, m.to_string());
         match u32_at(b, 0) {
             MAGIC => {}
-            MAGIC_V1 => {
+            MAGIC_V1 | MAGIC_V2 => {
                 return Err(bad(
-                    "this client speaks store protocol 1; this member speaks 2 (grants name their allocation): \
-                     upgrade the kvstore client",
+                    "this client speaks an older store protocol; this member speaks 3 (a write carries its value's \
+                     tag): upgrade the kvstore client",
                 ));
             }
             _ => {
@@ -94,7 +100,7 @@ impl Request {
                 ));
             }
         }
-        let op = match u32_at(b, 4) {
+        let op = match u32_at(b, 4) & 0xffff {
             1 => Op::Write,
             2 => Op::Read,
             3 => Op::Map,
@@ -116,6 +122,7 @@ impl Request {
             epoch: u64_at(b, 40),
             allocation: u64_at(b, 48),
             mac: b[56..88].try_into().unwrap_or([0; MAC_LEN]),
+            tag_len: (u32_at(b, 4) >> 16) as u16,
         })
     }
 }
@@ -177,6 +184,7 @@ mod tests {
             epoch: 42,
             allocation: 77,
             mac: [9; MAC_LEN],
+            tag_len: 300,
         };
         assert_eq!(Request::decode(&r.encode()), Ok(r));
         let s = Response { ok: false, len: 9 };
@@ -195,6 +203,7 @@ mod tests {
             epoch: 0,
             allocation: 1,
             mac: [0; MAC_LEN],
+            tag_len: 0,
         }
         .encode();
         b[4] = 9;
@@ -203,6 +212,8 @@ mod tests {
         b[0..4].copy_from_slice(&MAGIC_V1.to_le_bytes());
         let old = Request::decode(&b).unwrap_err();
         assert!(old.message.contains("upgrade"), "{old}");
+        b[0..4].copy_from_slice(&MAGIC_V2.to_le_bytes());
+        assert!(Request::decode(&b).unwrap_err().message.contains("upgrade"));
         assert_eq!(refusal(b"STALE_MOUNT: remount").code, ErrorCode::StaleMount);
     }
 }

@@ -287,6 +287,7 @@ async fn the_data_port_serves_only_ranges_the_leader_signed() {
         epoch: loc.epoch,
         allocation: loc.allocation,
         mac: [1; 32],
+        tag_len: 0,
     };
     use tokio::io::AsyncWriteExt;
     conn.write_all(&head.encode()).await.unwrap();
@@ -382,9 +383,11 @@ async fn a_write_grant_kept_past_its_release_cannot_overwrite_the_next_tenants_v
         epoch: grant.epoch,
         allocation: grant.allocation,
         mac: kvcache_store::member::segment::Grant::mac_from(&grant.grant_mac),
+        tag_len: grant.tag.len() as u16,
     };
     use tokio::io::AsyncWriteExt;
     conn.write_all(&head.encode()).await.unwrap();
+    conn.write_all(&grant.tag).await.unwrap();
     conn.write_all(&vec![0xee_u8; size as usize]).await.unwrap();
     assert_eq!(response(&mut conn).await.unwrap_err(), ErrorCode::PutExpired);
     // and over gRPC
@@ -425,6 +428,7 @@ async fn raw_read(
         epoch: loc.epoch,
         allocation: loc.allocation,
         mac: kvcache_store::member::segment::Grant::mac_from(mac),
+        tag_len: 0,
     };
     s.write_all(&req.encode()).await.unwrap();
     response(&mut s).await

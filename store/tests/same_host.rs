@@ -224,6 +224,7 @@ async fn only_a_caller_the_leader_granted_a_range_maps_the_segment() {
         epoch: 0,
         allocation: 0,
         mac: [0; kvcache_store::grant::MAC_LEN],
+        tag_len: 0,
     };
     let socket2 = socket.clone();
     assert!(
@@ -234,6 +235,7 @@ async fn only_a_caller_the_leader_granted_a_range_maps_the_segment() {
     let forged = kvcache_store::wire::Request {
         len: 100_000,
         mac: [7; kvcache_store::grant::MAC_LEN],
+        tag_len: 0,
         ..ungranted
     };
     assert!(

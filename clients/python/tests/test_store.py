@@ -216,7 +216,7 @@ class StoreTest(unittest.TestCase):
 
         said = subprocess.run([BIN, "--version"], capture_output=True, text=True, check=True).stdout.split()
         self.assertEqual(said, ["kv-store", kvcache.__version__])
-        self.assertEqual(kvcache.PROTOCOL, 2)
+        self.assertEqual(kvcache.PROTOCOL, 3)
 
     def test_a_call_given_up_after_its_timeout_is_a_transport_failure(self):
         # a listener that accepts and never answers: the connection never completes its handshake

@@ -78,8 +78,12 @@ impl Client {
             epoch: loc.epoch,
             allocation: loc.allocation,
             mac: Grant::mac_from(&loc.grant_mac),
+            tag_len: loc.tag.len() as u16,
         }
         .encode();
+        // the header, then the value's tag: one send with the (first part of the) value
+        let mut head = head.to_vec();
+        head.extend_from_slice(&loc.tag);
         match parts {
             [one] => {
                 let mut buf = Buf::chain(&head[..], *one);
@@ -123,6 +127,7 @@ impl Client {
             epoch: loc.epoch,
             allocation: loc.allocation,
             mac: Grant::mac_from(&loc.grant_mac),
+            tag_len: 0,
         }
         .encode();
         s.write_all(&head).await.map_err(transport)?;

@@ -89,10 +89,11 @@ async fn read_refusal(s: &mut UnixStream, len: u64) -> io::Result<StoreError> {
 
 /// Connects to the member's socket and maps its segment, showing `grant` (a claim request for a
 /// range the leader gave, as `Op::Map`).
-async fn map(name: &str, grant: wire::Request) -> io::Result<Mapped> {
+async fn map(name: &str, grant: wire::Request, tag: &[u8]) -> io::Result<Mapped> {
     let mut s = connect(name)?;
     let ask = wire::Request { op: Op::Map, ..grant };
     s.write_all(&ask.encode()).await?;
+    s.write_all(tag).await?;
     let mut answer = [0u8; RESPONSE_LEN + MAP_ANSWER_LEN];
     let mut got = 0;
     let mut fd = None;
@@ -144,13 +145,13 @@ async fn map(name: &str, grant: wire::Request) -> io::Result<Mapped> {
 impl Local {
     /// The mapped segment behind socket `name`, mapping it on first use with `grant`; `None`
     /// when it cannot be reached (another host) or mapped.
-    async fn peer(&self, name: &str, grant: wire::Request) -> Option<Arc<Mapped>> {
+    async fn peer(&self, name: &str, grant: wire::Request, tag: &[u8]) -> Option<Arc<Mapped>> {
         match self.peers.lock().get(name) {
             Some(Peer::Mapped(m)) => return Some(m.clone()),
             Some(Peer::Unreachable(since)) if since.elapsed() < RETRY_UNREACHABLE => return None,
             _ => {}
         }
-        match map(name, grant).await {
+        match map(name, grant, tag).await {
             Ok(m) => {
                 let m = Arc::new(m);
                 let mut peers = self.peers.lock();
@@ -202,6 +203,7 @@ impl Client {
             return None;
         }
         let write = matches!(bytes, Bytes::From(_) | Bytes::FromParts(_));
+        let tag: &[u8] = if write { &loc.tag } else { &[] };
         let claim = wire::Request {
             op: if write { Op::ClaimWrite } else { Op::ClaimRead },
             mount_id: loc.mount_id,
@@ -211,8 +213,9 @@ impl Client {
             epoch: loc.epoch,
             allocation: loc.allocation,
             mac: Grant::mac_from(&loc.grant_mac),
+            tag_len: tag.len() as u16,
         };
-        let peer = local.peer(&loc.local_addr, claim).await?;
+        let peer = local.peer(&loc.local_addr, claim, tag).await?;
         let pooled = peer.idle.lock().pop();
         let mut s = match pooled {
             Some(s) => s,
@@ -226,6 +229,7 @@ impl Client {
         };
         let claimed = async {
             s.write_all(&claim.encode()).await?;
+            s.write_all(tag).await?;
             read_response(&mut s, self.spin).await
         };
         let resp = match claimed.await {
@@ -264,6 +268,7 @@ impl Client {
         };
         let release = wire::Request {
             op: Op::Release,
+            tag_len: 0,
             ..claim
         };
         let released = async {

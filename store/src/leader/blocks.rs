@@ -7,8 +7,9 @@
 //! `AllBlocksCleared` and the blocks held at that moment (`snapshot` set, carrying the id of the
 //! last live event they include), then the live events; a stream that falls behind the log starts
 //! over the same way. A new term replaces the leader's whole state, which closes every log: the
-//! streams end with `NOT_SERVING`, and a router that reconnects (to the new leader, which starts
-//! cold) receives `AllBlocksCleared` first.
+//! streams end with `NOT_SERVING`, and a router that reconnects to the new leader receives
+//! `AllBlocksCleared` and the blocks adopted so far, then each member's adopted blocks as a live
+//! `BlockStored` when it mounts (`adoption.rs`).
 //!
 //! Access is checked again whenever the ledger is replaced: a stream whose credential is no
 //! longer its tenant's (rotated out, or the Binding gone) ends with the refusal a new call would
@@ -97,6 +98,18 @@ impl BlockLog {
                 size,
             })
         });
+    }
+
+    /// Blocks of one size that became readable at once (a member's values adopted by a new term).
+    pub fn stored_keys(&mut self, epoch: u64, keys: Vec<String>, size: u64) {
+        for chunk in keys.chunks(SNAPSHOT_BATCH) {
+            self.emit(epoch, || {
+                Event::Stored(BlockStored {
+                    keys: chunk.to_vec(),
+                    size,
+                })
+            });
+        }
     }
 
     pub fn removed(&mut self, epoch: u64, keys: Vec<String>, why: Removal) {

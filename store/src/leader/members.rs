@@ -11,9 +11,10 @@ use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::{HeartbeatRequest, MountRequest, MountResponse};
 
 impl State {
-    /// Mounts a member's segment. The same process mounting again (its instance id matches)
-    /// replaces its old mount, whose objects are dropped: it starts empty. Another process may
-    /// take a name only once the holder has been silent past the member TTL.
+    /// Mounts a member's segment and adopts what it holds (`adoption.rs`). The same process
+    /// mounting again (its instance id matches) replaces its old mount, whose objects are dropped
+    /// and adopted again from its report. Another process may take a name only once the holder
+    /// has been silent past the member TTL.
     pub fn mount(&mut self, req: &MountRequest, now: Instant) -> Result<MountResponse> {
         if req.name.is_empty() || req.data_addr.is_empty() || req.grpc_addr.is_empty() {
             return Err(StoreError::new(
@@ -27,6 +28,7 @@ impl State {
                 "a member with capacity 0 has nothing to mount",
             ));
         }
+        self.check_ledger_for(&req.holdings, now)?;
         let ttl = self.cfg.member_ttl;
         let same_name = self.members.iter().filter(|(_, m)| m.name == req.name);
         let mut old = Vec::new();
@@ -74,8 +76,18 @@ impl State {
             },
         );
         self.recompute_grants();
-        tracing::info!(member_id = id, name = %req.name, capacity = req.capacity, "member mounted");
+        let adopted = self.adopt(id, &req.holdings, now);
+        let kept: Vec<u64> = adopted.iter().copied().filter(|a| *a != 0).collect();
+        tracing::info!(
+            member_id = id,
+            name = %req.name,
+            capacity = req.capacity,
+            held = req.holdings.len(),
+            adopted = kept.len(),
+            "member mounted"
+        );
         Ok(MountResponse {
+            adopted,
             member_id: id,
             mount_id,
             heartbeat_interval_ms: self.cfg.heartbeat_interval().as_millis() as u64,

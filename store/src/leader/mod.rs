@@ -6,9 +6,10 @@
 //! housekeeping), `state` (the lock-protected tables and engine operations), `calls` (each
 //! `Store` call, shared by both faces), `service` (the gRPC faces), `fastport` (the framed
 //! metadata port), `ledger` (tenant validation, grants), `tenants` (the ledger applied),
-//! `status` (read-outs), `blocks` (KV events: `WatchBlocks`), `objects` (per-value and per-tenant records), `clients` (each caller's counters), `placement` (free space,
+//! `status` (read-outs), `adoption` (a new term takes over what its members hold), `blocks` (KV events: `WatchBlocks`), `objects` (per-value and per-tenant records), `clients` (each caller's counters), `placement` (free space,
 //! segment choice), `eviction`, `members` (mount, heartbeat, liveness), `metrics` (the collector).
 
+mod adoption;
 pub mod blocks;
 pub mod calls;
 pub mod clients;
@@ -34,6 +35,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
+pub use adoption::LEDGER_WAIT;
 pub use config::{ELECTION_TIMINGS, Election, LeaderConfig};
 pub use placement::AllocationStrategy;
 pub use serve::{LeaderAddrs, LeaderListeners};

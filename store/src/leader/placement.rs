@@ -67,6 +67,32 @@ impl SegmentAllocator {
         Some(offset)
     }
 
+    /// Takes exactly `offset..offset + len` (aligned), if all of it is free: a value a member
+    /// already holds there, adopted after a failover. `false` changes nothing.
+    pub fn take(&mut self, offset: u64, len: u64) -> bool {
+        if len == 0 || !offset.is_multiple_of(ALIGN) || !len.is_multiple_of(ALIGN) {
+            return false;
+        }
+        let Some(end) = offset.checked_add(len) else {
+            return false;
+        };
+        let Some((&free_at, &free_len)) = self.by_offset.range(..=offset).next_back() else {
+            return false;
+        };
+        if free_at + free_len < end {
+            return false;
+        }
+        self.remove_free(free_at, free_len);
+        if free_at < offset {
+            self.insert_free(free_at, offset - free_at);
+        }
+        if end < free_at + free_len {
+            self.insert_free(end, free_at + free_len - end);
+        }
+        self.used += len;
+        true
+    }
+
     /// Returns a range taken by [`allocate`](Self::allocate), merging it with free neighbours.
     pub fn release(&mut self, offset: u64, len: u64) {
         debug_assert!(offset + len <= self.capacity);
@@ -132,6 +158,27 @@ pub fn choose(strategy: AllocationStrategy, candidates: &[(u64, u64, u64)], seed
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn take_claims_exactly_a_free_range_and_nothing_else() {
+        let mut a = super::SegmentAllocator::new(1024);
+        assert!(a.take(128, 64));
+        assert!(!a.take(128, 64), "taken already");
+        assert!(!a.take(64, 128), "overlaps a taken range");
+        assert!(!a.take(100, 64), "not aligned");
+        assert!(!a.take(1024, 64), "past the end");
+        assert!(!a.take(u64::MAX - 63, 64), "overflow");
+        assert!(a.take(0, 128), "the free range before it");
+        assert_eq!(a.used(), 192);
+        assert_eq!(
+            a.allocate(64),
+            Some(192),
+            "the rest is still free, from where it starts"
+        );
+        a.release(128, 64);
+        assert!(a.take(128, 64), "freed, then taken again");
+        assert_eq!(a.free(), 1024 - 256);
+    }
+
     use super::*;
 
     #[test]

@@ -23,7 +23,7 @@ pub(super) fn router(leader: Leader, tls: Option<&crate::tls::ServerTls>) -> Res
             leader.clone(),
             crate::protocol::check_call,
         ))
-        .add_service(MembershipServer::new(leader.clone()))
+        .add_service(MembershipServer::new(leader.clone()).max_decoding_message_size(crate::member::MAX_MOUNT_MESSAGE))
         .add_service(ControlServer::new(leader)))
 }
 
@@ -177,6 +177,8 @@ impl Control for Leader {
             members: s.members.len() as u64,
             objects: s.object_count(),
             fast_port,
+            adopted_objects: s.adopted.objects,
+            adopted_bytes: s.adopted.bytes,
         })))
     }
 }

@@ -60,6 +60,20 @@ pub struct State {
     /// counts ledger replacements: a `WatchBlocks` stream checks its credential again at each
     /// (`blocks.rs`), so access ends with the credential, not only at the stream's start
     pub(super) ledger_generation: tokio::sync::watch::Sender<u64>,
+    /// whether this term has the ledger to adopt members' holdings against: multi-tenancy off,
+    /// `--tenant`, or a `SetTenants` (`members.rs` holds reports back until then, a while)
+    pub(super) ledger_known: bool,
+    /// when this state's term began
+    pub(super) started: Instant,
+    /// what this term adopted from its members' holdings
+    pub(super) adopted: Adopted,
+}
+
+/// Values (and their bytes) a term adopted from what its members held.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Adopted {
+    pub objects: u64,
+    pub bytes: u64,
 }
 
 impl State {
@@ -79,7 +93,11 @@ impl State {
             epoch: 0,
             grant_key: crate::grant::GrantKey::generate(),
             ledger_generation: tokio::sync::watch::Sender::new(0),
+            ledger_known: false,
+            started: Instant::now(),
+            adopted: Adopted::default(),
         };
+        s.ledger_known = !s.cfg.multi_tenancy;
         if !s.cfg.multi_tenancy {
             let layout = s.cfg.default_layout();
             s.tenants.insert(
@@ -106,7 +124,7 @@ impl State {
         self.tenants.values().map(|t| t.objects.len() as u64).sum()
     }
 
-    fn check_key(key: &str) -> Result<()> {
+    pub(super) fn check_key(key: &str) -> Result<()> {
         if key.is_empty() || key.len() > MAX_KEY_LEN {
             return Err(StoreError::new(
                 ErrorCode::InvalidArgument,
@@ -119,29 +137,34 @@ impl State {
         Ok(())
     }
 
-    fn next_tick(&mut self) -> u64 {
+    pub(super) fn next_tick(&mut self) -> u64 {
         self.tick += 1;
         self.tick
     }
 
-    /// Where `o` is, granted for `access` until `deadline_unix_ms` (signed: `grant.rs`).
+    /// Where `o` is, granted for `access` until `deadline_unix_ms` (signed: `grant.rs`); a write
+    /// names its value's `tag` (empty for a read).
     pub(super) fn location(
         &self,
         o: &Object,
         member_id: u64,
         access: crate::grant::Access,
         deadline_unix_ms: u64,
+        tag: Vec<u8>,
     ) -> Option<Location> {
         let m = self.members.get(&member_id)?;
-        let grant_mac = self.grant_key.sign(&crate::grant::Range {
-            access,
-            mount_id: o.mount_id,
-            epoch: self.epoch,
-            allocation: o.allocation,
-            offset: o.offset,
-            len: o.size,
-            deadline_unix_ms,
-        });
+        let grant_mac = self.grant_key.sign(
+            &crate::grant::Range {
+                access,
+                mount_id: o.mount_id,
+                epoch: self.epoch,
+                allocation: o.allocation,
+                offset: o.offset,
+                len: o.size,
+                deadline_unix_ms,
+            },
+            &tag,
+        );
         Some(Location {
             member_id,
             data_addr: m.data_addr.clone(),
@@ -153,12 +176,30 @@ impl State {
             local_addr: m.local_addr.clone(),
             grant_mac: grant_mac.into(),
             allocation: o.allocation,
+            tag: tag.into(),
         })
+    }
+
+    /// The tag a write of `key` for `tenant` carries: the tenant, its layout now, the key.
+    fn tag(&self, tenant: &str, key: &str) -> Vec<u8> {
+        let layout = self.tenants.get(tenant).and_then(|t| t.layout.as_ref());
+        crate::grant::Tag {
+            tenant: tenant.to_owned(),
+            block_size: layout.map_or(0, |l| l.block_size),
+            dtype: layout.map_or_else(String::new, |l| l.dtype.clone()),
+            key: key.to_owned(),
+        }
+        .encode()
     }
 
     /// The term this state serves.
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// What this term adopted from its members so far.
+    pub fn adopted(&self) -> Adopted {
+        self.adopted
     }
 
     /// Phase one of a put: charge the tenant, find space, hold it for the writer.
@@ -223,7 +264,14 @@ impl State {
             last_used: tick,
         };
         let write_deadline_unix_ms = unix_ms_after(self.cfg.put_ttl);
-        let location = self.location(&object, member_id, crate::grant::Access::Write, write_deadline_unix_ms);
+        let tag = self.tag(&tenant, key);
+        let location = self.location(
+            &object,
+            member_id,
+            crate::grant::Access::Write,
+            write_deadline_unix_ms,
+            tag,
+        );
         if let Some(m) = self.members.get_mut(&member_id) {
             m.objects += 1;
         }
@@ -367,7 +415,13 @@ impl State {
         o.last_used = tick;
         let o = o.clone();
         let lease_deadline_unix_ms = now_unix_ms().saturating_add(ttl.as_millis() as u64);
-        let location = self.location(&o, o.member, crate::grant::Access::Read, lease_deadline_unix_ms);
+        let location = self.location(
+            &o,
+            o.member,
+            crate::grant::Access::Read,
+            lease_deadline_unix_ms,
+            Vec::new(),
+        );
         Ok(GetResponse {
             found: location.is_some(),
             location,

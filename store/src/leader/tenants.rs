@@ -101,6 +101,7 @@ impl State {
             });
         }
         self.pools = pools.iter().map(|p| (p.name.clone(), p.total)).collect();
+        self.ledger_known = true;
         self.recompute_grants();
         self.ledger_generation.send_modify(|g| *g += 1);
         Ok(dropped)

@@ -227,6 +227,7 @@ mod tests {
             mount_id: 7,
             instance_id: 1,
             local_addr: String::new(),
+            holdings: Vec::new(),
         };
         assert_eq!(
             leader.serving(|s| s.mount(&mount, Instant::now())).unwrap_err().code,

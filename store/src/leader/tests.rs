@@ -41,6 +41,7 @@ fn mount_req(name: &str, capacity: u64, instance_id: u64) -> MountRequest {
         mount_id: 0,
         instance_id,
         local_addr: String::new(),
+        holdings: Vec::new(),
     }
 }
 
@@ -389,4 +390,103 @@ fn each_named_caller_is_counted_within_its_tenant() {
         s.get(Some(&long), "k", t0).unwrap_err().code,
         ErrorCode::InvalidArgument
     );
+}
+
+fn holding(tenant: &str, key: &str, block_size: u32, offset: u64, size: u64, epoch: u64) -> crate::proto::Holding {
+    crate::proto::Holding {
+        tag: crate::grant::Tag {
+            tenant: tenant.into(),
+            block_size,
+            dtype: "bf16".into(),
+            key: key.into(),
+        }
+        .encode()
+        .into(),
+        offset,
+        size,
+        epoch,
+    }
+}
+
+/// What a member hands over is adopted only where the leader can stand behind it: a tag a leader
+/// wrote, a tenant of the ledger with the same layout, a key not held, a whole aligned range of
+/// the segment that overlaps nothing adopted, an epoch not from the future.
+#[test]
+fn a_new_term_adopts_only_what_it_can_stand_behind() {
+    let (mut s, now) = state(LeaderConfig::default());
+    s.epoch = 3;
+    s.set_tenants(&[entry("a", 64 * MIB), entry("b", 64 * MIB)], &[])
+        .unwrap();
+    let mut bogus = holding("a", "x", 64, 0, 100, 3);
+    bogus.tag = bytes::Bytes::from_static(b"not a tag");
+    let offered = vec![
+        holding("a", "k1", 64, 0, 100, 2),          // adopted
+        holding("a", "k2", 64, 128, 4096, 3),       // adopted
+        holding("a", "k3", 64, 64, 100, 3),         // overlaps k1's 128-byte range
+        holding("a", "k1", 64, 8192, 100, 3),       // k1 is held already
+        holding("nobody", "k4", 64, 16384, 100, 3), // not in the ledger
+        holding("b", "k5", 16, 20480, 100, 3),      // b registered another layout
+        holding("a", "k6", 64, 24577, 100, 3),      // not aligned
+        holding("a", "k7", 64, MIB - 64, 128, 3),   // past the segment's end
+        holding("a", "k8", 64, 28672, 100, 4),      // an epoch this leader never served
+        holding("a", "", 64, 32768, 100, 3),        // no key
+        bogus,                                      // no tag a leader wrote
+        holding("b", "k9", 64, 36864, 0, 3),        // empty
+        holding("b", "k10", 64, 40960, 2000, 3),    // adopted
+    ];
+    let req = crate::proto::MountRequest {
+        holdings: offered,
+        ..mount_req("m", MIB, 7)
+    };
+    let r = s.mount(&req, now).unwrap();
+    let adopted: Vec<bool> = r.adopted.iter().map(|a| *a != 0).collect();
+    assert_eq!(
+        adopted,
+        [
+            true, true, false, false, false, false, false, false, false, false, false, false, true
+        ]
+    );
+    let numbers: std::collections::BTreeSet<u64> = r.adopted.iter().copied().filter(|a| *a != 0).collect();
+    assert_eq!(numbers.len(), 3, "each adopted value gets its own allocation number");
+    assert_eq!(
+        s.adopted(),
+        super::state::Adopted {
+            objects: 3,
+            bytes: 6196
+        }
+    );
+    // adopted values hit, are charged as puts are, and the ranges they hold are not placed again
+    let got = s.get(Some(&scope("a")), "k2", now).unwrap();
+    let loc = got.location.unwrap();
+    assert_eq!((loc.offset, loc.len, loc.allocation), (128, 4096, r.adopted[1]));
+    let charged = super::objects::charge(128, "k1") + super::objects::charge(4096, "k2");
+    assert_eq!(s.tenants["a"].used, charged);
+    for i in 0..20 {
+        let p = s.put_start(Some(&scope("a")), &format!("new{i}"), 100, now).unwrap();
+        let at = p.location.unwrap().offset;
+        assert!(
+            !(0..128).contains(&at) && !(128..4224).contains(&at),
+            "{at} is adopted space"
+        );
+    }
+}
+
+/// A member's report waits for this term's ledger (a while), so no tenant's values are freed
+/// only because the controllers had not sent it yet; one with nothing to report mounts at once.
+#[test]
+fn holdings_wait_for_the_ledger_and_an_empty_report_does_not() {
+    let (mut s, now) = state(LeaderConfig::default());
+    let req = crate::proto::MountRequest {
+        holdings: vec![holding("a", "k", 64, 0, 100, 0)],
+        ..mount_req("m", MIB, 7)
+    };
+    assert_eq!(s.mount(&req, now).unwrap_err().code, ErrorCode::LedgerPending);
+    assert!(s.mount(&mount_req("n", MIB, 8), now).is_ok(), "nothing to hand over");
+    // past the wait it mounts against whatever ledger there is (none: nothing adopted)
+    let late = now + super::LEDGER_WAIT;
+    assert_eq!(s.mount(&req, late).unwrap().adopted, [0]);
+    // once the ledger is there, at once
+    let (mut s, now) = state(LeaderConfig::default());
+    s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
+    assert_ne!(s.mount(&req, now).unwrap().adopted, [0]);
 }

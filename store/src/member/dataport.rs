@@ -132,10 +132,40 @@ fn grant(req: &Request) -> Grant {
     }
 }
 
+/// Reads the value's tag that follows a write's header (within [`HEADER`]); `None` when the
+/// connection must close.
+async fn read_tag(s: &mut Conn, req: &Request) -> std::io::Result<Option<Vec<u8>>> {
+    let n = usize::from(req.tag_len);
+    if n > crate::grant::MAX_TAG_LEN {
+        let e = StoreError::new(
+            crate::error::ErrorCode::InvalidArgument,
+            format!(
+                "a tag is at most {} bytes; this one says {n}",
+                crate::grant::MAX_TAG_LEN
+            ),
+        );
+        refuse(s, &e).await?;
+        return Ok(None);
+    }
+    let mut tag = vec![0u8; n];
+    match tokio::time::timeout(HEADER, s.read_exact(&mut tag)).await {
+        Ok(Ok(_)) => Ok(Some(tag)),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "tag not sent in time",
+        )),
+    }
+}
+
 /// Returns `false` when the connection must close.
 async fn write(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result<bool> {
-    segment.settle(&grant(&req), Access::Write, req.len).await;
-    match segment.begin_write(grant(&req), req.len) {
+    let Some(tag) = read_tag(s, &req).await? else {
+        return Ok(false);
+    };
+    segment.settle(&grant(&req), Access::Write, req.len, &tag).await;
+    match segment.begin_write(grant(&req), req.len, &tag) {
         Ok(mut range) => {
             let left = Duration::from_millis(req.deadline_unix_ms.saturating_sub(now_unix_ms())) + WRITE_GRACE;
             let received = async {
@@ -157,7 +187,7 @@ async fn write(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result
                     return Ok(false);
                 }
             }
-            drop(range);
+            range.finish();
             segment.wrote(req.len);
             s.write_all(&Response { ok: true, len: 0 }.encode()).await?;
             s.flush().await?;
@@ -196,7 +226,7 @@ async fn write(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result
 
 /// Returns `false` when the connection must close.
 async fn read(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result<bool> {
-    segment.settle(&grant(&req), Access::Read, req.len).await;
+    segment.settle(&grant(&req), Access::Read, req.len, &[]).await;
     match segment.begin_read(grant(&req), req.len) {
         Ok(range) => {
             let head = Response { ok: true, len: req.len }.encode();

@@ -31,8 +31,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
 use super::dataport::WRITE_GRACE;
-use super::mmap::{ReadRange, WriteRange};
-use super::segment::{Grant, Segment};
+use super::mmap::ReadRange;
+use super::segment::{Grant, Segment, Writing};
 use crate::error::{ErrorCode, StoreError};
 use crate::grant::Access;
 use crate::spin::HotWindow;
@@ -85,7 +85,7 @@ pub async fn serve(
 /// The claim a connection holds.
 enum Claim<'a> {
     None,
-    Write(WriteRange<'a>),
+    Write(Writing<'a>),
     Read(ReadRange<'a>),
 }
 
@@ -116,6 +116,16 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
             Ok(r) => r,
             Err(e) => return refuse(&mut s, &e).await,
         };
+        // a write's tag follows its header (a map may show a write grant too)
+        if usize::from(req.tag_len) > crate::grant::MAX_TAG_LEN {
+            let e = StoreError::new(
+                ErrorCode::InvalidArgument,
+                format!("a tag is at most {} bytes", crate::grant::MAX_TAG_LEN),
+            );
+            return refuse(&mut s, &e).await;
+        }
+        let mut tag = vec![0u8; usize::from(req.tag_len)];
+        s.read_exact(&mut tag).await?;
         let grant = Grant {
             mount_id: req.mount_id,
             epoch: req.epoch,
@@ -126,7 +136,7 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
         };
         let answer = match req.op {
             // Only a caller the serving leader granted a range of this mount may map it.
-            Op::Map => match segment.check_map(&grant, req.len).await {
+            Op::Map => match segment.check_map(&grant, req.len, &tag).await {
                 Ok(()) => {
                     map(&s, segment, resident).await?;
                     continue;
@@ -138,14 +148,14 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
                 "this connection holds a claim already; release it first",
             )),
             Op::ClaimWrite => {
-                segment.settle(&grant, Access::Write, req.len).await;
-                segment.begin_write(grant, req.len).map(|r| {
+                segment.settle(&grant, Access::Write, req.len, &tag).await;
+                segment.begin_write(grant, req.len, &tag).map(|r| {
                     claim = Claim::Write(r);
                     until = Some(claim_deadline(req.deadline_unix_ms, Access::Write));
                 })
             }
             Op::ClaimRead => {
-                segment.settle(&grant, Access::Read, req.len).await;
+                segment.settle(&grant, Access::Read, req.len, &[]).await;
                 segment.begin_read(grant, req.len).map(|r| {
                     claim = Claim::Read(r);
                     until = Some(claim_deadline(req.deadline_unix_ms, Access::Read));
@@ -155,7 +165,9 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
                 until = None;
                 match std::mem::replace(&mut claim, Claim::None) {
                     Claim::Write(r) => {
-                        segment.wrote(r.len());
+                        let len = r.len();
+                        r.finish();
+                        segment.wrote(len);
                         segment
                             .counters
                             .local_writes

@@ -228,6 +228,23 @@ impl SharedMap {
         Ok(())
     }
 
+    /// A checksum (XXH3-64) of `offset..offset+len` as it is now, copied out in pieces (rule 1:
+    /// the hash reads this process's copy, never the mapping).
+    pub fn checksum(&self, offset: u64, len: u64) -> Result<u64, StoreError> {
+        self.check(offset, len)?;
+        const PIECE: u64 = 64 * 1024;
+        let mut buf = vec![0u8; PIECE.min(len) as usize];
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut at = 0;
+        while at < len {
+            let n = PIECE.min(len - at) as usize;
+            self.copy_out(offset + at, &mut buf[..n])?;
+            hasher.update(&buf[..n]);
+            at += n as u64;
+        }
+        Ok(hasher.digest())
+    }
+
     /// Keeps the mapping's pages resident (writes one zero per page), so the first writes of a
     /// fresh segment do not pay page faults on the data path.
     pub fn prefault(&self) {

@@ -1,5 +1,6 @@
 //! A member: one process per node holding a segment of memory. It maps the segment, mounts it at
-//! the leader, heartbeats, remounts (empty) whenever the leader does not know it, and serves
+//! the leader, heartbeats, remounts whenever the leader does not know it (handing over what it
+//! holds: `mount.rs`), and serves
 //! writes and reads of byte ranges on its data port and over gRPC, until its cancellation token
 //! fires.
 //!
@@ -30,6 +31,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{LEASE_SCHEME, MemberConfig};
+pub use mount::{MAX_MOUNT_MESSAGE, MAX_REPORT};
 use segment::Segment;
 
 use crate::error::{ErrorCode, StoreError};
@@ -188,6 +190,7 @@ impl Member {
             mount_id: 0,
             instance_id: self.instance_id,
             local_addr: self.local.as_ref().map(|(_, n)| n.clone()).unwrap_or_default(),
+            holdings: Vec::new(),
         };
         let Self {
             cfg,

@@ -11,6 +11,11 @@
 //! - **Failover**: a heartbeat that fails is retried within 100 ms on a fresh connection (the
 //!   old one may lead to a leader that stopped, or hangs); a leader that answers `need_remount`
 //!   (it restarted, or a standby took over) gets a new mount at once.
+//! - **Handing over**: every mount reports the values this member finished writing and still
+//!   holds whole (`segment.rs`, [`MAX_REPORT`] of tags at most); the answer says which the leader
+//!   adopted, and those are readable again under the new mount before its grant key is taken,
+//!   so no range of the new term is served before the table is right. A leader with no ledger
+//!   yet answers `LEDGER_PENDING`, retried every 100 ms.
 //! - **Names**: every mount names this process's instance id; a leader that sees the member's
 //!   name held by another live process refuses with `MEMBER_NAME_TAKEN`, and this member then
 //!   retries, one warning per attempt, for twice the leader's member TTL (long enough for a
@@ -40,6 +45,12 @@ const MAX_BACKOFF: Duration = Duration::from_millis(500);
 const DEFAULT_MEMBER_TTL: Duration = Duration::from_secs(10);
 /// How long a connection attempt or a heartbeat may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// The most a mount's report of holdings may carry (tags and their ranges); past it the least
+/// recently used values are left out (freed). The leader takes Mount messages of
+/// [`MAX_MOUNT_MESSAGE`].
+pub const MAX_REPORT: usize = 48 << 20;
+/// The largest Mount message a leader reads.
+pub const MAX_MOUNT_MESSAGE: usize = 64 << 20;
 
 /// Where the serving leader is found.
 enum Finder {
@@ -154,6 +165,11 @@ pub(super) async fn stay_mounted(
                 backoff = pause(backoff).await;
                 continue;
             }
+            Err(e) if e.code == ErrorCode::LedgerPending => {
+                tracing::info!(%addr, "the leader waits for its tenant ledger before it adopts what this member holds; retrying");
+                tokio::time::sleep(MIN_BACKOFF).await;
+                continue;
+            }
             Err(e) => {
                 tracing::warn!(%addr, error = %e, "mount refused, retrying");
                 backoff = pause(backoff).await;
@@ -185,15 +201,26 @@ async fn mount(
     let mount_id = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
     let _in_flight = segment.mounting();
     segment.set_mount(mount_id);
+    let (holdings, counts) = segment.report(MAX_REPORT);
+    if counts.damaged > 0 || counts.left_out > 0 {
+        tracing::warn!(
+            damaged = counts.damaged,
+            left_out = counts.left_out,
+            "some held values are not reported: their bytes changed since their write finished, or the report was full"
+        );
+    }
     let asked = MountRequest {
         mount_id,
+        holdings,
         ..req.clone()
     };
     let mut asked = tonic::Request::new(asked);
     if let Some(t) = token {
         crate::auth::attach(&mut asked, t)?;
     }
-    match tokio::time::timeout(CALL_TIMEOUT, client.mount(asked)).await {
+    // a large report takes longer to send and to adopt
+    let timeout = CALL_TIMEOUT + Duration::from_millis(counts.reported / 50);
+    match tokio::time::timeout(timeout, client.mount(asked)).await {
         Ok(Ok(r)) => {
             let r = r.into_inner();
             if !segment.see_epoch(r.epoch) {
@@ -214,9 +241,19 @@ async fn mount(
                     return Err(e);
                 }
             };
-            segment.set_grant_key(key);
             // the leader keeps the member's choice unless it clashes with another mount
             segment.set_mount(r.mount_id);
+            // what was adopted is readable before any grant of the new term verifies
+            let adopted = segment.adopt(&r.adopted);
+            segment.set_grant_key(key);
+            if counts.reported > 0 {
+                tracing::info!(
+                    reported = counts.reported,
+                    adopted,
+                    epoch = r.epoch,
+                    "the leader adopted what this member held"
+                );
+            }
             Ok(r)
         }
         Ok(Err(status)) => {
@@ -272,7 +309,7 @@ async fn heartbeat(
         }
         match tokio::time::timeout(CALL_TIMEOUT.max(interval), client.heartbeat(hb)).await {
             Ok(Ok(r)) if r.get_ref().need_remount => {
-                tracing::warn!(%addr, "leader does not know this mount; remounting empty");
+                tracing::warn!(%addr, "leader does not know this mount; remounting (handing over what this member holds)");
                 return;
             }
             Ok(Ok(_)) => failing = false,

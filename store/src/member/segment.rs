@@ -4,6 +4,11 @@
 //! the range last written by the grant's allocation and no newer one ([`super::written`]), range
 //! in bounds and not in use by a conflicting transfer).
 //!
+//! What it holds survives a new mount: a write that finished records its value's tag and checksum
+//! ([`super::written`]); a new mount retires the table, the member reports the finished values
+//! whose bytes still match their checksum ([`Segment::report`]), and the leader's answer says
+//! which it adopted and under which allocations ([`Segment::adopt`]). The rest is free space.
+//!
 //! Fencing: the epoch only rises ([`Segment::see_epoch`]). A range from a leader whose epoch is
 //! older than the newest this member mounted under is refused (`STALE_EPOCH`) before the mount
 //! is even compared, so a paused or partitioned leader that lost its Lease can place no byte and
@@ -12,8 +17,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use super::mmap::{ReadRange, SharedMap, WriteRange};
-use super::written::{Stale, Written};
+use super::written::{Retired, Stale, Written};
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::grant::{Access, GrantKey, MAC_LEN, Range};
 use crate::time::now_unix_ms;
@@ -69,7 +76,28 @@ pub struct Segment {
     mount_changed: tokio::sync::Notify,
     /// which allocation last wrote each range of the current mount
     written: parking_lot::Mutex<Written>,
+    /// the finished values of mounts that ended, until a leader's answer adopts them or not
+    retired: parking_lot::Mutex<Waiting>,
     pub counters: DataCounters,
+}
+
+/// Values of ended mounts, waiting for a leader: those `report` sent (in its order), and whether
+/// their checksums were checked already.
+#[derive(Debug, Default)]
+struct Waiting {
+    values: Vec<Retired>,
+    checked: usize,
+}
+
+/// What one report found: values whose bytes no longer match their checksum are not reported.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReportCounts {
+    pub reported: u64,
+    pub bytes: u64,
+    /// values whose bytes changed since their write finished
+    pub damaged: u64,
+    /// values left out because the report was full
+    pub left_out: u64,
 }
 
 /// How long a `Map` waits for a mount in flight to settle before it is refused.
@@ -85,6 +113,7 @@ impl Segment {
             mounting: AtomicBool::new(false),
             mount_changed: tokio::sync::Notify::new(),
             written: parking_lot::Mutex::new(Written::default()),
+            retired: parking_lot::Mutex::default(),
             counters: DataCounters::default(),
         }
     }
@@ -98,14 +127,82 @@ impl Segment {
     }
 
     /// Adopts a new mount: ranges handed out under any earlier mount are refused from now on,
-    /// and the new mount's allocations start a new count.
+    /// and the new mount's allocations start a new count. The values the ended mount finished
+    /// writing wait for the next leader's answer ([`Segment::report`], [`Segment::adopt`]).
     pub fn set_mount(&self, mount_id: u64) {
         let mut written = self.written.lock();
         if self.mount_id.swap(mount_id, Ordering::AcqRel) != mount_id {
-            written.clear();
+            let ended = written.retire();
+            if !ended.is_empty() {
+                self.retired.lock().values.extend(ended);
+            }
         }
         drop(written);
         self.mount_changed.notify_waiters();
+    }
+
+    /// What this member holds for the next leader: the finished values of ended mounts whose
+    /// bytes still match their checksum, least recently used first, at most `max_bytes` of tags
+    /// (the most recently used kept). Values that fail the check are freed; the list reported is
+    /// the one [`Segment::adopt`] reads the leader's answer against.
+    pub fn report(&self, max_bytes: usize) -> (Vec<crate::proto::Holding>, ReportCounts) {
+        let mut retired = self.retired.lock();
+        let mut counts = ReportCounts::default();
+        let from = retired.checked;
+        let unchecked = retired.values.split_off(from);
+        for r in unchecked {
+            match self.map.checksum(r.offset, r.len) {
+                Ok(sum) if sum == r.held.checksum => retired.values.push(r),
+                _ => counts.damaged += 1,
+            }
+        }
+        retired.values.sort_by_key(|r| r.held.used);
+        let mut room = max_bytes;
+        let mut keep = retired.values.len();
+        for (i, r) in retired.values.iter().enumerate().rev() {
+            let cost = r.held.tag.len() + 32;
+            if cost > room {
+                break;
+            }
+            room -= cost;
+            keep = i;
+        }
+        counts.left_out = keep as u64;
+        retired.values.drain(..keep);
+        retired.checked = retired.values.len();
+        let report: Vec<crate::proto::Holding> = retired
+            .values
+            .iter()
+            .map(|r| crate::proto::Holding {
+                tag: bytes::Bytes::copy_from_slice(&r.held.tag),
+                offset: r.offset,
+                size: r.len,
+                epoch: r.held.epoch,
+            })
+            .collect();
+        counts.reported = report.len() as u64;
+        counts.bytes = retired.values.iter().map(|r| r.len).sum();
+        (report, counts)
+    }
+
+    /// Applies a leader's answer to the last [`Segment::report`]: `allocations[i]` is the
+    /// allocation the i-th reported value is adopted under in the new mount, 0 where it was not
+    /// adopted (its range is free). An answer of another length (a leader that adopts nothing)
+    /// adopts nothing. Returns how many values were adopted.
+    pub fn adopt(&self, allocations: &[u64]) -> u64 {
+        let values = std::mem::take(&mut *self.retired.lock());
+        if allocations.len() != values.values.len() {
+            return 0;
+        }
+        let mut written = self.written.lock();
+        let mut adopted = 0;
+        for (r, &a) in values.values.into_iter().zip(allocations) {
+            if a != 0 {
+                written.adopt(r, a);
+                adopted += 1;
+            }
+        }
+        adopted
     }
 
     /// Adopts the key the mounting leader signs its grants with.
@@ -132,8 +229,8 @@ impl Segment {
         self.epoch.fetch_max(epoch, Ordering::AcqRel) <= epoch
     }
 
-    fn check(&self, at: &Grant, access: Access, len: u64) -> Result<()> {
-        self.verify(at, access, len).inspect_err(|_| {
+    fn check(&self, at: &Grant, access: Access, len: u64, tag: &[u8]) -> Result<()> {
+        self.verify(at, access, len, tag).inspect_err(|_| {
             self.counters.refusals.fetch_add(1, Ordering::Relaxed);
         })
     }
@@ -141,10 +238,10 @@ impl Segment {
     /// Whether `at` is a grant the serving leader gave for this mount, for writing or for reading
     /// `len` bytes: what a same-host client shows to map the segment at all. While a mount is in
     /// flight the check waits for it ([`Segment::settle`]) rather than sending the client to TCP.
-    pub async fn check_map(&self, at: &Grant, len: u64) -> Result<()> {
+    pub async fn check_map(&self, at: &Grant, len: u64, tag: &[u8]) -> Result<()> {
         self.until_settled(|| {
-            self.verify(at, Access::Write, len)
-                .or_else(|_| self.verify(at, Access::Read, len))
+            self.verify(at, Access::Write, len, tag)
+                .or_else(|_| self.verify(at, Access::Read, len, &[]))
         })
         .await
         .inspect_err(|_| {
@@ -157,18 +254,18 @@ impl Segment {
     /// leader, whose answer may reach this member after the client's first transfer: that transfer
     /// waits for the leader's key instead of being refused. Call it before `begin_write` or
     /// `begin_read`, which decide.
-    pub async fn settle(&self, at: &Grant, access: Access, len: u64) {
+    pub async fn settle(&self, at: &Grant, access: Access, len: u64, tag: &[u8]) {
         if self.mounting.load(Ordering::Acquire) {
-            let _ = self.until_settled(|| self.verify(at, access, len)).await;
+            let _ = self.until_settled(|| self.verify(at, access, len, tag)).await;
         }
     }
 
     /// Whether `at` would be served for `len` bytes now (after [`Segment::settle`]): the checks
     /// of `begin_write` and `begin_read` before the range table, for a caller that wants to
     /// refuse before it reads a value's bytes.
-    pub async fn admit(&self, at: &Grant, access: Access, len: u64) -> Result<()> {
-        self.settle(at, access, len).await;
-        self.check(at, access, len)
+    pub async fn admit(&self, at: &Grant, access: Access, len: u64, tag: &[u8]) -> Result<()> {
+        self.settle(at, access, len, tag).await;
+        self.check(at, access, len, tag)
     }
 
     /// `verify`'s verdict once it passes or no mount is in flight, or after [`MOUNT_WAIT`].
@@ -187,8 +284,9 @@ impl Segment {
         }
     }
 
-    /// The checks of a grant (epoch, mount, deadline, signature), counting nothing.
-    fn verify(&self, at: &Grant, access: Access, len: u64) -> Result<()> {
+    /// The checks of a grant (epoch, mount, deadline, signature over the range and, for a write,
+    /// the value's tag), counting nothing.
+    fn verify(&self, at: &Grant, access: Access, len: u64, tag: &[u8]) -> Result<()> {
         let what = match access {
             Access::Write => "write",
             Access::Read => "read lease",
@@ -232,7 +330,7 @@ impl Segment {
             deadline_unix_ms,
         };
         match &*self.grant_key.read() {
-            Some(key) => key.verify(&range, &at.mac),
+            Some(key) => key.verify(&range, tag, &at.mac),
             None => Err(StoreError::new(
                 ErrorCode::StaleMount,
                 "this member has no grant key from its leader yet (it is mounting); ask the leader again",
@@ -240,20 +338,27 @@ impl Segment {
         }
     }
 
-    /// A range to write a reserved value into (`deadline` is the reservation's write deadline).
-    pub fn begin_write(&self, at: Grant, len: u64) -> Result<WriteRange<'_>> {
-        self.check(&at, Access::Write, len)?;
+    /// A range to write a reserved value into (`deadline` is the reservation's write deadline),
+    /// the value named by `tag` (which the grant's MAC covers). The write counts as finished, and
+    /// is recorded for the next leader, only once [`Writing::finish`] is called.
+    pub fn begin_write(&self, at: Grant, len: u64, tag: &[u8]) -> Result<Writing<'_>> {
+        self.check(&at, Access::Write, len, tag)?;
         let placed = self.written.lock().write(at.offset, len, at.allocation);
         if let Err(stale) = placed {
             self.counters.refusals.fetch_add(1, Ordering::Relaxed);
             return Err(stale_write(stale, at.allocation));
         }
-        self.map.write_range(at.offset, len)
+        Ok(Writing {
+            range: self.map.write_range(at.offset, len)?,
+            segment: self,
+            grant: at,
+            tag: Arc::from(tag),
+        })
     }
 
     /// A range to read a committed value from (`deadline` is its read lease).
     pub fn begin_read(&self, at: Grant, len: u64) -> Result<ReadRange<'_>> {
-        self.check(&at, Access::Read, len)?;
+        self.check(&at, Access::Read, len, &[])?;
         if let Err(stale) = self.written.lock().read(at.offset, len, at.allocation) {
             self.counters.refusals.fetch_add(1, Ordering::Relaxed);
             return Err(stale_read(stale, at.allocation));
@@ -284,6 +389,51 @@ impl Segment {
     /// The segment memory's descriptor, for a same-host client (`local.rs`).
     pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.map.fd()
+    }
+}
+
+/// A write in progress: its claimed range (which it dereferences to), and what to record once
+/// all of its bytes are in.
+#[derive(Debug)]
+pub struct Writing<'a> {
+    range: WriteRange<'a>,
+    segment: &'a Segment,
+    grant: Grant,
+    tag: Arc<[u8]>,
+}
+
+impl<'a> std::ops::Deref for Writing<'a> {
+    type Target = WriteRange<'a>;
+    fn deref(&self) -> &WriteRange<'a> {
+        &self.range
+    }
+}
+
+impl std::ops::DerefMut for Writing<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.range
+    }
+}
+
+impl Writing<'_> {
+    /// Every byte is in: checksums the range and records the value for the next leader (unless
+    /// a newer placement or a new mount overtook it), then gives up the claim.
+    pub fn finish(self) {
+        let Writing {
+            range,
+            segment,
+            grant,
+            tag,
+        } = self;
+        let len = range.len();
+        if let Ok(sum) = segment.map.checksum(grant.offset, len) {
+            let epoch = segment.epoch();
+            let mut written = segment.written.lock();
+            if segment.mount_id() == grant.mount_id {
+                written.finish(grant.offset, len, grant.allocation, tag, sum, epoch);
+            }
+        }
+        drop(range);
     }
 }
 
@@ -340,10 +490,16 @@ mod tests {
         // at the same offset and written
         let a_write = allocated(&key, Access::Write, 11, 3, 4096, 100, 5);
         let a_read = allocated(&key, Access::Read, 11, 3, 4096, 100, 5);
-        seg.begin_write(a_write, 100).unwrap().copy_from(&[1; 100]).unwrap();
+        seg.begin_write(a_write, 100, &[])
+            .unwrap()
+            .copy_from(&[1; 100])
+            .unwrap();
         let b_write = allocated(&key, Access::Write, 11, 3, 4096, 100, 6);
-        seg.begin_write(b_write, 100).unwrap().copy_from(&[2; 100]).unwrap();
-        let replayed = seg.begin_write(a_write, 100).map(drop).unwrap_err();
+        seg.begin_write(b_write, 100, &[])
+            .unwrap()
+            .copy_from(&[2; 100])
+            .unwrap();
+        let replayed = seg.begin_write(a_write, 100, &[]).map(drop).unwrap_err();
         assert_eq!(replayed.code, ErrorCode::PutExpired, "{replayed}");
         assert_eq!(
             seg.begin_read(a_read, 100).map(drop).unwrap_err().code,
@@ -354,7 +510,7 @@ mod tests {
         // a new mount starts a new count: the old table is gone with the old mount's grants
         seg.set_mount(12);
         let fresh = allocated(&key, Access::Write, 12, 3, 4096, 100, 1);
-        assert!(seg.begin_write(fresh, 100).is_ok());
+        assert!(seg.begin_write(fresh, 100, &[]).is_ok());
     }
 
     #[test]
@@ -362,8 +518,8 @@ mod tests {
         let (seg, key, _dir) = mounted();
         let write = |mount_id, epoch| signed(&key, Access::Write, mount_id, epoch, 0, 64);
         let read = |mount_id, epoch| signed(&key, Access::Read, mount_id, epoch, 0, 64);
-        assert!(seg.begin_write(write(11, 3), 64).is_ok());
-        let stale = seg.begin_write(write(11, 2), 64).map(drop).unwrap_err();
+        assert!(seg.begin_write(write(11, 3), 64, &[]).is_ok());
+        let stale = seg.begin_write(write(11, 2), 64, &[]).map(drop).unwrap_err();
         assert_eq!(stale.code, ErrorCode::StaleEpoch);
         assert!(
             stale.message.contains("epoch 2") && stale.message.contains("epoch 3"),
@@ -406,15 +562,18 @@ mod tests {
         len: u64,
         allocation: u64,
     ) -> Grant {
-        let mac = key.sign(&Range {
-            access,
-            mount_id,
-            epoch,
-            allocation,
-            offset,
-            len,
-            deadline_unix_ms: 0,
-        });
+        let mac = key.sign(
+            &Range {
+                access,
+                mount_id,
+                epoch,
+                allocation,
+                offset,
+                len,
+                deadline_unix_ms: 0,
+            },
+            &[],
+        );
         Grant {
             mount_id,
             epoch,
@@ -433,14 +592,14 @@ mod tests {
         let granted = signed(&key, Access::Read, 11, 3, 0, 100);
         // nothing mounted and nothing in flight: refused without waiting
         let started = tokio::time::Instant::now();
-        assert!(seg.check_map(&granted, 100).await.is_err());
+        assert!(seg.check_map(&granted, 100, &[]).await.is_err());
         assert!(started.elapsed() < MOUNT_WAIT);
         // the leader answered (and handed the range to a client) before this member took the key
         let in_flight = seg.mounting();
         seg.set_mount(11);
         let waiter = {
             let seg = seg.clone();
-            tokio::spawn(async move { seg.check_map(&granted, 100).await })
+            tokio::spawn(async move { seg.check_map(&granted, 100, &[]).await })
         };
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished(), "a map during a mount in flight waits for it");
@@ -455,7 +614,7 @@ mod tests {
         };
         let started = tokio::time::Instant::now();
         assert_eq!(
-            seg.check_map(&forged, 100).await.unwrap_err().code,
+            seg.check_map(&forged, 100, &[]).await.unwrap_err().code,
             ErrorCode::Unauthenticated
         );
         assert!(started.elapsed() < MOUNT_WAIT);
@@ -472,15 +631,15 @@ mod tests {
         seg.set_mount(11);
         assert!(seg.see_epoch(3));
         assert_eq!(
-            seg.begin_write(granted, 100).map(drop).unwrap_err().code,
+            seg.begin_write(granted, 100, &[]).map(drop).unwrap_err().code,
             ErrorCode::StaleMount,
             "unsettled, the range cannot be checked yet"
         );
         let writer = {
             let seg = seg.clone();
             tokio::spawn(async move {
-                seg.settle(&granted, Access::Write, 100).await;
-                seg.begin_write(granted, 100).map(drop)
+                seg.settle(&granted, Access::Write, 100, &[]).await;
+                seg.begin_write(granted, 100, &[]).map(drop)
             })
         };
         tokio::task::yield_now().await;
@@ -490,7 +649,7 @@ mod tests {
         writer.await.unwrap().unwrap();
         // nothing in flight: settling costs nothing
         let started = tokio::time::Instant::now();
-        seg.settle(&signed(&key, Access::Read, 12, 3, 0, 100), Access::Read, 100)
+        seg.settle(&signed(&key, Access::Read, 12, 3, 0, 100), Access::Read, 100, &[])
             .await;
         assert!(started.elapsed() < MOUNT_WAIT);
     }
@@ -499,19 +658,19 @@ mod tests {
     fn only_ranges_the_leader_signed_are_served() {
         let (seg, key, _dir) = mounted();
         let granted = signed(&key, Access::Write, 11, 3, 4096, 100);
-        assert!(seg.begin_write(granted, 100).is_ok());
-        let refused = |r: Result<WriteRange<'_>>| r.map(drop).unwrap_err().code;
+        assert!(seg.begin_write(granted, 100, &[]).is_ok());
+        let refused = |r: Result<Writing<'_>>| r.map(drop).unwrap_err().code;
         // a forged MAC, a longer range, another offset, a read grant used to write
         let forged = Grant {
             mac: [7; MAC_LEN],
             ..granted
         };
-        assert_eq!(refused(seg.begin_write(forged, 100)), ErrorCode::Unauthenticated);
-        assert_eq!(refused(seg.begin_write(granted, 101)), ErrorCode::Unauthenticated);
+        assert_eq!(refused(seg.begin_write(forged, 100, &[])), ErrorCode::Unauthenticated);
+        assert_eq!(refused(seg.begin_write(granted, 101, &[])), ErrorCode::Unauthenticated);
         let moved = Grant { offset: 0, ..granted };
-        assert_eq!(refused(seg.begin_write(moved, 100)), ErrorCode::Unauthenticated);
+        assert_eq!(refused(seg.begin_write(moved, 100, &[])), ErrorCode::Unauthenticated);
         let read = signed(&key, Access::Read, 11, 3, 4096, 100);
-        assert_eq!(refused(seg.begin_write(read, 100)), ErrorCode::Unauthenticated);
+        assert_eq!(refused(seg.begin_write(read, 100, &[])), ErrorCode::Unauthenticated);
         assert!(seg.begin_read(read, 100).is_ok());
         let other_allocation = Grant { allocation: 2, ..read };
         assert_eq!(
@@ -524,6 +683,73 @@ mod tests {
         assert_eq!(
             seg.begin_read(other, 100).map(drop).unwrap_err().code,
             ErrorCode::Unauthenticated
+        );
+    }
+
+    /// What a member hands over: values whose writes finished, with their tags, whose bytes
+    /// still match; the leader's answer decides what the new mount serves.
+    #[test]
+    fn a_new_mount_hands_over_finished_whole_values_and_serves_what_was_adopted() {
+        let (seg, key, _dir) = mounted();
+        let tag = |k: &str| k.as_bytes().to_vec();
+        let write = |offset: u64, allocation: u64, byte: u8, finish: bool| {
+            let g = allocated(&key, Access::Write, 11, 3, offset, 100, allocation);
+            let g = Grant {
+                mac: Grant::mac_from(&key.sign(
+                    &Range {
+                        access: Access::Write,
+                        mount_id: 11,
+                        epoch: 3,
+                        allocation,
+                        offset,
+                        len: 100,
+                        deadline_unix_ms: 0,
+                    },
+                    &tag(&format!("k{allocation}")),
+                )),
+                ..g
+            };
+            let mut w = seg.begin_write(g, 100, &tag(&format!("k{allocation}"))).unwrap();
+            w.copy_from(&[byte; 100]).unwrap();
+            if finish {
+                w.finish();
+            }
+        };
+        write(0, 1, 1, true);
+        write(128, 2, 2, true);
+        write(256, 3, 3, false); // cut off before its last byte: never finished
+        write(384, 4, 4, true);
+        // a same-host client scribbles over value 2 after its write finished
+        seg.map.copy_in(130, &[9]).unwrap();
+        seg.set_mount(12);
+        let (report, counts) = seg.report(1 << 20);
+        let tags: Vec<&[u8]> = report.iter().map(|h| &h.tag[..]).collect();
+        assert_eq!(tags, [&b"k1"[..], &b"k4"[..]]);
+        assert_eq!(
+            counts,
+            ReportCounts {
+                reported: 2,
+                bytes: 200,
+                damaged: 1,
+                left_out: 0
+            }
+        );
+        assert_eq!((report[1].offset, report[1].size, report[1].epoch), (384, 100, 3));
+        // nothing of the old mount is served while the leader has not answered
+        let read = |mount_id, allocation, offset| allocated(&key, Access::Read, mount_id, 3, offset, 100, allocation);
+        assert!(seg.begin_read(read(12, 1, 0), 100).is_err());
+        // the leader adopts k4 as allocation 7, not k1
+        assert_eq!(seg.adopt(&[0, 7]), 1);
+        assert_eq!(seg.begin_read(read(12, 7, 384), 100).unwrap().to_vec(), vec![4; 100]);
+        assert!(seg.begin_read(read(12, 1, 0), 100).is_err(), "k1 was not adopted");
+        // a report too small for everything keeps the most recently used
+        seg.set_mount(13);
+        let (report, counts) = seg.report(2 + 32);
+        assert_eq!((report.len(), counts.left_out), (1, 0));
+        assert_eq!(
+            seg.adopt(&[]),
+            0,
+            "an answer that does not match the report adopts nothing"
         );
     }
 }

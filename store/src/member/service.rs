@@ -41,7 +41,8 @@ impl DataService {
     }
 }
 
-/// The metadata key a `Write`'s grant travels in (binary: the 88-byte `wire::Request`).
+/// The metadata key a `Write`'s grant travels in (binary: the 88-byte `wire::Request`, then the
+/// value's tag, `tag_len` bytes).
 pub const GRANT_METADATA: &str = "x-kvstore-grant-bin";
 /// Concurrent streams per connection.
 pub const MAX_STREAMS: u32 = 16;
@@ -59,15 +60,18 @@ pub fn write_request(loc: &crate::proto::Location, deadline_unix_ms: u64, data: 
         epoch: loc.epoch,
         allocation: loc.allocation,
         mac: Grant::mac_from(&loc.grant_mac),
+        tag_len: loc.tag.len() as u16,
     };
+    let mut meta = head.encode().to_vec();
+    meta.extend_from_slice(&loc.tag);
     let mut r = Request::new(WriteRequest { data });
     r.metadata_mut()
-        .insert_bin(GRANT_METADATA, MetadataValue::from_bytes(&head.encode()));
+        .insert_bin(GRANT_METADATA, MetadataValue::from_bytes(&meta));
     r
 }
 
-/// The grant and length a `Write`'s metadata names.
-fn write_grant(metadata: &MetadataMap) -> Result<(Grant, u64), StoreError> {
+/// The grant, length and tag a `Write`'s metadata names.
+fn write_grant(metadata: &MetadataMap) -> Result<(Grant, u64, Vec<u8>), StoreError> {
     let missing = || {
         StoreError::new(
             ErrorCode::Unauthenticated,
@@ -81,9 +85,10 @@ fn write_grant(metadata: &MetadataMap) -> Result<(Grant, u64), StoreError> {
         .get_bin(GRANT_METADATA)
         .and_then(|v| v.to_bytes().ok())
         .ok_or_else(missing)?;
-    let head: &[u8; wire::REQUEST_LEN] = raw.as_ref().try_into().map_err(|_| missing())?;
+    let (head, tag) = raw.split_at_checked(wire::REQUEST_LEN).ok_or_else(missing)?;
+    let head: &[u8; wire::REQUEST_LEN] = head.try_into().map_err(|_| missing())?;
     let req = wire::Request::decode(head)?;
-    if req.op != wire::Op::Write {
+    if req.op != wire::Op::Write || tag.len() != usize::from(req.tag_len) {
         return Err(missing());
     }
     let grant = Grant {
@@ -94,7 +99,7 @@ fn write_grant(metadata: &MetadataMap) -> Result<(Grant, u64), StoreError> {
         deadline_unix_ms: req.deadline_unix_ms,
         mac: req.mac,
     };
-    Ok((grant, req.len))
+    Ok((grant, req.len, tag.to_vec()))
 }
 
 /// In front of the member's gRPC services: refuses a `Write` whose grant the member would not
@@ -143,7 +148,7 @@ where
             if req.uri().path() == WRITE_PATH {
                 let metadata = MetadataMap::from_headers(req.headers().clone());
                 let admitted = match write_grant(&metadata) {
-                    Ok((grant, len)) => segment.admit(&grant, Access::Write, len).await,
+                    Ok((grant, len, tag)) => segment.admit(&grant, Access::Write, len, &tag).await,
                     Err(e) => Err(e),
                 };
                 if let Err(e) = admitted {
@@ -158,7 +163,7 @@ where
 #[tonic::async_trait]
 impl SegmentData for DataService {
     async fn write(&self, req: Request<WriteRequest>) -> Result<Response<WriteResponse>, Status> {
-        let (grant, len) = write_grant(req.metadata())?;
+        let (grant, len, tag) = write_grant(req.metadata())?;
         let r = req.into_inner();
         if r.data.len() as u64 != len {
             return Err(StoreError::new(
@@ -170,10 +175,10 @@ impl SegmentData for DataService {
             )
             .into());
         }
-        self.segment.settle(&grant, Access::Write, len).await;
-        let mut range = self.segment.begin_write(grant, len)?;
+        self.segment.settle(&grant, Access::Write, len, &tag).await;
+        let mut range = self.segment.begin_write(grant, len, &tag)?;
         range.copy_from(&r.data)?;
-        drop(range);
+        range.finish();
         self.segment.wrote(len);
         Ok(Response::new(WriteResponse {}))
     }
@@ -188,7 +193,7 @@ impl SegmentData for DataService {
             deadline_unix_ms: r.lease_deadline_unix_ms,
             mac: Grant::mac_from(&r.grant_mac),
         };
-        self.segment.settle(&grant, Access::Read, r.len).await;
+        self.segment.settle(&grant, Access::Read, r.len, &[]).await;
         let range = self.segment.begin_read(grant, r.len)?;
         let data = Bytes::from(range.to_vec());
         drop(range);

@@ -6,11 +6,20 @@
 //! bytes, though its MAC and deadline still hold.
 //!
 //! The ranges are disjoint: a write replaces what it overlaps (keeping the parts it does not
-//! cover). There is at most one entry per value placed and not yet overwritten, so the table is
-//! bounded by the segment's capacity over the smallest placement (64 bytes); it is emptied when
-//! the segment is mounted anew, since a new mount's grants start a new count.
+//! cover, which are no longer whole values). There is at most one entry per value placed and not
+//! yet overwritten, so the table is bounded by the segment's capacity over the smallest placement
+//! (64 bytes).
+//!
+//! A write that finished also records what was written ([`Held`]): the value's tag from its grant
+//! (tenant, layout, key), a checksum of its bytes and the epoch it was written under. When the
+//! segment is mounted anew (a new leader, or the same one that lost the mount) the table is
+//! retired ([`Written::retire`]): the finished values are what the member reports to the leader,
+//! and the new mount's table starts with only those the leader adopted, under the allocation
+//! numbers of its term ([`Written::adopt`]). A write still in flight has recorded nothing, so it
+//! is never reported: it is adopted whole or not at all.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Why a grant's allocation was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,10 +31,40 @@ pub enum Stale {
     NotWritten,
 }
 
-/// The ranges of one mount, by start: `(end, allocation)`.
+/// A value the member finished writing: what to tell a new leader about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// the value's tag as its grant carried it (`grant::Tag`, encoded)
+    pub tag: Arc<[u8]>,
+    /// XXH3-64 of its bytes when the write finished
+    pub checksum: u64,
+    /// the leader epoch it was written under
+    pub epoch: u64,
+    /// when it was last written or read, on this table's own count (least recent first in a
+    /// report, so the next leader's eviction order follows use)
+    pub used: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    end: u64,
+    allocation: u64,
+    held: Option<Held>,
+}
+
+/// A finished value of a retired mount: its range and what was recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retired {
+    pub offset: u64,
+    pub len: u64,
+    pub held: Held,
+}
+
+/// The ranges of one mount, by start.
 #[derive(Debug, Default)]
 pub struct Written {
-    ranges: BTreeMap<u64, (u64, u64)>,
+    ranges: BTreeMap<u64, Entry>,
+    uses: u64,
 }
 
 impl Written {
@@ -35,15 +74,20 @@ impl Written {
             .ranges
             .range(..end)
             .rev()
-            .take_while(|(_, (e, _))| *e > start)
-            .map(|(s, (e, a))| (*s, *e, *a))
+            .take_while(|(_, e)| e.end > start)
+            .map(|(s, e)| (*s, e.end, e.allocation))
             .collect();
         out.reverse();
         out
     }
 
+    fn next_use(&mut self) -> u64 {
+        self.uses += 1;
+        self.uses
+    }
+
     /// Records that `allocation` writes `[start, start + len)`, unless a newer allocation wrote
-    /// any of it.
+    /// any of it. Nothing is held there until the write finishes ([`Written::finish`]).
     pub fn write(&mut self, start: u64, len: u64, allocation: u64) -> Result<(), Stale> {
         let end = start.saturating_add(len);
         let overlapping = self.overlapping(start, end);
@@ -52,22 +96,71 @@ impl Written {
         }
         for (s, e, a) in overlapping {
             self.ranges.remove(&s);
+            // what is left of a value cut in part is no longer a value
             if s < start {
-                self.ranges.insert(s, (start, a));
+                self.ranges.insert(
+                    s,
+                    Entry {
+                        end: start,
+                        allocation: a,
+                        held: None,
+                    },
+                );
             }
             if e > end {
-                self.ranges.insert(end, (e, a));
+                self.ranges.insert(
+                    end,
+                    Entry {
+                        end: e,
+                        allocation: a,
+                        held: None,
+                    },
+                );
             }
         }
-        self.ranges.insert(start, (end, allocation));
+        self.ranges.insert(
+            start,
+            Entry {
+                end,
+                allocation,
+                held: None,
+            },
+        );
         Ok(())
     }
 
-    /// Whether `[start, start + len)` is exactly what `allocation` wrote.
-    pub fn read(&self, start: u64, len: u64, allocation: u64) -> Result<(), Stale> {
+    /// Records that the write of `allocation` to `[start, start + len)` finished, with its tag,
+    /// checksum and epoch; `false` (nothing recorded) if a newer write replaced it meanwhile or
+    /// the mount changed.
+    pub fn finish(&mut self, start: u64, len: u64, allocation: u64, tag: Arc<[u8]>, checksum: u64, epoch: u64) -> bool {
+        let used = self.next_use();
+        match self.ranges.get_mut(&start) {
+            Some(e) if e.end == start.saturating_add(len) && e.allocation == allocation => {
+                e.held = Some(Held {
+                    tag,
+                    checksum,
+                    epoch,
+                    used,
+                });
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `[start, start + len)` is exactly what `allocation` wrote (a read of it counts as
+    /// a use).
+    pub fn read(&mut self, start: u64, len: u64, allocation: u64) -> Result<(), Stale> {
         let end = start.saturating_add(len);
-        match self.ranges.get(&start) {
-            Some(&(e, a)) if e == end && a == allocation => Ok(()),
+        let used = self.uses + 1;
+        match self.ranges.get_mut(&start) {
+            Some(e) if e.end == end && e.allocation == allocation => {
+                if let Some(h) = &mut e.held {
+                    h.used = used;
+                    self.uses = used;
+                }
+                Ok(())
+            }
             _ => match self.overlapping(start, end).iter().map(|(_, _, a)| *a).max() {
                 Some(newer) if newer > allocation => Err(Stale::Replaced { newer }),
                 _ => Err(Stale::NotWritten),
@@ -75,9 +168,34 @@ impl Written {
         }
     }
 
-    /// Forgets every range (the segment was mounted anew).
-    pub fn clear(&mut self) {
-        self.ranges.clear();
+    /// Ends the table's mount: every range is forgotten (a new mount's grants start a new count),
+    /// and the finished values are returned, least recently used first.
+    pub fn retire(&mut self) -> Vec<Retired> {
+        let mut out: Vec<Retired> = std::mem::take(&mut self.ranges)
+            .into_iter()
+            .filter_map(|(offset, e)| {
+                e.held.map(|held| Retired {
+                    offset,
+                    len: e.end - offset,
+                    held,
+                })
+            })
+            .collect();
+        out.sort_by_key(|r| r.held.used);
+        out
+    }
+
+    /// Starts the new mount's table with a value the leader adopted under `allocation`.
+    pub fn adopt(&mut self, r: Retired, allocation: u64) {
+        let used = self.next_use();
+        self.ranges.insert(
+            r.offset,
+            Entry {
+                end: r.offset + r.len,
+                allocation,
+                held: Some(Held { used, ..r.held }),
+            },
+        );
     }
 
     /// How many ranges are recorded.
@@ -142,7 +260,7 @@ mod tests {
         w.write(64, 64, 4).unwrap();
         assert_eq!(w.read(64, 32, 4), Err(Stale::NotWritten), "only the range as written");
         assert_eq!(w.read(0, 64, 7), Err(Stale::NotWritten));
-        w.clear();
+        assert!(w.retire().is_empty(), "nothing finished, nothing to report");
         assert!(w.is_empty());
         assert_eq!(w.read(64, 64, 4), Err(Stale::NotWritten));
         // adjacent ranges do not overlap
@@ -150,5 +268,55 @@ mod tests {
         w.write(64, 64, 2).unwrap();
         assert_eq!(w.write(0, 64, 1), Ok(()));
         assert_eq!(w.read(64, 64, 2), Ok(()));
+    }
+
+    fn tag(k: &str) -> Arc<[u8]> {
+        Arc::from(k.as_bytes())
+    }
+
+    #[test]
+    fn only_finished_whole_values_are_reported_least_recently_used_first() {
+        let mut w = Written::default();
+        w.write(0, 100, 1).unwrap();
+        w.write(128, 100, 2).unwrap();
+        w.write(256, 100, 3).unwrap();
+        w.write(512, 64, 4).unwrap();
+        assert!(w.finish(0, 100, 1, tag("a"), 11, 7));
+        assert!(w.finish(128, 100, 2, tag("b"), 22, 7));
+        assert!(w.finish(256, 100, 3, tag("c"), 33, 7));
+        // 4 is still being written: nothing is held for it
+        assert!(!w.finish(0, 100, 9, tag("x"), 0, 7), "not the allocation that wrote it");
+        assert!(!w.finish(0, 64, 1, tag("x"), 0, 7), "not the range as written");
+        // a is read after b and c were written
+        w.read(0, 100, 1).unwrap();
+        // a newer placement over the start of c: c is no longer whole
+        w.write(300, 100, 5).unwrap();
+        let r = w.retire();
+        let keys: Vec<&[u8]> = r.iter().map(|r| &*r.held.tag).collect();
+        assert_eq!(
+            keys,
+            [&b"b"[..], &b"a"[..]],
+            "b, then a (read last); c was cut, 4 unfinished"
+        );
+        assert_eq!(
+            (r[1].offset, r[1].len, r[1].held.checksum, r[1].held.epoch),
+            (0, 100, 11, 7)
+        );
+        assert!(w.is_empty(), "retired: the next mount starts empty");
+        // the leader adopted a under its new term's allocation 40
+        w.adopt(r[1].clone(), 40);
+        assert_eq!(w.read(0, 100, 40), Ok(()));
+        assert_eq!(
+            w.read(0, 100, 1),
+            Err(Stale::Replaced { newer: 40 }),
+            "the old term's number"
+        );
+        assert_eq!(w.read(128, 100, 2), Err(Stale::NotWritten), "b was not adopted");
+        assert_eq!(w.write(0, 100, 39), Err(Stale::Replaced { newer: 40 }));
+        assert_eq!(
+            w.retire().len(),
+            1,
+            "an adopted value is reported again at the next mount"
+        );
     }
 }

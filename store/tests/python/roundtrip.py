@@ -32,7 +32,7 @@ class _SaysItsProtocol(grpc.UnaryUnaryClientInterceptor):
     that do not, with CLIENT_VERSION_UNSUPPORTED; store/README.md, "Versions")."""
 
     def intercept_unary_unary(self, continuation, details, request):
-        meta = list(details.metadata or []) + [("x-kvstore-protocol", "2"), ("x-kvstore-client", "roundtrip.py")]
+        meta = list(details.metadata or []) + [("x-kvstore-protocol", "3"), ("x-kvstore-client", "roundtrip.py")]
         return continuation(details._replace(metadata=meta), request)
 
 
@@ -47,9 +47,10 @@ def put(key, value):
     loc = r.location
     member = rpc.SegmentDataStub(grpc.insecure_channel(loc.grpc_addr, options=OPTS))
     # the grant rides in metadata, as the data port's request header (store/src/wire.rs), so the
-    # member checks it before it reads the value
-    grant = struct.pack("<IIQQQQQQ32s", 0x3244564B, 1, loc.mount_id, loc.offset, len(value),
-                        r.write_deadline_unix_ms, loc.epoch, loc.allocation, loc.grant_mac)
+    # member checks it before it reads the value; the value's tag (whose value it is, which the
+    # grant covers) follows the header
+    grant = struct.pack("<IHHQQQQQQ32s", 0x3344564B, 1, len(loc.tag), loc.mount_id, loc.offset, len(value),
+                        r.write_deadline_unix_ms, loc.epoch, loc.allocation, loc.grant_mac) + loc.tag
     member.Write(pb.WriteRequest(data=value), metadata=[("x-kvstore-grant-bin", grant)])
     store.PutCommit(pb.PutCommitRequest(scope=scope, key=key, put_id=r.put_id))
     return True

@@ -1,0 +1,127 @@
+//! A new term keeps the cache: members hand over what they hold when they mount
+//! (`MountRequest.holdings`), and the leader adopts each value it can stand behind.
+//!
+//! A holding is adopted when
+//! - its tag is one a leader wrote (`grant::Tag`): the member kept it from the write's grant, whose
+//!   MAC covered it, so the tenant and key are the leader's word, never the writer's;
+//! - its tenant is in this term's ledger with the same block layout (a tenant re-registered with
+//!   another layout starts empty), and the key is not already held;
+//! - its range lies inside the segment, aligned, and overlaps nothing adopted before it;
+//! - the member checked its bytes against the checksum taken when its write finished (a value it
+//!   could not vouch for is not reported at all: `member/segment.rs`).
+//!
+//! Adopted values are committed, unleased, charged to their tenant like a put (so a tenant whose
+//! new grant is smaller is over its grant, and eviction takes its least recently used values
+//! first, by the usual rules), and reported to `WatchBlocks` streams as `BlockStored`. They get
+//! allocation numbers of this term, which the answer tells the member. Everything else is free
+//! space.
+//!
+//! A member's report waits for the ledger ([`LEDGER_WAIT`]): a leader that has none yet this term
+//! refuses the mount with `LEDGER_PENDING`, which the member retries within 100 ms, so no tenant's
+//! values are dropped only because the controllers had not yet sent the ledger.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::objects::{Object, ObjectState, charge};
+use super::placement::aligned;
+use super::state::State;
+use crate::error::{ErrorCode, Result, StoreError};
+use crate::grant::Tag;
+use crate::proto::Holding;
+
+/// How long into a term a member's report waits for a ledger before the leader adopts against
+/// whatever ledger it has (possibly none: everything is freed).
+pub const LEDGER_WAIT: Duration = Duration::from_secs(5);
+
+impl State {
+    /// Refuses a mount that reports holdings while this term has no ledger yet (for at most
+    /// [`LEDGER_WAIT`] into the term).
+    pub(super) fn check_ledger_for(&self, holdings: &[Holding], now: Instant) -> Result<()> {
+        if holdings.is_empty() || self.ledger_known || now.saturating_duration_since(self.started) >= LEDGER_WAIT {
+            return Ok(());
+        }
+        Err(StoreError::new(
+            ErrorCode::LedgerPending,
+            format!(
+                "this leader has no tenant ledger yet in this term (epoch {}), and this member holds {} values to \
+                 hand over; retry in a moment (the controllers send the ledger on their first sight of a new term; \
+                 after {} s the leader adopts without it)",
+                self.epoch,
+                holdings.len(),
+                LEDGER_WAIT.as_secs()
+            ),
+        ))
+    }
+
+    /// Adopts what a freshly mounted member holds; returns, per holding, the allocation it is
+    /// adopted under (0: not adopted).
+    pub(super) fn adopt(&mut self, member_id: u64, holdings: &[Holding], now: Instant) -> Vec<u64> {
+        let mut answer = Vec::with_capacity(holdings.len());
+        // per tenant and value size, the keys adopted, for the block logs
+        let mut stored: BTreeMap<(String, u64), Vec<String>> = BTreeMap::new();
+        for h in holdings {
+            match self.adopt_one(member_id, h, now) {
+                Some((allocation, tag)) => {
+                    answer.push(allocation);
+                    stored.entry((tag.tenant, h.size)).or_default().push(tag.key);
+                }
+                None => answer.push(0),
+            }
+        }
+        let epoch = self.epoch;
+        for ((tenant, size), keys) in stored {
+            if let Some(t) = self.tenants.get_mut(&tenant) {
+                t.log.stored_keys(epoch, keys, size);
+            }
+        }
+        if !holdings.is_empty() {
+            self.recompute_grants();
+        }
+        answer
+    }
+
+    fn adopt_one(&mut self, member_id: u64, h: &Holding, now: Instant) -> Option<(u64, Tag)> {
+        let tag = Tag::decode(&h.tag)?;
+        if h.size == 0 || h.size > self.cfg.max_value_size || h.epoch > self.epoch {
+            return None;
+        }
+        Self::check_key(&tag.key).ok()?;
+        let t = self.tenants.get(&tag.tenant)?;
+        let same_layout = match &t.layout {
+            Some(l) => l.block_size == tag.block_size && l.dtype == tag.dtype,
+            None => tag.block_size == 0 && tag.dtype.is_empty(),
+        };
+        if !same_layout || t.objects.contains_key(&tag.key) {
+            return None;
+        }
+        let len = aligned(h.size);
+        let m = self.members.get_mut(&member_id)?;
+        if !m.alloc.take(h.offset, len) {
+            return None;
+        }
+        m.objects += 1;
+        let mount_id = m.mount_id;
+        let allocation = self.next_allocation;
+        self.next_allocation += 1;
+        let last_used = self.next_tick();
+        let object = Object {
+            member: member_id,
+            mount_id,
+            offset: h.offset,
+            allocation,
+            size: h.size,
+            len,
+            charge: charge(len, &tag.key),
+            state: ObjectState::Committed,
+            lease_until: now,
+            last_used,
+        };
+        let t = self.tenants.get_mut(&tag.tenant)?;
+        t.used += object.charge;
+        t.objects.insert(tag.key.clone(), object);
+        self.adopted.objects += 1;
+        self.adopted.bytes += h.size;
+        Some((allocation, tag))
+    }
+}

@@ -1,0 +1,342 @@
+//! A failover keeps the cache, and never at the price of a wrong byte, against the real binary:
+//! a leader SIGKILLed in the middle of batches of puts, twenty times, then killed while a
+//! tenant's credential is being rotated, twenty times; each time the restarted leader adopts what
+//! the members hold, every value acknowledged before the kill hits with exactly its bytes, and
+//! every other read is a miss or exactly its key's bytes. And a writer that names its bytes as
+//! another tenant's value (or another key) is refused before a byte lands, so nothing forged is
+//! ever handed over.
+
+// Helpers outside #[test] fns state expectations with unwrap too (see clippy.toml).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use kvcache_store::client::Client;
+use kvcache_store::error::ErrorCode;
+use kvcache_store::proto::{PutStartRequest, SetTenantsRequest, TenantEntry, store_client::StoreClient};
+use kvcache_store::wire;
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The bytes `key` holds: derived from the key, so any read can be checked on its own.
+fn value_of(key: &str, len: usize) -> Vec<u8> {
+    random_bytes(xxhash_rust::xxh3::xxh3_64(key.as_bytes()), len)
+}
+
+/// Reads every key: acknowledged ones must hit with their bytes; the rest miss or hit with theirs.
+async fn check(c: &Client, acknowledged: &[String], maybe: &[String], len: usize, round: usize) -> usize {
+    for k in acknowledged {
+        let got = c.get(k).await.unwrap();
+        let got = got.unwrap_or_else(|| panic!("round {round}: {k} was acknowledged before the kill and misses"));
+        assert!(got[..] == value_of(k, len)[..], "round {round}: {k} holds other bytes");
+    }
+    let mut hits = 0;
+    for k in maybe {
+        if let Some(got) = c.get(k).await.unwrap() {
+            assert!(got[..] == value_of(k, len)[..], "round {round}: {k} holds other bytes");
+            hits += 1;
+        }
+    }
+    hits
+}
+
+/// Writes batches of 8 values until the leader goes away; records what each batch acknowledged
+/// and the batch in flight.
+fn writer(
+    c: Client,
+    round: usize,
+    len: usize,
+    acked: Arc<Mutex<Vec<String>>>,
+    in_flight: Arc<Mutex<Vec<String>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for batch in 0.. {
+            let keys: Vec<String> = (0..8).map(|i| format!("r{round}/b{batch}/{i}")).collect();
+            let values: Vec<Vec<u8>> = keys.iter().map(|k| value_of(k, len)).collect();
+            *in_flight.lock() = keys.clone();
+            let items: Vec<(&str, &[u8])> = keys
+                .iter()
+                .map(String::as_str)
+                .zip(values.iter().map(Vec::as_slice))
+                .collect();
+            match c.batch_put(&items).await {
+                Ok(results) => {
+                    let mut acked = acked.lock();
+                    for (k, r) in keys.iter().zip(results) {
+                        if r.is_ok() {
+                            acked.push(k.clone());
+                        }
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_in_the_middle_of_batches_hands_over_every_whole_value_and_nothing_else() {
+    let flags = [
+        "--tenant",
+        "t=512Mi:64:bfloat16",
+        "--member-ttl",
+        "2s",
+        "--fast-listen",
+        "127.0.0.1:0",
+    ];
+    let mut l = leader(&flags);
+    let addr = l.field("grpc");
+    let _m1 = member(&addr, "m1", "160Mi");
+    let _m2 = member(&addr, "m2", "160Mi");
+    let len = 64 << 10;
+    let mut every_acked: Vec<String> = Vec::new();
+    let mut every_maybe: Vec<String> = Vec::new();
+    let mut in_flight_hits = 0;
+    for round in 0..20 {
+        let c = client(&addr, "t").await;
+        wait_members(&c, 2).await;
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let in_flight = Arc::new(Mutex::new(Vec::new()));
+        let w = writer(c, round, len, acked.clone(), in_flight.clone());
+        // a few batches in, then the kill lands at some point of the next one
+        eventually("batches are acknowledged", || async {
+            acked.lock().len() >= 8 * (2 + round % 3)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_micros(500 * (round as u64 % 7))).await;
+        l.kill();
+        let _ = tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("the writer stops");
+        l = leader_at(&addr, &flags);
+        let acked = acked.lock().clone();
+        let maybe: Vec<String> = in_flight
+            .lock()
+            .iter()
+            .filter(|k| !acked.contains(k))
+            .cloned()
+            .collect();
+        let c = client(&addr, "t").await;
+        wait_members(&c, 2).await;
+        // this round's values, and every earlier round's (handed over again and again)
+        in_flight_hits += check(&c, &acked, &maybe, len, round).await;
+        check(&c, &every_acked, &every_maybe, len, round).await;
+        every_acked.extend(acked);
+        every_maybe.extend(maybe);
+    }
+    let t = tenant(&client(&addr, "t").await, "t").await;
+    assert!(t.objects as usize >= every_acked.len(), "{} objects", t.objects);
+    eprintln!(
+        "20 kills: {} values acknowledged before the kills, all adopted; {in_flight_hits} of {} in flight adopted whole",
+        every_acked.len(),
+        every_maybe.len()
+    );
+}
+
+fn entry(name: &str, credentials: &[&str]) -> TenantEntry {
+    TenantEntry {
+        name: name.into(),
+        ceiling: 256 << 20,
+        block_size: 64,
+        dtype: "bfloat16".into(),
+        credential_sha256: credentials
+            .iter()
+            .map(|c| kvcache_store::leader::ledger::credential_hash(c).to_vec().into())
+            .collect(),
+        ..Default::default()
+    }
+}
+
+async fn set_ledger(addr: &str, credentials: &[&str]) {
+    let c = client(addr, "nobody").await;
+    c.control()
+        .set_tenants(SetTenantsRequest {
+            tenants: vec![entry("t", credentials)],
+            pools: vec![],
+        })
+        .await
+        .unwrap();
+}
+
+async fn client_as(addr: &str, credential: &str) -> Client {
+    let scope = kvcache_store::proto::Scope {
+        credential: credential.into(),
+        ..scope("t")
+    };
+    Client::connect(addr, scope).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_during_a_credential_rotation_serves_only_misses_or_exact_bytes() {
+    // no --tenant: the ledger comes from SetTenants, as the controllers send it
+    let flags = ["--member-ttl", "2s", "--fast-listen", "127.0.0.1:0"];
+    let mut l = leader(&flags);
+    let addr = l.field("grpc");
+    let _m1 = member(&addr, "m1", "128Mi");
+    set_ledger(&addr, &["cred-0"]).await;
+    let len = 16 << 10;
+    let mut every_acked: Vec<String> = Vec::new();
+    for round in 0..20 {
+        let (old, new) = (format!("cred-{round}"), format!("cred-{}", round + 1));
+        let c = client_as(&addr, &old).await;
+        wait_members(&c, 1).await;
+        // written under the old credential
+        let mut acked = Vec::new();
+        for i in 0..4 {
+            let k = format!("r{round}/old/{i}");
+            c.put(&k, Bytes::from(value_of(&k, len))).await.unwrap();
+            acked.push(k);
+        }
+        // the rotation starts: both credentials are good; a writer moves to the new one
+        set_ledger(&addr, &[&old, &new]).await;
+        let c = client_as(&addr, &new).await;
+        let acked_new = Arc::new(Mutex::new(Vec::new()));
+        let in_flight = Arc::new(Mutex::new(Vec::new()));
+        let w = writer(c, round, len, acked_new.clone(), in_flight.clone());
+        eventually("batches under the new credential", || async {
+            !acked_new.lock().is_empty()
+        })
+        .await;
+        l.kill();
+        let _ = tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("the writer stops");
+        l = leader_at(&addr, &flags);
+        // the new leader waits for the ledger before it adopts; the rotation ends meanwhile
+        tokio::time::sleep(Duration::from_millis(50 * (round as u64 % 5))).await;
+        set_ledger(&addr, &[&new]).await;
+        acked.extend(acked_new.lock().iter().cloned());
+        let maybe: Vec<String> = in_flight
+            .lock()
+            .iter()
+            .filter(|k| !acked.contains(k))
+            .cloned()
+            .collect();
+        let c = client_as(&addr, &new).await;
+        wait_members(&c, 1).await;
+        check(&c, &acked, &maybe, len, round).await;
+        check(&c, &every_acked, &[], len, round).await;
+        every_acked.extend(acked);
+        // the rotated-out credential reads nothing
+        let stale = client_as(&addr, &old).await;
+        assert_eq!(
+            stale.get(&every_acked[0]).await.unwrap_err().code,
+            ErrorCode::Unauthenticated
+        );
+    }
+}
+
+/// Sends a write on the data port with `tag` in place of the Location's; returns the refusal.
+async fn write_with_tag(
+    loc: &kvcache_store::proto::Location,
+    deadline: u64,
+    tag: &[u8],
+    len: u64,
+) -> Option<ErrorCode> {
+    let mut s = tokio::net::TcpStream::connect(&loc.data_addr).await.unwrap();
+    let head = wire::Request {
+        op: wire::Op::Write,
+        mount_id: loc.mount_id,
+        offset: loc.offset,
+        len,
+        deadline_unix_ms: deadline,
+        epoch: loc.epoch,
+        allocation: loc.allocation,
+        mac: kvcache_store::member::segment::Grant::mac_from(&loc.grant_mac),
+        tag_len: tag.len() as u16,
+    };
+    s.write_all(&head.encode()).await.unwrap();
+    s.write_all(tag).await.unwrap();
+    s.write_all(&vec![0xee; len as usize]).await.unwrap();
+    let mut resp = [0u8; wire::RESPONSE_LEN];
+    s.read_exact(&mut resp).await.unwrap();
+    let resp = wire::Response::decode(&resp).unwrap();
+    if resp.ok {
+        return None;
+    }
+    let mut msg = vec![0u8; resp.len as usize];
+    s.read_exact(&mut msg).await.unwrap();
+    Some(wire::refusal(&msg).code)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_a_writer_names_as_another_tenants_is_never_written_nor_handed_over() {
+    let flags = [
+        "--tenant",
+        "a=64Mi:64:bfloat16",
+        "--tenant",
+        "b=64Mi:64:bfloat16",
+        "--fast-listen",
+        "127.0.0.1:0",
+    ];
+    let mut l = leader(&flags);
+    let addr = l.field("grpc");
+    let _m = member(&addr, "m1", "32Mi");
+    let a = client(&addr, "a").await;
+    let b = client(&addr, "b").await;
+    wait_members(&a, 1).await;
+    b.put("victim", Bytes::from(value_of("victim", 4096))).await.unwrap();
+    // A reserves a key of its own and tries to land the write as B's "victim", or as another key
+    // of its own, or with no tag at all: the member refuses each before a byte is written
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let ours = kvcache_store::protocol::SendVersion(kvcache_store::protocol::ClientVersion::ours("adoption-test"));
+    let mut raw = StoreClient::with_interceptor(channel, ours);
+    let reserved = raw
+        .put_start(PutStartRequest {
+            scope: Some(scope("a")),
+            key: "mine".into(),
+            size: 4096,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let loc = reserved.location.unwrap();
+    let deadline = reserved.write_deadline_unix_ms;
+    let ours_tag = kvcache_store::grant::Tag::decode(&loc.tag).expect("the leader's tag");
+    assert_eq!((ours_tag.tenant.as_str(), ours_tag.key.as_str()), ("a", "mine"));
+    let forged = |tenant: &str, key: &str| {
+        kvcache_store::grant::Tag {
+            tenant: tenant.into(),
+            key: key.into(),
+            ..ours_tag.clone()
+        }
+        .encode()
+    };
+    for (what, tag) in [
+        ("B's key", forged("b", "victim")),
+        ("B's tenant, A's key", forged("b", "mine")),
+        ("another key of A's", forged("a", "other")),
+        ("no tag", Vec::new()),
+    ] {
+        assert_eq!(
+            write_with_tag(&loc, deadline, &tag, 4096).await,
+            Some(ErrorCode::Unauthenticated),
+            "{what}"
+        );
+    }
+    // the grant's own tag is taken
+    assert_eq!(write_with_tag(&loc, deadline, &loc.tag, 4096).await, None);
+    l.kill();
+    let _l2 = leader_at(&addr, &flags);
+    let a = client(&addr, "a").await;
+    let b = client(&addr, "b").await;
+    wait_members(&a, 1).await;
+    // B's value is B's own bytes; nothing A wrote became B's or another key of A's
+    assert_eq!(
+        b.get("victim").await.unwrap().unwrap()[..],
+        value_of("victim", 4096)[..]
+    );
+    assert_eq!(a.get("other").await.unwrap(), None);
+    assert_eq!(b.get("mine").await.unwrap(), None);
+    // A's write finished (never committed): it is handed over as A's "mine", with A's bytes
+    assert_eq!(a.get("mine").await.unwrap().unwrap()[..], vec![0xee; 4096][..]);
+}
