@@ -154,9 +154,9 @@ pub struct Context {
     /// pools on one backend run concurrently, and the later `SetTenants` must not be rendered
     /// from a read older than the earlier one's (it would drop the other pool's tenants).
     pub ledger_locks: parking_lot::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// The last non-empty holder of each backend's election Lease and its term, for the
-    /// handover event.
-    pub lease_holders: parking_lot::Mutex<std::collections::HashMap<String, String>>,
+    /// The last non-empty holder of each backend's election Lease and its term, and a handover
+    /// not yet reported, for the handover event.
+    pub lease_holders: parking_lot::Mutex<std::collections::HashMap<String, backend::LeaseSeen>>,
     /// A Binding's credentials changed (minted, rotated, retired, forgotten): its pool puts the
     /// new hashes in the ledger and its deployments inject the current one, at once.
     pub credentials_changed: tokio::sync::broadcast::Sender<crate::runtime::credentials::BindingKey>,
@@ -313,6 +313,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: tokio::sync::watch::Receiver<bool>
         .for_each(|_| async {});
     let pool = Controller::new(pools.clone(), cfg());
     let pool_store = pool.store();
+    let pools_seen = pool.store();
     // A backend's workloads changed (a new leader serves, a member remounted): its pools write
     // the ledger again at once, rather than after the backend's status moved.
     let store_changes = {
@@ -349,7 +350,34 @@ pub async fn run(ctx: Arc<Context>, shutdown: tokio::sync::watch::Receiver<bool>
         .for_each(|_| async {});
     let binding = Controller::new(bindings.clone(), cfg());
     let binding_store = binding.store();
+    // A backend's workloads changed (a new leader serves, a member remounted after a failover):
+    // the Bindings on its pools read their grant again at once, so a grant that was briefly zero
+    // while members handed over their values does not show until the next requeue.
+    let binding_store_changes = {
+        let bindings = binding.store();
+        all_changes(&ctx).flat_map(move |c| {
+            let refs: Vec<ObjectRef<KVCachePoolBinding>> = match c {
+                Changed::Store(backend) => {
+                    let on: std::collections::HashSet<String> = pools_seen
+                        .state()
+                        .iter()
+                        .filter(|p| p.spec.backend() == Some(backend.as_str()))
+                        .map(|p| p.name().to_owned())
+                        .collect();
+                    bindings
+                        .state()
+                        .iter()
+                        .filter(|b| on.contains(b.spec.pool_name()))
+                        .map(|b| ObjectRef::new(b.name()).within(b.namespace()))
+                        .collect()
+                }
+                Changed::Replicas(_) => Vec::new(),
+            };
+            futures::stream::iter(refs)
+        })
+    };
     let binding = binding
+        .reconcile_on(binding_store_changes)
         .watches(deployments.clone(), cfg(), binding::for_deployment)
         .watches(pools.clone(), cfg(), move |p| binding::for_pool(&binding_store, &p))
         .graceful_shutdown_on(stop())

@@ -121,25 +121,34 @@ fn leader(
             return;
         }
     };
-    // A leader keeps nothing across restarts: say since when it serves, so a cold cache is
-    // explained (a restart of the leader or of this server moves the time, and records an event).
+    // Say since when this leader serves and what its term took over from the members (a new term
+    // adopts the values they still hold; `store/README.md`, "Failover"), so a warm or cold cache
+    // after a failover is explained.
     let since = observed
         .and_then(|(_, _, obs)| obs.leader().ready_since)
         .and_then(|t| k8s_openapi::jiff::Timestamp::try_from(t).ok())
-        .map(|t| {
-            format!(
-                " since {}, when its cache started empty",
-                t.strftime("%Y-%m-%dT%H:%M:%SZ")
-            )
-        })
+        .map(|t| format!(" since {}", t.strftime("%Y-%m-%dT%H:%M:%SZ")))
         .unwrap_or_default();
+    let h = &view.health;
+    let took_over = if h.adopted_objects > 0 {
+        format!(
+            "; its term took over {} objects ({}) its members held",
+            h.adopted_objects,
+            human(h.adopted_bytes)
+        )
+    } else {
+        "; its members handed over nothing (a first start, or members that started empty)".to_owned()
+    };
     set(
         st,
         Observation::new(
             leader_available::TYPE,
             ConditionStatus::True,
             leader_available::SERVING,
-            format!("the leader at {admin} serves (role {}){since}", view.health.role),
+            format!(
+                "the leader at {admin} serves (role {}, term {}){since}{took_over}",
+                h.role, h.epoch
+            ),
         ),
     );
     st.capacity = Some(Capacity {

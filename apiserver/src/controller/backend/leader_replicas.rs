@@ -2,7 +2,9 @@
 //! (`status.leader`), whether the Lease names a holder (ElectionObserved, §5.7), whether every
 //! replica runs the current configuration (RolloutComplete, §5.6), and the
 //! `KVCacheLeaderHandover` event when the holder changes (another replica, or the same address
-//! restarted: the Lease's term tells them apart). None of these moves the phase.
+//! restarted: the Lease's term tells them apart). The event waits until the new term's leader has
+//! its members back (or [`HANDOVER_REPORT_WAIT`] passed), so it can say what the members handed
+//! over: the objects and bytes the new term adopted. None of these moves the phase.
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
@@ -16,6 +18,53 @@ use crate::runtime::{StoreObservation, StorePlan};
 
 /// The event recorded when another leader replica takes over.
 pub const HANDOVER: &str = "KVCacheLeaderHandover";
+/// How long a handover's event waits for the members to remount at the new leader before it is
+/// recorded with what was adopted so far.
+pub const HANDOVER_REPORT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What the controller last saw of a backend's Lease: its holder and term, and a handover not yet
+/// reported.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseSeen {
+    /// `"<holder> (term <leaseTransitions>)"`
+    holder: String,
+    pending: Option<Pending>,
+}
+
+/// A handover seen but not yet reported: the new term, and when it was seen.
+#[derive(Debug, Clone)]
+struct Pending {
+    term: u64,
+    lease: String,
+    seen: std::time::Instant,
+}
+
+/// The handover event's message, once the new term's leader is read (`None`: wait).
+fn handover_message(
+    p: &Pending,
+    health: Option<&kvcache_store::proto::HealthResponse>,
+    members: usize,
+) -> Option<String> {
+    let waited = p.seen.elapsed() >= HANDOVER_REPORT_WAIT;
+    let h = health.filter(|h| h.serving && h.epoch == p.term);
+    let back = h.map_or(0, |h| h.members as usize);
+    if back < members && !waited {
+        return None;
+    }
+    let (objects, bytes) = h.map_or((0, 0), |h| (h.adopted_objects, h.adopted_bytes));
+    let remounted = if back < members {
+        format!("; {back} of {members} members have remounted so far, and each hands over its own as it does")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "another leader replica took over the Lease {} (leaseTransitions {}); its members handed over what they \
+         held: it adopted {objects} objects ({}) and serves them{remounted}",
+        p.lease,
+        p.term,
+        crate::controller::human(bytes)
+    ))
+}
 
 /// Leader replicas, the rollout, the election and the handover event, from what the runtime
 /// runs and what the Lease says.
@@ -24,6 +73,7 @@ pub async fn observe(
     obj: &KVCacheBackend,
     plan: &StorePlan,
     obs: &StoreObservation,
+    health: Option<&kvcache_store::proto::HealthResponse>,
     ctx: &Context,
     set: &mut impl FnMut(&mut BackendStatus, Observation),
 ) {
@@ -83,35 +133,96 @@ pub async fn observe(
         ),
     };
     set(st, observation);
-    let handed_over = {
+    let report = {
         let mut holders = ctx.lease_holders.lock();
         match (&read, holder) {
             (Ok(None), _) => {
                 holders.remove(obj.name());
-                false
             }
             // a holder at the same address after a restart is another process: the term tells
             (Ok(Some(_)), Some(h)) => {
-                let term = format!("{h} (term {transitions})");
-                holders
-                    .insert(obj.name().to_owned(), term.clone())
-                    .is_some_and(|before| before != term)
+                let now = format!("{h} (term {transitions})");
+                match holders.get_mut(obj.name()) {
+                    None => {
+                        holders.insert(
+                            obj.name().to_owned(),
+                            LeaseSeen {
+                                holder: now,
+                                pending: None,
+                            },
+                        );
+                    }
+                    Some(seen) if seen.holder != now => {
+                        seen.holder = now;
+                        seen.pending = Some(Pending {
+                            term: u64::try_from(transitions).unwrap_or(0),
+                            lease: at.clone(),
+                            seen: std::time::Instant::now(),
+                        });
+                    }
+                    Some(_) => {}
+                }
             }
-            _ => false,
+            _ => {}
         }
+        let seen = holders.get_mut(obj.name());
+        let message = seen
+            .as_ref()
+            .and_then(|s| s.pending.as_ref())
+            .and_then(|p| handover_message(p, health, obs.members.len()));
+        if message.is_some()
+            && let Some(s) = seen
+        {
+            s.pending = None;
+        }
+        message
     };
-    if handed_over {
-        crate::controller::events::record(
-            ctx,
-            obj,
-            false,
-            HANDOVER,
-            &format!(
-                "another leader replica took over the Lease {at} (leaseTransitions {transitions}); it serves with an empty \
-                 cache: members remount and every key written before misses until it is written again"
-            ),
-        )
-        .await;
+    if let Some(message) = report {
+        crate::controller::events::record(ctx, obj, false, HANDOVER, &message).await;
+    }
+}
+
+#[cfg(test)]
+mod handover_tests {
+    use super::*;
+    use kvcache_store::proto::HealthResponse;
+
+    fn health(epoch: u64, members: u64) -> HealthResponse {
+        HealthResponse {
+            serving: true,
+            epoch,
+            members,
+            adopted_objects: 1200,
+            adopted_bytes: 3 << 30,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_handover_is_reported_once_the_new_term_has_its_members_back() {
+        let p = Pending {
+            term: 4,
+            lease: "kvcache-system/b-leader".into(),
+            seen: std::time::Instant::now(),
+        };
+        let cases: [(&str, Option<HealthResponse>, bool); 4] = [
+            ("the leader was not read", None, false),
+            ("the old term still answers", Some(health(3, 2)), false),
+            ("one member of two is back", Some(health(4, 1)), false),
+            ("both are back", Some(health(4, 2)), true),
+        ];
+        for (what, h, reported) in cases {
+            assert_eq!(handover_message(&p, h.as_ref(), 2).is_some(), reported, "{what}");
+        }
+        let m = handover_message(&p, Some(&health(4, 2)), 2).unwrap();
+        assert!(m.contains("adopted 1200 objects (3Gi)"), "{m}");
+        // past the wait it is reported with what there is
+        let late = Pending {
+            seen: std::time::Instant::now() - HANDOVER_REPORT_WAIT,
+            ..p
+        };
+        let m = handover_message(&late, Some(&health(4, 1)), 2).unwrap();
+        assert!(m.contains("1 of 2 members have remounted"), "{m}");
     }
 }
 

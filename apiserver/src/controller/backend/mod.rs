@@ -26,7 +26,7 @@ mod decide;
 mod leader_replicas;
 mod members;
 mod plan;
-pub use leader_replicas::HANDOVER;
+pub use leader_replicas::{HANDOVER, LeaseSeen};
 pub use plan::{plan, tenant_namespaces};
 
 const KIND: &str = "KVCacheBackend";
@@ -109,13 +109,14 @@ async fn observe(
         ),
     };
     let now = crate::registry::meta::now();
+    let health = read.as_ref().and_then(|r| r.as_ref().ok()).map(|v| v.health.clone());
     let mut st = decide::status(obj, observed.as_ref(), read, used_by, &now);
     if let Some((plan, _, obs)) = &observed {
         let generation = obj.metadata.generation;
         let mut set = |st: &mut BackendStatus, o: Observation| {
             conditions::set(&mut st.conditions, o.generation(generation), &now);
         };
-        leader_replicas::observe(&mut st, obj, plan, obs, ctx, &mut set).await;
+        leader_replicas::observe(&mut st, obj, plan, obs, health.as_ref(), ctx, &mut set).await;
     }
     st
 }
