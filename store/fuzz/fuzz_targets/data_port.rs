@@ -2,8 +2,10 @@
 //! decoded one: check the grant against a real mounted segment and, if it is granted, copy into or
 //! out of the range. Bounds and grants must hold for any header; a refusal must parse as one.
 //! A header whose MAC starts with an even byte is signed here with the segment's key, as if the
-//! leader had granted exactly that range, so the bounds and claim checks behind the MAC are
-//! reached too (a leader never grants a range outside a segment; the member checks anyway).
+//! leader had granted exactly that range (and the write's tag after it), so the bounds, claim and
+//! record checks behind the MAC are reached too (a leader never grants a range outside a
+//! segment; the member checks anyway). A header with `epoch` 0 remounts the segment first, so
+//! what was written is reported and adopted back (or not) as after a failover.
 
 #![no_main]
 
@@ -45,16 +47,29 @@ fuzz_target!(|data: &[u8]| {
             wire::Op::Write | wire::Op::ClaimWrite => Access::Write,
             _ => Access::Read,
         };
+        // a write's tag follows its header (as much of it as there is)
+        let tag: &[u8] = if access == Access::Write {
+            let n = usize::from(req.tag_len).min(rest.len());
+            let (tag, tail) = rest.split_at(n);
+            rest = tail;
+            tag
+        } else {
+            &[]
+        };
+        let _ = kvcache_store::grant::Tag::decode(tag);
         let mac = if req.mac[0] % 2 == 0 {
-            Grant::mac_from(&key.sign(&Range {
-                access,
-                mount_id: req.mount_id,
-                epoch: req.epoch,
-                allocation: req.allocation,
-                offset: req.offset,
-                len: req.len,
-                deadline_unix_ms: req.deadline_unix_ms,
-            }))
+            Grant::mac_from(&key.sign(
+                &Range {
+                    access,
+                    mount_id: req.mount_id,
+                    epoch: req.epoch,
+                    allocation: req.allocation,
+                    offset: req.offset,
+                    len: req.len,
+                    deadline_unix_ms: req.deadline_unix_ms,
+                },
+                tag,
+            ))
         } else {
             req.mac
         };
@@ -66,13 +81,21 @@ fuzz_target!(|data: &[u8]| {
             deadline_unix_ms: req.deadline_unix_ms,
             mac,
         };
+        if req.epoch == 0 {
+            segment.set_mount(MOUNT + 1);
+            let (report, _) = segment.report(1 << 16);
+            let answer: Vec<u64> = report.iter().enumerate().map(|(i, _)| (req.allocation >> (i % 64)) & 1).collect();
+            segment.adopt(&answer);
+            segment.set_mount(MOUNT);
+        }
         match req.op {
             wire::Op::Write | wire::Op::ClaimWrite => {
-                if let Ok(mut range) = segment.begin_write(grant, req.len) {
+                if let Ok(mut range) = segment.begin_write(grant, req.len, tag) {
                     assert!(req.offset.checked_add(req.len).is_some_and(|end| end <= CAPACITY));
                     let n = (range.len() as usize).min(rest.len());
                     if n as u64 == range.len() {
                         range.copy_from(&rest[..n]).expect("a granted range takes its bytes");
+                        range.finish();
                     }
                 }
             }

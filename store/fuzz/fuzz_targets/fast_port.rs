@@ -60,6 +60,7 @@ fn leader() -> &'static Leader {
                         mount_id: 0,
                         instance_id: 7,
                         local_addr: String::new(),
+                        holdings: Vec::new(),
                     },
                     Instant::now(),
                 )

@@ -12,7 +12,7 @@
 //!
 //! Adopted values are committed, unleased, charged to their tenant like a put (so a tenant whose
 //! new grant is smaller is over its grant, and eviction takes its least recently used values
-//! first, by the usual rules), and reported to `WatchBlocks` streams as `BlockStored`. They get
+//! first, by the usual rules, in the order the members last used them, across members), and reported to `WatchBlocks` streams as `BlockStored`. They get
 //! allocation numbers of this term, which the answer tells the member. Everything else is free
 //! space.
 //!
@@ -60,8 +60,8 @@ impl State {
         let mut answer = Vec::with_capacity(holdings.len());
         // per tenant and value size, the keys adopted, for the block logs
         let mut stored: BTreeMap<(String, u64), Vec<String>> = BTreeMap::new();
-        for h in holdings {
-            match self.adopt_one(member_id, h, now) {
+        for (i, h) in holdings.iter().enumerate() {
+            match self.adopt_one(member_id, h, i as u64, now) {
                 Some((allocation, tag)) => {
                     answer.push(allocation);
                     stored.entry((tag.tenant, h.size)).or_default().push(tag.key);
@@ -81,7 +81,9 @@ impl State {
         answer
     }
 
-    fn adopt_one(&mut self, member_id: u64, h: &Holding, now: Instant) -> Option<(u64, Tag)> {
+    /// `place` is the holding's place in its report (least recently used first): it orders values
+    /// last used within the same millisecond.
+    fn adopt_one(&mut self, member_id: u64, h: &Holding, place: u64, now: Instant) -> Option<(u64, Tag)> {
         let tag = Tag::decode(&h.tag)?;
         if h.size == 0 || h.size > self.cfg.max_value_size || h.epoch > self.epoch {
             return None;
@@ -104,7 +106,9 @@ impl State {
         let mount_id = m.mount_id;
         let allocation = self.next_allocation;
         self.next_allocation += 1;
-        let last_used = self.next_tick();
+        // by the time of its last use on the member, never after this term's own operations
+        let within_ms = place.min(super::state::TICKS_PER_MS - 1);
+        let last_used = (super::state::tick_at(h.last_used_unix_ms) + within_ms).min(self.tick);
         let object = Object {
             member: member_id,
             mount_id,

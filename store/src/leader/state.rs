@@ -87,7 +87,7 @@ impl State {
             next_member_id: 1,
             next_put_id: 1,
             next_allocation: 1,
-            tick: 0,
+            tick: tick_at(now_unix_ms()),
             seed,
             retired: Counters::default(),
             epoch: 0,
@@ -513,6 +513,18 @@ impl State {
         self.cfg.lease_ttl
     }
 }
+
+/// The least-recently-used clock a term starts at: the wall clock's milliseconds, scaled so that a
+/// term's operations (one tick each) sort after every value adopted from a member, which carries
+/// the time of its last use (`adoption.rs`), and so that adopted values sort among themselves by
+/// that time, whichever member held them.
+pub(super) fn tick_at(unix_ms: u64) -> u64 {
+    unix_ms.saturating_mul(TICKS_PER_MS)
+}
+
+/// Ticks per millisecond of [`tick_at`]: room to order the values a member last used within one
+/// millisecond.
+pub(super) const TICKS_PER_MS: u64 = 1 << 20;
 
 fn internal(msg: &str) -> StoreError {
     StoreError::new(ErrorCode::Internal, format!("{msg}; this is a bug, please report it"))

@@ -405,6 +405,7 @@ fn holding(tenant: &str, key: &str, block_size: u32, offset: u64, size: u64, epo
         offset,
         size,
         epoch,
+        last_used_unix_ms: 0,
     }
 }
 
@@ -489,4 +490,40 @@ fn holdings_wait_for_the_ledger_and_an_empty_report_does_not() {
     let (mut s, now) = state(LeaderConfig::default());
     s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
     assert_ne!(s.mount(&req, now).unwrap().adopted, [0]);
+}
+
+/// Adopted values are evicted in the order their members last used them, whichever member held
+/// them and whenever it mounted: the values engines kept reading stay.
+#[test]
+fn adopted_values_are_evicted_least_recently_used_first_across_members() {
+    let (mut s, now) = state(LeaderConfig::default());
+    s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
+    let used = |key: &str, offset: u64, at: u64| crate::proto::Holding {
+        last_used_unix_ms: at,
+        ..holding("a", key, 64, offset, 4096, 0)
+    };
+    // member m1 mounts first with a value read a moment ago and one untouched for long
+    let m1 = crate::proto::MountRequest {
+        holdings: vec![used("cold", 0, 1_000), used("hot", 4096, 3_000)],
+        ..mount_req("m1", MIB, 1)
+    };
+    let m2 = crate::proto::MountRequest {
+        holdings: vec![used("warm", 0, 2_000)],
+        ..mount_req("m2", MIB, 2)
+    };
+    s.mount(&m1, now).unwrap();
+    s.mount(&m2, now).unwrap();
+    let one = super::objects::charge(4096, "cold");
+    assert_eq!(s.evict_tenant("a", one, now), one);
+    let held: std::collections::BTreeSet<&str> = s.tenants["a"].objects.keys().map(String::as_str).collect();
+    assert_eq!(held, ["hot", "warm"].into(), "the coldest went first");
+    s.evict_tenant("a", 1, now);
+    assert!(
+        s.tenants["a"].objects.contains_key("hot"),
+        "then the warm one, not the hot one"
+    );
+    // and this term's own use comes after every adopted value's
+    put(&mut s, "a", "new", 100, now).unwrap();
+    s.evict_tenant("a", 1, now);
+    assert!(s.tenants["a"].objects.contains_key("new"));
 }

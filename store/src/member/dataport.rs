@@ -168,16 +168,16 @@ async fn write(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result
     match segment.begin_write(grant(&req), req.len, &tag) {
         Ok(mut range) => {
             let left = Duration::from_millis(req.deadline_unix_ms.saturating_sub(now_unix_ms())) + WRITE_GRACE;
+            // over TLS the bytes are hashed as they are copied in; a plain write lands in the
+            // segment straight from the socket, so its range is hashed once it is whole
             let received = async {
                 match s {
-                    Conn::Plain(tcp) => range.recv_from(tcp).await,
-                    Conn::Sealed(tls) => recv_decrypted(tls, &mut range).await,
+                    Conn::Plain(tcp) => range.recv_from(tcp).await.map(|()| None),
+                    Conn::Sealed(tls) => recv_decrypted(tls, &mut range).await.map(Some),
                 }
             };
-            match tokio::time::timeout(left, received).await {
-                Ok(r) => {
-                    r?;
-                }
+            let checksum = match tokio::time::timeout(left, received).await {
+                Ok(r) => r?,
                 Err(_) => {
                     tracing::warn!(
                         offset = req.offset,
@@ -186,8 +186,11 @@ async fn write(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result
                     );
                     return Ok(false);
                 }
+            };
+            match checksum {
+                Some(sum) => range.finish_with(sum),
+                None => range.finish(),
             }
-            range.finish();
             segment.wrote(req.len);
             s.write_all(&Response { ok: true, len: 0 }.encode()).await?;
             s.flush().await?;
@@ -260,9 +263,11 @@ async fn read(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result<
     }
 }
 
-/// Fills `range` from a TLS connection, each decrypted record copied in from TLS's own buffer.
-async fn recv_decrypted(tls: &mut Sealed, range: &mut WriteRange<'_>) -> std::io::Result<()> {
+/// Fills `range` from a TLS connection, each decrypted record copied in from TLS's own buffer;
+/// returns the bytes' XXH3-64, hashed from that buffer as they are copied.
+async fn recv_decrypted(tls: &mut Sealed, range: &mut WriteRange<'_>) -> std::io::Result<u64> {
     use tokio::io::AsyncBufReadExt;
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     let mut done = 0;
     while done < range.len() {
         let buf = tls.fill_buf().await?;
@@ -271,10 +276,11 @@ async fn recv_decrypted(tls: &mut Sealed, range: &mut WriteRange<'_>) -> std::io
         }
         let n = buf.len().min((range.len() - done) as usize);
         range.copy_part(done, &buf[..n]).map_err(std::io::Error::other)?;
+        hasher.update(&buf[..n]);
         tls.consume(n);
         done += n as u64;
     }
-    Ok(())
+    Ok(hasher.digest())
 }
 
 /// Sends `head` and then the range's bytes on a TLS connection, each piece copied from the

@@ -23,6 +23,7 @@
 //!   holder.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
@@ -122,7 +123,7 @@ pub(super) async fn stay_mounted(
     req: MountRequest,
     token: Option<&str>,
     tls: Option<&ClientTls>,
-    segment: &Segment,
+    segment: &Arc<Segment>,
     readiness: &ReadinessHandle,
 ) -> Result<(), StoreError> {
     let finder = Finder::new(leader, kubeconfig).await?;
@@ -186,7 +187,7 @@ pub(super) async fn stay_mounted(
             epoch = mounted.epoch,
             "segment mounted"
         );
-        heartbeat(&finder, &addr, tls, client, &mounted, req.instance_id, token).await;
+        heartbeat(&finder, &addr, tls, client, &mounted, req.instance_id, token, segment).await;
     }
 }
 
@@ -271,7 +272,10 @@ async fn mount(
 }
 
 /// Heartbeats until the mount must be made again: the leader does not know it, or another
-/// leader holds the Lease.
+/// leader holds the Lease. When the leader stops answering, the checksums of what this member
+/// holds are checked in the background meanwhile, so the report to the next leader is ready when
+/// it serves (`Segment::precheck`).
+#[allow(clippy::too_many_arguments)] // one call site; each is a different piece of the mount
 async fn heartbeat(
     finder: &Finder,
     addr: &str,
@@ -280,6 +284,7 @@ async fn heartbeat(
     mounted: &MountResponse,
     instance_id: u64,
     token: Option<&str>,
+    segment: &Arc<Segment>,
 ) {
     let interval = Duration::from_millis(mounted.heartbeat_interval_ms.max(10));
     let mut failing = false;
@@ -322,6 +327,8 @@ async fn heartbeat(
                 // answers need_remount if it lost the mount
                 if !std::mem::replace(&mut failing, true) {
                     tracing::warn!(%addr, error = %why, "heartbeat failed; retrying");
+                    let s = segment.clone();
+                    drop(tokio::task::spawn_blocking(move || s.precheck()));
                 }
                 // a fresh connection: the old one may lead to a leader that stopped or hangs
                 if let Ok(c) = connect(addr, tls).await {

@@ -78,15 +78,17 @@ pub struct Segment {
     written: parking_lot::Mutex<Written>,
     /// the finished values of mounts that ended, until a leader's answer adopts them or not
     retired: parking_lot::Mutex<Waiting>,
+    /// held while values' checksums are checked ([`Segment::precheck`], [`Segment::report`]), so
+    /// a value is hashed once
+    checking: parking_lot::Mutex<()>,
     pub counters: DataCounters,
 }
 
-/// Values of ended mounts, waiting for a leader: those `report` sent (in its order), and whether
-/// their checksums were checked already.
+/// Values of ended mounts, waiting for a leader: after a report, exactly those it sent, in its
+/// order.
 #[derive(Debug, Default)]
 struct Waiting {
     values: Vec<Retired>,
-    checked: usize,
 }
 
 /// What one report found: values whose bytes no longer match their checksum are not reported.
@@ -114,6 +116,7 @@ impl Segment {
             mount_changed: tokio::sync::Notify::new(),
             written: parking_lot::Mutex::new(Written::default()),
             retired: parking_lot::Mutex::default(),
+            checking: parking_lot::Mutex::new(()),
             counters: DataCounters::default(),
         }
     }
@@ -146,15 +149,21 @@ impl Segment {
     /// (the most recently used kept). Values that fail the check are freed; the list reported is
     /// the one [`Segment::adopt`] reads the leader's answer against.
     pub fn report(&self, max_bytes: usize) -> (Vec<crate::proto::Holding>, ReportCounts) {
+        let _checking = self.checking.lock();
         let mut retired = self.retired.lock();
         let mut counts = ReportCounts::default();
-        let from = retired.checked;
-        let unchecked = retired.values.split_off(from);
-        for r in unchecked {
-            match self.map.checksum(r.offset, r.len) {
-                Ok(sum) if sum == r.held.checksum => retired.values.push(r),
-                _ => counts.damaged += 1,
+        let values = std::mem::take(&mut retired.values);
+        for mut r in values {
+            if !r.held.checked {
+                match self.map.checksum(r.offset, r.len) {
+                    Ok(sum) if sum == r.held.checksum => r.held.checked = true,
+                    _ => {
+                        counts.damaged += 1;
+                        continue;
+                    }
+                }
             }
+            retired.values.push(r);
         }
         retired.values.sort_by_key(|r| r.held.used);
         let mut room = max_bytes;
@@ -169,7 +178,6 @@ impl Segment {
         }
         counts.left_out = keep as u64;
         retired.values.drain(..keep);
-        retired.checked = retired.values.len();
         let report: Vec<crate::proto::Holding> = retired
             .values
             .iter()
@@ -178,11 +186,25 @@ impl Segment {
                 offset: r.offset,
                 size: r.len,
                 epoch: r.held.epoch,
+                last_used_unix_ms: r.held.used,
             })
             .collect();
         counts.reported = report.len() as u64;
         counts.bytes = retired.values.iter().map(|r| r.len).sum();
         (report, counts)
+    }
+
+    /// Checks the checksums of the values the current mount finished, ahead of the report that
+    /// will hand them over: called when the leader stops answering, so the check is done by the
+    /// time a new leader serves instead of delaying the remount. Values whose bytes changed are no
+    /// longer held. The table is locked per value only; transfers go on meanwhile.
+    pub fn precheck(&self) {
+        let _checking = self.checking.lock();
+        let todo = self.written.lock().unchecked();
+        for (offset, len, allocation, checksum) in todo {
+            let ok = self.map.checksum(offset, len).is_ok_and(|sum| sum == checksum);
+            self.written.lock().checked(offset, allocation, checksum, ok);
+        }
     }
 
     /// Applies a leader's answer to the last [`Segment::report`]: `allocations[i]` is the
@@ -416,9 +438,18 @@ impl std::ops::DerefMut for Writing<'_> {
 }
 
 impl Writing<'_> {
-    /// Every byte is in: checksums the range and records the value for the next leader (unless
-    /// a newer placement or a new mount overtook it), then gives up the claim.
+    /// Every byte is in: checksums the range as it is in the segment and records the value for
+    /// the next leader (unless a newer placement or a new mount overtook it), then gives up the
+    /// claim.
     pub fn finish(self) {
+        match self.segment.map.checksum(self.grant.offset, self.range.len()) {
+            Ok(sum) => self.finish_with(sum),
+            Err(_) => drop(self),
+        }
+    }
+
+    /// [`Writing::finish`] for a caller that hashed the bytes (XXH3-64) as it copied them in.
+    pub fn finish_with(self, checksum: u64) {
         let Writing {
             range,
             segment,
@@ -426,13 +457,12 @@ impl Writing<'_> {
             tag,
         } = self;
         let len = range.len();
-        if let Ok(sum) = segment.map.checksum(grant.offset, len) {
-            let epoch = segment.epoch();
-            let mut written = segment.written.lock();
-            if segment.mount_id() == grant.mount_id {
-                written.finish(grant.offset, len, grant.allocation, tag, sum, epoch);
-            }
+        let epoch = segment.epoch();
+        let mut written = segment.written.lock();
+        if segment.mount_id() == grant.mount_id {
+            written.finish(grant.offset, len, grant.allocation, tag, checksum, epoch);
         }
+        drop(written);
         drop(range);
     }
 }
@@ -751,5 +781,44 @@ mod tests {
             0,
             "an answer that does not match the report adopts nothing"
         );
+    }
+
+    /// The check run when the leader stops answering finds a changed value before the report,
+    /// and spares the report hashing the rest again.
+    #[test]
+    fn a_precheck_drops_changed_values_and_the_report_keeps_the_rest() {
+        let (seg, key, _dir) = mounted();
+        for (offset, allocation) in [(0, 1), (128, 2)] {
+            let tag = format!("k{allocation}").into_bytes();
+            let mac = key.sign(
+                &Range {
+                    access: Access::Write,
+                    mount_id: 11,
+                    epoch: 3,
+                    allocation,
+                    offset,
+                    len: 100,
+                    deadline_unix_ms: 0,
+                },
+                &tag,
+            );
+            let g = Grant {
+                mac: Grant::mac_from(&mac),
+                ..allocated(&key, Access::Write, 11, 3, offset, 100, allocation)
+            };
+            let mut w = seg.begin_write(g, 100, &tag).unwrap();
+            w.copy_from(&[allocation as u8; 100]).unwrap();
+            w.finish();
+        }
+        seg.map.copy_in(150, &[9]).unwrap();
+        seg.precheck();
+        // still served under the current mount: only the record of what it holds changed
+        let read = allocated(&key, Access::Read, 11, 3, 0, 100, 1);
+        assert_eq!(seg.begin_read(read, 100).unwrap().to_vec(), vec![1; 100]);
+        seg.set_mount(12);
+        let (report, counts) = seg.report(1 << 20);
+        assert_eq!(report.len(), 1);
+        assert_eq!(&report[0].tag[..], b"k1");
+        assert_eq!(counts.damaged, 0, "found by the precheck, not the report");
     }
 }

@@ -178,7 +178,7 @@ impl SegmentData for DataService {
         self.segment.settle(&grant, Access::Write, len, &tag).await;
         let mut range = self.segment.begin_write(grant, len, &tag)?;
         range.copy_from(&r.data)?;
-        range.finish();
+        range.finish_with(xxhash_rust::xxh3::xxh3_64(&r.data));
         self.segment.wrote(len);
         Ok(Response::new(WriteResponse {}))
     }

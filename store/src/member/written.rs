@@ -40,9 +40,13 @@ pub struct Held {
     pub checksum: u64,
     /// the leader epoch it was written under
     pub epoch: u64,
-    /// when it was last written or read, on this table's own count (least recent first in a
-    /// report, so the next leader's eviction order follows use)
+    /// when it was last written or read (Unix milliseconds): reports list the least recent
+    /// first, and the next leader orders eviction by it across all its members, so the values
+    /// engines keep reading stay cached after a failover
     pub used: u64,
+    /// its bytes were found to match `checksum` since the mount that holds it was lost (or since
+    /// its leader stopped answering): a report need not hash them again
+    pub checked: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -61,10 +65,20 @@ pub struct Retired {
 }
 
 /// The ranges of one mount, by start.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Written {
     ranges: BTreeMap<u64, Entry>,
-    uses: u64,
+    /// the clock uses are stamped with (Unix milliseconds; a test passes its own)
+    clock: fn() -> u64,
+}
+
+impl Default for Written {
+    fn default() -> Self {
+        Self {
+            ranges: BTreeMap::new(),
+            clock: crate::time::now_unix_ms,
+        }
+    }
 }
 
 impl Written {
@@ -81,9 +95,8 @@ impl Written {
         out
     }
 
-    fn next_use(&mut self) -> u64 {
-        self.uses += 1;
-        self.uses
+    fn now(&self) -> u64 {
+        (self.clock)()
     }
 
     /// Records that `allocation` writes `[start, start + len)`, unless a newer allocation wrote
@@ -133,7 +146,7 @@ impl Written {
     /// checksum and epoch; `false` (nothing recorded) if a newer write replaced it meanwhile or
     /// the mount changed.
     pub fn finish(&mut self, start: u64, len: u64, allocation: u64, tag: Arc<[u8]>, checksum: u64, epoch: u64) -> bool {
-        let used = self.next_use();
+        let used = self.now();
         match self.ranges.get_mut(&start) {
             Some(e) if e.end == start.saturating_add(len) && e.allocation == allocation => {
                 e.held = Some(Held {
@@ -141,6 +154,7 @@ impl Written {
                     checksum,
                     epoch,
                     used,
+                    checked: false,
                 });
                 true
             }
@@ -152,12 +166,11 @@ impl Written {
     /// a use).
     pub fn read(&mut self, start: u64, len: u64, allocation: u64) -> Result<(), Stale> {
         let end = start.saturating_add(len);
-        let used = self.uses + 1;
+        let used = self.now();
         match self.ranges.get_mut(&start) {
             Some(e) if e.end == end && e.allocation == allocation => {
                 if let Some(h) = &mut e.held {
                     h.used = used;
-                    self.uses = used;
                 }
                 Ok(())
             }
@@ -165,6 +178,34 @@ impl Written {
                 Some(newer) if newer > allocation => Err(Stale::Replaced { newer }),
                 _ => Err(Stale::NotWritten),
             },
+        }
+    }
+
+    /// The finished values not checked yet: `(offset, len, allocation, checksum)`.
+    pub fn unchecked(&self) -> Vec<(u64, u64, u64, u64)> {
+        self.ranges
+            .iter()
+            .filter_map(|(s, e)| {
+                let h = e.held.as_ref()?;
+                (!h.checked).then_some((*s, e.end - s, e.allocation, h.checksum))
+            })
+            .collect()
+    }
+
+    /// Marks a value checked (`ok`) or, when its bytes no longer match, forgets it as a value (its
+    /// range stays fenced for its allocation); nothing changes if it was replaced meanwhile.
+    pub fn checked(&mut self, start: u64, allocation: u64, checksum: u64, ok: bool) {
+        if let Some(e) = self.ranges.get_mut(&start)
+            && e.allocation == allocation
+            && e.held.as_ref().is_some_and(|h| h.checksum == checksum)
+        {
+            if ok {
+                if let Some(h) = &mut e.held {
+                    h.checked = true;
+                }
+            } else {
+                e.held = None;
+            }
         }
     }
 
@@ -185,15 +226,18 @@ impl Written {
         out
     }
 
-    /// Starts the new mount's table with a value the leader adopted under `allocation`.
+    /// Starts the new mount's table with a value the leader adopted under `allocation` (its
+    /// last use kept; checked again before the next report).
     pub fn adopt(&mut self, r: Retired, allocation: u64) {
-        let used = self.next_use();
         self.ranges.insert(
             r.offset,
             Entry {
                 end: r.offset + r.len,
                 allocation,
-                held: Some(Held { used, ..r.held }),
+                held: Some(Held {
+                    checked: false,
+                    ..r.held
+                }),
             },
         );
     }
@@ -276,7 +320,14 @@ mod tests {
 
     #[test]
     fn only_finished_whole_values_are_reported_least_recently_used_first() {
-        let mut w = Written::default();
+        static NOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1000);
+        fn tick() -> u64 {
+            NOW.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        }
+        let mut w = Written {
+            clock: tick,
+            ..Written::default()
+        };
         w.write(0, 100, 1).unwrap();
         w.write(128, 100, 2).unwrap();
         w.write(256, 100, 3).unwrap();
