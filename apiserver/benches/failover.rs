@@ -45,6 +45,15 @@ fn scope(dir: &std::path::Path) -> Scope {
     }
 }
 
+/// What dials the store: the local runtime serves it with TLS under the CA it keeps in `dir`.
+fn tls(dir: &std::path::Path) -> Option<kvcache_store::tls::ClientTls> {
+    kvcache_store::tls::ClientTls::load(
+        &dir.join("store-tls/ca.crt"),
+        Some("mooncake-dram.kvstore.internal".into()),
+    )
+    .ok()
+}
+
 /// The serving leader's address, from the Lease.
 fn holder(dir: &std::path::Path) -> anyhow::Result<String> {
     let h = kubectl(
@@ -99,10 +108,13 @@ fn pid_of(dir: &std::path::Path, addr: &str) -> anyhow::Result<u32> {
 async fn standbys_up(dir: &std::path::Path) -> bool {
     let mut roles = Vec::new();
     for (_, addr) in leaders(dir) {
-        let Ok(mut c) = kvcache_store::proto::control_client::ControlClient::connect(format!("http://{addr}")).await
-        else {
+        let Ok(endpoint) = kvcache_store::tls::grpc_endpoint(&addr, tls(dir).as_ref()) else {
             return false;
         };
+        let Ok(channel) = endpoint.connect().await else {
+            return false;
+        };
+        let mut c = kvcache_store::proto::control_client::ControlClient::new(channel);
         match c.health(HealthRequest {}).await {
             Ok(h) => roles.push(h.into_inner().role),
             Err(_) => return false,
@@ -118,7 +130,7 @@ async fn whole(dir: &std::path::Path, front: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(90);
     while Instant::now() < deadline {
         if standbys_up(dir).await
-            && let Ok(c) = Client::connect(front, scope(dir)).await
+            && let Ok(c) = Client::connect_tls(front, scope(dir), tls(dir)).await
             && let Ok(h) = c.control().health(HealthRequest {}).await
             && h.get_ref().serving
             && h.get_ref().members == 2
@@ -136,7 +148,7 @@ async fn whole(dir: &std::path::Path, front: &str) -> anyhow::Result<()> {
 async fn outage(dir: &std::path::Path, front: &str, signal: &str, key: &str) -> anyhow::Result<Duration> {
     let before = holder(dir)?;
     let pid = pid_of(dir, &before)?;
-    let client = Client::connect(front, scope(dir)).await?;
+    let client = Client::connect_tls(front, scope(dir), tls(dir)).await?;
     let epoch = client.control().health(HealthRequest {}).await?.into_inner().epoch;
     let value = Bytes::from(vec![7u8; 16 << 10]);
     let t0 = Instant::now();

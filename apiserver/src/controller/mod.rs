@@ -231,6 +231,22 @@ pub fn human(bytes: u64) -> String {
     quantity(bytes).0
 }
 
+/// A byte count rounded for reading (`1.2 GiB`, `530.0 MiB`, `900 B`), for counts that are not
+/// sizes anyone asked for (what a leader adopted), where an exact quantity would read `1242432Ki`.
+pub fn approx_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
 /// Shared by every kind's `error_policy`: counts the failure and retries soon.
 fn retry(kind: &'static str, error: &Error, ctx: &Context) -> Action {
     ctx.metrics.errors.get_or_create(&KindLabel { kind }).inc();

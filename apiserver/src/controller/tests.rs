@@ -185,3 +185,13 @@ async fn a_deployments_pass_asks_the_runtime_for_its_replicas_with_the_binding_i
     assert!(registered.starts_with("True|Registered|"), "{registered}");
     assert_eq!(st.role_summary.as_deref(), Some("2S"));
 }
+
+#[test]
+fn adopted_bytes_read_rounded() {
+    use crate::controller::approx_bytes;
+    assert_eq!(approx_bytes(0), "0 B");
+    assert_eq!(approx_bytes(1023), "1023 B");
+    assert_eq!(approx_bytes(1024), "1.0 KiB");
+    assert_eq!(approx_bytes(1_272_250_368), "1.2 GiB");
+    assert_eq!(approx_bytes(u64::MAX), "16.0 EiB");
+}

@@ -202,7 +202,7 @@ class Cluster:
             raise
 
     def restart_leader(self):
-        """Stops the leader and starts a new one (cold) at the same ports."""
+        """Stops the leader and starts a new one at the same ports (its members hand over what they hold)."""
         stop(self.procs[:1])
         self.procs[0], listening = start(self.leader_args)
         self.metrics = listening["metrics"]
@@ -386,6 +386,9 @@ class FailureTest(unittest.TestCase):
             self.assertNotIn("got", failure, "a range of the old mount must not be read")
             self.assertEqual(failure["error"].code, "STALE_MOUNT", str(failure["error"]))
             self.assertLess(kvcache.CODES["STALE_MOUNT"], 0)
+            # asked again, the new leader hands out the member's range of the new mount: the value
+            # survived the restart
+            self.assertEqual(store.get("k"), b"old leader's bytes")
         finally:
             store.close()
             c.stop()

@@ -134,7 +134,7 @@ fn leader(
         format!(
             "; its term took over {} objects ({}) its members held",
             h.adopted_objects,
-            human(h.adopted_bytes)
+            crate::controller::approx_bytes(h.adopted_bytes)
         )
     } else {
         "; its members handed over nothing (a first start, or members that started empty)".to_owned()

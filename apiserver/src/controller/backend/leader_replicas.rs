@@ -62,7 +62,7 @@ fn handover_message(
          held: it adopted {objects} objects ({}) and serves them{remounted}",
         p.lease,
         p.term,
-        crate::controller::human(bytes)
+        crate::controller::approx_bytes(bytes)
     ))
 }
 
@@ -215,7 +215,7 @@ mod handover_tests {
             assert_eq!(handover_message(&p, h.as_ref(), 2).is_some(), reported, "{what}");
         }
         let m = handover_message(&p, Some(&health(4, 2)), 2).unwrap();
-        assert!(m.contains("adopted 1200 objects (3Gi)"), "{m}");
+        assert!(m.contains("adopted 1200 objects (3.0 GiB)"), "{m}");
         // past the wait it is reported with what there is
         let late = Pending {
             seen: std::time::Instant::now() - HANDOVER_REPORT_WAIT,
