@@ -32,7 +32,13 @@ use kvcache_store::client::Client;
 use kvcache_store::proto::{HealthRequest, Scope};
 use live::{KUBECTL, kubectl, manifest, start, until};
 
-const ROUNDS: usize = 20;
+/// Kills per configuration (`FAILOVER_ROUNDS` to change it).
+fn kills() -> usize {
+    std::env::var("FAILOVER_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
+}
 const WINDOW: Duration = Duration::from_secs(10);
 
 /// The walkthrough's tenant, with the Binding's credential as the runtime keeps it under `dir`.
@@ -241,6 +247,9 @@ struct Round {
     ratio_after: f64,
     /// the same, from the first hit on (what the handover costs, without the outage)
     ratio_after_hit: f64,
+    /// the engine's rounds from the kill to the window's end: (ended after the kill, hits, blocks,
+    /// stored, errors)
+    trace: Vec<(Duration, u64, u64, u64, u64)>,
     first_hit: Duration,
     answered: Duration,
     zero: Duration,
@@ -297,6 +306,21 @@ async fn round(dir: &Path, front: &str, engine: &Lines, granted: &Lines, key: &s
         ratio_before: hit_ratio(&rounds, killed - WINDOW, killed).unwrap_or(0.0),
         ratio_after: hit_ratio(&rounds, back, back + WINDOW).unwrap_or(0.0),
         ratio_after_hit: hit_ratio(&rounds, hit_at, hit_at + WINDOW).unwrap_or(0.0),
+        trace: rounds
+            .iter()
+            .filter(|(at, _)| *at >= killed)
+            .filter_map(|(at, line)| {
+                let r: serde_json::Value = serde_json::from_str(line).ok()?;
+                let n = |k: &str| r[k].as_u64().unwrap_or(0);
+                Some((
+                    at.duration_since(killed),
+                    n("hits"),
+                    n("blocks"),
+                    n("stored"),
+                    n("errors"),
+                ))
+            })
+            .collect(),
         first_hit,
         answered,
         zero,
@@ -350,9 +374,28 @@ fn main() -> anyhow::Result<()> {
     let granted = granted_watch(d)?;
     println!(
         "the cache across leader restarts and failovers, local runtime, two 8Gi members, engine-sim (4 sessions x 8 \
-         requests, 16 KiB blocks) running throughout; {ROUNDS} of each"
+         requests, 16 KiB blocks) running throughout; {} of each",
+        kills()
     );
     let mut summary = Vec::new();
+    let only = std::env::var("FAILOVER_ONLY").unwrap_or_default();
+    if let Ok(ceiling) = std::env::var("FAILOVER_CEILING") {
+        let patch = format!("{{\"spec\":{{\"quota\":{{\"ceiling\":\"{ceiling}\"}}}}}}");
+        kubectl(
+            d,
+            &[
+                "patch",
+                "kvcachepoolbinding",
+                "team-a",
+                "-n",
+                "team-a",
+                "--type",
+                "merge",
+                "-p",
+                &patch,
+            ],
+        )?;
+    }
     for (name, replicas, apply) in [
         ("single-leader restart (SIGKILL, the runtime restarts it)", 1, None),
         (
@@ -361,12 +404,15 @@ fn main() -> anyhow::Result<()> {
             Some("04-high-availability.yaml"),
         ),
     ] {
+        if !only.is_empty() && !name.starts_with(only.as_str()) {
+            continue;
+        }
         if let Some(file) = apply {
             kubectl(d, &["apply", "-f", &manifest(file).display().to_string()])?;
             until(d, &["kvcb", "mooncake-dram"], "{.status.leader.replicas}", "3")?;
         }
         let mut rounds = Vec::new();
-        for i in 0..ROUNDS {
+        for i in 0..kills() {
             rt.block_on(whole(d, &front, replicas))?;
             let r = rt.block_on(round(d, &front, &engine, &granted, &format!("bench/{replicas}/{i}")))?;
             println!(
@@ -383,6 +429,14 @@ fn main() -> anyhow::Result<()> {
                 secs(r.not_true),
                 if r.wrong { "; WRONG BYTES" } else { "" }
             );
+            if std::env::var_os("FAILOVER_TRACE").is_some() {
+                for (at, hits, blocks, stored, errors) in &r.trace {
+                    println!(
+                        "  engine round ended {:.2} s after the kill: {hits}/{blocks} hits, {stored} stored, {errors} errors",
+                        at.as_secs_f64()
+                    );
+                }
+            }
             rounds.push(r);
         }
         let mut kept: Vec<f64> = rounds

@@ -16,6 +16,10 @@ use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::{GetResponse, Location, PutStartResponse, Scope};
 use crate::time::{now_unix_ms, unix_ms_after};
 
+/// A tenant at its grant is evicted ahead of need by this fraction of its grant (`1/256`), so
+/// the cost of choosing what goes is paid once per many puts.
+pub const EVICTION_BATCH: u64 = 256;
+
 /// Longest key accepted.
 pub const MAX_KEY_LEN: usize = 4096;
 
@@ -308,7 +312,11 @@ impl State {
         if used + len <= grant {
             return Ok(());
         }
-        self.evict_tenant(tenant, used + len - grant, now);
+        // a little ahead of need (1/256 of the grant): choosing what goes looks at every object
+        // of the tenant, so a full tenant of many small values would otherwise pay that on every
+        // put (a new term adopting a full cache starts exactly there)
+        let need = (used + len - grant).max(grant / EVICTION_BATCH);
+        self.evict_tenant(tenant, need, now);
         let used = self.tenants.get(tenant).map_or(0, |t| t.used);
         if used + len <= grant {
             return Ok(());

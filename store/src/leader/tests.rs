@@ -527,3 +527,27 @@ fn adopted_values_are_evicted_least_recently_used_first_across_members() {
     s.evict_tenant("a", 1, now);
     assert!(s.tenants["a"].objects.contains_key("new"));
 }
+
+/// A tenant at its grant is evicted a little ahead of need, so choosing what goes (a look at every
+/// object) is paid once per many puts rather than on each.
+#[test]
+fn a_full_tenant_is_evicted_ahead_of_need() {
+    let (mut s, now) = state(LeaderConfig::default());
+    s.set_tenants(&[entry("a", 4 * MIB)], &[]).unwrap();
+    mount(&mut s, "m", 64 * MIB, now);
+    let mut i = 0;
+    while put(&mut s, "a", &format!("k{i}"), 1000, now).is_ok() && s.tenants["a"].counters.evictions == 0 {
+        i += 1;
+    }
+    let evicted = s.tenants["a"].counters.evictions;
+    let each = super::objects::charge(1024, "k1000");
+    assert!(
+        evicted * each >= 4 * MIB / super::state::EVICTION_BATCH,
+        "{evicted} evicted at once"
+    );
+    // and the next puts need none
+    for j in 0..evicted - 1 {
+        put(&mut s, "a", &format!("n{j}"), 1000, now).unwrap();
+    }
+    assert_eq!(s.tenants["a"].counters.evictions, evicted);
+}
