@@ -44,6 +44,7 @@ NOT_FROM_AN_ENGINE_CALL = {
     "INVALID_TENANT_LEDGER": "the Control API's SetTenants",
     "UNKNOWN_MEMBER": "the Membership API, which only members call",
     "MEMBER_NAME_TAKEN": "the Membership API",
+    "LEDGER_PENDING": "the Membership API: a member's mount waits for the new term's ledger (leader/tests.rs tests it)",
     "STALE_EPOCH": "a range from a deposed elected leader (member/segment.rs tests it)",
     "RANGE_BUSY": "a range the leader handed out twice, which it never does (member/mmap.rs tests it)",
     "OUT_OF_RANGE": "a range outside the segment, which the leader never hands out",
