@@ -22,28 +22,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use kvcache_store::client::Client;
-use kvcache_store::proto::{HealthRequest, Scope};
-use live::{kubectl, manifest, start, until};
+use kvcache_store::proto::HealthRequest;
+use live::{kubectl, leaders, manifest, scope, start, until};
 
 const ROUNDS: usize = 20;
 /// The reference store's failover on one node.
 const REFERENCE: Duration = Duration::from_secs(16);
-
-/// The walkthrough's tenant, with the Binding's credential as the runtime keeps it under `dir`.
-fn scope(dir: &std::path::Path) -> Scope {
-    let credential = std::fs::read(dir.join("tenant-credentials/team-a/team-a.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["current"].as_str().map(str::to_owned))
-        .unwrap_or_default();
-    Scope {
-        tenant: "default".into(),
-        block_size: 64,
-        dtype: "bfloat16".into(),
-        credential,
-        ..Default::default()
-    }
-}
 
 /// What dials the store: the local runtime serves it with TLS under the CA it keeps in `dir`.
 fn tls(dir: &std::path::Path) -> Option<kvcache_store::tls::ClientTls> {
@@ -72,26 +56,6 @@ fn holder(dir: &std::path::Path) -> anyhow::Result<String> {
         bail!("the Lease names no holder");
     }
     Ok(h)
-}
-
-/// The leader processes of the server in `dir`: (pid, its own gRPC address).
-fn leaders(dir: &std::path::Path) -> Vec<(u32, String)> {
-    let mine = dir.display().to_string();
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let raw = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if !(cmd.contains("kv-store") && cmd.contains(" leader ") && cmd.contains(&mine)) {
-            continue;
-        }
-        if let Some(addr) = cmd.split("--listen ").nth(1).and_then(|r| r.split(' ').next()) {
-            out.push((pid, addr.to_owned()));
-        }
-    }
-    out
 }
 
 /// The leader process listening on `addr`.

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use kvcache_store::client::Client;
-use kvcache_store::proto::{HealthRequest, Scope};
-use live::{KUBECTL, kubectl, manifest, start, until};
+use kvcache_store::proto::HealthRequest;
+use live::{KUBECTL, kubectl, leaders, manifest, scope, start, until};
 
 /// Kills per configuration (`FAILOVER_ROUNDS` to change it).
 fn kills() -> usize {
@@ -40,22 +40,6 @@ fn kills() -> usize {
         .unwrap_or(20)
 }
 const WINDOW: Duration = Duration::from_secs(10);
-
-/// The walkthrough's tenant, with the Binding's credential as the runtime keeps it under `dir`.
-fn scope(dir: &Path) -> Scope {
-    let credential = std::fs::read(dir.join("tenant-credentials/team-a/team-a.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["current"].as_str().map(str::to_owned))
-        .unwrap_or_default();
-    Scope {
-        tenant: "default".into(),
-        block_size: 64,
-        dtype: "bfloat16".into(),
-        credential,
-        ..Default::default()
-    }
-}
 
 fn tls(dir: &Path) -> anyhow::Result<kvcache_store::tls::ClientTls> {
     kvcache_store::tls::ClientTls::load(
@@ -179,26 +163,6 @@ fn not_granted(changes: &[(Instant, String)], from: Instant, to: Instant) -> (Du
     }
     close(&state, to);
     (zero, any)
-}
-
-/// The leader processes of the server in `dir`: (pid, its own gRPC address).
-fn leaders(dir: &Path) -> Vec<(u32, String)> {
-    let mine = dir.display().to_string();
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let raw = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if !(cmd.contains("kv-store") && cmd.contains(" leader ") && cmd.contains(&mine)) {
-            continue;
-        }
-        if let Some(addr) = cmd.split("--listen ").nth(1).and_then(|r| r.split(' ').next()) {
-            out.push((pid, addr.to_owned()));
-        }
-    }
-    out
 }
 
 /// The serving leader process: the Lease's holder with an election, the only one without.

@@ -98,3 +98,39 @@ pub fn until(dir: &Path, what: &[&str], path: &str, want: &str) -> anyhow::Resul
     }
     bail!("{what:?} {path} did not become {want:?} within 120 s")
 }
+
+/// The walkthrough's tenant, with the Binding's credential as the runtime keeps it under `dir`.
+pub fn scope(dir: &Path) -> kvcache_store::proto::Scope {
+    let credential = std::fs::read(dir.join("tenant-credentials/team-a/team-a.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["current"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    kvcache_store::proto::Scope {
+        tenant: "default".into(),
+        block_size: 64,
+        dtype: "bfloat16".into(),
+        credential,
+        ..Default::default()
+    }
+}
+
+/// The leader processes of the server in `dir`: (pid, its own gRPC address).
+pub fn leaders(dir: &Path) -> Vec<(u32, String)> {
+    let mine = dir.display().to_string();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let raw = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if !(cmd.contains("kv-store") && cmd.contains(" leader ") && cmd.contains(&mine)) {
+            continue;
+        }
+        if let Some(addr) = cmd.split("--listen ").nth(1).and_then(|r| r.split(' ').next()) {
+            out.push((pid, addr.to_owned()));
+        }
+    }
+    out
+}

@@ -592,6 +592,21 @@ mod tests {
         len: u64,
         allocation: u64,
     ) -> Grant {
+        signed_with(key, access, mount_id, epoch, offset, len, allocation, &[])
+    }
+
+    /// A grant of `allocation`'s range whose MAC also covers `tag` (a write's).
+    #[allow(clippy::too_many_arguments)]
+    fn signed_with(
+        key: &GrantKey,
+        access: Access,
+        mount_id: u64,
+        epoch: u64,
+        offset: u64,
+        len: u64,
+        allocation: u64,
+        tag: &[u8],
+    ) -> Grant {
         let mac = key.sign(
             &Range {
                 access,
@@ -602,7 +617,7 @@ mod tests {
                 len,
                 deadline_unix_ms: 0,
             },
-            &[],
+            tag,
         );
         Grant {
             mount_id,
@@ -723,22 +738,16 @@ mod tests {
         let (seg, key, _dir) = mounted();
         let tag = |k: &str| k.as_bytes().to_vec();
         let write = |offset: u64, allocation: u64, byte: u8, finish: bool| {
-            let g = allocated(&key, Access::Write, 11, 3, offset, 100, allocation);
-            let g = Grant {
-                mac: Grant::mac_from(&key.sign(
-                    &Range {
-                        access: Access::Write,
-                        mount_id: 11,
-                        epoch: 3,
-                        allocation,
-                        offset,
-                        len: 100,
-                        deadline_unix_ms: 0,
-                    },
-                    &tag(&format!("k{allocation}")),
-                )),
-                ..g
-            };
+            let g = signed_with(
+                &key,
+                Access::Write,
+                11,
+                3,
+                offset,
+                100,
+                allocation,
+                &tag(&format!("k{allocation}")),
+            );
             let mut w = seg.begin_write(g, 100, &tag(&format!("k{allocation}"))).unwrap();
             w.copy_from(&[byte; 100]).unwrap();
             if finish {
@@ -790,22 +799,7 @@ mod tests {
         let (seg, key, _dir) = mounted();
         for (offset, allocation) in [(0, 1), (128, 2)] {
             let tag = format!("k{allocation}").into_bytes();
-            let mac = key.sign(
-                &Range {
-                    access: Access::Write,
-                    mount_id: 11,
-                    epoch: 3,
-                    allocation,
-                    offset,
-                    len: 100,
-                    deadline_unix_ms: 0,
-                },
-                &tag,
-            );
-            let g = Grant {
-                mac: Grant::mac_from(&mac),
-                ..allocated(&key, Access::Write, 11, 3, offset, 100, allocation)
-            };
+            let g = signed_with(&key, Access::Write, 11, 3, offset, 100, allocation, &tag);
             let mut w = seg.begin_write(g, 100, &tag).unwrap();
             w.copy_from(&[allocation as u8; 100]).unwrap();
             w.finish();
