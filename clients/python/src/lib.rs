@@ -11,6 +11,7 @@
 //! registered memory).
 
 mod buffers;
+mod exit;
 
 /// Values are megabytes and short-lived: an allocator that keeps freed large blocks avoids a
 /// page fault per 4 KiB of every value (the system allocator maps and unmaps each one).
@@ -78,6 +79,7 @@ impl Store {
         same_host: bool,
         timeout_ms: u64,
         tls: DialFlags,
+        stop: exit::Stop,
     ) -> Result<Store, Refusal> {
         let tls = tls
             .client_from_env()
@@ -93,7 +95,7 @@ impl Store {
         let version = kvcache_store::protocol::ClientVersion::ours("kvcache-python");
         let connect = Client::connect_with(endpoint, scope, version, tls);
         let mut client = rt
-            .block_on(within(timeout, connect))?
+            .block_on(stop.or(within(timeout, connect)))?
             .with_spin(Duration::from_micros(spin_us));
         if !same_host {
             client = client.without_local();
@@ -131,8 +133,7 @@ impl Store {
         f: impl FnOnce(Client) -> F + Send,
     ) -> PyResult<T> {
         let client = self.client().map_err(raise)?;
-        py.detach(|| self.rt.block_on(within(timeout, f(client))))
-            .map_err(raise)
+        exit::detach(py, |stop| self.rt.block_on(stop.or(within(timeout, f(client))))).map_err(raise)
     }
 
     /// A call's own timeout (`timeout_ms`, 0: none), else the Store's.
@@ -210,8 +211,10 @@ impl Store {
             credential,
             client,
         };
-        py.detach(|| Store::connect(&endpoint, scope, spin_us, same_host, timeout_ms, tls))
-            .map_err(raise)
+        exit::detach(py, |stop| {
+            Store::connect(&endpoint, scope, spin_us, same_host, timeout_ms, tls, stop)
+        })
+        .map_err(raise)
     }
 
     /// A Store from exactly what injection gives a replica: `KVSTORE_LEADER` (or
@@ -228,8 +231,10 @@ impl Store {
             )));
         };
         let tls = DialFlags::from_env(|k| std::env::var(k).ok());
-        py.detach(|| Store::connect(&endpoint, cfg.scope, spin_us, same_host, timeout_ms, tls))
-            .map_err(raise)
+        exit::detach(py, |stop| {
+            Store::connect(&endpoint, cfg.scope, spin_us, same_host, timeout_ms, tls, stop)
+        })
+        .map_err(raise)
     }
 
     /// The leader's address this Store talks to.
@@ -506,21 +511,22 @@ impl BlockWatch {
     /// was closed).
     #[pyo3(signature = (timeout = None))]
     fn next<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
-        let got = py.detach(|| {
+        // a timeout too long for a Duration (or infinite) waits as long as none
+        let limit = timeout.and_then(|t| Duration::try_from_secs_f64(t.max(0.0)).ok());
+        let got = exit::detach(py, |stop| {
             let mut guard = self.stream.lock();
             let Some(stream) = guard.as_mut() else {
                 return Ok(None);
             };
-            let wait = stream.message();
-            let r = match timeout {
-                Some(t) => match self
-                    .rt
-                    .block_on(async { tokio::time::timeout(Duration::from_secs_f64(t.max(0.0)), wait).await })
-                {
-                    Ok(r) => r,
-                    Err(_) => return Ok(None),
-                },
-                None => self.rt.block_on(wait),
+            // `None`: nothing came within the limit
+            let wait = async {
+                Ok(match limit {
+                    Some(t) => tokio::time::timeout(t, stream.message()).await.ok(),
+                    None => Some(stream.message().await),
+                })
+            };
+            let Some(r) = self.rt.block_on(stop.or(wait))? else {
+                return Ok(None);
             };
             match r {
                 Ok(Some(e)) => Ok(Some(e)),
@@ -614,5 +620,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StoreError", m.py().get_type::<StoreError>())?;
     m.add("KEY_NOT_FOUND", KEY_NOT_FOUND)?;
     m.add_function(wrap_pyfunction!(codes, m)?)?;
+    exit::register(m)?;
     Ok(())
 }

@@ -12,6 +12,8 @@ ports and passes the bytes on to 127.0.0.1, holding them back when a test says s
 import hashlib
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -393,6 +395,64 @@ class FailureTest(unittest.TestCase):
         finally:
             store.close()
             c.stop()
+
+    def test_calls_out_when_the_interpreter_exits_are_given_up_and_it_exits_cleanly(self):
+        # Daemon threads with calls out (a connect to a leader that never answers, a put stalled on
+        # its way to the member) when the main thread ends: each call is given up before the
+        # interpreter finalizes, and the process exits 0 (CPython before 3.14 ends a thread that
+        # asks for the GIL back during finalization, which aborted the process).
+        c = Cluster(f"t=64Mi:{BLOCK_SIZE}:{DTYPE}", ["64Mi"], forward=True)
+        silent = socket.create_server(("127.0.0.1", 0))
+        # the report is registered with atexit before kvcache is imported, so it runs after the
+        # package's own hook gave the calls up
+        script = f"""
+import atexit, sys, threading
+threads, said = [], []
+def report():
+    for t in threads:
+        t.join(10)
+    print("\\n".join(said), flush=True)
+atexit.register(report)
+import kvcache
+def out(name, call):
+    try:
+        call()
+        said.append(name + " answered")
+    except kvcache.StoreError as e:
+        said.append(name + " given up: " + str(e))
+store = kvcache.Store({c.endpoint!r}, "t", {BLOCK_SIZE}, {DTYPE!r})
+calls = {{
+    "connect": lambda: kvcache.Store("127.0.0.1:{silent.getsockname()[1]}", "t", {BLOCK_SIZE}, {DTYPE!r}),
+    "put": lambda: store.put("k", bytes(1 << 20)),
+}}
+for name, call in calls.items():
+    threads.append(threading.Thread(target=out, args=(name, call), daemon=True))
+    threads[-1].start()
+print("calling", flush=True)
+sys.stdin.readline()
+"""
+        data = c.forwarders[0]
+        data.hold_upload(after=0)
+        p = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(p.stdout.readline().strip(), "calling")
+            silent.settimeout(10)
+            conn, _ = silent.accept()  # the connect is out
+            self.assertTrue(data.upload_held.wait(10), "the put never reached the member")
+            out, err = p.communicate("exit\n", timeout=30)
+            conn.close()
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+            silent.close()
+            c.stop()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertNotIn("FATAL", err)
+        given_up = "given up: TRANSPORT: the Python interpreter is exiting; the call was given up"
+        for name in ("connect", "put"):
+            self.assertIn(f"{name} {given_up}", out, err)
 
 
 if __name__ == "__main__":
