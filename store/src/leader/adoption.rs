@@ -8,7 +8,7 @@
 //!   another layout starts empty), and the key is not already held;
 //! - its range lies inside the segment, aligned, and overlaps nothing adopted before it;
 //! - the member checked its bytes against the checksum taken when its write finished (a value it
-//!   could not vouch for is not reported at all: `member/segment.rs`).
+//!   could not vouch for is not reported at all: `member/segment/handover.rs`).
 //!
 //! Adopted values are committed, unleased, charged to their tenant like a put (so a tenant whose
 //! new grant is smaller is over its grant, and eviction takes its least recently used values

@@ -12,9 +12,9 @@
 //!   old one may lead to a leader that stopped, or hangs); a leader that answers `need_remount`
 //!   (it restarted, or a standby took over) gets a new mount at once.
 //! - **Handing over**: every mount reports the values this member finished writing and still
-//!   holds whole (`segment.rs`, [`MAX_REPORT`] of tags at most); the answer says which the leader
-//!   adopted, and those are readable again under the new mount before its grant key is taken,
-//!   so no range of the new term is served before the table is right. A leader with no ledger
+//!   holds whole (`segment/handover.rs`, [`MAX_REPORT`] of tags at most); the answer says
+//!   which the leader adopted, and those are readable again under the new mount before its
+//!   grant key is taken, so no range of the new term is served before the table is right. A leader with no ledger
 //!   yet answers `LEDGER_PENDING`, retried every 100 ms.
 //! - **Names**: every mount names this process's instance id; a leader that sees the member's
 //!   name held by another live process refuses with `MEMBER_NAME_TAKEN`, and this member then
