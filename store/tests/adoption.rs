@@ -4,7 +4,7 @@
 //! the members hold, every value acknowledged before the kill hits with exactly its bytes, and
 //! every other read is a miss or exactly its key's bytes. And a writer that names its bytes as
 //! another tenant's value (or another key) is refused before a byte lands, so nothing forged is
-//! ever handed over.
+//! ever handed over; and what the leader removed or evicted before it failed stays gone.
 
 // Helpers outside #[test] fns state expectations with unwrap too (see clippy.toml).
 #![allow(clippy::unwrap_used)]
@@ -339,4 +339,55 @@ async fn a_value_a_writer_names_as_another_tenants_is_never_written_nor_handed_o
     assert_eq!(b.get("mine").await.unwrap(), None);
     // A's write finished (never committed): it is handed over as A's "mine", with A's bytes
     assert_eq!(a.get("mine").await.unwrap().unwrap()[..], vec![0xee; 4096][..]);
+}
+
+/// What the leader removed or evicted is not handed to the next one: its heartbeat answers told
+/// the member to stop holding it (the member's gauge shows it), so after a restart those keys
+/// miss and every other one hits with its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_leader_removed_or_evicted_before_a_restart_stays_gone() {
+    let flags = ["--tenant", "t=1Mi:64:bfloat16"];
+    let mut l = leader(&flags);
+    let addr = l.field("grpc");
+    let m = member_with(&addr, "m1", "8Mi", &["--metrics-listen", "127.0.0.1:0"]);
+    let metrics = m.field("metrics");
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    let len = 200 << 10;
+    let keys: Vec<String> = (0..6).map(|i| format!("v{i}")).collect();
+    for k in &keys {
+        c.put(k, Bytes::from(value_of(k, len))).await.unwrap();
+    }
+    // the newest is removed (asking whether a key exists leases it, so before anything is asked),
+    // and six values of 200 KiB in a 1 MiB grant: the oldest were evicted
+    let removed = keys[5].clone();
+    assert!(c.remove(&removed).await.unwrap());
+    let mut kept = Vec::new();
+    for k in &keys {
+        if c.exists(k).await.unwrap() {
+            kept.push(k.clone());
+        }
+    }
+    assert!(kept.len() < keys.len() - 1, "nothing was evicted");
+    eventually("the member holds only what the leader kept", || async {
+        gauge(&metrics, "kvstore_member_handover_values").await == kept.len() as u64
+    })
+    .await;
+    assert_eq!(
+        gauge(&metrics, "kvstore_member_handover_bytes").await,
+        (kept.len() * len) as u64
+    );
+    l.kill();
+    let _l = leader_at(&addr, &flags);
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    for k in &keys {
+        match c.get(k).await.unwrap() {
+            Some(got) => {
+                assert!(kept.contains(k), "{k} was freed before the restart and came back");
+                assert!(got[..] == value_of(k, len)[..], "{k} holds other bytes");
+            }
+            None => assert!(!kept.contains(k), "{k} was kept and misses after the restart"),
+        }
+    }
 }

@@ -399,22 +399,6 @@ async fn metrics_and_readiness_are_served() {
     assert_eq!(h.role, "leader");
 }
 
-async fn http_get(addr: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    if path == "/metrics" {
-        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-        let ctype = "content-type: application/openmetrics-text; version=1.0.0; charset=utf-8";
-        assert!(out.to_lowercase().contains(ctype), "{out}");
-    }
-    out
-}
-
 /// The batch calls engines use answer key by key: a refused key does not sink the others, and
 /// a refused key keeps its object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

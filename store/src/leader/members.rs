@@ -2,13 +2,37 @@
 //! (its objects are dropped, because their bytes went with it). A name belongs to one live member
 //! process at a time: a mount under a name that another live process holds is refused
 //! (`MEMBER_NAME_TAKEN`), never allowed to evict it.
+//!
+//! Heartbeat answers carry the ranges freed since the last one ([`Member::freed`]): a member
+//! hands a next leader only what it finished writing and this leader has not freed since, so a
+//! removed, evicted or reclaimed value does not come back after a failover (unless the leader
+//! fails within a heartbeat of freeing it).
 
 use std::time::Instant;
 
 use super::placement::SegmentAllocator;
 use super::state::{Member, State};
 use crate::error::{ErrorCode, Result, StoreError};
-use crate::proto::{HeartbeatRequest, MountRequest, MountResponse};
+use crate::proto::{HeartbeatRequest, HeartbeatResponse, MountRequest, MountResponse};
+
+/// Most freed ranges one heartbeat answer carries (at most 20 bytes each on the wire); the rest
+/// come with the next answers.
+pub const FREED_PER_ANSWER: usize = 65_536;
+
+/// Most freed ranges queued for one member (16 bytes each). Past it (a member that stopped
+/// answering under a storm of evictions) the oldest are dropped: such a value may be handed to a
+/// next leader again, which is safe (its bytes are its key's) and is charged and evicted as any.
+pub const FREED_QUEUED: usize = 1 << 20;
+
+impl Member {
+    /// Queues a freed range for the member's next heartbeat answer.
+    pub fn freed(&mut self, offset: u64, allocation: u64) {
+        if self.freed.len() == FREED_QUEUED {
+            self.freed.pop_front();
+        }
+        self.freed.push_back((offset, allocation));
+    }
+}
 
 impl State {
     /// Mounts a member's segment and adopts what it holds (`adoption.rs`). The same process
@@ -73,6 +97,7 @@ impl State {
                 alloc: SegmentAllocator::new(req.capacity),
                 objects: 0,
                 last_seen: now,
+                freed: Default::default(),
             },
         );
         self.recompute_grants();
@@ -106,6 +131,23 @@ impl State {
             }
             _ => false,
         }
+    }
+
+    /// The answer to a heartbeat: remount when the mount is unknown, else the ranges freed since
+    /// the last answer (at most [`FREED_PER_ANSWER`]).
+    pub fn answer_heartbeat(&mut self, hb: &HeartbeatRequest, now: Instant) -> HeartbeatResponse {
+        if !self.heartbeat(hb, now) {
+            return HeartbeatResponse {
+                need_remount: true,
+                ..Default::default()
+            };
+        }
+        let mut answer = HeartbeatResponse::default();
+        if let Some(m) = self.members.get_mut(&hb.member_id) {
+            let n = m.freed.len().min(FREED_PER_ANSWER);
+            (answer.freed_offsets, answer.freed_allocations) = m.freed.drain(..n).unzip();
+        }
+        answer
     }
 
     /// Unmounts members silent for longer than the TTL; returns how many.

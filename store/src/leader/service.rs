@@ -111,8 +111,9 @@ impl Membership for Leader {
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
         self.check_member(req.metadata())?;
         let r = req.into_inner();
-        let known = self.serving(|s| Ok(s.heartbeat(&r, Instant::now())))?;
-        Ok(Response::new(HeartbeatResponse { need_remount: !known }))
+        Ok(Response::new(
+            self.serving(|s| Ok(s.answer_heartbeat(&r, Instant::now())))?,
+        ))
     }
 }
 

@@ -38,6 +38,10 @@ pub struct Member {
     pub alloc: SegmentAllocator,
     pub objects: u64,
     pub last_seen: Instant,
+    /// ranges of this mount freed since the last heartbeat answer, as (offset, allocation): the
+    /// next answers tell the member, so a next leader is not handed what this one freed
+    /// (`members.rs`)
+    pub freed: std::collections::VecDeque<(u64, u64)>,
 }
 
 /// Everything the leader knows.
@@ -495,6 +499,7 @@ impl State {
         {
             m.alloc.release(o.offset, o.len);
             m.objects = m.objects.saturating_sub(1);
+            m.freed(o.offset, o.allocation);
         }
         Some(o)
     }

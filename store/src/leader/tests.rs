@@ -551,3 +551,66 @@ fn a_full_tenant_is_evicted_ahead_of_need() {
     }
     assert_eq!(s.tenants["a"].counters.evictions, evicted);
 }
+
+/// What a member must stop holding for a next leader: every range this leader freed, told once,
+/// in bounded answers.
+#[test]
+fn heartbeat_answers_name_each_range_freed_since_the_last_once() {
+    use super::members::{FREED_PER_ANSWER, FREED_QUEUED};
+    let cfg = LeaderConfig {
+        put_ttl: Duration::from_secs(1),
+        put_grace: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let (mut s, t0) = state(cfg);
+    s.set_tenants(&[entry("t", 8 * MIB)], &[]).unwrap();
+    let m = mount(&mut s, "m", 8 * MIB, t0);
+    let mount_id = s.member_statuses(t0)[0].mount_id;
+    for k in ["a", "b"] {
+        put(&mut s, "t", k, MIB, t0).unwrap();
+    }
+    s.put_start(Some(&scope("t")), "abandoned", 100, t0).unwrap();
+    let at = |s: &State, k: &str| {
+        let o = &s.tenants["t"].objects[k];
+        (o.offset, o.allocation)
+    };
+    let (a, abandoned) = (at(&s, "a"), at(&s, "abandoned"));
+    let answer = s.answer_heartbeat(&hb(m, mount_id), t0);
+    assert!(
+        !answer.need_remount && answer.freed_offsets.is_empty(),
+        "nothing freed yet"
+    );
+    assert!(s.remove(Some(&scope("t")), "a", t0).unwrap());
+    assert_eq!(s.reap_reservations(t0 + Duration::from_secs(2)), 1);
+    let answer = s.answer_heartbeat(&hb(m, mount_id), t0);
+    let freed: Vec<(u64, u64)> = answer
+        .freed_offsets
+        .iter()
+        .copied()
+        .zip(answer.freed_allocations.iter().copied())
+        .collect();
+    assert_eq!(freed, [a, abandoned], "the removed value and the reclaimed reservation");
+    assert!(
+        s.answer_heartbeat(&hb(m, mount_id), t0).freed_offsets.is_empty(),
+        "told once"
+    );
+    // another mount is told to remount, and nothing of this one
+    s.members.get_mut(&m).unwrap().freed(1, 1);
+    let other = s.answer_heartbeat(&hb(m, mount_id + 1), t0);
+    assert!(other.need_remount && other.freed_offsets.is_empty());
+    // a long queue goes out in bounded answers, and a queue past its bound drops the oldest
+    for i in 0..FREED_PER_ANSWER as u64 {
+        s.members.get_mut(&m).unwrap().freed(i + 2, i + 2);
+    }
+    let answer = s.answer_heartbeat(&hb(m, mount_id), t0);
+    assert_eq!(answer.freed_offsets.len(), FREED_PER_ANSWER);
+    assert_eq!(answer.freed_allocations.len(), FREED_PER_ANSWER);
+    assert_eq!(answer.freed_offsets[0], 1);
+    assert_eq!(s.answer_heartbeat(&hb(m, mount_id), t0).freed_offsets.len(), 1);
+    let member = s.members.get_mut(&m).unwrap();
+    for i in 0..=FREED_QUEUED as u64 {
+        member.freed(i, i);
+    }
+    assert_eq!(member.freed.len(), FREED_QUEUED);
+    assert_eq!(member.freed.front(), Some(&(1, 1)), "the oldest was dropped");
+}

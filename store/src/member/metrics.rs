@@ -1,6 +1,7 @@
 //! The member's metrics, read at scrape time by a `prometheus_client` collector: readiness, the
-//! segment's capacity, and the transfer counters the data port and gRPC face keep on the segment
-//! (plain atomics, so the data path pays nothing for metrics). No labels.
+//! segment's capacity, what it would hand a next leader, and the transfer counters the data port
+//! and gRPC face keep on the segment (plain atomics, so the data path pays nothing for metrics).
+//! No labels.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -41,6 +42,24 @@ impl Collector for MemberCollector {
             Some(&Unit::Bytes),
             cap.metric_type(),
         )?)?;
+        let held = self.segment.held();
+        for (name, help, unit, v) in [
+            (
+                "kvstore_member_handover_values",
+                "values this member would hand a next leader (finished, whole, not freed since)",
+                None,
+                held.values,
+            ),
+            (
+                "kvstore_member_handover",
+                "bytes of the values this member would hand a next leader",
+                Some(Unit::Bytes),
+                held.bytes,
+            ),
+        ] {
+            let g = ConstGauge::new(v);
+            g.encode(e.encode_descriptor(name, help, unit.as_ref(), g.metric_type())?)?;
+        }
         let c = &self.segment.counters;
         let counters = [
             ("kvstore_member_writes", "values written", None, c.writes.load(Relaxed)),

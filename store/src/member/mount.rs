@@ -15,7 +15,8 @@
 //!   holds whole (`segment/handover.rs`, [`MAX_REPORT`] of tags at most); the answer says
 //!   which the leader adopted, and those are readable again under the new mount before its
 //!   grant key is taken, so no range of the new term is served before the table is right. A leader with no ledger
-//!   yet answers `LEDGER_PENDING`, retried every 100 ms.
+//!   yet answers `LEDGER_PENDING`, retried every 100 ms. Heartbeat answers name the ranges the
+//!   leader freed since the last one, which this member then no longer holds for a next leader.
 //! - **Names**: every mount names this process's instance id; a leader that sees the member's
 //!   name held by another live process refuses with `MEMBER_NAME_TAKEN`, and this member then
 //!   retries, one warning per attempt, for twice the leader's member TTL (long enough for a
@@ -317,7 +318,13 @@ async fn heartbeat(
                 tracing::warn!(%addr, "leader does not know this mount; remounting (handing over what this member holds)");
                 return;
             }
-            Ok(Ok(_)) => failing = false,
+            Ok(Ok(r)) => {
+                failing = false;
+                let r = r.into_inner();
+                if !r.freed_offsets.is_empty() {
+                    segment.forget(mounted.mount_id, &r.freed_offsets, &r.freed_allocations);
+                }
+            }
             failed => {
                 let why = match failed {
                     Ok(Err(s)) => StoreError::from_status(&s).to_string(),

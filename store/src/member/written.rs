@@ -16,7 +16,9 @@
 //! retired ([`Written::retire`]): the finished values are what the member reports to the leader,
 //! and the new mount's table starts with only those the leader adopted, under the allocation
 //! numbers of its term ([`Written::adopt`]). A write still in flight has recorded nothing, so it
-//! is never reported: it is adopted whole or not at all.
+//! is never reported: it is adopted whole or not at all. A value the leader freed since (its
+//! heartbeat answers say which, [`Written::forget`]) is no longer held: a next leader is not
+//! handed it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -64,10 +66,31 @@ pub struct Retired {
     pub held: Held,
 }
 
+/// Values held and their bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Count {
+    pub values: u64,
+    pub bytes: u64,
+}
+
+impl Count {
+    fn add(&mut self, len: u64) {
+        self.values += 1;
+        self.bytes += len;
+    }
+
+    fn sub(&mut self, len: u64) {
+        self.values = self.values.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(len);
+    }
+}
+
 /// The ranges of one mount, by start.
 #[derive(Debug)]
 pub struct Written {
     ranges: BTreeMap<u64, Entry>,
+    /// how many entries hold a value, and their bytes
+    held: Count,
     /// the clock uses are stamped with (Unix milliseconds; a test passes its own)
     clock: fn() -> u64,
 }
@@ -76,6 +99,7 @@ impl Default for Written {
     fn default() -> Self {
         Self {
             ranges: BTreeMap::new(),
+            held: Count::default(),
             clock: crate::time::now_unix_ms,
         }
     }
@@ -108,7 +132,9 @@ impl Written {
             return Err(Stale::Replaced { newer });
         }
         for (s, e, a) in overlapping {
-            self.ranges.remove(&s);
+            if self.ranges.remove(&s).is_some_and(|old| old.held.is_some()) {
+                self.held.sub(e - s);
+            }
             // what is left of a value cut in part is no longer a value
             if s < start {
                 self.ranges.insert(
@@ -131,7 +157,7 @@ impl Written {
                 );
             }
         }
-        self.ranges.insert(
+        let replaced = self.ranges.insert(
             start,
             Entry {
                 end,
@@ -139,6 +165,12 @@ impl Written {
                 held: None,
             },
         );
+        // (only an empty write can find an entry at its start that it did not overlap)
+        if let Some(old) = replaced
+            && old.held.is_some()
+        {
+            self.held.sub(old.end - start);
+        }
         Ok(())
     }
 
@@ -149,6 +181,9 @@ impl Written {
         let used = self.now();
         match self.ranges.get_mut(&start) {
             Some(e) if e.end == start.saturating_add(len) && e.allocation == allocation => {
+                if e.held.is_none() {
+                    self.held.add(len);
+                }
                 e.held = Some(Held {
                     tag,
                     checksum,
@@ -205,6 +240,7 @@ impl Written {
                 }
             } else {
                 e.held = None;
+                self.held.sub(e.end - start);
             }
         }
     }
@@ -212,6 +248,7 @@ impl Written {
     /// Ends the table's mount: every range is forgotten (a new mount's grants start a new count),
     /// and the finished values are returned, least recently used first.
     pub fn retire(&mut self) -> Vec<Retired> {
+        self.held = Count::default();
         let mut out: Vec<Retired> = std::mem::take(&mut self.ranges)
             .into_iter()
             .filter_map(|(offset, e)| {
@@ -229,7 +266,8 @@ impl Written {
     /// Starts the new mount's table with a value the leader adopted under `allocation` (its
     /// last use kept; checked again before the next report).
     pub fn adopt(&mut self, r: Retired, allocation: u64) {
-        self.ranges.insert(
+        self.held.add(r.len);
+        let replaced = self.ranges.insert(
             r.offset,
             Entry {
                 end: r.offset + r.len,
@@ -240,6 +278,29 @@ impl Written {
                 }),
             },
         );
+        if let Some(old) = replaced
+            && old.held.is_some()
+        {
+            self.held.sub(old.end - r.offset);
+        }
+    }
+
+    /// Forgets the value `allocation` wrote at `start`, which the leader freed: it is no longer
+    /// held (its range stays fenced for its allocation). `false` if nothing of it was held there.
+    pub fn forget(&mut self, start: u64, allocation: u64) -> bool {
+        match self.ranges.get_mut(&start) {
+            Some(e) if e.allocation == allocation && e.held.is_some() => {
+                e.held = None;
+                self.held.sub(e.end - start);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The values held, and their bytes.
+    pub fn held(&self) -> Count {
+        self.held
     }
 
     /// How many ranges are recorded.
@@ -369,5 +430,32 @@ mod tests {
             1,
             "an adopted value is reported again at the next mount"
         );
+    }
+
+    #[test]
+    fn a_value_the_leader_freed_or_a_newer_placement_cut_is_no_longer_held() {
+        let mut w = Written::default();
+        for (start, len, allocation) in [(0, 100, 1), (128, 100, 2), (256, 50, 3)] {
+            w.write(start, len, allocation).unwrap();
+            assert!(w.finish(start, len, allocation, tag("v"), 0, 1));
+        }
+        assert_eq!(w.held(), Count { values: 3, bytes: 250 });
+        assert!(!w.forget(0, 9), "another allocation's free");
+        assert!(w.forget(0, 1));
+        assert!(!w.forget(0, 1), "forgotten once");
+        assert_eq!(w.held(), Count { values: 2, bytes: 150 });
+        assert_eq!(
+            w.write(0, 100, 0),
+            Err(Stale::Replaced { newer: 1 }),
+            "its range stays fenced for its allocation"
+        );
+        // a newer placement over the start of the second: it is no longer whole
+        w.write(100, 100, 4).unwrap();
+        assert_eq!(w.held(), Count { values: 1, bytes: 50 });
+        let r = w.retire();
+        assert_eq!(r.len(), 1, "only what is still held is reported");
+        assert_eq!(w.held(), Count::default());
+        w.adopt(r[0].clone(), 7);
+        assert_eq!(w.held(), Count { values: 1, bytes: 50 });
     }
 }

@@ -163,3 +163,34 @@ pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// `GET path` of an HTTP endpoint (a leader's or member's metrics listener), status line and
+/// headers included; `/metrics` must answer 200 in OpenMetrics text.
+pub async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the listener");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("send the request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read the answer");
+    if path == "/metrics" {
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        let ctype = "content-type: application/openmetrics-text; version=1.0.0; charset=utf-8";
+        assert!(out.to_lowercase().contains(ctype), "{out}");
+    }
+    out
+}
+
+/// A gauge's value from a metrics listener.
+pub async fn gauge(metrics: &str, name: &str) -> u64 {
+    let text = http_get(metrics, "/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}

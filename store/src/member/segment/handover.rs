@@ -6,7 +6,7 @@
 //! free space.
 
 use super::Segment;
-use crate::member::written::Retired;
+use crate::member::written::{Count, Retired};
 
 /// Values of ended mounts, waiting for a leader: after a report, exactly those it sent, in its
 /// order.
@@ -95,6 +95,27 @@ impl Segment {
             let ok = self.map.checksum(offset, len).is_ok_and(|sum| sum == checksum);
             self.written.lock().checked(offset, allocation, checksum, ok);
         }
+    }
+
+    /// Stops holding the values the leader freed, `(offset, allocation)` pairs of mount
+    /// `mount_id` from a heartbeat answer, so a next leader is not handed them; nothing changes
+    /// if the segment was mounted anew since. Returns how many it held.
+    pub fn forget(&self, mount_id: u64, offsets: &[u64], allocations: &[u64]) -> usize {
+        let mut written = self.written.lock();
+        if self.mount_id() != mount_id {
+            return 0;
+        }
+        offsets
+            .iter()
+            .zip(allocations)
+            .filter(|(o, a)| written.forget(**o, **a))
+            .count()
+    }
+
+    /// The values the current mount holds for a next leader (finished, whole, not freed), and
+    /// their bytes.
+    pub fn held(&self) -> Count {
+        self.written.lock().held()
     }
 
     /// Applies a leader's answer to the last [`Segment::report`]: `allocations[i]` is the
@@ -207,5 +228,31 @@ mod tests {
         assert_eq!(report.len(), 1);
         assert_eq!(&report[0].tag[..], b"k1");
         assert_eq!(counts.damaged, 0, "found by the precheck, not the report");
+    }
+
+    /// A value the leader freed (a heartbeat answer names it) is not handed to the next one; an
+    /// answer about an earlier mount changes nothing.
+    #[test]
+    fn what_the_leader_freed_is_not_handed_over() {
+        let (seg, key, _dir) = mounted();
+        for (offset, allocation) in [(0, 1), (128, 2)] {
+            let tag = format!("k{allocation}").into_bytes();
+            let g = signed_with(&key, Access::Write, 11, 3, offset, 100, allocation, &tag);
+            let mut w = seg.begin_write(g, 100, &tag).unwrap();
+            w.copy_from(&[allocation as u8; 100]).unwrap();
+            w.finish();
+        }
+        assert_eq!(seg.held(), Count { values: 2, bytes: 200 });
+        assert_eq!(seg.forget(10, &[0], &[1]), 0, "an earlier mount's answer");
+        assert_eq!(
+            seg.forget(11, &[0, 128], &[1, 9]),
+            1,
+            "only the allocation that wrote it"
+        );
+        assert_eq!(seg.held(), Count { values: 1, bytes: 100 });
+        seg.set_mount(12);
+        let (report, _) = seg.report(1 << 20);
+        let tags: Vec<&[u8]> = report.iter().map(|h| &h.tag[..]).collect();
+        assert_eq!(tags, [&b"k2"[..]]);
     }
 }
