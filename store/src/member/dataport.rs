@@ -168,12 +168,12 @@ async fn write(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result
     match segment.begin_write(grant(&req), req.len, &tag) {
         Ok(mut range) => {
             let left = Duration::from_millis(req.deadline_unix_ms.saturating_sub(now_unix_ms())) + WRITE_GRACE;
-            // over TLS the bytes are hashed as they are copied in; a plain write lands in the
-            // segment straight from the socket, so its range is hashed once it is whole
+            // the bytes are hashed piece by piece as they arrive: over TLS as they are copied
+            // in, on a plain port as each piece lands in the segment
             let received = async {
                 match s {
-                    Conn::Plain(tcp) => range.recv_from(tcp).await.map(|()| None),
-                    Conn::Sealed(tls) => recv_decrypted(tls, &mut range).await.map(Some),
+                    Conn::Plain(tcp) => range.recv_from(tcp).await,
+                    Conn::Sealed(tls) => recv_decrypted(tls, &mut range).await,
                 }
             };
             let checksum = match tokio::time::timeout(left, received).await {
@@ -187,10 +187,7 @@ async fn write(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result
                     return Ok(false);
                 }
             };
-            match checksum {
-                Some(sum) => range.finish_with(sum),
-                None => range.finish(),
-            }
+            range.finish_with(checksum);
             segment.wrote(req.len);
             s.write_all(&Response { ok: true, len: 0 }.encode()).await?;
             s.flush().await?;

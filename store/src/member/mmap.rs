@@ -296,9 +296,16 @@ impl WriteRange<'_> {
         self.map.copy_in(self.offset + at, src)
     }
 
-    /// Fills the range with the next bytes of `s`, received straight into the mapping.
-    pub async fn recv_from(&mut self, s: &TcpStream) -> io::Result<()> {
+    /// Fills the range with the next bytes of `s`, received straight into the mapping, and
+    /// returns their XXH3-64. Each piece is hashed as soon as it lands, while it is still in the
+    /// cache and the next piece is on its way (copied out first, rule 1), instead of in a second
+    /// pass over the whole range.
+    pub async fn recv_from(&mut self, s: &TcpStream) -> io::Result<u64> {
+        const PIECE: usize = 64 * 1024;
         let len = self.len as usize;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut copy = vec![0u8; PIECE.min(len)];
+        let mut hashed = 0;
         let mut done = 0;
         while done < len {
             s.readable().await?;
@@ -326,8 +333,16 @@ impl WriteRange<'_> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
+            while hashed < done {
+                let n = PIECE.min(done - hashed);
+                self.map
+                    .copy_out(self.offset + hashed as u64, &mut copy[..n])
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                hasher.update(&copy[..n]);
+                hashed += n;
+            }
         }
-        Ok(())
+        Ok(hasher.digest())
     }
 }
 
