@@ -7,12 +7,15 @@
 //! ("FATAL: exception not rethrown") after the program itself finished fine.
 //!
 //! So calls leave the GIL only through [`detach`], which counts them, and an `atexit` hook
-//! ([`drain`]) runs before finalization starts: it refuses new calls, gives up the ones out (each
-//! answers `TRANSPORT`, as a call given up at its timeout does), and waits until every one has its
-//! GIL back. After that no thread of ours is outside the GIL, so none is there to be ended.
+//! ([`drain`]) runs before finalization starts: it refuses new calls from other threads, gives up
+//! the ones out (each answers `TRANSPORT`, as a call given up at its timeout does), and waits
+//! until every one has its GIL back. After that no other thread of ours is outside the GIL, so
+//! none is there to be ended. The thread that runs the hooks (the one that finalizes, never ended)
+//! goes on calling as before: an `atexit` hook of the program's own may still store or read.
 
 use std::future::Future;
 use std::sync::LazyLock;
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use kvcache_store::error::{ErrorCode, StoreError as Refusal};
@@ -24,17 +27,17 @@ use pyo3::prelude::*;
 /// practice and only keeps a wedged thread from holding the exit forever.
 const DRAIN_WAIT: Duration = Duration::from_secs(10);
 
-/// Calls that left the GIL and have not yet taken it back, and whether the interpreter is
-/// exiting (then no call leaves the GIL any more).
+/// Calls that left the GIL and have not yet taken it back, and once the interpreter is exiting,
+/// the thread that finalizes it (then no call of another thread leaves the GIL any more).
 struct Gate {
-    out: Mutex<(usize, bool)>,
+    out: Mutex<(usize, Option<ThreadId>)>,
     back: Condvar,
     /// `true` once exiting: calls out select on it and give up.
     stop: tokio::sync::watch::Sender<bool>,
 }
 
 static GATE: LazyLock<Gate> = LazyLock::new(|| Gate {
-    out: Mutex::new((0, false)),
+    out: Mutex::new((0, None)),
     back: Condvar::new(),
     stop: tokio::sync::watch::Sender::new(false),
 });
@@ -47,58 +50,73 @@ fn exiting() -> Refusal {
 }
 
 /// One call out of the GIL; dropping it, with the GIL held again, counts the call back.
-struct Out;
+enum Out {
+    Counted,
+    /// the finalizing thread's call after [`drain`]: nothing waits for it
+    Finalizing,
+}
 
 impl Out {
     fn leave() -> Result<Out, Refusal> {
         let mut out = GATE.out.lock();
-        if out.1 {
-            return Err(exiting());
+        match out.1 {
+            None => {
+                out.0 += 1;
+                Ok(Out::Counted)
+            }
+            Some(t) if t == std::thread::current().id() => Ok(Out::Finalizing),
+            Some(_) => Err(exiting()),
         }
-        out.0 += 1;
-        Ok(Out)
     }
 }
 
 impl Drop for Out {
     fn drop(&mut self) {
-        let mut out = GATE.out.lock();
-        out.0 -= 1;
-        if out.0 == 0 {
-            GATE.back.notify_all();
+        if let Out::Counted = self {
+            let mut out = GATE.out.lock();
+            out.0 -= 1;
+            if out.0 == 0 {
+                GATE.back.notify_all();
+            }
         }
     }
 }
 
 /// Runs `f` with the GIL released; `f` is handed a future that completes once the interpreter
-/// is exiting, to give its wait up on. Refused at once when the interpreter is already exiting.
+/// is exiting, to give its wait up on. Refused at once when the interpreter is already exiting,
+/// unless this is the thread that finalizes it.
 pub fn detach<T: Send>(py: Python<'_>, f: impl FnOnce(Stop) -> Result<T, Refusal> + Send) -> Result<T, Refusal> {
     let out = Out::leave()?;
-    let stop = Stop(GATE.stop.subscribe());
+    let stop = match out {
+        Out::Counted => Stop(Some(GATE.stop.subscribe())),
+        Out::Finalizing => Stop(None),
+    };
     let r = py.detach(|| f(stop));
     // the GIL is ours again: only now may the exit go on
     drop(out);
     r
 }
 
-/// Completes once the interpreter is exiting.
-pub struct Stop(tokio::sync::watch::Receiver<bool>);
+/// Completes once the interpreter is exiting (never, for the finalizing thread's calls).
+pub struct Stop(Option<tokio::sync::watch::Receiver<bool>>);
 
 impl Stop {
     /// `f`, or [`exiting`]'s refusal once the interpreter exits first.
-    pub async fn or<T>(mut self, f: impl Future<Output = Result<T, Refusal>>) -> Result<T, Refusal> {
+    pub async fn or<T>(self, f: impl Future<Output = Result<T, Refusal>>) -> Result<T, Refusal> {
+        let Some(mut exit) = self.0 else { return f.await };
         tokio::select! {
             r = f => r,
-            _ = self.0.wait_for(|exiting| *exiting) => Err(exiting()),
+            _ = exit.wait_for(|exiting| *exiting) => Err(exiting()),
         }
     }
 }
 
-/// The `atexit` hook: refuses new calls, gives up the ones out, and waits (GIL released, at most
-/// [`DRAIN_WAIT`]) until each has taken the GIL back.
+/// The `atexit` hook: refuses new calls of other threads than this one (which finalizes), gives
+/// up the ones out, and waits (GIL released, at most [`DRAIN_WAIT`]) until each has taken the GIL
+/// back.
 #[pyfunction]
 pub fn drain(py: Python<'_>) {
-    GATE.out.lock().1 = true;
+    GATE.out.lock().1 = Some(std::thread::current().id());
     GATE.stop.send_replace(true);
     py.detach(|| {
         let deadline = Instant::now() + DRAIN_WAIT;
