@@ -497,6 +497,36 @@ mod tests {
         }
     }
 
+    /// The Serving message says the term and what the term took over from the members, so a warm
+    /// or a cold cache after a failover is explained where the user looks.
+    #[test]
+    fn the_serving_message_says_the_term_and_what_it_took_over() {
+        let obs = observed(true, up());
+        let now = crate::registry::meta::now();
+        let message = |adopted_objects, adopted_bytes| {
+            let mut v = view(true, &["b-member-0-node-0"]);
+            v.health.epoch = 7;
+            v.health.adopted_objects = adopted_objects;
+            v.health.adopted_bytes = adopted_bytes;
+            let st = status(&managed(), Some(&obs), Some(Ok(v)), vec![], &now);
+            let c = conditions::find(&st.conditions, leader_available::TYPE).expect("LeaderAvailable");
+            assert_eq!(c.reason, leader_available::SERVING.as_str());
+            c.message.clone()
+        };
+        let warm = message(1200, 3 << 30);
+        assert!(warm.contains("serves (role leader, term 7)"), "{warm}");
+        assert!(
+            warm.ends_with("; its term took over 1200 objects (3.0 GiB) its members held"),
+            "{warm}"
+        );
+        let cold = message(0, 0);
+        assert!(cold.contains("serves (role leader, term 7)"), "{cold}");
+        assert!(
+            cold.ends_with("; its members handed over nothing (a first start, or members that started empty)"),
+            "{cold}"
+        );
+    }
+
     #[test]
     fn endpoints_come_from_the_runtime_or_the_spec() {
         let obs = observed(true, up());
