@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use kvcache_store::client::Client;
 use kvcache_store::proto::HealthRequest;
-use live::{kubectl, leaders, manifest, scope, start, until};
+use live::{client_endpoint, kubectl, leaders, manifest, scope, start, until};
 
 const ROUNDS: usize = 20;
 /// The reference store's failover on one node.
@@ -168,16 +168,7 @@ fn main() -> anyhow::Result<()> {
         "{.status.phase} {.status.capacity.total} {.status.leader.replicas}/{.status.leader.readyReplicas}",
         "Ready 16Gi 3/1",
     )?;
-    let front = kubectl(
-        d,
-        &[
-            "get",
-            "kvcb",
-            "mooncake-dram",
-            "-o",
-            "jsonpath={.status.endpoints[?(@.name==\"Client\")].address}",
-        ],
-    )?;
+    let front = client_endpoint(d)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     println!(
         "leader failover on the local runtime: 3 leader replicas, 2 members of 8Gi, default election timings (lease 2s, renew deadline 1.5s, retry 250ms); {ROUNDS} of each"

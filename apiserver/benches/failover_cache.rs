@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use kvcache_store::client::Client;
 use kvcache_store::proto::HealthRequest;
-use live::{KUBECTL, kubectl, leaders, manifest, scope, start, until};
+use live::{KUBECTL, client_endpoint, kubectl, leaders, manifest, scope, start, until};
 
 /// Kills per configuration (`FAILOVER_ROUNDS` to change it).
 fn kills() -> usize {
@@ -322,16 +322,7 @@ fn main() -> anyhow::Result<()> {
         "{.status.conditions[?(@.type==\"QuotaGranted\")].status}",
         "True",
     )?;
-    let front = kubectl(
-        d,
-        &[
-            "get",
-            "kvcb",
-            "mooncake-dram",
-            "-o",
-            "jsonpath={.status.endpoints[?(@.name==\"Client\")].address}",
-        ],
-    )?;
+    let front = client_endpoint(d)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(whole(d, &front, 1))?;
     let engine = engine(d, &front)?;

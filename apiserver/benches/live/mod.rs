@@ -99,6 +99,20 @@ pub fn until(dir: &Path, what: &[&str], path: &str, want: &str) -> anyhow::Resul
     bail!("{what:?} {path} did not become {want:?} within 120 s")
 }
 
+/// The walkthrough backend's Client endpoint (HOST:PORT), as its status lists it.
+pub fn client_endpoint(dir: &Path) -> anyhow::Result<String> {
+    kubectl(
+        dir,
+        &[
+            "get",
+            "kvcb",
+            "mooncake-dram",
+            "-o",
+            "jsonpath={.status.endpoints[?(@.name==\"Client\")].address}",
+        ],
+    )
+}
+
 /// The walkthrough's tenant, with the Binding's credential as the runtime keeps it under `dir`.
 pub fn scope(dir: &Path) -> kvcache_store::proto::Scope {
     let credential = std::fs::read(dir.join("tenant-credentials/team-a/team-a.json"))

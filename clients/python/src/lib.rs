@@ -12,6 +12,7 @@
 
 mod buffers;
 mod exit;
+mod watch;
 
 /// Values are megabytes and short-lived: an allocator that keeps freed large blocks avoids a
 /// page fault per 4 KiB of every value (the system allocator maps and unmaps each one).
@@ -31,6 +32,7 @@ use parking_lot::RwLock;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use watch::BlockWatch;
 
 pyo3::create_exception!(
     kvcache,
@@ -468,10 +470,7 @@ impl Store {
     /// `store/README.md`, "KV events".
     fn watch_blocks(&self, py: Python<'_>) -> PyResult<BlockWatch> {
         let stream = self.run(py, |c| async move { c.watch_blocks().await })?;
-        Ok(BlockWatch {
-            rt: self.rt.handle().clone(),
-            stream: parking_lot::Mutex::new(Some(stream)),
-        })
+        Ok(BlockWatch::new(self.rt.handle().clone(), stream))
     }
 
     /// Closes the connections; later calls raise.
@@ -482,97 +481,6 @@ impl Store {
     fn __repr__(&self) -> String {
         format!("Store(endpoint={:?})", self.endpoint)
     }
-}
-
-/// A stream of one tenant's block events (`Store.watch_blocks()`). Each event is a dict:
-/// `epoch`, `id`, `snapshot`, `type` (`cleared`, `stored` or `removed`), `keys`, and `size`
-/// (stored) or `reason` (removed). The stream ends with `StoreError` (`NOT_SERVING`) when the
-/// leader stops serving: watch again, and the new leader's stream starts with `cleared`.
-#[pyclass(module = "kvcache._native", frozen)]
-struct BlockWatch {
-    rt: tokio::runtime::Handle,
-    stream: parking_lot::Mutex<Option<tonic::Streaming<kvcache_store::proto::BlockEvent>>>,
-}
-
-#[pymethods]
-impl BlockWatch {
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-        match self.next(py, None)? {
-            Some(e) => Ok(e),
-            None => Err(pyo3::exceptions::PyStopIteration::new_err(())),
-        }
-    }
-
-    /// The next event, waiting at most `timeout` seconds (`None` when none came, or the stream
-    /// was closed).
-    #[pyo3(signature = (timeout = None))]
-    fn next<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
-        // a timeout too long for a Duration (or infinite) waits as long as none
-        let limit = timeout.and_then(|t| Duration::try_from_secs_f64(t.max(0.0)).ok());
-        let got = exit::detach(py, |stop| {
-            let mut guard = self.stream.lock();
-            let Some(stream) = guard.as_mut() else {
-                return Ok(None);
-            };
-            // `None`: nothing came within the limit
-            let wait = async {
-                Ok(match limit {
-                    Some(t) => tokio::time::timeout(t, stream.message()).await.ok(),
-                    None => Some(stream.message().await),
-                })
-            };
-            let Some(r) = self.rt.block_on(stop.or(wait))? else {
-                return Ok(None);
-            };
-            match r {
-                Ok(Some(e)) => Ok(Some(e)),
-                Ok(None) => {
-                    guard.take();
-                    Ok(None)
-                }
-                Err(status) => {
-                    guard.take();
-                    Err(Refusal::from_status(&status))
-                }
-            }
-        });
-        let Some(e) = got.map_err(raise)? else { return Ok(None) };
-        event_dict(py, e).map(Some)
-    }
-
-    /// Stops following.
-    fn close(&self) {
-        self.stream.lock().take();
-    }
-}
-
-fn event_dict(py: Python<'_>, e: kvcache_store::proto::BlockEvent) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
-    use kvcache_store::proto::block_event::Event;
-    let d = pyo3::types::PyDict::new(py);
-    d.set_item("epoch", e.epoch)?;
-    d.set_item("id", e.id)?;
-    d.set_item("snapshot", e.snapshot)?;
-    match e.event {
-        Some(Event::Cleared(_)) | None => {
-            d.set_item("type", "cleared")?;
-            d.set_item("keys", Vec::<String>::new())?;
-        }
-        Some(Event::Stored(s)) => {
-            d.set_item("type", "stored")?;
-            d.set_item("keys", s.keys)?;
-            d.set_item("size", s.size)?;
-        }
-        Some(Event::Removed(r)) => {
-            d.set_item("type", "removed")?;
-            d.set_item("keys", r.keys)?;
-            d.set_item("reason", r.reason)?;
-        }
-    }
-    Ok(d)
 }
 
 /// The ranges of every key's parts, one list, and how many belong to each key (0 for a key

@@ -63,6 +63,15 @@ fn state(cfg: LeaderConfig) -> (State, Instant) {
     (State::new(cfg), Instant::now())
 }
 
+/// A leader that reclaims an abandoned reservation 2 s after it was made (1 s TTL, 1 s grace).
+fn reaped_after_2s() -> LeaderConfig {
+    LeaderConfig {
+        put_ttl: Duration::from_secs(1),
+        put_grace: Duration::from_secs(1),
+        ..Default::default()
+    }
+}
+
 /// Reserves and commits `key`.
 fn put(s: &mut State, t: &str, key: &str, size: u64, now: Instant) -> Result<(), ErrorCode> {
     let r = s.put_start(Some(&scope(t)), key, size, now).map_err(|e| e.code)?;
@@ -74,12 +83,7 @@ fn put(s: &mut State, t: &str, key: &str, size: u64, now: Instant) -> Result<(),
 
 #[test]
 fn reserved_values_are_invisible_until_committed_and_reaped_when_abandoned() {
-    let cfg = LeaderConfig {
-        put_ttl: Duration::from_secs(1),
-        put_grace: Duration::from_secs(1),
-        ..Default::default()
-    };
-    let (mut s, t0) = state(cfg);
+    let (mut s, t0) = state(reaped_after_2s());
     s.set_tenants(&[entry("t", 8 * MIB)], &[]).unwrap();
     mount(&mut s, "m", 8 * MIB, t0);
     let r = s.put_start(Some(&scope("t")), "k", 100, t0).unwrap();
@@ -557,12 +561,7 @@ fn a_full_tenant_is_evicted_ahead_of_need() {
 #[test]
 fn heartbeat_answers_name_each_range_freed_since_the_last_once() {
     use super::members::{FREED_PER_ANSWER, FREED_QUEUED};
-    let cfg = LeaderConfig {
-        put_ttl: Duration::from_secs(1),
-        put_grace: Duration::from_secs(1),
-        ..Default::default()
-    };
-    let (mut s, t0) = state(cfg);
+    let (mut s, t0) = state(reaped_after_2s());
     s.set_tenants(&[entry("t", 8 * MIB)], &[]).unwrap();
     let m = mount(&mut s, "m", 8 * MIB, t0);
     let mount_id = s.member_statuses(t0)[0].mount_id;

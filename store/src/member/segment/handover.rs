@@ -143,35 +143,29 @@ impl Segment {
 mod tests {
     use super::super::tests::{allocated, mounted, signed_with};
     use super::*;
-    use crate::grant::Access;
+    use crate::grant::{Access, GrantKey};
+
+    /// Writes value `k{allocation}` (100 bytes of `allocation`) at `offset` under mount 11 and
+    /// epoch 3, finishing the write or leaving it cut off before its last byte.
+    fn write(seg: &Segment, key: &GrantKey, offset: u64, allocation: u64, finish: bool) {
+        let tag = format!("k{allocation}").into_bytes();
+        let g = signed_with(key, Access::Write, 11, 3, offset, 100, allocation, &tag);
+        let mut w = seg.begin_write(g, 100, &tag).unwrap();
+        w.copy_from(&[allocation as u8; 100]).unwrap();
+        if finish {
+            w.finish();
+        }
+    }
 
     /// What a member hands over: values whose writes finished, with their tags, whose bytes
     /// still match; the leader's answer decides what the new mount serves.
     #[test]
     fn a_new_mount_hands_over_finished_whole_values_and_serves_what_was_adopted() {
         let (seg, key, _dir) = mounted();
-        let tag = |k: &str| k.as_bytes().to_vec();
-        let write = |offset: u64, allocation: u64, byte: u8, finish: bool| {
-            let g = signed_with(
-                &key,
-                Access::Write,
-                11,
-                3,
-                offset,
-                100,
-                allocation,
-                &tag(&format!("k{allocation}")),
-            );
-            let mut w = seg.begin_write(g, 100, &tag(&format!("k{allocation}"))).unwrap();
-            w.copy_from(&[byte; 100]).unwrap();
-            if finish {
-                w.finish();
-            }
-        };
-        write(0, 1, 1, true);
-        write(128, 2, 2, true);
-        write(256, 3, 3, false); // cut off before its last byte: never finished
-        write(384, 4, 4, true);
+        write(&seg, &key, 0, 1, true);
+        write(&seg, &key, 128, 2, true);
+        write(&seg, &key, 256, 3, false); // cut off before its last byte: never finished
+        write(&seg, &key, 384, 4, true);
         // a same-host client scribbles over value 2 after its write finished
         seg.map.copy_in(130, &[9]).unwrap();
         seg.set_mount(12);
@@ -211,13 +205,8 @@ mod tests {
     #[test]
     fn a_precheck_drops_changed_values_and_the_report_keeps_the_rest() {
         let (seg, key, _dir) = mounted();
-        for (offset, allocation) in [(0, 1), (128, 2)] {
-            let tag = format!("k{allocation}").into_bytes();
-            let g = signed_with(&key, Access::Write, 11, 3, offset, 100, allocation, &tag);
-            let mut w = seg.begin_write(g, 100, &tag).unwrap();
-            w.copy_from(&[allocation as u8; 100]).unwrap();
-            w.finish();
-        }
+        write(&seg, &key, 0, 1, true);
+        write(&seg, &key, 128, 2, true);
         seg.map.copy_in(150, &[9]).unwrap();
         seg.precheck();
         // still served under the current mount: only the record of what it holds changed
@@ -235,13 +224,8 @@ mod tests {
     #[test]
     fn what_the_leader_freed_is_not_handed_over() {
         let (seg, key, _dir) = mounted();
-        for (offset, allocation) in [(0, 1), (128, 2)] {
-            let tag = format!("k{allocation}").into_bytes();
-            let g = signed_with(&key, Access::Write, 11, 3, offset, 100, allocation, &tag);
-            let mut w = seg.begin_write(g, 100, &tag).unwrap();
-            w.copy_from(&[allocation as u8; 100]).unwrap();
-            w.finish();
-        }
+        write(&seg, &key, 0, 1, true);
+        write(&seg, &key, 128, 2, true);
         assert_eq!(seg.held(), Count { values: 2, bytes: 200 });
         assert_eq!(seg.forget(10, &[0], &[1]), 0, "an earlier mount's answer");
         assert_eq!(
