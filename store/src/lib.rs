@@ -11,6 +11,7 @@
 //! - [`readiness`]: `Starting` → `Serving` | `Standby` → `Stopping`, observable;
 //! - [`tls`]: TLS on the TCP ports, and the connection type of the framed ports;
 //! - [`wire`]: the member's framed data port protocol;
+//! - [`bounded`]: gRPC request bodies read under a byte limit and a deadline;
 //! - [`protocol`]: which client protocol versions a leader serves, and the refusal of others;
 //! - [`leader`]: segments, objects, placement, tenants and quota, leases, eviction, liveness;
 //! - [`member`]: the mapped segment, its gRPC service and data port, mounting and heartbeats;
@@ -22,6 +23,7 @@
 
 pub mod auth;
 pub mod bench;
+pub mod bounded;
 pub mod client;
 pub mod election;
 pub mod engine_sim;

@@ -20,17 +20,23 @@ pub use crate::proto::{ClientHello, ServerHello};
 /// The store protocol this build speaks. 2: grants name their allocation (`grant.rs`) and an
 /// unknown tenant is refused as a wrong credential is. 3: a write carries its value's tag, which
 /// its grant covers (the data port's `KVD3` header), so members can hand what they hold to the
-/// next leader.
-pub const PROTOCOL: u32 = 3;
-/// The oldest client protocol a leader of this build serves: a protocol-2 client sends no tag,
-/// so its every write would be refused by the members.
-pub const OLDEST_SERVED: u32 = 3;
+/// next leader. 4: a caller shows its tenant credential before its request is read (gRPC
+/// metadata [`CREDENTIAL_HEADER`], the fast port's `ClientHello.credential`), and a member's
+/// `SegmentData.Read` answers a stream of pieces.
+pub const PROTOCOL: u32 = 4;
+/// The oldest client protocol a leader of this build serves: a protocol-3 client shows its
+/// credential only inside its requests, which a leader would have to read before it could refuse
+/// them.
+pub const OLDEST_SERVED: u32 = 4;
 /// This build's release.
 pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 /// gRPC metadata: the client's protocol, in decimal.
 pub const PROTOCOL_HEADER: &str = "x-kvstore-protocol";
 /// gRPC metadata: the client's name and release (`kvcache-python 0.1.0`).
 pub const CLIENT_HEADER: &str = "x-kvstore-client";
+/// gRPC metadata: the tenant credential the call's scope carries, shown again here so that the
+/// leader can refuse a caller without one before it reads the request (`leader/front.rs`).
+pub const CREDENTIAL_HEADER: &str = "x-kvstore-credential";
 
 /// What a client says of itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,11 +73,12 @@ impl ClientVersion {
         }
     }
 
-    /// The opening frame that says this.
-    pub fn hello(&self) -> ClientHello {
+    /// The opening frame that says this, and shows `credential` (empty: none).
+    pub fn hello(&self, credential: &str) -> ClientHello {
         ClientHello {
             protocol: self.protocol.unwrap_or(0),
             client: self.client.clone(),
+            credential: credential.to_owned(),
         }
     }
 
@@ -140,13 +147,6 @@ pub fn server_hello() -> ServerHello {
     }
 }
 
-/// A tonic interceptor that checks every call's [`ClientVersion`] (the leader's `Store` service).
-#[allow(clippy::result_large_err)]
-pub fn check_call(req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-    check(&ClientVersion::from_metadata(req.metadata()))?;
-    Ok(req)
-}
-
 /// A tonic interceptor that adds this build's client headers to every call (for gRPC clients
 /// of the `Store` service written with the generated stubs).
 #[derive(Debug, Clone)]
@@ -155,6 +155,35 @@ pub struct SendVersion(pub ClientVersion);
 impl tonic::service::Interceptor for SendVersion {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         self.0.attach(req.metadata_mut());
+        Ok(req)
+    }
+}
+
+/// [`SendVersion`] and the tenant credential ([`CREDENTIAL_HEADER`]): what every `Store` call of
+/// a client acting for a tenant sends.
+#[derive(Debug, Clone)]
+pub struct SendCaller {
+    pub version: ClientVersion,
+    /// `None`: the scope carries no credential (or one that is not a header value, which the
+    /// leader then refuses as it refuses none)
+    pub credential: Option<tonic::metadata::AsciiMetadataValue>,
+}
+
+impl SendCaller {
+    pub fn new(version: ClientVersion, credential: &str) -> Self {
+        SendCaller {
+            version,
+            credential: (!credential.is_empty()).then(|| credential.parse().ok()).flatten(),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for SendCaller {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        self.version.attach(req.metadata_mut());
+        if let Some(c) = &self.credential {
+            req.metadata_mut().insert(CREDENTIAL_HEADER, c.clone());
+        }
         Ok(req)
     }
 }

@@ -14,3 +14,9 @@ pub fn now_unix_ms() -> u64 {
 pub fn unix_ms_after(d: Duration) -> u64 {
     now_unix_ms().saturating_add(d.as_millis() as u64)
 }
+
+/// The monotonic instant of a deadline given in Unix milliseconds (`None` for 0: no deadline).
+pub fn instant_of_unix_ms(deadline_unix_ms: u64) -> Option<tokio::time::Instant> {
+    (deadline_unix_ms != 0)
+        .then(|| tokio::time::Instant::now() + Duration::from_millis(deadline_unix_ms.saturating_sub(now_unix_ms())))
+}

@@ -7,6 +7,8 @@ exceptions carrying the store's code, and ``Store.from_env`` with the injected v
 import ctypes
 import os
 import subprocess
+import threading
+import time
 import unittest
 from unittest import mock
 
@@ -190,6 +192,24 @@ class StoreTest(unittest.TestCase):
         self.assertIsNone(w.next(timeout=0.1))
         self.assertEqual(list(w), [], "a closed watch iterates nothing")
 
+    def test_closing_a_watch_another_thread_waits_on_returns_at_once(self):
+        w = self.store.watch_blocks()
+        self.assertEqual(w.next(timeout=10)["type"], "cleared")
+        while w.next(timeout=0.5) is not None:
+            pass
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(w.next()), daemon=True)
+        waiter.start()
+        # nothing happens in this tenant meanwhile, so the thread is blocked in its untimed next()
+        waiter.join(timeout=0.5)
+        self.assertTrue(waiter.is_alive())
+        started = time.monotonic()
+        w.close()
+        self.assertLess(time.monotonic() - started, 1.0, "close() waited for the other thread's next()")
+        waiter.join(timeout=1.0)
+        self.assertFalse(waiter.is_alive(), "the waiting next() gives up on close")
+        self.assertEqual(got, [None])
+
     def test_from_env_reads_what_injection_gives_a_replica(self):
         env = {"KVSTORE_LEADER": self.endpoint, "KVSTORE_TENANT": TENANT,
                "KVSTORE_BLOCK_SIZE": str(BLOCK_SIZE), "KVSTORE_DTYPE": DTYPE}
@@ -216,7 +236,7 @@ class StoreTest(unittest.TestCase):
 
         said = subprocess.run([BIN, "--version"], capture_output=True, text=True, check=True).stdout.split()
         self.assertEqual(said, ["kv-store", kvcache.__version__])
-        self.assertEqual(kvcache.PROTOCOL, 3)
+        self.assertEqual(kvcache.PROTOCOL, 4)
 
     def test_a_call_given_up_after_its_timeout_is_a_transport_failure(self):
         # a listener that accepts and never answers: the connection never completes its handshake

@@ -33,6 +33,21 @@ pub(super) struct FastPort {
 }
 
 impl FastPort {
+    /// The same port, with a pool of connections of its own whose hello shows `credential`.
+    pub(super) fn showing(&self, credential: &str) -> FastPort {
+        FastPort {
+            host: self.host.clone(),
+            port: std::sync::atomic::AtomicU32::new(self.port.load(std::sync::atomic::Ordering::Acquire)),
+            channel: self.channel.clone(),
+            idle: Mutex::new(Vec::new()),
+            hello: crate::protocol::ClientHello {
+                credential: credential.to_owned(),
+                ..self.hello.clone()
+            },
+            tls: self.tls.clone(),
+        }
+    }
+
     /// One call; polls up to `spin` for the reply before sleeping (`spin.rs`).
     pub(super) async fn call<Q: Message, R: Message + Default>(
         &self,

@@ -24,7 +24,7 @@ use crate::leader::fastport::Method;
 use crate::proto::control_client::ControlClient;
 use crate::proto::store_client::StoreClient;
 use crate::proto::*;
-use crate::protocol::{ClientVersion, SendVersion};
+use crate::protocol::{ClientVersion, SendCaller};
 use crate::time::now_unix_ms;
 use crate::tls::{ClientTls, Conn};
 use data::Sink;
@@ -44,8 +44,11 @@ pub enum PutOutcome {
 /// A connection to one leader, acting for one tenant scope.
 #[derive(Debug, Clone)]
 pub struct Client {
-    /// `Store` over gRPC, every call carrying this client's protocol version (`protocol.rs`)
-    store: StoreClient<tonic::service::interceptor::InterceptedService<Channel, SendVersion>>,
+    /// `Store` over gRPC, every call carrying this client's protocol version (`protocol.rs`) and
+    /// its scope's credential in the metadata
+    store: StoreClient<tonic::service::interceptor::InterceptedService<Channel, SendCaller>>,
+    /// what this client says of itself
+    version: ClientVersion,
     channel: Channel,
     /// the leader's framed metadata port, when it serves one (used instead of gRPC for `Store`)
     fast: Option<Arc<FastPort>>,
@@ -133,13 +136,14 @@ impl Client {
                 port: port.into(),
                 channel: channel.clone(),
                 idle: Mutex::new(Vec::new()),
-                hello: version.hello(),
+                hello: version.hello(&scope.credential),
                 tls: tls.clone(),
             })),
             _ => None,
         };
         Ok(Self {
-            store: StoreClient::with_interceptor(channel.clone(), SendVersion(version)),
+            store: StoreClient::with_interceptor(channel.clone(), SendCaller::new(version.clone(), &scope.credential)),
+            version,
             channel,
             fast,
             scope,
@@ -214,9 +218,21 @@ impl Client {
         }
     }
 
-    /// The same connections, acting for another scope.
+    /// The same connections, acting for another scope (with another credential: the same
+    /// channel, and fast-port connections of its own, which show that credential).
     pub fn with_scope(&self, scope: Scope) -> Self {
-        Self { scope, ..self.clone() }
+        if scope.credential == self.scope.credential {
+            return Self { scope, ..self.clone() };
+        }
+        Self {
+            store: StoreClient::with_interceptor(
+                self.channel.clone(),
+                SendCaller::new(self.version.clone(), &scope.credential),
+            ),
+            fast: self.fast.as_ref().map(|f| Arc::new(f.showing(&scope.credential))),
+            scope,
+            ..self.clone()
+        }
     }
 
     pub fn scope(&self) -> &Scope {

@@ -8,13 +8,15 @@
 //! at a time per connection; clients pool connections. Each method runs the function of the same
 //! name in `calls.rs`, as gRPC does, and its reply is encoded straight into the connection's
 //! reusable output buffer. A connection opens with a `Hello` (method 12, a `ClientHello`): the
-//! client's protocol version, which the leader checks (`protocol.rs`) before it serves anything
-//! else on that connection.
+//! client's protocol version, which the leader checks (`protocol.rs`), and a tenant's credential
+//! (`State::admits`), before it serves anything else on that connection.
 //!
 //! Bounds per connection: the opening frame may be at most [`MAX_HELLO`] bytes, later ones
 //! [`MAX_REQUEST`], and room for a frame grows only as its bytes arrive (`frame.rs`); a frame
 //! must arrive whole within [`IDLE`] of the previous answer, or the connection is closed (clients
-//! send a request again on a fresh connection when a pooled one was closed).
+//! send a request again on a fresh connection when a pooled one was closed). So only a caller
+//! that showed a credential the ledger holds gets to send a frame larger than a hello, and one
+//! whose credential left the ledger since is closed before its next frame is read.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -106,7 +108,14 @@ async fn connection(mut s: Conn, leader: &Leader, hot: &HotWindow) -> std::io::R
     let mut buf = BytesMut::new();
     let mut out = BytesMut::new();
     let mut greeted = false;
+    // the credential the hello showed, checked again before every later frame
+    let mut credential = String::new();
     loop {
+        if greeted && leader.with(|s| s.admits(Some(&credential))).is_err() {
+            // it left the ledger (a rotation, a deleted Binding): the client sends the request
+            // again on a fresh connection, whose hello shows its credential now
+            return Ok(());
+        }
         let max = if greeted { MAX_REQUEST } else { MAX_HELLO };
         let Ok(frame) = tokio::time::timeout(IDLE, crate::frame::read(&mut s, &mut buf, max)).await else {
             return Ok(());
@@ -130,10 +139,11 @@ async fn connection(mut s: Conn, leader: &Leader, hot: &HotWindow) -> std::io::R
         };
         if !greeted {
             // the first frame says which protocol the client speaks; nothing else is served before
-            match greet(method, &body) {
-                Ok(hello) => {
+            match greet(leader, method, &body) {
+                Ok((hello, shown)) => {
                     reply(&mut out, &hello).map_err(std::io::Error::other)?;
                     greeted = true;
+                    credential = shown;
                 }
                 Err(e) => {
                     refusal(&mut out, &e);
@@ -156,11 +166,16 @@ async fn send(s: &mut Conn, out: &BytesMut) -> std::io::Result<()> {
 }
 
 /// The answer to a connection's first frame: a `ServerHello` when it is a `Hello` naming a
-/// protocol this leader serves.
-fn greet(method: u8, body: &[u8]) -> Result<crate::protocol::ServerHello, StoreError> {
+/// protocol this leader serves and showing a credential it takes (with that credential).
+fn greet(leader: &Leader, method: u8, body: &[u8]) -> Result<(crate::protocol::ServerHello, String), StoreError> {
     use crate::protocol::{ClientVersion, check, server_hello};
+    let hello: crate::protocol::ClientHello = if method == Method::Hello as u8 {
+        decode(body)?
+    } else {
+        Default::default()
+    };
     let client = if method == Method::Hello as u8 {
-        ClientVersion::from_hello(&decode(body)?)
+        ClientVersion::from_hello(&hello)
     } else {
         ClientVersion {
             protocol: None,
@@ -168,7 +183,8 @@ fn greet(method: u8, body: &[u8]) -> Result<crate::protocol::ServerHello, StoreE
         }
     };
     check(&client)?;
-    Ok(server_hello())
+    leader.serving(|s| s.admits(Some(&hello.credential)))?;
+    Ok((server_hello(), hello.credential))
 }
 
 /// `out` = the reply frame to one request frame (`method`, `body`): its answer, or a refusal.

@@ -208,6 +208,21 @@ pub fn refused(tenant: &str) -> StoreError {
     )
 }
 
+/// The refusal of a call that shows no credential of any tenant before its request is read
+/// (`State::admits`): the same code as [`refused`], and what to send.
+pub fn refused_unread() -> StoreError {
+    StoreError::new(
+        ErrorCode::Unauthenticated,
+        format!(
+            "this store takes a call only from a caller that shows a tenant's credential before its request is \
+             read: in the gRPC metadata {:?} (and in the request's scope), or in the fast port's ClientHello; this \
+             one shows none, or one no tenant of this store takes (a replica uses KVSTORE_CREDENTIAL from its \
+             environment, the credential of a Binding of its domain in its own namespace)",
+            crate::protocol::CREDENTIAL_HEADER
+        ),
+    )
+}
+
 /// Refuses a scope whose declared layout differs from the registered one.
 pub fn check_layout(tenant: &str, registered: &Layout, scope: &Scope) -> Result<()> {
     if scope.block_size == registered.block_size && scope.dtype == registered.dtype {

@@ -4,7 +4,7 @@
 //!
 //! Map: `config` (the flags, [`LeaderConfig`]), `serve` (binding, serving until cancelled,
 //! housekeeping), `state` (the lock-protected tables and engine operations), `calls` (each
-//! `Store` call, shared by both faces), `service` (the gRPC faces), `fastport` (the framed
+//! `Store` call, shared by both faces), `service` (the gRPC faces), `front` (what a gRPC call shows before its body is read), `fastport` (the framed
 //! metadata port), `ledger` (tenant validation, grants), `tenants` (the ledger applied),
 //! `status` (read-outs), `adoption` (a new term takes over what its members hold), `blocks` (KV events: `WatchBlocks`), `objects` (per-value and per-tenant records), `clients` (each caller's counters), `placement` (free space,
 //! segment choice), `eviction`, `members` (mount, heartbeat, liveness), `metrics` (the collector).
@@ -16,6 +16,7 @@ pub mod clients;
 mod config;
 mod eviction;
 pub mod fastport;
+mod front;
 pub mod ledger;
 mod members;
 mod metrics;

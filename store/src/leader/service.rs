@@ -3,7 +3,9 @@
 //! the state once, does one operation, and maps errors through `error.rs`. Membership and Control
 //! calls first show their token (`auth.rs`) when the leader was given one; `Health` is open (it
 //! says only where the fast port is and whether this leader serves). Every `Store` call first
-//! shows its client's protocol version (`protocol.rs`).
+//! shows its client's protocol version (`protocol.rs`) and a tenant's credential. All of that is
+//! checked from the headers, before a body is read (`front.rs`); the handlers check the tokens
+//! again, and the scope's credential is checked against its own tenant once read.
 
 use std::time::Instant;
 
@@ -16,15 +18,20 @@ use crate::proto::membership_server::{Membership, MembershipServer};
 use crate::proto::store_server::{Store, StoreServer};
 use crate::proto::*;
 
-/// All three services on one server.
-pub(super) fn router(leader: Leader, tls: Option<&crate::tls::ServerTls>) -> Result<Router, crate::flags::ConfigError> {
+/// All three services on one server, behind the front door (`front.rs`): callers show what they
+/// must before any body is read, and no body is longer than its method needs.
+pub(super) fn router(
+    leader: Leader,
+    tls: Option<&crate::tls::ServerTls>,
+) -> Result<
+    Router<tower::layer::util::Stack<super::front::FrontLayer, tower::layer::util::Identity>>,
+    crate::flags::ConfigError,
+> {
     Ok(crate::tls::grpc_server(tls)?
-        .add_service(StoreServer::with_interceptor(
-            leader.clone(),
-            crate::protocol::check_call,
-        ))
+        .layer(super::front::FrontLayer(leader.clone()))
+        .add_service(StoreServer::new(leader.clone()).max_decoding_message_size(super::fastport::MAX_REQUEST))
         .add_service(MembershipServer::new(leader.clone()).max_decoding_message_size(crate::member::MAX_MOUNT_MESSAGE))
-        .add_service(ControlServer::new(leader)))
+        .add_service(ControlServer::new(leader).max_decoding_message_size(super::front::LEDGER_BODY)))
 }
 
 type Reply<T> = Result<Response<T>, Status>;

@@ -68,6 +68,8 @@ pub struct State {
     /// counts ledger replacements: a `WatchBlocks` stream checks its credential again at each
     /// (`blocks.rs`), so access ends with the credential, not only at the stream's start
     pub(super) ledger_generation: tokio::sync::watch::Sender<u64>,
+    /// who may send a request at all, from the ledger's credentials (`tenants.rs`)
+    pub(super) callers: super::tenants::Callers,
     /// whether this term has the ledger to adopt members' holdings against: multi-tenancy off,
     /// `--tenant`, or a `SetTenants` (`members.rs` holds reports back until then, a while)
     pub(super) ledger_known: bool,
@@ -101,6 +103,7 @@ impl State {
             epoch: 0,
             grant_key: crate::grant::GrantKey::generate(),
             ledger_generation: tokio::sync::watch::Sender::new(0),
+            callers: Default::default(),
             ledger_known: false,
             started: Instant::now(),
             adopted: Adopted::default(),
@@ -117,6 +120,7 @@ impl State {
             );
             s.recompute_grants();
         }
+        s.callers.open = !s.cfg.multi_tenancy;
         s
     }
 

@@ -3,6 +3,27 @@
 
 use super::ledger::{self, DEFAULT_TENANT, Layout};
 use super::state::State;
+
+/// What admits a caller before its request is read ([`State::admits`]).
+#[derive(Debug, Default)]
+pub struct Callers {
+    /// some tenant takes calls without a credential
+    pub open: bool,
+    /// every credential hash of the ledger
+    pub hashes: std::collections::HashSet<[u8; 32]>,
+}
+
+impl Callers {
+    /// From each tenant's credential hashes.
+    pub fn of<'a>(tenants: impl Iterator<Item = &'a [[u8; 32]]>) -> Callers {
+        let mut c = Callers::default();
+        for hashes in tenants {
+            c.open |= hashes.is_empty();
+            c.hashes.extend(hashes.iter().copied());
+        }
+        c
+    }
+}
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::{GrantLimit, PoolEntry, Scope, TenantEntry};
 
@@ -101,10 +122,28 @@ impl State {
             });
         }
         self.pools = pools.iter().map(|p| (p.name.clone(), p.total)).collect();
+        self.callers = Callers::of(self.tenants.values().map(|t| t.credentials.as_slice()));
         self.ledger_known = true;
         self.recompute_grants();
         self.ledger_generation.send_modify(|g| *g += 1);
         Ok(dropped)
+    }
+
+    /// Whether a caller showing `presented` before its request is read (gRPC metadata
+    /// [`CREDENTIAL_HEADER`](crate::protocol::CREDENTIAL_HEADER), the fast port's hello) may
+    /// send one at all: with multi-tenancy on, only a credential of some tenant in the ledger
+    /// admits it, unless a tenant takes calls without one. Which tenant it acts for, and whether
+    /// the credential is that tenant's, is checked once the request is read
+    /// ([`State::tenant_name`]). The refusal is [`ledger::refused`]'s, which says nothing of who
+    /// the tenants are.
+    pub fn admits(&self, presented: Option<&str>) -> Result<()> {
+        if !self.cfg.multi_tenancy || self.callers.open {
+            return Ok(());
+        }
+        match presented {
+            Some(c) if self.callers.hashes.contains(&ledger::credential_hash(c)) => Ok(()),
+            _ => Err(ledger::refused_unread()),
+        }
     }
 
     /// The tenant a request acts for, after the registration and layout checks.

@@ -233,9 +233,20 @@ fn host(addr: &str) -> &str {
     h.trim_start_matches('[').trim_end_matches(']')
 }
 
-/// A gRPC server builder, serving TLS as `tls` says.
+/// How often a gRPC server pings a connection that is quiet, and how long it waits for the answer
+/// before it closes the connection (a peer that went away without closing it).
+pub const GRPC_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(20), Duration::from_secs(10));
+/// The longest a gRPC call's handler may take, its request's body included (a stream's
+/// messages come after and are not counted).
+pub const GRPC_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A gRPC server builder, serving TLS as `tls` says, with keepalive pings and a timeout on every
+/// call ([`GRPC_KEEPALIVE`], [`GRPC_REQUEST_TIMEOUT`]).
 pub fn grpc_server(tls: Option<&ServerTls>) -> Result<tonic::transport::Server, ConfigError> {
-    let builder = tonic::transport::Server::builder();
+    let builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(GRPC_KEEPALIVE.0))
+        .http2_keepalive_timeout(Some(GRPC_KEEPALIVE.1))
+        .timeout(GRPC_REQUEST_TIMEOUT);
     match tls {
         None => Ok(builder),
         Some(t) => builder
