@@ -52,6 +52,18 @@ impl State {
                 "a member with capacity 0 has nothing to mount",
             ));
         }
+        // every value takes at least one aligned placement, so no segment holds more
+        let most = req.capacity / super::placement::ALIGN;
+        if req.holdings.len() as u64 > most {
+            return Err(StoreError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "this mount reports {} holdings, and a {}-byte segment holds at most {most} values",
+                    req.holdings.len(),
+                    req.capacity
+                ),
+            ));
+        }
         self.check_ledger_for(&req.holdings, now)?;
         let ttl = self.cfg.member_ttl;
         let same_name = self.members.iter().filter(|(_, m)| m.name == req.name);

@@ -299,6 +299,13 @@ fn malformed_requests_are_refused_not_panicked_on() {
         ..Default::default()
     };
     assert_eq!(s.mount(&bad, t0).unwrap_err().code, ErrorCode::InvalidArgument);
+    // more holdings than a segment of its size can hold values
+    let padded = MountRequest {
+        holdings: vec![Default::default(); 4096 / 64 + 1],
+        ..mount_req("p", 4096, 9)
+    };
+    let e = s.mount(&padded, t0).unwrap_err();
+    assert!(e.code == ErrorCode::InvalidArgument && e.message.contains("at most 64"), "{e}");
 }
 
 #[test]
