@@ -270,3 +270,48 @@ async fn a_client_lets_go_of_the_segments_of_members_that_went_away() {
         wait_members(&c, 0).await;
     }
 }
+
+/// The memfds this process holds open (what a same-host client received from members).
+fn received_segments() -> Vec<std::fs::File> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            if !target.to_string_lossy().starts_with("/memfd:kvstore-segment") {
+                return None;
+            }
+            // a second descriptor of the same memory, as the member handed it over (read-write)
+            std::fs::OpenOptions::new().read(true).write(true).open(e.path()).ok()
+        })
+        .collect()
+}
+
+/// Finding 3 of the second review: a same-host client that got the segment's memfd cannot
+/// truncate it (which would end the member and every engine mapping it with SIGBUS), nor grow
+/// it; the member keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_received_segment_cannot_be_truncated_and_the_member_keeps_serving() {
+    let l = leader(&["--tenant", "t=16Mi:64:bfloat16"]);
+    let addr = l.field("grpc");
+    let mut m = start_member(&addr, "m1", "16Mi", &[]);
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    c.put("k", Bytes::from(value_of("k"))).await.unwrap();
+    assert_eq!(c.mapped_segments(), 1, "the client mapped the member's segment");
+    let received = received_segments();
+    assert!(!received.is_empty(), "no segment descriptor in this process");
+    for f in &received {
+        let shrink = f.set_len(0).unwrap_err();
+        assert_eq!(shrink.raw_os_error(), Some(libc::EPERM), "{shrink}");
+        let grow = f.set_len(64 << 20).unwrap_err();
+        assert_eq!(grow.raw_os_error(), Some(libc::EPERM), "{grow}");
+    }
+    // the member and this client's mapping carry on
+    assert_eq!(c.get("k").await.unwrap().unwrap(), Bytes::from(value_of("k")));
+    c.put("k2", Bytes::from(value_of("k2"))).await.unwrap();
+    assert_eq!(c.get("k2").await.unwrap().unwrap(), Bytes::from(value_of("k2")));
+    let tcp = client(&addr, "t").await.without_local();
+    assert_eq!(tcp.get("k").await.unwrap().unwrap(), Bytes::from(value_of("k")));
+    assert!(m.exited().is_none(), "the member is still running");
+}

@@ -305,7 +305,10 @@ fn malformed_requests_are_refused_not_panicked_on() {
         ..mount_req("p", 4096, 9)
     };
     let e = s.mount(&padded, t0).unwrap_err();
-    assert!(e.code == ErrorCode::InvalidArgument && e.message.contains("at most 64"), "{e}");
+    assert!(
+        e.code == ErrorCode::InvalidArgument && e.message.contains("at most 64"),
+        "{e}"
+    );
 }
 
 #[test]

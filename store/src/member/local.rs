@@ -219,7 +219,10 @@ async fn map(s: &UnixStream, segment: &Segment, resident: bool) -> io::Result<()
     answer[crate::wire::RESPONSE_LEN..][..8].copy_from_slice(&segment.capacity().to_le_bytes());
     let flags = if resident { RESIDENT } else { 0 };
     answer[crate::wire::RESPONSE_LEN + 8..].copy_from_slice(&flags.to_le_bytes());
-    let fds = [segment.fd()];
+    let Some(fd) = segment.hand_out() else {
+        return Err(io::Error::other("the segment is not sealed; it is not handed out"));
+    };
+    let fds = [fd];
     let mut sent = 0;
     while sent < answer.len() {
         s.writable().await?;

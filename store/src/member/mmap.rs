@@ -44,6 +44,10 @@ pub struct SharedMap {
     mapping: MmapMut,
     /// the memory's descriptor (a memfd, or an unlinked file), kept to hand to same-host clients
     file: File,
+    /// its size can never change again (a memfd sealed against shrinking and growing, and
+    /// against new seals): whoever holds the descriptor cannot truncate the memory from under
+    /// the mappings, which would end every process that maps it with SIGBUS
+    sealed: bool,
     ptr: *mut u8,
     len: u64,
     /// live claims: (offset, len, write)
@@ -69,16 +73,34 @@ impl SharedMap {
     /// memory goes back to the system when the last process mapping it ends), or, where the
     /// kernel refuses memfds, a file in `dir` (normally `/dev/shm`) unlinked at once. With
     /// `populate` every page is faulted in now; without, memory is claimed as it is written.
+    /// A memfd is sealed at its size before it is mapped ([`SharedMap::is_sealed`]).
     pub fn create(dir: &Path, len: u64, populate: bool) -> io::Result<Self> {
-        let file = match rustix::fs::memfd_create("kvstore-segment", rustix::fs::MemfdFlags::CLOEXEC) {
-            Ok(fd) => File::from(fd),
+        use rustix::fs::{MemfdFlags, SealFlags};
+        let memfd = rustix::fs::memfd_create("kvstore-segment", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING);
+        let (file, sealed) = match memfd {
+            Ok(fd) => {
+                let file = File::from(fd);
+                file.set_len(len)?;
+                rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+                (file, true)
+            }
             Err(e) => {
                 tracing::info!(error = %e, dir = %dir.display(), "no memfd; the segment is a file in the directory instead");
-                Self::unlinked_file(dir)?
+                let file = Self::unlinked_file(dir)?;
+                file.set_len(len)?;
+                (file, false)
             }
         };
-        file.set_len(len)?;
-        Self::map(file, len, populate)
+        let mut map = Self::map(file, len, populate)?;
+        map.sealed = sealed;
+        Ok(map)
+    }
+
+    /// Whether the memory's size is sealed (a memfd), so its descriptor may be handed to another
+    /// process: one that truncated it would end every process mapping it (SIGBUS). The file
+    /// fallback cannot be sealed.
+    pub fn is_sealed(&self) -> bool {
+        self.sealed
     }
 
     fn unlinked_file(dir: &Path) -> io::Result<File> {
@@ -124,13 +146,15 @@ impl SharedMap {
         }
         // SAFETY: memmap2's contract is that nobody truncates or writes the file behind the
         // mapping while Rust references to it exist. None ever exist (module rule 1), and the
-        // file is only ever sized before this line (a memfd, or a file we created and
-        // unlinked: no other process can open it by name).
+        // file is only ever sized before this line (a memfd, sealed at that size before a
+        // same-host client can get it, or a file we created and unlinked: no other process can
+        // open it by name, and it is never handed out).
         let mut map = unsafe { options.map_mut(&file) }?;
         let ptr = map.as_mut_ptr();
         Ok(Self {
             mapping: map,
             file,
+            sealed: false,
             ptr,
             len,
             live: Mutex::new(Vec::new()),
@@ -488,6 +512,21 @@ mod tests {
             m.copy_out(1 << 16, &mut [0u8; 1]).unwrap_err().code,
             ErrorCode::OutOfRange
         );
+    }
+
+    #[test]
+    fn a_segment_is_sealed_at_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = SharedMap::create(dir.path(), 1 << 16, false).unwrap();
+        assert!(m.is_sealed());
+        let fd = m.fd().try_clone_to_owned().unwrap();
+        let other = File::from(fd);
+        assert_eq!(other.set_len(0).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert_eq!(other.set_len(1 << 17).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        m.copy_in(100, b"still here").unwrap();
+        let mut back = [0u8; 10];
+        m.copy_out(100, &mut back).unwrap();
+        assert_eq!(&back, b"still here");
     }
 
     #[test]

@@ -99,6 +99,17 @@ impl Member {
                 ),
             )
         })?;
+        if cfg.same_host && !map.is_sealed() {
+            return Err(StoreError::new(
+                ErrorCode::Internal,
+                format!(
+                    "--same-host hands the segment's memory to clients on this host, which needs a memfd sealed at its \
+                     size, and this kernel gave a file in {} instead; run without --same-host",
+                    cfg.shm_dir.display()
+                ),
+            )
+            .into());
+        }
         let segment = Arc::new(Segment::new(map));
         if !cfg.no_prefault {
             let s = segment.clone();

@@ -86,6 +86,9 @@ pub struct Segment {
     /// held while values' checksums are checked ([`Segment::precheck`], [`Segment::report`]), so
     /// a value is hashed once
     checking: parking_lot::Mutex<()>,
+    /// the memory's descriptor was handed to a same-host client, which may write any byte at any
+    /// time: a report hashes every value again, whatever an earlier check found
+    handed_out: AtomicBool,
     pub counters: DataCounters,
 }
 
@@ -104,6 +107,7 @@ impl Segment {
             written: parking_lot::Mutex::new(Written::default()),
             retired: parking_lot::Mutex::default(),
             checking: parking_lot::Mutex::new(()),
+            handed_out: AtomicBool::new(false),
             counters: DataCounters::default(),
         }
     }
@@ -312,9 +316,21 @@ impl Segment {
         self.map.prefault();
     }
 
-    /// The segment memory's descriptor, for a same-host client (`local.rs`).
-    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.map.fd()
+    /// The segment memory's descriptor, to hand to a same-host client (`local.rs`); from then on
+    /// a report to the next leader hashes every value again (`handover.rs`). `None` unless the
+    /// memory is sealed at its size (`mmap.rs`): a process that could truncate it would end the
+    /// member and every engine mapping it.
+    pub fn hand_out(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        if !self.map.is_sealed() {
+            return None;
+        }
+        self.handed_out.store(true, Ordering::Release);
+        Some(self.map.fd())
+    }
+
+    /// Whether the memory's size is sealed, so [`Segment::hand_out`] may hand it out.
+    pub fn is_sealed(&self) -> bool {
+        self.map.is_sealed()
     }
 }
 

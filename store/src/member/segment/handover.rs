@@ -37,14 +37,17 @@ impl Segment {
     /// What this member holds for the next leader: the finished values of ended mounts whose
     /// bytes still match their checksum, least recently used first, at most `max_bytes` of tags
     /// (the most recently used kept). Values that fail the check are freed; the list reported is
-    /// the one [`Segment::adopt`] reads the leader's answer against.
+    /// the one [`Segment::adopt`] reads the leader's answer against. Once the memory was handed
+    /// to a same-host client, every value is hashed here again: the client may have changed it
+    /// after any earlier check.
     pub fn report(&self, max_bytes: usize) -> (Vec<crate::proto::Holding>, ReportCounts) {
         let _checking = self.checking.lock();
         let mut retired = self.retired.lock();
         let mut counts = ReportCounts::default();
         let values = std::mem::take(&mut retired.values);
+        let trust_checks = !self.handed_out.load(std::sync::atomic::Ordering::Acquire);
         for mut r in values {
-            if !r.held.checked {
+            if !(r.held.checked && trust_checks) {
                 match self.map.checksum(r.offset, r.len) {
                     Ok(sum) if sum == r.held.checksum => r.held.checked = true,
                     _ => {
@@ -198,6 +201,24 @@ mod tests {
             0,
             "an answer that does not match the report adopts nothing"
         );
+    }
+
+    /// Once the memory was handed to a same-host client, a value changed after the precheck is
+    /// still caught by the report.
+    #[test]
+    fn a_value_changed_after_the_precheck_is_not_reported_once_the_memory_was_handed_out() {
+        let (seg, key, _dir) = mounted();
+        assert!(seg.hand_out().is_some());
+        write(&seg, &key, 0, 1, true);
+        write(&seg, &key, 128, 2, true);
+        seg.precheck();
+        // a client writes into value 2 through its mapping after the check
+        seg.map.copy_in(150, &[9]).unwrap();
+        seg.set_mount(12);
+        let (report, counts) = seg.report(1 << 20);
+        let tags: Vec<&[u8]> = report.iter().map(|h| &h.tag[..]).collect();
+        assert_eq!(tags, [&b"k1"[..]]);
+        assert_eq!(counts.damaged, 1);
     }
 
     /// The check run when the leader stops answering finds a changed value before the report,
