@@ -33,23 +33,97 @@ pub const MAX_CONNECTIONS: usize = 4096;
 /// Connections one gRPC server serves at once (see [`incoming_limited`]).
 pub const MAX_GRPC_CONNECTIONS: usize = 4096;
 
-/// [`incoming`], each connection holding one of `limit` places until it closes: past the limit
-/// a new connection is closed as soon as it is accepted, so a caller that opens and holds
-/// connections cannot make a server keep more than `limit` of them.
+/// Connections one source address may hold open on one port, of its [`MAX_CONNECTIONS`] or
+/// [`MAX_GRPC_CONNECTIONS`]: one caller (a Pod, whatever it runs) cannot take a port's places
+/// from everyone else. An engine keeps at most 64 pooled connections per member and to the
+/// leader's fast port; the local runtime's engines all come from loopback and share this.
+pub const MAX_PER_SOURCE: usize = 512;
+
+/// How many connections each source address holds on one port.
+#[derive(Debug, Clone)]
+pub struct PerSource {
+    limit: usize,
+    open: Arc<parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+/// A connection's place among its source's ([`PerSource::admit`]); given back when dropped.
+#[derive(Debug)]
+pub struct SourcePlace {
+    ip: std::net::IpAddr,
+    open: Arc<parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+impl PerSource {
+    pub fn new(limit: usize) -> Self {
+        PerSource {
+            limit,
+            open: Arc::default(),
+        }
+    }
+
+    /// A place for one more connection from `ip`, if it holds fewer than the limit.
+    pub fn admit(&self, ip: std::net::IpAddr) -> Option<SourcePlace> {
+        let mut open = self.open.lock();
+        let n = open.entry(ip).or_default();
+        if *n >= self.limit {
+            return None;
+        }
+        *n += 1;
+        Some(SourcePlace {
+            ip,
+            open: self.open.clone(),
+        })
+    }
+}
+
+impl Drop for SourcePlace {
+    fn drop(&mut self) {
+        let mut open = self.open.lock();
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// [`incoming`], each connection holding one of `limit` places, and one of its source address's
+/// [`MAX_PER_SOURCE`], until it closes: past either a new connection is closed as soon as it is
+/// accepted, so a caller that opens and holds connections cannot make a server keep more than
+/// `limit` of them, nor take more than its share.
 pub fn incoming_limited(
     listener: TcpListener,
     limit: usize,
     what: &'static str,
 ) -> impl tokio_stream::Stream<Item = std::io::Result<Limited>> {
     let places = Arc::new(Semaphore::new(limit));
+    let sources = PerSource::new(MAX_PER_SOURCE);
     incoming(listener).filter_map(move |accepted| match accepted {
-        Ok(stream) => match places.clone().try_acquire_owned() {
-            Ok(place) => Some(Ok(Limited { stream, _place: place })),
-            Err(_) => {
-                tracing::warn!("{what}: {limit} connections open, closing a new one");
-                None
+        Ok(stream) => {
+            let source = match stream.peer_addr() {
+                Ok(peer) => match sources.admit(peer.ip()) {
+                    Some(p) => p,
+                    None => {
+                        tracing::warn!(source = %peer.ip(), "{what}: {MAX_PER_SOURCE} connections open from one source, closing a new one");
+                        return None;
+                    }
+                },
+                // the peer already went away
+                Err(_) => return None,
+            };
+            match places.clone().try_acquire_owned() {
+                Ok(place) => Some(Ok(Limited {
+                    stream,
+                    _place: place,
+                    _source: source,
+                })),
+                Err(_) => {
+                    tracing::warn!("{what}: {limit} connections open, closing a new one");
+                    None
+                }
             }
-        },
+        }
         Err(e) => Some(Err(e)),
     })
 }
@@ -59,6 +133,7 @@ pub fn incoming_limited(
 pub struct Limited {
     stream: TcpStream,
     _place: OwnedSemaphorePermit,
+    _source: SourcePlace,
 }
 
 impl AsyncRead for Limited {
@@ -101,11 +176,28 @@ impl tonic::transport::server::Connected for Limited {
     }
 }
 
+/// Where a framed port's connection comes from, for [`MAX_PER_SOURCE`] (`None`: a local socket).
+pub trait Source {
+    fn source(&self) -> Option<std::net::IpAddr>;
+}
+
+impl Source for TcpStream {
+    fn source(&self) -> Option<std::net::IpAddr> {
+        self.peer_addr().ok().map(|a| a.ip())
+    }
+}
+
+impl Source for tokio::net::UnixStream {
+    fn source(&self) -> Option<std::net::IpAddr> {
+        None
+    }
+}
+
 /// Accepts from `incoming` until `cancel` fires, serving each connection in a task of its own
-/// (at most [`MAX_CONNECTIONS`] at once); then stops accepting and aborts every connection, so no
-/// per-request work watches the token. A failed accept (out of descriptors, say) is logged and
-/// retried after 50 ms.
-pub async fn serve_connections<S, I, F, Fut>(
+/// (at most [`MAX_CONNECTIONS`] at once, and [`MAX_PER_SOURCE`] from one address); then stops
+/// accepting and aborts every connection, so no per-request work watches the token. A failed
+/// accept (out of descriptors, say) is logged and retried after 50 ms.
+pub async fn serve_connections<S: Source, I, F, Fut>(
     mut incoming: I,
     what: &'static str,
     cancel: CancellationToken,
@@ -116,6 +208,7 @@ pub async fn serve_connections<S, I, F, Fut>(
     Fut: Future<Output = ()> + Send + 'static,
 {
     let mut conns = JoinSet::new();
+    let sources = PerSource::new(MAX_PER_SOURCE);
     let stop = cancel.cancelled();
     tokio::pin!(stop);
     loop {
@@ -132,7 +225,22 @@ pub async fn serve_connections<S, I, F, Fut>(
                     drop(conn);
                     continue;
                 }
-                conns.spawn(serve(conn));
+                let place = match conn.source() {
+                    Some(ip) => match sources.admit(ip) {
+                        Some(p) => Some(p),
+                        None => {
+                            tracing::warn!(source = %ip, "{what}: {MAX_PER_SOURCE} connections open from one source, closing a new one");
+                            drop(conn);
+                            continue;
+                        }
+                    },
+                    None => None,
+                };
+                let served = serve(conn);
+                conns.spawn(async move {
+                    served.await;
+                    drop(place);
+                });
             }
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "{what} accept failed");
@@ -242,6 +350,19 @@ mod tests {
             assert_eq!(name.trim_end_matches('\0'), LOOPBACK_CONGESTION_CONTROL);
         }
         assert!(client.nodelay().unwrap());
+    }
+
+    #[test]
+    fn one_source_holds_at_most_its_share_and_gets_places_back_as_it_closes() {
+        let sources = PerSource::new(2);
+        let a: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+        let b: std::net::IpAddr = "10.0.0.2".parse().unwrap();
+        let first = sources.admit(a).unwrap();
+        let _second = sources.admit(a).unwrap();
+        assert!(sources.admit(a).is_none(), "a third from the same source");
+        let _other = sources.admit(b).expect("another source is not held back");
+        drop(first);
+        assert!(sources.admit(a).is_some(), "a place given back is taken again");
     }
 
     #[tokio::test]

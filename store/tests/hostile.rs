@@ -490,3 +490,99 @@ async fn a_grpc_write_may_send_only_what_its_grant_names_and_only_until_its_dead
     );
     assert_eq!(c.get("honest").await.unwrap().unwrap(), Bytes::from_static(b"v"));
 }
+
+/// Sends one fast-port frame and reads the answer: (status, body).
+async fn fast_frame(s: &mut tokio::net::TcpStream, method: u8, body: &[u8]) -> Option<(u8, Vec<u8>)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut frame = BytesMut::new();
+    frame.put_u32_le(body.len() as u32);
+    frame.put_u8(method);
+    frame.put_slice(body);
+    s.write_all(&frame).await.ok()?;
+    let mut head = [0u8; 5];
+    s.read_exact(&mut head).await.ok()?;
+    let len = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
+    let mut answer = vec![0u8; len];
+    s.read_exact(&mut answer).await.ok()?;
+    Some((head[4], answer))
+}
+
+/// Finding 4 of the second review, on the fast port: a connection whose hello shows no tenant's
+/// credential is refused at the hello (1 KiB at most), so it never gets to send a 5 MiB frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_port_hello_without_a_credential_is_refused() {
+    use prost::Message;
+    let g = guarded();
+    let fast: u16 = {
+        let c = Client::connect(&g.addr, team_a()).await.unwrap();
+        assert!(c.uses_fast_port());
+        let h = c
+            .control()
+            .health(kvcache_store::proto::HealthRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        h.fast_port as u16
+    };
+    let host = g.addr.rsplit_once(':').unwrap().0;
+    let hello = |credential: &str| {
+        kvcache_store::protocol::ClientVersion::ours("hostile-test")
+            .hello(credential)
+            .encode_to_vec()
+    };
+    for shown in ["", "a-guess"] {
+        let mut s = tokio::net::TcpStream::connect((host, fast)).await.unwrap();
+        let (status, body) = fast_frame(&mut s, 12, &hello(shown)).await.unwrap();
+        let message = String::from_utf8_lossy(&body);
+        assert_eq!(status, 1, "refused: {message}");
+        assert!(message.starts_with("UNAUTHENTICATED"), "{message}");
+        // and the connection is closed: a 5 MiB frame after it is never answered
+        let big = vec![0u8; 5 << 20];
+        assert!(fast_frame(&mut s, 7, &big).await.is_none());
+    }
+    let mut s = tokio::net::TcpStream::connect((host, fast)).await.unwrap();
+    let (status, _) = fast_frame(&mut s, 12, &hello(CREDENTIAL)).await.unwrap();
+    assert_eq!(status, 0, "a hello that shows a tenant's credential is answered");
+}
+
+/// Finding 4 of the second review: one source address cannot hold every place of a port; past
+/// its share a new connection is closed at once, while another address is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_source_cannot_take_every_place_of_a_port() {
+    use tokio::io::AsyncReadExt;
+    let l = leader(&["--tenant", "a=16Mi:64:bfloat16"]);
+    let addr = l.field("grpc");
+    let m = member_with(&addr, "m1", "16Mi", &[]);
+    let data = m.field("data");
+    let share = kvcache_store::net::MAX_PER_SOURCE;
+    let mut held = Vec::new();
+    for _ in 0..share + 16 {
+        held.push(tokio::net::TcpStream::connect(&data).await.unwrap());
+    }
+    // the connections past the share are closed by the member as soon as they are accepted
+    let closed = |held: &Vec<tokio::net::TcpStream>| {
+        held.iter()
+            .filter(|s| {
+                let mut byte = [0u8; 1];
+                !matches!(s.try_read(&mut byte), Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            })
+            .count()
+    };
+    common::eventually("the connections past the share closed", || {
+        let n = closed(&held);
+        async move { n >= 16 }
+    })
+    .await;
+    assert_eq!(closed(&held), 16, "{share} kept from one source, the rest closed");
+    // another source address (loopback answers all of 127/8) is served
+    let other = tokio::net::TcpSocket::new_v4().unwrap();
+    other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = other.connect(data.parse().unwrap()).await.unwrap();
+    let mut byte = [0u8; 1];
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(500), other.read(&mut byte))
+            .await
+            .is_err(),
+        "a connection from another source is kept open"
+    );
+}

@@ -14,7 +14,8 @@
 //! Bounds per connection: the opening frame may be at most [`MAX_HELLO`] bytes, later ones
 //! [`MAX_REQUEST`], and room for a frame grows only as its bytes arrive (`frame.rs`); a frame
 //! must arrive whole within [`IDLE`] of the previous answer, or the connection is closed (clients
-//! send a request again on a fresh connection when a pooled one was closed). So only a caller
+//! send a request again on a fresh connection when a pooled one was closed), and the hello within
+//! [`HELLO_WITHIN`] of the connection's start. So only a caller
 //! that showed a credential the ledger holds gets to send a frame larger than a hello, and one
 //! whose credential left the ledger since is closed before its next frame is read.
 
@@ -38,6 +39,9 @@ pub const MAX_REQUEST: usize = 5 << 20;
 pub const MAX_HELLO: usize = 1024;
 /// How long a connection may wait for its next whole frame.
 pub const IDLE: std::time::Duration = std::time::Duration::from_secs(120);
+/// How long a new connection may take to send its hello: a caller that shows nothing holds a
+/// place only this long.
+pub const HELLO_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Method numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,8 +120,12 @@ async fn connection(mut s: Conn, leader: &Leader, hot: &HotWindow) -> std::io::R
             // again on a fresh connection, whose hello shows its credential now
             return Ok(());
         }
-        let max = if greeted { MAX_REQUEST } else { MAX_HELLO };
-        let Ok(frame) = tokio::time::timeout(IDLE, crate::frame::read(&mut s, &mut buf, max)).await else {
+        let (max, within) = if greeted {
+            (MAX_REQUEST, IDLE)
+        } else {
+            (MAX_HELLO, HELLO_WITHIN)
+        };
+        let Ok(frame) = tokio::time::timeout(within, crate::frame::read(&mut s, &mut buf, max)).await else {
             return Ok(());
         };
         let (method, body) = match frame {

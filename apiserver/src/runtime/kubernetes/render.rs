@@ -302,6 +302,36 @@ fn store_container(
     })
 }
 
+/// A member Pod's memory: it requests its segment (the `/dev/shm` emptyDir, which counts against
+/// the Pod) and may use, besides, a quarter of it and at least [`MEMBER_HEAP_FLOOR`] for its heap:
+/// the tags of the values it holds, transfers in flight and its connections. Past the limit the
+/// kernel ends the member alone (its values are lost, as at any member restart) instead of
+/// whatever else runs on the node.
+pub fn member_resources(capacity: u64) -> Value {
+    let limit = capacity.saturating_add((capacity / 4).max(MEMBER_HEAP_FLOOR));
+    json!({"requests": {"memory": quantity(capacity)}, "limits": {"memory": quantity(limit)}})
+}
+
+/// A leader Pod's memory: [`LEADER_HEAP_FLOOR`] plus an eighth of one member's segment per group.
+/// The leader keeps metadata only, about 300 bytes per value and its key, and each tenant's grant
+/// (which counts 384 bytes and the key per value besides its bytes) bounds how many values it
+/// keeps, so this holds the metadata of groups whose values average 4 KiB or more; it requests
+/// the floor.
+pub fn leader_resources(plan: &StorePlan) -> Value {
+    let per_groups: u64 = plan.groups.iter().map(|g| g.config.capacity / 8).sum();
+    let limit = LEADER_HEAP_FLOOR.saturating_add(per_groups);
+    json!({"requests": {"memory": quantity(LEADER_HEAP_FLOOR)}, "limits": {"memory": quantity(limit)}})
+}
+
+/// The least heap a member Pod's limit allows beside its segment.
+pub const MEMBER_HEAP_FLOOR: u64 = 256 << 20;
+/// The least memory a leader Pod's limit allows (and what it requests).
+pub const LEADER_HEAP_FLOOR: u64 = 512 << 20;
+
+fn quantity(bytes: u64) -> String {
+    kvcache_units::format_bytes(i64::try_from(bytes).unwrap_or(i64::MAX))
+}
+
 /// Deployment `<name>-leader`.
 pub fn leader_deployment(plan: &StorePlan, t: &Target) -> Value {
     let name = format!("{}-leader", plan.backend);
@@ -341,6 +371,7 @@ pub fn leader_deployment(plan: &StorePlan, t: &Target) -> Value {
         LEADER_METRICS_PORT,
     );
     container["livenessProbe"] = http_probe("/healthz", LEADER_METRICS_PORT, 10, 6);
+    container["resources"] = leader_resources(plan);
     container["volumeMounts"] = json!([tokens_mount(), tls_mount()]);
     let member_token = member_token_secret(&plan.backend);
     let tokens = tokens_volume(&[(CONTROL_TOKEN_SECRET, "control.token"), (&member_token, "member.token")]);
@@ -448,7 +479,7 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
         ],
         MEMBER_METRICS_PORT,
     );
-    container["resources"] = json!({"requests": {"memory": capacity}});
+    container["resources"] = member_resources(config.capacity);
     container["volumeMounts"] = json!([{"name": "segment", "mountPath": "/dev/shm"}, tokens_mount(), tls_mount()]);
     let member_token = member_token_secret(&plan.backend);
     let mut pod = json!({

@@ -99,6 +99,11 @@ fn the_leader_elects_through_its_lease_and_is_ready_only_while_serving() {
     let c = &pod["containers"][0];
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(
+        c["resources"],
+        json!({"requests": {"memory": "512Mi"}, "limits": {"memory": "768Mi"}}),
+        "a floor, and an eighth of the 2Gi group's segment"
+    );
     assert_eq!(c["imagePullPolicy"], "IfNotPresent");
     let a = args(c);
     assert_eq!(a[0], "leader");
@@ -172,7 +177,11 @@ fn a_member_group_requests_its_segment_and_finds_the_leader() {
     assert_eq!(pod["nodeSelector"], json!({"gpu": "a100"}));
     assert_eq!(pod["automountServiceAccountToken"], false);
     let c = &pod["containers"][0];
-    assert_eq!(c["resources"], json!({"requests": {"memory": "2Gi"}}));
+    assert_eq!(
+        c["resources"],
+        json!({"requests": {"memory": "2Gi"}, "limits": {"memory": "2560Mi"}}),
+        "its segment, and a quarter of it for its heap"
+    );
     assert_eq!(
         pod["volumes"][0]["emptyDir"],
         json!({"medium": "Memory", "sizeLimit": "2Gi"})
