@@ -56,10 +56,14 @@ pub fn render(docs: &[(String, Value)], namespace: &str, config: &Config) -> Res
         }
         // The token Secrets hold fresh random values, which an offline render cannot make for
         // the controllers: it says how to make them.
+        let secrets: Vec<String> = crate::runtime::kubernetes::render::Token::ALL
+            .iter()
+            .map(|t| t.secret(&name))
+            .collect();
         out.push_str(&format!(
-            "---\n# KVCacheBackend {name}: its Pods mount the Secrets {control} and {member} (key {key:?}), which the\n# controllers make; applied by hand, make them first, e.g.\n#   kubectl -n {namespace} create secret generic {member} --from-literal={key}=$(openssl rand -hex 32)\n",
-            control = crate::runtime::kubernetes::render::CONTROL_TOKEN_SECRET,
-            member = crate::runtime::kubernetes::render::member_token_secret(&name),
+            "---\n# KVCacheBackend {name}: its Pods mount the Secrets {list} (key {key:?}), which the\n# controllers make; applied by hand, make each first, e.g.\n#   kubectl -n {namespace} create secret generic {first} --from-literal={key}=$(openssl rand -hex 32)\n",
+            list = secrets.join(", "),
+            first = secrets[0],
             key = crate::runtime::kubernetes::render::TOKEN_KEY,
         ));
     }

@@ -136,6 +136,7 @@ pub async fn ensure_tenant(client: &Client, args: &BenchArgs) -> Result<Option<T
         credential_sha256: vec![crate::leader::ledger::credential_hash(&args.credential).to_vec().into()],
         // in no pool: only the mounted capacity cuts the bench's grant
         pool: String::new(),
+        uid: String::new(),
     };
     if let Some(t) = ledger
         .tenants
@@ -163,6 +164,7 @@ pub async fn ensure_tenant(client: &Client, args: &BenchArgs) -> Result<Option<T
             block_size: t.block_size,
             dtype: t.dtype,
             pool: t.pool,
+            uid: t.uid,
             ..Default::default()
         })
         .collect();

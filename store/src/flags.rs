@@ -86,8 +86,9 @@ pub fn parse_tenant(s: &str) -> Result<TenantEntry, String> {
         block_size,
         dtype: d.to_string(),
         credential_sha256,
-        // a tenant given on the command line is in no pool
+        // a tenant given on the command line is in no pool, and held by no Binding
         pool: String::new(),
+        uid: String::new(),
     })
 }
 

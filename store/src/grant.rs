@@ -11,11 +11,21 @@
 //! allocation is older than the one that last wrote the range (`member/written.rs`), so a grant
 //! kept past its range's release can neither overwrite nor read the next owner's bytes.
 //!
-//! A write grant also covers its value's [`Tag`]: whose value it is (tenant, block layout, key),
-//! which the leader writes and the writer passes on to the member untouched. The member keeps the
-//! tag of every value it finished writing, so after a failover it can tell the next leader what it
-//! holds (`member/written.rs`): since the MAC covers the tag, a writer cannot make a member believe
-//! its bytes are another tenant's value, or another key's.
+//! Each member gets its own key, derived from the term's for its mount ([`GrantKey::for_mount`]):
+//! a member (or whoever holds the member token and mounts) can sign nothing another member
+//! accepts.
+//!
+//! A write grant also covers its value's [`Tag`]: whose value it is (tenant and the Binding that
+//! holds it, block layout, key), which the leader writes and the writer passes on to the member
+//! untouched. The member keeps the tag of every value it finished writing, so after a failover it
+//! can tell the next leader what it holds (`member/written.rs`): since the MAC covers the tag, a
+//! writer cannot make a member believe its bytes are another tenant's value, or another key's.
+//!
+//! Once a value is committed the leader **seals** it ([`SealKey`]): a MAC over its tag, offset,
+//! size and epoch under a key only the backend's leaders hold (`--seal-key-file`), which the
+//! member keeps beside the tag. A next leader adopts only holdings whose seal verifies, so no
+//! member, and no one holding the member token, can plant a value under any tenant's key, nor
+//! hand over a value that was never committed.
 
 use crate::error::{ErrorCode, Result, StoreError};
 
@@ -90,6 +100,17 @@ impl GrantKey {
         Self::from_raw(raw)
     }
 
+    /// The key of one mount: what that member verifies its grants with, and all it learns of
+    /// the term's key (an HMAC of the mount id under it, which no other key can be derived from).
+    pub fn for_mount(&self, mount_id: u64) -> Self {
+        let mut ctx = ring::hmac::Context::with_key(&self.key);
+        ctx.update(b"kvstore grant key of mount ");
+        ctx.update(&mount_id.to_le_bytes());
+        let mut raw = [0u8; KEY_LEN];
+        raw.copy_from_slice(ctx.sign().as_ref());
+        Self::from_raw(raw)
+    }
+
     fn from_raw(raw: [u8; KEY_LEN]) -> Self {
         GrantKey {
             raw,
@@ -140,17 +161,77 @@ impl GrantKey {
     }
 }
 
-/// Longest tag accepted: a 4 KiB key, a tenant and a dtype with room to spare.
-pub const MAX_TAG_LEN: usize = 8 * 1024;
-const TAG_VERSION: u8 = 1;
+/// The leader-only key values are sealed with once committed (module doc): a backend's leaders
+/// share it (`--seal-key-file`); members never see it.
+#[derive(Clone)]
+pub struct SealKey {
+    key: ring::hmac::Key,
+}
 
-/// Whose value a write is, as the leader names it in the write's grant: the tenant, the block
-/// layout the tenant had, and the key. On the wire (`Location.tag`, after the data port's
-/// header): `version u8 (1) | tenant_len u16 | tenant | block_size u32 | dtype_len u16 | dtype |
-/// key`, little-endian; the key is the rest.
+impl std::fmt::Debug for SealKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SealKey(..)")
+    }
+}
+
+/// What a seal covers besides the tag: where the value lies and the term that sealed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
+    pub offset: u64,
+    pub size: u64,
+    pub epoch: u64,
+}
+
+impl SealKey {
+    /// The key a secret (the file's token) names.
+    pub fn from_secret(secret: &[u8]) -> Self {
+        let mut ctx = ring::hmac::Context::with_key(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret));
+        ctx.update(b"kvstore seal key");
+        SealKey {
+            key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, ctx.sign().as_ref()),
+        }
+    }
+
+    /// A fresh random key: seals only this process can verify.
+    pub fn generate() -> Self {
+        Self::from_secret(GrantKey::generate().raw.as_slice())
+    }
+
+    fn message(tag: &[u8], at: &Placed) -> Vec<u8> {
+        let mut m = Vec::with_capacity(24 + tag.len());
+        for v in [at.offset, at.size, at.epoch] {
+            m.extend_from_slice(&v.to_le_bytes());
+        }
+        m.extend_from_slice(tag);
+        m
+    }
+
+    /// The seal of the value `tag` names, placed `at`.
+    pub fn seal(&self, tag: &[u8], at: &Placed) -> [u8; MAC_LEN] {
+        let mut out = [0u8; MAC_LEN];
+        out.copy_from_slice(ring::hmac::sign(&self.key, &Self::message(tag, at)).as_ref());
+        out
+    }
+
+    /// Whether `seal` is this key's seal of the value `tag` names, placed `at`.
+    pub fn verifies(&self, tag: &[u8], at: &Placed, seal: &[u8]) -> bool {
+        ring::hmac::verify(&self.key, &Self::message(tag, at), seal).is_ok()
+    }
+}
+
+/// Longest tag accepted: a 4 KiB key, a tenant, its holder and a dtype with room to spare.
+pub const MAX_TAG_LEN: usize = 8 * 1024;
+const TAG_VERSION: u8 = 2;
+
+/// Whose value a write is, as the leader names it in the write's grant: the tenant and who holds
+/// it (the Binding's UID, empty when the ledger names none), the block layout the tenant had, and
+/// the key. On the wire (`Location.tag`, after the data port's header): `version u8 (2) |
+/// tenant_len u16 | tenant | uid_len u16 | uid | block_size u32 | dtype_len u16 | dtype | key`,
+/// little-endian; the key is the rest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tag {
     pub tenant: String,
+    pub uid: String,
     pub block_size: u32,
     pub dtype: String,
     pub key: String,
@@ -158,10 +239,12 @@ pub struct Tag {
 
 impl Tag {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(9 + self.tenant.len() + self.dtype.len() + self.key.len());
+        let mut b = Vec::with_capacity(11 + self.tenant.len() + self.uid.len() + self.dtype.len() + self.key.len());
         b.push(TAG_VERSION);
         b.extend_from_slice(&(self.tenant.len() as u16).to_le_bytes());
         b.extend_from_slice(self.tenant.as_bytes());
+        b.extend_from_slice(&(self.uid.len() as u16).to_le_bytes());
+        b.extend_from_slice(self.uid.as_bytes());
         b.extend_from_slice(&self.block_size.to_le_bytes());
         b.extend_from_slice(&(self.dtype.len() as u16).to_le_bytes());
         b.extend_from_slice(self.dtype.as_bytes());
@@ -185,6 +268,8 @@ impl Tag {
         }
         let n = u16_of(&mut b)?;
         let tenant = std::str::from_utf8(take(&mut b, n)?).ok()?.to_owned();
+        let n = u16_of(&mut b)?;
+        let uid = std::str::from_utf8(take(&mut b, n)?).ok()?.to_owned();
         let block_size = u32::from_le_bytes(take(&mut b, 4)?.try_into().ok()?);
         let n = u16_of(&mut b)?;
         let dtype = std::str::from_utf8(take(&mut b, n)?).ok()?.to_owned();
@@ -194,6 +279,7 @@ impl Tag {
         }
         Some(Tag {
             tenant,
+            uid,
             block_size,
             dtype,
             key,
@@ -223,6 +309,7 @@ mod tests {
         let r = range();
         let tag = Tag {
             tenant: "a".into(),
+            uid: String::new(),
             block_size: 16,
             dtype: "bf16".into(),
             key: "k".into(),
@@ -233,6 +320,7 @@ mod tests {
         assert!(k.verify(&r, &tag, &mac).is_ok());
         let other_tenant = Tag {
             tenant: "b".into(),
+            uid: String::new(),
             block_size: 16,
             dtype: "bf16".into(),
             key: "k".into(),
@@ -276,6 +364,48 @@ mod tests {
         assert!(sent.verify(&r, &tag, &mac).is_ok());
         assert!(GrantKey::from_bytes(&[0; 5]).is_err());
     }
+
+    #[test]
+    fn a_mounts_key_signs_nothing_another_mount_accepts() {
+        let term = GrantKey::generate();
+        let (m7, m8) = (term.for_mount(7), term.for_mount(8));
+        assert_eq!(
+            m7.to_bytes(),
+            term.for_mount(7).to_bytes(),
+            "the leader derives it again"
+        );
+        let r = range();
+        // the member of mount 7 signs a range of mount 8's (say, to read another member's values)
+        let forged = m7.sign(&Range { mount_id: 8, ..r }, &[]);
+        assert!(m8.verify(&Range { mount_id: 8, ..r }, &[], &forged).is_err());
+        assert!(m7.verify(&r, &[], &m7.sign(&r, &[])).is_ok());
+        assert_ne!(m7.to_bytes(), term.to_bytes());
+    }
+
+    #[test]
+    fn only_the_leaders_key_seals_and_a_seal_covers_tag_place_and_term() {
+        let key = SealKey::from_secret(b"the backend's seal secret");
+        let at = Placed {
+            offset: 4096,
+            size: 100,
+            epoch: 3,
+        };
+        let seal = key.seal(b"tag", &at);
+        assert!(SealKey::from_secret(b"the backend's seal secret").verifies(b"tag", &at, &seal));
+        assert!(!key.verifies(b"tag2", &at, &seal), "another value");
+        for moved in [
+            Placed { offset: 0, ..at },
+            Placed { size: 101, ..at },
+            Placed { epoch: 4, ..at },
+        ] {
+            assert!(!key.verifies(b"tag", &moved, &seal), "{moved:?}");
+        }
+        assert!(!SealKey::generate().verifies(b"tag", &at, &seal), "another key");
+        assert!(!key.verifies(b"tag", &at, &[]), "no seal");
+        // a member's grant key, or anything derived from the term's, is not the seal key
+        let grant = GrantKey::generate();
+        assert!(!key.verifies(b"tag", &at, &grant.sign(&range(), b"tag")));
+    }
 }
 
 #[cfg(test)]
@@ -286,6 +416,7 @@ mod tag_tests {
     fn a_tag_reads_back_and_nothing_else_reads_as_one() {
         let t = Tag {
             tenant: "ns-a".into(),
+            uid: "4b1c0d2e".into(),
             block_size: 16,
             dtype: "bfloat16".into(),
             key: "chunk:0123".into(),
@@ -295,9 +426,9 @@ mod tag_tests {
         for cut in 0..b.len() - "chunk:0123".len() {
             assert_eq!(Tag::decode(&b[..cut]), None, "cut at {cut}");
         }
-        let mut v2 = b.clone();
-        v2[0] = 2;
-        assert_eq!(Tag::decode(&v2), None, "another version");
+        let mut v1 = b.clone();
+        v1[0] = 1;
+        assert_eq!(Tag::decode(&v1), None, "another version");
         let no_key = Tag {
             key: String::new(),
             ..t

@@ -501,6 +501,64 @@ async fn per_tenant_metrics_only_to_the_control_token() {
     );
 }
 
+/// Finding 5 of the second review: with a scrape token of its own, a leader shows the per-tenant
+/// series to it alone, and that token opens nothing of the Control API (nor does the Control
+/// token open the series any more).
+#[tokio::test]
+async fn a_scrape_token_shows_the_tenants_series_and_opens_nothing_else() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SCRAPE_TOKEN: &str = "scrape-0123456789abcdef";
+    let dir = tempfile::tempdir().unwrap();
+    let control_file = token_file(dir.path(), "control", CONTROL_TOKEN);
+    let scrape_file = token_file(dir.path(), "metrics", SCRAPE_TOKEN);
+    let l = leader(&[
+        "--control-token-file",
+        &control_file,
+        "--metrics-token-file",
+        &scrape_file,
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let addr = l.field("grpc");
+    let ledger = SetTenantsRequest {
+        tenants: vec![entry("team-a", CREDENTIAL_A)],
+        ..Default::default()
+    };
+    let refused = control(&addr)
+        .await
+        .set_tenants(authorized(ledger.clone(), SCRAPE_TOKEN))
+        .await
+        .unwrap_err();
+    assert!(unauthenticated(&StoreError::from_status(&refused)), "{refused:?}");
+    control(&addr)
+        .await
+        .set_tenants(authorized(ledger, CONTROL_TOKEN))
+        .await
+        .unwrap();
+    let scrape = |token: &str| {
+        let metrics = l.field("metrics");
+        let header = format!("Authorization: Bearer {token}\r\n");
+        async move {
+            let mut s = tokio::net::TcpStream::connect(metrics).await.unwrap();
+            let req = format!("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{header}\r\n");
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        }
+    };
+    assert!(
+        scrape(SCRAPE_TOKEN)
+            .await
+            .contains("kvstore_tenant_ceiling_bytes{tenant=\"team-a\"}")
+    );
+    let with_control = scrape(CONTROL_TOKEN).await;
+    assert!(
+        with_control.contains("kvstore_capacity_bytes") && !with_control.contains("team-a"),
+        "{with_control}"
+    );
+}
+
 /// The peak resident memory of a process (`VmHWM`), in bytes.
 fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

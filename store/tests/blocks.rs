@@ -81,6 +81,7 @@ async fn puts_removals_and_evictions_are_events_and_a_restart_brings_back_what_m
 
     // a restarted leader holds what its member handed over: the stream ends, and a new one
     // starts with the clear and then the adopted blocks
+    wait_sealed(&c, &[&m]).await;
     l.kill();
     let ended = tokio::time::timeout(Duration::from_secs(10), async {
         loop {

@@ -586,3 +586,91 @@ async fn one_source_cannot_take_every_place_of_a_port() {
         "a connection from another source is kept open"
     );
 }
+
+/// Findings 6 and 9 of the second review: whoever holds the member token (a compromised member)
+/// mounts with a report of values it made up under tenant a's keys: the leader adopts none of
+/// them (no leader sealed them), and the grant key it is handed signs nothing the real member
+/// accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fake_member_can_plant_no_value_and_its_grant_key_opens_no_other_segment() {
+    use kvcache_store::grant::{Access, GrantKey, Range, Tag};
+    use kvcache_store::proto::membership_client::MembershipClient;
+    use kvcache_store::proto::{Holding, MountRequest};
+    let g = guarded();
+    let honest = Client::connect(&g.addr, team_a()).await.unwrap().without_local();
+    wait_mounted(&g.addr).await;
+    honest.put("real", Bytes::from(vec![5u8; 4096])).await.unwrap();
+
+    let planted: Vec<Holding> = (0..4u64)
+        .map(|i| Holding {
+            tag: Tag {
+                tenant: "a".into(),
+                uid: String::new(),
+                block_size: 64,
+                dtype: "bfloat16".into(),
+                key: format!("planted-{i}"),
+            }
+            .encode()
+            .into(),
+            offset: i * 4096,
+            size: 4096,
+            epoch: 0,
+            last_used_unix_ms: 0,
+            // no seal, or one made up
+            seal: if i % 2 == 0 {
+                Bytes::new()
+            } else {
+                Bytes::from(vec![i as u8; 32])
+            },
+        })
+        .collect();
+    let mut membership = MembershipClient::connect(format!("http://{}", g.addr)).await.unwrap();
+    let mut req = tonic::Request::new(MountRequest {
+        name: "impostor".into(),
+        data_addr: "127.0.0.1:9".into(),
+        grpc_addr: "127.0.0.1:9".into(),
+        capacity: 1 << 20,
+        instance_id: 77,
+        holdings: planted,
+        ..Default::default()
+    });
+    kvcache_store::auth::attach(&mut req, MEMBER_TOKEN).unwrap();
+    let answer = membership.mount(req).await.unwrap().into_inner();
+    assert_eq!(answer.adopted, [0, 0, 0, 0], "nothing made up is adopted");
+    for i in 0..4 {
+        assert_eq!(honest.get(&format!("planted-{i}")).await.unwrap(), None);
+    }
+
+    // the impostor signs a read of the real member's value with the key it was handed
+    let (loc, granted) = honest.locate("real").await.unwrap().unwrap();
+    let key = GrantKey::from_bytes(&answer.grant_key).unwrap();
+    let forged = key.sign(
+        &Range {
+            access: Access::Read,
+            mount_id: loc.mount_id,
+            epoch: loc.epoch,
+            allocation: loc.allocation,
+            offset: loc.offset,
+            len: loc.len,
+            deadline_unix_ms: granted.lease_deadline_unix_ms,
+        },
+        &[],
+    );
+    let refused =
+        kvcache_store::proto::segment_data_client::SegmentDataClient::connect(format!("http://{}", loc.grpc_addr))
+            .await
+            .unwrap()
+            .read(kvcache_store::proto::ReadRequest {
+                mount_id: loc.mount_id,
+                epoch: loc.epoch,
+                offset: loc.offset,
+                len: loc.len,
+                lease_deadline_unix_ms: granted.lease_deadline_unix_ms,
+                grant_mac: forged.into(),
+                allocation: loc.allocation,
+            })
+            .await
+            .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    assert_eq!(honest.get("real").await.unwrap().unwrap(), Bytes::from(vec![5u8; 4096]));
+}

@@ -78,6 +78,7 @@ async fn a_restarted_leader_adopts_what_its_members_hold() {
     }
     let before = tenant(&c, "t").await;
     let (old_loc, old_lease) = c.locate("k0").await.unwrap().unwrap();
+    wait_sealed(&c, &[&_m1, &_m2]).await;
 
     l.kill();
     // the fast port moves (any free port): clients must find it again through Health

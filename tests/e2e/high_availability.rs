@@ -75,6 +75,52 @@ fn rt() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
+/// Waits until every member of the backend heartbeated twice since `since` (Unix ms): the answer
+/// to the first carried the seals of every value committed before `since` (a member hands a next
+/// leader only what a leader sealed), and the second shows that answer arrived.
+fn wait_sealed_since(s: &Server, front: &str, since: u64) {
+    use kvcache_store::proto::GetMembersRequest;
+    use kvcache_store::proto::control_client::ControlClient;
+    let token = std::fs::read_to_string(s.dir.path().join("store-tokens/control-mooncake-dram.token"))
+        .expect("the backend's Control token")
+        .trim()
+        .to_owned();
+    let mut first: std::collections::HashMap<String, u64> = Default::default();
+    let mut twice: BTreeSet<String> = BTreeSet::new();
+    eventually(
+        30,
+        "every member heartbeated twice since the value was committed",
+        || {
+            rt().block_on(async {
+                let req = kvcache_store::auth::request(GetMembersRequest {}, Some(&token)).ok()?;
+                let members = ControlClient::new(channel(s, front).await?)
+                    .get_members(req)
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .members;
+                let now = kvcache_store::time::now_unix_ms();
+                for m in &members {
+                    let at = now.saturating_sub(m.last_heartbeat_ms_ago);
+                    // (clock readings of two processes: a margin either side)
+                    if at > since + 20 {
+                        match first.get(&m.name) {
+                            None => {
+                                first.insert(m.name.clone(), at);
+                            }
+                            Some(f) if at > f + 50 => {
+                                twice.insert(m.name.clone());
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                }
+                (!members.is_empty() && members.iter().all(|m| twice.contains(&m.name))).then_some(())
+            })
+        },
+    );
+}
+
 /// The Lease's holder and term.
 fn holder(k: &Kubectl) -> Option<(String, u64)> {
     let out = jp(k, LEASE, "{.spec.holderIdentity} {.spec.leaseTransitions}");
@@ -300,6 +346,9 @@ fn twenty_crash_failovers_under_load_never_serve_a_wrong_byte() {
                 c.put(&marker, value(i)).await.ok()
             })
         });
+        // its seal reaches its member with the next heartbeat answer; a value committed within
+        // that (at most 500 ms) of a kill misses afterwards, never serving other bytes
+        wait_sealed_since(&s, &front, kvcache_store::time::now_unix_ms());
         signal("-KILL", leader_pid(&s, &port, &h));
         let (h2, term2) = eventually(30, "another term serves", || holder(&k).filter(|(_, t)| *t > term));
         assert_ne!(h2, h, "failover {i}: a standby serves, not the killed leader restarted");
@@ -394,7 +443,10 @@ fn a_paused_leader_that_lost_its_lease_places_no_byte() {
                 .connect(),
         )
         .unwrap();
-    let ours = kvcache_store::protocol::SendVersion(kvcache_store::protocol::ClientVersion::ours("ha-test"));
+    let ours = kvcache_store::protocol::SendCaller::new(
+        kvcache_store::protocol::ClientVersion::ours("ha-test"),
+        &credential(&s),
+    );
     let mut direct = StoreClient::with_interceptor(to_old, ours);
     let reserved = rt
         .block_on(direct.put_start(PutStartRequest {

@@ -121,8 +121,8 @@ fn the_store_runs_as_workloads_of_the_cluster() {
     let d = eventually(60, "the leader Deployment", || {
         store(&k, "deployment", "mooncake-dram-leader")
     });
-    // The tokens the leader and members prove themselves with: the controllers' token, kept for
-    // every backend, and the backend's member token, which goes with the backend.
+    // The tokens the leader and members prove themselves with, each the backend's own and gone
+    // with it.
     let token = |name: &str| {
         let s = store(&k, "secret", name).unwrap_or_else(|| panic!("the Secret {name}"));
         assert_eq!(
@@ -132,12 +132,16 @@ fn the_store_runs_as_workloads_of_the_cluster() {
         );
         s
     };
-    token("kvcache-store-control-token");
-    let member_token = token("mooncake-dram-member-token");
-    assert_eq!(member_token["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
     let sources = &d["spec"]["template"]["spec"]["volumes"][0]["projected"]["sources"];
-    assert_eq!(sources[0]["secret"]["name"], "kvcache-store-control-token");
-    assert_eq!(sources[1]["secret"]["name"], "mooncake-dram-member-token");
+    for (i, suffix) in ["control-token", "metrics-token", "member-token", "seal-key"]
+        .iter()
+        .enumerate()
+    {
+        let name = format!("mooncake-dram-{suffix}");
+        let secret = token(&name);
+        assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], uid.as_str(), "{name}");
+        assert_eq!(sources[i]["secret"]["name"], name.as_str());
+    }
     for kind in ["service", "serviceaccount", "role", "rolebinding"] {
         let o = store(&k, kind, "mooncake-dram-leader").unwrap_or_else(|| panic!("{kind} mooncake-dram-leader"));
         assert_eq!(
@@ -303,7 +307,10 @@ fn the_store_runs_as_workloads_of_the_cluster() {
             ("rolebinding", "mooncake-dram-leader"),
             ("networkpolicy", "mooncake-dram-store"),
             ("daemonset", "mooncake-dram-member-0"),
+            ("secret", "mooncake-dram-control-token"),
+            ("secret", "mooncake-dram-metrics-token"),
             ("secret", "mooncake-dram-member-token"),
+            ("secret", "mooncake-dram-seal-key"),
         ]
         .iter()
         .filter(|(kind, name)| store(&k, kind, name).is_some())

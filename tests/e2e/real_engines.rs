@@ -175,7 +175,7 @@ fn tenant_hits(s: &Server, endpoint: &str, tenant: &str) -> u64 {
     let store = std::path::Path::new(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
     let out = Command::new(store)
         .args(["tenants", "--leader", endpoint, "--control-token-file"])
-        .arg(s.dir.path().join("store-tokens/control.token"))
+        .arg(s.dir.path().join("store-tokens/control-mooncake-dram.token"))
         .args(store_tls(s))
         .output()
         .expect("kv-store tenants runs");

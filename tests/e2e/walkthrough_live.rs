@@ -80,7 +80,7 @@ fn the_walkthrough_runs_on_one_machine() {
         !anonymous.status.success() && said.contains("UNAUTHENTICATED"),
         "{said}"
     );
-    let token = s.dir.path().join("store-tokens/control.token");
+    let token = s.dir.path().join("store-tokens/control-mooncake-dram.token");
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&token).unwrap().permissions()) & 0o777,
         0o600
@@ -483,7 +483,7 @@ fn tenant_row(s: &Server, endpoint: &str) -> serde_json::Value {
     let store = std::path::Path::new(env!("CARGO_BIN_EXE_kv-apiserver")).with_file_name("kv-store");
     let out = std::process::Command::new(&store)
         .args(["tenants", "--leader", endpoint, "--control-token-file"])
-        .arg(s.dir.path().join("store-tokens/control.token"))
+        .arg(s.dir.path().join("store-tokens/control-mooncake-dram.token"))
         .args(store_tls(s))
         .output()
         .expect("kv-store tenants runs");

@@ -169,22 +169,24 @@ impl Context {
         self.runtime.cluster_client().unwrap_or_else(|| self.client.clone())
     }
 
-    /// A channel to `backend`'s store leader at `endpoint`, with this server's call timeout, the
-    /// controllers' token and, for a backend this server runs, the store's TLS (the one way every
+    /// A channel to `backend`'s store leader at `endpoint`, with this server's call timeout and,
+    /// for a backend this server runs, its Control token and the store's TLS (the one way every
     /// controller reaches a leader).
     pub async fn leader(
         &self,
         backend: Option<&KVCacheBackend>,
         endpoint: &str,
     ) -> Result<store_client::LeaderClient, store_client::LeaderError> {
-        let tls = match backend.filter(|b| b.spec.managed().is_some()) {
-            Some(b) => self
-                .secrets
-                .store_tls(&kube::ResourceExt::name_any(b))
-                .map_err(store_client::LeaderError)?,
-            None => None,
+        let managed = backend.filter(|b| b.spec.managed().is_some());
+        let (tls, token) = match managed {
+            Some(b) => {
+                let name = kube::ResourceExt::name_any(b);
+                let tls = self.secrets.store_tls(&name).map_err(store_client::LeaderError)?;
+                (tls, self.secrets.control_token(&name))
+            }
+            None => (None, None),
         };
-        store_client::LeaderClient::connect(endpoint, self.opts.leader_timeout, self.secrets.control_token(), tls).await
+        store_client::LeaderClient::connect(endpoint, self.opts.leader_timeout, token, tls).await
     }
 
     /// The tenant ledger of `backend`'s leader at `admin` (its Admin endpoint), in one

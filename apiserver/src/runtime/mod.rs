@@ -332,13 +332,13 @@ pub enum Changed {
     Replicas(String),
 }
 
-/// What a runtime keeps outside the API for the store and its tenants: the controllers' token for
-/// the leaders' Control API, and each Binding's tenant credentials. Apart from [`Runtime`] (the
+/// What a runtime keeps outside the API for the store and its tenants: each backend's token for
+/// its leaders' Control API, and each Binding's tenant credentials. Apart from [`Runtime`] (the
 /// workloads), so that a controller reading a credential needs nothing that runs processes.
 pub trait Secrets: Send + Sync + std::fmt::Debug {
-    /// The token the controllers show the leaders' Control API, when this runtime starts the
-    /// leaders with one (`tokens.rs`; local mode).
-    fn control_token(&self) -> Option<String> {
+    /// The token the controllers show `backend`'s leaders' Control API, when this runtime starts
+    /// them with one (one per backend: a token read from one backend's Pods opens no other's).
+    fn control_token(&self, _backend: &str) -> Option<String> {
         None
     }
 

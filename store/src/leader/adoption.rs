@@ -2,10 +2,12 @@
 //! (`MountRequest.holdings`), and the leader adopts each value it can stand behind.
 //!
 //! A holding is adopted when
-//! - its tag is one a leader wrote (`grant::Tag`): the member kept it from the write's grant, whose
-//!   MAC covered it, so the tenant and key are the leader's word, never the writer's;
-//! - its tenant is in this term's ledger with the same block layout (a tenant re-registered with
-//!   another layout starts empty), and the key is not already held;
+//! - its seal verifies (`grant::SealKey`): a leader of this backend sealed exactly this tag at this
+//!   offset, size and epoch once the value was committed, so the tenant and key are the leader's
+//!   word (neither a writer's nor a member's), and the value was committed;
+//! - its tenant is in this term's ledger, held by the same Binding (the tag's uid), with the same
+//!   block layout (a tenant re-registered with another layout, or given to another Binding, starts
+//!   empty), and the key is not already held;
 //! - its range lies inside the segment, aligned, and overlaps nothing adopted before it;
 //! - the member checked its bytes against the checksum taken when its write finished (a value it
 //!   could not vouch for is not reported at all: `member/segment/handover.rs`).
@@ -13,8 +15,8 @@
 //! Adopted values are committed, unleased, charged to their tenant like a put (so a tenant whose
 //! new grant is smaller is over its grant, and eviction takes its least recently used values
 //! first, by the usual rules, in the order the members last used them, across members), and reported to `WatchBlocks` streams as `BlockStored`. They get
-//! allocation numbers of this term, which the answer tells the member. Everything else is free
-//! space.
+//! allocation numbers of this term and seals of this term's epoch, which the answer tells the
+//! member. Everything else is free space.
 //!
 //! A member's report waits for the ledger ([`LEDGER_WAIT`]): a leader that has none yet this term
 //! refuses the mount with `LEDGER_PENDING`, which the member retries within 100 ms, so no tenant's
@@ -27,7 +29,7 @@ use super::objects::{Object, ObjectState, charge};
 use super::placement::aligned;
 use super::state::State;
 use crate::error::{ErrorCode, Result, StoreError};
-use crate::grant::Tag;
+use crate::grant::{Placed, Tag};
 use crate::proto::Holding;
 
 /// How long into a term a member's report waits for a ledger before the leader adopts against
@@ -55,18 +57,33 @@ impl State {
     }
 
     /// Adopts what a freshly mounted member holds; returns, per holding, the allocation it is
-    /// adopted under (0: not adopted).
-    pub(super) fn adopt(&mut self, member_id: u64, holdings: &[Holding], now: Instant) -> Vec<u64> {
+    /// adopted under (0: not adopted) and its new seal (empty: not adopted).
+    pub(super) fn adopt(
+        &mut self,
+        member_id: u64,
+        holdings: &[Holding],
+        now: Instant,
+    ) -> (Vec<u64>, Vec<bytes::Bytes>) {
         let mut answer = Vec::with_capacity(holdings.len());
+        let mut seals = Vec::with_capacity(holdings.len());
         // per tenant and value size, the keys adopted, for the block logs
         let mut stored: BTreeMap<(String, u64), Vec<String>> = BTreeMap::new();
         for (i, h) in holdings.iter().enumerate() {
             match self.adopt_one(member_id, h, i as u64, now) {
                 Some((allocation, tag)) => {
                     answer.push(allocation);
+                    let placed = Placed {
+                        offset: h.offset,
+                        size: h.size,
+                        epoch: self.epoch,
+                    };
+                    seals.push(bytes::Bytes::copy_from_slice(&self.seal_key.seal(&h.tag, &placed)));
                     stored.entry((tag.tenant, h.size)).or_default().push(tag.key);
                 }
-                None => answer.push(0),
+                None => {
+                    answer.push(0);
+                    seals.push(bytes::Bytes::new());
+                }
             }
         }
         let epoch = self.epoch;
@@ -78,23 +95,31 @@ impl State {
         if !holdings.is_empty() {
             self.recompute_grants();
         }
-        answer
+        (answer, seals)
     }
 
     /// `place` is the holding's place in its report (least recently used first): it orders values
     /// last used within the same millisecond.
     fn adopt_one(&mut self, member_id: u64, h: &Holding, place: u64, now: Instant) -> Option<(u64, Tag)> {
-        let tag = Tag::decode(&h.tag)?;
         if h.size == 0 || h.size > self.cfg.max_value_size || h.epoch > self.epoch {
             return None;
         }
+        let placed = Placed {
+            offset: h.offset,
+            size: h.size,
+            epoch: h.epoch,
+        };
+        if !self.seal_key.verifies(&h.tag, &placed, &h.seal) {
+            return None;
+        }
+        let tag = Tag::decode(&h.tag)?;
         Self::check_key(&tag.key).ok()?;
         let t = self.tenants.get(&tag.tenant)?;
         let same_layout = match &t.layout {
             Some(l) => l.block_size == tag.block_size && l.dtype == tag.dtype,
             None => tag.block_size == 0 && tag.dtype.is_empty(),
         };
-        if !same_layout || t.objects.contains_key(&tag.key) {
+        if !same_layout || t.uid != tag.uid || t.objects.contains_key(&tag.key) {
             return None;
         }
         let len = aligned(h.size);

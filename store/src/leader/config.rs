@@ -105,6 +105,17 @@ pub struct LeaderConfig {
     /// A file holding the backend's member token: only members carrying it may mount.
     #[arg(long)]
     pub member_token_file: Option<PathBuf>,
+    /// A file holding the backend's scrape token: `/metrics` shows the per-tenant series (whose
+    /// labels name the cache domains) only to a scrape carrying it (`Authorization: Bearer …`). It
+    /// grants nothing else; without it they are shown to a scrape carrying the Control token.
+    #[arg(long)]
+    pub metrics_token_file: Option<PathBuf>,
+    /// A file holding the secret the backend's leaders seal committed values with (every leader of
+    /// a backend the same, no member ever): a next leader adopts only what a leader sealed. Without
+    /// it a leader seals with a key of its own process, so what members hold survives a new term of
+    /// that process but not its restart nor another leader's taking over.
+    #[arg(long)]
+    pub seal_key_file: Option<PathBuf>,
     /// How often the housekeeping (liveness, reservation reaping, watermark eviction) runs. Not a
     /// flag: the command line cannot set it (tests and embedders can); `to_args` leaves it out.
     #[arg(skip = DEFAULT_EVICTION_INTERVAL)]
@@ -160,6 +171,8 @@ impl Default for LeaderConfig {
             identity: None,
             control_token_file: None,
             member_token_file: None,
+            metrics_token_file: None,
+            seal_key_file: None,
             advertise_host: None,
             advertise_fast_port: None,
             lease_duration: ELECTION_TIMINGS.lease_duration,
@@ -340,6 +353,12 @@ impl LeaderConfig {
         if let Some(p) = &self.member_token_file {
             push(&mut a, "member-token-file", p.display());
         }
+        if let Some(p) = &self.metrics_token_file {
+            push(&mut a, "metrics-token-file", p.display());
+        }
+        if let Some(p) = &self.seal_key_file {
+            push(&mut a, "seal-key-file", p.display());
+        }
         if let Some(v) = self.election.to_possible_value() {
             push(&mut a, "election", v.get_name());
         }
@@ -425,6 +444,8 @@ mod tests {
                 identity: Some("127.0.0.1:7".into()),
                 advertise_host: Some("10.0.0.1".into()),
                 advertise_fast_port: Some(7001),
+                seal_key_file: Some("/etc/kv-store/tokens/seal.key".into()),
+                metrics_token_file: Some("/etc/kv-store/tokens/metrics.token".into()),
                 lease_duration: Duration::from_secs(15),
                 renew_deadline: Duration::from_secs(10),
                 retry_period: Duration::from_secs(2),
@@ -459,7 +480,7 @@ mod tests {
             !names.iter().any(|f| f == "eviction-interval" || f == "tenants"),
             "{names:?}"
         );
-        assert_eq!(names.len(), 29, "{names:?}");
+        assert_eq!(names.len(), 31, "{names:?}");
         // every name is a flag the parser knows
         for n in &names {
             let err = LeaderConfig::parse_args([format!("--{n}=x")]).err();

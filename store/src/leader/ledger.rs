@@ -16,6 +16,9 @@ pub struct Layout {
 }
 
 /// Checks a whole ledger before it replaces the current one.
+/// Longest tenant name, dtype or uid a ledger may carry (every value's tag holds them).
+pub const MAX_NAME_LEN: usize = 253;
+
 pub fn validate(entries: &[TenantEntry], pools: &[PoolEntry]) -> Result<()> {
     let bad = |msg: String| Err(StoreError::new(ErrorCode::InvalidTenantLedger, msg));
     let mut pool_names = std::collections::HashSet::new();
@@ -71,6 +74,18 @@ pub fn validate(entries: &[TenantEntry], pools: &[PoolEntry]) -> Result<()> {
         if e.dtype.is_empty() {
             return bad(format!(
                 "tenants[{i}] ({}) dtype is empty; give the dtype its blocks are written in",
+                e.name
+            ));
+        }
+        if e.name.len() > MAX_NAME_LEN || e.dtype.len() > MAX_NAME_LEN || e.uid.len() > MAX_NAME_LEN {
+            return bad(format!(
+                "tenants[{i}] ({}): a name, dtype or uid is longer than {MAX_NAME_LEN} bytes",
+                e.name
+            ));
+        }
+        if e.uid.chars().any(char::is_control) {
+            return bad(format!(
+                "tenants[{i}] ({}) uid contains a control character; send the Binding's UID",
                 e.name
             ));
         }

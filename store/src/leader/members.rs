@@ -3,10 +3,11 @@
 //! process at a time: a mount under a name that another live process holds is refused
 //! (`MEMBER_NAME_TAKEN`), never allowed to evict it.
 //!
-//! Heartbeat answers carry the ranges freed since the last one ([`Member::freed`]): a member
-//! hands a next leader only what it finished writing and this leader has not freed since, so a
-//! removed, evicted or reclaimed value does not come back after a failover (unless the leader
-//! fails within a heartbeat of freeing it).
+//! Heartbeat answers carry the seals of values committed since the last one
+//! ([`Member::sealed`]) and the ranges freed since ([`Member::freed`]): a member hands a next
+//! leader only what this leader sealed and has not freed since, so a value never committed (a
+//! revoked or abandoned put) is never adopted, and a removed, evicted or reclaimed value does not
+//! come back after a failover (unless the leader fails within a heartbeat of freeing it).
 
 use std::time::Instant;
 
@@ -31,6 +32,16 @@ impl Member {
             self.freed.pop_front();
         }
         self.freed.push_back((offset, allocation));
+    }
+
+    /// Queues a committed value's seal for the member's next heartbeat answer. Past
+    /// [`FREED_QUEUED`] the oldest are dropped: such a value is simply not handed to a next
+    /// leader (a miss after a failover, never a wrong byte).
+    pub fn sealed(&mut self, offset: u64, allocation: u64, seal: [u8; crate::grant::MAC_LEN]) {
+        if self.sealed.len() == FREED_QUEUED {
+            self.sealed.pop_front();
+        }
+        self.sealed.push_back((offset, allocation, seal));
     }
 }
 
@@ -110,11 +121,18 @@ impl State {
                 objects: 0,
                 last_seen: now,
                 freed: Default::default(),
+                sealed: Default::default(),
+                grant_key: self.grant_key.for_mount(mount_id),
             },
         );
         self.recompute_grants();
-        let adopted = self.adopt(id, &req.holdings, now);
+        let (adopted, seals) = self.adopt(id, &req.holdings, now);
         let kept: Vec<u64> = adopted.iter().copied().filter(|a| *a != 0).collect();
+        let grant_key = self
+            .members
+            .get(&id)
+            .map(|m| m.grant_key.to_bytes())
+            .unwrap_or_default();
         tracing::info!(
             member_id = id,
             name = %req.name,
@@ -125,11 +143,12 @@ impl State {
         );
         Ok(MountResponse {
             adopted,
+            seals,
             member_id: id,
             mount_id,
             heartbeat_interval_ms: self.cfg.heartbeat_interval().as_millis() as u64,
             epoch: self.epoch,
-            grant_key: self.grant_key.to_bytes().into(),
+            grant_key: grant_key.into(),
         })
     }
 
@@ -145,8 +164,8 @@ impl State {
         }
     }
 
-    /// The answer to a heartbeat: remount when the mount is unknown, else the ranges freed since
-    /// the last answer (at most [`FREED_PER_ANSWER`]).
+    /// The answer to a heartbeat: remount when the mount is unknown, else the seals of values
+    /// committed and the ranges freed since the last answer (at most [`FREED_PER_ANSWER`] each).
     pub fn answer_heartbeat(&mut self, hb: &HeartbeatRequest, now: Instant) -> HeartbeatResponse {
         if !self.heartbeat(hb, now) {
             return HeartbeatResponse {
@@ -158,6 +177,12 @@ impl State {
         if let Some(m) = self.members.get_mut(&hb.member_id) {
             let n = m.freed.len().min(FREED_PER_ANSWER);
             (answer.freed_offsets, answer.freed_allocations) = m.freed.drain(..n).unzip();
+            let n = m.sealed.len().min(FREED_PER_ANSWER);
+            for (offset, allocation, seal) in m.sealed.drain(..n) {
+                answer.sealed_offsets.push(offset);
+                answer.sealed_allocations.push(allocation);
+                answer.seals.push(bytes::Bytes::copy_from_slice(&seal));
+            }
         }
         answer
     }

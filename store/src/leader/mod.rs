@@ -16,14 +16,14 @@ pub mod clients;
 mod config;
 mod eviction;
 pub mod fastport;
-mod front;
+pub mod front;
 pub mod ledger;
 mod members;
 mod metrics;
 pub mod objects;
 pub mod placement;
 mod serve;
-mod service;
+pub mod service;
 pub mod state;
 mod status;
 mod tenants;
@@ -60,11 +60,16 @@ pub struct Leader {
     tokens: Arc<Tokens>,
 }
 
-/// What the leader's own APIs check callers with.
-#[derive(Debug, Default)]
+/// What the leader's own APIs check callers with, and the key it seals committed values with.
+#[derive(Debug)]
 pub struct Tokens {
     pub control: Option<crate::auth::Expected>,
     pub member: Option<crate::auth::Expected>,
+    /// what a scrape shows to see the per-tenant series (`--metrics-token-file`, else the Control
+    /// token's)
+    pub metrics: Option<crate::auth::Expected>,
+    /// `--seal-key-file`'s key, else one of this process's own (`grant.rs`)
+    pub seal: Arc<crate::grant::SealKey>,
 }
 
 impl Leader {
@@ -85,9 +90,27 @@ impl Leader {
                 "--member-token-file",
             )
             .map_err(|e| ConfigError::new("member-token-file", e))?,
+            metrics: crate::auth::Expected::load(
+                cfg.metrics_token_file.as_ref().or(cfg.control_token_file.as_ref()),
+                "the leader's per-tenant metrics",
+                if cfg.metrics_token_file.is_some() {
+                    "--metrics-token-file"
+                } else {
+                    "--control-token-file"
+                },
+            )
+            .map_err(|e| ConfigError::new("metrics-token-file", e))?,
+            seal: Arc::new(match &cfg.seal_key_file {
+                Some(p) => crate::grant::SealKey::from_secret(
+                    crate::auth::read_token(p)
+                        .map_err(|e| ConfigError::new("seal-key-file", e))?
+                        .as_bytes(),
+                ),
+                None => crate::grant::SealKey::generate(),
+            }),
         };
         let tenants = cfg.tenants.clone();
-        let mut state = State::new(cfg);
+        let mut state = State::new(cfg, tokens.seal.clone());
         if !tenants.is_empty() {
             state
                 .set_tenants(&tenants, &[])

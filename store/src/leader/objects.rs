@@ -81,6 +81,8 @@ pub struct Tenant {
     pub layout: Option<Layout>,
     /// SHA-256 of each credential a call may prove the tenant with; empty: none is needed
     pub credentials: Vec<[u8; 32]>,
+    /// who holds the tenant (the Binding's UID; empty: none named): every value's tag names it
+    pub uid: String,
     pub ceiling: u64,
     /// the pool whose total its grant counts against (empty: none)
     pub pool: String,

@@ -102,7 +102,7 @@ impl Leader {
                 Arc::new(registry),
                 Some(crate::metrics::Private {
                     registry: metrics::tenant_registry(&self),
-                    token: self.tokens.control.clone(),
+                    token: self.tokens.metrics.clone(),
                 }),
                 self.readiness.clone(),
                 stop.clone(),

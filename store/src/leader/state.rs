@@ -42,6 +42,12 @@ pub struct Member {
     /// next answers tell the member, so a next leader is not handed what this one freed
     /// (`members.rs`)
     pub freed: std::collections::VecDeque<(u64, u64)>,
+    /// values of this mount committed since the last heartbeat answer, as (offset, allocation,
+    /// seal): the next answers hand the member their seals (`members.rs`)
+    pub sealed: std::collections::VecDeque<(u64, u64, [u8; crate::grant::MAC_LEN])>,
+    /// this mount's grant key, derived from the term's (`grant.rs`): every range of it is signed
+    /// with it, and it signs nothing another member accepts
+    pub grant_key: crate::grant::GrantKey,
 }
 
 /// Everything the leader knows.
@@ -63,8 +69,10 @@ pub struct State {
     /// the term this state belongs to (the Lease's `leaseTransitions`; 0 without an election):
     /// every range handed out carries it, and members refuse older ones
     pub(super) epoch: u64,
-    /// signs every range this term hands out (`grant.rs`); members get it when they mount
+    /// the term's grant key (`grant.rs`); each member gets the key derived from it for its mount
     pub(super) grant_key: crate::grant::GrantKey,
+    /// seals committed values (`grant.rs`): the backend's leaders' key, never a member's
+    pub(super) seal_key: std::sync::Arc<crate::grant::SealKey>,
     /// counts ledger replacements: a `WatchBlocks` stream checks its credential again at each
     /// (`blocks.rs`), so access ends with the credential, not only at the stream's start
     pub(super) ledger_generation: tokio::sync::watch::Sender<u64>,
@@ -87,7 +95,8 @@ pub struct Adopted {
 }
 
 impl State {
-    pub fn new(cfg: LeaderConfig) -> Self {
+    /// A term's empty state, sealing with `seal_key`.
+    pub fn new(cfg: LeaderConfig, seal_key: std::sync::Arc<crate::grant::SealKey>) -> Self {
         let seed = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
         let mut s = Self {
             cfg,
@@ -102,6 +111,7 @@ impl State {
             retired: Counters::default(),
             epoch: 0,
             grant_key: crate::grant::GrantKey::generate(),
+            seal_key,
             ledger_generation: tokio::sync::watch::Sender::new(0),
             callers: Default::default(),
             ledger_known: false,
@@ -165,7 +175,7 @@ impl State {
         tag: Vec<u8>,
     ) -> Option<Location> {
         let m = self.members.get(&member_id)?;
-        let grant_mac = self.grant_key.sign(
+        let grant_mac = m.grant_key.sign(
             &crate::grant::Range {
                 access,
                 mount_id: o.mount_id,
@@ -192,11 +202,14 @@ impl State {
         })
     }
 
-    /// The tag a write of `key` for `tenant` carries: the tenant, its layout now, the key.
-    fn tag(&self, tenant: &str, key: &str) -> Vec<u8> {
-        let layout = self.tenants.get(tenant).and_then(|t| t.layout.as_ref());
+    /// The tag a write of `key` for `tenant` carries: the tenant and its holder, its layout now,
+    /// the key.
+    pub(super) fn tag(&self, tenant: &str, key: &str) -> Vec<u8> {
+        let t = self.tenants.get(tenant);
+        let layout = t.and_then(|t| t.layout.as_ref());
         crate::grant::Tag {
             tenant: tenant.to_owned(),
+            uid: t.map_or_else(String::new, |t| t.uid.clone()),
             block_size: layout.map_or(0, |l| l.block_size),
             dtype: layout.map_or_else(String::new, |l| l.dtype.clone()),
             key: key.to_owned(),
@@ -364,7 +377,8 @@ impl State {
         }
     }
 
-    /// Phase two: the bytes are written; make the value visible.
+    /// Phase two: the bytes are written; make the value visible, and seal it for the member that
+    /// holds it (its next heartbeat answer hands the seal over: `members.rs`).
     pub fn put_commit(&mut self, scope: Option<&Scope>, key: &str, put_id: u64) -> Result<()> {
         let tenant = self.tenant_name(scope)?;
         let tick = self.next_tick();
@@ -373,23 +387,48 @@ impl State {
             .tenants
             .get_mut(&tenant)
             .ok_or_else(|| internal("tenant vanished"))?;
-        match t.objects.get_mut(key) {
-            Some(o) if o.state == ObjectState::Committed => Ok(()),
+        let placed = match t.objects.get_mut(key) {
+            Some(o) if o.state == ObjectState::Committed => return Ok(()),
             Some(o) if matches!(o.state, ObjectState::Reserved { put_id: p, .. } if p == put_id) => {
                 o.state = ObjectState::Committed;
                 o.last_used = tick;
                 t.counters.puts += 1;
                 t.clients.count(client(scope), tick, Use::Put);
                 t.log.stored(epoch, key, o.size);
-                Ok(())
+                (o.member, o.mount_id, o.offset, o.allocation, o.size)
             }
-            _ => Err(StoreError::new(
-                ErrorCode::PutExpired,
-                format!(
-                    "put {put_id} of key {key:?} is no longer reserved (it expired, its member left, or the leader \
-                     restarted); write the value again from PutStart"
-                ),
-            )),
+            _ => {
+                return Err(StoreError::new(
+                    ErrorCode::PutExpired,
+                    format!(
+                        "put {put_id} of key {key:?} is no longer reserved (it expired, its member left, or the leader \
+                         restarted); write the value again from PutStart"
+                    ),
+                ));
+            }
+        };
+        self.seal(&tenant, key, placed);
+        Ok(())
+    }
+
+    /// Seals a committed value placed at `(member, mount, offset, allocation, size)` for its
+    /// member's next heartbeat answer.
+    pub(super) fn seal(
+        &mut self,
+        tenant: &str,
+        key: &str,
+        (member, mount_id, offset, allocation, size): (u64, u64, u64, u64, u64),
+    ) {
+        let placed = crate::grant::Placed {
+            offset,
+            size,
+            epoch: self.epoch,
+        };
+        let seal = self.seal_key.seal(&self.tag(tenant, key), &placed);
+        if let Some(m) = self.members.get_mut(&member)
+            && m.mount_id == mount_id
+        {
+            m.sealed(offset, allocation, seal);
         }
     }
 

@@ -26,6 +26,7 @@ impl State {
                 evictions: t.counters.evictions,
                 credentials: t.credentials.len() as u32,
                 credential_sha256: t.credentials.iter().map(|h| bytes::Bytes::copy_from_slice(h)).collect(),
+                uid: t.uid.clone(),
                 pool: t.pool.clone(),
                 limited_by: t.limited_by.into(),
                 clients: t.clients.statuses(),

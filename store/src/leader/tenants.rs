@@ -73,6 +73,7 @@ impl State {
         ledger::validate(entries, pools)?;
         for e in entries {
             if let Some(t) = self.tenants.get(&e.name)
+                && t.uid == e.uid
                 && let Some(layout) = &t.layout
                 && (layout.block_size != e.block_size || layout.dtype != e.dtype)
                 && !t.objects.is_empty()
@@ -93,7 +94,13 @@ impl State {
                 ));
             }
         }
-        let keep: std::collections::HashSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+        // a tenant given to another holder (its domain's Binding deleted and another made) is a new
+        // tenant: the old holder's values go as if it had left the ledger
+        let keep: std::collections::HashSet<&str> = entries
+            .iter()
+            .filter(|e| self.tenants.get(&e.name).is_none_or(|t| t.uid == e.uid))
+            .map(|e| e.name.as_str())
+            .collect();
         let removed: Vec<String> = self
             .tenants
             .keys()
@@ -116,6 +123,7 @@ impl State {
             t.ceiling = e.ceiling;
             t.pool = e.pool.clone();
             t.credentials = ledger::credentials(e);
+            t.uid = e.uid.clone();
             t.layout = Some(Layout {
                 block_size: e.block_size,
                 dtype: e.dtype.clone(),

@@ -76,7 +76,7 @@ impl Leader {
     fn fresh_state(&self, epoch: u64) {
         let cfg = self.config();
         let tenants = cfg.tenants.clone();
-        let mut s = State::new(cfg);
+        let mut s = State::new(cfg, self.tokens.seal.clone());
         if !tenants.is_empty() {
             // checked when the leader was made
             let _ = s.set_tenants(&tenants, &[]);

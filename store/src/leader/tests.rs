@@ -60,7 +60,10 @@ fn hb(member_id: u64, mount_id: u64) -> HeartbeatRequest {
 }
 
 fn state(cfg: LeaderConfig) -> (State, Instant) {
-    (State::new(cfg), Instant::now())
+    (
+        State::new(cfg, std::sync::Arc::new(crate::grant::SealKey::generate())),
+        Instant::now(),
+    )
 }
 
 /// A leader that reclaims an abandoned reservation 2 s after it was made (1 s TTL, 1 s grace).
@@ -406,48 +409,91 @@ fn each_named_caller_is_counted_within_its_tenant() {
     );
 }
 
-fn holding(tenant: &str, key: &str, block_size: u32, offset: u64, size: u64, epoch: u64) -> crate::proto::Holding {
+/// A holding sealed as `s`'s leaders seal (a value one of them committed).
+fn holding(
+    s: &State,
+    tenant: &str,
+    key: &str,
+    block_size: u32,
+    offset: u64,
+    size: u64,
+    epoch: u64,
+) -> crate::proto::Holding {
+    let tag = crate::grant::Tag {
+        tenant: tenant.into(),
+        uid: String::new(),
+        block_size,
+        dtype: "bf16".into(),
+        key: key.into(),
+    }
+    .encode();
+    sealed(s, tag, offset, size, epoch)
+}
+
+fn sealed(s: &State, tag: Vec<u8>, offset: u64, size: u64, epoch: u64) -> crate::proto::Holding {
+    let seal = s.seal_key.seal(&tag, &crate::grant::Placed { offset, size, epoch });
     crate::proto::Holding {
-        tag: crate::grant::Tag {
-            tenant: tenant.into(),
-            block_size,
-            dtype: "bf16".into(),
-            key: key.into(),
-        }
-        .encode()
-        .into(),
+        tag: tag.into(),
         offset,
         size,
         epoch,
         last_used_unix_ms: 0,
+        seal: bytes::Bytes::copy_from_slice(&seal),
     }
 }
 
-/// What a member hands over is adopted only where the leader can stand behind it: a tag a leader
-/// wrote, a tenant of the ledger with the same layout, a key not held, a whole aligned range of
-/// the segment that overlaps nothing adopted, an epoch not from the future.
+/// What a member hands over is adopted only where the leader can stand behind it: a leader's seal
+/// over its tag and place, a tenant of the ledger held by the same Binding with the same layout, a
+/// key not held, a whole aligned range of the segment that overlaps nothing adopted, an epoch not
+/// from the future.
 #[test]
 fn a_new_term_adopts_only_what_it_can_stand_behind() {
     let (mut s, now) = state(LeaderConfig::default());
     s.epoch = 3;
     s.set_tenants(&[entry("a", 64 * MIB), entry("b", 64 * MIB)], &[])
         .unwrap();
-    let mut bogus = holding("a", "x", 64, 0, 100, 3);
-    bogus.tag = bytes::Bytes::from_static(b"not a tag");
+    let bogus = sealed(&s, b"not a tag".to_vec(), 0, 100, 3);
+    // what a member (or whoever has the member token) makes up: no seal, another key's, a seal
+    // moved to another place, and a value of another holder of tenant a's name
+    let mut unsealed = holding(&s, "a", "f1", 64, 45056, 100, 3);
+    unsealed.seal = bytes::Bytes::new();
+    let mut forged = holding(&s, "a", "f2", 64, 49152, 100, 3);
+    forged.seal = bytes::Bytes::copy_from_slice(&crate::grant::SealKey::generate().seal(
+        &forged.tag,
+        &crate::grant::Placed {
+            offset: 49152,
+            size: 100,
+            epoch: 3,
+        },
+    ));
+    let mut moved = holding(&s, "a", "f3", 64, 53248, 100, 3);
+    moved.offset = 57344;
+    let other_holder = crate::grant::Tag {
+        tenant: "a".into(),
+        uid: "binding-of-another-team".into(),
+        block_size: 64,
+        dtype: "bf16".into(),
+        key: "f4".into(),
+    }
+    .encode();
     let offered = vec![
-        holding("a", "k1", 64, 0, 100, 2),          // adopted
-        holding("a", "k2", 64, 128, 4096, 3),       // adopted
-        holding("a", "k3", 64, 64, 100, 3),         // overlaps k1's 128-byte range
-        holding("a", "k1", 64, 8192, 100, 3),       // k1 is held already
-        holding("nobody", "k4", 64, 16384, 100, 3), // not in the ledger
-        holding("b", "k5", 16, 20480, 100, 3),      // b registered another layout
-        holding("a", "k6", 64, 24577, 100, 3),      // not aligned
-        holding("a", "k7", 64, MIB - 64, 128, 3),   // past the segment's end
-        holding("a", "k8", 64, 28672, 100, 4),      // an epoch this leader never served
-        holding("a", "", 64, 32768, 100, 3),        // no key
-        bogus,                                      // no tag a leader wrote
-        holding("b", "k9", 64, 36864, 0, 3),        // empty
-        holding("b", "k10", 64, 40960, 2000, 3),    // adopted
+        holding(&s, "a", "k1", 64, 0, 100, 2),          // adopted
+        holding(&s, "a", "k2", 64, 128, 4096, 3),       // adopted
+        holding(&s, "a", "k3", 64, 64, 100, 3),         // overlaps k1's 128-byte range
+        holding(&s, "a", "k1", 64, 8192, 100, 3),       // k1 is held already
+        holding(&s, "nobody", "k4", 64, 16384, 100, 3), // not in the ledger
+        holding(&s, "b", "k5", 16, 20480, 100, 3),      // b registered another layout
+        holding(&s, "a", "k6", 64, 24577, 100, 3),      // not aligned
+        holding(&s, "a", "k7", 64, MIB - 64, 128, 3),   // past the segment's end
+        holding(&s, "a", "k8", 64, 28672, 100, 4),      // an epoch this leader never served
+        holding(&s, "a", "", 64, 32768, 100, 3),        // no key
+        bogus,                                          // no tag a leader wrote
+        holding(&s, "b", "k9", 64, 36864, 0, 3),        // empty
+        holding(&s, "b", "k10", 64, 40960, 2000, 3),    // adopted
+        unsealed,                                       // never sealed
+        forged,                                         // sealed with another key
+        moved,                                          // sealed for another place
+        sealed(&s, other_holder, 61440, 100, 3),        // another Binding's tenant a
     ];
     let req = crate::proto::MountRequest {
         holdings: offered,
@@ -458,11 +504,21 @@ fn a_new_term_adopts_only_what_it_can_stand_behind() {
     assert_eq!(
         adopted,
         [
-            true, true, false, false, false, false, false, false, false, false, false, false, true
+            true, true, false, false, false, false, false, false, false, false, false, false, true, false, false,
+            false, false
         ]
     );
     let numbers: std::collections::BTreeSet<u64> = r.adopted.iter().copied().filter(|a| *a != 0).collect();
     assert_eq!(numbers.len(), 3, "each adopted value gets its own allocation number");
+    // each adopted value is sealed anew for this term, for its member to hand on
+    for (i, h) in req.holdings.iter().enumerate() {
+        let at = crate::grant::Placed {
+            offset: h.offset,
+            size: h.size,
+            epoch: 3,
+        };
+        assert_eq!(s.seal_key.verifies(&h.tag, &at, &r.seals[i]), adopted[i], "holding {i}");
+    }
     assert_eq!(
         s.adopted(),
         super::state::Adopted {
@@ -492,7 +548,7 @@ fn a_new_term_adopts_only_what_it_can_stand_behind() {
 fn holdings_wait_for_the_ledger_and_an_empty_report_does_not() {
     let (mut s, now) = state(LeaderConfig::default());
     let req = crate::proto::MountRequest {
-        holdings: vec![holding("a", "k", 64, 0, 100, 0)],
+        holdings: vec![holding(&s, "a", "k", 64, 0, 100, 0)],
         ..mount_req("m", MIB, 7)
     };
     assert_eq!(s.mount(&req, now).unwrap_err().code, ErrorCode::LedgerPending);
@@ -503,6 +559,10 @@ fn holdings_wait_for_the_ledger_and_an_empty_report_does_not() {
     // once the ledger is there, at once
     let (mut s, now) = state(LeaderConfig::default());
     s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
+    let req = crate::proto::MountRequest {
+        holdings: vec![holding(&s, "a", "k", 64, 0, 100, 0)],
+        ..mount_req("m", MIB, 7)
+    };
     assert_ne!(s.mount(&req, now).unwrap().adopted, [0]);
 }
 
@@ -514,7 +574,7 @@ fn adopted_values_are_evicted_least_recently_used_first_across_members() {
     s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
     let used = |key: &str, offset: u64, at: u64| crate::proto::Holding {
         last_used_unix_ms: at,
-        ..holding("a", key, 64, offset, 4096, 0)
+        ..holding(&s, "a", key, 64, offset, 4096, 0)
     };
     // member m1 mounts first with a value read a moment ago and one untouched for long
     let m1 = crate::proto::MountRequest {
@@ -564,6 +624,49 @@ fn a_full_tenant_is_evicted_ahead_of_need() {
         put(&mut s, "a", &format!("n{j}"), 1000, now).unwrap();
     }
     assert_eq!(s.tenants["a"].counters.evictions, evicted);
+}
+
+/// What a member holds for a next leader: each value this leader committed, sealed, told once; a
+/// member's grant key is its mount's own.
+#[test]
+fn heartbeat_answers_seal_each_value_committed_since_the_last_once() {
+    let (mut s, t0) = state(LeaderConfig::default());
+    s.epoch = 5;
+    s.set_tenants(&[entry("t", 8 * MIB)], &[]).unwrap();
+    let m = mount(&mut s, "m", 8 * MIB, t0);
+    let n = mount(&mut s, "n", 8 * MIB, t0);
+    let mount_id = s.members[&m].mount_id;
+    assert_ne!(
+        s.members[&m].grant_key.to_bytes(),
+        s.members[&n].grant_key.to_bytes(),
+        "each mount its own grant key"
+    );
+    let p = s.put_start(Some(&scope("t")), "k", 100, t0).unwrap();
+    let loc = p.location.clone().unwrap();
+    let on_m = loc.member_id == m;
+    let (member, member_mount) = if on_m {
+        (m, mount_id)
+    } else {
+        (n, s.members[&n].mount_id)
+    };
+    assert!(
+        s.answer_heartbeat(&hb(member, member_mount), t0).seals.is_empty(),
+        "not committed yet: nothing sealed"
+    );
+    s.put_commit(Some(&scope("t")), "k", p.put_id).unwrap();
+    let answer = s.answer_heartbeat(&hb(member, member_mount), t0);
+    assert_eq!(answer.sealed_offsets, [loc.offset]);
+    assert_eq!(answer.sealed_allocations, [loc.allocation]);
+    let at = crate::grant::Placed {
+        offset: loc.offset,
+        size: 100,
+        epoch: 5,
+    };
+    assert!(s.seal_key.verifies(&loc.tag, &at, &answer.seals[0]));
+    assert!(
+        s.answer_heartbeat(&hb(member, member_mount), t0).seals.is_empty(),
+        "told once"
+    );
 }
 
 /// What a member must stop holding for a next leader: every range this leader freed, told once,
@@ -622,4 +725,28 @@ fn heartbeat_answers_name_each_range_freed_since_the_last_once() {
     }
     assert_eq!(member.freed.len(), FREED_QUEUED);
     assert_eq!(member.freed.front(), Some(&(1, 1)), "the oldest was dropped");
+}
+
+/// Finding 10 of the second review: a tenant's domain given to another Binding (another uid) is a
+/// new tenant: the old holder's values are dropped, and a holding of the old holder is not
+/// adopted for the new one.
+#[test]
+fn a_domain_given_to_another_binding_starts_empty() {
+    let (mut s, now) = state(LeaderConfig::default());
+    let held_by = |uid: &str| TenantEntry {
+        uid: uid.into(),
+        ..entry("a", 8 * MIB)
+    };
+    s.set_tenants(&[held_by("binding-1")], &[]).unwrap();
+    mount(&mut s, "m", 8 * MIB, now);
+    put(&mut s, "a", "k", 1000, now).unwrap();
+    let tag = crate::grant::Tag::decode(&s.tag("a", "k")).unwrap();
+    assert_eq!(tag.uid, "binding-1", "the tag names the holder");
+    // the same holder again: nothing changes
+    assert_eq!(s.set_tenants(&[held_by("binding-1")], &[]).unwrap(), 0);
+    assert!(s.exists(Some(&scope("a")), "k", now).unwrap());
+    // another Binding took the domain: the old values go
+    assert_eq!(s.set_tenants(&[held_by("binding-2")], &[]).unwrap(), 1);
+    assert!(!s.exists(Some(&scope("a")), "k", now).unwrap());
+    assert_eq!(s.tenant_statuses()[0].uid, "binding-2");
 }

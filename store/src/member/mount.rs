@@ -15,8 +15,9 @@
 //!   holds whole (`segment/handover.rs`, [`MAX_REPORT`] of tags at most); the answer says
 //!   which the leader adopted, and those are readable again under the new mount before its
 //!   grant key is taken, so no range of the new term is served before the table is right. A leader with no ledger
-//!   yet answers `LEDGER_PENDING`, retried every 100 ms. Heartbeat answers name the ranges the
-//!   leader freed since the last one, which this member then no longer holds for a next leader.
+//!   yet answers `LEDGER_PENDING`, retried every 100 ms. Heartbeat answers hand over the seals of
+//!   values the leader committed since the last one (only a sealed value is held for a next
+//!   leader), and name the ranges it freed, which this member then no longer holds.
 //! - **Names**: every mount names this process's instance id; a leader that sees the member's
 //!   name held by another live process refuses with `MEMBER_NAME_TAKEN`, and this member then
 //!   retries, one warning per attempt, for twice the leader's member TTL (long enough for a
@@ -246,7 +247,7 @@ async fn mount(
             // the leader keeps the member's choice unless it clashes with another mount
             segment.set_mount(r.mount_id);
             // what was adopted is readable before any grant of the new term verifies
-            let adopted = segment.adopt(&r.adopted);
+            let adopted = segment.adopt(&r.adopted, &r.seals, r.epoch);
             segment.set_grant_key(key);
             if counts.reported > 0 {
                 tracing::info!(
@@ -321,6 +322,10 @@ async fn heartbeat(
             Ok(Ok(r)) => {
                 failing = false;
                 let r = r.into_inner();
+                // seals first: a value committed and freed since the last answer is not held
+                if !r.sealed_offsets.is_empty() {
+                    segment.seal(mounted.mount_id, &r.sealed_offsets, &r.sealed_allocations, &r.seals);
+                }
                 if !r.freed_offsets.is_empty() {
                     segment.forget(mounted.mount_id, &r.freed_offsets, &r.freed_allocations);
                 }

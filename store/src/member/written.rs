@@ -16,9 +16,9 @@
 //! retired ([`Written::retire`]): the finished values are what the member reports to the leader,
 //! and the new mount's table starts with only those the leader adopted, under the allocation
 //! numbers of its term ([`Written::adopt`]). A write still in flight has recorded nothing, so it
-//! is never reported: it is adopted whole or not at all. A value the leader freed since (its
-//! heartbeat answers say which, [`Written::forget`]) is no longer held: a next leader is not
-//! handed it.
+//! is never reported: it is adopted whole or not at all. Only a value the leader sealed once it
+//! was committed (its heartbeat answers hand the seals over, [`Written::seal`]) is held for a next
+//! leader; one it freed since ([`Written::forget`]) is not: a next leader is not handed it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -49,6 +49,20 @@ pub struct Held {
     /// its bytes were found to match `checksum` since the mount that holds it was lost (or since
     /// its leader stopped answering): a report need not hash them again
     pub checked: bool,
+    /// the leader's seal, once it committed the value (`grant::SealKey`): only a sealed value is
+    /// handed to a next leader
+    pub seal: Option<[u8; crate::grant::MAC_LEN]>,
+}
+
+impl Held {
+    fn sealed(&self) -> bool {
+        self.seal.is_some()
+    }
+}
+
+/// Whether an entry's value counts among what is held for a next leader: finished and sealed.
+fn counted(held: &Option<Held>) -> bool {
+    held.as_ref().is_some_and(Held::sealed)
 }
 
 #[derive(Debug, Clone)]
@@ -89,7 +103,7 @@ impl Count {
 #[derive(Debug)]
 pub struct Written {
     ranges: BTreeMap<u64, Entry>,
-    /// how many entries hold a value, and their bytes
+    /// how many entries hold a sealed value, and their bytes
     held: Count,
     /// the clock uses are stamped with (Unix milliseconds; a test passes its own)
     clock: fn() -> u64,
@@ -132,7 +146,7 @@ impl Written {
             return Err(Stale::Replaced { newer });
         }
         for (s, e, a) in overlapping {
-            if self.ranges.remove(&s).is_some_and(|old| old.held.is_some()) {
+            if self.ranges.remove(&s).is_some_and(|old| counted(&old.held)) {
                 self.held.sub(e - s);
             }
             // what is left of a value cut in part is no longer a value
@@ -167,7 +181,7 @@ impl Written {
         );
         // (only an empty write can find an entry at its start that it did not overlap)
         if let Some(old) = replaced
-            && old.held.is_some()
+            && counted(&old.held)
         {
             self.held.sub(old.end - start);
         }
@@ -181,8 +195,8 @@ impl Written {
         let used = self.now();
         match self.ranges.get_mut(&start) {
             Some(e) if e.end == start.saturating_add(len) && e.allocation == allocation => {
-                if e.held.is_none() {
-                    self.held.add(len);
+                if counted(&e.held) {
+                    self.held.sub(len);
                 }
                 e.held = Some(Held {
                     tag,
@@ -190,6 +204,7 @@ impl Written {
                     epoch,
                     used,
                     checked: false,
+                    seal: None,
                 });
                 true
             }
@@ -239,20 +254,22 @@ impl Written {
                     h.checked = true;
                 }
             } else {
+                if counted(&e.held) {
+                    self.held.sub(e.end - start);
+                }
                 e.held = None;
-                self.held.sub(e.end - start);
             }
         }
     }
 
     /// Ends the table's mount: every range is forgotten (a new mount's grants start a new count),
-    /// and the finished values are returned, least recently used first.
+    /// and the finished values the leader sealed are returned, least recently used first.
     pub fn retire(&mut self) -> Vec<Retired> {
         self.held = Count::default();
         let mut out: Vec<Retired> = std::mem::take(&mut self.ranges)
             .into_iter()
             .filter_map(|(offset, e)| {
-                e.held.map(|held| Retired {
+                e.held.filter(Held::sealed).map(|held| Retired {
                     offset,
                     len: e.end - offset,
                     held,
@@ -263,9 +280,9 @@ impl Written {
         out
     }
 
-    /// Starts the new mount's table with a value the leader adopted under `allocation` (its
-    /// last use kept; checked again before the next report).
-    pub fn adopt(&mut self, r: Retired, allocation: u64) {
+    /// Starts the new mount's table with a value the leader adopted under `allocation`, sealed
+    /// anew by that leader under `epoch` (its last use kept; checked again before the next report).
+    pub fn adopt(&mut self, r: Retired, allocation: u64, seal: [u8; crate::grant::MAC_LEN], epoch: u64) {
         self.held.add(r.len);
         let replaced = self.ranges.insert(
             r.offset,
@@ -274,14 +291,35 @@ impl Written {
                 allocation,
                 held: Some(Held {
                     checked: false,
+                    seal: Some(seal),
+                    epoch,
                     ..r.held
                 }),
             },
         );
         if let Some(old) = replaced
-            && old.held.is_some()
+            && counted(&old.held)
         {
             self.held.sub(old.end - r.offset);
+        }
+    }
+
+    /// Records the leader's seal of the value `allocation` wrote at `start`, which it committed:
+    /// from now on it is held for a next leader. `false` if no finished value of that allocation
+    /// is there (it was replaced, or its write never finished).
+    pub fn seal(&mut self, start: u64, allocation: u64, seal: [u8; crate::grant::MAC_LEN]) -> bool {
+        match self.ranges.get_mut(&start) {
+            Some(e) if e.allocation == allocation => match &mut e.held {
+                Some(h) => {
+                    if h.seal.is_none() {
+                        self.held.add(e.end - start);
+                    }
+                    h.seal = Some(seal);
+                    true
+                }
+                None => false,
+            },
+            _ => false,
         }
     }
 
@@ -290,8 +328,10 @@ impl Written {
     pub fn forget(&mut self, start: u64, allocation: u64) -> bool {
         match self.ranges.get_mut(&start) {
             Some(e) if e.allocation == allocation && e.held.is_some() => {
+                if counted(&e.held) {
+                    self.held.sub(e.end - start);
+                }
                 e.held = None;
-                self.held.sub(e.end - start);
                 true
             }
             _ => false,
@@ -396,9 +436,17 @@ mod tests {
         assert!(w.finish(0, 100, 1, tag("a"), 11, 7));
         assert!(w.finish(128, 100, 2, tag("b"), 22, 7));
         assert!(w.finish(256, 100, 3, tag("c"), 33, 7));
+        w.write(640, 100, 6).unwrap();
+        assert!(w.finish(640, 100, 6, tag("d"), 44, 7));
         // 4 is still being written: nothing is held for it
         assert!(!w.finish(0, 100, 9, tag("x"), 0, 7), "not the allocation that wrote it");
         assert!(!w.finish(0, 64, 1, tag("x"), 0, 7), "not the range as written");
+        // the leader committed a, b and c (d's writer never did), and 4 cannot be sealed
+        for (start, allocation) in [(0, 1), (128, 2), (256, 3)] {
+            assert!(w.seal(start, allocation, [allocation as u8; 32]));
+        }
+        assert!(!w.seal(512, 4, [4; 32]), "an unfinished write");
+        assert!(!w.seal(0, 9, [9; 32]), "another allocation's seal");
         // a is read after b and c were written
         w.read(0, 100, 1).unwrap();
         // a newer placement over the start of c: c is no longer whole
@@ -408,15 +456,21 @@ mod tests {
         assert_eq!(
             keys,
             [&b"b"[..], &b"a"[..]],
-            "b, then a (read last); c was cut, 4 unfinished"
+            "b, then a (read last); c was cut, 4 unfinished, d never committed"
         );
         assert_eq!(
-            (r[1].offset, r[1].len, r[1].held.checksum, r[1].held.epoch),
-            (0, 100, 11, 7)
+            (
+                r[1].offset,
+                r[1].len,
+                r[1].held.checksum,
+                r[1].held.epoch,
+                r[1].held.seal
+            ),
+            (0, 100, 11, 7, Some([1; 32]))
         );
         assert!(w.is_empty(), "retired: the next mount starts empty");
-        // the leader adopted a under its new term's allocation 40
-        w.adopt(r[1].clone(), 40);
+        // the leader adopted a under its new term's allocation 40, sealed anew in epoch 8
+        w.adopt(r[1].clone(), 40, [40; 32], 8);
         assert_eq!(w.read(0, 100, 40), Ok(()));
         assert_eq!(
             w.read(0, 100, 1),
@@ -425,10 +479,12 @@ mod tests {
         );
         assert_eq!(w.read(128, 100, 2), Err(Stale::NotWritten), "b was not adopted");
         assert_eq!(w.write(0, 100, 39), Err(Stale::Replaced { newer: 40 }));
+        let again = w.retire();
+        assert_eq!(again.len(), 1, "an adopted value is reported again at the next mount");
         assert_eq!(
-            w.retire().len(),
-            1,
-            "an adopted value is reported again at the next mount"
+            (again[0].held.seal, again[0].held.epoch),
+            (Some([40; 32]), 8),
+            "with its new seal"
         );
     }
 
@@ -438,6 +494,8 @@ mod tests {
         for (start, len, allocation) in [(0, 100, 1), (128, 100, 2), (256, 50, 3)] {
             w.write(start, len, allocation).unwrap();
             assert!(w.finish(start, len, allocation, tag("v"), 0, 1));
+            assert_eq!(w.held().values, allocation - 1, "held once sealed, not before");
+            assert!(w.seal(start, allocation, [0; 32]));
         }
         assert_eq!(w.held(), Count { values: 3, bytes: 250 });
         assert!(!w.forget(0, 9), "another allocation's free");
@@ -455,7 +513,7 @@ mod tests {
         let r = w.retire();
         assert_eq!(r.len(), 1, "only what is still held is reported");
         assert_eq!(w.held(), Count::default());
-        w.adopt(r[0].clone(), 7);
+        w.adopt(r[0].clone(), 7, [7; 32], 2);
         assert_eq!(w.held(), Count { values: 1, bytes: 50 });
     }
 }

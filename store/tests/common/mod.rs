@@ -65,23 +65,61 @@ impl Drop for Proc {
     }
 }
 
+/// The seal key file every leader of this test process is given (unless a test gives its own),
+/// as a backend's leaders share one: a restarted leader adopts what its members hold.
+pub fn seal_key_file() -> &'static str {
+    static FILE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let p = std::env::temp_dir().join(format!("kvstore-test-seal-{}", std::process::id()));
+        std::fs::write(&p, "the-leaders-seal-secret-of-this-test\n").expect("write the seal key");
+        p.display().to_string()
+    })
+}
+
+fn leader_args<'a>(listen: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["leader", "--listen", listen];
+    if !extra.contains(&"--seal-key-file") {
+        args.extend(["--seal-key-file", seal_key_file()]);
+    }
+    args.extend_from_slice(extra);
+    args
+}
+
 /// Starts a leader on an OS-chosen port with extra flags.
 pub fn leader(extra: &[&str]) -> Proc {
-    let mut args = vec!["leader", "--listen", "127.0.0.1:0"];
-    args.extend_from_slice(extra);
-    Proc::start(&args)
+    Proc::start(&leader_args("127.0.0.1:0", extra))
 }
 
 /// Starts a leader on a given address (for restarts on the same port).
 pub fn leader_at(addr: &str, extra: &[&str]) -> Proc {
-    let mut args = vec!["leader", "--listen", addr];
-    args.extend_from_slice(extra);
-    Proc::start(&args)
+    Proc::start(&leader_args(addr, extra))
 }
 
-/// Starts a member of `capacity` mounted at `leader`.
+/// Starts a member of `capacity` mounted at `leader`, with a metrics listener (`field("metrics")`).
 pub fn member(leader: &str, name: &str, capacity: &str) -> Proc {
-    member_with(leader, name, capacity, &[])
+    member_with(leader, name, capacity, &["--metrics-listen", "127.0.0.1:0"])
+}
+
+/// Waits until the members (started by [`member`]) hold, sealed for a next leader, every value the
+/// leader holds: its seals reach a member with the member's next heartbeat answer, and only a
+/// sealed value is handed over at a failover. Call it with no put in flight.
+pub async fn wait_sealed(c: &Client, members: &[&Proc]) {
+    let metrics: Vec<String> = members.iter().map(|m| m.field("metrics")).collect();
+    eventually("every committed value sealed at its member", || {
+        let metrics = metrics.clone();
+        async move {
+            let objects = match c.control().health(kvcache_store::proto::HealthRequest {}).await {
+                Ok(h) => h.into_inner().objects,
+                Err(_) => return false,
+            };
+            let mut held = 0;
+            for m in &metrics {
+                held += gauge(m, "kvstore_member_handover_values").await;
+            }
+            held == objects
+        }
+    })
+    .await;
 }
 
 /// Starts a member of `capacity` mounted at `leader`, with extra flags.

@@ -1,6 +1,7 @@
 //! The tenant ledger of a backend, as the pools render it from the API: one entry per Binding of
-//! every pool on the backend (its domain, ceiling, pool, layout and the hashes of its
-//! credentials) and each pool's total. The pools set it on the leader whole with `SetTenants`
+//! every pool on the backend (its domain, ceiling, pool, layout, the hashes of its credentials and
+//! its UID, which every value's tag names so a domain given to a new Binding starts empty) and
+//! each pool's total. The pools set it on the leader whole with `SetTenants`
 //! when it differs from what the leader holds, never partially; the leader turns it into grants
 //! (`store/src/leader/ledger.rs`, which also validates it).
 
@@ -40,6 +41,7 @@ pub fn tenant_entry(b: &KVCachePoolBinding, credentials: &Credentials) -> Tenant
         dtype: d.dtype.unwrap_or_default(),
         credential_sha256: hashes.iter().map(|h| bytes::Bytes::copy_from_slice(h)).collect(),
         pool: b.spec.pool_name().to_owned(),
+        uid: b.metadata.uid.clone().unwrap_or_default(),
     }
 }
 
@@ -86,11 +88,11 @@ pub fn render_ledger(
 }
 
 /// Whether the leader's ledger already is `desired` (its pools, and its tenants' names, ceilings,
-/// pools, layouts and credentials, in any order).
+/// pools, layouts, credentials and holders, in any order).
 pub fn same_ledger(current: &GetTenantsResponse, desired: &Ledger) -> bool {
     let have = rows(current.tenants.iter().map(|t| {
         (
-            &t.name,
+            (&t.name, &t.uid),
             t.ceiling,
             &t.pool,
             t.block_size,
@@ -100,7 +102,7 @@ pub fn same_ledger(current: &GetTenantsResponse, desired: &Ledger) -> bool {
     }));
     let want = rows(desired.tenants.iter().map(|t| {
         (
-            &t.name,
+            (&t.name, &t.uid),
             t.ceiling,
             &t.pool,
             t.block_size,
@@ -113,12 +115,30 @@ pub fn same_ledger(current: &GetTenantsResponse, desired: &Ledger) -> bool {
     have == want && pools == desired.pools
 }
 
-/// A tenant as the ledger comparison sees it: its fields, with its credential hashes sorted.
-type Row<'a> = (&'a String, u64, &'a String, u32, &'a String, Vec<&'a bytes::Bytes>);
+/// A tenant as the ledger comparison sees it: its name and holder, its fields, with its
+/// credential hashes sorted.
+type Row<'a> = (
+    (&'a String, &'a String),
+    u64,
+    &'a String,
+    u32,
+    &'a String,
+    Vec<&'a bytes::Bytes>,
+);
 
 /// Every tenant's row, sorted.
+#[allow(clippy::type_complexity)]
 fn rows<'a>(
-    tenants: impl Iterator<Item = (&'a String, u64, &'a String, u32, &'a String, &'a Vec<bytes::Bytes>)>,
+    tenants: impl Iterator<
+        Item = (
+            (&'a String, &'a String),
+            u64,
+            &'a String,
+            u32,
+            &'a String,
+            &'a Vec<bytes::Bytes>,
+        ),
+    >,
 ) -> Vec<Row<'a>> {
     let mut out: Vec<Row<'a>> = tenants
         .map(|(name, ceiling, pool, block_size, dtype, hashes)| {
@@ -237,6 +257,7 @@ mod tests {
                 dtype: "bfloat16".into(),
                 credential_sha256: want.iter().rev().cloned().collect(),
                 pool: "p1".into(),
+                uid: l.tenants[0].uid.clone(),
                 ..Default::default()
             }],
             pools: l.pools.clone(),
@@ -248,6 +269,9 @@ mod tests {
         leader.tenants[0].pool = "p2".into();
         assert!(!same_ledger(&leader, &l), "and so is each tenant's pool");
         leader.tenants[0].pool = "p1".into();
+        leader.tenants[0].uid = "another-binding".into();
+        assert!(!same_ledger(&leader, &l), "and its holder");
+        leader.tenants[0].uid = l.tenants[0].uid.clone();
         leader.tenants[0].credential_sha256.pop();
         assert!(
             !same_ledger(&leader, &l),

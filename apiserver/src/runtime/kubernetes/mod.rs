@@ -98,8 +98,8 @@ pub struct KubernetesRuntime {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     credentials: credential_secrets::SecretKeeper,
     tenants: Arc<tenant_namespaces::TenantNamespaces>,
-    /// The controllers' token, once read from (or made into) its Secret.
-    control_token: RwLock<Option<String>>,
+    /// Each backend's Control token, once read from (or made into) its Secret.
+    control_tokens: RwLock<BTreeMap<String, String>>,
     /// the store's CA, read from its Secret at every store pass (`tls_secrets.rs`)
     store_ca: Arc<RwLock<Option<crate::runtime::store_tls::StoreCa>>>,
 }
@@ -175,7 +175,7 @@ impl KubernetesRuntime {
                 tenants: tenants.clone(),
             },
             tenants,
-            control_token: RwLock::new(None),
+            control_tokens: RwLock::new(BTreeMap::new()),
             store_ca,
             client,
             opts,
@@ -186,17 +186,23 @@ impl KubernetesRuntime {
         }
     }
 
-    /// The controllers' token (kept for [`Runtime::control_token`]), the backend's member token,
+    /// The backend's Control token (kept for [`Secrets::control_token`]), scrape token, member
+    /// token and seal key,
     /// the store's CA (kept for [`Secrets::store_tls`](crate::runtime::Secrets::store_tls)) and the
     /// backend's certificate, each in its Secret, made when missing (the backend's not while it
     /// is being deleted).
     async fn ensure_tokens(&self, plan: &StorePlan, target: &render::Target) -> Result<(), String> {
         let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(self.client.clone(), &self.opts.namespace);
-        let control =
-            token_secrets::get_or_make(&api, token_secrets::control_metadata(&self.opts.namespace), true).await?;
-        *self.control_token.write() = control;
-        let member = render::member_token_metadata(plan, target);
-        token_secrets::get_or_make(&api, member, !plan.existing_only).await?;
+        for token in render::Token::ALL {
+            let meta = render::token_metadata(plan, target, token);
+            let value = token_secrets::get_or_make(&api, meta, !plan.existing_only).await?;
+            if token == render::Token::Control {
+                match value {
+                    Some(t) => self.control_tokens.write().insert(plan.backend.clone(), t),
+                    None => self.control_tokens.write().remove(&plan.backend),
+                };
+            }
+        }
         let ca = tls_secrets::ca(&api, &self.opts.namespace).await?;
         let tls = render::store_tls_metadata(plan, target);
         tls_secrets::ensure_backend(&api, tls, &plan.backend, &ca, !plan.existing_only).await?;
@@ -332,8 +338,8 @@ fn refused(why: String) -> WorkloadState {
 }
 
 impl crate::runtime::Secrets for KubernetesRuntime {
-    fn control_token(&self) -> Option<String> {
-        self.control_token.read().clone()
+    fn control_token(&self, backend: &str) -> Option<String> {
+        self.control_tokens.read().get(backend).cloned()
     }
 
     fn credentials(&self) -> &dyn crate::runtime::credentials::Keeper {

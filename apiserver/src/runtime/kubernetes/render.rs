@@ -6,9 +6,9 @@
 //!   `<name>-leader` its Pods campaign for the Lease `<name>-leader` with;
 //! - the members: one DaemonSet `<name>-member-<i>` per group on the group's nodes, and while the
 //!   election is on the ServiceAccount, Role and RoleBinding `<name>-member` (Lease reads);
-//! - the tokens they prove themselves with, from Secrets the runtime makes (`tokens.rs`): the
-//!   leader mounts the controllers' token ([`CONTROL_TOKEN_SECRET`]) and the backend's member
-//!   token ([`member_token_secret`]), each member the member token, under [`TOKENS_DIR`];
+//! - the tokens and keys they prove themselves with, each in a Secret of the backend the runtime
+//!   makes ([`Token`]): the leader mounts the backend's Control token, scrape token, member token
+//!   and seal key, each member the member token alone, under [`TOKENS_DIR`];
 //! - their TLS (`tls_secrets.rs`): leader and members mount the backend's certificate
 //!   ([`store_tls_secret`]) under [`TLS_DIR`] and serve every port with it; members check the
 //!   leader for the backend's store name.
@@ -37,9 +37,6 @@ pub const GROUP_NOTE: &str = "note.gpustack.ai/group";
 
 /// Where the leader and members read their tokens in their Pods.
 pub const TOKENS_DIR: &str = "/etc/gpustack/kvcache/tokens";
-/// The Secret (in the store's namespace) of the token the leaders' Control API takes: the
-/// controllers', one for every backend.
-pub const CONTROL_TOKEN_SECRET: &str = "kvcache-store-control-token";
 /// The key of a token Secret.
 pub const TOKEN_KEY: &str = "token";
 
@@ -86,22 +83,56 @@ fn serve_tls() -> kvcache_store::tls::ServeFlags {
     }
 }
 
-/// The Secret of the token `backend`'s leader mounts only members that show.
-pub fn member_token_secret(backend: &str) -> String {
-    format!("{backend}-member-token")
+/// A backend's own tokens and keys, each in a Secret `<backend>-<suffix>` (key [`TOKEN_KEY`]) that
+/// the runtime makes with 256 random bits and that goes with the backend. None is shared between
+/// backends, so a token read from one backend's Pods opens nothing of another's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Token {
+    /// what the leaders' Control API takes: the controllers read it back to call it
+    Control,
+    /// what `/metrics` shows the per-tenant series to (Prometheus' credentials file); it opens
+    /// nothing else
+    Metrics,
+    /// what the leader mounts only members that show
+    Member,
+    /// what the leaders seal committed values with (theirs alone: no member Pod mounts it), so a
+    /// leader that takes over adopts what the members hold
+    Seal,
 }
 
-/// The member token's Secret as it is made (its `data` added then): the backend's labels,
-/// notes and owner, so it goes with the backend.
-pub fn member_token_metadata(plan: &StorePlan, t: &Target) -> Value {
-    metadata(
-        plan,
-        t,
-        &member_token_secret(&plan.backend),
-        "member-token",
-        "member",
-        None,
-    )
+impl Token {
+    pub const ALL: [Token; 4] = [Token::Control, Token::Metrics, Token::Member, Token::Seal];
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Token::Control => "control-token",
+            Token::Metrics => "metrics-token",
+            Token::Member => "member-token",
+            Token::Seal => "seal-key",
+        }
+    }
+
+    /// The file it is mounted as, under [`TOKENS_DIR`].
+    pub fn file(self) -> &'static str {
+        match self {
+            Token::Control => "control.token",
+            Token::Metrics => "metrics.token",
+            Token::Member => "member.token",
+            Token::Seal => "seal.key",
+        }
+    }
+
+    /// Its Secret's name.
+    pub fn secret(self, backend: &str) -> String {
+        format!("{backend}-{}", self.suffix())
+    }
+}
+
+/// A token's Secret as it is made (its `data` added then): the backend's labels, notes and owner,
+/// so it goes with the backend.
+pub fn token_metadata(plan: &StorePlan, t: &Target, token: Token) -> Value {
+    let role = if token == Token::Member { "member" } else { "leader" };
+    metadata(plan, t, &token.secret(&plan.backend), token.suffix(), role, None)
 }
 
 fn token_file(name: &str) -> std::path::PathBuf {
@@ -120,10 +151,10 @@ fn store_pod_security() -> Value {
 
 /// The volume of the tokens: `(secret, file)` pairs, read-only to the owner (and, through
 /// `fsGroup`, to the Pod's group).
-fn tokens_volume(tokens: &[(&str, &str)]) -> Value {
+fn tokens_volume(backend: &str, tokens: &[Token]) -> Value {
     let sources: Vec<Value> = tokens
         .iter()
-        .map(|(secret, file)| json!({"secret": {"name": secret, "items": [{"key": TOKEN_KEY, "path": file}]}}))
+        .map(|t| json!({"secret": {"name": t.secret(backend), "items": [{"key": TOKEN_KEY, "path": t.file()}]}}))
         .collect();
     json!({"name": "store-tokens", "projected": {"defaultMode": 0o400, "sources": sources}})
 }
@@ -215,8 +246,10 @@ pub fn leader_config(plan: &StorePlan, t: &Target) -> LeaderConfig {
     c.fast_listen = Some(kvcache_store::flags::FastListen::At(any(LEADER_FAST_PORT)));
     c.metrics_listen = Some(any(LEADER_METRICS_PORT));
     c.kubeconfig = None;
-    c.control_token_file = Some(token_file("control.token"));
-    c.member_token_file = Some(token_file("member.token"));
+    c.control_token_file = Some(token_file(Token::Control.file()));
+    c.metrics_token_file = Some(token_file(Token::Metrics.file()));
+    c.member_token_file = Some(token_file(Token::Member.file()));
+    c.seal_key_file = Some(token_file(Token::Seal.file()));
     c.tls = serve_tls();
     match &plan.election {
         Some(e) => {
@@ -252,7 +285,7 @@ pub fn member_config(plan: &StorePlan, g: &GroupPlan, t: &Target) -> MemberConfi
     c.name = Some(format!("{}-member-{}-$(NODE_NAME)", plan.backend, g.index));
     c.advertise_host = Some("$(POD_IP)".into());
     c.shm_dir = "/dev/shm".into();
-    c.member_token_file = Some(token_file("member.token"));
+    c.member_token_file = Some(token_file(Token::Member.file()));
     c.tls = serve_tls();
     c.dial = kvcache_store::tls::DialFlags {
         tls_ca: Some(tls_file(TLS_CA_KEY)),
@@ -373,8 +406,7 @@ pub fn leader_deployment(plan: &StorePlan, t: &Target) -> Value {
     container["livenessProbe"] = http_probe("/healthz", LEADER_METRICS_PORT, 10, 6);
     container["resources"] = leader_resources(plan);
     container["volumeMounts"] = json!([tokens_mount(), tls_mount()]);
-    let member_token = member_token_secret(&plan.backend);
-    let tokens = tokens_volume(&[(CONTROL_TOKEN_SECRET, "control.token"), (&member_token, "member.token")]);
+    let tokens = tokens_volume(&plan.backend, &Token::ALL);
     let tls = tls_volume(&plan.backend);
     let mut spec = json!({
         "replicas": replicas,
@@ -481,7 +513,6 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
     );
     container["resources"] = member_resources(config.capacity);
     container["volumeMounts"] = json!([{"name": "segment", "mountPath": "/dev/shm"}, tokens_mount(), tls_mount()]);
-    let member_token = member_token_secret(&plan.backend);
     let mut pod = json!({
         "nodeSelector": g.node_selector,
         "automountServiceAccountToken": reads_lease,
@@ -491,7 +522,7 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
         "containers": [container],
         "volumes": [
             {"name": "segment", "emptyDir": {"medium": "Memory", "sizeLimit": capacity}},
-            tokens_volume(&[(&member_token, "member.token")]),
+            tokens_volume(&plan.backend, &[Token::Member]),
             tls_volume(&plan.backend),
         ],
     });

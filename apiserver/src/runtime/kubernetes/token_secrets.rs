@@ -1,14 +1,13 @@
-//! The store's own tokens in a cluster: the controllers' token (one Secret in the store's
-//! namespace, [`render::CONTROL_TOKEN_SECRET`]) and each backend's member token (a Secret that
-//! goes with the backend, [`render::member_token_secret`]). Each is made once, with 256 random
-//! bits, and kept; the leader and member Pods mount them (`render.rs`), and the controllers read
-//! the control token back to call the leaders' Control API.
+//! The store's own tokens in a cluster: each backend's Control token, scrape token, member token
+//! and seal key ([`render::Token`]), each a Secret that goes with the backend. Each is made once,
+//! with 256 random bits, and kept; the leader and member Pods mount them (`render.rs`), and the
+//! controllers read the Control token back to call the leaders' Control API.
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use super::render::{self, TOKEN_KEY};
+use super::render::TOKEN_KEY;
 
 /// The token in the Secret `meta` names, made first when it does not exist and `make` allows.
 /// `None`: it does not exist and was not to be made.
@@ -58,16 +57,4 @@ fn token_of(s: &Secret, name: &str) -> Result<String, String> {
         ));
     }
     Ok(token)
-}
-
-/// The controllers' token's Secret as it is made: not any backend's, kept for all of them.
-pub fn control_metadata(namespace: &str) -> Value {
-    json!({
-        "name": render::CONTROL_TOKEN_SECRET,
-        "namespace": namespace,
-        "labels": {
-            "app.kubernetes.io/managed-by": super::FIELD_MANAGER,
-            "app.kubernetes.io/part-of": "kvcache",
-        },
-    })
 }

@@ -123,9 +123,6 @@ struct State {
 #[derive(Debug)]
 pub struct LocalRuntime {
     opts: LocalOptions,
-    /// the controllers' token and its file (`runtime/tokens.rs`); `None` if it could not be
-    /// written (logged: the leaders then take unauthenticated Control calls)
-    control_token: Option<(PathBuf, String)>,
     state: Mutex<State>,
     changes: tokio::sync::broadcast::Sender<Changed>,
     /// tenant credentials, in files under the data directory
@@ -143,16 +140,10 @@ impl LocalRuntime {
                 .unwrap_or(u64::MAX);
             opts.memory_limit = Some(ram.min(shm));
         }
-        let control_token = super::tokens::ensure(&opts.data_dir, "control")
-            .inspect_err(|e| {
-                tracing::error!(error = %e, "cannot write the controllers' token; leaders will take unauthenticated Control calls")
-            })
-            .ok();
         LocalRuntime {
             credentials: super::credentials::FileKeeper::new(&opts.data_dir),
             tls: tls_files::TlsFiles::new(&opts.data_dir.join(STORE_TLS_DIR)),
             opts,
-            control_token,
             state: Mutex::new(State::default()),
             changes: tokio::sync::broadcast::channel(256).0,
         }
@@ -173,7 +164,7 @@ impl LocalRuntime {
     /// its name until then).
     fn member_hooks(&self, backend: &str, leader: SocketAddr, name: String) -> Hooks {
         let mut hooks = self.notify(Changed::Store(backend.to_owned()));
-        let token = self.control_token();
+        let token = self.control_token(backend);
         let tls = self.store_tls(backend).ok().flatten();
         hooks.on_exit = Some(std::sync::Arc::new(move || {
             let name = name.clone();
@@ -277,6 +268,37 @@ impl LocalRuntime {
             .map(|(p, _)| p)
     }
 
+    /// `backend`'s Control token and its file (`runtime/tokens.rs`), made when missing; `None` if
+    /// it could not be written (logged: its leaders then take unauthenticated Control calls).
+    fn control_token_of(&self, backend: &str) -> Option<(PathBuf, String)> {
+        super::tokens::ensure(&self.opts.data_dir, &format!("control-{backend}"))
+            .inspect_err(|e| {
+                tracing::error!(%backend, error = %e, "cannot write the Control token; its leaders will take unauthenticated Control calls")
+            })
+            .ok()
+    }
+
+    /// The file of `backend`'s scrape token (what `/metrics` shows the per-tenant series to),
+    /// made when missing (`None`, logged, if it cannot be: the Control token shows them then).
+    fn metrics_token_file(&self, backend: &str) -> Option<PathBuf> {
+        super::tokens::ensure(&self.opts.data_dir, &format!("metrics-{backend}"))
+            .inspect_err(|e| tracing::error!(%backend, error = %e, "cannot write the scrape token"))
+            .ok()
+            .map(|(p, _)| p)
+    }
+
+    /// The file of `backend`'s seal key (its leaders' alone), made when missing (`None`, logged, if
+    /// it cannot be: each leader process then seals with a key of its own, and a restarted or new
+    /// leader adopts nothing its members hold).
+    fn seal_key_file(&self, backend: &str) -> Option<PathBuf> {
+        super::tokens::ensure(&self.opts.data_dir, &format!("seal-{backend}"))
+            .inspect_err(|e| {
+                tracing::error!(%backend, error = %e, "cannot write the seal key; a failover will not keep the cache")
+            })
+            .ok()
+            .map(|(p, _)| p)
+    }
+
     /// The kubeconfig the store's processes reach the Lease API with.
     fn store_kubeconfig(&self) -> PathBuf {
         self.opts.store_kubeconfig.clone()
@@ -302,8 +324,10 @@ impl LocalRuntime {
         cfg.advertise_fast_port = Some(front.fast.port());
         cfg.metrics_listen = None;
         cfg.spin = Duration::ZERO;
-        cfg.control_token_file = self.control_token.as_ref().map(|(p, _)| p.clone());
+        cfg.control_token_file = self.control_token_of(&plan.backend).map(|(p, _)| p);
         cfg.member_token_file = member_token.cloned();
+        cfg.metrics_token_file = self.metrics_token_file(&plan.backend);
+        cfg.seal_key_file = self.seal_key_file(&plan.backend);
         if let Some(e) = &plan.election {
             cfg.election = Election::Kubernetes;
             cfg.lease = Some(format!("{LEASE_NAMESPACE}/{}", e.lease));
@@ -347,8 +371,8 @@ async fn converge(old: Option<Supervised>, spec: ProcessSpec, grace: Duration, h
 }
 
 impl Secrets for LocalRuntime {
-    fn control_token(&self) -> Option<String> {
-        self.control_token.as_ref().map(|(_, t)| t.clone())
+    fn control_token(&self, backend: &str) -> Option<String> {
+        self.control_token_of(backend).map(|(_, t)| t)
     }
 
     fn credentials(&self) -> &dyn super::credentials::Keeper {

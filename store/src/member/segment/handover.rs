@@ -80,6 +80,10 @@ impl Segment {
                 size: r.len,
                 epoch: r.held.epoch,
                 last_used_unix_ms: r.held.used,
+                seal: r
+                    .held
+                    .seal
+                    .map_or_else(bytes::Bytes::new, |s| bytes::Bytes::copy_from_slice(&s)),
             })
             .collect();
         counts.reported = report.len() as u64;
@@ -98,6 +102,27 @@ impl Segment {
             let ok = self.map.checksum(offset, len).is_ok_and(|sum| sum == checksum);
             self.written.lock().checked(offset, allocation, checksum, ok);
         }
+    }
+
+    /// Holds for a next leader the values the leader sealed once it committed them, `(offset,
+    /// allocation, seal)` of mount `mount_id` from a heartbeat answer; nothing changes if the
+    /// segment was mounted anew since. Returns how many it sealed.
+    pub fn seal(&self, mount_id: u64, offsets: &[u64], allocations: &[u64], seals: &[bytes::Bytes]) -> usize {
+        let mut written = self.written.lock();
+        if self.mount_id() != mount_id {
+            return 0;
+        }
+        offsets
+            .iter()
+            .zip(allocations)
+            .zip(seals)
+            .filter(|((o, a), s)| {
+                let Ok(seal) = <[u8; crate::grant::MAC_LEN]>::try_from(&s[..]) else {
+                    return false;
+                };
+                written.seal(**o, **a, seal)
+            })
+            .count()
     }
 
     /// Stops holding the values the leader freed, `(offset, allocation)` pairs of mount
@@ -123,18 +148,21 @@ impl Segment {
 
     /// Applies a leader's answer to the last [`Segment::report`]: `allocations[i]` is the
     /// allocation the i-th reported value is adopted under in the new mount, 0 where it was not
-    /// adopted (its range is free). An answer of another length (a leader that adopts nothing)
-    /// adopts nothing. Returns how many values were adopted.
-    pub fn adopt(&self, allocations: &[u64]) -> u64 {
+    /// adopted (its range is free), and `seals[i]` its new seal under the leader's `epoch`. An
+    /// answer of another length (a leader that adopts nothing) adopts nothing. Returns how many
+    /// values were adopted.
+    pub fn adopt(&self, allocations: &[u64], seals: &[bytes::Bytes], epoch: u64) -> u64 {
         let values = std::mem::take(&mut *self.retired.lock());
-        if allocations.len() != values.values.len() {
+        if allocations.len() != values.values.len() || seals.len() != allocations.len() {
             return 0;
         }
         let mut written = self.written.lock();
         let mut adopted = 0;
-        for (r, &a) in values.values.into_iter().zip(allocations) {
-            if a != 0 {
-                written.adopt(r, a);
+        for ((r, &a), s) in values.values.into_iter().zip(allocations).zip(seals) {
+            if a != 0
+                && let Ok(seal) = <[u8; crate::grant::MAC_LEN]>::try_from(&s[..])
+            {
+                written.adopt(r, a, seal, epoch);
                 adopted += 1;
             }
         }
@@ -157,7 +185,13 @@ mod tests {
         w.copy_from(&[allocation as u8; 100]).unwrap();
         if finish {
             w.finish();
+            // the leader committed it: its seal comes with the next heartbeat answer
+            assert_eq!(seg.seal(11, &[offset], &[allocation], &[seal(allocation)]), 1);
         }
+    }
+
+    fn seal(allocation: u64) -> bytes::Bytes {
+        bytes::Bytes::from(vec![allocation as u8; 32])
     }
 
     /// What a member hands over: values whose writes finished, with their tags, whose bytes
@@ -185,11 +219,12 @@ mod tests {
             }
         );
         assert_eq!((report[1].offset, report[1].size, report[1].epoch), (384, 100, 3));
+        assert_eq!(report[1].seal, seal(4), "with the leader's seal");
         // nothing of the old mount is served while the leader has not answered
         let read = |mount_id, allocation, offset| allocated(&key, Access::Read, mount_id, 3, offset, 100, allocation);
         assert!(seg.begin_read(read(12, 1, 0), 100).is_err());
         // the leader adopts k4 as allocation 7, not k1
-        assert_eq!(seg.adopt(&[0, 7]), 1);
+        assert_eq!(seg.adopt(&[0, 7], &[bytes::Bytes::new(), seal(7)], 4), 1);
         assert_eq!(seg.begin_read(read(12, 7, 384), 100).unwrap().to_vec(), vec![4; 100]);
         assert!(seg.begin_read(read(12, 1, 0), 100).is_err(), "k1 was not adopted");
         // a report too small for everything keeps the most recently used
@@ -197,7 +232,7 @@ mod tests {
         let (report, counts) = seg.report(2 + 32);
         assert_eq!((report.len(), counts.left_out), (1, 0));
         assert_eq!(
-            seg.adopt(&[]),
+            seg.adopt(&[], &[], 4),
             0,
             "an answer that does not match the report adopts nothing"
         );
@@ -238,6 +273,25 @@ mod tests {
         assert_eq!(report.len(), 1);
         assert_eq!(&report[0].tag[..], b"k1");
         assert_eq!(counts.damaged, 0, "found by the precheck, not the report");
+    }
+
+    /// A value the leader never sealed (its put was never committed) is not handed over.
+    #[test]
+    fn a_value_never_committed_is_not_handed_over() {
+        let (seg, key, _dir) = mounted();
+        write(&seg, &key, 0, 1, true);
+        // written whole, never committed: no seal came
+        let tag = b"k2".to_vec();
+        let g = signed_with(&key, Access::Write, 11, 3, 128, 100, 2, &tag);
+        let mut w = seg.begin_write(g, 100, &tag).unwrap();
+        w.copy_from(&[2; 100]).unwrap();
+        w.finish();
+        assert_eq!(seg.held(), Count { values: 1, bytes: 100 });
+        assert_eq!(seg.seal(10, &[128], &[2], &[seal(2)]), 0, "an earlier mount's answer");
+        seg.set_mount(12);
+        let (report, _) = seg.report(1 << 20);
+        let tags: Vec<&[u8]> = report.iter().map(|h| &h.tag[..]).collect();
+        assert_eq!(tags, [&b"k1"[..]]);
     }
 
     /// A value the leader freed (a heartbeat answer names it) is not handed to the next one; an

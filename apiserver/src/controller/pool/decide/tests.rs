@@ -77,6 +77,7 @@ fn leader_ledger(l: &Ledger, grant: u64, limit: GrantLimit) -> GetTenantsRespons
                 dtype: t.dtype.clone(),
                 credential_sha256: t.credential_sha256.clone(),
                 pool: t.pool.clone(),
+                uid: t.uid.clone(),
                 limited_by: limit.into(),
                 ..Default::default()
             })

@@ -112,16 +112,41 @@ fn the_leader_elects_through_its_lease_and_is_ready_only_while_serving() {
     assert_eq!(parsed, leader_config(&p, &target()));
     assert_eq!(parsed.lease.as_deref(), Some("gpustack-system/b-leader"));
     assert_eq!(parsed.identity.as_deref(), Some("$(POD_NAME)"));
-    // Both tokens, from their Secrets, where the flags name them.
+    // Its tokens and key, each the backend's own, from their Secrets, where the flags name them.
+    let file = |f: &Option<std::path::PathBuf>| f.as_ref().map(|p| p.display().to_string());
     assert_eq!(
-        parsed.control_token_file.as_deref(),
-        Some(std::path::Path::new("/etc/gpustack/kvcache/tokens/control.token"))
+        [
+            file(&parsed.control_token_file),
+            file(&parsed.metrics_token_file),
+            file(&parsed.member_token_file),
+            file(&parsed.seal_key_file)
+        ],
+        ["control.token", "metrics.token", "member.token", "seal.key"]
+            .map(|f| Some(format!("/etc/gpustack/kvcache/tokens/{f}")))
     );
     assert_eq!(c["volumeMounts"][0]["mountPath"], TOKENS_DIR);
     let sources = &pod["volumes"][0]["projected"]["sources"];
-    assert_eq!(sources[0]["secret"]["name"], CONTROL_TOKEN_SECRET);
-    assert_eq!(sources[1]["secret"]["name"], "b-member-token");
-    assert_eq!(sources[1]["secret"]["items"][0]["path"], "member.token");
+    let mounted: Vec<(&str, &str)> = sources
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["secret"]["name"].as_str().unwrap(),
+                s["secret"]["items"][0]["path"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        mounted,
+        [
+            ("b-control-token", "control.token"),
+            ("b-metrics-token", "metrics.token"),
+            ("b-member-token", "member.token"),
+            ("b-seal-key", "seal.key")
+        ],
+        "no token shared with another backend"
+    );
     // TLS on every port, with the backend's certificate from its Secret
     assert_eq!(
         parsed.tls.tls_cert.as_deref(),
