@@ -56,15 +56,18 @@ pub fn render(docs: &[(String, Value)], namespace: &str, config: &Config) -> Res
         }
         // The token Secrets hold fresh random values, which an offline render cannot make for
         // the controllers: it says how to make them.
-        let secrets: Vec<String> = crate::runtime::kubernetes::render::Token::ALL
+        use crate::runtime::kubernetes::render as k8s;
+        let keys: Vec<String> = k8s::Token::ALL.iter().map(|t| t.key(&name)).collect();
+        let literals: Vec<String> = keys
             .iter()
-            .map(|t| t.secret(&name))
+            .map(|k| format!("--from-literal={k}=$(openssl rand -hex 32)"))
             .collect();
         out.push_str(&format!(
-            "---\n# KVCacheBackend {name}: its Pods mount the Secrets {list} (key {key:?}), which the\n# controllers make; applied by hand, make each first, e.g.\n#   kubectl -n {namespace} create secret generic {first} --from-literal={key}=$(openssl rand -hex 32)\n",
-            list = secrets.join(", "),
-            first = secrets[0],
-            key = crate::runtime::kubernetes::render::TOKEN_KEY,
+            "---\n# KVCacheBackend {name}: its Pods mount the keys {list} of the Secret {tokens}, and its certificate\n# (keys {name}.tls.crt, {name}.tls.key, {name}.ca.crt) of the Secret {tls}, which the controllers make;\n# applied by hand, make them first, e.g.\n#   kubectl -n {namespace} create secret generic {tokens} {literals}\n",
+            list = keys.join(", "),
+            tokens = k8s::TOKENS_SECRET,
+            tls = k8s::TLS_SECRET,
+            literals = literals.join(" "),
         ));
     }
     for (file, value) in typed("ModelDeployment") {

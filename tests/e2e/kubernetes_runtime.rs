@@ -121,27 +121,25 @@ fn the_store_runs_as_workloads_of_the_cluster() {
     let d = eventually(60, "the leader Deployment", || {
         store(&k, "deployment", "mooncake-dram-leader")
     });
-    // The tokens the leader and members prove themselves with, each the backend's own and gone
-    // with it.
-    let token = |name: &str| {
-        let s = store(&k, "secret", name).unwrap_or_else(|| panic!("the Secret {name}"));
-        assert_eq!(
-            s["data"]["token"].as_str().map(str::len),
-            Some(88),
-            "{name}: 64 hex digits in base64"
-        );
-        s
-    };
-    let sources = &d["spec"]["template"]["spec"]["volumes"][0]["projected"]["sources"];
-    for (i, suffix) in ["control-token", "metrics-token", "member-token", "seal-key"]
+    // The tokens the leader and members prove themselves with, each the backend's own, as keys of
+    // the store's one tokens Secret (gone with the backend), and its certificate's.
+    let tokens = store(&k, "secret", "kvcache-store-tokens").expect("the Secret kvcache-store-tokens");
+    let items = &d["spec"]["template"]["spec"]["volumes"][0]["projected"]["sources"][0]["secret"];
+    assert_eq!(items["name"], "kvcache-store-tokens");
+    for (i, file) in ["control.token", "metrics.token", "member.token", "seal.key"]
         .iter()
         .enumerate()
     {
-        let name = format!("mooncake-dram-{suffix}");
-        let secret = token(&name);
-        assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], uid.as_str(), "{name}");
-        assert_eq!(sources[i]["secret"]["name"], name.as_str());
+        let key = format!("mooncake-dram.{file}");
+        assert_eq!(
+            tokens["data"][&key].as_str().map(str::len),
+            Some(88),
+            "{key}: 64 hex digits in base64"
+        );
+        assert_eq!(items["items"][i]["key"], key.as_str());
     }
+    let tls = store(&k, "secret", "kvcache-store-tls").expect("the Secret kvcache-store-tls");
+    assert!(tls["data"]["mooncake-dram.tls.crt"].is_string(), "{tls}");
     for kind in ["service", "serviceaccount", "role", "rolebinding"] {
         let o = store(&k, kind, "mooncake-dram-leader").unwrap_or_else(|| panic!("{kind} mooncake-dram-leader"));
         assert_eq!(
@@ -307,14 +305,22 @@ fn the_store_runs_as_workloads_of_the_cluster() {
             ("rolebinding", "mooncake-dram-leader"),
             ("networkpolicy", "mooncake-dram-store"),
             ("daemonset", "mooncake-dram-member-0"),
-            ("secret", "mooncake-dram-control-token"),
-            ("secret", "mooncake-dram-metrics-token"),
-            ("secret", "mooncake-dram-member-token"),
-            ("secret", "mooncake-dram-seal-key"),
         ]
         .iter()
         .filter(|(kind, name)| store(&k, kind, name).is_some())
         .map(|(kind, _)| *kind)
+        .chain(
+            ["kvcache-store-tokens", "kvcache-store-tls"]
+                .into_iter()
+                .filter(|s| {
+                    store(&k, "secret", s).is_some_and(|s| {
+                        s["data"]
+                            .as_object()
+                            .is_some_and(|d| d.keys().any(|k| k.starts_with("mooncake-dram.")))
+                    })
+                })
+                .map(|_| "the backend's keys of a Secret"),
+        )
         .collect();
         if left.is_empty() {
             break;
@@ -413,7 +419,8 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
     ));
     k.ok(&["create", "namespace", "team-a"]);
     k.ok(&["create", "namespace", "team-b"]);
-    // The runtime's rights in a namespace: none until it writes there.
+    // The runtime's rights: none in a namespace until an administrator lets it in, no way to let
+    // itself in, and Secrets by name only (finding 7 of the second review).
     let who = format!("--as=system:serviceaccount:{NAMESPACE}:{}", cluster::SERVICE);
     let runtime_may = |verb: &str, resource: &str, namespace: &str| {
         let scope = if namespace == "--all-namespaces" {
@@ -425,31 +432,54 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
         args.extend(scope);
         k.run(&args).stdout.trim() == "yes"
     };
-    for ns in ["team-a", "team-b"] {
+    for ns in ["team-a", "team-b", "kube-system"] {
+        assert!(!runtime_may("list", "secrets", ns), "no Secret list in {ns}");
+        assert!(!runtime_may("create", "pods", ns), "no Pod in {ns}");
         assert!(
-            !runtime_may("list", "secrets", ns),
-            "the runtime lists no Secret in {ns} yet"
-        );
-        assert!(
-            !runtime_may("create", "pods", ns),
-            "the runtime creates no Pod in {ns} yet"
+            !runtime_may("create", "rolebindings", ns),
+            "the runtime cannot let itself into {ns}"
         );
     }
+    assert!(
+        !runtime_may("bind", "clusterroles/kvcache-apiserver-tenant", "--all-namespaces"),
+        "nor bind the tenant role anywhere"
+    );
     assert!(
         !runtime_may("list", "secrets", "--all-namespaces"),
         "no cluster-wide Secret list"
     );
+    assert!(
+        !runtime_may("list", "secrets", NAMESPACE),
+        "no Secret list in the store's namespace (the etcd client key is there)"
+    );
+    assert!(!runtime_may("get", "secrets/kvcache-etcd-client", NAMESPACE));
+    assert!(runtime_may("get", "secrets/kvcache-store-tokens", NAMESPACE));
+    // A Binding in team-a before the administrator let the runtime in: it says what to run.
     k.must_apply(&manifest("02-pool-binding.yaml"));
+    eventually(60, "the Binding says the runtime is not let into team-a", || {
+        let described = k.run(&["describe", "kvcpb", "team-a", "-n", "team-a"]).stdout;
+        described
+            .contains("kubectl -n team-a create rolebinding kvcache-apiserver-tenant")
+            .then_some(())
+    });
+    k.ok(&[
+        "-n",
+        "team-a",
+        "create",
+        "rolebinding",
+        "kvcache-apiserver-tenant",
+        "--clusterrole=kvcache-apiserver-tenant",
+        &format!("--serviceaccount={NAMESPACE}:{}", cluster::SERVICE),
+    ]);
     support::walkthrough::wait_jp(&k, &["kvcpb", "team-a", "-n", "team-a"], "{.status.phase}", "Ready");
-    // The Binding's credential brought the runtime into team-a, and nowhere else.
-    let rb = json(&k, &["-n", "team-a", "get", "rolebinding", "kvcache-apiserver-tenant"]);
-    assert_eq!(rb["roleRef"]["name"], "kvcache-apiserver-tenant");
-    assert_eq!(rb["subjects"][0]["name"], cluster::SERVICE);
-    assert!(runtime_may("list", "secrets", "team-a"));
+    // In team-a now, and nowhere else; its Secret there by name alone.
+    assert!(runtime_may("get", "secrets/kvcache-credentials", "team-a"));
+    assert!(!runtime_may("list", "secrets", "team-a"));
+    assert!(!runtime_may("get", "secrets/someone-elses", "team-a"));
     assert!(runtime_may("create", "pods", "team-a"));
-    assert!(!runtime_may("list", "secrets", "team-b"));
     assert!(!runtime_may("create", "pods", "team-b"));
-    assert!(!runtime_may("list", "secrets", "kube-system"));
+    let kept = json(&k, &["-n", "team-a", "get", "secret", "kvcache-credentials"]);
+    assert!(kept["data"]["team-a.credential"].is_string(), "{kept}");
     let md = manifest("03-model-deployment.yaml").replace(
         "instanceType: local-small",
         "instanceType: local-small\n      image: vllm/vllm-openai:v0.29.0",
@@ -532,16 +562,16 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
             .expect("KVSTORE_CREDENTIAL");
         assert_eq!(
             credential["valueFrom"]["secretKeyRef"],
-            serde_json::json!({"name": "kvcache-credential-team-a", "key": "credential"})
+            serde_json::json!({"name": "kvcache-credentials", "key": "team-a.credential"})
         );
-        let secret = json(&k, &["-n", "team-a", "get", "secret", "kvcache-credential-team-a"]);
+        let secret = json(&k, &["-n", "team-a", "get", "secret", "kvcache-credentials"]);
         assert_eq!(
             secret["metadata"]["labels"]["app.kubernetes.io/component"],
-            "tenant-credential"
+            "tenant-credentials"
         );
         use base64::Engine as _;
         let value = base64::engine::general_purpose::STANDARD
-            .decode(secret["data"]["credential"].as_str().unwrap())
+            .decode(secret["data"]["team-a.credential"].as_str().unwrap())
             .unwrap();
         let value = String::from_utf8(value).unwrap();
         assert_eq!(value.len(), 64);
@@ -657,11 +687,14 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
         let pods = json(&k, &["-n", "team-a", "get", "pods"]);
         pods["items"].as_array().is_some_and(Vec::is_empty).then_some(())
     });
-    // The Binding's deletion completes and takes its credential's Secret with it.
+    // The Binding's deletion completes and takes its credential's keys with it.
     k.ok(&["-n", "team-a", "delete", "kvcpb", "team-a"]);
+    let left = try_json(&k, &["-n", "team-a", "get", "secret", "kvcache-credentials"]);
     assert!(
-        try_json(&k, &["-n", "team-a", "get", "secret", "kvcache-credential-team-a"]).is_none(),
-        "the deleted Binding's Secret is left"
+        left.as_ref().is_none_or(|s| s["data"]
+            .as_object()
+            .is_none_or(|d| !d.keys().any(|k| k.starts_with("team-a.")))),
+        "the deleted Binding's keys are left: {left:?}"
     );
 }
 

@@ -408,8 +408,18 @@ fn the_walkthrough_on_a_real_single_node_cluster() {
     );
 
     // Least privilege: a namespace's editor reads Bindings and writes ModelDeployments, but only
-    // a cluster administrator hands out pool quota.
+    // a cluster administrator hands out pool quota; and the administrator lets the runtime into
+    // team-a (deploy/README.md, "Tenant namespaces"), where it cannot let itself in.
     k.ok(&["create", "namespace", "team-a"]);
+    k.ok(&[
+        "-n",
+        "team-a",
+        "create",
+        "rolebinding",
+        "kvcache-apiserver-tenant",
+        "--clusterrole=kvcache-apiserver-tenant",
+        "--serviceaccount=gpustack-system:kvcache-apiserver",
+    ]);
     k.ok(&[
         "create",
         "rolebinding",
@@ -504,8 +514,8 @@ fn the_walkthrough_on_a_real_single_node_cluster() {
     eprintln!("step 2, Binding granted: {:.1}s", began.elapsed().as_secs_f64());
     let granted = condition(&k, KVCPB, "QuotaGranted");
     assert!(granted.starts_with("True|Granted|"), "{granted}");
-    // The runtime came into team-a (its RoleBinding there) and into no other namespace, and the
-    // store's NetworkPolicy admits team-a's engines. The harness's bridge CNI does not enforce
+    // The runtime is in team-a (the administrator's RoleBinding) and in no other namespace, and
+    // the store's NetworkPolicy admits team-a's engines. The harness's bridge CNI does not enforce
     // NetworkPolicies, so a Pod of another namespace is not refused here: only the policy is
     // checked.
     let tenant_bindings = k.ok(&[

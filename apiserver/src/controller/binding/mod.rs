@@ -57,7 +57,16 @@ pub async fn reconcile(obj: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Resul
     }
     let used_by = used_by(&obj, &ctx).await?;
     let (seen, credentials) = if live {
-        let credentials = super::credential::ensure(&ctx, &obj).await?;
+        let credentials = match super::credential::ensure(&ctx, &obj).await {
+            Ok(c) => c,
+            Err(e @ super::Error::Credentials(_)) => {
+                // where its credential cannot be kept (a namespace the runtime was not let into,
+                // say), the Binding says why and what to do
+                super::events::record(&ctx, &obj, true, "CredentialNotKept", &e.to_string()).await;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         (observe(&obj, &ctx, used_by, &credentials).await?, Some(credentials))
     } else {
         (

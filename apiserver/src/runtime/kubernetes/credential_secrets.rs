@@ -1,40 +1,44 @@
-//! Tenant credentials in a cluster: one Secret per Binding, in the Binding's namespace, named
-//! [`secret_name`]. Its key [`KEY`] holds the credential replicas receive (engine Pods reference
-//! it with `valueFrom.secretKeyRef`, so the value never appears in a Pod spec), and
-//! [`RECORD_KEY`] the whole rotation state. Found by the label [`COMPONENT_LABEL`], listed only
-//! in the Bindings' own namespaces (the runtime may list Secrets nowhere else).
+//! Tenant credentials in a cluster: one Secret per namespace, [`SECRET`], in the Bindings' own
+//! namespaces, holding two keys per Binding: [`credential_key`] (the credential replicas receive;
+//! engine Pods reference it with `valueFrom.secretKeyRef`, so the value never appears in a Pod
+//! spec) and [`record_key`] (the whole rotation state). One Secret of a fixed name, so the
+//! runtime's rights there are to that Secret alone, by name (`deploy/rbac-runtime.yaml`): it lists
+//! no Secret of a tenant namespace and reads none of the tenant's own. Keys are added and removed
+//! with merge patches, so Bindings of one namespace never overwrite each other's.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::tenant_namespaces::{Entered, TenantNamespaces};
 use crate::runtime::credentials::{BindingKey, Keeper, KeeperError, TenantCredentials};
 
-/// The key of the credential replicas receive.
-pub const KEY: &str = "credential";
-/// The key of the rotation state (JSON).
-pub const RECORD_KEY: &str = "credentials.json";
-/// The annotation naming the Binding a Secret belongs to.
-pub const BINDING_NOTE: &str = "note.gpustack.ai/kv-cache-pool-binding";
+/// The Secret of each tenant namespace that holds its Bindings' credentials.
+pub const SECRET: &str = "kvcache-credentials";
 /// The pod annotation naming the credential an engine Pod runs with (its fingerprint).
 pub const FINGERPRINT_ANNOTATION: &str = "kvcache.gpustack.ai/credential-fingerprint";
-const COMPONENT_LABEL: (&str, &str) = ("app.kubernetes.io/component", "tenant-credential");
 
-/// The Secret of Binding `binding`: `kvcache-credential-<binding>`, or, for a name too long for
-/// that, `kvcache-credential-` and a hash of it.
-pub fn secret_name(binding: &str) -> String {
-    let plain = format!("kvcache-credential-{binding}");
-    if plain.len() <= 253 {
-        return plain;
+/// What a Binding's keys start with: its name, or, for a name too long to leave room for the
+/// suffixes (a key is at most 253 characters), a hash of it.
+fn key_stem(binding: &str) -> String {
+    if binding.len() <= 200 {
+        return binding.to_owned();
     }
-    let h = crate::runtime::credentials::fingerprint(binding);
-    format!("kvcache-credential-{h}")
+    format!("h-{}", crate::runtime::credentials::fingerprint(binding))
+}
+
+/// The key of the credential Binding `binding`'s replicas receive.
+pub fn credential_key(binding: &str) -> String {
+    format!("{}.credential", key_stem(binding))
+}
+
+/// The key of Binding `binding`'s rotation state (JSON).
+pub fn record_key(binding: &str) -> String {
+    format!("{}.credentials.json", key_stem(binding))
 }
 
 /// Secrets through kube-rs, in namespaces entered first.
@@ -59,13 +63,27 @@ impl SecretKeeper {
     }
 }
 
-fn decode(s: &Secret, key: &BindingKey) -> Result<TenantCredentials, KeeperError> {
-    let record = s
-        .data
-        .as_ref()
-        .and_then(|d| d.get(RECORD_KEY))
-        .ok_or_else(|| KeeperError::new(key, format!("its Secret has no key {RECORD_KEY:?}")))?;
-    serde_json::from_slice(&record.0).map_err(|e| KeeperError::new(key, format!("its Secret's {RECORD_KEY:?}: {e}")))
+fn decode(s: &Secret, key: &BindingKey) -> Result<Option<TenantCredentials>, KeeperError> {
+    let Some(record) = s.data.as_ref().and_then(|d| d.get(&record_key(&key.name))) else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&record.0).map(Some).map_err(|e| {
+        KeeperError::new(
+            key,
+            format!("its key {:?} in the Secret {SECRET}: {e}", record_key(&key.name)),
+        )
+    })
+}
+
+/// A merge patch of one Binding's keys (`None`: removed).
+fn keys_patch(binding: &str, c: Option<&TenantCredentials>) -> Result<serde_json::Value, serde_json::Error> {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let (credential, record) = match c {
+        Some(c) => (json!(b64(c.current.as_bytes())), json!(b64(&serde_json::to_vec(c)?))),
+        None => (serde_json::Value::Null, serde_json::Value::Null),
+    };
+    Ok(json!({"data": {credential_key(binding): credential, record_key(binding): record}}))
 }
 
 #[async_trait]
@@ -75,32 +93,27 @@ impl Keeper for SecretKeeper {
         for b in bindings {
             by_namespace.entry(&b.namespace).or_default().insert(&b.name);
         }
-        let selector = format!("{}={}", COMPONENT_LABEL.0, COMPONENT_LABEL.1);
         let mut out = HashMap::new();
         for (namespace, names) in by_namespace {
             let what = format!("the Bindings of namespace {namespace}");
             let Some(api) = self.api(namespace, &what).await? else {
                 continue;
             };
-            let list = match api.list(&ListParams::default().labels(&selector)).await {
-                Ok(l) => l,
+            let secret = match api.get_opt(SECRET).await {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
                 Err(e) => {
                     self.tenants.forget_if_forbidden(namespace, &e);
-                    return Err(KeeperError::new(what, format!("listing Secrets: {e}")));
+                    return Err(KeeperError::new(what, format!("reading the Secret {SECRET}: {e}")));
                 }
             };
-            for s in list.items {
-                let Some(name) = s.metadata.annotations.as_ref().and_then(|a| a.get(BINDING_NOTE)) else {
-                    continue;
-                };
-                if !names.contains(name.as_str()) {
-                    continue;
-                }
+            for name in names {
                 let key = BindingKey::new(namespace, name);
-                match decode(&s, &key) {
-                    Ok(c) => {
+                match decode(&secret, &key) {
+                    Ok(Some(c)) => {
                         out.insert(key, c);
                     }
+                    Ok(None) => {}
                     Err(e) => tracing::warn!("{e}; it is left out of the ledger until it parses"),
                 }
             }
@@ -112,8 +125,8 @@ impl Keeper for SecretKeeper {
         let Some(api) = self.api(&binding.namespace, binding).await? else {
             return Ok(None);
         };
-        match api.get_opt(&secret_name(&binding.name)).await {
-            Ok(Some(s)) => decode(&s, binding).map(Some),
+        match api.get_opt(SECRET).await {
+            Ok(Some(s)) => decode(&s, binding),
             Ok(None) => Ok(None),
             Err(e) => Err(self.failed(binding, "reading its Secret", e)),
         }
@@ -126,45 +139,54 @@ impl Keeper for SecretKeeper {
                 format!("the namespace {} does not exist; create it", binding.namespace),
             ));
         };
-        let name = secret_name(&binding.name);
-        let record = serde_json::to_vec(c).map_err(|e| KeeperError::new(binding, e))?;
-        let data = [
-            (KEY.to_owned(), ByteString(c.current.clone().into_bytes())),
-            (RECORD_KEY.to_owned(), ByteString(record)),
-        ];
-        let secret = json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {
-                "name": name,
-                "namespace": binding.namespace,
-                "labels": {
-                    COMPONENT_LABEL.0: COMPONENT_LABEL.1,
-                    "app.kubernetes.io/managed-by": super::FIELD_MANAGER,
+        let patch = keys_patch(&binding.name, Some(c)).map_err(|e| KeeperError::new(binding, e))?;
+        let writing = format!("writing its keys of the Secret {}/{SECRET}", binding.namespace);
+        // Two rounds: the namespace's Secret is made by whichever Binding writes first.
+        for _ in 0..2 {
+            match api.patch(SECRET, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(self.failed(binding, &writing, e)),
+            }
+            let made: Secret = serde_json::from_value(json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {
+                    "name": SECRET,
+                    "namespace": binding.namespace,
+                    "labels": {
+                        "app.kubernetes.io/component": "tenant-credentials",
+                        "app.kubernetes.io/managed-by": super::FIELD_MANAGER,
+                    },
                 },
-                "annotations": {BINDING_NOTE: binding.name},
-            },
-            "type": "Opaque",
-            "data": std::collections::BTreeMap::from(data),
-        });
-        api.patch(
-            &name,
-            &PatchParams::apply(super::FIELD_MANAGER).force(),
-            &Patch::Apply(&secret),
-        )
-        .await
-        .map_err(|e| self.failed(binding, &format!("writing its Secret {}/{name}", binding.namespace), e))?;
-        Ok(())
+                "type": "Opaque",
+                "data": patch["data"],
+            }))
+            .map_err(|e| KeeperError::new(binding, e))?;
+            match api.create(&PostParams::default(), &made).await {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(self.failed(binding, &writing, e)),
+            }
+        }
+        Err(KeeperError::new(
+            binding,
+            format!(
+                "the Secret {}/{SECRET} was made and removed again meanwhile; retrying",
+                binding.namespace
+            ),
+        ))
     }
 
     async fn remove(&self, binding: &BindingKey) -> Result<(), KeeperError> {
         let Some(api) = self.api(&binding.namespace, binding).await? else {
             return Ok(());
         };
-        match api.delete(&secret_name(&binding.name), &DeleteParams::default()).await {
+        let patch = keys_patch(&binding.name, None).map_err(|e| KeeperError::new(binding, e))?;
+        match api.patch(SECRET, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(self.failed(binding, "deleting its Secret", e)),
+            Err(e) => Err(self.failed(binding, "removing its keys of the Secret", e)),
         }
     }
 }
@@ -195,9 +217,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_secret_name_fits_the_api_whatever_the_binding_name() {
-        assert_eq!(secret_name("cache"), "kvcache-credential-cache");
+    fn a_bindings_keys_fit_the_api_whatever_its_name() {
+        assert_eq!(credential_key("cache"), "cache.credential");
+        assert_eq!(record_key("cache"), "cache.credentials.json");
         let long = "b".repeat(253);
-        assert!(secret_name(&long).len() <= 253);
+        assert!(credential_key(&long).len() <= 253 && record_key(&long).len() <= 253);
+        assert_ne!(credential_key(&long), credential_key(&"c".repeat(253)));
+    }
+
+    #[test]
+    fn a_removal_patch_nulls_exactly_the_bindings_keys() {
+        let p = keys_patch("cache", None).unwrap();
+        assert_eq!(
+            p,
+            json!({"data": {"cache.credential": null, "cache.credentials.json": null}})
+        );
     }
 }

@@ -49,8 +49,8 @@ pub fn engine_pod(plan: &crate::runtime::ReplicaPlan, r: &crate::runtime::Replic
     if let Some(c) = &r.credential {
         env.push(
             json!({"name": crate::runtime::credentials::ENV, "valueFrom": {"secretKeyRef": {
-                "name": super::credential_secrets::secret_name(&c.binding),
-                "key": super::credential_secrets::KEY,
+                "name": super::credential_secrets::SECRET,
+                "key": super::credential_secrets::credential_key(&c.binding),
             }}}),
         );
     }

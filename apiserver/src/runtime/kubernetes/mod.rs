@@ -63,7 +63,6 @@ fn resource(kind: &str) -> Option<ApiResource> {
         "RoleBinding" => ("rbac.authorization.k8s.io", "v1", "rolebindings"),
         "Deployment" => ("apps", "v1", "deployments"),
         "DaemonSet" => ("apps", "v1", "daemonsets"),
-        "Secret" => ("", "v1", "secrets"),
         "NetworkPolicy" => ("networking.k8s.io", "v1", "networkpolicies"),
         _ => return None,
     };
@@ -83,7 +82,6 @@ const REMOVAL_ORDER: &[&str] = &[
     "RoleBinding",
     "Role",
     "ServiceAccount",
-    "Secret",
 ];
 
 /// The store as workloads of a cluster, through kube-rs: server-side apply under one field
@@ -187,26 +185,29 @@ impl KubernetesRuntime {
     }
 
     /// The backend's Control token (kept for [`Secrets::control_token`]), scrape token, member
-    /// token and seal key,
-    /// the store's CA (kept for [`Secrets::store_tls`](crate::runtime::Secrets::store_tls)) and the
-    /// backend's certificate, each in its Secret, made when missing (the backend's not while it
-    /// is being deleted).
-    async fn ensure_tokens(&self, plan: &StorePlan, target: &render::Target) -> Result<(), String> {
+    /// token and seal key, the store's CA (kept for
+    /// [`Secrets::store_tls`](crate::runtime::Secrets::store_tls)) and the backend's certificate,
+    /// each in the store's Secrets (`token_secrets.rs`), made when missing (the backend's not while
+    /// it is being deleted).
+    async fn ensure_tokens(&self, plan: &StorePlan) -> Result<(), String> {
         let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(self.client.clone(), &self.opts.namespace);
-        for token in render::Token::ALL {
-            let meta = render::token_metadata(plan, target, token);
-            let value = token_secrets::get_or_make(&api, meta, !plan.existing_only).await?;
-            if token == render::Token::Control {
-                match value {
-                    Some(t) => self.control_tokens.write().insert(plan.backend.clone(), t),
-                    None => self.control_tokens.write().remove(&plan.backend),
-                };
-            }
-        }
+        let control = token_secrets::ensure(&api, &self.opts.namespace, &plan.backend, !plan.existing_only).await?;
+        match control {
+            Some(t) => self.control_tokens.write().insert(plan.backend.clone(), t),
+            None => self.control_tokens.write().remove(&plan.backend),
+        };
         let ca = tls_secrets::ca(&api, &self.opts.namespace).await?;
-        let tls = render::store_tls_metadata(plan, target);
-        tls_secrets::ensure_backend(&api, tls, &plan.backend, &ca, !plan.existing_only).await?;
+        tls_secrets::ensure_backend(&api, &self.opts.namespace, &plan.backend, &ca, !plan.existing_only).await?;
         *self.store_ca.write() = Some(ca);
+        Ok(())
+    }
+
+    /// Removes `backend`'s keys from the store's Secrets (its tokens and certificate).
+    async fn remove_secrets(&self, backend: &str) -> Result<(), String> {
+        let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(self.client.clone(), &self.opts.namespace);
+        token_secrets::remove_keys(&api, render::TOKENS_SECRET, &token_secrets::keys(backend)).await?;
+        tls_secrets::remove_keys(&api, backend).await?;
+        self.control_tokens.write().remove(backend);
         Ok(())
     }
 
@@ -414,7 +415,7 @@ impl Runtime for KubernetesRuntime {
                 };
             }
         };
-        if let Err(why) = self.ensure_tokens(plan, &target).await {
+        if let Err(why) = self.ensure_tokens(plan).await {
             tracing::warn!(backend = %plan.backend, "{why}");
             return StoreObservation {
                 leaders: vec![refused(why.clone())],
@@ -506,6 +507,11 @@ impl Runtime for KubernetesRuntime {
                     tracing::warn!(backend, "deleting {kind} {name}: {e}");
                 }
             }
+        }
+        // its keys in the store's Secrets go once its workloads are gone
+        if !left && let Err(e) = self.remove_secrets(backend).await {
+            tracing::warn!(backend, "{e}");
+            left = true;
         }
         !left
     }

@@ -6,12 +6,17 @@
 //!   `<name>-leader` its Pods campaign for the Lease `<name>-leader` with;
 //! - the members: one DaemonSet `<name>-member-<i>` per group on the group's nodes, and while the
 //!   election is on the ServiceAccount, Role and RoleBinding `<name>-member` (Lease reads);
-//! - the tokens and keys they prove themselves with, each in a Secret of the backend the runtime
-//!   makes ([`Token`]): the leader mounts the backend's Control token, scrape token, member token
-//!   and seal key, each member the member token alone, under [`TOKENS_DIR`];
-//! - their TLS (`tls_secrets.rs`): leader and members mount the backend's certificate
-//!   ([`store_tls_secret`]) under [`TLS_DIR`] and serve every port with it; members check the
-//!   leader for the backend's store name.
+//! - the tokens and keys they prove themselves with, each the backend's own ([`Token`]), as keys
+//!   `<backend>.<file>` of the one Secret [`TOKENS_SECRET`] the runtime keeps: the leader mounts
+//!   the backend's Control token, scrape token, member token and seal key, each member the member
+//!   token alone, under [`TOKENS_DIR`];
+//! - their TLS (`tls_secrets.rs`): leader and members mount the backend's certificate (keys
+//!   `<backend>.tls.crt`, `.tls.key` and `.ca.crt` of the Secret [`TLS_SECRET`]) under [`TLS_DIR`]
+//!   and serve every port with it; members check the leader for the backend's store name.
+//!
+//! The store's Secrets have fixed names, so the runtime's rights to Secrets in the store's
+//! namespace are to those alone, by name (`deploy/rbac-runtime.yaml`): it lists none, and reads no
+//! other Secret there.
 //!
 //! Every object carries the resource-type label, the ownership notes (backend, role, group) that
 //! decide what belongs to the backend, and a controller owner reference that never blocks the
@@ -37,8 +42,6 @@ pub const GROUP_NOTE: &str = "note.gpustack.ai/group";
 
 /// Where the leader and members read their tokens in their Pods.
 pub const TOKENS_DIR: &str = "/etc/gpustack/kvcache/tokens";
-/// The key of a token Secret.
-pub const TOKEN_KEY: &str = "token";
 
 /// Where the leader and members read their certificate, key and the store's CA.
 pub const TLS_DIR: &str = "/etc/gpustack/kvcache/tls";
@@ -47,14 +50,14 @@ pub const TLS_CERT_KEY: &str = "tls.crt";
 pub const TLS_KEY_KEY: &str = "tls.key";
 pub const TLS_CA_KEY: &str = "ca.crt";
 
-/// The Secret of `backend`'s store certificate.
-pub fn store_tls_secret(backend: &str) -> String {
-    format!("{backend}-store-tls")
-}
+/// The Secret (in the store's namespace) of every backend's certificate.
+pub const TLS_SECRET: &str = "kvcache-store-tls";
+/// The Secret (in the store's namespace) of every backend's tokens and seal key.
+pub const TOKENS_SECRET: &str = "kvcache-store-tokens";
 
-/// The certificate Secret as it is made: the backend's labels, notes and owner.
-pub fn store_tls_metadata(plan: &StorePlan, t: &Target) -> Value {
-    metadata(plan, t, &store_tls_secret(&plan.backend), "store-tls", "leader", None)
+/// The key of `backend`'s `file` (a certificate file or a token's) in its Secret.
+pub fn backend_key(backend: &str, file: &str) -> String {
+    format!("{backend}.{file}")
 }
 
 fn tls_file(key: &str) -> std::path::PathBuf {
@@ -63,12 +66,12 @@ fn tls_file(key: &str) -> std::path::PathBuf {
 
 /// The volume of the backend's certificate, read-only to the owner and (`fsGroup`) the group.
 fn tls_volume(backend: &str) -> Value {
+    let items: Vec<Value> = [TLS_CERT_KEY, TLS_KEY_KEY, TLS_CA_KEY]
+        .iter()
+        .map(|f| json!({"key": backend_key(backend, f), "path": f}))
+        .collect();
     json!({"name": "store-tls", "projected": {"defaultMode": 0o400, "sources": [
-        {"secret": {"name": store_tls_secret(backend), "items": [
-            {"key": TLS_CERT_KEY, "path": TLS_CERT_KEY},
-            {"key": TLS_KEY_KEY, "path": TLS_KEY_KEY},
-            {"key": TLS_CA_KEY, "path": TLS_CA_KEY},
-        ]}},
+        {"secret": {"name": TLS_SECRET, "items": items}},
     ]}})
 }
 
@@ -83,10 +86,10 @@ fn serve_tls() -> kvcache_store::tls::ServeFlags {
     }
 }
 
-/// A backend's own tokens and keys, each in a Secret `<backend>-<suffix>` (key [`TOKEN_KEY`]) that
-/// the runtime makes with 256 random bits and that goes with the backend. None is shared between
+/// A backend's own tokens and keys, each a key `<backend>.<file>` of the Secret [`TOKENS_SECRET`]
+/// (256 random bits each, made by the runtime, removed with the backend). None is shared between
 /// backends, so a token read from one backend's Pods opens nothing of another's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Token {
     /// what the leaders' Control API takes: the controllers read it back to call it
     Control,
@@ -103,16 +106,7 @@ pub enum Token {
 impl Token {
     pub const ALL: [Token; 4] = [Token::Control, Token::Metrics, Token::Member, Token::Seal];
 
-    fn suffix(self) -> &'static str {
-        match self {
-            Token::Control => "control-token",
-            Token::Metrics => "metrics-token",
-            Token::Member => "member-token",
-            Token::Seal => "seal-key",
-        }
-    }
-
-    /// The file it is mounted as, under [`TOKENS_DIR`].
+    /// The file it is mounted as, under [`TOKENS_DIR`] (and, after the backend's name, its key).
     pub fn file(self) -> &'static str {
         match self {
             Token::Control => "control.token",
@@ -122,17 +116,10 @@ impl Token {
         }
     }
 
-    /// Its Secret's name.
-    pub fn secret(self, backend: &str) -> String {
-        format!("{backend}-{}", self.suffix())
+    /// Its key in [`TOKENS_SECRET`].
+    pub fn key(self, backend: &str) -> String {
+        backend_key(backend, self.file())
     }
-}
-
-/// A token's Secret as it is made (its `data` added then): the backend's labels, notes and owner,
-/// so it goes with the backend.
-pub fn token_metadata(plan: &StorePlan, t: &Target, token: Token) -> Value {
-    let role = if token == Token::Member { "member" } else { "leader" };
-    metadata(plan, t, &token.secret(&plan.backend), token.suffix(), role, None)
 }
 
 fn token_file(name: &str) -> std::path::PathBuf {
@@ -152,11 +139,13 @@ fn store_pod_security() -> Value {
 /// The volume of the tokens: `(secret, file)` pairs, read-only to the owner (and, through
 /// `fsGroup`, to the Pod's group).
 fn tokens_volume(backend: &str, tokens: &[Token]) -> Value {
-    let sources: Vec<Value> = tokens
+    let items: Vec<Value> = tokens
         .iter()
-        .map(|t| json!({"secret": {"name": t.secret(backend), "items": [{"key": TOKEN_KEY, "path": t.file()}]}}))
+        .map(|t| json!({"key": t.key(backend), "path": t.file()}))
         .collect();
-    json!({"name": "store-tokens", "projected": {"defaultMode": 0o400, "sources": sources}})
+    json!({"name": "store-tokens", "projected": {"defaultMode": 0o400, "sources": [
+        {"secret": {"name": TOKENS_SECRET, "items": items}},
+    ]}})
 }
 
 fn tokens_mount() -> Value {

@@ -1,22 +1,24 @@
 //! The namespaces the runtime writes to besides the store's own: those of the ModelDeployments
 //! whose engine Pods it runs and of the Bindings whose credential Secrets it keeps. The runtime
-//! holds Secret and Pod rights in no other namespace. Entering one (before the first read or
-//! write there) binds the runtime's ServiceAccount to the ClusterRole [`TENANT_ROLE`] by the
-//! RoleBinding [`ROLE_BINDING`] of that namespace, waits until the grant takes effect, and starts
-//! watching the engine Pods there. A namespace whose access was refused is entered again on the
-//! next use (someone deleted the RoleBinding).
+//! holds Secret and Pod rights in no other namespace, and it cannot grant itself any: an
+//! administrator lets it into a namespace with the RoleBinding [`ROLE_BINDING`], which binds its
+//! ServiceAccount to the ClusterRole [`TENANT_ROLE`] there (`deploy/README.md`, "Tenant
+//! namespaces"; `kubectl create rolebinding`, as [`not_let_in`] says). The runtime holds no right to write RoleBindings
+//! anywhere, so a compromised runtime cannot reach a namespace nobody let it into.
 //!
-//! Without a ServiceAccount (a server outside the cluster, on an administrator's kubeconfig) no
-//! RoleBinding is written and the runtime's own credentials must reach those namespaces.
+//! Entering a namespace (before the first read or write there) checks that the namespace exists
+//! and that the runtime may use it, and starts watching the engine Pods there; a namespace that
+//! does not let it in is refused with what to run. A namespace whose access was refused later is
+//! entered again on the next use (someone deleted the RoleBinding).
+//!
+//! Without a ServiceAccount (a server outside the cluster, on an administrator's kubeconfig) the
+//! runtime's own credentials must reach those namespaces, and nothing is checked.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, ListParams};
 use parking_lot::Mutex;
-use serde_json::json;
 
 use crate::runtime::Changed;
 
@@ -25,8 +27,6 @@ use crate::runtime::Changed;
 pub const TENANT_ROLE: &str = "kvcache-apiserver-tenant";
 /// The RoleBinding in each tenant namespace.
 pub const ROLE_BINDING: &str = "kvcache-apiserver-tenant";
-/// How long a fresh RoleBinding may take to reach the cluster's authorizer.
-const GRANT_WAIT: Duration = Duration::from_secs(10);
 
 /// What entering a namespace found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,13 +69,13 @@ impl TenantNamespaces {
         }
     }
 
-    /// Makes `namespace` one the runtime may use: its RoleBinding, then its engine-Pod watch.
+    /// Makes `namespace` one the runtime uses, once it checked it may: then its engine-Pod watch.
     pub async fn enter(&self, namespace: &str) -> Result<Entered, String> {
         if self.entered.lock().contains_key(namespace) {
             return Ok(Entered::Yes);
         }
         if let Some((sa_namespace, sa)) = &self.service_account
-            && self.bind(namespace, sa_namespace, sa).await? == Entered::NoSuchNamespace
+            && self.check(namespace, sa_namespace, sa).await? == Entered::NoSuchNamespace
         {
             return Ok(Entered::NoSuchNamespace);
         }
@@ -102,61 +102,30 @@ impl TenantNamespaces {
         }
     }
 
-    async fn bind(&self, namespace: &str, sa_namespace: &str, sa: &str) -> Result<Entered, String> {
-        let binding = role_binding(namespace, sa_namespace, sa);
-        let applied = Api::<RoleBinding>::namespaced(self.client.clone(), namespace)
-            .patch(
-                ROLE_BINDING,
-                &PatchParams::apply(super::FIELD_MANAGER).force(),
-                &Patch::Apply(&binding),
-            )
-            .await;
-        match applied {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 && s.details.as_ref().is_some_and(|d| d.kind == "namespaces") => {
-                return Ok(Entered::NoSuchNamespace);
-            }
-            Err(e) => {
-                return Err(format!(
-                    "binding {TENANT_ROLE} in namespace {namespace} (RoleBinding {ROLE_BINDING}): {e}"
-                ));
-            }
+    /// Whether `namespace` exists and lets the runtime in (a Pod list of at most one).
+    async fn check(&self, namespace: &str, sa_namespace: &str, sa: &str) -> Result<Entered, String> {
+        match Api::<Namespace>::all(self.client.clone()).get_opt(namespace).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Ok(Entered::NoSuchNamespace),
+            Err(e) => return Err(format!("reading the namespace {namespace}: {e}")),
         }
-        // The authorizer learns of the RoleBinding from its own watch: wait until it lets us in.
         let pods = Api::<Pod>::namespaced(self.client.clone(), namespace);
-        let deadline = tokio::time::Instant::now() + GRANT_WAIT;
-        loop {
-            match pods.list(&ListParams::default().limit(1)).await {
-                Ok(_) => return Ok(Entered::Yes),
-                Err(kube::Error::Api(s)) if s.code == 403 && tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => {
-                    return Err(format!(
-                        "namespace {namespace}: RoleBinding {ROLE_BINDING} written, but Pods cannot be listed: {e}"
-                    ));
-                }
-            }
+        match pods.list(&ListParams::default().limit(1)).await {
+            Ok(_) => Ok(Entered::Yes),
+            Err(kube::Error::Api(s)) if s.code == 403 => Err(not_let_in(namespace, sa_namespace, sa)),
+            Err(e) => Err(format!("listing Pods in namespace {namespace}: {e}")),
         }
     }
 }
 
-/// The RoleBinding granting [`TENANT_ROLE`] in `namespace` to the runtime's ServiceAccount.
-pub fn role_binding(namespace: &str, sa_namespace: &str, sa: &str) -> serde_json::Value {
-    json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {
-            "name": ROLE_BINDING,
-            "namespace": namespace,
-            "labels": {
-                "app.kubernetes.io/managed-by": super::FIELD_MANAGER,
-                "app.kubernetes.io/part-of": "kvcache",
-            },
-        },
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": TENANT_ROLE},
-        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": sa_namespace}],
-    })
+/// The refusal of a namespace that does not let the runtime in, with what lets it in.
+pub fn not_let_in(namespace: &str, sa_namespace: &str, sa: &str) -> String {
+    format!(
+        "namespace {namespace} does not let the runtime in (no RoleBinding {ROLE_BINDING} binds the ClusterRole \
+         {TENANT_ROLE} to its ServiceAccount {sa_namespace}/{sa} there); an administrator runs: kubectl -n \
+         {namespace} create rolebinding {ROLE_BINDING} --clusterrole={TENANT_ROLE} \
+         --serviceaccount={sa_namespace}:{sa}"
+    )
 }
 
 #[cfg(test)]
@@ -164,23 +133,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_role_binding_grants_the_tenant_role_to_the_runtime_alone() {
-        let b: RoleBinding =
-            serde_json::from_value(role_binding("team-a", "gpustack-system", "kvcache-apiserver")).unwrap();
-        assert_eq!(b.metadata.namespace.as_deref(), Some("team-a"));
-        assert_eq!(
-            (b.role_ref.kind.as_str(), b.role_ref.name.as_str()),
-            ("ClusterRole", TENANT_ROLE)
-        );
-        let subjects = b.subjects.unwrap();
-        assert_eq!(subjects.len(), 1);
-        assert_eq!(
-            (
-                subjects[0].kind.as_str(),
-                subjects[0].name.as_str(),
-                subjects[0].namespace.as_deref()
+    fn a_namespace_that_does_not_let_the_runtime_in_says_what_does() {
+        let how = not_let_in("team-a", "gpustack-system", "kvcache-apiserver");
+        assert!(
+            how.contains(
+                "kubectl -n team-a create rolebinding kvcache-apiserver-tenant --clusterrole=kvcache-apiserver-tenant \
+                 --serviceaccount=gpustack-system:kvcache-apiserver"
             ),
-            ("ServiceAccount", "kvcache-apiserver", Some("gpustack-system"))
+            "{how}"
         );
     }
 }

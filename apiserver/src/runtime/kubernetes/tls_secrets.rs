@@ -1,16 +1,16 @@
 //! The store's TLS in a cluster (`runtime/store_tls.rs`): the store's CA in the Secret
-//! [`CA_SECRET`] of the store's namespace (made once and kept, like the controllers' token), and
-//! each backend's certificate in the Secret [`render::store_tls_secret`], which goes with the
-//! backend and which its leader and member Pods mount (`render.rs`). A backend's Secret is issued
-//! again when it is missing or was issued by another CA (the CA Secret was replaced); its Pods
-//! read it when they start.
+//! [`CA_SECRET`] of the store's namespace (made once and kept), and each backend's certificate as
+//! keys `<backend>.tls.crt`, `.tls.key` and `.ca.crt` of the Secret [`render::TLS_SECRET`], which
+//! its leader and member Pods mount (`render.rs`) and which are removed with the backend. A
+//! backend's certificate is issued again when it is missing or was issued by another CA (the CA
+//! Secret was replaced); its Pods read it when they start.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use parking_lot::RwLock;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::render;
 use crate::runtime::store_tls::StoreCa;
@@ -20,13 +20,7 @@ pub const CA_SECRET: &str = "kvcache-store-ca";
 const CA_CERT_KEY: &str = "ca.crt";
 const CA_KEY_KEY: &str = "ca.key";
 
-fn text(s: &Secret, key: &str) -> Option<String> {
-    s.data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .or_else(|| s.string_data.as_ref().and_then(|d| d.get(key)).cloned())
-}
+use super::token_secrets::text;
 
 /// The store's CA from its Secret, made first when it does not exist.
 pub async fn ca(api: &Api<Secret>, namespace: &str) -> Result<StoreCa, String> {
@@ -90,44 +84,42 @@ pub async fn keep_reading(api: Api<Secret>, namespace: String, slot: Arc<RwLock<
     }
 }
 
-/// The backend's certificate Secret (`meta`, from [`render::store_tls_metadata`]) issued by
-/// `ca`: made when missing (if `make`), issued again when another CA issued it.
+/// `backend`'s certificate issued by `ca`, as keys of [`render::TLS_SECRET`]: made when missing
+/// (if `make`), issued again when another CA issued it.
 pub async fn ensure_backend(
     api: &Api<Secret>,
-    meta: Value,
+    namespace: &str,
     backend: &str,
     ca: &StoreCa,
     make: bool,
 ) -> Result<(), String> {
-    let name = meta["name"].as_str().unwrap_or_default().to_owned();
+    let key = |f: &str| render::backend_key(backend, f);
     let current = api
-        .get_opt(&name)
+        .get_opt(render::TLS_SECRET)
         .await
-        .map_err(|e| format!("reading the Secret {name}: {e}"))?;
-    match &current {
-        Some(s) if text(s, render::TLS_CA_KEY).as_deref() == Some(ca.ca_pem()) => return Ok(()),
+        .map_err(|e| format!("reading the Secret {}: {e}", render::TLS_SECRET))?;
+    let issued_by = current.as_ref().and_then(|s| text(s, &key(render::TLS_CA_KEY)));
+    match issued_by {
+        Some(pem) if pem == ca.ca_pem() => return Ok(()),
         None if !make => return Ok(()),
         _ => {}
     }
     let pair = ca
         .issue(backend)
         .map_err(|e| format!("issuing the store's certificate of {backend}: {e}"))?;
-    use base64::Engine as _;
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
-    let secret = json!({
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": meta,
-        "type": "Opaque",
-        "data": {
-            render::TLS_CERT_KEY: b64(&pair.cert_pem),
-            render::TLS_KEY_KEY: b64(&pair.key_pem),
-            render::TLS_CA_KEY: b64(ca.ca_pem()),
-        },
-    });
-    let params = PatchParams::apply(super::FIELD_MANAGER).force();
-    api.patch(&name, &params, &Patch::Apply(&secret))
-        .await
-        .map_err(|e| format!("writing the Secret {name}: {e}"))?;
-    Ok(())
+    let values = std::collections::BTreeMap::from([
+        (key(render::TLS_CERT_KEY), pair.cert_pem),
+        (key(render::TLS_KEY_KEY), pair.key_pem),
+        (key(render::TLS_CA_KEY), ca.ca_pem().to_owned()),
+    ]);
+    super::token_secrets::put_keys(api, namespace, render::TLS_SECRET, &values).await
+}
+
+/// Removes `backend`'s certificate from [`render::TLS_SECRET`].
+pub async fn remove_keys(api: &Api<Secret>, backend: &str) -> Result<(), String> {
+    let keys: Vec<String> = [render::TLS_CERT_KEY, render::TLS_KEY_KEY, render::TLS_CA_KEY]
+        .iter()
+        .map(|f| render::backend_key(backend, f))
+        .collect();
+    super::token_secrets::remove_keys(api, render::TLS_SECRET, &keys).await
 }

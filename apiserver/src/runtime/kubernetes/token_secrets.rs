@@ -1,60 +1,120 @@
-//! The store's own tokens in a cluster: each backend's Control token, scrape token, member token
-//! and seal key ([`render::Token`]), each a Secret that goes with the backend. Each is made once,
-//! with 256 random bits, and kept; the leader and member Pods mount them (`render.rs`), and the
-//! controllers read the Control token back to call the leaders' Control API.
+//! The store's own Secrets in a cluster, under fixed names in the store's namespace so that the
+//! runtime's rights to Secrets there are to these alone, by name (`deploy/rbac-runtime.yaml`):
+//! every backend's tokens and seal key ([`render::Token`]) as keys of [`render::TOKENS_SECRET`], and
+//! its certificate as keys of [`render::TLS_SECRET`] (`tls_secrets.rs`). A backend's keys are
+//! made once (256 random bits each) and kept until the backend goes ([`remove_keys`]); they are
+//! added and removed with merge patches, so backends never overwrite each other's. The leader and
+//! member Pods mount their backend's keys (`render.rs`), and the controllers read the Control token
+//! back to call the leaders' Control API.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use super::render::TOKEN_KEY;
+use super::render::{self, Token};
 
-/// The token in the Secret `meta` names, made first when it does not exist and `make` allows.
-/// `None`: it does not exist and was not to be made.
-pub async fn get_or_make(api: &Api<Secret>, meta: Value, make: bool) -> Result<Option<String>, String> {
-    let name = meta["name"].as_str().unwrap_or_default().to_owned();
-    // Two rounds: another replica of the controllers may make it between our read and create.
+fn b64(b: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+/// A key's value in `s`, as text (`None`: absent or blank).
+pub fn text(s: &Secret, key: &str) -> Option<String> {
+    s.data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .or_else(|| s.string_data.as_ref().and_then(|d| d.get(key)).cloned())
+        .filter(|v| !v.trim().is_empty())
+}
+
+/// Adds (or replaces) `values` as keys of the Secret `name`, making the Secret when it does not
+/// exist yet.
+pub async fn put_keys(
+    api: &Api<Secret>,
+    namespace: &str,
+    name: &str,
+    values: &BTreeMap<String, String>,
+) -> Result<(), String> {
+    let data: BTreeMap<&String, String> = values.iter().map(|(k, v)| (k, b64(v.as_bytes()))).collect();
+    let patch = json!({"data": data});
+    // Two rounds: another replica of the controllers may make it between our patch and create.
     for _ in 0..2 {
-        match api.get_opt(&name).await {
-            Ok(Some(s)) => return token_of(&s, &name).map(Some),
-            Ok(None) if !make => return Ok(None),
-            Ok(None) => {}
-            Err(e) => return Err(format!("reading the Secret {name}: {e}")),
+        match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(format!("writing the Secret {name}: {e}")),
         }
         let secret: Secret = serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": meta,
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {
+                    "app.kubernetes.io/managed-by": super::FIELD_MANAGER,
+                    "app.kubernetes.io/part-of": "kvcache",
+                },
+            },
             "type": "Opaque",
-            "stringData": {TOKEN_KEY: crate::runtime::tokens::fresh()},
+            "data": patch["data"],
         }))
         .map_err(|e| format!("the Secret {name}: {e}"))?;
         match api.create(&PostParams::default(), &secret).await {
-            Ok(s) => return token_of(&s, &name).map(Some),
+            Ok(_) => return Ok(()),
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
             Err(e) => return Err(format!("creating the Secret {name}: {e}")),
         }
     }
     Err(format!(
-        "the Secret {name} was made and removed again while it was read; retrying"
+        "the Secret {name} was made and removed again meanwhile; retrying"
     ))
 }
 
-fn token_of(s: &Secret, name: &str) -> Result<String, String> {
-    let from_data = s.data.as_ref().and_then(|d| d.get(TOKEN_KEY)).map(|b| b.0.clone());
-    let from_string = s
-        .string_data
-        .as_ref()
-        .and_then(|d| d.get(TOKEN_KEY))
-        .map(|v| v.clone().into_bytes());
-    let token = from_data
-        .or(from_string)
-        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
-        .unwrap_or_default();
-    if token.is_empty() {
-        return Err(format!(
-            "the Secret {name} has no {TOKEN_KEY:?}; delete it and the controllers make a new one"
-        ));
+/// Removes `keys` from the Secret `name` (a Secret that does not exist holds none).
+pub async fn remove_keys(api: &Api<Secret>, name: &str, keys: &[String]) -> Result<(), String> {
+    let nulls: BTreeMap<&String, Value> = keys.iter().map(|k| (k, Value::Null)).collect();
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&json!({"data": nulls})))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(format!("removing keys of the Secret {name}: {e}")),
     }
-    Ok(token)
+}
+
+/// `backend`'s tokens, each made first when it does not exist and `make` allows; returns its
+/// Control token (`None`: it does not exist and was not to be made).
+pub async fn ensure(api: &Api<Secret>, namespace: &str, backend: &str, make: bool) -> Result<Option<String>, String> {
+    let current = api
+        .get_opt(render::TOKENS_SECRET)
+        .await
+        .map_err(|e| format!("reading the Secret {}: {e}", render::TOKENS_SECRET))?;
+    let mut have: BTreeMap<Token, String> = BTreeMap::new();
+    let mut missing = BTreeMap::new();
+    for token in Token::ALL {
+        match current.as_ref().and_then(|s| text(s, &token.key(backend))) {
+            Some(v) => {
+                have.insert(token, v.trim().to_owned());
+            }
+            None if make => {
+                let fresh = crate::runtime::tokens::fresh();
+                missing.insert(token.key(backend), fresh.clone());
+                have.insert(token, fresh);
+            }
+            None => {}
+        }
+    }
+    if !missing.is_empty() {
+        put_keys(api, namespace, render::TOKENS_SECRET, &missing).await?;
+    }
+    Ok(have.remove(&Token::Control))
+}
+
+/// The keys of `backend`'s tokens.
+pub fn keys(backend: &str) -> Vec<String> {
+    Token::ALL.iter().map(|t| t.key(backend)).collect()
 }

@@ -126,26 +126,15 @@ fn the_leader_elects_through_its_lease_and_is_ready_only_while_serving() {
     );
     assert_eq!(c["volumeMounts"][0]["mountPath"], TOKENS_DIR);
     let sources = &pod["volumes"][0]["projected"]["sources"];
-    let mounted: Vec<(&str, &str)> = sources
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            (
-                s["secret"]["name"].as_str().unwrap(),
-                s["secret"]["items"][0]["path"].as_str().unwrap(),
-            )
-        })
-        .collect();
     assert_eq!(
-        mounted,
-        [
-            ("b-control-token", "control.token"),
-            ("b-metrics-token", "metrics.token"),
-            ("b-member-token", "member.token"),
-            ("b-seal-key", "seal.key")
-        ],
-        "no token shared with another backend"
+        sources,
+        &json!([{"secret": {"name": TOKENS_SECRET, "items": [
+            {"key": "b.control.token", "path": "control.token"},
+            {"key": "b.metrics.token", "path": "metrics.token"},
+            {"key": "b.member.token", "path": "member.token"},
+            {"key": "b.seal.key", "path": "seal.key"},
+        ]}}]),
+        "the backend's own keys, no token shared with another backend"
     );
     // TLS on every port, with the backend's certificate from its Secret
     assert_eq!(
@@ -158,8 +147,12 @@ fn the_leader_elects_through_its_lease_and_is_ready_only_while_serving() {
     );
     assert_eq!(c["volumeMounts"][1]["mountPath"], TLS_DIR);
     assert_eq!(
-        pod["volumes"][1]["projected"]["sources"][0]["secret"]["name"],
-        "b-store-tls"
+        pod["volumes"][1]["projected"]["sources"],
+        json!([{"secret": {"name": TLS_SECRET, "items": [
+            {"key": "b.tls.crt", "path": "tls.crt"},
+            {"key": "b.tls.key", "path": "tls.key"},
+            {"key": "b.ca.crt", "path": "ca.crt"},
+        ]}}])
     );
     assert_eq!(pod["volumes"][1]["projected"]["defaultMode"], 0o400);
     assert_eq!(
@@ -224,7 +217,7 @@ fn a_member_group_requests_its_segment_and_finds_the_leader() {
     let sources = &pod["volumes"][1]["projected"]["sources"];
     assert_eq!(
         sources,
-        &json!([{"secret": {"name": "b-member-token", "items": [{"key": "token", "path": "member.token"}]}}]),
+        &json!([{"secret": {"name": TOKENS_SECRET, "items": [{"key": "b.member.token", "path": "member.token"}]}}]),
         "a member gets the member token alone"
     );
     // TLS: it serves the backend's certificate and checks the leader for the backend's name
@@ -236,7 +229,7 @@ fn a_member_group_requests_its_segment_and_finds_the_leader() {
     assert_eq!(parsed.dial.tls_server_name.as_deref(), Some("b.kvstore.internal"));
     assert_eq!(
         pod["volumes"][2]["projected"]["sources"][0]["secret"]["name"],
-        "b-store-tls"
+        TLS_SECRET
     );
 
     let lease = plan(&ONE.replace("leader: {}", "leader: {memberAddressing: Lease}"));
