@@ -84,8 +84,13 @@ fuzz_target!(|data: &[u8]| {
         if req.epoch == 0 {
             segment.set_mount(MOUNT + 1);
             let (report, _) = segment.report(1 << 16);
-            let answer: Vec<u64> = report.iter().enumerate().map(|(i, _)| (req.allocation >> (i % 64)) & 1).collect();
-            segment.adopt(&answer);
+            let answer: Vec<u64> = report
+                .iter()
+                .enumerate()
+                .map(|(i, _)| (req.allocation >> (i % 64)) & 1)
+                .collect();
+            let seals: Vec<bytes::Bytes> = answer.iter().map(|a| bytes::Bytes::from(vec![*a as u8; 32])).collect();
+            segment.adopt(&answer, &seals, EPOCH);
             segment.set_mount(MOUNT);
         }
         match req.op {
@@ -96,6 +101,11 @@ fuzz_target!(|data: &[u8]| {
                     if n as u64 == range.len() {
                         range.copy_from(&rest[..n]).expect("a granted range takes its bytes");
                         range.finish();
+                        // the leader committed it (or not): its seal comes with a heartbeat answer
+                        if req.mac[1] % 2 == 0 {
+                            let seal = bytes::Bytes::from(vec![req.mac[2]; 32]);
+                            segment.seal(req.mount_id, &[req.offset], &[req.allocation], &[seal]);
+                        }
                     }
                 }
             }

@@ -29,9 +29,23 @@ pub(super) fn router(
 > {
     Ok(crate::tls::grpc_server(tls)?
         .layer(super::front::FrontLayer(leader.clone()))
-        .add_service(StoreServer::new(leader.clone()).max_decoding_message_size(super::fastport::MAX_REQUEST))
-        .add_service(MembershipServer::new(leader.clone()).max_decoding_message_size(crate::member::MAX_MOUNT_MESSAGE))
-        .add_service(ControlServer::new(leader).max_decoding_message_size(super::front::LEDGER_BODY)))
+        .add_routes(services(leader)))
+}
+
+/// The three services, each reading messages of at most what its largest method needs.
+fn services(leader: Leader) -> tonic::service::Routes {
+    tonic::service::Routes::new(
+        StoreServer::new(leader.clone()).max_decoding_message_size(super::fastport::MAX_REQUEST),
+    )
+    .add_service(MembershipServer::new(leader.clone()).max_decoding_message_size(crate::member::MAX_MOUNT_MESSAGE))
+    .add_service(ControlServer::new(leader).max_decoding_message_size(super::front::LEDGER_BODY))
+}
+
+/// What the gRPC port runs for each call, without the port: the front door and the services, for
+/// the fuzz target that sends them requests (`fuzz/fuzz_targets/grpc_services.rs`).
+#[doc(hidden)]
+pub fn fuzzing(leader: Leader) -> super::front::Front<tonic::service::Routes> {
+    tower::Layer::layer(&super::front::FrontLayer(leader.clone()), services(leader))
 }
 
 type Reply<T> = Result<Response<T>, Status>;
