@@ -1,9 +1,13 @@
-"""Reads compare.sh's output directory and prints ours vs the reference, per round, with ratios.
+"""Reads compare.sh's output directory and prints ours vs the reference, per round, with ratios,
+and, with TLS, our 4 MiB put and get against the machine's TLS bound measured in the same round
+(goal: at least 90% of it), with the median over the rounds.
 
 For the reference, each op is compared with its *best* single-key API row (put_from or
 put(bytes), get_into or get(bytes)), so the ratio is never flattered by a slow API choice.
 """
 import json
+import os
+import statistics
 import sys
 
 out, rounds = sys.argv[1], int(sys.argv[2])
@@ -29,6 +33,7 @@ def ref_rows(path):
     return best
 
 
+of_bound = {}
 for r in range(1, rounds + 1):
     ref = ref_rows(f"{out}/ref{r}/mooncake_remote.json")
     ours = {}
@@ -56,4 +61,18 @@ for r in range(1, rounds + 1):
     ratio = ex["p50_us"] / f["p50_us"]
     print(f"exists {'':>8} | p50 {ex['p50_us']:.0f} us (ours) vs {f['p50_us']:.0f} us (ref) | "
           f"{ratio:.2f} of the reference (goal <= 0.5: {'met' if ratio <= 0.5 else 'MISSED'})")
+    bound_file = f"{out}/bound{r}.jsonl"
+    if os.path.exists(bound_file):
+        bound = {json.loads(line)["op"]: json.loads(line) for line in open(bound_file)}
+        for op in ("put", "get"):
+            b, o = bound.get(f"tls_bound_{op}"), ours.get((op, 4 << 20))
+            if b and o:
+                share = o["bytes_per_s"] / b["bytes_per_s"]
+                of_bound.setdefault(op, []).append(share)
+                print(f"{op:7} {4 << 20:>8} | ours {o['bytes_per_s'] / 1e6:.0f} MB/s vs the TLS bound "
+                      f"{b['bytes_per_s'] / 1e6:.0f} MB/s (p50 {b['p50_us']:.0f} us) | {share:.0%} of it")
     print()
+for op, shares in sorted(of_bound.items()):
+    med = statistics.median(shares)
+    print(f"4 MiB {op}: median {med:.0%} of the TLS bound over {len(shares)} rounds "
+          f"({', '.join(f'{x:.0%}' for x in shares)}); goal >= 90%: {'met' if med >= 0.9 else 'MISSED'}")

@@ -2,7 +2,10 @@
 # Side-by-side benchmark on this machine: the reference store in "remote" mode (data crosses
 # loopback TCP; ../shared/bench/mooncake_peer.sh) and `kv-store bench` against a leader and one
 # 1 GiB member, alternated ROUNDS times so both see the same background load. Prints a table with
-# the ratios the store issue sets as goals.
+# the ratios the store issues set as goals. With TLS each round also measures the machine's TLS
+# bound (`kv-store tls-bound`: 4 MiB through our record layer and ring's AES-128-GCM between two
+# threads over loopback, nothing of the store around it), which 4 MiB puts and gets are compared
+# with.
 #
 #   bash store/bench/compare.sh            # ROUNDS=1; OUT=/tmp/kvstore_compare
 #   env: ROUNDS, OUT, SHARED (default ../shared next to the repo), CARGO_TARGET_DIR,
@@ -71,5 +74,9 @@ for r in $(seq "$ROUNDS"); do
   MODES=remote OUT="$OUT/ref$r" bash "$SHARED/bench/mooncake_peer.sh" > "$OUT/ref$r.log" 2>&1
   echo "== round $r: kv-store" >&2
   ours "$OUT/ours$r.jsonl"
+  if [[ "$TLS" == 1 ]]; then
+    echo "== round $r: the TLS bound" >&2
+    "$BIN" tls-bound "${SERVE_TLS[@]}" "${DIAL_TLS[@]}" > "$OUT/bound$r.jsonl"
+  fi
 done
 python3 "$HERE/compare.py" "$OUT" "$ROUNDS"

@@ -43,6 +43,9 @@ enum Command {
     Member(MemberConfig),
     /// Measure put, get and exists; prints JSON lines.
     Bench(BenchArgs),
+    /// Measure what TLS transfers reach here with nothing of the store around them (the bound
+    /// `bench`'s TLS figures are compared with); prints JSON lines.
+    TlsBound(kvcache_store::tls::bound::BoundArgs),
     /// Simulate an engine (settings from the environment; see store/README.md).
     EngineSim,
     /// Run a command as a child and stop it with this process: SIGTERM to it on SIGTERM or SIGINT
@@ -292,6 +295,17 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
                 }
             })
             .await?;
+            Ok(())
+        }
+        Command::TlsBound(args) => {
+            let rows = tokio::task::spawn_blocking(move || kvcache_store::tls::bound::run(&args))
+                .await
+                .map_err(|e| anyhow::anyhow!("the measurement stopped: {e}"))??;
+            for r in rows {
+                if let Ok(s) = serde_json::to_string(&r) {
+                    println!("{s}");
+                }
+            }
             Ok(())
         }
         Command::Exec { command } => exec(command, exit_with_stdin).await,

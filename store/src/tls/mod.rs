@@ -30,6 +30,7 @@ use tokio::net::TcpStream;
 
 use crate::flags::ConfigError;
 
+pub mod bound;
 mod conn;
 mod flags;
 mod record;
