@@ -462,3 +462,39 @@ async fn what_the_leader_removed_or_evicted_before_a_restart_stays_gone() {
         }
     }
 }
+
+/// Finding 9 of the second review: a removal is answered once the member applied it, so a leader
+/// killed the moment a removal was answered, twenty times over, never hands the removed value to
+/// the next term; the values committed beside it are sealed within a round trip and all come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_removed_just_before_a_kill_stays_gone() {
+    let flags = ["--tenant", "t=64Mi:64:bfloat16", "--fast-listen", "127.0.0.1:0"];
+    let mut l = leader(&flags);
+    let addr = l.field("grpc");
+    let m = member(&addr, "m1", "64Mi");
+    let len = 64 << 10;
+    for round in 0..20 {
+        let c = client(&addr, "t").await;
+        wait_members(&c, 1).await;
+        let keep = format!("r{round}/kept");
+        let gone = format!("r{round}/removed");
+        c.put(&keep, Bytes::from(value_of(&keep, len))).await.unwrap();
+        c.put(&gone, Bytes::from(value_of(&gone, len))).await.unwrap();
+        // the removed value's seal reached the member: only the removal can keep it out
+        wait_sealed(&c, &[&m]).await;
+        assert!(c.remove(&gone).await.unwrap());
+        l.kill();
+        l = leader_at(&addr, &flags);
+        let c = client(&addr, "t").await;
+        wait_members(&c, 1).await;
+        eventually("the kept value is handed over", || async {
+            c.get(&keep).await.ok().flatten().is_some()
+        })
+        .await;
+        assert_eq!(
+            c.get(&gone).await.unwrap(),
+            None,
+            "round {round}: the removed value came back"
+        );
+    }
+}

@@ -1,11 +1,13 @@
 //! The `Store` calls, one function each, written once for both faces: the gRPC service
 //! (`service.rs`) and the framed fast port (`fastport.rs`) decode a request, call the function
 //! here, and encode what it returns. Each takes the leader's lock once and allocates nothing
-//! beyond its reply.
+//! beyond its reply. A removal's answer waits, outside the lock, until the members applied what
+//! they were told ([`Durable`]): a value a client removed does not come back after a failover.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::Leader;
+use super::notices::Applied;
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::*;
 
@@ -32,9 +34,37 @@ pub fn exists(leader: &Leader, r: ExistsRequest, now: Instant) -> Result<ExistsR
     Ok(ExistsResponse { exists })
 }
 
-pub fn remove(leader: &Leader, r: RemoveRequest, now: Instant) -> Result<RemoveResponse> {
+/// What a call's answer waits for: every member's having applied the notices queued for it when
+/// the call was done (`notices.rs`), at most a few heartbeat intervals (a member that does not
+/// answer that long is unmounted, and its values with it).
+#[derive(Debug, Default)]
+pub struct Durable(Vec<Applied>);
+
+impl Durable {
+    fn now(leader: &Leader) -> Durable {
+        Durable(leader.with(|s| s.applied()))
+    }
+
+    pub async fn wait(self, leader: &Leader) {
+        if self.0.is_empty() {
+            return;
+        }
+        let within = leader.with(|s| s.cfg.heartbeat_interval()) * 4 + Duration::from_millis(100);
+        let all = futures::future::join_all(self.0.into_iter().map(Applied::wait));
+        if tokio::time::timeout(within, all).await.is_err() {
+            tracing::warn!("a member did not take a removal within {within:?}; it may come back at a failover");
+        }
+    }
+}
+
+pub fn remove(leader: &Leader, r: RemoveRequest, now: Instant) -> Result<(RemoveResponse, Durable)> {
     let removed = leader.serving(|s| s.remove(r.scope.as_ref(), &r.key, now))?;
-    Ok(RemoveResponse { removed })
+    let durable = if removed {
+        Durable::now(leader)
+    } else {
+        Durable::default()
+    };
+    Ok((RemoveResponse { removed }, durable))
 }
 
 fn same_len(a: usize, b: usize, what: &str) -> Result<()> {
@@ -109,7 +139,7 @@ pub fn batch_put_commit(leader: &Leader, r: BatchPutCommitRequest) -> Result<Bat
 
 /// Key by key: a leased key is kept (with its refusal) while the others are removed; a bad scope
 /// refuses the whole batch before anything is removed.
-pub fn batch_remove(leader: &Leader, r: BatchRemoveRequest, now: Instant) -> Result<BatchRemoveResponse> {
+pub fn batch_remove(leader: &Leader, r: BatchRemoveRequest, now: Instant) -> Result<(BatchRemoveResponse, Durable)> {
     let (removed, errors) = leader.serving(|s| -> Result<(Vec<_>, Vec<_>)> {
         s.tenant_name(r.scope.as_ref())?;
         Ok(r.keys
@@ -120,5 +150,10 @@ pub fn batch_remove(leader: &Leader, r: BatchRemoveRequest, now: Instant) -> Res
             })
             .unzip())
     })?;
-    Ok(BatchRemoveResponse { removed, errors })
+    let durable = if removed.iter().any(|r| *r) {
+        Durable::now(leader)
+    } else {
+        Durable::default()
+    };
+    Ok((BatchRemoveResponse { removed, errors }, durable))
 }

@@ -158,8 +158,8 @@ async fn connection(mut s: Conn, leader: &Leader, hot: &HotWindow) -> std::io::R
                     return send(&mut s, &out).await;
                 }
             }
-        } else {
-            answer(leader, method, &body, &mut out);
+        } else if let Some(durable) = answer(leader, method, &body, &mut out) {
+            durable.wait(leader).await;
         }
         send(&mut s, &out).await?;
         // the same client's next call usually follows within microseconds
@@ -195,8 +195,9 @@ fn greet(leader: &Leader, method: u8, body: &[u8]) -> Result<(crate::protocol::S
     Ok((server_hello(), hello.credential))
 }
 
-/// `out` = the reply frame to one request frame (`method`, `body`): its answer, or a refusal.
-pub fn answer(leader: &Leader, method: u8, body: &[u8], out: &mut BytesMut) {
+/// `out` = the reply frame to one request frame (`method`, `body`): its answer, or a refusal;
+/// and what must happen before it is sent (a removal's: `calls.rs`).
+pub fn answer(leader: &Leader, method: u8, body: &[u8], out: &mut BytesMut) -> Option<calls::Durable> {
     let served = match Method::from_u8(method) {
         Some(m) => dispatch(leader, m, body, out),
         None => Err(StoreError::new(
@@ -204,8 +205,12 @@ pub fn answer(leader: &Leader, method: u8, body: &[u8], out: &mut BytesMut) {
             "unknown method on the fast port",
         )),
     };
-    if let Err(e) = served {
-        refusal(out, &e);
+    match served {
+        Ok(durable) => durable,
+        Err(e) => {
+            refusal(out, &e);
+            None
+        }
     }
 }
 
@@ -215,23 +220,43 @@ fn decode<M: Message + Default>(body: &[u8]) -> Result<M, StoreError> {
 
 /// Decodes the request, runs its call (`calls.rs`, shared with gRPC) and writes the reply frame
 /// into `out`; on an error `out` is left for the caller to overwrite with the refusal.
-fn dispatch(leader: &Leader, method: Method, body: &[u8], out: &mut BytesMut) -> Result<(), StoreError> {
+fn dispatch(
+    leader: &Leader,
+    method: Method,
+    body: &[u8],
+    out: &mut BytesMut,
+) -> Result<Option<calls::Durable>, StoreError> {
     let now = Instant::now();
+    match method {
+        Method::Remove => {
+            let (answer, durable) = calls::remove(leader, decode(body)?, now)?;
+            reply(out, &answer)?;
+            return Ok(Some(durable));
+        }
+        Method::BatchRemove => {
+            let (answer, durable) = calls::batch_remove(leader, decode(body)?, now)?;
+            reply(out, &answer)?;
+            return Ok(Some(durable));
+        }
+        _ => {}
+    }
     match method {
         Method::PutStart => reply(out, &calls::put_start(leader, decode(body)?, now)?),
         Method::PutCommit => reply(out, &calls::put_commit(leader, decode(body)?)?),
         Method::PutRevoke => reply(out, &calls::put_revoke(leader, decode(body)?)?),
         Method::Get => reply(out, &calls::get(leader, decode(body)?, now)?),
         Method::Exists => reply(out, &calls::exists(leader, decode(body)?, now)?),
-        Method::Remove => reply(out, &calls::remove(leader, decode(body)?, now)?),
+
         Method::BatchExists => reply(out, &calls::batch_exists(leader, decode(body)?, now)?),
         Method::BatchGet => reply(out, &calls::batch_get(leader, decode(body)?, now)?),
         Method::BatchPutStart => reply(out, &calls::batch_put_start(leader, decode(body)?, now)?),
         Method::BatchPutCommit => reply(out, &calls::batch_put_commit(leader, decode(body)?)?),
-        Method::BatchRemove => reply(out, &calls::batch_remove(leader, decode(body)?, now)?),
+
         // said once, first (`connection`); again later it changes nothing
         Method::Hello => reply(out, &crate::protocol::server_hello()),
+        Method::Remove | Method::BatchRemove => Ok(()),
     }
+    .map(|()| None)
 }
 
 /// `out` = one reply frame carrying `m`, encoded in place.

@@ -3,11 +3,12 @@
 //! process at a time: a mount under a name that another live process holds is refused
 //! (`MEMBER_NAME_TAKEN`), never allowed to evict it.
 //!
-//! Heartbeat answers carry the seals of values committed since the last one
-//! ([`Member::sealed`]) and the ranges freed since ([`Member::freed`]): a member hands a next
-//! leader only what this leader sealed and has not freed since, so a value never committed (a
-//! revoked or abandoned put) is never adopted, and a removed, evicted or reclaimed value does not
-//! come back after a failover (unless the leader fails within a heartbeat of freeing it).
+//! Heartbeat answers carry the notices the member has not had yet (`notices.rs`): the seals of
+//! values committed and the ranges freed. A member hands a next leader only what this leader
+//! sealed and has not freed since, so a value never committed (a revoked or abandoned put) is
+//! never adopted, and a removed value does not come back after a failover (a `Remove` is answered
+//! once the member applied the free). Members poll long: a heartbeat with nothing to tell is held
+//! until a notice is queued (`service.rs`), so notices arrive within a round trip.
 
 use std::time::Instant;
 
@@ -15,35 +16,6 @@ use super::placement::SegmentAllocator;
 use super::state::{Member, State};
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::{HeartbeatRequest, HeartbeatResponse, MountRequest, MountResponse};
-
-/// Most freed ranges one heartbeat answer carries (at most 20 bytes each on the wire); the rest
-/// come with the next answers.
-pub const FREED_PER_ANSWER: usize = 65_536;
-
-/// Most freed ranges queued for one member (16 bytes each). Past it (a member that stopped
-/// answering under a storm of evictions) the oldest are dropped: such a value may be handed to a
-/// next leader again, which is safe (its bytes are its key's) and is charged and evicted as any.
-pub const FREED_QUEUED: usize = 1 << 20;
-
-impl Member {
-    /// Queues a freed range for the member's next heartbeat answer.
-    pub fn freed(&mut self, offset: u64, allocation: u64) {
-        if self.freed.len() == FREED_QUEUED {
-            self.freed.pop_front();
-        }
-        self.freed.push_back((offset, allocation));
-    }
-
-    /// Queues a committed value's seal for the member's next heartbeat answer. Past
-    /// [`FREED_QUEUED`] the oldest are dropped: such a value is simply not handed to a next
-    /// leader (a miss after a failover, never a wrong byte).
-    pub fn sealed(&mut self, offset: u64, allocation: u64, seal: [u8; crate::grant::MAC_LEN]) {
-        if self.sealed.len() == FREED_QUEUED {
-            self.sealed.pop_front();
-        }
-        self.sealed.push_back((offset, allocation, seal));
-    }
-}
 
 impl State {
     /// Mounts a member's segment and adopts what it holds (`adoption.rs`). The same process
@@ -76,6 +48,9 @@ impl State {
             ));
         }
         self.check_ledger_for(&req.holdings, now)?;
+        // a process unmounted for falling behind on what it was told hands over nothing: its
+        // report may hold values this leader freed
+        let trusted = !self.distrusted.remove(&req.instance_id);
         let ttl = self.cfg.member_ttl;
         let same_name = self.members.iter().filter(|(_, m)| m.name == req.name);
         let mut old = Vec::new();
@@ -120,13 +95,16 @@ impl State {
                 alloc: SegmentAllocator::new(req.capacity),
                 objects: 0,
                 last_seen: now,
-                freed: Default::default(),
-                sealed: Default::default(),
+                notices: Default::default(),
                 grant_key: self.grant_key.for_mount(mount_id),
             },
         );
         self.recompute_grants();
-        let (adopted, seals) = self.adopt(id, &req.holdings, now);
+        let nothing = Vec::new();
+        let holdings = if trusted { &req.holdings } else { &nothing };
+        let (mut adopted, mut seals) = self.adopt(id, holdings, now);
+        adopted.resize(req.holdings.len(), 0);
+        seals.resize(req.holdings.len(), bytes::Bytes::new());
         let kept: Vec<u64> = adopted.iter().copied().filter(|a| *a != 0).collect();
         let grant_key = self
             .members
@@ -152,20 +130,39 @@ impl State {
         })
     }
 
-    /// Records a heartbeat; `false` means the leader does not know this mount and the member must
-    /// mount again.
+    /// Records a heartbeat (and how far the member applied its notices); `false` means the leader
+    /// does not know this mount and the member must mount again.
     pub fn heartbeat(&mut self, hb: &HeartbeatRequest, now: Instant) -> bool {
         match self.members.get_mut(&hb.member_id) {
-            Some(m) if m.mount_id == hb.mount_id && (hb.instance_id == 0 || m.instance_id == hb.instance_id) => {
+            Some(m)
+                if m.mount_id == hb.mount_id
+                    && (hb.instance_id == 0 || m.instance_id == hb.instance_id)
+                    && !m.notices.overflowed() =>
+            {
                 m.last_seen = now;
+                m.notices.acknowledge(hb.applied_through);
                 true
             }
             _ => false,
         }
     }
 
-    /// The answer to a heartbeat: remount when the mount is unknown, else the seals of values
-    /// committed and the ranges freed since the last answer (at most [`FREED_PER_ANSWER`] each).
+    /// A heartbeat that has nothing to be told: the member's news to wait on (long polling), or
+    /// `None` when the answer is due now (news waits, or the mount is unknown).
+    pub fn hold_heartbeat(
+        &mut self,
+        hb: &HeartbeatRequest,
+        now: Instant,
+    ) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        if hb.wait_ms == 0 || !self.heartbeat(hb, now) {
+            return None;
+        }
+        let m = self.members.get(&hb.member_id)?;
+        (!m.notices.pending()).then(|| m.notices.news())
+    }
+
+    /// The answer to a heartbeat: remount when the mount is unknown, else the notices the member
+    /// has not had (at most [`super::notices::PER_ANSWER`]).
     pub fn answer_heartbeat(&mut self, hb: &HeartbeatRequest, now: Instant) -> HeartbeatResponse {
         if !self.heartbeat(hb, now) {
             return HeartbeatResponse {
@@ -175,33 +172,38 @@ impl State {
         }
         let mut answer = HeartbeatResponse::default();
         if let Some(m) = self.members.get_mut(&hb.member_id) {
-            let n = m.freed.len().min(FREED_PER_ANSWER);
-            (answer.freed_offsets, answer.freed_allocations) = m.freed.drain(..n).unzip();
-            let n = m.sealed.len().min(FREED_PER_ANSWER);
-            for (offset, allocation, seal) in m.sealed.drain(..n) {
-                answer.sealed_offsets.push(offset);
-                answer.sealed_allocations.push(allocation);
-                answer.seals.push(bytes::Bytes::copy_from_slice(&seal));
-            }
+            m.notices.answer(&mut answer);
         }
         answer
     }
 
-    /// Unmounts members silent for longer than the TTL; returns how many.
+    /// Unmounts members silent for longer than the TTL, and members too far behind on their
+    /// notices (`notices.rs`); returns how many.
     pub fn expire_members(&mut self, now: Instant) -> usize {
         let ttl = self.cfg.member_ttl;
-        let dead: Vec<u64> = self
+        let dead: Vec<(u64, bool)> = self
             .members
             .iter()
-            .filter(|(_, m)| now.saturating_duration_since(m.last_seen) > ttl)
-            .map(|(id, _)| *id)
+            .filter(|(_, m)| now.saturating_duration_since(m.last_seen) > ttl || m.notices.overflowed())
+            .map(|(id, m)| (*id, m.notices.overflowed()))
             .collect();
-        for id in &dead {
-            tracing::warn!(
-                member_id = id,
-                ttl_ms = ttl.as_millis() as u64,
-                "member silent past its ttl, unmounting"
-            );
+        for (id, behind) in &dead {
+            if *behind {
+                if let Some(m) = self.members.get(id) {
+                    self.distrusted.insert(m.instance_id);
+                }
+                tracing::warn!(
+                    member_id = id,
+                    queued = super::notices::QUEUED,
+                    "member too far behind on what it must be told, unmounting (it mounts again, empty)"
+                );
+            } else {
+                tracing::warn!(
+                    member_id = id,
+                    ttl_ms = ttl.as_millis() as u64,
+                    "member silent past its ttl, unmounting"
+                );
+            }
             self.unmount(*id);
         }
         dead.len()

@@ -7,7 +7,7 @@
 //! `Store` call, shared by both faces), `service` (the gRPC faces), `front` (what a gRPC call shows before its body is read), `fastport` (the framed
 //! metadata port), `ledger` (tenant validation, grants), `tenants` (the ledger applied),
 //! `status` (read-outs), `adoption` (a new term takes over what its members hold), `blocks` (KV events: `WatchBlocks`), `objects` (per-value and per-tenant records), `clients` (each caller's counters), `placement` (free space,
-//! segment choice), `eviction`, `members` (mount, heartbeat, liveness), `metrics` (the collector).
+//! segment choice), `eviction`, `members` (mount, heartbeat, liveness), `notices` (what each member must be told), `metrics` (the collector).
 
 mod adoption;
 pub mod blocks;
@@ -20,6 +20,7 @@ pub mod front;
 pub mod ledger;
 mod members;
 mod metrics;
+pub mod notices;
 pub mod objects;
 pub mod placement;
 mod serve;

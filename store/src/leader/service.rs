@@ -85,7 +85,9 @@ impl Store for Leader {
     }
 
     async fn remove(&self, req: Request<RemoveRequest>) -> Reply<RemoveResponse> {
-        Ok(Response::new(calls::remove(self, req.into_inner(), Instant::now())?))
+        let (answer, durable) = calls::remove(self, req.into_inner(), Instant::now())?;
+        durable.wait(self).await;
+        Ok(Response::new(answer))
     }
 
     async fn batch_exists(&self, req: Request<BatchExistsRequest>) -> Reply<BatchExistsResponse> {
@@ -113,11 +115,9 @@ impl Store for Leader {
     }
 
     async fn batch_remove(&self, req: Request<BatchRemoveRequest>) -> Reply<BatchRemoveResponse> {
-        Ok(Response::new(calls::batch_remove(
-            self,
-            req.into_inner(),
-            Instant::now(),
-        )?))
+        let (answer, durable) = calls::batch_remove(self, req.into_inner(), Instant::now())?;
+        durable.wait(self).await;
+        Ok(Response::new(answer))
     }
 }
 
@@ -129,9 +129,20 @@ impl Membership for Leader {
         Ok(Response::new(self.serving(|s| s.mount(&r, Instant::now()))?))
     }
 
+    /// Held while there is nothing to tell the member, at most its `wait_ms` and the heartbeat
+    /// interval (`notices.rs`).
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
         self.check_member(req.metadata())?;
         let r = req.into_inner();
+        let (news, interval) =
+            self.serving(|s| Ok((s.hold_heartbeat(&r, Instant::now()), s.cfg.heartbeat_interval())))?;
+        if let Some(news) = news {
+            let wait = std::time::Duration::from_millis(r.wait_ms).min(interval);
+            if tokio::time::timeout(wait, news.notified()).await.is_ok() {
+                // the notices of a burst of puts go out together, not one answer each
+                tokio::time::sleep(super::notices::GATHER).await;
+            }
+        }
         Ok(Response::new(
             self.serving(|s| Ok(s.answer_heartbeat(&r, Instant::now())))?,
         ))

@@ -38,13 +38,9 @@ pub struct Member {
     pub alloc: SegmentAllocator,
     pub objects: u64,
     pub last_seen: Instant,
-    /// ranges of this mount freed since the last heartbeat answer, as (offset, allocation): the
-    /// next answers tell the member, so a next leader is not handed what this one freed
-    /// (`members.rs`)
-    pub freed: std::collections::VecDeque<(u64, u64)>,
-    /// values of this mount committed since the last heartbeat answer, as (offset, allocation,
-    /// seal): the next answers hand the member their seals (`members.rs`)
-    pub sealed: std::collections::VecDeque<(u64, u64, [u8; crate::grant::MAC_LEN])>,
+    /// the seals of values committed and the ranges freed that the member has not been told yet
+    /// (`notices.rs`)
+    pub notices: super::notices::Notices,
     /// this mount's grant key, derived from the term's (`grant.rs`): every range of it is signed
     /// with it, and it signs nothing another member accepts
     pub grant_key: crate::grant::GrantKey,
@@ -76,6 +72,9 @@ pub struct State {
     /// counts ledger replacements: a `WatchBlocks` stream checks its credential again at each
     /// (`blocks.rs`), so access ends with the credential, not only at the stream's start
     pub(super) ledger_generation: tokio::sync::watch::Sender<u64>,
+    /// member processes unmounted for falling behind on their notices: their next mount hands over
+    /// nothing (`members.rs`)
+    pub(super) distrusted: std::collections::HashSet<u64>,
     /// who may send a request at all, from the ledger's credentials (`tenants.rs`)
     pub(super) callers: super::tenants::Callers,
     /// whether this term has the ledger to adopt members' holdings against: multi-tenancy off,
@@ -114,6 +113,7 @@ impl State {
             seal_key,
             ledger_generation: tokio::sync::watch::Sender::new(0),
             callers: Default::default(),
+            distrusted: Default::default(),
             ledger_known: false,
             started: Instant::now(),
             adopted: Adopted::default(),
@@ -378,7 +378,7 @@ impl State {
     }
 
     /// Phase two: the bytes are written; make the value visible, and seal it for the member that
-    /// holds it (its next heartbeat answer hands the seal over: `members.rs`).
+    /// holds it (its next heartbeat answer hands the seal over: `notices.rs`).
     pub fn put_commit(&mut self, scope: Option<&Scope>, key: &str, put_id: u64) -> Result<()> {
         let tenant = self.tenant_name(scope)?;
         let tick = self.next_tick();
@@ -428,7 +428,7 @@ impl State {
         if let Some(m) = self.members.get_mut(&member)
             && m.mount_id == mount_id
         {
-            m.sealed(offset, allocation, seal);
+            m.notices.sealed(offset, allocation, seal);
         }
     }
 
@@ -527,6 +527,16 @@ impl State {
         Ok(true)
     }
 
+    /// What waits until every member applied the notices queued for it so far (a `Remove`'s free
+    /// among them: `calls.rs`).
+    pub fn applied(&self) -> Vec<super::notices::Applied> {
+        self.members
+            .values()
+            .map(|m| m.notices.applied())
+            .filter(|a| !a.done())
+            .collect()
+    }
+
     /// Forgets an object and returns its space and charge; a readable one is reported as
     /// removed for `why`.
     pub(super) fn drop_object(&mut self, tenant: &str, key: &str, why: Removal) -> Option<Object> {
@@ -542,7 +552,7 @@ impl State {
         {
             m.alloc.release(o.offset, o.len);
             m.objects = m.objects.saturating_sub(1);
-            m.freed(o.offset, o.allocation);
+            m.notices.freed(o.offset, o.allocation);
         }
         Some(o)
     }

@@ -55,7 +55,7 @@ fn hb(member_id: u64, mount_id: u64) -> HeartbeatRequest {
     HeartbeatRequest {
         member_id,
         mount_id,
-        instance_id: 0,
+        ..Default::default()
     }
 }
 
@@ -344,6 +344,7 @@ fn a_name_held_by_a_live_process_is_refused_until_the_holder_expires() {
         member_id: first.member_id,
         mount_id: first.mount_id,
         instance_id,
+        ..Default::default()
     };
     assert!(s.heartbeat(&beat(11), t0 + Duration::from_secs(2)));
     assert!(!s.heartbeat(&beat(22), t0 + Duration::from_secs(2)));
@@ -673,7 +674,7 @@ fn heartbeat_answers_seal_each_value_committed_since_the_last_once() {
 /// in bounded answers.
 #[test]
 fn heartbeat_answers_name_each_range_freed_since_the_last_once() {
-    use super::members::{FREED_PER_ANSWER, FREED_QUEUED};
+    use super::notices::{PER_ANSWER, QUEUED};
     let (mut s, t0) = state(reaped_after_2s());
     s.set_tenants(&[entry("t", 8 * MIB)], &[]).unwrap();
     let m = mount(&mut s, "m", 8 * MIB, t0);
@@ -707,24 +708,70 @@ fn heartbeat_answers_name_each_range_freed_since_the_last_once() {
         "told once"
     );
     // another mount is told to remount, and nothing of this one
-    s.members.get_mut(&m).unwrap().freed(1, 1);
+    s.members.get_mut(&m).unwrap().notices.freed(1, 1);
     let other = s.answer_heartbeat(&hb(m, mount_id + 1), t0);
     assert!(other.need_remount && other.freed_offsets.is_empty());
-    // a long queue goes out in bounded answers, and a queue past its bound drops the oldest
-    for i in 0..FREED_PER_ANSWER as u64 {
-        s.members.get_mut(&m).unwrap().freed(i + 2, i + 2);
+    // a long queue goes out in bounded answers
+    for i in 0..PER_ANSWER as u64 {
+        s.members.get_mut(&m).unwrap().notices.freed(i + 2, i + 2);
     }
     let answer = s.answer_heartbeat(&hb(m, mount_id), t0);
-    assert_eq!(answer.freed_offsets.len(), FREED_PER_ANSWER);
-    assert_eq!(answer.freed_allocations.len(), FREED_PER_ANSWER);
+    assert_eq!(answer.freed_offsets.len(), PER_ANSWER);
+    assert_eq!(answer.freed_allocations.len(), PER_ANSWER);
     assert_eq!(answer.freed_offsets[0], 1);
     assert_eq!(s.answer_heartbeat(&hb(m, mount_id), t0).freed_offsets.len(), 1);
-    let member = s.members.get_mut(&m).unwrap();
-    for i in 0..=FREED_QUEUED as u64 {
-        member.freed(i, i);
+    // a member that falls too far behind is unmounted, and its next mount hands over nothing
+    let instance = s.members[&m].instance_id;
+    for i in 0..=QUEUED as u64 {
+        s.members.get_mut(&m).unwrap().notices.freed(i, i);
     }
-    assert_eq!(member.freed.len(), FREED_QUEUED);
-    assert_eq!(member.freed.front(), Some(&(1, 1)), "the oldest was dropped");
+    assert!(s.answer_heartbeat(&hb(m, mount_id), t0).need_remount);
+    assert_eq!(s.expire_members(t0), 1);
+    let again = crate::proto::MountRequest {
+        holdings: vec![holding(&s, "t", "b", 64, 0, 100, 0)],
+        ..mount_req("m", 8 * MIB, instance)
+    };
+    assert_eq!(s.mount(&again, t0).unwrap().adopted, [0]);
+}
+
+/// A removal is answered once the member applied it: the heartbeats that carry the notice and say
+/// it was applied release the waiter.
+#[test]
+fn a_removal_waits_for_its_member_to_apply_it() {
+    let (mut s, t0) = state(LeaderConfig::default());
+    s.set_tenants(&[entry("t", 8 * MIB)], &[]).unwrap();
+    let m = mount(&mut s, "m", 8 * MIB, t0);
+    let mount_id = s.members[&m].mount_id;
+    put(&mut s, "t", "k", 1000, t0).unwrap();
+    let answer = s.answer_heartbeat(&hb(m, mount_id), t0);
+    let sealed_through = answer.through;
+    assert_eq!(s.applied().len(), 1, "the seal is sent, not applied yet");
+    let acked = HeartbeatRequest {
+        applied_through: sealed_through,
+        ..hb(m, mount_id)
+    };
+    assert!(s.heartbeat(&acked, t0));
+    assert!(s.applied().is_empty(), "applied: nothing waits on it");
+    assert!(s.remove(Some(&scope("t")), "k", t0).unwrap());
+    let waiters = s.applied();
+    assert_eq!(waiters.len(), 1);
+    assert!(!waiters[0].done());
+    // a held heartbeat would answer at once: there is news
+    let held = HeartbeatRequest {
+        wait_ms: 500,
+        applied_through: sealed_through,
+        ..hb(m, mount_id)
+    };
+    assert!(s.hold_heartbeat(&held, t0).is_none());
+    let answer = s.answer_heartbeat(&held, t0);
+    assert_eq!(answer.freed_offsets.len(), 1);
+    assert!(!waiters[0].done(), "sent, not applied yet");
+    let applied = HeartbeatRequest {
+        applied_through: answer.through,
+        ..held
+    };
+    assert!(s.hold_heartbeat(&applied, t0).is_some(), "nothing to tell: held");
+    assert!(waiters[0].done(), "the member said it applied the free");
 }
 
 /// Finding 10 of the second review: a tenant's domain given to another Binding (another uid) is a

@@ -17,7 +17,10 @@
 //!   grant key is taken, so no range of the new term is served before the table is right. A leader with no ledger
 //!   yet answers `LEDGER_PENDING`, retried every 100 ms. Heartbeat answers hand over the seals of
 //!   values the leader committed since the last one (only a sealed value is held for a next
-//!   leader), and name the ranges it freed, which this member then no longer holds.
+//!   leader), and name the ranges it freed, which this member then no longer holds; the next
+//!   heartbeat says how far it applied them. Heartbeats follow each other at once: the leader
+//!   holds one while it has nothing to tell, up to the heartbeat interval (long polling), so what
+//!   it tells arrives within a round trip.
 //! - **Names**: every mount names this process's instance id; a leader that sees the member's
 //!   name held by another live process refuses with `MEMBER_NAME_TAKEN`, and this member then
 //!   retries, one warning per attempt, for twice the leader's member TTL (long enough for a
@@ -290,31 +293,55 @@ async fn heartbeat(
 ) {
     let interval = Duration::from_millis(mounted.heartbeat_interval_ms.max(10));
     let mut failing = false;
+    // how far this member applied the leader's notices (`leader/notices.rs`)
+    let mut applied: u64 = 0;
+    // when the Lease's holder was last read (Lease addressing), and whether it may have moved
+    let mut looked = Instant::now();
+    let mut moved = false;
     loop {
-        // every 100 ms while heartbeats fail: a leader that starts serving (a failover) answers
-        // within that, and the member remounts at once
-        let wait = if failing { MIN_BACKOFF } else { interval };
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = finder.changed() => {}
+        // at once while heartbeats succeed (the leader holds each while it has nothing to tell,
+        // up to the interval); every 100 ms while they fail: a leader that starts serving (a
+        // failover) answers within that, and the member remounts at once
+        if failing {
+            tokio::select! {
+                () = tokio::time::sleep(MIN_BACKOFF) => {}
+                () = finder.changed() => moved = true,
+            }
         }
+        // the Lease is read when it may have moved, and at most once an interval otherwise
         if let Finder::Lease(..) = finder
-            && let Ok(now) = finder.find().await
-            && now != addr
+            && (moved || failing || looked.elapsed() >= interval)
         {
-            tracing::warn!(from = %addr, to = %now, "another leader holds the Lease; remounting there");
-            return;
+            moved = false;
+            looked = Instant::now();
+            if let Ok(now) = finder.find().await
+                && now != addr
+            {
+                tracing::warn!(from = %addr, to = %now, "another leader holds the Lease; remounting there");
+                return;
+            }
         }
         let hb = HeartbeatRequest {
             member_id: mounted.member_id,
             mount_id: mounted.mount_id,
             instance_id,
+            wait_ms: interval.as_millis() as u64,
+            applied_through: applied,
         };
         let mut hb = tonic::Request::new(hb);
         if let Some(t) = token {
             let _ = crate::auth::attach(&mut hb, t);
         }
-        match tokio::time::timeout(CALL_TIMEOUT.max(interval), client.heartbeat(hb)).await {
+        let call = client.heartbeat(hb);
+        let answered = tokio::select! {
+            r = tokio::time::timeout(CALL_TIMEOUT.max(interval) + interval, call) => r,
+            // the Lease moved while the leader held the heartbeat: look again
+            () = finder.changed() => {
+                moved = true;
+                continue;
+            }
+        };
+        match answered {
             Ok(Ok(r)) if r.get_ref().need_remount => {
                 tracing::warn!(%addr, "leader does not know this mount; remounting (handing over what this member holds)");
                 return;
@@ -329,6 +356,7 @@ async fn heartbeat(
                 if !r.freed_offsets.is_empty() {
                     segment.forget(mounted.mount_id, &r.freed_offsets, &r.freed_allocations);
                 }
+                applied = applied.max(r.through);
             }
             failed => {
                 let why = match failed {

@@ -1,0 +1,224 @@
+//! What a leader must tell each member about the values it holds, in order: the seal of each value
+//! committed (only a sealed value is handed to a next leader) and each range freed (removed,
+//! evicted, dropped, reclaimed: no longer to be handed over). Each notice is numbered; a heartbeat
+//! answer carries the oldest ones (at most [`PER_ANSWER`]) and the number of the last
+//! (`HeartbeatResponse.through`), and the member's next heartbeat says how far it applied them
+//! (`HeartbeatRequest.applied_through`).
+//!
+//! Members ask with `wait_ms` (long polling): a leader holds a heartbeat with nothing to tell until
+//! a notice is queued ([`Notices::news`], then [`GATHER`] for more) or the wait ends, so notices
+//! reach members within a round trip, not a heartbeat interval. A `Remove` is answered only once its member applied the free
+//! ([`Notices::applied`], awaited by `calls.rs`): a value a client removed does not come back after
+//! a failover.
+//!
+//! A member that falls [`QUEUED`] notices behind (it stopped answering under a storm of evictions)
+//! is unmounted at the next housekeeping round ([`Notices::overflowed`]): what it holds can no
+//! longer be told apart from what this leader freed, so none of it may reach a next leader.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use crate::grant::MAC_LEN;
+use crate::proto::HeartbeatResponse;
+
+/// How long a held heartbeat, once woken by a notice, waits for more before it answers: a member
+/// gets at most a few hundred answers a second however many values are committed, and each notice
+/// arrives within this and a round trip.
+pub const GATHER: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Most notices one heartbeat answer carries; the rest come with the next answers.
+pub const PER_ANSWER: usize = 65_536;
+/// Most notices queued for one member before it is unmounted.
+pub const QUEUED: usize = 1 << 20;
+
+/// One thing a member must be told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    Sealed {
+        offset: u64,
+        allocation: u64,
+        seal: [u8; MAC_LEN],
+    },
+    Freed {
+        offset: u64,
+        allocation: u64,
+    },
+}
+
+/// One member's notices.
+#[derive(Debug)]
+pub struct Notices {
+    queue: VecDeque<Notice>,
+    /// the number of the last notice queued (the first is 1)
+    queued: u64,
+    /// fires when a notice is queued: a held heartbeat answers
+    news: Arc<tokio::sync::Notify>,
+    /// how far the member applied them, as its heartbeats say
+    applied: tokio::sync::watch::Sender<u64>,
+    overflowed: bool,
+}
+
+impl Default for Notices {
+    fn default() -> Self {
+        Notices {
+            queue: VecDeque::new(),
+            queued: 0,
+            news: Arc::default(),
+            applied: tokio::sync::watch::Sender::new(0),
+            overflowed: false,
+        }
+    }
+}
+
+/// What a caller waits for: a member's having applied its notices through a number.
+#[derive(Debug)]
+pub struct Applied {
+    rx: tokio::sync::watch::Receiver<u64>,
+    through: u64,
+}
+
+impl Applied {
+    /// Resolves once the member applied every notice through the number (or went away).
+    pub async fn wait(mut self) {
+        let through = self.through;
+        let _ = self.rx.wait_for(|n| *n >= through).await;
+    }
+
+    /// Whether it already has.
+    pub fn done(&self) -> bool {
+        *self.rx.borrow() >= self.through
+    }
+}
+
+impl Notices {
+    fn push(&mut self, n: Notice) {
+        if self.queue.len() >= QUEUED {
+            self.overflowed = true;
+            return;
+        }
+        self.queue.push_back(n);
+        self.queued += 1;
+        self.news.notify_one();
+    }
+
+    /// Queues a committed value's seal.
+    pub fn sealed(&mut self, offset: u64, allocation: u64, seal: [u8; MAC_LEN]) {
+        self.push(Notice::Sealed {
+            offset,
+            allocation,
+            seal,
+        });
+    }
+
+    /// Queues a freed range.
+    pub fn freed(&mut self, offset: u64, allocation: u64) {
+        self.push(Notice::Freed { offset, allocation });
+    }
+
+    /// Whether a heartbeat would carry something.
+    pub fn pending(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// What a held heartbeat waits on.
+    pub fn news(&self) -> Arc<tokio::sync::Notify> {
+        self.news.clone()
+    }
+
+    /// The member fell too far behind: unmount it.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    /// What waits until the member applied every notice queued so far.
+    pub fn applied(&self) -> Applied {
+        Applied {
+            rx: self.applied.subscribe(),
+            through: self.queued,
+        }
+    }
+
+    /// Records how far the member says it applied them (never backwards, never past what was
+    /// sent).
+    pub fn acknowledge(&mut self, through: u64) {
+        let sent = self.queued - self.queue.len() as u64;
+        let through = through.min(sent);
+        self.applied.send_if_modified(|n| {
+            let moved = through > *n;
+            if moved {
+                *n = through;
+            }
+            moved
+        });
+    }
+
+    /// Fills a heartbeat answer with the oldest notices (at most [`PER_ANSWER`]).
+    pub fn answer(&mut self, answer: &mut HeartbeatResponse) {
+        let n = self.queue.len().min(PER_ANSWER);
+        for notice in self.queue.drain(..n) {
+            match notice {
+                Notice::Sealed {
+                    offset,
+                    allocation,
+                    seal,
+                } => {
+                    answer.sealed_offsets.push(offset);
+                    answer.sealed_allocations.push(allocation);
+                    answer.seals.push(bytes::Bytes::copy_from_slice(&seal));
+                }
+                Notice::Freed { offset, allocation } => {
+                    answer.freed_offsets.push(offset);
+                    answer.freed_allocations.push(allocation);
+                }
+            }
+        }
+        answer.through = self.queued - self.queue.len() as u64;
+    }
+
+    /// How many wait to be sent.
+    #[cfg(test)]
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_go_out_in_order_once_and_a_waiter_is_released_by_the_members_word() {
+        let mut n = Notices::default();
+        let nothing = n.applied();
+        assert!(nothing.done(), "nothing queued: nothing to wait for");
+        n.sealed(0, 1, [1; 32]);
+        n.freed(0, 1);
+        let waiter = n.applied();
+        assert!(!waiter.done());
+        let mut a = HeartbeatResponse::default();
+        n.answer(&mut a);
+        assert_eq!((a.sealed_offsets.len(), a.freed_offsets.len(), a.through), (1, 1, 2));
+        assert!(!n.pending(), "told once");
+        assert!(!waiter.done(), "sent is not applied");
+        n.acknowledge(99);
+        assert!(waiter.done(), "the member applied both (never past what was sent)");
+        assert_eq!(*n.applied.borrow(), 2);
+        n.acknowledge(1);
+        assert_eq!(*n.applied.borrow(), 2, "never backwards");
+    }
+
+    #[test]
+    fn a_member_too_far_behind_is_marked_for_unmounting() {
+        let mut n = Notices::default();
+        for i in 0..QUEUED as u64 {
+            n.freed(i, i);
+        }
+        assert!(!n.overflowed());
+        n.freed(0, 0);
+        assert!(n.overflowed());
+        assert_eq!(n.queued(), QUEUED);
+        let mut a = HeartbeatResponse::default();
+        n.answer(&mut a);
+        assert_eq!(a.freed_offsets.len(), PER_ANSWER, "bounded answers");
+    }
+}
