@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::Leader;
 use super::notices::Applied;
+use super::state::State;
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::*;
 
@@ -42,7 +43,7 @@ pub struct Durable(Vec<Applied>);
 
 impl Durable {
     fn now(leader: &Leader) -> Durable {
-        Durable(leader.with(|s| s.applied()))
+        Durable(leader.with(State::applied))
     }
 
     pub async fn wait(self, leader: &Leader) {

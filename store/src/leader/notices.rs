@@ -6,8 +6,9 @@
 //! (`HeartbeatRequest.applied_through`).
 //!
 //! Members ask with `wait_ms` (long polling): a leader holds a heartbeat with nothing to tell until
-//! a notice is queued ([`Notices::news`], then [`GATHER`] for more) or the wait ends, so notices
-//! reach members within a round trip, not a heartbeat interval. A `Remove` is answered only once its member applied the free
+//! a notice is queued ([`Notices::news`], then [`GATHER`] for more, unless a removal waits for it:
+//! [`Notices::hurry`]) or the wait ends, so notices reach members within a round trip, not a
+//! heartbeat interval. A `Remove` is answered only once its member applied the free
 //! ([`Notices::applied`], awaited by `calls.rs`): a value a client removed does not come back after
 //! a failover.
 //!
@@ -56,6 +57,9 @@ pub struct Notices {
     /// how far the member applied them, as its heartbeats say
     applied: tokio::sync::watch::Sender<u64>,
     overflowed: bool,
+    /// a caller waits for the member to apply a notice queued (a removal): answer at once, not
+    /// after [`GATHER`]
+    urgent: bool,
 }
 
 impl Default for Notices {
@@ -66,6 +70,7 @@ impl Default for Notices {
             news: Arc::default(),
             applied: tokio::sync::watch::Sender::new(0),
             overflowed: false,
+            urgent: false,
         }
     }
 }
@@ -115,6 +120,18 @@ impl Notices {
         self.push(Notice::Freed { offset, allocation });
     }
 
+    /// Marks what is queued as awaited (a removal's answer waits for it): a held heartbeat answers
+    /// without gathering more.
+    pub fn hurry(&mut self) {
+        self.urgent = true;
+        self.news.notify_one();
+    }
+
+    /// Whether a caller waits on what is queued.
+    pub fn urgent(&self) -> bool {
+        self.urgent
+    }
+
     /// Whether a heartbeat would carry something.
     pub fn pending(&self) -> bool {
         !self.queue.is_empty()
@@ -154,6 +171,7 @@ impl Notices {
 
     /// Fills a heartbeat answer with the oldest notices (at most [`PER_ANSWER`]).
     pub fn answer(&mut self, answer: &mut HeartbeatResponse) {
+        self.urgent = false;
         let n = self.queue.len().min(PER_ANSWER);
         for notice in self.queue.drain(..n) {
             match notice {

@@ -139,8 +139,14 @@ impl Membership for Leader {
         if let Some(news) = news {
             let wait = std::time::Duration::from_millis(r.wait_ms).min(interval);
             if tokio::time::timeout(wait, news.notified()).await.is_ok() {
-                // the notices of a burst of puts go out together, not one answer each
-                tokio::time::sleep(super::notices::GATHER).await;
+                // the notices of a burst of puts go out together, not one answer each, unless a
+                // removal waits for them
+                let until = tokio::time::Instant::now() + super::notices::GATHER;
+                while !self.with(|s| s.urgent(r.member_id)) {
+                    if tokio::time::timeout_at(until, news.notified()).await.is_err() {
+                        break;
+                    }
+                }
             }
         }
         Ok(Response::new(

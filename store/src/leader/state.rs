@@ -528,13 +528,23 @@ impl State {
     }
 
     /// What waits until every member applied the notices queued for it so far (a `Remove`'s free
-    /// among them: `calls.rs`).
-    pub fn applied(&self) -> Vec<super::notices::Applied> {
+    /// among them: `calls.rs`); those members are told at once, without gathering more.
+    pub fn applied(&mut self) -> Vec<super::notices::Applied> {
         self.members
-            .values()
-            .map(|m| m.notices.applied())
-            .filter(|a| !a.done())
+            .values_mut()
+            .filter_map(|m| {
+                let a = m.notices.applied();
+                (!a.done()).then(|| {
+                    m.notices.hurry();
+                    a
+                })
+            })
             .collect()
+    }
+
+    /// Whether a caller waits on `member`'s notices (its held heartbeat answers at once).
+    pub fn urgent(&self, member: u64) -> bool {
+        self.members.get(&member).is_some_and(|m| m.notices.urgent())
     }
 
     /// Forgets an object and returns its space and charge; a readable one is reported as

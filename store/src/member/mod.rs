@@ -277,6 +277,7 @@ impl Member {
                 tls.client.as_ref(),
                 &segment,
                 &readiness,
+                &hot,
             ) => r,
             () = stop.cancelled() => Ok(()),
         };

@@ -121,7 +121,10 @@ async fn connect(addr: &str, tls: Option<&ClientTls>) -> Result<Channel, StoreEr
 }
 
 /// Mounts, heartbeats and remounts until the leader refuses this member's name for longer than
-/// the bound; only that returns (with the refusal).
+/// the bound; only that returns (with the refusal). `hot` is the data paths' polling window: a
+/// heartbeat answer that carries notices keeps it open, as a request does (a removal's answer
+/// waits for this member, and the put that follows it should find the member hot).
+#[allow(clippy::too_many_arguments)] // one call site; each is a different piece of the member
 pub(super) async fn stay_mounted(
     leader: &str,
     kubeconfig: Option<&Path>,
@@ -130,6 +133,7 @@ pub(super) async fn stay_mounted(
     tls: Option<&ClientTls>,
     segment: &Arc<Segment>,
     readiness: &ReadinessHandle,
+    hot: &crate::spin::HotWindow,
 ) -> Result<(), StoreError> {
     let finder = Finder::new(leader, kubeconfig).await?;
     let mut backoff = MIN_BACKOFF;
@@ -192,7 +196,18 @@ pub(super) async fn stay_mounted(
             epoch = mounted.epoch,
             "segment mounted"
         );
-        heartbeat(&finder, &addr, tls, client, &mounted, req.instance_id, token, segment).await;
+        heartbeat(
+            &finder,
+            &addr,
+            tls,
+            client,
+            &mounted,
+            req.instance_id,
+            token,
+            segment,
+            hot,
+        )
+        .await;
     }
 }
 
@@ -290,6 +305,7 @@ async fn heartbeat(
     instance_id: u64,
     token: Option<&str>,
     segment: &Arc<Segment>,
+    hot: &crate::spin::HotWindow,
 ) {
     let interval = Duration::from_millis(mounted.heartbeat_interval_ms.max(10));
     let mut failing = false;
@@ -355,6 +371,9 @@ async fn heartbeat(
                 }
                 if !r.freed_offsets.is_empty() {
                     segment.forget(mounted.mount_id, &r.freed_offsets, &r.freed_allocations);
+                }
+                if r.through > applied {
+                    hot.touch();
                 }
                 applied = applied.max(r.through);
             }
