@@ -2,10 +2,10 @@
 # Side-by-side benchmark on this machine: the reference store in "remote" mode (data crosses
 # loopback TCP; ../shared/bench/mooncake_peer.sh) and `kv-store bench` against a leader and one
 # 1 GiB member, alternated ROUNDS times so both see the same background load. Prints a table with
-# the ratios the store issues set as goals. With TLS each round also measures the machine's TLS
-# bound (`kv-store tls-bound`: 4 MiB through our record layer and ring's AES-128-GCM between two
-# threads over loopback, nothing of the store around it), which 4 MiB puts and gets are compared
-# with.
+# the ratios the store issues set as goals. With TLS each round also measures the machine's crypto
+# bound (`kv-store tls-bound`: AES-128-GCM seal and open of 4 MiB values through ring on two threads,
+# nothing else), which 4 MiB puts and gets are compared with, and how fast our TLS record layer
+# alone moves 4 MiB over loopback.
 #
 #   bash store/bench/compare.sh            # ROUNDS=1; OUT=/tmp/kvstore_compare
 #   env: ROUNDS, OUT, SHARED (default ../shared next to the repo), CARGO_TARGET_DIR,
