@@ -70,8 +70,13 @@ impl Drop for Proc {
 pub fn seal_key_file() -> &'static str {
     static FILE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     FILE.get_or_init(|| {
-        let p = std::env::temp_dir().join(format!("kvstore-test-seal-{}", std::process::id()));
-        std::fs::write(&p, "the-leaders-seal-secret-of-this-test\n").expect("write the seal key");
+        // One file for every test process (they all write the same key), in the build's own
+        // folder for tests, so none is left behind in /tmp; written whole, then renamed.
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let p = dir.join("kvstore-test-seal.key");
+        let part = dir.join(format!("kvstore-test-seal.key.{}", std::process::id()));
+        std::fs::write(&part, "the-leaders-seal-secret-of-this-test\n").expect("write the seal key");
+        std::fs::rename(&part, &p).expect("put the seal key in place");
         p.display().to_string()
     })
 }
