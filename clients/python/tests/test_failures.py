@@ -177,10 +177,17 @@ class Cluster:
 
     def __init__(self, tenant, capacities, leader_args=(), forward=False):
         self.shm = tempfile.TemporaryDirectory()
-        self.procs, self.forwarders = [], []
+        # the backend's seal key, shared by its leaders: a restarted leader adopts only what a
+        # leader sealed with it
+        self.secrets = tempfile.TemporaryDirectory()
+        seal_key = os.path.join(self.secrets.name, "seal.key")
+        with open(seal_key, "w") as f:
+            f.write("the-seal-key-of-this-test\n")
+        self.procs, self.forwarders, self.member_metrics = [], [], []
         self.leader_args = [
             "leader", "--listen", f"127.0.0.1:{free_port()}", "--fast-listen", f"127.0.0.1:{free_port()}",
-            "--metrics-listen", "127.0.0.1:0", "--spin", "0", "--tenant", tenant, *leader_args,
+            "--metrics-listen", "127.0.0.1:0", "--spin", "0", "--tenant", tenant, "--seal-key-file", seal_key,
+            *leader_args,
         ]
         try:
             leader, listening = start(self.leader_args)
@@ -189,13 +196,14 @@ class Cluster:
             for i, capacity in enumerate(capacities):
                 args = [
                     "member", "--leader", self.endpoint, "--capacity", capacity, "--name", f"member-{i}",
-                    "--shm-dir", self.shm.name, "--no-prefault", "--spin", "0",
+                    "--shm-dir", self.shm.name, "--no-prefault", "--spin", "0", "--metrics-listen", "127.0.0.1:0",
                 ]
                 if forward and i == 0:
                     # the member's bytes must cross the forwarder (members map nothing without --same-host)
                     args += ["--advertise-host", "127.0.0.2"]
                 member, ports = start(args)
                 self.procs.append(member)
+                self.member_metrics.append(ports["metrics"])
                 if forward and i == 0:
                     for name in ("data", "grpc"):
                         host, port = relayed_port(ports[name])
@@ -210,12 +218,21 @@ class Cluster:
         self.procs[0], listening = start(self.leader_args)
         self.metrics = listening["metrics"]
 
-    def gauge(self, name):
-        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=5) as r:
+    def gauge(self, name, metrics=None):
+        """A gauge of the leader (or of the process whose metrics listen at `metrics`)."""
+        with urllib.request.urlopen(f"http://{metrics or self.metrics}/metrics", timeout=5) as r:
             for line in r.read().decode().splitlines():
                 if line.startswith(name + " "):
                     return float(line.split()[1])
-        raise AssertionError(f"the leader exports no {name}")
+        raise AssertionError(f"{metrics or 'the leader'} exports no {name}")
+
+    def wait_sealed(self, values):
+        """Waits until the members hold `values` values sealed for a next leader (a seal reaches
+        a member with its next heartbeat answer after the put)."""
+        deadline = time.monotonic() + 20
+        while sum(self.gauge("kvstore_member_handover_values", m) for m in self.member_metrics) < values:
+            assert time.monotonic() < deadline, f"the members never held {values} values sealed"
+            time.sleep(0.02)
 
     def used(self):
         """Bytes held by objects and reservations."""
@@ -227,6 +244,7 @@ class Cluster:
         stop(self.procs)
         self.procs = []
         self.shm.cleanup()
+        self.secrets.cleanup()
 
 
 class FailureTest(unittest.TestCase):
@@ -364,6 +382,7 @@ class FailureTest(unittest.TestCase):
         store = kvcache.Store(c.endpoint, "t", BLOCK_SIZE, DTYPE)
         try:
             store.put("k", b"old leader's bytes")
+            c.wait_sealed(1)
             # the leader says where "k" is; the read then waits on the way to the member while the
             # leader restarts and the member mounts its segment again under the new one
             data.hold_upload(after=0)
