@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::runtime::MemberPlan;
+use kvcache_store::leader::LeaderConfig;
 use kvcache_store::member::MemberConfig;
 
 #[tokio::test]
