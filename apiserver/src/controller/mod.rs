@@ -50,7 +50,7 @@ use futures::StreamExt;
 use kube::runtime::controller::Action;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client};
-use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
+use kvcache_api::{KVCacheBackend, KVCachePool};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -305,130 +305,31 @@ fn credential_changes(
     })
 }
 
-/// Runs the four controllers until `shutdown` turns true.
-pub async fn run(ctx: Arc<Context>, shutdown: tokio::sync::watch::Receiver<bool>) {
-    let stop = move || {
-        let mut rx = shutdown.clone();
+/// What ends the controllers: the server's shutdown, as a future each controller can wait on.
+#[derive(Clone)]
+pub(crate) struct Shutdown(tokio::sync::watch::Receiver<bool>);
+
+impl Shutdown {
+    /// Resolves once shutdown began.
+    fn signal(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.0.clone();
         async move {
             let _ = rx.wait_for(|s| *s).await;
         }
-    };
-    let client = ctx.client.clone();
-    let backends: Api<KVCacheBackend> = Api::all(client.clone());
-    let pools: Api<KVCachePool> = Api::all(client.clone());
-    let bindings: Api<KVCachePoolBinding> = Api::all(client.clone());
-    let deployments: Api<ModelDeployment> = Api::all(client.clone());
-    let cfg = watcher::Config::default;
+    }
+}
 
-    let backend = Controller::new(backends.clone(), cfg())
-        .watches(pools.clone(), cfg(), backend::for_pool)
-        .reconcile_on(changes(&ctx, |c| match c {
-            Changed::Store(name) => Some(ObjectRef::new(&name)),
-            Changed::Replicas(_) => None,
-        }))
-        .graceful_shutdown_on(stop())
-        .run(backend::reconcile, backend::error_policy, ctx.clone())
-        .for_each(|_| async {});
-    let pool = Controller::new(pools.clone(), cfg());
-    let pool_store = pool.store();
-    let pools_seen = pool.store();
-    // A backend's workloads changed (a new leader serves, a member remounted): its pools write
-    // the ledger again at once, rather than after the backend's status moved.
-    let store_changes = {
-        let pools = pool.store();
-        all_changes(&ctx).flat_map(move |c| {
-            let refs = match c {
-                Changed::Store(backend) => pools
-                    .state()
-                    .iter()
-                    .filter(|p| p.spec.backend() == Some(backend.as_str()))
-                    .map(|p| ObjectRef::new(p.name()))
-                    .collect(),
-                Changed::Replicas(_) => Vec::new(),
-            };
-            futures::stream::iter(refs)
-        })
-    };
-    // A Binding's credentials changed: every pool renders its ledger again (a handful of pools,
-    // each one list and one leader read).
-    let pool_wakes = {
-        let pools = pool.store();
-        credential_changes(&ctx).flat_map(move |_| {
-            let refs: Vec<ObjectRef<KVCachePool>> = pools.state().iter().map(|p| ObjectRef::new(p.name())).collect();
-            futures::stream::iter(refs)
-        })
-    };
-    let pool = pool
-        .reconcile_on(store_changes)
-        .reconcile_on(pool_wakes)
-        .watches(bindings.clone(), cfg(), pool::for_binding)
-        .watches(backends.clone(), cfg(), move |b| pool::for_backend(&pool_store, &b))
-        .graceful_shutdown_on(stop())
-        .run(pool::reconcile, pool::error_policy, ctx.clone())
-        .for_each(|_| async {});
-    let binding = Controller::new(bindings.clone(), cfg());
-    let binding_store = binding.store();
-    // A backend's workloads changed (a new leader serves, a member remounted after a failover):
-    // the Bindings on its pools read their grant again at once, so a grant that was briefly zero
-    // while members handed over their values does not show until the next requeue.
-    let binding_store_changes = {
-        let bindings = binding.store();
-        all_changes(&ctx).flat_map(move |c| {
-            let refs: Vec<ObjectRef<KVCachePoolBinding>> = match c {
-                Changed::Store(backend) => {
-                    let on: std::collections::HashSet<String> = pools_seen
-                        .state()
-                        .iter()
-                        .filter(|p| p.spec.backend() == Some(backend.as_str()))
-                        .map(|p| p.name().to_owned())
-                        .collect();
-                    bindings
-                        .state()
-                        .iter()
-                        .filter(|b| on.contains(b.spec.pool_name()))
-                        .map(|b| ObjectRef::new(b.name()).within(b.namespace()))
-                        .collect()
-                }
-                Changed::Replicas(_) => Vec::new(),
-            };
-            futures::stream::iter(refs)
-        })
-    };
-    let binding = binding
-        .reconcile_on(binding_store_changes)
-        .watches(deployments.clone(), cfg(), binding::for_deployment)
-        .watches(pools.clone(), cfg(), move |p| binding::for_pool(&binding_store, &p))
-        .graceful_shutdown_on(stop())
-        .run(binding::reconcile, binding::error_policy, ctx.clone())
-        .for_each(|_| async {});
-    let deployment = Controller::new(deployments.clone(), cfg());
-    let deployment_store = deployment.store();
-    let deployment_wakes = {
-        let deployments = deployment.store();
-        credential_changes(&ctx).flat_map(move |b| {
-            let refs: Vec<ObjectRef<ModelDeployment>> = deployments
-                .state()
-                .iter()
-                .filter(|m| m.namespace() == b.namespace && m.spec.binding_name() == Some(b.name.as_str()))
-                .map(|m| ObjectRef::new(m.name()).within(m.namespace()))
-                .collect();
-            futures::stream::iter(refs)
-        })
-    };
-    let deployment = deployment
-        .reconcile_on(deployment_wakes)
-        .watches(bindings.clone(), cfg(), move |b| {
-            model_deployment::for_binding(&deployment_store, &b)
-        })
-        .reconcile_on(changes(&ctx, |c| match c {
-            Changed::Replicas(owner) => {
-                let (ns, name) = owner.split_once('/')?;
-                Some(ObjectRef::new(name).within(ns))
-            }
-            Changed::Store(_) => None,
-        }))
-        .graceful_shutdown_on(stop())
-        .run(model_deployment::reconcile, model_deployment::error_policy, ctx.clone())
-        .for_each(|_| async {});
-    futures::join!(backend, pool, binding, deployment);
+/// Runs the four controllers until `shutdown` turns true. Each kind's module wires its own
+/// watches and wakes (`controller`); the pool controller's cache is shared with the Binding
+/// controller, which wakes the Bindings on a backend's pools.
+pub async fn run(ctx: Arc<Context>, shutdown: tokio::sync::watch::Receiver<bool>) {
+    let stop = Shutdown(shutdown);
+    let pools = Controller::new(Api::<KVCachePool>::all(ctx.client.clone()), watcher::Config::default());
+    let pools_seen = pools.store();
+    futures::join!(
+        backend::controller(ctx.clone(), stop.clone()),
+        pool::controller(pools, ctx.clone(), stop.clone()),
+        binding::controller(ctx.clone(), pools_seen, stop.clone()),
+        model_deployment::controller(ctx, stop),
+    );
 }

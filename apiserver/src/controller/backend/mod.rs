@@ -10,6 +10,8 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use futures::StreamExt as _;
+
 use kube::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -119,4 +121,22 @@ async fn observe(
         leader_replicas::observe(&mut st, obj, plan, obs, health.as_ref(), ctx, &mut set).await;
     }
     st
+}
+
+/// The backend controller: a backend's pass runs when it changes, when a pool naming it changes,
+/// and when its store's processes change (a leader serves, a member remounts).
+pub(super) async fn controller(ctx: Arc<Context>, stop: super::Shutdown) {
+    let client = ctx.client.clone();
+    let cfg = kube::runtime::watcher::Config::default;
+    let wakes = super::changes(&ctx, |c| match c {
+        crate::runtime::Changed::Store(name) => Some(ObjectRef::new(&name)),
+        crate::runtime::Changed::Replicas(_) => None,
+    });
+    kube::runtime::Controller::new(Api::<KVCacheBackend>::all(client.clone()), cfg())
+        .watches(Api::<KVCachePool>::all(client), cfg(), for_pool)
+        .reconcile_on(wakes)
+        .graceful_shutdown_on(stop.signal())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
 }

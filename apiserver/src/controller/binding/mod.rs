@@ -12,6 +12,8 @@ mod decide;
 
 use std::sync::Arc;
 
+use futures::StreamExt as _;
+
 use kube::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -152,4 +154,46 @@ async fn write(api: &Api<KVCachePoolBinding>, obj: &KVCachePoolBinding, d: Decis
         remove_finalizer(api, obj).await?;
     }
     Ok(d.next.into())
+}
+
+/// The Binding controller: a Binding's pass runs when it, a deployment naming it or its pool
+/// changes, and when its backend's processes change (a new leader serves, a member remounted
+/// after a failover), so a grant that was briefly zero while members handed their values over
+/// does not show until the next requeue. `pools` is the pool controller's cache.
+pub(super) async fn controller(ctx: Arc<Context>, pools: Store<KVCachePool>, stop: super::Shutdown) {
+    let client = ctx.client.clone();
+    let cfg = kube::runtime::watcher::Config::default;
+    let bindings = kube::runtime::Controller::new(Api::<KVCachePoolBinding>::all(client.clone()), cfg());
+    let on_backend = {
+        let bindings = bindings.store();
+        super::all_changes(&ctx).flat_map(move |c| {
+            let refs: Vec<ObjectRef<KVCachePoolBinding>> = match c {
+                crate::runtime::Changed::Store(backend) => {
+                    let on: std::collections::HashSet<String> = pools
+                        .state()
+                        .iter()
+                        .filter(|p| p.spec.backend() == Some(backend.as_str()))
+                        .map(|p| p.name().to_owned())
+                        .collect();
+                    bindings
+                        .state()
+                        .iter()
+                        .filter(|b| on.contains(b.spec.pool_name()))
+                        .map(|b| ObjectRef::new(b.name()).within(b.namespace()))
+                        .collect()
+                }
+                crate::runtime::Changed::Replicas(_) => Vec::new(),
+            };
+            futures::stream::iter(refs)
+        })
+    };
+    let seen = bindings.store();
+    bindings
+        .reconcile_on(on_backend)
+        .watches(Api::<ModelDeployment>::all(client.clone()), cfg(), for_deployment)
+        .watches(Api::<KVCachePool>::all(client), cfg(), move |p| for_pool(&seen, &p))
+        .graceful_shutdown_on(stop.signal())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
 }

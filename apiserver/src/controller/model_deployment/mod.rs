@@ -12,6 +12,8 @@ mod decide;
 
 use std::sync::Arc;
 
+use futures::StreamExt as _;
+
 use kube::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -158,4 +160,42 @@ async fn resolve(obj: &ModelDeployment, ctx: &Context) -> Result<Resolved> {
         credential,
         store_ca,
     })
+}
+
+/// The deployment controller: a deployment's pass runs when it or its Binding changes, when
+/// its Binding's credentials change, and when its replicas' processes change.
+pub(super) async fn controller(ctx: Arc<Context>, stop: super::Shutdown) {
+    let client = ctx.client.clone();
+    let cfg = kube::runtime::watcher::Config::default;
+    let deployments = kube::runtime::Controller::new(Api::<ModelDeployment>::all(client.clone()), cfg());
+    let on_credentials = {
+        let deployments = deployments.store();
+        super::credential_changes(&ctx).flat_map(move |b| {
+            let refs: Vec<ObjectRef<ModelDeployment>> = deployments
+                .state()
+                .iter()
+                .filter(|m| m.namespace() == b.namespace && m.spec.binding_name() == Some(b.name.as_str()))
+                .map(|m| ObjectRef::new(m.name()).within(m.namespace()))
+                .collect();
+            futures::stream::iter(refs)
+        })
+    };
+    let on_replicas = super::changes(&ctx, |c| match c {
+        crate::runtime::Changed::Replicas(owner) => {
+            let (ns, name) = owner.split_once('/')?;
+            Some(ObjectRef::new(name).within(ns))
+        }
+        crate::runtime::Changed::Store(_) => None,
+    });
+    let seen = deployments.store();
+    deployments
+        .reconcile_on(on_credentials)
+        .watches(Api::<KVCachePoolBinding>::all(client), cfg(), move |b| {
+            for_binding(&seen, &b)
+        })
+        .reconcile_on(on_replicas)
+        .graceful_shutdown_on(stop.signal())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
 }

@@ -16,6 +16,8 @@ pub mod ledger_render;
 
 use std::sync::Arc;
 
+use futures::StreamExt as _;
+
 use kube::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -137,4 +139,51 @@ async fn write(api: &Api<KVCachePool>, obj: &KVCachePool, d: Decision, ctx: &Con
         remove_finalizer(api, obj).await?;
     }
     Ok(d.next.into())
+}
+
+/// The pool controller (made by `controller::run`, which shares its cache): a pool's pass runs
+/// when it, a Binding on it or its backend changes, when its backend's processes change (the
+/// ledger is written again at once, not after the backend's status moved), and, for every pool,
+/// when a Binding's credentials change (a handful of pools, each one list and one leader read).
+pub(super) async fn controller(
+    pools: kube::runtime::Controller<KVCachePool>,
+    ctx: Arc<Context>,
+    stop: super::Shutdown,
+) {
+    let client = ctx.client.clone();
+    let cfg = kube::runtime::watcher::Config::default;
+    let on_backend = {
+        let pools = pools.store();
+        super::all_changes(&ctx).flat_map(move |c| {
+            let refs: Vec<ObjectRef<KVCachePool>> = match c {
+                crate::runtime::Changed::Store(backend) => pools
+                    .state()
+                    .iter()
+                    .filter(|p| p.spec.backend() == Some(backend.as_str()))
+                    .map(|p| ObjectRef::new(p.name()))
+                    .collect(),
+                crate::runtime::Changed::Replicas(_) => Vec::new(),
+            };
+            futures::stream::iter(refs)
+        })
+    };
+    let on_credentials = {
+        let pools = pools.store();
+        super::credential_changes(&ctx).flat_map(move |_| {
+            let refs: Vec<ObjectRef<KVCachePool>> = pools.state().iter().map(|p| ObjectRef::new(p.name())).collect();
+            futures::stream::iter(refs)
+        })
+    };
+    let seen = pools.store();
+    pools
+        .reconcile_on(on_backend)
+        .reconcile_on(on_credentials)
+        .watches(Api::<KVCachePoolBinding>::all(client.clone()), cfg(), for_binding)
+        .watches(Api::<KVCacheBackend>::all(client), cfg(), move |b| {
+            for_backend(&seen, &b)
+        })
+        .graceful_shutdown_on(stop.signal())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
 }
