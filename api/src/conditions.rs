@@ -1,6 +1,5 @@
-//! Conditions and phases: every condition type and reason each kind reports, as typed constants
-//! (the tables of `backend.md` §3.2, `pool-binding-injection.md` §1.5 and §2.7, and
-//! `model-deployment.md` §2.3), the phase of each kind as a type (serialised as the same strings),
+//! Conditions and phases: every condition type and reason each kind reports, as typed constants,
+//! the phase of each kind as a type (serialised as the same strings),
 //! and [`set`], which records a condition the way `meta.SetStatusCondition` does: the
 //! `lastTransitionTime` moves only when the condition's status changes.
 //!
@@ -256,7 +255,7 @@ phase!(
     }
 );
 
-/// `KVCacheBackend` conditions (`backend.md` §3.2).
+/// `KVCacheBackend` conditions.
 pub mod backend {
     condition!(
         /// Whether the leader serves. `False` reasons also include kubelet waiting reasons
@@ -350,7 +349,7 @@ pub mod backend {
     );
 }
 
-/// `KVCachePool` conditions (`pool-binding-injection.md` §1.5).
+/// `KVCachePool` conditions.
 pub mod pool {
     condition!(
         /// Whether the pool's one backend exists and has published its endpoints.
@@ -402,7 +401,7 @@ pub mod pool {
     );
 }
 
-/// `KVCachePoolBinding` conditions (`pool-binding-injection.md` §2.7).
+/// `KVCachePoolBinding` conditions.
 pub mod binding {
     condition!(
         /// Whether this Binding alone holds its domain on the backend.
@@ -440,7 +439,7 @@ pub mod binding {
     );
 }
 
-/// `ModelDeployment` conditions (`model-deployment.md` §2.3), those of the supported scope.
+/// `ModelDeployment` conditions, those of the supported scope.
 pub mod model_deployment {
     condition!(
         /// Whether the Binding the deployment attaches through resolves and is ready.

@@ -9,8 +9,8 @@
 //!
 //! A put needs a leader that serves, members mounted at it, and the tenant's ledger entry
 //! written by the pool controller, so this is the whole outage an engine sees. 20 of each;
-//! p50 and p99 (nearest rank) are printed beside the reference store's ~16 s on one node
-//! (`../shared/spec/backend.md` §5.8). A report: nothing is asserted about the numbers.
+//! p50 and p99 (nearest rank) are printed beside the reference store's ~16 s (its failover as
+//! measured on a single-node test cluster). A report: nothing is asserted about the numbers.
 //!
 //! Run with `cargo build --release -p kvcache-store && cargo bench -p kvcache-apiserver --bench
 //! failover`.

@@ -1,8 +1,9 @@
-//! Core `v1` Events in direct mode (decision 9 of the spec): created by the controllers, read by
-//! `kubectl describe` (a list by `involvedObject` field selectors) and `kubectl get events`, and
-//! watched. In a cluster kube-apiserver serves them instead. Only create, get, list and watch are
-//! served; updates and deletes are refused (405), and events expire after [`TTL`] as
-//! kube-apiserver's `--event-ttl` makes them.
+//! Core `v1` Events in direct mode (without a cluster the server serves them itself, so the
+//! controllers record events through the same API in both modes): created by the controllers,
+//! read by `kubectl describe` (a list by `involvedObject` field selectors) and `kubectl get
+//! events`, and watched. In a cluster kube-apiserver serves them instead. Only create, get, list
+//! and watch are served; updates and deletes are refused (405), and events expire after [`TTL`]
+//! as kube-apiserver's `--event-ttl` makes them.
 //!
 //! Stored under `/registry/core/events/<namespace>/<name>` as the JSON kubectl reads, with the
 //! storage revision as `resourceVersion`.

@@ -1,13 +1,15 @@
 //! kubectl against the real `kv-apiserver serve`: the walkthrough, the issue's scenarios, and
-//! the checklist of section 8 of `shared/spec/kubernetes-aggregated-apiserver.md`. Each test
-//! names the checklist items it covers; items we chose to answer differently say why where
-//! they are asserted. Core scenarios run on kubectl 1.27, 1.30 and 1.33.
+//! what kubectl needs from an API server, one test per area: discovery, OpenAPI and explain,
+//! create and apply, tables and selectors, watches, patch and status, deletion and finalizers,
+//! authentication. Each comment says what the lines below it check; where we answer differently
+//! from kube-apiserver, the assertion says why. Core scenarios run on kubectl 1.27, 1.30 and 1.33.
 //!
-//! Not run here: items 60 and 61 (aggregated mode through a real kube-apiserver: APIService
-//! availability, discovery through the aggregator, namespace deletion) need a cluster, which
-//! this suite does not start; direct mode is what it covers. Item 4 runs as: kubectl 1.27 reads
-//! v2beta1 and 1.30+ read v2 aggregated discovery (every api-resources check below), and the
-//! legacy documents are checked raw; a server that offers only legacy discovery is not built.
+//! Not run here: aggregated mode through a real kube-apiserver (APIService availability,
+//! discovery through the aggregator, namespace deletion) needs a cluster, which this suite does
+//! not start; direct mode is what it covers. Discovery across kubectl versions runs as:
+//! kubectl 1.27 reads v2beta1 and 1.30+ read v2 aggregated discovery (every api-resources check
+//! below), and the legacy documents are checked raw; a server that offers only legacy discovery
+//! is not built.
 
 mod support;
 
@@ -93,8 +95,8 @@ fn leases_in_direct_mode() {
     assert!(doc.contains("io.k8s.api.coordination.v1.LeaseSpec"), "{doc}");
 }
 
-/// Items 1–7: version, api-resources (aggregated v2 on 1.30+, v2beta1 on 1.27), raw discovery,
-/// ETags, health without credentials.
+/// Discovery and basics: version, api-resources (aggregated v2 on 1.30+, v2beta1 on 1.27), raw
+/// discovery, ETags, health without credentials.
 #[test]
 fn discovery_and_basics() {
     let s = Server::start();
@@ -125,10 +127,10 @@ fn discovery_and_basics() {
             "{v}: {wide}"
         );
     }
-    // 4: the legacy documents (what clients without aggregated discovery read).
+    // The legacy documents (what clients without aggregated discovery read).
     let legacy = s.kubectl("1.33").ok(&["get", "--raw", "/apis"]);
     assert!(legacy.contains("\"kind\":\"APIGroupList\""), "{legacy}");
-    // 5: aggregated v2 and v2beta1 by Accept, with ETag / If-None-Match.
+    // Aggregated v2 and v2beta1 by Accept, with ETag / If-None-Match.
     for v in ["v2", "v2beta1"] {
         let accept =
             format!("Accept: application/json;g=apidiscovery.k8s.io;v={v};as=APIGroupDiscoveryList,application/json");
@@ -159,7 +161,7 @@ fn discovery_and_basics() {
         ]);
         assert_eq!(String::from_utf8_lossy(&code.stdout), "304");
     }
-    // 6: the status subresource in the resource list.
+    // The status subresource in the resource list.
     let list = s.kubectl("1.33").ok(&["get", "--raw", "/apis/worker.gpustack.ai/v1"]);
     let doc: serde_json::Value = serde_json::from_str(&list).expect("json");
     let status = doc["resources"]
@@ -169,7 +171,7 @@ fn discovery_and_basics() {
         .find(|r| r["name"] == "kvcachebackends/status")
         .expect("status");
     assert_eq!(status["verbs"], serde_json::json!(["get", "patch", "update"]));
-    // 7: health without credentials.
+    // Health without credentials.
     for p in ["/livez", "/healthz", "/readyz"] {
         let out = s.curl_anon(&["-s", &s.url(p)]);
         assert_eq!(String::from_utf8_lossy(&out.stdout), "ok", "{p}");
@@ -202,7 +204,8 @@ fn discovery_and_basics() {
     assert!(figure("apiserver_storage_watch_history_bytes").is_some(), "{metrics}");
 }
 
-/// Items 8–12 and the issue's `kubectl explain kvcb.spec.connection.managed.leader`.
+/// OpenAPI and explain (every kubectl version, v2 protobuf, v3 by hash) and the issue's
+/// `kubectl explain kvcb.spec.connection.managed.leader`.
 #[test]
 fn openapi_and_explain() {
     let s = Server::start();
@@ -224,7 +227,7 @@ fn openapi_and_explain() {
         assert!(out.contains("dtype"), "{v}: {out}");
         k.ok(&["explain", "md", "--recursive"]);
     }
-    // 10: the v2 document (protobuf, with every definition) serves explain's v2 output.
+    // The v2 document (protobuf, with every definition) serves explain's v2 output.
     for v in VERSIONS {
         let out = s.kubectl(v).ok(&[
             "explain",
@@ -238,7 +241,7 @@ fn openapi_and_explain() {
         s.kubectl(v)
             .ok(&["explain", "kvcpb", "--recursive", "--output=plaintext-openapiv2"]);
     }
-    // 11: the root lists our group-version (and the Leases' of direct mode); a stale hash
+    // The root lists our group-version (and the Leases' of direct mode); a stale hash
     // redirects.
     let root = s.kubectl("1.33").ok(&["get", "--raw", "/openapi/v3"]);
     let doc: serde_json::Value = serde_json::from_str(&root).unwrap();
@@ -256,7 +259,7 @@ fn openapi_and_explain() {
         &s.url("/openapi/v3/apis/worker.gpustack.ai/v1?hash=stale"),
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "301");
-    // 12: protobuf v2 parses as a gnostic document (field 1 swagger = "2.0").
+    // Protobuf v2 parses as a gnostic document (field 1 swagger = "2.0").
     let out = s.curl(&[
         "-s",
         "-H",
@@ -266,14 +269,15 @@ fn openapi_and_explain() {
     assert_eq!(&out.stdout[..5], b"\x0a\x032.0");
 }
 
-/// Items 13–23, and "apply --server-side twice is a no-op the second time".
+/// Create, apply (client-side and server-side, field managers and conflicts) and validation, and
+/// "apply --server-side twice is a no-op the second time".
 #[test]
 fn create_apply_and_validation() {
     let s = Server::start();
     for (i, v) in VERSIONS.iter().enumerate() {
         let k = s.kubectl(v);
         let name = format!("p{i}");
-        // 13
+        // Apply creates.
         let r = k.apply(&[], &pool(&name, ""));
         assert!(
             r.ok && r
@@ -283,14 +287,14 @@ fn create_apply_and_validation() {
             r.text()
         );
         let before = rv_of(&k, &["get", "kvcp", &name]);
-        // 15
+        // Re-applied unchanged: `unchanged`, and the resourceVersion stays.
         let r = k.apply(&[], &pool(&name, ""));
         assert!(r.stdout.contains("unchanged"), "{v}: {}", r.text());
         assert_eq!(rv_of(&k, &["get", "kvcp", &name]), before, "{v}");
-        // 14
+        // Re-applied with a change: `configured`.
         let r = k.apply(&[], &pool(&name, "tier: gold"));
         assert!(r.stdout.contains("configured"), "{v}: {}", r.text());
-        // 16
+        // Server-side apply twice: the second changes nothing.
         let applied = pool(&format!("ssa{i}"), "");
         let r = k.apply(&["--server-side"], &applied);
         assert!(r.ok && r.stdout.contains("serverside-applied"), "{v}: {}", r.text());
@@ -302,14 +306,14 @@ fn create_apply_and_validation() {
             first,
             "{v}: second apply changed the object"
         );
-        // 19
+        // Create of an existing name: AlreadyExists.
         let r = k.run_stdin(&["create", "-f", "-"], Some(&pool(&name, "")));
         assert!(
             !r.ok && r.text().contains("Error from server (AlreadyExists)"),
             "{v}: {}",
             r.text()
         );
-        // 20
+        // A server-side dry run stores nothing.
         let r = k.run_stdin(
             &["create", "--dry-run=server", "-f", "-"],
             Some(&pool(&format!("dry{i}"), "")),
@@ -317,7 +321,8 @@ fn create_apply_and_validation() {
         assert!(r.ok, "{v}: {}", r.text());
         let r = k.run(&["get", "kvcp", &format!("dry{i}")]);
         assert!(!r.ok && r.text().contains("NotFound"), "{v}: {}", r.text());
-        // 21
+        // An unknown field: refused; a warning with `--validate=warn`; pruned with
+        // `--validate=false`.
         let unknown = pool(&format!("u{i}"), "").replace("  quota:\n", "  foo: 1\n  quota:\n");
         let r = k.apply(&[], &unknown);
         assert!(
@@ -338,7 +343,7 @@ fn create_apply_and_validation() {
         assert!(r.ok && !r.stderr.contains("spec.foo"), "{v}: {}", r.text());
         let stored = k.ok(&["get", "kvcp", &format!("q{i}"), "-o", "json"]);
         assert!(!stored.contains("\"foo\""), "{v}: unknown field stored: {stored}");
-        // 22
+        // An invalid value: Invalid, naming the field.
         let bad = pool(&format!("bad{i}"), "").replace("16Gi", "-1");
         let r = k.apply(&[], &bad);
         let text = r.text();
@@ -347,7 +352,7 @@ fn create_apply_and_validation() {
             "{v}: {text}"
         );
     }
-    // 13: on 1.29 and later kubectl trusts our fieldValidation (the OpenAPI v3 PATCH operation
+    // On 1.29 and later kubectl trusts our fieldValidation (the OpenAPI v3 PATCH operation
     // declares it): it sends Strict and never falls back to client-side validation with v2.
     for v in ["1.30", "1.33"] {
         let r = s.kubectl(v).run_stdin(
@@ -359,7 +364,7 @@ fn create_apply_and_validation() {
         assert!(!r.stderr.contains("/openapi/v2"), "{v}: fell back to v2: {}", r.stderr);
     }
     let k = s.kubectl("1.33");
-    // 17: server-side apply over a client-side-applied object, then client-side again.
+    // Server-side apply over a client-side-applied object, then client-side again.
     let r = k.apply(&["--server-side"], &pool("p2", "tier: gold"));
     assert!(r.ok && !r.stderr.contains("Warning"), "{}", r.text());
     let managed = k.ok(&[
@@ -373,7 +378,7 @@ fn create_apply_and_validation() {
     assert!(managed.contains("kubectl") && managed.contains("Apply"), "{managed}");
     let r = k.apply(&[], &pool("p2", "tier: silver"));
     assert!(r.ok, "{}", r.text());
-    // 18: two managers on one field.
+    // Two managers on one field.
     k.apply(&["--server-side", "--field-manager=a"], &pool("fm", ""))
         .ok
         .then_some(())
@@ -397,7 +402,7 @@ fn create_apply_and_validation() {
         .map(|e| e["manager"].as_str().unwrap())
         .collect();
     assert_eq!(owners, ["b"], "{managed}");
-    // 23
+    // `get -o yaml` shows the metadata the server sets.
     let yaml = k.ok(&["get", "kvcp", "p0", "-o", "yaml", "--show-managed-fields"]);
     for needle in [
         "uid:",
@@ -410,7 +415,7 @@ fn create_apply_and_validation() {
     }
 }
 
-/// Items 24–33.
+/// Tables, label and field selectors, paging, sorting, categories and jsonpath.
 #[test]
 fn tables_selectors_and_paging() {
     let s = Server::start();
@@ -432,7 +437,7 @@ fn tables_selectors_and_paging() {
     }
     for v in VERSIONS {
         let k = s.kubectl(v);
-        // 24 + the issue's kvcb columns.
+        // Our columns, the issue's kvcb columns among them, and a human-readable AGE.
         let out = k.ok(&["get", "kvcb"]);
         let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
         assert_eq!(header, ["NAME", "TYPE", "PHASE", "ENDPOINT", "CAPACITY"], "{v}: {out}");
@@ -444,11 +449,11 @@ fn tables_selectors_and_paging() {
             "{v}: {out}"
         );
         assert!(out.lines().nth(1).unwrap().trim_end().ends_with('s'), "{v}: age: {out}");
-        // 25
+        // `-o wide` adds the priority-1 columns.
         let out = k.ok(&["get", "kvcb", "-o", "wide"]);
         assert!(out.lines().next().unwrap().ends_with("LEADERS   AGE"), "{v}: {out}");
     }
-    // 26: -A and cluster-scoped.
+    // `-A` adds NAMESPACE; cluster-scoped kinds need no namespace.
     k.must_apply(&binding("team-a", "b1", "a1", "1Gi"));
     let out = k.ok(&["get", "kvcpb", "-A"]);
     let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
@@ -466,12 +471,12 @@ fn tables_selectors_and_paging() {
         ],
         "{out}"
     );
-    // 27
+    // `--show-labels` and `-L`.
     let out = k.ok(&["get", "kvcp", "--show-labels"]);
     assert!(out.contains("app=x,tier=web"), "{out}");
     let out = k.ok(&["get", "kvcp", "-L", "app"]);
     assert!(out.lines().next().unwrap().contains("APP"), "{out}");
-    // 28
+    // Label selectors; a malformed one is refused.
     let names = |args: &[&str]| -> Vec<String> {
         let mut a = vec!["get", "kvcp", "-o", "name"];
         a.extend_from_slice(args);
@@ -488,11 +493,11 @@ fn tables_selectors_and_paging() {
     assert_eq!(names(&["-l", "!tier"]), ["a3"]);
     let err = k.fails(&["get", "kvcp", "-l", "app in x"]);
     assert!(err.contains("BadRequest") || err.contains("unable to parse"), "{err}");
-    // 29
+    // Field selectors; an unsupported field is refused.
     assert_eq!(names(&["--field-selector", "metadata.name=a2"]), ["a2"]);
     let err = k.fails(&["get", "kvcp", "--field-selector", "spec.foo=1"]);
     assert!(err.contains("field label not supported: spec.foo"), "{err}");
-    // 30 (and the issue's --chunk-size=2)
+    // Paging with limit/continue (and the issue's `--chunk-size=2`).
     for chunk in ["1", "2"] {
         let out = k.ok(&["get", "kvcp", "--chunk-size", chunk, "-o", "name"]);
         assert_eq!(out.lines().count(), 3, "chunk {chunk}: {out}");
@@ -501,7 +506,7 @@ fn tables_selectors_and_paging() {
     let doc: serde_json::Value = serde_json::from_str(&page).unwrap();
     assert_eq!(doc["items"].as_array().unwrap().len(), 2);
     assert!(doc["metadata"]["continue"].as_str().is_some_and(|c| !c.is_empty()));
-    // 31
+    // `--sort-by`.
     let out = k.ok(&["get", "kvcp", "--sort-by=.metadata.name", "-o", "name"]);
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
@@ -511,7 +516,7 @@ fn tables_selectors_and_paging() {
             "kvcachepool.worker.gpustack.ai/a3"
         ]
     );
-    // 32
+    // `get all` and the `gpustack` category.
     let out = k.ok(&["get", "all", "-n", "team-a"]);
     assert!(out.contains("kvcachepoolbinding.worker.gpustack.ai/b1"), "{out}");
     let out = k.ok(&["get", "gpustack", "-A"]);
@@ -520,7 +525,7 @@ fn tables_selectors_and_paging() {
             && out.contains("kvcachebackend.worker.gpustack.ai/mooncake-dram"),
         "{out}"
     );
-    // 33
+    // jsonpath reads a status written through `/status`.
     k.ok(&[
         "patch",
         "kvcp",
@@ -533,8 +538,8 @@ fn tables_selectors_and_paging() {
     assert_eq!(k.ok(&["get", "kvcp", "a1", "-o", "jsonpath={.status.phase}"]), "Ready");
 }
 
-/// Items 34–40, and the issue's `kubectl get kvcpb -A -w` row from another client and
-/// `kubectl wait --for=delete`.
+/// Watches (`kubectl get -w`, raw watches, bookmarks, watch-list, `kubectl wait`), and the issue's
+/// `kubectl get kvcpb -A -w` row from another client and `kubectl wait --for=delete`.
 #[test]
 fn watches() {
     let s = Server::start();
@@ -543,7 +548,7 @@ fn watches() {
     k.must_apply(&binding("team-a", "first", "wp", "1Gi"));
     for v in ["1.27", "1.33"] {
         let kv = s.kubectl(v);
-        // 34: existing rows once, a new row from another client, one header.
+        // Existing rows once, a new row from another client, one header.
         let w = kv.spawn_lines(&["get", "kvcpb", "-A", "-w"]);
         let mut seen = w.wait_for(&["first"]);
         let other = format!("second-{}", v.replace('.', ""));
@@ -555,7 +560,7 @@ fn watches() {
             "{v}: {seen:?}"
         );
     }
-    // 35 and 36: events in order; --watch-only replays nothing.
+    // Events in order; `--watch-only` replays nothing.
     let w = k.spawn_lines(&["get", "kvcp", "-w", "--output-watch-events"]);
     w.wait_for(&["ADDED", "wp"]);
     let watches = s.watch_requests();
@@ -565,7 +570,7 @@ fn watches() {
     w.wait_for(&["ADDED", "wq"]);
     k.ok(&["label", "kvcp", "wq", "x=y"]);
     w.wait_for(&["MODIFIED", "wq"]);
-    // 40 and the issue's wait --for=delete.
+    // `wait --for=jsonpath` and the issue's `wait --for=delete`.
     let watches = s.watch_requests();
     let waiter = k.spawn_lines(&["wait", "--for=delete", "kvcp/wq", "--timeout=30s"]);
     let status_wait = k.spawn_lines(&[
@@ -593,7 +598,7 @@ fn watches() {
         "--watch-only replayed: {seen:?}"
     );
     assert!(waiter.wait_exit(), "wait --for=delete did not succeed");
-    // 37: a start revision older than the watch history gives a 410 ERROR event (the test
+    // A start revision older than the watch history gives a 410 ERROR event (the test
     // server keeps 100 events).
     for i in 0..150 {
         let body = format!(r#"{{"metadata":{{"labels":{{"n":"{i}"}}}}}}"#);
@@ -621,10 +626,10 @@ fn watches() {
         body.contains("\"type\":\"ERROR\"") && body.contains("\"code\":410") && body.contains("Expired"),
         "{body}"
     );
-    // 38: bookmarks (the test server sends them every second).
+    // Bookmarks (the test server sends them every second).
     let body = s.get_body("/apis/worker.gpustack.ai/v1/kvcachepools?watch=true&allowWatchBookmarks=true&timeoutSeconds=3&resourceVersion=0", &[]);
     assert!(body.contains("\"type\":\"BOOKMARK\""), "{body}");
-    // 39: watch-list.
+    // Watch-list.
     let body = s.get_body("/apis/worker.gpustack.ai/v1/kvcachepools?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=2", &[]);
     let first_bookmark = body.lines().position(|l| l.contains("BOOKMARK")).expect("bookmark");
     assert!(
@@ -649,14 +654,15 @@ fn watches() {
     assert_eq!(String::from_utf8_lossy(&code.stdout), "422");
 }
 
-/// Items 41–49, and the issue's edit of a Binding's `domain.dtype`.
+/// Patches, edit, replace, labels and the status subresource, and the issue's edit of a
+/// Binding's `domain.dtype`.
 #[test]
 fn patch_edit_and_status() {
     let s = Server::start();
     let k = s.kubectl("1.33");
     k.must_apply(&pool("a1", ""));
     let generation = |k: &support::Kubectl| k.ok(&["get", "kvcp", "a1", "-o", "jsonpath={.metadata.generation}"]);
-    // 41
+    // A merge patch raises the generation.
     let out = k.ok(&[
         "patch",
         "kvcp",
@@ -667,7 +673,7 @@ fn patch_edit_and_status() {
     ]);
     assert!(out.contains("patched"), "{out}");
     assert_eq!(generation(&k), "2");
-    // 42
+    // JSON patch; a failing `test` op is refused.
     k.ok(&[
         "patch",
         "kvcp",
@@ -692,12 +698,12 @@ fn patch_edit_and_status() {
         err.contains("is invalid") && err.contains("value did not match"),
         "{err}"
     );
-    // 43: strategic merge patch is accepted as a merge patch (every list is atomic).
+    // Strategic merge patch is accepted as a merge patch (every list is atomic).
     let out = k.ok(&["patch", "kvcp", "a1", "-p", r#"{"spec":{"quota":{"total":"28Gi"}}}"#]);
     assert!(out.contains("patched"), "{out}");
     let err = k.fails(&["patch", "kvcp", "a1", "-p", r#"{"spec":{"$patch":"replace"}}"#]);
     assert!(err.contains("directive"), "{err}");
-    // 44: edit with a scripted editor.
+    // Edit with a scripted editor.
     let editor = s.dir.path().join("editor.sh");
     std::fs::write(&editor, "#!/bin/sh\nsed -i 's/28Gi/30Gi/' \"$1\"\n").unwrap();
     std::os::unix::fs::PermissionsExt::set_mode(&mut std::fs::metadata(&editor).unwrap().permissions(), 0o755);
@@ -733,7 +739,7 @@ fn patch_edit_and_status() {
     );
     assert!(!r.status.success() && text.contains("is invalid"), "{text}");
     assert!(text.contains("# * spec.domain.dtype: Forbidden"), "{text}");
-    // 45
+    // Replace with a stale resourceVersion: Conflict.
     let mut stale = k.ok(&["get", "kvcp", "a1", "-o", "yaml"]);
     k.ok(&["label", "kvcp", "a1", "foo=bar"]);
     stale = stale.replace("30Gi", "31Gi");
@@ -743,11 +749,11 @@ fn patch_edit_and_status() {
         "{}",
         r.text()
     );
-    // 46
+    // Labels and annotations leave the generation alone.
     let before = generation(&k);
     k.ok(&["annotate", "kvcp", "a1", "x=y"]);
     assert_eq!(generation(&k), before);
-    // 47, 49
+    // `/status` writes status only; status sent to the main resource is ignored.
     k.ok(&[
         "patch",
         "kvcp",
@@ -777,7 +783,7 @@ fn patch_edit_and_status() {
         r#"{"status":{"phase":"Gone"}}"#,
     ]);
     assert_eq!(k.ok(&["get", "kvcp", "a1", "-o", "jsonpath={.status.phase}"]), "Ready");
-    // 48
+    // Server-side apply of the status subresource.
     let status_cfg =
         "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata:\n  name: a1\nstatus:\n  phase: Degraded\n";
     let r = k.apply(
@@ -811,17 +817,17 @@ fn patch_edit_and_status() {
     );
 }
 
-/// Items 50–55.
+/// Deletion, finalizers, label-selected and collection deletes, and cascading.
 #[test]
 fn delete_and_finalizers() {
     let s = Server::start();
     let k = s.kubectl("1.33");
     k.must_apply(&pool("d1", ""));
-    // 50
+    // Delete returns once the object is gone; a second delete is NotFound.
     let out = k.ok(&["delete", "kvcp", "d1"]);
     assert!(out.contains("deleted"), "{out}");
     assert!(k.fails(&["delete", "kvcp", "d1"]).contains("NotFound"));
-    // 51, 52
+    // A finalizer holds the deletion, none may be added meanwhile, and removing it completes it.
     let with_finalizer = pool("d2", "").replace("metadata:\n", "metadata:\n  finalizers: [example.com/hold]\n");
     k.must_apply(&with_finalizer);
     let w = k.spawn_lines(&["get", "kvcp", "-w", "--output-watch-events"]);
@@ -850,7 +856,7 @@ fn delete_and_finalizers() {
     ]);
     w.wait_for(&["DELETED", "d2"]);
     assert!(k.fails(&["get", "kvcp", "d2"]).contains("NotFound"));
-    // 53
+    // `delete -l` and `--all`.
     for (n, l) in [("e1", "app: x"), ("e2", "app: x"), ("e3", "app: other")] {
         k.must_apply(&pool(n, l));
     }
@@ -861,7 +867,7 @@ fn delete_and_finalizers() {
     );
     k.ok(&["delete", "kvcp", "--all"]);
     assert_eq!(k.ok(&["get", "kvcp", "-o", "name"]).trim(), "");
-    // 54: raw deletecollection.
+    // Raw deletecollection.
     for (n, l) in [("f1", "app: x"), ("f2", "app: other")] {
         k.must_apply(&pool(n, l));
     }
@@ -876,7 +882,7 @@ fn delete_and_finalizers() {
         k.ok(&["get", "kvcp", "-o", "name"]).trim(),
         "kvcachepool.worker.gpustack.ai/f2"
     );
-    // 55: Foreground and Orphan need the garbage collector, which does not run against this
+    // Foreground and Orphan need the garbage collector, which does not run against this
     // server in direct mode: refused with a message that says so, never silently ignored.
     let err = k.fails(&["delete", "kvcp", "f2", "--cascade=foreground"]);
     assert!(
@@ -885,7 +891,7 @@ fn delete_and_finalizers() {
     );
 }
 
-/// Items 56–59 and the viewer kubeconfig.
+/// Authentication and authorization, and the viewer kubeconfig.
 #[test]
 fn authentication_and_authorization() {
     let s = Server::start();
@@ -902,7 +908,7 @@ fn authentication_and_authorization() {
     );
     let err = viewer.fails(&["delete", "kvcp", "v1"]);
     assert!(err.contains("Forbidden"), "{err}");
-    // 56: no credentials is 401 (anonymous access is limited to health and version); a bearer
+    // No credentials is 401 (anonymous access is limited to health and version); a bearer
     // token is refused with 401 too.
     let out = s.curl_anon(&[
         "-s",
@@ -928,7 +934,7 @@ fn authentication_and_authorization() {
         &s.url("/apis/worker.gpustack.ai/v1/kvcachepools"),
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "401");
-    // 57: request-header authentication is for aggregated mode (a front-proxy CA we do not
+    // Request-header authentication is for aggregated mode (a front-proxy CA we do not
     // have in direct mode): the headers alone are no credentials.
     let out = s.curl_anon(&[
         "-s",
@@ -943,10 +949,10 @@ fn authentication_and_authorization() {
         &s.url("/apis/worker.gpustack.ai/v1/kvcachepools"),
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "401");
-    // 58: impersonation is refused, never ignored.
+    // Impersonation is refused, never ignored.
     let err = admin.fails(&["--as=bob", "get", "kvcp"]);
     assert!(err.contains("impersonation is not supported yet"), "{err}");
-    // 59: describe works (core events are not served: kubectl tolerates that).
+    // Describe works (core events are not served: kubectl tolerates that).
     let out = admin.ok(&["describe", "kvcp", "v1"]);
     assert!(out.contains("Name:") && out.contains("v1"), "{out}");
 }

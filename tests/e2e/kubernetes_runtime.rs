@@ -698,7 +698,7 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
     );
 }
 
-/// §5.3: rising past one replica while the live template does not elect yet goes through one
+/// Rising past one replica while the live template does not elect yet goes through one
 /// electing replica first (RolloutComplete False/ReplicasPending meanwhile), then the real count.
 #[test]
 fn rising_past_one_without_the_election_goes_through_one_replica_first() {

@@ -1,5 +1,5 @@
-//! The walkthrough happens: real kubectl applies `../shared/examples/walkthrough/01..03` (our
-//! copies in `tests/fixtures/walkthrough/`) to `kv-apiserver serve` with its controllers and the
+//! The walkthrough happens: real kubectl applies its steps 1–3
+//! (`tests/fixtures/walkthrough/01..03`) to `kv-apiserver serve` with its controllers and the
 //! local runtime, and sees the store assemble, the quota take effect and the workload attach.
 //!
 //! Member capacities are 1Gi instead of 8Gi (and the pool's total and the Binding's ceiling are

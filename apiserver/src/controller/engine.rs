@@ -1,6 +1,6 @@
-//! The real engine's container for a role's replicas (`model-deployment.md` §3.4, §4.3, §5.1):
+//! The real engine's container for a role's replicas:
 //! its image (the role's, else the runner image of the engine, version and instance type), the
-//! engine's base command, and the command line in the documented order: the model, the injected
+//! engine's base command, and the command line in this order: the model, the injected
 //! connector flags and `--kv-cache-dtype`, the role's `extraArgs`, then `--host 0.0.0.0` and
 //! `--port` unless the role passed them. A Kubernetes runtime renders it; the local runtime runs
 //! the engine simulator instead.
@@ -21,7 +21,9 @@ pub fn default_port(engine: EngineName) -> u16 {
     }
 }
 
-/// The runner image's backend for a manufacturer (§4.3); `None` for one without runner images.
+/// The runner image's backend for a manufacturer, the `<backend>` of
+/// `gpustack/runner:<backend><runtime version>-<engine><version>`; `None` for one without runner
+/// images.
 fn runner_backend(manufacturer: &str) -> Option<&'static str> {
     Some(match manufacturer {
         "nvidia" => "cuda",

@@ -1,5 +1,5 @@
-//! Injection: what an engine replica attached to a cache receives (`model-deployment.md` §3.4,
-//! `pool-binding-injection.md` §4.3). One function, [`inject`], computes it from the engine, the
+//! Injection: what an engine replica attached to a cache receives. One function, [`inject`],
+//! computes it from the engine, the
 //! role kind and the resolved connection; the local runtime passes it to the replica's process
 //! (the engine simulator, or the real engine), and a Kubernetes runtime renders the same values
 //! into Pods.

@@ -100,7 +100,9 @@ where
     }
 }
 
-/// Where a kind's phase axes stand (the rule of `pool-binding-injection.md` §1.5 and §2.7).
+/// Where a kind's phase axes stand, for the pool's and the Binding's phase: the first axis present
+/// and not `True` (and not excused) is an Error, else the first missing one is Provisioning, else
+/// Ready.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Axes {
     /// The first axis present and not `True` (and not excused), with its message: `Error`.

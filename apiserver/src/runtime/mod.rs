@@ -59,8 +59,8 @@ pub struct StorePlan {
     pub pull_policy: Option<String>,
     /// `spec.imagePullSecrets` names.
     pub pull_secrets: Vec<String>,
-    /// The backend is being deleted but still in use: converge what runs, create nothing new
-    /// (`backend.md` §4.7), so a pass racing the removal cannot bring a workload back.
+    /// The backend is being deleted but still in use: converge what runs, create nothing new,
+    /// so a pass racing the removal cannot bring a workload back.
     pub existing_only: bool,
     /// The leader's flags; the runtime chooses the addresses it listens on.
     pub leader: LeaderConfig,

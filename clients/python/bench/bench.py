@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The Python remote path of our package, measured as ../shared/bench/mooncake_peer.py measures
-the reference's: batches of --batch keys of each --sizes value through batch_put_from and
+"""The Python remote path of our package, measured the way the reference's benchmark measures the
+reference's client: batches of --batch keys of each --sizes value through batch_put_from and
 batch_get_into on a registered buffer, against a leader and one member in other processes (every
 byte crosses loopback TCP). Keys are written into a ring that never reaches the eviction
 watermark; a slot is removed before it is reused, outside the timed region. Latency is the wall

@@ -2,9 +2,9 @@
 """Single-key put_from / get_into through registered memory, from --clients processes at once,
 for our package or the reference store's Python client (mooncake.store), measured the same way
 for both: each client writes its own ring of keys (its own prefix), then reads them back in
-order; a client's MB/s is its bytes over the time its calls took (as ../shared/bench/
-mooncake_peer.py counts), and the aggregate is the sum over clients (they run at once: a barrier
-starts each phase). Every value read is compared with what was written once per pass.
+order; a client's MB/s is its bytes over the time its calls took, and the aggregate is the sum
+over clients (they run at once: a barrier starts each phase). Every value read is compared with
+what was written once per pass.
 
   ours:      python concurrent.py --store ours --leader HOST:PORT --tenant bench [--same-host]
   reference: python concurrent.py --store reference --master HOST:PORT [--mode local|remote]

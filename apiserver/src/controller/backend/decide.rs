@@ -1,7 +1,10 @@
 //! The backend controller's decision, with no I/O: the status a pass makes of what the runtime
 //! runs (the plan and its observation), the endpoints, and what the leader answered: endpoints,
 //! capacity, members, LeaderAvailable, CapacityObserved, MembersMounted, PoolWrites, Deletable and
-//! the phase by the precedence of `backend.md` §3.1. Table-tested below.
+//! the phase, first match wins: Deleting once the deletion is requested; Error with no Admin
+//! endpoint yet; Provisioning while the leader does not serve or is still starting; Error when it
+//! cannot be read for any other reason; Degraded while MembersMounted is False; else Ready.
+//! Table-tested below.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kvcache_api::KVCacheBackend;

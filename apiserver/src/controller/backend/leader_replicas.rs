@@ -1,6 +1,6 @@
-//! A managed backend's leader replicas (`backend.md` §5): how many run and are ready
-//! (`status.leader`), whether the Lease names a holder (ElectionObserved, §5.7), whether every
-//! replica runs the current configuration (RolloutComplete, §5.6), and the
+//! A managed backend's leader replicas: how many run and are ready
+//! (`status.leader`), whether the Lease names a holder (ElectionObserved), whether every
+//! replica runs the current configuration (RolloutComplete), and the
 //! `KVCacheLeaderHandover` event when the holder changes (another replica, or the same address
 //! restarted: the Lease's term tells them apart). The event waits until the new term's leader has
 //! its members back (or [`HANDOVER_REPORT_WAIT`] passed), so it can say what the members handed
@@ -275,7 +275,10 @@ fn rollout(desired: usize, obs: &StoreObservation) -> Observation {
     )
 }
 
-/// RolloutComplete from a Deployment's status (`backend.md` §5.6).
+/// RolloutComplete from a Deployment's status, first match wins: Unknown while it cannot be read
+/// or has not observed its latest spec; False (ReplicasPending) while it asks for another count
+/// than the backend's; True once every replica runs the current template; else False
+/// (Progressing).
 fn deployment_rollout(desired: usize, r: &crate::runtime::Rollout) -> Observation {
     let o = |status, reason: kvcache_api::conditions::Reason, msg: String| {
         Observation::new(rollout_complete::TYPE, status, reason, msg)

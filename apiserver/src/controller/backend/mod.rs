@@ -1,8 +1,9 @@
 //! The backend controller: runs a managed backend's leader and one member per matching node per
-//! group through the runtime, and reports what the leader says (`backend.md` §3, with our store's
-//! Control API in place of the reference's HTTP admin port): endpoints, capacity, members, the
-//! conditions LeaderAvailable, CapacityObserved, MembersMounted, PoolWrites and Deletable, and
-//! the phase by the precedence of §3.1. Deletion waits while a pool names the backend.
+//! group through the runtime, and reports what the leader says over our store's Control API:
+//! endpoints, capacity, members, the conditions LeaderAvailable, CapacityObserved,
+//! MembersMounted, PoolWrites and Deletable, and the phase (Deleting first, then the leader's
+//! state, then the members'; the order is in [`decide`]). Deletion waits while a pool names the
+//! backend.
 //!
 //! A pass runs the store (the runtime's answer is its observation), reads the leader, and writes
 //! the status [`decide::status`] makes of both, with the election's conditions beside it.

@@ -57,7 +57,7 @@ pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan
             image: group.image.clone(),
         });
     }
-    // The election is on unless switched off, even at one replica (spec §5.1); off means one
+    // The election is on unless switched off, even at one replica; off means one
     // leader, whatever the count says.
     let election = (leader_spec.election_backend != Some(ElectionBackend::None)).then(|| ElectionPlan {
         replicas: leader_spec.replicas.unwrap_or(1).clamp(1, 5) as u32,

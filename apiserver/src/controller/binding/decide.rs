@@ -1,7 +1,7 @@
 //! The Binding controller's decision, with no I/O: from what a pass observed (the workloads that
 //! use the Binding, its credential, the leader's ledger) to the status to write, the event for a
-//! grant that moved, and whether the deletion may complete. The table tests below are the rules of
-//! `pool-binding-injection.md` §2.5–2.7.
+//! grant that moved, and whether the deletion may complete. The table tests below hold its rules,
+//! case by case: a live Binding, a credential rotation and a deleting Binding.
 
 use std::time::Duration;
 
@@ -247,7 +247,8 @@ fn granted(x: &TenantStatus, t: &GetTenantsResponse) -> Observation {
     }
 }
 
-/// §2.7: the first axis that is not True is an Error, a missing one Provisioning, else Ready.
+/// The Binding's phase over DomainExclusive, QuotaObserved and QuotaGranted, in that order: the
+/// first axis that is not True is an Error, a missing one Provisioning, else Ready.
 fn phase(st: &BindingStatus) -> (BindingPhase, Option<String>) {
     let order = [domain_exclusive::TYPE, quota_observed::TYPE, quota_granted::TYPE];
     match axes(&st.conditions, &order, |_| false) {

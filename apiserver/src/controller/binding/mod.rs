@@ -1,4 +1,4 @@
-//! The Binding controller (`pool-binding-injection.md` §2.5–2.7): reads the Binding's tenant back
+//! The Binding controller: reads the Binding's tenant back
 //! from the leader (`requestedQuota`, `effectiveQuota` — the grant, never computed here, with what
 //! cut it — `usage`, `overQuota`, blocks and hit rate), lists the workloads that hold it
 //! (`usedBy`), reports DomainExclusive, QuotaObserved and QuotaGranted, keeps its credential

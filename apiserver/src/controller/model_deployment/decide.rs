@@ -339,7 +339,10 @@ fn first_fault(observed: &[ReplicaObservation]) -> String {
         .unwrap_or_default()
 }
 
-/// CacheAttached, in the order of §2.3, from the replicas' own reports.
+/// CacheAttached from the replicas' own reports, first match wins: True (NotApplicable) without
+/// `kvCache`; Unknown when a role replaces the engine command, while no replica is ready, or
+/// while the replicas run without a connection; True when a ready replica reports a store
+/// operation that succeeded; False when they report operations and none succeeded; else Unknown.
 fn attached(obj: &ModelDeployment, observed: &[ReplicaObservation], connected: bool, registered: &str) -> Observation {
     let o =
         |status, reason: conditions::Reason, msg: String| Observation::new(cache_attached::TYPE, status, reason, msg);

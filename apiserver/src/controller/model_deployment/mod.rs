@@ -1,8 +1,8 @@
 //! The ModelDeployment controller: resolves the Binding (`DomainRegistered`, `status.kvCache`),
 //! the connection behind it (pool endpoint, tenant, layout), runs each role's replicas through the
 //! runtime with exactly what [`injection`](super::injection) computes, and reports roles,
-//! phase and `CacheAttached` from what the replicas themselves report (`model-deployment.md`
-//! §2.3, §3.3). A deployment without `kvCache` runs with no cache at all.
+//! phase and `CacheAttached` from what the replicas themselves report. A deployment without
+//! `kvCache` runs with no cache at all.
 //!
 //! A pass observes what the `kvCache` leads to ([`resolve`]), decides what the replicas attach to
 //! ([`decide::attach`]), has the runtime run them (the write whose answer is their observation),
@@ -64,7 +64,7 @@ pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
     let config = ctx.config.get();
     let resolved = resolve(&obj, &ctx).await?;
     let attached = attach(&obj, &resolved, &config.settings.kv_cache_backend_image);
-    // Hold rule (§3.3 step 5): replicas attached before keep running as they are while the
+    // Hold rule: replicas attached before keep running as they are while the
     // connection does not resolve, rather than being rolled to run without a cache.
     let had_cache = obj.status.as_ref().is_some_and(|s| s.kv_cache.is_some());
     let plan = ReplicaPlan {

@@ -1,7 +1,7 @@
 //! The pool controller's decision, with no I/O: from what a pass observed (the pool, every pool and
 //! Binding, the Bindings' credentials, the backend and the leader's ledger) to the status to
-//! write, the ledger to set and whether the deletion may complete. The table tests below are the
-//! rules of `pool-binding-injection.md` §1.4–1.6, with the store enforcing each pool's total.
+//! write, the ledger to set and whether the deletion may complete. The table tests below hold its
+//! rules, case by case (`decide/tests.rs`); the store, not this code, enforces each pool's total.
 
 use std::time::Duration;
 
@@ -499,8 +499,9 @@ fn capacity(pool: &KVCachePool, backend: &KVCacheBackend, ledger: Option<&GetTen
     }
 }
 
-/// §1.5: the first axis that is not True (ignoring MultiTenancyDisabled) is an Error; a missing
-/// one is Provisioning; otherwise Ready.
+/// The pool's phase over BackendResolved, QuotaLedgerAvailable, QuotaPolicyWritable and
+/// CapacityAllocatable, in that order: the first axis that is not True (ignoring
+/// MultiTenancyDisabled) is an Error; a missing one is Provisioning; otherwise Ready.
 fn phase(st: &PoolStatus) -> (PoolPhase, Option<String>) {
     let order = [
         backend_resolved::TYPE,

@@ -1,4 +1,4 @@
-//! The pool controller (`pool-binding-injection.md` §1.4–1.6): renders the **whole** tenant ledger
+//! The pool controller: renders the **whole** tenant ledger
 //! of the pool's backend, from every Binding of every pool on it and each pool's total, and sets
 //! it on the leader with `SetTenants` when it differs from what the leader holds (never a partial
 //! ledger); the leader enforces each pool's total. It reports `clientEndpoint`, `usage`,

@@ -1,4 +1,10 @@
-//! Admission table of `KVCacheBackend` (spec: backend.md §2 and the admission edge cases of §10).
+//! Admission table of `KVCacheBackend`. On create: the connection (managed or external, not both),
+//! names and their lengths, images and pull secrets, external endpoints, leader replicas and the
+//! election, `extraArgs` checked against the store's own flags (those the server derives
+//! refused), env the server sets refused, member groups, capacities, media, transports and
+//! hostPaths. On update: groups keep their index and medium
+//! (appending, removing the last, widening a selector and editing capacity are fine), a managed
+//! backend does not become external, and multi-tenancy is not withdrawn while pools use it.
 
 use kvcache_api::backend::{BackendSpec, KVCacheBackend};
 use kvcache_api::common::UsedBy;

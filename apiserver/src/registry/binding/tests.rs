@@ -1,5 +1,8 @@
-//! Admission table of `KVCachePoolBinding` (spec: pool-binding-injection.md §2 and §8, binding
-//! cases), and the domain claims under concurrency.
+//! Admission table of `KVCachePoolBinding`: on create, `poolRef`, the domain's name, block size and
+//! dtype, and the quota ceiling against the pool's total; each domain name (`default` when
+//! omitted) claimed once per backend, and one domain only on a backend without a tenant ledger;
+//! on update, the fields that never change (`poolRef`, the domain) and the ceiling; and the domain
+//! claims under concurrency.
 
 use std::sync::Arc;
 

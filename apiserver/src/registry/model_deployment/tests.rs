@@ -1,4 +1,9 @@
-//! Admission table of `ModelDeployment` (spec: model-deployment.md §1, §3.2, §6.2 and §7).
+//! Admission table of `ModelDeployment`. On create: the model, the engine and its version, roles
+//! (count, names, replicas, size), `kvCache.poolRef` in the deployment's own namespace, the flags
+//! and env the server injects (refused in `extraArgs` and `env`), instance types and accelerators,
+//! volumes and ports, old shapes, and what is not supported yet. On update: what may change
+//! (engine version, replicas, `extraArgs`) and what may not (the cache, the engine, the model, the
+//! roles' names and resources).
 
 use kvcache_api::model_deployment::{ModelDeployment, ModelDeploymentSpec};
 use serde_json::{Value, json};

@@ -1,4 +1,6 @@
-//! Admission table of `KVCachePool` (spec: pool-binding-injection.md §1.3 and §8, pool cases).
+//! Admission table of `KVCachePool`: exactly one backend (a missing one warns), a total of at
+//! least one byte that fits in an int64, no unknown fields, a warning for a managed backend
+//! without a tenant ledger, and backends that never change while the quota may.
 
 use kvcache_api::backend::BackendSpec;
 use kvcache_api::pool::{KVCachePool, PoolSpec, PoolStatus};

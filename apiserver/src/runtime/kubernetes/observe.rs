@@ -1,9 +1,9 @@
 //! What a Pod's status says about the workload it runs, in the runtime's neutral
 //! [`WorkloadState`]: running and ready from its phase and Ready condition, restarts and the last
 //! termination from its main container, a scheduling refusal from `PodScheduled=False`, and the
-//! kubelet's waiting reason (`ImagePullBackOff`, `CrashLoopBackOff`, ...) as the fault, as
-//! `../shared/spec/backend.md` §3.3 reads them. The kubelet (or anything writing `/status`) is
-//! the source; nothing here asks the workload itself.
+//! kubelet's waiting reason (`ImagePullBackOff`, `CrashLoopBackOff`, ...) as the fault unless it
+//! means progress (none, `ContainerCreating`, `PodInitializing`). The kubelet (or anything
+//! writing `/status`) is the source; nothing here asks the workload itself.
 
 use std::time::SystemTime;
 

@@ -20,7 +20,7 @@
 //!
 //! Every object carries the resource-type label, the ownership notes (backend, role, group) that
 //! decide what belongs to the backend, and a controller owner reference that never blocks the
-//! owner's deletion (`../shared/spec/backend.md` §4). Every flag of the store comes from its
+//! owner's deletion. Every flag of the store comes from its
 //! `LeaderConfig` / `MemberConfig` (`to_args()`); the Pod-specific values are the downward API's
 //! `$(POD_NAME)`, `$(POD_IP)` and `$(NODE_NAME)`, which the kubelet expands in arguments.
 

@@ -1,5 +1,5 @@
 //! The leader Deployment's rollout: how far it is (`rollout_of`), and how a Deployment still at
-//! one replica rises past it in two steps (`backend.md` §5.3).
+//! one replica rises past it in two steps (`rise_in_two_steps`).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use serde_json::Value;
@@ -16,7 +16,7 @@ pub(super) fn rollout_of(d: &Deployment) -> crate::runtime::Rollout {
     }
 }
 
-/// Rising past one replica in one edit (`backend.md` §5.3): while the live Deployment still
+/// Rising past one replica in one edit: while the live Deployment still
 /// runs one replica and its template does not elect yet, or that one replica's rollout has not
 /// finished, it is written with one replica, `Recreate` and no deadline first; the real count
 /// follows once that rolled out. (A replica change reaches the old ReplicaSet before the

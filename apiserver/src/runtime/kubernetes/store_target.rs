@@ -1,4 +1,4 @@
-//! Where a backend's store objects go and what they run (`backend.md` §4.1): the namespace, the
+//! Where a backend's store objects go and what they run: the namespace, the
 //! image (the backend's, else the setting `kv-cache-backend-image`), its pull policy and secrets.
 
 use crate::runtime::StorePlan;
@@ -36,8 +36,8 @@ impl Target {
     }
 }
 
-/// `spec.imagePullPolicy`, else `Always` for `:latest` or an untagged image, else `IfNotPresent`
-/// (§4.1); always written, so the object converges.
+/// `spec.imagePullPolicy`, else `Always` for `:latest` or an image with neither tag nor digest,
+/// else `IfNotPresent`; always written, so the object converges.
 pub fn pull_policy(image: &str, explicit: Option<&str>) -> String {
     if let Some(p) = explicit {
         return p.to_owned();

@@ -1,4 +1,5 @@
-//! The pool's decisions, case by case (`pool-binding-injection.md` §1.4–1.6).
+//! The pool's decisions, case by case: a live pool (its conditions, phase and the ledger it sets)
+//! and a deleting one (what holds its release, and the ledger without its domains).
 
 use kvcache_store::proto::{PoolEntry, TenantStatus};
 use serde_json::json;
