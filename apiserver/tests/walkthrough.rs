@@ -136,6 +136,69 @@ fn strict_decoding_refuses_unknown_fields_in_manifests() {
     );
 }
 
+/// `kv-apiserver render` admits what it renders as the server does: what the server refuses
+/// (a zero capacity, a disk tier, prefill and decode roles, which are not supported yet) is
+/// refused with the server's words, every refusal at once, and nothing is printed.
+#[test]
+fn render_refuses_what_the_server_refuses_and_prints_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = std::fs::read_to_string(fixtures().join("01-backend.yaml")).unwrap();
+    let deployment = std::fs::read_to_string(fixtures().join("03-model-deployment.yaml")).unwrap();
+    let zero = dir.path().join("zero.yaml");
+    std::fs::write(
+        &zero,
+        backend.replace("capacityPerMember: 8Gi", "capacityPerMember: \"0\""),
+    )
+    .unwrap();
+    let disks = dir.path().join("disks.yaml");
+    std::fs::write(
+        &disks,
+        backend.replace("name: mooncake-dram", "name: with-disks").replace(
+            "capacityPerMember: 8Gi",
+            "capacityPerMember: 8Gi\n          localDisks:\n            - path: /var/lib/kvcache\n              capacity: 100Gi",
+        ),
+    )
+    .unwrap();
+    let prefill = dir.path().join("prefill.yaml");
+    std::fs::write(
+        &prefill,
+        deployment.replace("    - name: server\n", "    - name: server\n      kind: Prefill\n"),
+    )
+    .unwrap();
+    let out = cli(
+        dir.path(),
+        &[
+            "render",
+            "-f",
+            &zero.display().to_string(),
+            "-f",
+            &disks.display().to_string(),
+            "-f",
+            &prefill.display().to_string(),
+        ],
+    );
+    assert!(!out.status.success());
+    assert_eq!(stdout(&out), "", "a refused render prints no object");
+    let err = stderr(&out);
+    for (file, said) in [
+        (
+            "zero.yaml",
+            "capacityPerMember: Invalid value: \"0\": must be greater than 0",
+        ),
+        ("disks.yaml", "localDisks"),
+        ("prefill.yaml", "Prefill"),
+    ] {
+        assert!(
+            err.contains(&format!(
+                "Error from server (Invalid): error when applying {}",
+                dir.path().join(file).display()
+            )) && err.lines().any(|l| l.contains(file) && l.contains(said)),
+            "{file}: {said}: {err}"
+        );
+    }
+    assert!(err.contains("3 object(s) were refused; nothing rendered"), "{err}");
+}
+
 /// `kv-apiserver render` of steps 1-3 (with the cluster configuration next to the fixture) is
 /// what `tests/fixtures/rendered/` holds, byte for byte: a change to what the controllers render
 /// shows up in review as a change to that file.

@@ -162,3 +162,40 @@ pub fn check<T: Debug>(case: &str, result: Result<(T, Vec<String>), RegistryErro
         (expect, other) => panic!("{case}: expected {expect:?}, got {other:?}"),
     }
 }
+
+/// What `kv-apiserver render` answers for `object` after `prerequisites` (its scratch storage
+/// and the server's registry, [`crate::render::admit`]) when the registry refused `object` with
+/// `refused`: the same refusal, in the words the server's Status carries. Render and server
+/// cannot disagree on any case of an admission table.
+pub async fn render_refuses_alike(case: &str, prerequisites: &[Value], object: &Value, refused: &RegistryError) {
+    let mut docs: Vec<(String, crate::decode::bounded::Parsed)> = prerequisites
+        .iter()
+        .map(|v| ("prerequisites.yaml".to_owned(), parsed(v.clone())))
+        .collect();
+    docs.push(("case.yaml".to_owned(), parsed(object.clone())));
+    let plural = object["kind"]
+        .as_str()
+        .and_then(crate::registry::kinds::by_kind)
+        .map_or("", |k| k.plural);
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let crate::status::Refusal(_, status) = crate::status::for_resource(plural, name, refused);
+    let want = format!(
+        "Error from server ({}): error when applying case.yaml: {}",
+        status.reason.as_deref().unwrap_or_default(),
+        status.message.as_deref().unwrap_or_default()
+    );
+    match crate::render::admit(docs, &Config::default()).await {
+        Ok(_) => panic!("{case}: render admitted what the registry refused ({want})"),
+        Err(refusals) => assert!(
+            refusals.contains(&want),
+            "{case}: render refused otherwise than the server:\n  server: {want}\n  render: {refusals:?}"
+        ),
+    }
+}
+
+fn parsed(value: Value) -> crate::decode::bounded::Parsed {
+    crate::decode::bounded::Parsed {
+        value,
+        duplicates: Vec::new(),
+    }
+}

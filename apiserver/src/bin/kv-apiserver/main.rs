@@ -89,7 +89,7 @@ fn main() -> anyhow::Result<()> {
     let config = Config::load(cli.global.config.as_deref())?;
     match cli.command {
         Command::Certs(args) => certs::run(&args),
-        Command::Render(args) => render::run(&args, &config),
+        Command::Render(args) => async_main(render::run(&args, &config)),
         Command::Serve(args) => {
             let opts = cli.global.app_options(config)?;
             async_main(serve::run(opts, args))

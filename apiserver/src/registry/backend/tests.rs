@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::config::Config;
 use crate::field::ErrorType::{self, *};
 use crate::registry::generic::{DeleteOptions, WriteOptions};
-use crate::registry::testing::{Expect, Harness, check, decode, registries, remove, set};
+use crate::registry::testing::{Expect, Harness, check, decode, registries, remove, render_refuses_alike, set};
 use crate::registry::{RegistryError, encode};
 use crate::storage::{Op, Txn, keys};
 
@@ -840,7 +840,11 @@ async fn create_admission_table() {
         let h = Harness::new();
         let mut v = base();
         edit(&mut v);
-        check(name, create(&h, &v).await, expect);
+        let result = create(&h, &v).await;
+        if let Err(e) = &result {
+            render_refuses_alike(name, &[], &v, e).await;
+        }
+        check(name, result, expect);
     }
 }
 

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::config::{Config, Settings};
 use crate::field::ErrorType::*;
 use crate::registry::generic::{DeleteOptions, Deleted, WriteOptions};
-use crate::registry::testing::{Expect, Harness, check, decode, registries, remove, set};
+use crate::registry::testing::{Expect, Harness, check, decode, registries, remove, render_refuses_alike, set};
 use crate::registry::{RegistryError, meta};
 
 type Edit = fn(&mut Value);
@@ -42,6 +42,13 @@ fn pool(name: &str, backend: &str) -> Value {
 
 /// Backends `b1` (multi-tenant), `b2`, `single` (no ledger); pools `p1` and `p1b` on `b1`, `p2`
 /// on `b2`, `psingle` on `single`.
+/// What [`world`] creates, as manifests.
+fn world_objects() -> Vec<Value> {
+    let backends = [("b1", true), ("b2", true), ("single", false)].map(|(name, mt)| backend(name, mt));
+    let pools = [("p1", "b1"), ("p1b", "b1"), ("p2", "b2"), ("psingle", "single")].map(|(name, b)| pool(name, b));
+    backends.into_iter().chain(pools).collect()
+}
+
 async fn world(h: &Harness) {
     for (name, mt) in [("b1", true), ("b2", true), ("single", false)] {
         let b = decode::<kvcache_api::backend::BackendSpec>(&backend(name, mt)).unwrap();
@@ -214,7 +221,11 @@ async fn create_admission_table() {
         world(&h).await;
         let mut v = binding("team-a", "team-a", "p1", None);
         edit(&mut v);
-        let msg = check(name, create(&h, &v).await, expect);
+        let result = create(&h, &v).await;
+        if let Err(e) = &result {
+            render_refuses_alike(name, &world_objects(), &v, e).await;
+        }
+        let msg = check(name, result, expect);
         if name == "ceiling above the pool's total" {
             assert!(msg.contains("16Gi"), "names the pool's total: {msg}");
         }

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::field::ErrorType::*;
 use crate::registry::RegistryError;
 use crate::registry::generic::WriteOptions;
-use crate::registry::testing::{Expect, Harness, check, decode, remove, set};
+use crate::registry::testing::{Expect, Harness, check, decode, remove, render_refuses_alike, set};
 
 type Edit = fn(&mut Value);
 
@@ -514,7 +514,15 @@ async fn create_admission_table() {
         let h = Harness::new();
         let mut v = md();
         edit(&mut v);
-        check(name, create(&h, &v).await, expect);
+        let result = create(&h, &v).await;
+        if let Err(e) = &result {
+            let mut doc = v.clone();
+            if doc["metadata"].is_object() && doc["metadata"]["namespace"].is_null() {
+                doc["metadata"]["namespace"] = json!("team-a");
+            }
+            render_refuses_alike(name, &[], &doc, e).await;
+        }
+        check(name, result, expect);
     }
 }
 

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::field::ErrorType::*;
 use crate::registry::RegistryError;
 use crate::registry::generic::{DeleteOptions, WriteOptions};
-use crate::registry::testing::{Expect, Harness, check, decode, set};
+use crate::registry::testing::{Expect, Harness, check, decode, render_refuses_alike, set};
 
 type Edit = fn(&mut Value);
 
@@ -102,10 +102,15 @@ fn cases() -> Vec<(&'static str, Edit, Expect)> {
 async fn create_admission_table() {
     for (name, edit, expect) in cases() {
         let h = Harness::new();
-        create_backend(&h, backend("mooncake-dram", None, false)).await;
+        let prerequisite = backend("mooncake-dram", None, false);
+        create_backend(&h, prerequisite.clone()).await;
         let mut v = pool();
         edit(&mut v);
-        let msg = check(name, create(&h, &v).await, expect);
+        let result = create(&h, &v).await;
+        if let Err(e) = &result {
+            render_refuses_alike(name, &[prerequisite], &v, e).await;
+        }
+        let msg = check(name, result, expect);
         if name == "total past int64" {
             assert!(
                 msg.contains("must not exceed"),
