@@ -138,18 +138,20 @@ pub struct Subscription {
     ledger: tokio::sync::watch::Receiver<u64>,
 }
 
-impl super::State {
-    /// Subscribes to the tenant's log and takes the state it starts from, in one step. A new
+impl Subscription {
+    /// A stream's start on `log`: its live events from now on, after `held` (the tenant's
+    /// committed blocks now, key and size), watching the ledger's generation `ledger`. A new
     /// stream (`restart` false) is refused while the tenant has [`MAX_WATCHES`] open; a stream
     /// starting over after falling behind keeps its place.
-    pub fn watch_blocks(&mut self, scope: Option<&Scope>, restart: bool) -> Result<Subscription> {
-        let tenant = self.tenant_name(scope)?;
-        let epoch = self.epoch;
-        let t = self
-            .tenants
-            .get(&tenant)
-            .ok_or_else(|| StoreError::new(ErrorCode::Internal, "tenant vanished"))?;
-        if !restart && t.log.tx.receiver_count() >= MAX_WATCHES {
+    pub fn start(
+        tenant: &str,
+        log: &BlockLog,
+        epoch: u64,
+        held: Vec<(String, u64)>,
+        mut ledger: tokio::sync::watch::Receiver<u64>,
+        restart: bool,
+    ) -> Result<Subscription> {
+        if !restart && log.tx.receiver_count() >= MAX_WATCHES {
             return Err(StoreError::new(
                 ErrorCode::TenantQuotaExceeded,
                 format!(
@@ -158,18 +160,11 @@ impl super::State {
                 ),
             ));
         }
-        let held = t
-            .objects
-            .iter()
-            .filter(|(_, o)| o.state == super::objects::ObjectState::Committed)
-            .map(|(k, o)| (k.clone(), o.size))
-            .collect();
-        let mut ledger = self.ledger_generation.subscribe();
         ledger.mark_unchanged();
         Ok(Subscription {
-            rx: t.log.tx.subscribe(),
+            rx: log.tx.subscribe(),
             epoch,
-            last_id: t.log.last_id,
+            last_id: log.last_id,
             held,
             ledger,
         })

@@ -254,6 +254,27 @@ pub fn check_layout(tenant: &str, registered: &Layout, scope: &Scope) -> Result<
     ))
 }
 
+/// What admits a caller before its request is read (`State::admits`).
+#[derive(Debug, Default)]
+pub struct Callers {
+    /// some tenant takes calls without a credential
+    pub open: bool,
+    /// every credential hash of the ledger
+    pub hashes: std::collections::HashSet<[u8; 32]>,
+}
+
+impl Callers {
+    /// From each tenant's credential hashes.
+    pub fn of<'a>(tenants: impl Iterator<Item = &'a [[u8; 32]]>) -> Callers {
+        let mut c = Callers::default();
+        for hashes in tenants {
+            c.open |= hashes.is_empty();
+            c.hashes.extend(hashes.iter().copied());
+        }
+        c
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

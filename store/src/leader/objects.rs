@@ -98,3 +98,14 @@ pub struct Tenant {
     /// what its blocks do, for `WatchBlocks` (`blocks.rs`)
     pub log: super::blocks::BlockLog,
 }
+
+impl Tenant {
+    /// The blocks it holds readable now: each committed value's key and size.
+    pub fn committed_blocks(&self) -> Vec<(String, u64)> {
+        self.objects
+            .iter()
+            .filter(|(_, o)| o.state == ObjectState::Committed)
+            .map(|(k, o)| (k.clone(), o.size))
+            .collect()
+    }
+}

@@ -76,7 +76,7 @@ pub struct State {
     /// nothing (`members.rs`)
     pub(super) distrusted: std::collections::HashSet<u64>,
     /// who may send a request at all, from the ledger's credentials (`tenants.rs`)
-    pub(super) callers: super::tenants::Callers,
+    pub(super) callers: super::ledger::Callers,
     /// whether this term has the ledger to adopt members' holdings against: multi-tenancy off,
     /// `--tenant`, or a `SetTenants` (`members.rs` holds reports back until then, a while)
     pub(super) ledger_known: bool,
@@ -453,7 +453,7 @@ impl State {
     pub fn get(&mut self, scope: Option<&Scope>, key: &str, now: Instant) -> Result<GetResponse> {
         let tenant = self.tenant_name(scope)?;
         let tick = self.next_tick();
-        let ttl = self.cfg.lease_ttl;
+        let ttl = self.cfg.read_lease_ttl;
         let t = self
             .tenants
             .get_mut(&tenant)
@@ -488,7 +488,7 @@ impl State {
     /// Whether a committed value exists; like the reference, a hit also grants a read lease.
     pub fn exists(&mut self, scope: Option<&Scope>, key: &str, now: Instant) -> Result<bool> {
         let tenant = self.tenant_name(scope)?;
-        let ttl = self.cfg.lease_ttl;
+        let ttl = self.cfg.read_lease_ttl;
         let t = self
             .tenants
             .get_mut(&tenant)
@@ -585,8 +585,8 @@ impl State {
         stale.len() as u64
     }
 
-    pub fn lease_ttl(&self) -> Duration {
-        self.cfg.lease_ttl
+    pub fn read_lease_ttl(&self) -> Duration {
+        self.cfg.read_lease_ttl
     }
 }
 

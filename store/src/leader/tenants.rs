@@ -1,29 +1,11 @@
 //! The ledger applied to the state: replacing it, turning ceilings into grants, and resolving
-//! which tenant a request acts for (registration and layout checks).
+//! which tenant a request acts for (registration and layout checks), and a tenant's block stream
+//! started from its state.
 
-use super::ledger::{self, DEFAULT_TENANT, Layout};
+use super::blocks::Subscription;
+use super::ledger::{self, Callers, DEFAULT_TENANT, Layout};
 use super::state::State;
 
-/// What admits a caller before its request is read ([`State::admits`]).
-#[derive(Debug, Default)]
-pub struct Callers {
-    /// some tenant takes calls without a credential
-    pub open: bool,
-    /// every credential hash of the ledger
-    pub hashes: std::collections::HashSet<[u8; 32]>,
-}
-
-impl Callers {
-    /// From each tenant's credential hashes.
-    pub fn of<'a>(tenants: impl Iterator<Item = &'a [[u8; 32]]>) -> Callers {
-        let mut c = Callers::default();
-        for hashes in tenants {
-            c.open |= hashes.is_empty();
-            c.hashes.extend(hashes.iter().copied());
-        }
-        c
-    }
-}
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::{GrantLimit, PoolEntry, Scope, TenantEntry};
 
@@ -178,5 +160,19 @@ impl State {
             ledger::check_layout(&scope.tenant, layout, scope)?;
         }
         Ok(scope.tenant.clone())
+    }
+}
+
+impl State {
+    /// Subscribes to the tenant's block log and takes the blocks it holds, in one step
+    /// (`blocks.rs`).
+    pub fn watch_blocks(&mut self, scope: Option<&Scope>, restart: bool) -> Result<Subscription> {
+        let tenant = self.tenant_name(scope)?;
+        let t = self
+            .tenants
+            .get(&tenant)
+            .ok_or_else(|| StoreError::new(ErrorCode::Internal, "tenant vanished"))?;
+        let ledger = self.ledger_generation.subscribe();
+        Subscription::start(&tenant, &t.log, self.epoch, t.committed_blocks(), ledger, restart)
     }
 }
