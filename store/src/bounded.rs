@@ -1,5 +1,5 @@
 //! gRPC request bodies read under a byte limit and a deadline. The leader's front (`leader/front.rs`)
-//! and the member's (`member/service.rs`) check what a call shows in its headers first, then hand
+//! and the member's (`member/grpc.rs`) check what a call shows in its headers first, then hand
 //! the service a [`Bounded`] body: the bytes it may read are what the method needs (a `Write`'s:
 //! the length its grant names), and they must all arrive before the deadline. Past either, the
 //! body ends with a status that says which (`RESOURCE_EXHAUSTED` or `DEADLINE_EXCEEDED`), which

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use common::{Proc, eventually, leader, member_with, scope};
 use kvcache_store::client::Client;
 use kvcache_store::error::{ErrorCode, StoreError};
-use kvcache_store::member::service::write_request;
+use kvcache_store::member::grpc::write_request;
 use kvcache_store::proto::control_client::ControlClient;
 use kvcache_store::proto::segment_data_client::SegmentDataClient;
 use kvcache_store::proto::store_client::StoreClient;

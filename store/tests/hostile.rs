@@ -342,7 +342,7 @@ async fn stalled_grpc_readers_pin_neither_memory_nor_the_range_past_the_lease() 
         grant_mac: loc.grant_mac.clone(),
         allocation: loc.allocation,
     };
-    let per_connection = kvcache_store::member::service::MAX_STREAMS as usize;
+    let per_connection = kvcache_store::member::grpc::MAX_STREAMS as usize;
     let mut conns = Vec::new();
     let mut streams = Vec::new();
     for _ in 0..STREAMS / per_connection {
@@ -410,7 +410,7 @@ async fn reserve(addr: &str, key: &str, size: u64) -> kvcache_store::proto::PutS
 /// sending is cut at its deadline plus the grace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_write_may_send_only_what_its_grant_names_and_only_until_its_deadline() {
-    use kvcache_store::member::service::write_request;
+    use kvcache_store::member::grpc::write_request;
     use kvcache_store::proto::WriteRequest;
     use kvcache_store::proto::segment_data_client::SegmentDataClient;
     let l = leader(&["--tenant", "a=64Mi:64:bfloat16", "--put-ttl", "3s"]);

@@ -450,7 +450,7 @@ async fn batch_calls_answer_key_by_key() {
         SegmentDataClient::connect(format!("http://{}", loc.grpc_addr))
             .await
             .unwrap()
-            .write(kvcache_store::member::service::write_request(
+            .write(kvcache_store::member::grpc::write_request(
                 &loc,
                 r.write_deadline_unix_ms,
                 v.clone().into(),

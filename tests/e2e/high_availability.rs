@@ -472,7 +472,7 @@ fn a_paused_leader_that_lost_its_lease_places_no_byte() {
         .block_on(channel(&s, &loc.grpc_addr))
         .map(SegmentDataClient::new)
         .unwrap();
-    let write = rt.block_on(member.write(kvcache_store::member::service::write_request(
+    let write = rt.block_on(member.write(kvcache_store::member::grpc::write_request(
         &loc,
         reserved.write_deadline_unix_ms,
         vec![7u8; 4096].into(),

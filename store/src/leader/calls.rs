@@ -1,5 +1,5 @@
 //! The `Store` calls, one function each, written once for both faces: the gRPC service
-//! (`service.rs`) and the framed fast port (`fastport.rs`) decode a request, call the function
+//! (`grpc.rs`) and the framed fast port (`fastport.rs`) decode a request, call the function
 //! here, and encode what it returns. Each takes the leader's lock once and allocates nothing
 //! beyond its reply. A removal's answer waits, outside the lock, until the members applied what
 //! they were told ([`Durable`]): a value a client removed does not come back after a failover.

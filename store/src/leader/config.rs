@@ -39,9 +39,11 @@ pub struct LeaderConfig {
     /// How a segment is chosen for a new value.
     #[arg(long, value_enum, default_value = "free-ratio-first")]
     pub allocation_strategy: AllocationStrategy,
-    /// How long a get or exists protects a value from eviction and removal.
-    #[arg(long, default_value = "10s", value_parser = kvcache_units::parse_duration)]
-    pub lease_ttl: Duration,
+    /// How long a get or exists protects a value from eviction and removal (its read lease;
+    /// every other "lease" of the store is the election's Kubernetes Lease). The flag keeps its
+    /// name, `--lease-ttl`, which backends' `extraArgs` carry.
+    #[arg(long = "lease-ttl", default_value = "10s", value_parser = kvcache_units::parse_duration)]
+    pub read_lease_ttl: Duration,
     /// A member silent for longer loses its objects.
     #[arg(long, default_value = "10s", value_parser = kvcache_units::parse_duration)]
     pub member_ttl: Duration,
@@ -72,8 +74,8 @@ pub struct LeaderConfig {
     #[arg(long, value_enum, default_value = "none")]
     pub election: Election,
     /// With `--election kubernetes`: the Lease, NAMESPACE/NAME.
-    #[arg(long)]
-    pub lease: Option<String>,
+    #[arg(long = "lease")]
+    pub election_lease: Option<String>,
     /// With `--election kubernetes`: the kubeconfig of the Lease API (default: `KUBECONFIG`,
     /// `~/.kube/config`, or the in-cluster service account).
     #[arg(long)]
@@ -156,7 +158,7 @@ impl Default for LeaderConfig {
             default_block_size: None,
             default_dtype: None,
             allocation_strategy: AllocationStrategy::FreeRatioFirst,
-            lease_ttl: Duration::from_secs(10),
+            read_lease_ttl: Duration::from_secs(10),
             member_ttl: Duration::from_secs(10),
             put_ttl: Duration::from_secs(30),
             put_grace: Duration::from_secs(30),
@@ -166,7 +168,7 @@ impl Default for LeaderConfig {
             tenants: Vec::new(),
             spin: crate::spin::DEFAULT_SPIN,
             election: Election::None,
-            lease: None,
+            election_lease: None,
             kubeconfig: None,
             identity: None,
             control_token_file: None,
@@ -220,7 +222,7 @@ impl LeaderConfig {
 
     /// The Lease of `--election kubernetes`.
     pub fn lease_ref(&self) -> Option<crate::election::kube::LeaseRef> {
-        crate::election::kube::LeaseRef::parse(self.lease.as_deref()?).ok()
+        crate::election::kube::LeaseRef::parse(self.election_lease.as_deref()?).ok()
     }
 
     /// The gRPC address others are told (`--advertise-host` with the bound port).
@@ -235,7 +237,7 @@ impl LeaderConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self.election {
             Election::Kubernetes => {
-                let lease = self.lease.as_deref().ok_or_else(|| {
+                let lease = self.election_lease.as_deref().ok_or_else(|| {
                     ConfigError::new(
                         "lease",
                         "--election kubernetes needs the Lease to campaign for, NAMESPACE/NAME",
@@ -247,7 +249,7 @@ impl LeaderConfig {
                     .map_err(|e| ConfigError::new("lease-duration", e))?;
             }
             Election::None => {
-                if self.lease.is_some() || self.kubeconfig.is_some() || self.identity.is_some() {
+                if self.election_lease.is_some() || self.kubeconfig.is_some() || self.identity.is_some() {
                     return Err(ConfigError::new(
                         "lease",
                         "--lease, --kubeconfig and --identity go with --election kubernetes",
@@ -264,7 +266,7 @@ impl LeaderConfig {
         if self.max_value_size == 0 {
             return Err(ConfigError::new("max-value-size", "must be greater than 0, e.g. 64Mi"));
         }
-        for (flag, d) in [("lease-ttl", self.lease_ttl), ("member-ttl", self.member_ttl)] {
+        for (flag, d) in [("lease-ttl", self.read_lease_ttl), ("member-ttl", self.member_ttl)] {
             if d.is_zero() {
                 return Err(ConfigError::new(flag, "must be longer than 0, e.g. 10s"));
             }
@@ -336,7 +338,7 @@ impl LeaderConfig {
         if let Some(v) = self.allocation_strategy.to_possible_value() {
             push(&mut a, "allocation-strategy", v.get_name());
         }
-        push(&mut a, "lease-ttl", format_time(self.lease_ttl));
+        push(&mut a, "lease-ttl", format_time(self.read_lease_ttl));
         push(&mut a, "member-ttl", format_time(self.member_ttl));
         push(&mut a, "put-ttl", format_time(self.put_ttl));
         push(&mut a, "put-grace", format_time(self.put_grace));
@@ -362,7 +364,7 @@ impl LeaderConfig {
         if let Some(v) = self.election.to_possible_value() {
             push(&mut a, "election", v.get_name());
         }
-        if let Some(l) = &self.lease {
+        if let Some(l) = &self.election_lease {
             push(&mut a, "lease", l);
         }
         if let Some(k) = &self.kubeconfig {
@@ -429,7 +431,7 @@ mod tests {
                 fast_listen: Some(FastListen::Off),
                 metrics_listen: Some("127.0.0.1:9100".parse().unwrap()),
                 allocation_strategy: AllocationStrategy::Random,
-                lease_ttl: Duration::from_millis(1500),
+                read_lease_ttl: Duration::from_millis(1500),
                 member_ttl: Duration::from_secs(120),
                 put_ttl: Duration::from_micros(7),
                 put_grace: Duration::ZERO,
@@ -439,7 +441,7 @@ mod tests {
                 tenants: vec![tenant("a", 8 << 30), tenant("b", 12345)],
                 spin: Duration::ZERO,
                 election: Election::Kubernetes,
-                lease: Some("kvcache-system/b-leader".into()),
+                election_lease: Some("kvcache-system/b-leader".into()),
                 kubeconfig: Some("/tmp/store.kubeconfig".into()),
                 identity: Some("127.0.0.1:7".into()),
                 advertise_host: Some("10.0.0.1".into()),

@@ -8,7 +8,7 @@
 //! sealed and has not freed since, so a value never committed (a revoked or abandoned put) is
 //! never adopted, and a removed value does not come back after a failover (a `Remove` is answered
 //! once the member applied the free). Members poll long: a heartbeat with nothing to tell is held
-//! until a notice is queued (`service.rs`), so notices arrive within a round trip.
+//! until a notice is queued (`grpc.rs`), so notices arrive within a round trip.
 
 use std::time::Instant;
 

@@ -12,7 +12,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{Election, Leader, LeaderConfig, fastport, metrics, service};
+use super::{Election, Leader, LeaderConfig, fastport, grpc, metrics};
 use crate::lifecycle::{self, ServeError, Task};
 use crate::readiness::Readiness;
 
@@ -136,7 +136,7 @@ impl Leader {
                 gate.shut();
             }
         };
-        let server = service::router(self.clone(), tls.as_ref())?.serve_with_incoming_shutdown(
+        let server = grpc::router(self.clone(), tls.as_ref())?.serve_with_incoming_shutdown(
             crate::net::incoming_limited(grpc, crate::net::MAX_GRPC_CONNECTIONS, "leader gRPC"),
             stopping,
         );

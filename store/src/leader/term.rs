@@ -177,7 +177,7 @@ mod tests {
     async fn a_leader_serves_only_while_it_holds_the_lease() {
         let cfg = LeaderConfig {
             election: Election::Kubernetes,
-            lease: Some("ns/b-leader".into()),
+            election_lease: Some("ns/b-leader".into()),
             tenants: vec![crate::flags::parse_tenant("t=1Mi:16:bf16").unwrap()],
             lease_duration: Duration::from_secs(1),
             renew_deadline: Duration::from_millis(600),

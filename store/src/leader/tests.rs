@@ -110,7 +110,7 @@ fn reserved_values_are_invisible_until_committed_and_reaped_when_abandoned() {
 #[test]
 fn leases_protect_from_removal_and_eviction_until_they_end() {
     let cfg = LeaderConfig {
-        lease_ttl: Duration::from_secs(10),
+        read_lease_ttl: Duration::from_secs(10),
         ..Default::default()
     };
     let (mut s, t0) = state(cfg);

@@ -15,12 +15,12 @@
 
 mod config;
 pub mod dataport;
+pub mod grpc;
 pub mod local;
 pub mod metrics;
 pub mod mmap;
 mod mount;
 pub mod segment;
-pub mod service;
 mod written;
 
 use std::net::SocketAddr;
@@ -246,7 +246,7 @@ impl Member {
         let max = usize::try_from(cfg.max_value_size)
             .unwrap_or(usize::MAX)
             .saturating_add(64 * 1024);
-        let svc = service::DataService {
+        let svc = grpc::DataService {
             segment: segment.clone(),
             readiness: readiness.clone(),
         }
@@ -257,8 +257,8 @@ impl Member {
             let segment = segment.clone();
             Task::spawn(async move {
                 let server = builder
-                    .max_concurrent_streams(service::MAX_STREAMS)
-                    .layer(service::GrantFirstLayer(segment.clone()))
+                    .max_concurrent_streams(grpc::MAX_STREAMS)
+                    .layer(grpc::GrantFirstLayer(segment.clone()))
                     .add_service(svc)
                     .serve_with_incoming_shutdown(
                         crate::net::incoming_limited(grpc, crate::net::MAX_GRPC_CONNECTIONS, "member gRPC"),

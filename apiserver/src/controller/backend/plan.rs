@@ -212,7 +212,7 @@ mod tests {
             "type: Mooncake\nconnection:\n  managed:\n    leader:\n      multiTenancy: false\n      extraArgs: [\"--lease-ttl\", \"3s\", \"--eviction-ratio=0.2\"]\n    members: []\n",
         );
         let (plan, _) = plan("b", &s, &[]).unwrap();
-        assert_eq!(plan.leader.lease_ttl, std::time::Duration::from_secs(3));
+        assert_eq!(plan.leader.read_lease_ttl, std::time::Duration::from_secs(3));
         assert!((plan.leader.eviction_ratio - 0.2).abs() < 1e-9);
         assert!(!plan.leader.multi_tenancy);
     }

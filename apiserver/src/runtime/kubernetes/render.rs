@@ -140,14 +140,14 @@ pub fn leader_config(plan: &StorePlan, t: &Target) -> LeaderConfig {
     match &plan.election {
         Some(e) => {
             c.election = Election::Kubernetes;
-            c.lease = Some(format!("{}/{}", t.namespace, e.lease));
+            c.election_lease = Some(format!("{}/{}", t.namespace, e.lease));
             c.identity = Some("$(POD_NAME)".into());
             c.advertise_host = Some("$(POD_IP)".into());
             c.advertise_fast_port = Some(LEADER_FAST_PORT);
         }
         None => {
             c.election = Election::None;
-            c.lease = None;
+            c.election_lease = None;
             c.identity = None;
             c.advertise_host = None;
             c.advertise_fast_port = None;

@@ -217,7 +217,7 @@ impl LocalRuntime {
         cfg.seal_key_file = self.seal_key_file(&plan.backend);
         if let Some(e) = &plan.election {
             cfg.election = Election::Kubernetes;
-            cfg.lease = Some(format!("{LEASE_NAMESPACE}/{}", e.lease));
+            cfg.election_lease = Some(format!("{LEASE_NAMESPACE}/{}", e.lease));
             cfg.kubeconfig = Some(self.opts.store_kubeconfig.clone());
         }
         cfg

@@ -10,9 +10,9 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::file;
 use super::format::{self, BatchEncoder, FileHeader, SnapshotEntry};
 use super::index::Loc;
+use super::log_io;
 use super::mmap::LogMap;
 use super::{ActiveLog, Options, Queued, Shared, log_path, open_file, sync_dir};
 use crate::storage::watch::{EventKind, WatchEvent};
@@ -163,7 +163,7 @@ fn probe_space(shared: &Shared, log: &mut ActiveLog, needed: u64) -> Result<()> 
         }
         return Ok(());
     }
-    file::zero_fill(log.file.as_ref(), log.write_offset, to)
+    log_io::zero_fill(log.file.as_ref(), log.write_offset, to)
         .map_err(|e| StorageError::io(format!("writing {}", log.path.display()), e))
 }
 
@@ -320,7 +320,7 @@ fn ensure_capacity(shared: &Shared, log: &mut ActiveLog, needed: u64) -> Result<
     }
     let step = log.file_len.clamp(shared.options.initial_file_bytes, 256 << 20);
     let new_len = needed.div_ceil(step) * step;
-    file::zero_fill(log.file.as_ref(), log.file_len, new_len)
+    log_io::zero_fill(log.file.as_ref(), log.file_len, new_len)
         .map_err(|e| StorageError::io(format!("growing {}", log.path.display()), e))?;
     log.file_len = new_len;
     let map = LogMap::map(log.file.file(), new_len)
@@ -511,7 +511,7 @@ fn write_generation(
         snapshot_end,
     };
     let file_len = (snapshot_end + options.initial_file_bytes).div_ceil(1 << 16) * (1 << 16);
-    file::zero_fill(file.as_ref(), 0, file_len).map_err(io)?;
+    log_io::zero_fill(file.as_ref(), 0, file_len).map_err(io)?;
     file.write_at(&header.encode(), 0).map_err(io)?;
     let mut at = format::FILE_HEADER_LEN;
     for frame in &frames {

@@ -6,8 +6,8 @@ use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::file::{self, LogFile, OsFile};
 use super::index::Index;
+use super::log_io::{self, LogFile, OsFile};
 use super::mmap::LogMap;
 use super::{ActiveLog, Options, committer, format, recovery};
 use crate::storage::{Result, StorageError};
@@ -112,7 +112,7 @@ pub(super) fn open_log(dir: &Path, options: &Options) -> Result<(ActiveLog, reco
             bytes = end - start,
             "discarding a torn tail left by a crash during a commit (it was never acknowledged)"
         );
-        file::zero_fill(file.as_ref(), start, end)
+        log_io::zero_fill(file.as_ref(), start, end)
             .map_err(|e| StorageError::io(format!("zeroing the torn tail of {}", path.display()), e))?;
     }
     let map =

@@ -63,10 +63,10 @@
 //! renamed file is durable after an `fsync` of the directory (Linux ext4/xfs semantics).
 
 mod committer;
-mod file;
-mod files;
+mod data_dir;
 mod format;
 mod index;
+mod log_io;
 mod mmap;
 mod recovery;
 
@@ -83,9 +83,9 @@ use async_trait::async_trait;
 use parking_lot::{Condvar, Mutex, RwLock};
 use tokio::sync::{oneshot, watch};
 
-use self::file::{FileWrapper, LogFile};
-use self::files::{lock_dir, log_path, open_file, open_log, sync_dir};
+use self::data_dir::{lock_dir, log_path, open_file, open_log, sync_dir};
 use self::index::{Index, Loc, ValueRef};
+use self::log_io::{FileWrapper, LogFile};
 use self::mmap::LogMap;
 use super::metrics::StorageMetrics;
 use super::watch::Hub;

@@ -6,8 +6,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::file::LogFile;
-use super::file::tests::{Faults, FrozenAfter};
+use super::log_io::LogFile;
+use super::log_io::tests::{Faults, FrozenAfter};
 use super::{Embedded, Options};
 use crate::storage::{Compare, ListRequest, Op, Storage, StorageError, Txn, TxnOutcome, Value};
 

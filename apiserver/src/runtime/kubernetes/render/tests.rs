@@ -110,7 +110,7 @@ fn the_leader_elects_through_its_lease_and_is_ready_only_while_serving() {
     // The flags parse back into the store's own config, Pod references and all.
     let parsed = LeaderConfig::parse_args(&a[1..]).unwrap();
     assert_eq!(parsed, leader_config(&p, &target()));
-    assert_eq!(parsed.lease.as_deref(), Some("gpustack-system/b-leader"));
+    assert_eq!(parsed.election_lease.as_deref(), Some("gpustack-system/b-leader"));
     assert_eq!(parsed.identity.as_deref(), Some("$(POD_NAME)"));
     // Its tokens and key, each the backend's own, from their Secrets, where the flags name them.
     let file = |f: &Option<std::path::PathBuf>| f.as_ref().map(|p| p.display().to_string());
