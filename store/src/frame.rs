@@ -56,6 +56,15 @@ pub async fn read(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `store/WIRE.md` section 1: `len u32 | tag u8 | len bytes`, `len` counting the body alone.
+    #[test]
+    fn a_frame_lies_where_wire_md_says() {
+        let mut buf = BytesMut::from(&[3u8, 0, 0, 0, 12, b'a', b'b', b'c', 0xff][..]);
+        let (tag, body) = split(&mut buf, 1024).unwrap().unwrap();
+        assert_eq!((tag, &body[..]), (12, &b"abc"[..]));
+        assert_eq!(&buf[..], &[0xff], "the next frame's first byte stays");
+    }
     use bytes::BufMut;
 
     #[test]

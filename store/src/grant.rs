@@ -412,6 +412,71 @@ mod tests {
 mod tag_tests {
     use super::*;
 
+    /// `store/WIRE.md` section 5, byte for byte.
+    #[test]
+    fn a_tag_lies_where_wire_md_says() {
+        let t = Tag {
+            tenant: "ns".into(),
+            uid: "u".into(),
+            block_size: 0x0403_0201,
+            dtype: "bf".into(),
+            key: "k1".into(),
+        };
+        let want: Vec<u8> = [
+            &[2][..],
+            &[2, 0],
+            b"ns",
+            &[1, 0],
+            b"u",
+            &[1, 2, 3, 4],
+            &[2, 0],
+            b"bf",
+            b"k1",
+        ]
+        .concat();
+        assert_eq!(t.encode(), want);
+    }
+
+    /// `store/WIRE.md` section 4: the grant's 49-byte message, then the tag.
+    #[test]
+    fn a_grants_message_lies_where_wire_md_says() {
+        let r = Range {
+            access: Access::Read,
+            mount_id: 0x0807_0605_0403_0201,
+            epoch: 0x1817_1615_1413_1211,
+            allocation: 0x2827_2625_2423_2221,
+            offset: 0x3837_3635_3433_3231,
+            len: 0x4847_4645_4443_4241,
+            deadline_unix_ms: 0x5857_5655_5453_5251,
+        };
+        let m = r.message();
+        assert_eq!(m[0], 2, "access: read");
+        for (at, first) in [(1, 0x01), (9, 0x11), (17, 0x21), (25, 0x31), (33, 0x41), (41, 0x51)] {
+            let want: Vec<u8> = (first..first + 8).collect();
+            assert_eq!(&m[at..at + 8], want.as_slice(), "the u64 at {at}");
+        }
+        let key = GrantKey::generate();
+        let by_hand = ring::hmac::sign(&key.key, &[&m[..], b"tag"].concat());
+        assert_eq!(key.sign(&r, b"tag"), by_hand.as_ref());
+        let seal = SealKey::from_secret(b"secret");
+        let at = Placed {
+            offset: 1,
+            size: 2,
+            epoch: 3,
+        };
+        let message = [
+            &1u64.to_le_bytes()[..],
+            &2u64.to_le_bytes(),
+            &3u64.to_le_bytes(),
+            b"tag",
+        ]
+        .concat();
+        assert_eq!(
+            &seal.seal(b"tag", &at)[..],
+            ring::hmac::sign(&seal.key, &message).as_ref()
+        );
+    }
+
     #[test]
     fn a_tag_reads_back_and_nothing_else_reads_as_one() {
         let t = Tag {

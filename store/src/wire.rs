@@ -173,6 +173,39 @@ pub fn refusal(msg: &[u8]) -> StoreError {
 mod tests {
     use super::*;
 
+    /// The offsets `store/WIRE.md` section 2 gives, byte for byte.
+    #[test]
+    fn the_headers_lie_where_wire_md_says() {
+        let r = Request {
+            op: Op::Write,
+            mount_id: 0x0807_0605_0403_0201,
+            offset: 0x1817_1615_1413_1211,
+            len: 0x2827_2625_2423_2221,
+            deadline_unix_ms: 0x3837_3635_3433_3231,
+            epoch: 0x4847_4645_4443_4241,
+            allocation: 0x5857_5655_5453_5251,
+            mac: [0xee; MAC_LEN],
+            tag_len: 0x0302,
+        };
+        let b = r.encode();
+        assert_eq!(&b[0..4], b"KVD3");
+        assert_eq!(&b[4..6], &[1, 0], "op");
+        assert_eq!(&b[6..8], &[2, 3], "tag_len");
+        for (at, first) in [(8, 0x01), (16, 0x11), (24, 0x21), (32, 0x31), (40, 0x41), (48, 0x51)] {
+            let want: Vec<u8> = (first..first + 8).collect();
+            assert_eq!(&b[at..at + 8], want.as_slice(), "the u64 at {at}");
+        }
+        assert_eq!(&b[56..88], &[0xee; 32], "grant_mac");
+        let s = Response {
+            ok: false,
+            len: 0x0807_0605_0403_0201,
+        }
+        .encode();
+        assert_eq!(&s[0..4], b"KVD3");
+        assert_eq!(&s[4..8], &[1, 0, 0, 0], "status: refused");
+        assert_eq!(&s[8..16], &[1, 2, 3, 4, 5, 6, 7, 8], "len");
+    }
+
     #[test]
     fn headers_round_trip() {
         let r = Request {

@@ -210,6 +210,24 @@ pub mod fuzzing {
 mod tests {
     use super::*;
 
+    /// `store/WIRE.md` section 3: type 23, version 0x0303, a big-endian length of ciphertext and
+    /// tag, the content and its type byte under AES-GCM, no padding from us.
+    #[test]
+    fn a_record_lies_where_wire_md_says() {
+        use super::fuzzing::Records;
+        let record = Records::new([1; 16], [2; 12]).seal(b"abc", APPLICATION_DATA, 0);
+        assert_eq!(record.len(), 5 + 3 + 1 + 16);
+        assert_eq!(&record[0..5], &[23, 3, 3, 0, 3 + 1 + 16]);
+        // the first record's nonce is the IV itself (sequence number 0)
+        let key = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &[1; 16]).unwrap());
+        let mut body = record[5..].to_vec();
+        let header: [u8; 5] = record[0..5].try_into().unwrap();
+        let plain = key
+            .open_in_place(Nonce::assume_unique_for_key([2; 12]), Aad::from(header), &mut body)
+            .unwrap();
+        assert_eq!(plain, b"abc\x17");
+    }
+
     #[test]
     fn padding_alerts_and_other_content_types_read_as_the_rfc_says() {
         use super::fuzzing::Records;
