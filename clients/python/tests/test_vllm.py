@@ -66,7 +66,7 @@ def connector(role, config, head=HEAD, rank=0, wait=True):
         c = kv.KVCacheStoreConnector(config, role, kv_cache_config(head))
     if wait:
         wait_connected(c)
-        assert c.link.store is not None, "the connector did not connect to the test's store"
+        assert c.side.link.store is not None, "the connector did not connect to the test's store"
     return c
 
 
@@ -74,7 +74,7 @@ def wait_connected(c, timeout=10.0):
     import time
 
     deadline = time.monotonic() + timeout
-    while c.link.store is None and time.monotonic() < deadline:
+    while c.side.link.store is None and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
@@ -164,14 +164,14 @@ class ConnectorTest(unittest.TestCase):
         prompt = self.tokens(10 * BLOCK + 2, seed=1)
         a_blocks = list(range(20, 31))
         self.assertEqual(serve(a_sched, a_worker, request("a", prompt), a_blocks), 0, "a cold store")
-        self.assertEqual(a_worker.counters.total["saved_blocks"], 10, "A saves its 10 full prompt blocks")
+        self.assertEqual(a_worker.worker_side.counters.total["saved_blocks"], 10, "A saves its 10 full prompt blocks")
         b_blocks = list(range(40, 51))
         loaded = serve(b_sched, b_worker, request("b", prompt), b_blocks)
         self.assertEqual(loaded, 10 * BLOCK, "B loads all 10 (the engine computes the rest)")
         for i in range(10):
             self.assertEqual(block_bytes(b_kv, b_blocks[i]), block_bytes(a_kv, a_blocks[i]), f"block {i}")
         self.assertEqual(b_worker.get_block_ids_with_load_errors(), set())
-        self.assertEqual(b_worker.counters.total["saved_blocks"], 0, "B saves nothing the store has")
+        self.assertEqual(b_worker.worker_side.counters.total["saved_blocks"], 0, "B saves nothing the store has")
         # a prompt that shares 6 blocks and then differs hits exactly those 6
         other = prompt[: 6 * BLOCK] + self.tokens(5 * BLOCK, seed=99)
         self.assertEqual(b_sched.get_num_new_matched_tokens(request("c", other), 0)[0], 6 * BLOCK)
@@ -197,7 +197,7 @@ class ConnectorTest(unittest.TestCase):
         ns0 = kv.Layout.of(tp, kv_cache_config(), 0).namespace("iso")
         ns1 = kv.Layout.of(tp, kv_cache_config(), 1).namespace("iso")
         self.assertNotEqual(ns0, ns1)
-        self.assertNotEqual(ns0, a_worker._namespace)
+        self.assertNotEqual(ns0, a_worker.worker_side.namespace)
         r0_sched, r0_worker, _ = self.replica(seed=3, rank=0, tp_size=2, model="iso")
         serve(r0_sched, r0_worker, request("r0", prompt), range(8, 17))
         self.assertEqual(r0_sched.get_num_new_matched_tokens(request("r", prompt), 0)[0], 0)
@@ -227,7 +227,7 @@ class ConnectorTest(unittest.TestCase):
             self.assertEqual(block_bytes(b_kv, block), bytes(LAYERS * 2 * HEADS * BLOCK * HEAD * 2), block)
         self.assertNotEqual(block_bytes(b_kv, 34), bytes(LAYERS * 2 * HEADS * BLOCK * HEAD * 2), "others untouched")
         self.assertEqual(b_worker.get_block_ids_with_load_errors(), set(), "reported once")
-        self.assertEqual(b_worker.counters.total["load_failures"], 4)
+        self.assertEqual(b_worker.worker_side.counters.total["load_failures"], 4)
 
     def test_stats_reach_vllm_and_add_up_across_workers(self):
         a = kv.KVCacheStoreStats(data={"loaded_blocks": 2, "saved_blocks": 1})
@@ -251,8 +251,22 @@ class NoStoreTest(unittest.TestCase):
         worker.register_kv_caches(kv_caches(seed=1))
         prompt = list(range(6 * BLOCK + 1))
         self.assertEqual(serve(scheduler, worker, request("x", prompt), range(7)), 0)
-        self.assertEqual(scheduler.counters.total["skipped"], 1)
-        self.assertEqual(worker.counters.total["save_failures"], 6)
+        self.assertEqual(scheduler.scheduler_side.counters.total["skipped"], 1)
+        self.assertEqual(worker.worker_side.counters.total["save_failures"], 6)
+
+    def test_each_connector_builds_only_the_side_of_its_role(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{s.getsockname()[1]}"
+        config = vllm_config({"endpoint": dead, "tenant": TENANT, "retry_interval_s": 60})
+        scheduler = connector(KVConnectorRole.SCHEDULER, config, wait=False)
+        worker = connector(KVConnectorRole.WORKER, config, wait=False)
+        self.assertIsInstance(scheduler.side, kv.SchedulerSide)
+        self.assertIsInstance(worker.side, kv.WorkerSide)
+        with self.assertRaisesRegex(AssertionError, "worker-side call on the scheduler's connector"):
+            scheduler.register_kv_caches(kv_caches())
+        with self.assertRaisesRegex(AssertionError, "scheduler-side call on a worker's connector"):
+            worker.get_num_new_matched_tokens(request("x", list(range(BLOCK + 1))), 0)
 
     def test_settings_are_refused_clearly(self):
         with self.assertRaisesRegex(ValueError, "unknown kv_connector_extra_config keys"):
