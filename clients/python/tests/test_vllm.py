@@ -10,6 +10,7 @@ Runs with the vLLM environment's python (``scripts/test``); ``KVSTORE_BIN`` name
 import os
 import random
 import socket
+import time
 import unittest
 from types import SimpleNamespace
 from unittest import mock
@@ -66,15 +67,20 @@ def connector(role, config, head=HEAD, rank=0, wait=True):
         c = kv.KVCacheStoreConnector(config, role, kv_cache_config(head))
     if wait:
         wait_connected(c)
-        assert c.side.link.store is not None, "the connector did not connect to the test's store"
     return c
 
 
 def wait_connected(c, timeout=10.0):
-    import time
-
+    """Waits for the connector's background connection to the test's store; fails the test when
+    it has not connected within `timeout` seconds (its log says why)."""
     deadline = time.monotonic() + timeout
-    while c.side.link.store is None and time.monotonic() < deadline:
+    while c.side.link.store is None:
+        if time.monotonic() >= deadline:
+            store = c.side.link.settings.endpoint or os.environ.get("KVSTORE_LEADER")
+            raise AssertionError(
+                f"the {c.role.name.lower()} connector never connected to the test's store at {store} "
+                f"within {timeout:g} s"
+            )
         time.sleep(0.02)
 
 
