@@ -104,8 +104,13 @@ def block_bytes(caches, block):
 
 def request(req_id, tokens, salt=None):
     return SimpleNamespace(
-        request_id=req_id, prompt_token_ids=tokens, num_prompt_tokens=len(tokens),
-        mm_features=[], prompt_embeds=None, cache_salt=salt, lora_request=None,
+        request_id=req_id,
+        prompt_token_ids=tokens,
+        num_prompt_tokens=len(tokens),
+        mm_features=[],
+        prompt_embeds=None,
+        cache_salt=salt,
+        lora_request=None,
     )
 
 
@@ -113,7 +118,9 @@ def step(req_id, block_ids, computed, scheduled):
     """A scheduler step that schedules one new request (all of its blocks new, to be zeroed)."""
     return SimpleNamespace(
         scheduled_new_reqs=[SimpleNamespace(req_id=req_id, block_ids=(list(block_ids),), num_computed_tokens=computed)],
-        scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[]),
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[]
+        ),
         num_scheduled_tokens={req_id: scheduled},
         new_block_ids_to_zero=list(block_ids),
     )
@@ -144,8 +151,10 @@ class ConnectorTest(unittest.TestCase):
     def setUpClass(cls):
         cls.cluster = Cluster([f"{TENANT}=64Mi:{BLOCK}:bfloat16"])
         os.environ.update(
-            KVSTORE_LEADER=cls.cluster.endpoint, KVSTORE_TENANT=TENANT,
-            KVSTORE_BLOCK_SIZE=str(BLOCK), KVSTORE_DTYPE="bfloat16",
+            KVSTORE_LEADER=cls.cluster.endpoint,
+            KVSTORE_TENANT=TENANT,
+            KVSTORE_BLOCK_SIZE=str(BLOCK),
+            KVSTORE_DTYPE="bfloat16",
         )
 
     @classmethod
@@ -282,7 +291,9 @@ class NoStoreTest(unittest.TestCase):
         with mock.patch.dict(os.environ, {"KVSTORE_LEADER": "x:1", "KVSTORE_BLOCK_SIZE": "16"}):
             with self.assertRaisesRegex(ValueError, "start vLLM with --block-size 16"):
                 kv.KVCacheStoreConnector(vllm_config(), KVConnectorRole.SCHEDULER, kv_cache_config())
-        spec = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.bfloat16, sliding_window=8)
+        spec = SlidingWindowSpec(
+            block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.bfloat16, sliding_window=8
+        )
         with self.assertRaisesRegex(ValueError, "paged full-attention"):
             kv.Layout.of(vllm_config(), kv_cache_config(spec=spec), 0)
 

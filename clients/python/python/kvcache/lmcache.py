@@ -68,7 +68,7 @@ class KVCacheConnectorAdapter(ConnectorAdapter):
         super().__init__(f"plugin://{PLUGIN_TYPE}")
 
     def can_parse(self, url: str) -> bool:
-        return url.startswith("plugin://") and extract_plugin_type(url[len("plugin://"):]) == PLUGIN_TYPE
+        return url.startswith("plugin://") and extract_plugin_type(url[len("plugin://") :]) == PLUGIN_TYPE
 
     def create_connector(self, context: ConnectorContext) -> RemoteConnector:
         return KVCacheConnector(
@@ -90,8 +90,10 @@ class KVCacheConnector(RemoteConnector):
         self._register_allocator_buffers()
         logger.info(
             "kvcache LMCache connector on %s: %s, %d-byte chunks, %d registered buffer(s)",
-            self.store.endpoint, "header and bytes (copied)" if self.save_chunk_meta else "bytes by pointer",
-            self.full_chunk_size_bytes, len(self._registered),
+            self.store.endpoint,
+            "header and bytes (copied)" if self.save_chunk_meta else "bytes by pointer",
+            self.full_chunk_size_bytes,
+            len(self._registered),
         )
 
     def _option(self, extra: dict, name: str, default=None):
@@ -195,9 +197,13 @@ class KVCacheConnector(RemoteConnector):
         if not self.save_chunk_meta:
             objs = [self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt) for _ in keys]
             direct = [i for i, o in enumerate(objs) if o is not None and self._by_pointer(o)]
-            got = self.store.batch_get_into(
-                [names[i] for i in direct], [objs[i].data_ptr for i in direct], [objs[i].get_size() for i in direct]
-            ) if direct else []
+            got = (
+                self.store.batch_get_into(
+                    [names[i] for i in direct], [objs[i].data_ptr for i in direct], [objs[i].get_size() for i in direct]
+                )
+                if direct
+                else []
+            )
             for i, n in zip(direct, got):
                 if n > 0:
                     out[i] = self._trimmed(objs[i], n)
@@ -338,4 +344,3 @@ class KVCacheConnector(RemoteConnector):
 
     def __repr__(self) -> str:
         return f"<KVCacheConnector {self.store.endpoint} ({self.plugin_name})>"
-

@@ -87,8 +87,8 @@ class HiCacheStore(HiCacheStorage):
         self.endpoint = self.extra.get("endpoint")
         if not self.endpoint and not (os.environ.get("KVSTORE_LEADER") or os.environ.get("MOONCAKE_MASTER")):
             raise ValueError(
-                "no kvcache store configured for the SGLang HiCache backend: put \"endpoint\": "
-                "\"HOST:PORT\" (the store's Client endpoint) in --hicache-storage-backend-extra-config, "
+                'no kvcache store configured for the SGLang HiCache backend: put "endpoint": '
+                '"HOST:PORT" (the store\'s Client endpoint) in --hicache-storage-backend-extra-config, '
                 "or set KVSTORE_LEADER (and KVSTORE_TENANT, KVSTORE_BLOCK_SIZE, KVSTORE_DTYPE)"
             )
         self.staging_pages = int(self.extra.get("staging_pages", DEFAULT_STAGING_PAGES))
@@ -145,7 +145,10 @@ class HiCacheStore(HiCacheStorage):
                 self._staging[direction] = (buf, threading.Lock())
         logger.info(
             "kvcache HiCache backend on %s: layout %s, %s path, %d-byte pages",
-            self.store.endpoint, self.layout, "direct" if self.direct else "staged", self.page_bytes,
+            self.store.endpoint,
+            self.layout,
+            "direct" if self.direct else "staged",
+            self.page_bytes,
         )
 
     def _register_pool_buffers(self, pool) -> bool:
@@ -224,7 +227,9 @@ class HiCacheStore(HiCacheStorage):
             return True
         logger.error(
             "kvcache HiCache: %d keys need %d host indices, got %d",
-            len(keys), len(keys) * self.page_size, host_indices.numel(),
+            len(keys),
+            len(keys) * self.page_size,
+            host_indices.numel(),
         )
         return False
 
@@ -273,9 +278,7 @@ class HiCacheStore(HiCacheStorage):
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         got = self.store.batch_get_into(self._range_keys(keys), ptrs, sizes)
         r = self.ranges_per_page
-        return [
-            all(got[j] == sizes[j] for j in range(i * r, (i + 1) * r)) for i in range(len(keys))
-        ]
+        return [all(got[j] == sizes[j] for j in range(i * r, (i + 1) * r)) for i in range(len(keys))]
 
     def _page_starts(self, host_indices) -> List[int]:
         return host_indices[:: self.page_size].tolist()
@@ -341,9 +344,7 @@ class HiCacheStore(HiCacheStorage):
             target_location = self.mem_pool_host.get_dummy_flat_data_page()
         dst = target_location.view(torch.uint8)
         if len(value) != dst.numel():
-            logger.warning(
-                "kvcache HiCache: %r holds %d bytes, the page is %d; not read", key, len(value), dst.numel()
-            )
+            logger.warning("kvcache HiCache: %r holds %d bytes, the page is %d; not read", key, len(value), dst.numel())
             return None
         dst.copy_(torch.frombuffer(bytearray(value), dtype=torch.uint8))
         return target_location
@@ -353,8 +354,13 @@ class HiCacheStore(HiCacheStorage):
         targets = target_locations or [None] * len(keys)
         return [self.get(k, t) for k, t in zip(keys, targets)]
 
-    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
-            target_sizes: Optional[Any] = None) -> bool:
+    def set(
+        self,
+        key: str,
+        value: Optional[Any] = None,
+        target_location: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
         """Stores the flat page tensor `value` under `key`."""
         self._require_pool()
         if value is None:
@@ -367,8 +373,13 @@ class HiCacheStore(HiCacheStorage):
             logger.warning("kvcache HiCache set failed: %s", e)
             return False
 
-    def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
-                  target_sizes: Optional[Any] = None) -> bool:
+    def batch_set(
+        self,
+        keys: List[str],
+        values: Optional[Any] = None,
+        target_locations: Optional[Any] = None,
+        target_sizes: Optional[Any] = None,
+    ) -> bool:
         """`set` for each key; True when all were stored."""
         values = list(values or [])
         if len(values) != len(keys):

@@ -181,9 +181,7 @@ class SchedulerSide:
         todo = [i for i in range(tracked.saved_upto, done) if not tracked.present[i]]
         tracked.saved_upto = done
         if todo:
-            meta.saves.append(
-                Transfer(req_id, [tracked.hashes[i] for i in todo], [tracked.block_ids[i] for i in todo])
-            )
+            meta.saves.append(Transfer(req_id, [tracked.hashes[i] for i in todo], [tracked.block_ids[i] for i in todo]))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         stats = getattr(connector_output, "kv_connector_stats", None)

@@ -39,9 +39,7 @@ class Settings:
     def read(vllm_config: VllmConfig) -> Settings:
         extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
         if "credential" in extra:
-            raise ValueError(
-                "kvcache.vllm: the credential comes from KVSTORE_CREDENTIAL only, never the command line"
-            )
+            raise ValueError("kvcache.vllm: the credential comes from KVSTORE_CREDENTIAL only, never the command line")
         unknown = sorted(set(extra) - KNOWN_KEYS)
         if unknown:
             raise ValueError(
