@@ -14,7 +14,6 @@ import argparse
 import ctypes
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,10 @@ def start(args):
 def stats(name, size, lat_ns, busy, items, errors):
     lat = sorted(x / 1e3 for x in lat_ns)
     ops = len(lat)
-    pct = lambda q: round(lat[min(ops - 1, int(q * ops))], 1) if ops else None
+
+    def pct(q):
+        return round(lat[min(ops - 1, int(q * ops))], 1) if ops else None
+
     r = {
         "op": name,
         "size": size,

@@ -17,7 +17,6 @@ mode, role, the times, and the tokens vLLM took from the connector per prompt.
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys

@@ -1,6 +1,7 @@
-"""A real store for the package's tests (the client's and the engine adapters'): one leader and one member (`kv-store`, started
-here on loopback ports the OS picks, stopped by ``stop``). ``KVSTORE_BIN`` names the binary
-(``scripts/test`` sets it); the tenants are given as the leader's ``--tenant`` specs."""
+"""A real store for the package's tests (the client's and the engine adapters'): one leader and
+one member (`kv-store`, started here on loopback ports the OS picks, stopped by ``stop``).
+``KVSTORE_BIN`` names the binary (``scripts/test`` sets it); the tenants are given as the
+leader's ``--tenant`` specs."""
 
 import json
 import os

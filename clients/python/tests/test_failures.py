@@ -19,11 +19,11 @@ import threading
 import time
 import unittest
 import urllib.request
-
-import kvcache
 from unittest import mock
 
-from store_cluster import Cluster as PlainCluster, start
+import kvcache
+from store_cluster import Cluster as PlainCluster
+from store_cluster import start
 
 BLOCK_SIZE, DTYPE = 16, "bfloat16"
 

@@ -11,8 +11,8 @@ import os
 import threading
 import time
 import unittest
-from unittest import mock
 import warnings
+from unittest import mock
 
 warnings.filterwarnings("ignore")
 # LMCache logs every backend it builds at INFO; its warnings and errors are what a failure needs

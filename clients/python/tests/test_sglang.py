@@ -9,8 +9,8 @@ import json
 import os
 import queue
 import unittest
-from unittest import mock
 import warnings
+from unittest import mock
 
 warnings.filterwarnings("ignore")
 

@@ -254,7 +254,7 @@ class StoreTest(unittest.TestCase):
         with socket.socket() as silent:
             silent.bind(("127.0.0.1", 0))
             silent.listen()
-            endpoint = "127.0.0.1:%d" % silent.getsockname()[1]
+            endpoint = f"127.0.0.1:{silent.getsockname()[1]}"
             with self.assertRaises(kvcache.StoreError) as e:
                 kvcache.Store(endpoint, TENANT, BLOCK_SIZE, DTYPE, timeout_ms=300)
             self.assertEqual(e.exception.code, "TRANSPORT", str(e.exception))

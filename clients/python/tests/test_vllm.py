@@ -12,9 +12,9 @@ import random
 import socket
 import time
 import unittest
+import warnings
 from types import SimpleNamespace
 from unittest import mock
-import warnings
 
 warnings.filterwarnings("ignore")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -29,7 +29,6 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     SlidingWindowSpec,
 )
 
-import kvcache  # noqa: E402
 import kvcache.vllm as kv  # noqa: E402
 from store_cluster import Cluster  # noqa: E402
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, List, Optional
+from typing import Any
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (
@@ -66,7 +66,7 @@ def _shard_suffix(config: HiCacheStorageConfig) -> str:
     return suffix
 
 
-def _failures(codes: List[int]) -> str:
+def _failures(codes: list[int]) -> str:
     """The distinct failure codes of a batch, by name, for a log line."""
     names = sorted({CODE_NAMES.get(c, str(c)) for c in codes if c < 0})
     return ", ".join(names)
@@ -76,7 +76,7 @@ class HiCacheStore(HiCacheStorage):
     """HiCache pages in the kvcache store. SGLang builds it as ``HiCacheStore(storage_config,
     kwargs)`` and then calls ``register_mem_pool_host(host_pool)``, which opens the connection."""
 
-    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict | None = None):
         if storage_config.should_split_heads:
             raise ValueError(
                 "kvcache.sglang.HiCacheStore does not split heads across heterogeneous TP "
@@ -97,10 +97,10 @@ class HiCacheStore(HiCacheStorage):
         model = storage_config.model_name
         self._prefix = f"{model}:" if model else ""
         self._shard = _shard_suffix(storage_config)
-        self.store: Optional[Store] = None
+        self.store: Store | None = None
         self.mem_pool_host = None
         self.direct = False
-        self._registered: List[tuple] = []
+        self._registered: list[tuple] = []
         self._staging = {}
 
     # -- connection and host pool -------------------------------------------------------------
@@ -196,16 +196,16 @@ class HiCacheStore(HiCacheStorage):
     def _page_key(self, key: str) -> str:
         return f"{self._prefix}{key}@{self.layout}{self._shard}"
 
-    def _range_keys(self, keys: List[str]) -> List[str]:
+    def _range_keys(self, keys: list[str]) -> list[str]:
         return [f"{self._page_key(k)}#{j}" for k in keys for j in range(self.ranges_per_page)]
 
-    def _stored_keys(self, keys: List[str]) -> List[str]:
+    def _stored_keys(self, keys: list[str]) -> list[str]:
         """The store keys holding `keys`' pages, page by page (ranges_per_page each when direct)."""
         return self._range_keys(keys) if self.direct else [self._page_key(k) for k in keys]
 
     # -- the zero-copy interface (interface_v1) -----------------------------------------------
 
-    def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         """How many of `keys`, from the first, have their whole page stored."""
         self._require_pool()
         if not keys:
@@ -234,8 +234,8 @@ class HiCacheStore(HiCacheStorage):
         return False
 
     def batch_set_v1(
-        self, keys: List[str], host_indices: torch.Tensor, extra_info: Optional[HiCacheStorageExtraInfo] = None
-    ) -> List[bool]:
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> list[bool]:
         """Stores the pages at `host_indices` (page_size indices per key); per key, whether its
         page is stored now (already stored pages are not sent again)."""
         self._require_pool()
@@ -250,8 +250,8 @@ class HiCacheStore(HiCacheStorage):
             return [False] * len(keys)
 
     def batch_get_v1(
-        self, keys: List[str], host_indices: torch.Tensor, extra_info: Optional[HiCacheStorageExtraInfo] = None
-    ) -> List[bool]:
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> list[bool]:
         """Reads the pages of `keys` into the host pool at `host_indices`; per key, whether its
         whole page was read."""
         self._require_pool()
@@ -265,7 +265,7 @@ class HiCacheStore(HiCacheStorage):
             logger.warning("kvcache HiCache batch_get_v1 failed: %s", e)
             return [False] * len(keys)
 
-    def _set_direct(self, keys, host_indices) -> List[bool]:
+    def _set_direct(self, keys, host_indices) -> list[bool]:
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         # a key the store holds already is answered 0 without its bytes being sent
         codes = self.store.batch_put_from(self._range_keys(keys), ptrs, sizes)
@@ -274,16 +274,16 @@ class HiCacheStore(HiCacheStorage):
         r = self.ranges_per_page
         return [all(c == 0 for c in codes[i * r : (i + 1) * r]) for i in range(len(keys))]
 
-    def _get_direct(self, keys, host_indices) -> List[bool]:
+    def _get_direct(self, keys, host_indices) -> list[bool]:
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         got = self.store.batch_get_into(self._range_keys(keys), ptrs, sizes)
         r = self.ranges_per_page
         return [all(got[j] == sizes[j] for j in range(i * r, (i + 1) * r)) for i in range(len(keys))]
 
-    def _page_starts(self, host_indices) -> List[int]:
+    def _page_starts(self, host_indices) -> list[int]:
         return host_indices[:: self.page_size].tolist()
 
-    def _set_staged(self, keys, host_indices) -> List[bool]:
+    def _set_staged(self, keys, host_indices) -> list[bool]:
         stored = [self._page_key(k) for k in keys]
         starts = self._page_starts(host_indices)
         ok = [False] * len(keys)
@@ -306,7 +306,7 @@ class HiCacheStore(HiCacheStorage):
                     logger.warning("kvcache HiCache: storing pages failed (%s)", _failures(codes))
         return ok
 
-    def _get_staged(self, keys, host_indices) -> List[bool]:
+    def _get_staged(self, keys, host_indices) -> list[bool]:
         stored = [self._page_key(k) for k in keys]
         starts = self._page_starts(host_indices)
         ok = [False] * len(keys)
@@ -329,7 +329,7 @@ class HiCacheStore(HiCacheStorage):
 
     # -- the legacy interface (page tensors, copied) ------------------------------------------
 
-    def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
+    def get(self, key: str, target_location: Any | None = None, target_sizes: Any | None = None):
         """The flat page of `key` in `target_location` (a flat page tensor, as
         ``get_dummy_flat_data_page()`` gives), or None when it is not stored."""
         self._require_pool()
@@ -349,7 +349,7 @@ class HiCacheStore(HiCacheStorage):
         dst.copy_(torch.frombuffer(bytearray(value), dtype=torch.uint8))
         return target_location
 
-    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None, target_sizes: Optional[Any] = None):
+    def batch_get(self, keys: list[str], target_locations: Any | None = None, target_sizes: Any | None = None):
         """`get` for each key, in order."""
         targets = target_locations or [None] * len(keys)
         return [self.get(k, t) for k, t in zip(keys, targets)]
@@ -357,9 +357,9 @@ class HiCacheStore(HiCacheStorage):
     def set(
         self,
         key: str,
-        value: Optional[Any] = None,
-        target_location: Optional[Any] = None,
-        target_sizes: Optional[Any] = None,
+        value: Any | None = None,
+        target_location: Any | None = None,
+        target_sizes: Any | None = None,
     ) -> bool:
         """Stores the flat page tensor `value` under `key`."""
         self._require_pool()
@@ -375,10 +375,10 @@ class HiCacheStore(HiCacheStorage):
 
     def batch_set(
         self,
-        keys: List[str],
-        values: Optional[Any] = None,
-        target_locations: Optional[Any] = None,
-        target_sizes: Optional[Any] = None,
+        keys: list[str],
+        values: Any | None = None,
+        target_locations: Any | None = None,
+        target_sizes: Any | None = None,
     ) -> bool:
         """`set` for each key; True when all were stored."""
         values = list(values or [])
