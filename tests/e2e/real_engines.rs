@@ -68,7 +68,7 @@ fn engines() -> Engines {
         "this build's kvcache package",
     );
     assert!(
-        package.join("kvcache").join("vllm.py").exists(),
+        package.join("kvcache").join("vllm").join("__init__.py").exists(),
         "no kvcache package in {}",
         package.display()
     );

@@ -32,7 +32,7 @@ use serde_json::json;
 use crate::runtime::credentials::ReplicaCredential;
 
 pub use crate::runtime::{PACKAGE_DIR, VLLM_CONFIG_PATH};
-/// Our vLLM connector: its class and module (`clients/python/python/kvcache/vllm.py`).
+/// Our vLLM connector: its class and module (`clients/python/python/kvcache/vllm/`).
 pub const VLLM_CONNECTOR: &str = "KVCacheStoreConnector";
 pub const VLLM_CONNECTOR_MODULE: &str = "kvcache.vllm";
 /// Our SGLang HiCache backend's module and class (`clients/python/python/kvcache/sglang.py`).

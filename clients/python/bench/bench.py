@@ -9,11 +9,11 @@ time of one call; MB/s uses 10^6 bytes.
   python clients/python/bench/bench.py [--kv-store PATH] [--sizes 1MiB] [--batch 16] [--ops 400]
       [--json OUT]
 """
+
 import argparse
 import ctypes
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,12 +37,25 @@ def start(args):
 def stats(name, size, lat_ns, busy, items, errors):
     lat = sorted(x / 1e3 for x in lat_ns)
     ops = len(lat)
-    pct = lambda q: round(lat[min(ops - 1, int(q * ops))], 1) if ops else None
-    r = {"op": name, "size": size, "ops": ops, "items_per_op": items, "errors": errors,
-         "MB_per_s": round(max(0, ops * items - errors) * size / busy / 1e6, 1) if busy else 0.0,
-         "p50_us": pct(0.50), "p99_us": pct(0.99)}
-    print(f"  {name:<15} {size >> 10:>6}KiB x{items:<3} ops={ops:<5} {r['MB_per_s']:>9.1f} MB/s "
-          f"p50={r['p50_us']}us p99={r['p99_us']}us" + (f" errors={errors}" if errors else ""), flush=True)
+
+    def pct(q):
+        return round(lat[min(ops - 1, int(q * ops))], 1) if ops else None
+
+    r = {
+        "op": name,
+        "size": size,
+        "ops": ops,
+        "items_per_op": items,
+        "errors": errors,
+        "MB_per_s": round(max(0, ops * items - errors) * size / busy / 1e6, 1) if busy else 0.0,
+        "p50_us": pct(0.50),
+        "p99_us": pct(0.99),
+    }
+    print(
+        f"  {name:<15} {size >> 10:>6}KiB x{items:<3} ops={ops:<5} {r['MB_per_s']:>9.1f} MB/s "
+        f"p50={r['p50_us']}us p99={r['p99_us']}us" + (f" errors={errors}" if errors else ""),
+        flush=True,
+    )
     return r
 
 
@@ -59,8 +72,20 @@ def main():
     a = ap.parse_args()
     shm = tempfile.TemporaryDirectory()
     leader, listening = start([a.kv_store, "leader", "--listen", "127.0.0.1:0", "--tenant", "bench=2Gi:64:bfloat16"])
-    member, _ = start([a.kv_store, "member", "--leader", listening["grpc"], "--capacity", "1Gi",
-                       "--name", "bench-member", "--shm-dir", shm.name])
+    member, _ = start(
+        [
+            a.kv_store,
+            "member",
+            "--leader",
+            listening["grpc"],
+            "--capacity",
+            "1Gi",
+            "--name",
+            "bench-member",
+            "--shm-dir",
+            shm.name,
+        ]
+    )
     results = []
     try:
         s = kvcache.Store(listening["grpc"], "bench", 64, "bfloat16", same_host=False)
@@ -84,7 +109,8 @@ def main():
                 t = time.perf_counter_ns()
                 rcs = s.batch_put_from(g, src, sizes)
                 d = time.perf_counter_ns() - t
-                lat.append(d); busy += d / 1e9
+                lat.append(d)
+                busy += d / 1e9
                 err += sum(1 for x in rcs if x != 0)
                 i += 1
             results.append(stats("batch_put_from", size, lat, busy, B, err))
@@ -94,11 +120,12 @@ def main():
                 t = time.perf_counter_ns()
                 ns = s.batch_get_into(written[i % len(written)], dst, sizes)
                 d = time.perf_counter_ns() - t
-                lat.append(d); busy += d / 1e9
+                lat.append(d)
+                busy += d / 1e9
                 err += sum(1 for x in ns if x != size)
                 i += 1
             results.append(stats("batch_get_into", size, lat, busy, B, err))
-            if buf.raw[: B * size] != buf.raw[B * size:]:
+            if buf.raw[: B * size] != buf.raw[B * size :]:
                 print("  !! the last batch read back other bytes", flush=True)
                 sys.exit(1)
             s.unregister_buffer(base)

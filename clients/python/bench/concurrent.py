@@ -14,6 +14,7 @@ With --same-host (ours) values go through the member's mapped segment; without, 
 reference's local mode mounts the segment in each client process (its copies are memcpy in
 process); remote mode reaches a segment another process holds, over TCP.
 """
+
 import argparse
 import ctypes
 import json
@@ -85,8 +86,15 @@ def client(a, idx, barrier, out):
                     if n < ring and ctypes.string_at(base + top, size) != ctypes.string_at(base, size):
                         err += 1
                 n += 1
-            results.append({"op": phase, "size": size, "ops": n, "errors": err,
-                            "MB_per_s": (n - err) * size / busy / 1e6 if busy else 0.0})
+            results.append(
+                {
+                    "op": phase,
+                    "size": size,
+                    "ops": n,
+                    "errors": err,
+                    "MB_per_s": (n - err) * size / busy / 1e6 if busy else 0.0,
+                }
+            )
         for k in keys:
             try:
                 remove(a, s, k)
@@ -126,16 +134,21 @@ def main():
     agg = {}
     for _, rs in got:
         for r in rs:
-            e = agg.setdefault((r["op"], r["size"]), {"op": r["op"], "size": r["size"], "MB_per_s": 0.0,
-                                                      "ops": 0, "errors": 0, "clients": a.clients})
+            e = agg.setdefault(
+                (r["op"], r["size"]),
+                {"op": r["op"], "size": r["size"], "MB_per_s": 0.0, "ops": 0, "errors": 0, "clients": a.clients},
+            )
             e["MB_per_s"] += r["MB_per_s"]
             e["ops"] += r["ops"]
             e["errors"] += r["errors"]
     res = sorted(agg.values(), key=lambda r: (r["size"], r["op"]))
     for r in res:
         r["MB_per_s"] = round(r["MB_per_s"], 1)
-        print(f"  {a.store} x{a.clients} {r['op']:<9} {r['size'] >> 10:>5}KiB {r['MB_per_s']:>9.1f} MB/s"
-              f" ops={r['ops']}" + (f" errors={r['errors']}" if r["errors"] else ""), flush=True)
+        print(
+            f"  {a.store} x{a.clients} {r['op']:<9} {r['size'] >> 10:>5}KiB {r['MB_per_s']:>9.1f} MB/s"
+            f" ops={r['ops']}" + (f" errors={r['errors']}" if r["errors"] else ""),
+            flush=True,
+        )
     if any(r["errors"] for r in res):
         print("  !! errors (refusals or other bytes read)", file=sys.stderr)
     if a.json:

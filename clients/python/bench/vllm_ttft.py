@@ -17,7 +17,6 @@ mode, role, the times, and the tokens vLLM took from the connector per prompt.
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -42,14 +41,20 @@ def transfer_config(mode, files):
     if mode == "none":
         return None
     if mode == "kvcache":
-        return {"kv_connector": "KVCacheStoreConnector", "kv_connector_module_path": "kvcache.vllm",
-                "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
+        return {
+            "kv_connector": "KVCacheStoreConnector",
+            "kv_connector_module_path": "kvcache.vllm",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+        }
     if mode == "example":
-        return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-                "kv_connector_extra_config": {"shared_storage_path": files}}
+        return {
+            "kv_connector": "ExampleConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": files},
+        }
     if mode == "mooncake":
-        return {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
-                "kv_load_failure_policy": "recompute"}
+        return {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
     raise SystemExit(f"unknown mode {mode}")
 
 
@@ -68,8 +73,16 @@ def main():
     cfg = transfer_config(a.mode, a.files)
     if cfg is not None:
         kw["kv_transfer_config"] = cfg
-    llm = LLM(model=a.model, dtype="bfloat16", kv_cache_dtype="bfloat16", block_size=64,
-              max_model_len=4096, enforce_eager=True, disable_log_stats=False, **kw)
+    llm = LLM(
+        model=a.model,
+        dtype="bfloat16",
+        kv_cache_dtype="bfloat16",
+        block_size=64,
+        max_model_len=4096,
+        enforce_eager=True,
+        disable_log_stats=False,
+        **kw,
+    )
     one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     timed = prompts(a.prompts, seed=1)
     if a.role == "writer":
@@ -96,12 +109,22 @@ def main():
         local.append(time.perf_counter() - t)
     cfg = llm.llm_engine.vllm_config.model_config.hf_config
     per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
-    print(json.dumps({
-        "mode": a.mode, "role": a.role, "ttft_s": ttft, "p50_s": statistics.median(ttft),
-        "prompt_tokens": statistics.median(lengths), "cached_tokens": cached,
-        "kv_bytes_per_request": statistics.median(cached) * per_token,
-        "local_ttft_s": local, "local_p50_s": statistics.median(local),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "mode": a.mode,
+                "role": a.role,
+                "ttft_s": ttft,
+                "p50_s": statistics.median(ttft),
+                "prompt_tokens": statistics.median(lengths),
+                "cached_tokens": cached,
+                "kv_bytes_per_request": statistics.median(cached) * per_token,
+                "local_ttft_s": local,
+                "local_p50_s": statistics.median(local),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""A real store for the package's tests (the client's and the engine adapters'): one leader and one member (`kv-store`, started
-here on loopback ports the OS picks, stopped by ``stop``). ``KVSTORE_BIN`` names the binary
-(``scripts/test`` sets it); the tenants are given as the leader's ``--tenant`` specs."""
+"""A real store for the package's tests (the client's and the engine adapters'): one leader and
+one member (`kv-store`, started here on loopback ports the OS picks, stopped by ``stop``).
+``KVSTORE_BIN`` names the binary (``scripts/test`` sets it); the tenants are given as the
+leader's ``--tenant`` specs."""
 
 import json
 import os
@@ -9,7 +10,9 @@ import tempfile
 
 BIN = os.environ.get(
     "KVSTORE_BIN",
-    os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/kvcache-target")), "debug", "kv-store"),
+    os.path.join(
+        os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/kvcache-target")), "debug", "kv-store"
+    ),
 )
 
 
@@ -43,12 +46,26 @@ class Cluster:
             leader, listening = start(args)
             self.procs.append(leader)
             self.endpoint = listening["grpc"]
-            member, _ = start([
-                "member", "--leader", self.endpoint, "--capacity", capacity, "--name", "test-member",
-                "--shm-dir", self.shm.name, "--no-prefault", "--spin", "0", "--max-value-size", max_value_size,
-                # the package's same-host path is under test too
-                "--same-host",
-            ])
+            member, _ = start(
+                [
+                    "member",
+                    "--leader",
+                    self.endpoint,
+                    "--capacity",
+                    capacity,
+                    "--name",
+                    "test-member",
+                    "--shm-dir",
+                    self.shm.name,
+                    "--no-prefault",
+                    "--spin",
+                    "0",
+                    "--max-value-size",
+                    max_value_size,
+                    # the package's same-host path is under test too
+                    "--same-host",
+                ]
+            )
             self.procs.append(member)
         except BaseException:
             self.stop()

@@ -19,22 +19,32 @@ import threading
 import time
 import unittest
 import urllib.request
-
-import kvcache
 from unittest import mock
 
-from store_cluster import Cluster as PlainCluster, start
+import kvcache
+from store_cluster import Cluster as PlainCluster
+from store_cluster import start
 
 BLOCK_SIZE, DTYPE = 16, "bfloat16"
 
 # Every store code, and where a package call meets it. A new code fails this file until it is
 # placed here.
 RAISED_IN_TEST_STORE = {
-    "TENANT_LAYOUT_MISMATCH", "TENANT_QUOTA_EXCEEDED", "INVALID_ARGUMENT",
-    "VALUE_TOO_LARGE", "OBJECT_HAS_LEASE", "TRANSPORT",
+    "TENANT_LAYOUT_MISMATCH",
+    "TENANT_QUOTA_EXCEEDED",
+    "INVALID_ARGUMENT",
+    "VALUE_TOO_LARGE",
+    "OBJECT_HAS_LEASE",
+    "TRANSPORT",
 }
 RAISED_HERE = {
-    "NOT_SERVING", "NO_SPACE", "PUT_IN_PROGRESS", "PUT_EXPIRED", "LEASE_EXPIRED", "STALE_MOUNT", "UNAUTHENTICATED",
+    "NOT_SERVING",
+    "NO_SPACE",
+    "PUT_IN_PROGRESS",
+    "PUT_EXPIRED",
+    "LEASE_EXPIRED",
+    "STALE_MOUNT",
+    "UNAUTHENTICATED",
 }
 RAISED_IN_THE_STORES_TESTS = {
     # this package and its store come from one build; store/tests/versions.rs sends other
@@ -185,8 +195,19 @@ class Cluster:
             f.write("the-seal-key-of-this-test\n")
         self.procs, self.forwarders, self.member_metrics = [], [], []
         self.leader_args = [
-            "leader", "--listen", f"127.0.0.1:{free_port()}", "--fast-listen", f"127.0.0.1:{free_port()}",
-            "--metrics-listen", "127.0.0.1:0", "--spin", "0", "--tenant", tenant, "--seal-key-file", seal_key,
+            "leader",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--fast-listen",
+            f"127.0.0.1:{free_port()}",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--spin",
+            "0",
+            "--tenant",
+            tenant,
+            "--seal-key-file",
+            seal_key,
             *leader_args,
         ]
         try:
@@ -195,8 +216,20 @@ class Cluster:
             self.endpoint, self.metrics = listening["grpc"], listening["metrics"]
             for i, capacity in enumerate(capacities):
                 args = [
-                    "member", "--leader", self.endpoint, "--capacity", capacity, "--name", f"member-{i}",
-                    "--shm-dir", self.shm.name, "--no-prefault", "--spin", "0", "--metrics-listen", "127.0.0.1:0",
+                    "member",
+                    "--leader",
+                    self.endpoint,
+                    "--capacity",
+                    capacity,
+                    "--name",
+                    f"member-{i}",
+                    "--shm-dir",
+                    self.shm.name,
+                    "--no-prefault",
+                    "--spin",
+                    "0",
+                    "--metrics-listen",
+                    "127.0.0.1:0",
                 ]
                 if forward and i == 0:
                     # the member's bytes must cross the forwarder (members map nothing without --same-host)
@@ -261,7 +294,10 @@ class FailureTest(unittest.TestCase):
         self.assertEqual(placed, set(kvcache.CODES))
         self.assertEqual(
             len(placed),
-            len(RAISED_IN_TEST_STORE) + len(RAISED_HERE) + len(RAISED_IN_THE_STORES_TESTS) + len(NOT_FROM_AN_ENGINE_CALL),
+            len(RAISED_IN_TEST_STORE)
+            + len(RAISED_HERE)
+            + len(RAISED_IN_THE_STORES_TESTS)
+            + len(NOT_FROM_AN_ENGINE_CALL),
         )
 
     def test_a_standby_leader_is_not_serving(self):
@@ -275,13 +311,26 @@ class FailureTest(unittest.TestCase):
             kubeconfig.flush()
             leader, listening = start(
                 [
-                    "leader", "--listen", "127.0.0.1:0", "--spin", "0", "--tenant", f"t=1Mi:{BLOCK_SIZE}:{DTYPE}",
-                    "--election", "kubernetes", "--lease", "default/kv", "--kubeconfig", kubeconfig.name,
+                    "leader",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--spin",
+                    "0",
+                    "--tenant",
+                    f"t=1Mi:{BLOCK_SIZE}:{DTYPE}",
+                    "--election",
+                    "kubernetes",
+                    "--lease",
+                    "default/kv",
+                    "--kubeconfig",
+                    kubeconfig.name,
                 ],
                 until="standby",
             )
             try:
-                self.assertRefused("NOT_SERVING", lambda: kvcache.Store(listening["grpc"], "t", BLOCK_SIZE, DTYPE).put("k", b"v"))
+                self.assertRefused(
+                    "NOT_SERVING", lambda: kvcache.Store(listening["grpc"], "t", BLOCK_SIZE, DTYPE).put("k", b"v")
+                )
             finally:
                 stop([leader])
 
@@ -295,13 +344,22 @@ class FailureTest(unittest.TestCase):
             self.assertEqual(mine.get("k"), b"team-a's bytes")
             for credential in ("", "credential-of-team-b"):
                 other = kvcache.Store(c.endpoint, "team-a", BLOCK_SIZE, DTYPE, credential=credential)
-                for call, args in ((other.get, ("k",)), (other.put, ("k2", b"x")), (other.is_exist, ("k",)),
-                                   (other.remove, ("k",))):
+                for call, args in (
+                    (other.get, ("k",)),
+                    (other.put, ("k2", b"x")),
+                    (other.is_exist, ("k",)),
+                    (other.remove, ("k",)),
+                ):
                     self.assertRefused("UNAUTHENTICATED", call, *args)
                 self.assertRefused("UNAUTHENTICATED", other.batch_is_exist, ["k"])
                 other.close()
-            env = {"KVSTORE_LEADER": c.endpoint, "KVSTORE_TENANT": "team-a", "KVSTORE_BLOCK_SIZE": str(BLOCK_SIZE),
-                   "KVSTORE_DTYPE": DTYPE, "KVSTORE_CREDENTIAL": secret}
+            env = {
+                "KVSTORE_LEADER": c.endpoint,
+                "KVSTORE_TENANT": "team-a",
+                "KVSTORE_BLOCK_SIZE": str(BLOCK_SIZE),
+                "KVSTORE_DTYPE": DTYPE,
+                "KVSTORE_CREDENTIAL": secret,
+            }
             with mock.patch.dict(os.environ, env):
                 injected = kvcache.Store.from_env()
             self.assertEqual(injected.get("k"), b"team-a's bytes", "injection hands the credential on")
@@ -325,9 +383,17 @@ class FailureTest(unittest.TestCase):
 
     def test_slow_writers_and_readers_are_refused(self):
         c = Cluster(
-            f"t=64Mi:{BLOCK_SIZE}:{DTYPE}", ["64Mi"], forward=True,
-            leader_args=["--put-ttl", f"{int(PUT_TTL * 1000)}ms", "--put-grace", f"{int(PUT_TTL * 1000)}ms",
-                         "--lease-ttl", f"{int(LEASE_TTL * 1000)}ms"],
+            f"t=64Mi:{BLOCK_SIZE}:{DTYPE}",
+            ["64Mi"],
+            forward=True,
+            leader_args=[
+                "--put-ttl",
+                f"{int(PUT_TTL * 1000)}ms",
+                "--put-grace",
+                f"{int(PUT_TTL * 1000)}ms",
+                "--lease-ttl",
+                f"{int(LEASE_TTL * 1000)}ms",
+            ],
         )
         data = c.forwarders[0]
         writer = kvcache.Store(c.endpoint, "t", BLOCK_SIZE, DTYPE)
@@ -458,8 +524,13 @@ sys.stdin.readline()
 """
         data = c.forwarders[0]
         data.hold_upload(after=0)
-        p = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             self.assertEqual(p.stdout.readline().strip(), "calling")
             silent.settimeout(10)

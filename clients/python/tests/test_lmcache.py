@@ -11,8 +11,8 @@ import os
 import threading
 import time
 import unittest
-from unittest import mock
 import warnings
+from unittest import mock
 
 warnings.filterwarnings("ignore")
 # LMCache logs every backend it builds at INFO; its warnings and errors are what a failure needs
@@ -38,8 +38,14 @@ CHUNK_BYTES = 2 * LAYERS * CHUNK * HEADS * HEAD_DIM * 2
 
 def metadata():
     return LMCacheMetadata(
-        model_name="org/model", world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
-        kv_dtype=torch.bfloat16, kv_shape=(LAYERS, 2, CHUNK, HEADS, HEAD_DIM), chunk_size=CHUNK,
+        model_name="org/model",
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=torch.bfloat16,
+        kv_shape=(LAYERS, 2, CHUNK, HEADS, HEAD_DIM),
+        chunk_size=CHUNK,
     )
 
 
@@ -78,8 +84,11 @@ class LMCacheRemotePluginTest(unittest.TestCase):
         if save_chunk_meta is not None:
             extra["save_chunk_meta"] = save_chunk_meta
         return LMCacheEngineConfig.from_defaults(
-            chunk_size=CHUNK, local_cpu=False, max_local_cpu_size=0.02,
-            remote_storage_plugins=[plugin], extra_config=extra,
+            chunk_size=CHUNK,
+            local_cpu=False,
+            max_local_cpu_size=0.02,
+            remote_storage_plugins=[plugin],
+            extra_config=extra,
         )
 
     def remote(self, config, plugin="kvcache"):
@@ -154,7 +163,7 @@ class LMCacheRemotePluginTest(unittest.TestCase):
         remote.submit_put_task(key(2), sent).result(timeout=30)
         value = self.store.get(key(2).to_string())
         self.assertEqual(len(value), connector.remote_metadata_bytes + CHUNK_BYTES)
-        self.assertEqual(value[connector.remote_metadata_bytes:], bytes(sent.byte_array))
+        self.assertEqual(value[connector.remote_metadata_bytes :], bytes(sent.byte_array))
         self.assertSameChunk(remote.get_blocking(key(2)), sent)
 
     def test_partial_chunks_keep_their_shape(self):
@@ -220,11 +229,23 @@ class LMCacheRemotePluginTest(unittest.TestCase):
             self.assertIn("remote_storage_plugin.kvcache.endpoint", str(e.exception))
             self.assertIn("KVSTORE_LEADER", str(e.exception))
             with self.assertRaises(kvcache.StoreError) as e:
-                CreateConnector("plugin://kvcache", self.loop, local, self.config(tenant="nobody"), metadata(),
-                                plugin_name="kvcache")
+                CreateConnector(
+                    "plugin://kvcache",
+                    self.loop,
+                    local,
+                    self.config(tenant="nobody"),
+                    metadata(),
+                    plugin_name="kvcache",
+                )
             self.assertEqual(e.exception.code, "UNAUTHENTICATED")
-            os.environ.update({"KVSTORE_LEADER": self.cluster.endpoint, "KVSTORE_TENANT": TENANT,
-                               "KVSTORE_BLOCK_SIZE": str(CHUNK), "KVSTORE_DTYPE": "bfloat16"})
+            os.environ.update(
+                {
+                    "KVSTORE_LEADER": self.cluster.endpoint,
+                    "KVSTORE_TENANT": TENANT,
+                    "KVSTORE_BLOCK_SIZE": str(CHUNK),
+                    "KVSTORE_DTYPE": "bfloat16",
+                }
+            )
             remote = self.remote(config)
             sent = self.chunk(remote, seed=500)
             remote.submit_put_task(key(500), sent).result(timeout=30)

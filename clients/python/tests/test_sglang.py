@@ -9,8 +9,8 @@ import json
 import os
 import queue
 import unittest
-from unittest import mock
 import warnings
+from unittest import mock
 
 warnings.filterwarnings("ignore")
 
@@ -44,12 +44,24 @@ def host_pool(layout, seed=0):
     table = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)  # noqa: E731
     info = MHABufferInfo(
         buffers=KVBuffers(k=k, v=v, k_data_ptrs=table(k), v_data_ptrs=table(v), layout=KVBufferLayout.NHD),
-        page_size=PAGE, head_num=HEADS, head_dim=HEAD_DIM, v_head_dim=HEAD_DIM,
-        dtype=torch.bfloat16, device=torch.device("cpu"),
+        page_size=PAGE,
+        head_num=HEADS,
+        head_dim=HEAD_DIM,
+        v_head_dim=HEAD_DIM,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
     )
     pool = MHATokenToKVPoolHost(
-        info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
-        device_capacity_tokens=device_tokens, start_layer=0, end_layer=LAYERS,
+        info,
+        2.0,
+        0,
+        PAGE,
+        layout,
+        pin_memory=False,
+        device="cpu",
+        device_capacity_tokens=device_tokens,
+        start_layer=0,
+        end_layer=LAYERS,
     )
     g = torch.Generator().manual_seed(seed)
     raw = pool.kv_buffer.view(torch.uint8)
@@ -89,9 +101,15 @@ class SGLangHiCacheTest(unittest.TestCase):
 
     def extra_config(self, **over):
         """The extra config as SGLang parses `--hicache-storage-backend-extra-config`."""
-        cfg = {"backend_name": "kvcache", "module_path": "kvcache.sglang", "class_name": "HiCacheStore",
-               "interface_v1": 1, "endpoint": self.cluster.endpoint, "tenant": TENANT,
-               "prefetch_threshold": 64}
+        cfg = {
+            "backend_name": "kvcache",
+            "module_path": "kvcache.sglang",
+            "class_name": "HiCacheStore",
+            "interface_v1": 1,
+            "endpoint": self.cluster.endpoint,
+            "tenant": TENANT,
+            "prefetch_threshold": 64,
+        }
         cfg.update(over)
         cfg = {k: v for k, v in cfg.items() if v is not None}
         extra, threshold, *_ = HybridCacheController.parse_storage_backend_extra_config(json.dumps(cfg))
@@ -101,9 +119,17 @@ class SGLangHiCacheTest(unittest.TestCase):
     def attach(self, pool, extra, tp_rank=0, tp_size=1, model="org/model"):
         """What HiCacheController.attach_storage_backend does with `--hicache-storage-backend dynamic`."""
         config = HiCacheStorageConfig(
-            tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-            is_mla_model=False, enable_storage_metrics=False,
-            is_page_first_layout=pool.layout == "page_first", model_name=model, extra_config=extra,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            pp_rank=0,
+            pp_size=1,
+            attn_cp_rank=0,
+            attn_cp_size=1,
+            is_mla_model=False,
+            enable_storage_metrics=False,
+            is_page_first_layout=pool.layout == "page_first",
+            model_name=model,
+            extra_config=extra,
         )
         backend = StorageBackendFactory.create_backend("dynamic", config, pool)
         backend.register_mem_pool_host(pool)
@@ -247,8 +273,14 @@ class SGLangHiCacheTest(unittest.TestCase):
                 self.attach(pool, self.extra_config(endpoint=None))
             self.assertIn("endpoint", str(e.exception))
             self.assertIn("KVSTORE_LEADER", str(e.exception))
-            os.environ.update({"KVSTORE_LEADER": self.cluster.endpoint, "KVSTORE_TENANT": TENANT,
-                               "KVSTORE_BLOCK_SIZE": str(PAGE), "KVSTORE_DTYPE": "bfloat16"})
+            os.environ.update(
+                {
+                    "KVSTORE_LEADER": self.cluster.endpoint,
+                    "KVSTORE_TENANT": TENANT,
+                    "KVSTORE_BLOCK_SIZE": str(PAGE),
+                    "KVSTORE_DTYPE": "bfloat16",
+                }
+            )
             backend = self.attach(pool, self.extra_config(endpoint=None, tenant=None))
             src = pool.alloc(PAGE)
             self.assertEqual(backend.batch_set_v1(["from-env"], src), [True])

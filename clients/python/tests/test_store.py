@@ -91,14 +91,16 @@ class StoreTest(unittest.TestCase):
             self.store.register_buffer(ctypes.addressof(b), n * part)
         self.assertEqual(self.store.batch_put_from_parts(keys, ptrs(src), sizes), [0] * n)
         # the value is the concatenation of its parts
-        self.assertEqual(self.store.get("parts/1"), b"".join(b.raw[part:2 * part] for b in src))
+        self.assertEqual(self.store.get("parts/1"), b"".join(b.raw[part : 2 * part] for b in src))
         for same_host in (True, False):
             s = kvcache.Store(self.endpoint, TENANT, BLOCK_SIZE, DTYPE, same_host=same_host)
             dst = [ctypes.create_string_buffer(n * part) for _ in range(layers)]
             spare = ctypes.create_string_buffer(part)
             for b in dst + [spare]:
                 s.register_buffer(ctypes.addressof(b), len(b))
-            got = s.batch_get_into_parts(keys + ["parts/absent"], ptrs(dst) + [[ctypes.addressof(spare)]], sizes + [[part]])
+            got = s.batch_get_into_parts(
+                keys + ["parts/absent"], ptrs(dst) + [[ctypes.addressof(spare)]], sizes + [[part]]
+            )
             self.assertEqual(got, [part * layers] * n + [kvcache.KEY_NOT_FOUND])
             self.assertEqual([b.raw for b in dst], [b.raw for b in src], f"same_host={same_host}")
             # parts must add up to the value exactly; nothing is read otherwise
@@ -146,6 +148,7 @@ class StoreTest(unittest.TestCase):
     def test_calls_release_the_gil(self):
         import signal
         import threading
+
         leader, listening = start(["leader", "--listen", "127.0.0.1:0", "--spin", "0", "--multi-tenancy=false"])
         try:
             s = kvcache.Store(listening["grpc"], "default", BLOCK_SIZE, DTYPE)
@@ -182,7 +185,9 @@ class StoreTest(unittest.TestCase):
         self.assertEqual(len(held), len(set(held)))
         self.store.put("events/k", b"block")
         live = w.next(timeout=10)
-        self.assertEqual((live["type"], live["keys"], live["size"], live["snapshot"]), ("stored", ["events/k"], 5, False))
+        self.assertEqual(
+            (live["type"], live["keys"], live["size"], live["snapshot"]), ("stored", ["events/k"], 5, False)
+        )
         self.assertEqual(self.store.remove("events/k"), 1)
         removed = w.next(timeout=10)
         self.assertEqual((removed["type"], removed["keys"], removed["reason"]), ("removed", ["events/k"], "removed"))
@@ -211,8 +216,12 @@ class StoreTest(unittest.TestCase):
         self.assertEqual(got, [None])
 
     def test_from_env_reads_what_injection_gives_a_replica(self):
-        env = {"KVSTORE_LEADER": self.endpoint, "KVSTORE_TENANT": TENANT,
-               "KVSTORE_BLOCK_SIZE": str(BLOCK_SIZE), "KVSTORE_DTYPE": DTYPE}
+        env = {
+            "KVSTORE_LEADER": self.endpoint,
+            "KVSTORE_TENANT": TENANT,
+            "KVSTORE_BLOCK_SIZE": str(BLOCK_SIZE),
+            "KVSTORE_DTYPE": DTYPE,
+        }
         # the environment is restored however the test ends
         with mock.patch.dict(os.environ):
             os.environ.update(env)
@@ -245,7 +254,7 @@ class StoreTest(unittest.TestCase):
         with socket.socket() as silent:
             silent.bind(("127.0.0.1", 0))
             silent.listen()
-            endpoint = "127.0.0.1:%d" % silent.getsockname()[1]
+            endpoint = f"127.0.0.1:{silent.getsockname()[1]}"
             with self.assertRaises(kvcache.StoreError) as e:
                 kvcache.Store(endpoint, TENANT, BLOCK_SIZE, DTYPE, timeout_ms=300)
             self.assertEqual(e.exception.code, "TRANSPORT", str(e.exception))

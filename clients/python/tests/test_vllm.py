@@ -10,10 +10,11 @@ Runs with the vLLM environment's python (``scripts/test``); ``KVSTORE_BIN`` name
 import os
 import random
 import socket
+import time
 import unittest
+import warnings
 from types import SimpleNamespace
 from unittest import mock
-import warnings
 
 warnings.filterwarnings("ignore")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -28,7 +29,6 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     SlidingWindowSpec,
 )
 
-import kvcache  # noqa: E402
 import kvcache.vllm as kv  # noqa: E402
 from store_cluster import Cluster  # noqa: E402
 
@@ -66,15 +66,20 @@ def connector(role, config, head=HEAD, rank=0, wait=True):
         c = kv.KVCacheStoreConnector(config, role, kv_cache_config(head))
     if wait:
         wait_connected(c)
-        assert c.link.store is not None, "the connector did not connect to the test's store"
     return c
 
 
 def wait_connected(c, timeout=10.0):
-    import time
-
+    """Waits for the connector's background connection to the test's store; fails the test when
+    it has not connected within `timeout` seconds (its log says why)."""
     deadline = time.monotonic() + timeout
-    while c.link.store is None and time.monotonic() < deadline:
+    while c.side.link.store is None:
+        if time.monotonic() >= deadline:
+            store = c.side.link.settings.endpoint or os.environ.get("KVSTORE_LEADER")
+            raise AssertionError(
+                f"the {c.role.name.lower()} connector never connected to the test's store at {store} "
+                f"within {timeout:g} s"
+            )
         time.sleep(0.02)
 
 
@@ -98,8 +103,13 @@ def block_bytes(caches, block):
 
 def request(req_id, tokens, salt=None):
     return SimpleNamespace(
-        request_id=req_id, prompt_token_ids=tokens, num_prompt_tokens=len(tokens),
-        mm_features=[], prompt_embeds=None, cache_salt=salt, lora_request=None,
+        request_id=req_id,
+        prompt_token_ids=tokens,
+        num_prompt_tokens=len(tokens),
+        mm_features=[],
+        prompt_embeds=None,
+        cache_salt=salt,
+        lora_request=None,
     )
 
 
@@ -107,7 +117,9 @@ def step(req_id, block_ids, computed, scheduled):
     """A scheduler step that schedules one new request (all of its blocks new, to be zeroed)."""
     return SimpleNamespace(
         scheduled_new_reqs=[SimpleNamespace(req_id=req_id, block_ids=(list(block_ids),), num_computed_tokens=computed)],
-        scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[]),
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[]
+        ),
         num_scheduled_tokens={req_id: scheduled},
         new_block_ids_to_zero=list(block_ids),
     )
@@ -138,8 +150,10 @@ class ConnectorTest(unittest.TestCase):
     def setUpClass(cls):
         cls.cluster = Cluster([f"{TENANT}=64Mi:{BLOCK}:bfloat16"])
         os.environ.update(
-            KVSTORE_LEADER=cls.cluster.endpoint, KVSTORE_TENANT=TENANT,
-            KVSTORE_BLOCK_SIZE=str(BLOCK), KVSTORE_DTYPE="bfloat16",
+            KVSTORE_LEADER=cls.cluster.endpoint,
+            KVSTORE_TENANT=TENANT,
+            KVSTORE_BLOCK_SIZE=str(BLOCK),
+            KVSTORE_DTYPE="bfloat16",
         )
 
     @classmethod
@@ -164,14 +178,14 @@ class ConnectorTest(unittest.TestCase):
         prompt = self.tokens(10 * BLOCK + 2, seed=1)
         a_blocks = list(range(20, 31))
         self.assertEqual(serve(a_sched, a_worker, request("a", prompt), a_blocks), 0, "a cold store")
-        self.assertEqual(a_worker.counters.total["saved_blocks"], 10, "A saves its 10 full prompt blocks")
+        self.assertEqual(a_worker.worker_side.counters.total["saved_blocks"], 10, "A saves its 10 full prompt blocks")
         b_blocks = list(range(40, 51))
         loaded = serve(b_sched, b_worker, request("b", prompt), b_blocks)
         self.assertEqual(loaded, 10 * BLOCK, "B loads all 10 (the engine computes the rest)")
         for i in range(10):
             self.assertEqual(block_bytes(b_kv, b_blocks[i]), block_bytes(a_kv, a_blocks[i]), f"block {i}")
         self.assertEqual(b_worker.get_block_ids_with_load_errors(), set())
-        self.assertEqual(b_worker.counters.total["saved_blocks"], 0, "B saves nothing the store has")
+        self.assertEqual(b_worker.worker_side.counters.total["saved_blocks"], 0, "B saves nothing the store has")
         # a prompt that shares 6 blocks and then differs hits exactly those 6
         other = prompt[: 6 * BLOCK] + self.tokens(5 * BLOCK, seed=99)
         self.assertEqual(b_sched.get_num_new_matched_tokens(request("c", other), 0)[0], 6 * BLOCK)
@@ -197,7 +211,7 @@ class ConnectorTest(unittest.TestCase):
         ns0 = kv.Layout.of(tp, kv_cache_config(), 0).namespace("iso")
         ns1 = kv.Layout.of(tp, kv_cache_config(), 1).namespace("iso")
         self.assertNotEqual(ns0, ns1)
-        self.assertNotEqual(ns0, a_worker._namespace)
+        self.assertNotEqual(ns0, a_worker.worker_side.namespace)
         r0_sched, r0_worker, _ = self.replica(seed=3, rank=0, tp_size=2, model="iso")
         serve(r0_sched, r0_worker, request("r0", prompt), range(8, 17))
         self.assertEqual(r0_sched.get_num_new_matched_tokens(request("r", prompt), 0)[0], 0)
@@ -227,7 +241,7 @@ class ConnectorTest(unittest.TestCase):
             self.assertEqual(block_bytes(b_kv, block), bytes(LAYERS * 2 * HEADS * BLOCK * HEAD * 2), block)
         self.assertNotEqual(block_bytes(b_kv, 34), bytes(LAYERS * 2 * HEADS * BLOCK * HEAD * 2), "others untouched")
         self.assertEqual(b_worker.get_block_ids_with_load_errors(), set(), "reported once")
-        self.assertEqual(b_worker.counters.total["load_failures"], 4)
+        self.assertEqual(b_worker.worker_side.counters.total["load_failures"], 4)
 
     def test_stats_reach_vllm_and_add_up_across_workers(self):
         a = kv.KVCacheStoreStats(data={"loaded_blocks": 2, "saved_blocks": 1})
@@ -251,8 +265,22 @@ class NoStoreTest(unittest.TestCase):
         worker.register_kv_caches(kv_caches(seed=1))
         prompt = list(range(6 * BLOCK + 1))
         self.assertEqual(serve(scheduler, worker, request("x", prompt), range(7)), 0)
-        self.assertEqual(scheduler.counters.total["skipped"], 1)
-        self.assertEqual(worker.counters.total["save_failures"], 6)
+        self.assertEqual(scheduler.scheduler_side.counters.total["skipped"], 1)
+        self.assertEqual(worker.worker_side.counters.total["save_failures"], 6)
+
+    def test_each_connector_builds_only_the_side_of_its_role(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{s.getsockname()[1]}"
+        config = vllm_config({"endpoint": dead, "tenant": TENANT, "retry_interval_s": 60})
+        scheduler = connector(KVConnectorRole.SCHEDULER, config, wait=False)
+        worker = connector(KVConnectorRole.WORKER, config, wait=False)
+        self.assertIsInstance(scheduler.side, kv.SchedulerSide)
+        self.assertIsInstance(worker.side, kv.WorkerSide)
+        with self.assertRaisesRegex(AssertionError, "worker-side call on the scheduler's connector"):
+            scheduler.register_kv_caches(kv_caches())
+        with self.assertRaisesRegex(AssertionError, "scheduler-side call on a worker's connector"):
+            worker.get_num_new_matched_tokens(request("x", list(range(BLOCK + 1))), 0)
 
     def test_settings_are_refused_clearly(self):
         with self.assertRaisesRegex(ValueError, "unknown kv_connector_extra_config keys"):
@@ -262,7 +290,9 @@ class NoStoreTest(unittest.TestCase):
         with mock.patch.dict(os.environ, {"KVSTORE_LEADER": "x:1", "KVSTORE_BLOCK_SIZE": "16"}):
             with self.assertRaisesRegex(ValueError, "start vLLM with --block-size 16"):
                 kv.KVCacheStoreConnector(vllm_config(), KVConnectorRole.SCHEDULER, kv_cache_config())
-        spec = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.bfloat16, sliding_window=8)
+        spec = SlidingWindowSpec(
+            block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.bfloat16, sliding_window=8
+        )
         with self.assertRaisesRegex(ValueError, "paged full-attention"):
             kv.Layout.of(vllm_config(), kv_cache_config(spec=spec), 0)
 

@@ -25,9 +25,9 @@ Tested against lmcache 0.5.6 (``tests/test_lmcache.py``).
 from __future__ import annotations
 
 import asyncio
+import builtins  # KVCacheConnector has a method named list (LMCache's API): its signatures say builtins.list
 import logging
 import os
-from typing import List, Optional
 
 import torch
 from lmcache.utils import CacheEngineKey
@@ -68,7 +68,7 @@ class KVCacheConnectorAdapter(ConnectorAdapter):
         super().__init__(f"plugin://{PLUGIN_TYPE}")
 
     def can_parse(self, url: str) -> bool:
-        return url.startswith("plugin://") and extract_plugin_type(url[len("plugin://"):]) == PLUGIN_TYPE
+        return url.startswith("plugin://") and extract_plugin_type(url[len("plugin://") :]) == PLUGIN_TYPE
 
     def create_connector(self, context: ConnectorContext) -> RemoteConnector:
         return KVCacheConnector(
@@ -86,12 +86,14 @@ class KVCacheConnector(RemoteConnector):
         self.plugin_name = plugin_name
         extra = (config.extra_config if config is not None else None) or {}
         self.store = self._connect(extra, local_cpu_backend.metadata)
-        self._registered: List[tuple] = []
+        self._registered: list[tuple] = []
         self._register_allocator_buffers()
         logger.info(
             "kvcache LMCache connector on %s: %s, %d-byte chunks, %d registered buffer(s)",
-            self.store.endpoint, "header and bytes (copied)" if self.save_chunk_meta else "bytes by pointer",
-            self.full_chunk_size_bytes, len(self._registered),
+            self.store.endpoint,
+            "header and bytes (copied)" if self.save_chunk_meta else "bytes by pointer",
+            self.full_chunk_size_bytes,
+            len(self._registered),
         )
 
     def _option(self, extra: dict, name: str, default=None):
@@ -153,7 +155,7 @@ class KVCacheConnector(RemoteConnector):
         header = RemoteMetadata(len(data), obj.get_shapes(), obj.get_dtypes(), obj.get_memory_format())
         return header.serialize() + bytes(data)
 
-    def _chunk_from(self, value: bytes) -> Optional[MemoryObj]:
+    def _chunk_from(self, value: bytes) -> MemoryObj | None:
         """A memory object from the local CPU backend holding the chunk in `value`."""
         if self.save_chunk_meta:
             if len(value) < self.remote_metadata_bytes:
@@ -178,7 +180,7 @@ class KVCacheConnector(RemoteConnector):
         obj.byte_array.cast("B")[: len(value)] = value
         return self._trimmed(obj, len(value))
 
-    def _trimmed(self, obj: MemoryObj, n: int) -> Optional[MemoryObj]:
+    def _trimmed(self, obj: MemoryObj, n: int) -> MemoryObj | None:
         try:
             return self.reshape_partial_chunk(obj, n)
         except ValueError as e:
@@ -188,16 +190,20 @@ class KVCacheConnector(RemoteConnector):
 
     # -- blocking forms (run in a worker thread by the async ones) ----------------------------
 
-    def _get_many(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+    def _get_many(self, keys: builtins.list[CacheEngineKey]) -> builtins.list[MemoryObj | None]:
         names = [k.to_string() for k in keys]
-        out: List[Optional[MemoryObj]] = [None] * len(keys)
+        out: list[MemoryObj | None] = [None] * len(keys)
         copied = range(len(keys))
         if not self.save_chunk_meta:
             objs = [self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes, self.meta_fmt) for _ in keys]
             direct = [i for i, o in enumerate(objs) if o is not None and self._by_pointer(o)]
-            got = self.store.batch_get_into(
-                [names[i] for i in direct], [objs[i].data_ptr for i in direct], [objs[i].get_size() for i in direct]
-            ) if direct else []
+            got = (
+                self.store.batch_get_into(
+                    [names[i] for i in direct], [objs[i].data_ptr for i in direct], [objs[i].get_size() for i in direct]
+                )
+                if direct
+                else []
+            )
             for i, n in zip(direct, got):
                 if n > 0:
                     out[i] = self._trimmed(objs[i], n)
@@ -216,7 +222,7 @@ class KVCacheConnector(RemoteConnector):
                 out[i] = self._chunk_from(value)
         return out
 
-    def _put_many(self, keys: List[CacheEngineKey], objs: List[MemoryObj]) -> None:
+    def _put_many(self, keys: builtins.list[CacheEngineKey], objs: builtins.list[MemoryObj]) -> None:
         names = [k.to_string() for k in keys]
         direct = [i for i, o in enumerate(objs) if self._by_pointer(o)]
         moved = set(direct)
@@ -236,7 +242,7 @@ class KVCacheConnector(RemoteConnector):
             name, code = failed[0]
             raise _refusal(code, f"storing {len(failed)} of {len(keys)} chunk(s) failed, the first {name}")
 
-    def _leading_hits(self, keys: List[CacheEngineKey]) -> int:
+    def _leading_hits(self, keys: builtins.list[CacheEngineKey]) -> int:
         if not keys:
             return 0
         found = self.store.batch_is_exist([k.to_string() for k in keys])
@@ -250,7 +256,7 @@ class KVCacheConnector(RemoteConnector):
     def exists_sync(self, key: CacheEngineKey) -> bool:
         return self.store.is_exist(key.to_string()) == 1
 
-    async def get(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+    async def get(self, key: CacheEngineKey) -> MemoryObj | None:
         return (await asyncio.to_thread(self._get_many, [key]))[0]
 
     async def put(self, key: CacheEngineKey, memory_obj: MemoryObj):
@@ -259,33 +265,37 @@ class KVCacheConnector(RemoteConnector):
     def support_batched_get(self) -> bool:
         return True
 
-    async def batched_get(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+    async def batched_get(self, keys: builtins.list[CacheEngineKey]) -> builtins.list[MemoryObj | None]:
         return await asyncio.to_thread(self._get_many, list(keys))
 
     def support_batched_put(self) -> bool:
         return True
 
-    async def batched_put(self, keys: List[CacheEngineKey], memory_objs: List[MemoryObj]):
+    async def batched_put(self, keys: builtins.list[CacheEngineKey], memory_objs: builtins.list[MemoryObj]):
         await asyncio.to_thread(self._put_many, list(keys), list(memory_objs))
 
     def support_batched_contains(self) -> bool:
         return True
 
-    def batched_contains(self, keys: List[CacheEngineKey]) -> int:
+    def batched_contains(self, keys: builtins.list[CacheEngineKey]) -> int:
         return self._leading_hits(list(keys))
 
     def support_batched_async_contains(self) -> bool:
         return True
 
-    async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
+    async def batched_async_contains(
+        self, lookup_id: str, keys: builtins.list[CacheEngineKey], pin: bool = False
+    ) -> int:
         return await asyncio.to_thread(self._leading_hits, list(keys))
 
     def support_batched_get_non_blocking(self) -> bool:
         return True
 
-    async def batched_get_non_blocking(self, lookup_id: str, keys: List[CacheEngineKey]) -> List[MemoryObj]:
+    async def batched_get_non_blocking(
+        self, lookup_id: str, keys: builtins.list[CacheEngineKey]
+    ) -> builtins.list[MemoryObj]:
         """The chunks of `keys` up to the first one missing (the rest are released)."""
-        prefix: List[MemoryObj] = []
+        prefix: list[MemoryObj] = []
         missed = False
         for obj in await self.batched_get(keys):
             if obj is None:
@@ -314,14 +324,14 @@ class KVCacheConnector(RemoteConnector):
         except StoreError as e:
             return _number(e)
 
-    async def list(self) -> List[str]:
+    async def list(self) -> builtins.list[str]:
         """The keys the tenant holds now (the store's block snapshot; all of this tenant's keys,
         not only LMCache's)."""
         return await asyncio.to_thread(self._snapshot_keys)
 
-    def _snapshot_keys(self, idle: float = 1.0) -> List[str]:
+    def _snapshot_keys(self, idle: float = 1.0) -> builtins.list[str]:
         watch = self.store.watch_blocks()
-        keys: List[str] = []
+        keys: list[str] = []
         try:
             while (event := watch.next(timeout=idle)) is not None and event["snapshot"]:
                 if event["type"] == "stored":
@@ -338,4 +348,3 @@ class KVCacheConnector(RemoteConnector):
 
     def __repr__(self) -> str:
         return f"<KVCacheConnector {self.store.endpoint} ({self.plugin_name})>"
-

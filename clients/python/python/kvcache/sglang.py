@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, List, Optional
+from typing import Any
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (
@@ -66,7 +66,7 @@ def _shard_suffix(config: HiCacheStorageConfig) -> str:
     return suffix
 
 
-def _failures(codes: List[int]) -> str:
+def _failures(codes: list[int]) -> str:
     """The distinct failure codes of a batch, by name, for a log line."""
     names = sorted({CODE_NAMES.get(c, str(c)) for c in codes if c < 0})
     return ", ".join(names)
@@ -76,7 +76,7 @@ class HiCacheStore(HiCacheStorage):
     """HiCache pages in the kvcache store. SGLang builds it as ``HiCacheStore(storage_config,
     kwargs)`` and then calls ``register_mem_pool_host(host_pool)``, which opens the connection."""
 
-    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict | None = None):
         if storage_config.should_split_heads:
             raise ValueError(
                 "kvcache.sglang.HiCacheStore does not split heads across heterogeneous TP "
@@ -87,8 +87,8 @@ class HiCacheStore(HiCacheStorage):
         self.endpoint = self.extra.get("endpoint")
         if not self.endpoint and not (os.environ.get("KVSTORE_LEADER") or os.environ.get("MOONCAKE_MASTER")):
             raise ValueError(
-                "no kvcache store configured for the SGLang HiCache backend: put \"endpoint\": "
-                "\"HOST:PORT\" (the store's Client endpoint) in --hicache-storage-backend-extra-config, "
+                'no kvcache store configured for the SGLang HiCache backend: put "endpoint": '
+                '"HOST:PORT" (the store\'s Client endpoint) in --hicache-storage-backend-extra-config, '
                 "or set KVSTORE_LEADER (and KVSTORE_TENANT, KVSTORE_BLOCK_SIZE, KVSTORE_DTYPE)"
             )
         self.staging_pages = int(self.extra.get("staging_pages", DEFAULT_STAGING_PAGES))
@@ -97,10 +97,10 @@ class HiCacheStore(HiCacheStorage):
         model = storage_config.model_name
         self._prefix = f"{model}:" if model else ""
         self._shard = _shard_suffix(storage_config)
-        self.store: Optional[Store] = None
+        self.store: Store | None = None
         self.mem_pool_host = None
         self.direct = False
-        self._registered: List[tuple] = []
+        self._registered: list[tuple] = []
         self._staging = {}
 
     # -- connection and host pool -------------------------------------------------------------
@@ -145,7 +145,10 @@ class HiCacheStore(HiCacheStorage):
                 self._staging[direction] = (buf, threading.Lock())
         logger.info(
             "kvcache HiCache backend on %s: layout %s, %s path, %d-byte pages",
-            self.store.endpoint, self.layout, "direct" if self.direct else "staged", self.page_bytes,
+            self.store.endpoint,
+            self.layout,
+            "direct" if self.direct else "staged",
+            self.page_bytes,
         )
 
     def _register_pool_buffers(self, pool) -> bool:
@@ -193,16 +196,16 @@ class HiCacheStore(HiCacheStorage):
     def _page_key(self, key: str) -> str:
         return f"{self._prefix}{key}@{self.layout}{self._shard}"
 
-    def _range_keys(self, keys: List[str]) -> List[str]:
+    def _range_keys(self, keys: list[str]) -> list[str]:
         return [f"{self._page_key(k)}#{j}" for k in keys for j in range(self.ranges_per_page)]
 
-    def _stored_keys(self, keys: List[str]) -> List[str]:
+    def _stored_keys(self, keys: list[str]) -> list[str]:
         """The store keys holding `keys`' pages, page by page (ranges_per_page each when direct)."""
         return self._range_keys(keys) if self.direct else [self._page_key(k) for k in keys]
 
     # -- the zero-copy interface (interface_v1) -----------------------------------------------
 
-    def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         """How many of `keys`, from the first, have their whole page stored."""
         self._require_pool()
         if not keys:
@@ -224,13 +227,15 @@ class HiCacheStore(HiCacheStorage):
             return True
         logger.error(
             "kvcache HiCache: %d keys need %d host indices, got %d",
-            len(keys), len(keys) * self.page_size, host_indices.numel(),
+            len(keys),
+            len(keys) * self.page_size,
+            host_indices.numel(),
         )
         return False
 
     def batch_set_v1(
-        self, keys: List[str], host_indices: torch.Tensor, extra_info: Optional[HiCacheStorageExtraInfo] = None
-    ) -> List[bool]:
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> list[bool]:
         """Stores the pages at `host_indices` (page_size indices per key); per key, whether its
         page is stored now (already stored pages are not sent again)."""
         self._require_pool()
@@ -245,8 +250,8 @@ class HiCacheStore(HiCacheStorage):
             return [False] * len(keys)
 
     def batch_get_v1(
-        self, keys: List[str], host_indices: torch.Tensor, extra_info: Optional[HiCacheStorageExtraInfo] = None
-    ) -> List[bool]:
+        self, keys: list[str], host_indices: torch.Tensor, extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> list[bool]:
         """Reads the pages of `keys` into the host pool at `host_indices`; per key, whether its
         whole page was read."""
         self._require_pool()
@@ -260,7 +265,7 @@ class HiCacheStore(HiCacheStorage):
             logger.warning("kvcache HiCache batch_get_v1 failed: %s", e)
             return [False] * len(keys)
 
-    def _set_direct(self, keys, host_indices) -> List[bool]:
+    def _set_direct(self, keys, host_indices) -> list[bool]:
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         # a key the store holds already is answered 0 without its bytes being sent
         codes = self.store.batch_put_from(self._range_keys(keys), ptrs, sizes)
@@ -269,18 +274,16 @@ class HiCacheStore(HiCacheStorage):
         r = self.ranges_per_page
         return [all(c == 0 for c in codes[i * r : (i + 1) * r]) for i in range(len(keys))]
 
-    def _get_direct(self, keys, host_indices) -> List[bool]:
+    def _get_direct(self, keys, host_indices) -> list[bool]:
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         got = self.store.batch_get_into(self._range_keys(keys), ptrs, sizes)
         r = self.ranges_per_page
-        return [
-            all(got[j] == sizes[j] for j in range(i * r, (i + 1) * r)) for i in range(len(keys))
-        ]
+        return [all(got[j] == sizes[j] for j in range(i * r, (i + 1) * r)) for i in range(len(keys))]
 
-    def _page_starts(self, host_indices) -> List[int]:
+    def _page_starts(self, host_indices) -> list[int]:
         return host_indices[:: self.page_size].tolist()
 
-    def _set_staged(self, keys, host_indices) -> List[bool]:
+    def _set_staged(self, keys, host_indices) -> list[bool]:
         stored = [self._page_key(k) for k in keys]
         starts = self._page_starts(host_indices)
         ok = [False] * len(keys)
@@ -303,7 +306,7 @@ class HiCacheStore(HiCacheStorage):
                     logger.warning("kvcache HiCache: storing pages failed (%s)", _failures(codes))
         return ok
 
-    def _get_staged(self, keys, host_indices) -> List[bool]:
+    def _get_staged(self, keys, host_indices) -> list[bool]:
         stored = [self._page_key(k) for k in keys]
         starts = self._page_starts(host_indices)
         ok = [False] * len(keys)
@@ -326,7 +329,7 @@ class HiCacheStore(HiCacheStorage):
 
     # -- the legacy interface (page tensors, copied) ------------------------------------------
 
-    def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
+    def get(self, key: str, target_location: Any | None = None, target_sizes: Any | None = None):
         """The flat page of `key` in `target_location` (a flat page tensor, as
         ``get_dummy_flat_data_page()`` gives), or None when it is not stored."""
         self._require_pool()
@@ -341,20 +344,23 @@ class HiCacheStore(HiCacheStorage):
             target_location = self.mem_pool_host.get_dummy_flat_data_page()
         dst = target_location.view(torch.uint8)
         if len(value) != dst.numel():
-            logger.warning(
-                "kvcache HiCache: %r holds %d bytes, the page is %d; not read", key, len(value), dst.numel()
-            )
+            logger.warning("kvcache HiCache: %r holds %d bytes, the page is %d; not read", key, len(value), dst.numel())
             return None
         dst.copy_(torch.frombuffer(bytearray(value), dtype=torch.uint8))
         return target_location
 
-    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None, target_sizes: Optional[Any] = None):
+    def batch_get(self, keys: list[str], target_locations: Any | None = None, target_sizes: Any | None = None):
         """`get` for each key, in order."""
         targets = target_locations or [None] * len(keys)
         return [self.get(k, t) for k, t in zip(keys, targets)]
 
-    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
-            target_sizes: Optional[Any] = None) -> bool:
+    def set(
+        self,
+        key: str,
+        value: Any | None = None,
+        target_location: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> bool:
         """Stores the flat page tensor `value` under `key`."""
         self._require_pool()
         if value is None:
@@ -367,8 +373,13 @@ class HiCacheStore(HiCacheStorage):
             logger.warning("kvcache HiCache set failed: %s", e)
             return False
 
-    def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
-                  target_sizes: Optional[Any] = None) -> bool:
+    def batch_set(
+        self,
+        keys: list[str],
+        values: Any | None = None,
+        target_locations: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> bool:
         """`set` for each key; True when all were stored."""
         values = list(values or [])
         if len(values) != len(keys):

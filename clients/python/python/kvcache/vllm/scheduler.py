@@ -1,0 +1,217 @@
+"""The scheduler side: what to load from the store and what to save to it.
+
+One ``batch_is_exist`` per new request over every prompt block's keys (of every rank; it also
+leases them, so they are not evicted before the load); the hit is the run of whole blocks present
+after vLLM's own prefix-cache hit. Blocks the store lacks are saved once vLLM has computed them.
+The scheduler never moves a byte: each step it hands the workers a ``KVCacheStoreMetadata`` of
+the blocks to load and to save. With ``KVSTORE_REPORT=stdout`` it prints one JSON line per
+finished request at most every ``KVSTORE_REPORT_INTERVAL`` seconds (default 1) with the
+cumulative ``blocks``, ``hits``, ``stored`` and ``hit_rate``, which the local runtime reads.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import StoreError
+from .keys import Layout, block_key, chain, request_seed
+from .link import KEYS_PER_CALL, Link
+from .metadata import KVCacheStoreMetadata, Transfer
+from .settings import Settings
+from .stats import Counters
+
+if TYPE_CHECKING:
+    from vllm.config import KVTransferConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+
+@dataclass
+class _Tracked:
+    """The scheduler's view of one request."""
+
+    hashes: list[str]
+    #: per prompt block: held by the store at lookup time (the block of every rank)
+    present: list[bool]
+    block_ids: list[int] = field(default_factory=list)
+    #: blocks below this are stored, being stored, or not to be stored
+    saved_upto: int = 0
+    #: (first block, blocks) to load, once allocated
+    load: tuple[int, int] | None = None
+    #: local prefix-cache hit in blocks, from the last lookup
+    local_blocks: int = 0
+    hit_blocks: int = 0
+
+
+class SchedulerSide:
+    """The scheduler's half of the connector: its own connection (lookups only) and counters."""
+
+    def __init__(self, settings: Settings, layout: Layout, transfer_config: KVTransferConfig):
+        self.settings = settings
+        self.layout = layout
+        self.model = settings.model
+        self.producer = transfer_config.is_kv_producer
+        self.consumer = transfer_config.is_kv_consumer
+        self.counters = Counters()
+        self.link = Link.of(settings, layout)
+        #: requests seen, by id: ``None`` for one served without the cache
+        self._requests: dict[str, _Tracked | None] = {}
+        self._last_report = 0.0
+        self._reported: dict[str, Any] = {}
+        self._saved_total = 0
+        self.link.start()
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if request.request_id not in self._requests:
+            # one lookup per request: vLLM may ask again while the request waits
+            self._requests[request.request_id] = self._lookup(request)
+        tracked = self._requests[request.request_id]
+        if tracked is None or not self.consumer:
+            return 0, False
+        local = num_computed_tokens // self.layout.block_size
+        # the engine computes at least the prompt's last token itself
+        loadable = (request.num_prompt_tokens - 1) // self.layout.block_size
+        hit = local
+        while hit < min(loadable, len(tracked.present)) and tracked.present[hit]:
+            hit += 1
+        tracked.local_blocks = local
+        tracked.hit_blocks = hit - local
+        return max(0, hit * self.layout.block_size - num_computed_tokens), False
+
+    def _lookup(self, request: Request) -> _Tracked | None:
+        seed = request_seed(request, self.model, self.layout)
+        if seed is None:
+            self.counters.add(uncacheable=1)
+            return None
+        blocks = request.num_prompt_tokens // self.layout.block_size
+        hashes = chain(seed, request.prompt_token_ids, self.layout.block_size, blocks)
+        tracked = _Tracked(hashes=hashes, present=[False] * blocks)
+        if not blocks:
+            return tracked
+        store = self.link.get()
+        if store is None:
+            self.counters.add(skipped=1)
+            return tracked
+        keys = [
+            block_key(self.layout.namespace(self.model, rank), h) for h in hashes for rank in range(self.layout.tp_size)
+        ]
+        try:
+            found = [
+                f
+                for at in range(0, len(keys), KEYS_PER_CALL)
+                for f in store.batch_is_exist(keys[at : at + KEYS_PER_CALL])
+            ]
+        except StoreError as e:
+            self.link.failed(e, "a lookup")
+            self.counters.add(lookup_failures=1)
+            return tracked
+        per_block = self.layout.tp_size
+        tracked.present = [all(found[i * per_block : (i + 1) * per_block]) for i in range(blocks)]
+        self.counters.add(lookups=1, lookup_blocks=blocks)
+        return tracked
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        tracked = self._requests.get(request.request_id)
+        if tracked is None:
+            return
+        if num_external_tokens > 0:
+            n = num_external_tokens // self.layout.block_size
+            tracked.load = (tracked.local_blocks, n)
+            self.counters.add(hit_blocks=n)
+        else:
+            tracked.load = None
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVCacheStoreMetadata:
+        meta = KVCacheStoreMetadata()
+        for new in scheduler_output.scheduled_new_reqs:
+            tracked = self._requests.get(new.req_id)
+            if tracked is None:
+                continue
+            tracked.block_ids = list(new.block_ids[0])
+            computed = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
+            self._plan(meta, new.req_id, tracked, computed)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            tracked = self._requests.get(req_id)
+            if tracked is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                # preempted and resumed: these are all of its blocks now (a load planned at its
+                # new lookup goes into them)
+                tracked.block_ids = list(new_ids[0]) if new_ids else []
+            elif new_ids:
+                tracked.block_ids.extend(new_ids[0])
+            computed = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
+            self._plan(meta, req_id, tracked, computed)
+        self._skip_zeroing(scheduler_output, meta)
+        return meta
+
+    @staticmethod
+    def _skip_zeroing(scheduler_output: SchedulerOutput, meta: KVCacheStoreMetadata) -> None:
+        """vLLM zeroes every newly allocated block before the step; a block this step loads is
+        overwritten whole before anything reads it (or, if its load fails, zeroed by the worker
+        before vLLM recomputes it), so zeroing it first is a write of the block for nothing.
+        vLLM lets a connector that loads synchronously take such blocks off the list."""
+        zero = getattr(scheduler_output, "new_block_ids_to_zero", None)
+        if not zero or not meta.loads:
+            return
+        loaded = {b for t in meta.loads for b in t.block_ids}
+        zero[:] = [b for b in zero if b not in loaded]
+
+    def _plan(self, meta: KVCacheStoreMetadata, req_id: str, tracked: _Tracked, computed: int) -> None:
+        if tracked.load is not None:
+            first, n = tracked.load
+            tracked.load = None
+            ids = tracked.block_ids[first : first + n]
+            if len(ids) == n:
+                meta.loads.append(Transfer(req_id, tracked.hashes[first : first + n], ids))
+            tracked.saved_upto = max(tracked.saved_upto, first + n)
+        if not self.producer:
+            return
+        done = min(computed // self.layout.block_size, len(tracked.hashes), len(tracked.block_ids))
+        if done <= tracked.saved_upto:
+            return
+        todo = [i for i in range(tracked.saved_upto, done) if not tracked.present[i]]
+        tracked.saved_upto = done
+        if todo:
+            meta.saves.append(Transfer(req_id, [tracked.hashes[i] for i in todo], [tracked.block_ids[i] for i in todo]))
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        stats = getattr(connector_output, "kv_connector_stats", None)
+        if stats is not None and getattr(stats, "data", None):
+            self._saved_total += int(stats.data.get("saved_blocks", 0))
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._requests.pop(request.request_id, None)
+        self._report()
+        return False, None
+
+    def _report(self) -> None:
+        if not self.settings.report:
+            return
+        now = time.monotonic()
+        if now - self._last_report < self.settings.report_interval_s:
+            return
+        self._last_report = now
+        t = self.counters.total
+        blocks, hits = t["lookup_blocks"], t["hit_blocks"]
+        line = {
+            "event": "cache",
+            "engine": "vllm",
+            "blocks": blocks,
+            "hits": hits,
+            "stored": self._saved_total,
+            "hit_rate": round(hits / blocks, 4) if blocks else 0.0,
+            "lookup_failures": t["lookup_failures"],
+        }
+        if line != self._reported:
+            self._reported = line
+            sys.stdout.write(json.dumps(line) + "\n")
+            sys.stdout.flush()
