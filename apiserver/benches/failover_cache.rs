@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use kvcache_store::client::Client;
 use kvcache_store::proto::HealthRequest;
-use live::{KUBECTL, client_endpoint, kubectl, leaders, manifest, scope, start, until};
+use live::{client_endpoint, kubectl, kubectl_bin, leaders, manifest, scope, start, until};
 
 /// Kills per configuration (`FAILOVER_ROUNDS` to change it).
 fn kills() -> usize {
@@ -113,7 +113,7 @@ fn engine(dir: &Path, front: &str) -> anyhow::Result<Lines> {
 
 /// The Binding's QuotaGranted condition, a line per change.
 fn granted_watch(dir: &Path) -> anyhow::Result<Lines> {
-    let mut cmd = Command::new(KUBECTL);
+    let mut cmd = Command::new(kubectl_bin());
     cmd.env("KUBECONFIG", dir.join("kubeconfig"))
         .args(["get", "kvcachepoolbinding", "team-a", "-n", "team-a", "-w", "-o"])
         .arg("jsonpath={range .status.conditions[?(@.type==\"QuotaGranted\")]}{.status} {.reason}{\"\\n\"}{end}")

@@ -24,18 +24,13 @@ pub use etcd::EtcdProcess as Etcd;
 #[allow(unused_imports)]
 pub use kvcache_apiserver::runtime::local::loopback_port;
 
+#[path = "../support/kubectl.rs"]
+mod which_kubectl;
+/// Where kubectl of a release is: built by scripts/build-kubectl, else the Google Cloud SDK's.
+pub use which_kubectl::kubectl_path;
+
 /// The kubectl versions every core scenario runs against.
 pub const VERSIONS: &[&str] = &["1.27", "1.30", "1.33"];
-
-pub fn kubectl_path(version: &str) -> PathBuf {
-    let path = PathBuf::from(format!("/usr/lib/google-cloud-sdk/bin/kubectl.{version}"));
-    assert!(
-        path.exists(),
-        "{} is missing: these tests drive real kubectl {version}; install the Google Cloud SDK kubectl components (kubectl.1.27 ... kubectl.1.33)",
-        path.display()
-    );
-    path
-}
 
 /// The server process; killed when dropped (before its etcd, if it has one).
 pub struct Server {

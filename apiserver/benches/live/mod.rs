@@ -10,7 +10,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-pub const KUBECTL: &str = "/usr/lib/google-cloud-sdk/bin/kubectl.1.33";
+#[path = "../../../tests/support/kubectl.rs"]
+mod which_kubectl;
+
+/// The kubectl the live benchmarks drive: 1.33, built by scripts/build-kubectl (or the SDK's).
+pub fn kubectl_bin() -> PathBuf {
+    which_kubectl::kubectl_path("1.33")
+}
 
 pub struct Server {
     pub child: Child,
@@ -42,7 +48,7 @@ pub fn manifest(file: &str) -> PathBuf {
 }
 
 pub fn kubectl(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(KUBECTL)
+    let out = Command::new(kubectl_bin())
         .env("KUBECONFIG", dir.join("kubeconfig"))
         .arg("--cache-dir")
         .arg(dir.join("kubectl-cache"))
