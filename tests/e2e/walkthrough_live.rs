@@ -9,13 +9,11 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use support::walkthrough::*;
 use support::{Kubectl, Server, eventually};
 
 const KUBECTL: &str = "1.33";
-const REQUEUE: Duration = Duration::from_secs(2);
 
 fn server() -> Server {
     Server::start_with(&["--requeue-interval", "2s"])
@@ -33,6 +31,21 @@ fn status_writes(s: &Server) -> u64 {
     assert!(
         !samples.is_empty(),
         "/metrics serves no kvcache_controller_status_writes_total sample"
+    );
+    samples.iter().sum()
+}
+
+/// Reconcile passes of every kind so far.
+fn reconciles(s: &Server) -> u64 {
+    let body = s.get_body("/metrics", &[]);
+    let samples: Vec<u64> = body
+        .lines()
+        .filter(|l| l.starts_with("kvcache_controller_reconcile_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .collect();
+    assert!(
+        !samples.is_empty(),
+        "/metrics serves no kvcache_controller_reconcile_total sample"
     );
     samples.iter().sum()
 }
@@ -148,23 +161,28 @@ fn the_walkthrough_runs_on_one_machine() {
         },
     );
 
-    // Settled: once the engines are idle, three requeue intervals pass without a status write.
+    // Settled: once the engines are idle, the controllers pass over every object three times
+    // more (requeues and watches) without a status write. Counted in passes, not waited in time.
     // The counter moved while the walkthrough assembled: it counts the writes it is meant to.
-    let mut last = status_writes(&s);
+    let mut mark = (status_writes(&s), reconciles(&s));
     assert!(
-        last > 0,
+        mark.0 > 0,
         "the controllers wrote every status above, and the counter shows none"
     );
-    eventually(90, "the walkthrough settles", || {
-        std::thread::sleep(REQUEUE * 2);
-        let now = status_writes(&s);
-        let settled = now == last;
-        last = now;
-        settled.then_some(())
+    let objects = k
+        .ok(&["get", "kvcb,kvcp,kvcpb,md", "-A", "--no-headers"])
+        .lines()
+        .count() as u64;
+    assert!(objects >= 4, "the walkthrough's objects: {objects}");
+    eventually(90, "three passes over every object write no status", || {
+        let now = (status_writes(&s), reconciles(&s));
+        if now.0 != mark.0 {
+            // a write: the passes count again from here
+            mark = now;
+            return None;
+        }
+        (now.1 >= mark.1 + 3 * objects).then_some(())
     });
-    let before = status_writes(&s);
-    std::thread::sleep(REQUEUE * 3 + Duration::from_millis(500));
-    assert_eq!(status_writes(&s), before, "a settled walkthrough wrote status");
 
     // SIGKILL one member: MembersMounted names its node and the capacity halves, then both return.
     let port = leader_port(&k);

@@ -506,9 +506,15 @@ mod tests {
         let mut spec = sh("sleep 30", dir.path().join("h.log"));
         spec.health = Some(url);
         let s = Supervised::start(spec, Duration::from_secs(1), Hooks::default());
-        tokio::time::sleep(HEALTH_PERIOD * 2).await;
-        assert!(!s.state().ready, "nothing answers yet: not ready");
+        // the first probe gets no answer; the second comes only once the first was judged
+        let (unanswered, _) = listener.accept().await.unwrap();
+        drop(unanswered);
+        let (mut second, _) = listener.accept().await.unwrap();
+        assert!(!s.state().ready, "nothing answered yet: not ready");
         let server = tokio::spawn(async move {
+            let mut buf = [0u8; 256];
+            let _ = tokio::io::AsyncReadExt::read(&mut second, &mut buf).await;
+            let _ = second.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
             loop {
                 let (mut c, _) = listener.accept().await.unwrap();
                 let mut buf = [0u8; 256];
