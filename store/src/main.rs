@@ -243,151 +243,174 @@ fn status(s: tonic::Status) -> StoreError {
 
 async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
     match command {
-        Command::Leader(cfg) => {
-            let leader = Leader::new(cfg.clone())?;
-            let listeners = LeaderListeners::bind(&cfg).await?;
-            let a = listeners.addrs();
-            let cancel = stop_on_signal(exit_with_stdin)?;
-            announce(
-                serde_json::json!({"event": "listening", "role": "leader", "grpc": a.grpc.to_string(),
-                "fast": a.fast.map(|m| m.to_string()), "metrics": a.metrics.map(|m| m.to_string())}),
-            );
-            let l = leader.clone();
-            announce_readiness("leader", leader.readiness().subscribe(), move || Some(l.epoch()));
-            leader.serve(listeners, Registry::default(), cancel).await?;
-            Ok(())
-        }
-        Command::Member(cfg) => {
-            let member = Member::bind(cfg).await?;
-            let a = member.addrs();
-            let cancel = stop_on_signal(exit_with_stdin)?;
-            announce(
-                serde_json::json!({"event": "listening", "role": "member", "grpc": a.grpc.to_string(),
-                "data": a.data.to_string(), "metrics": a.metrics.map(|m| m.to_string()),
-                "local": member.local_socket()}),
-            );
-            announce_readiness("member", member.readiness().subscribe(), || None);
-            member.serve(Registry::default(), cancel).await?;
-            Ok(())
-        }
-        Command::Bench(args) => {
-            let mut client = Client::connect_tls(&args.leader, args.scope(), args.tls.client()?)
-                .await?
-                .with_spin(args.spin);
-            if !args.same_host {
-                client = client.without_local();
-            }
-            if let Some(t) = bench::ensure_tenant(&client, &args).await?
-                && args.register_tenant.is_none()
-            {
-                eprintln!(
-                    "kv-store bench: tenant {:?} was not in the leader's ledger; registered it with a ceiling of {} \
-                     (block size {}, dtype {})",
-                    t.name,
-                    format_size(t.ceiling),
-                    t.block_size,
-                    t.dtype
-                );
-            }
-            bench::run(&client, &args.config(), |line| {
-                if let Ok(s) = serde_json::to_string(line) {
-                    println!("{s}");
-                }
-            })
-            .await?;
-            Ok(())
-        }
-        Command::TlsBound(args) => {
-            let rows = tokio::task::spawn_blocking(move || kvcache_store::tls::bound::run(&args))
-                .await
-                .map_err(|e| anyhow::anyhow!("the measurement stopped: {e}"))??;
-            for r in rows {
-                if let Ok(s) = serde_json::to_string(&r) {
-                    println!("{s}");
-                }
-            }
-            Ok(())
-        }
+        Command::Leader(cfg) => leader(cfg, exit_with_stdin).await,
+        Command::Member(cfg) => member(cfg, exit_with_stdin).await,
+        Command::Bench(args) => bench(args).await,
+        Command::TlsBound(args) => tls_bound(args).await,
         Command::Exec { command } => exec(command, exit_with_stdin).await,
-        Command::EngineSim => {
-            let cfg = SimConfig::from_env(|k| std::env::var(k).ok())?;
-            let cancel = stop_on_signal(exit_with_stdin)?;
-            let client = match &cfg.leader {
-                Some(leader) => {
-                    let tls = DialFlags::from_env(|k| std::env::var(k).ok())
-                        .client_from_env()
-                        .map_err(anyhow::Error::msg)?;
-                    Some(Client::connect_tls(leader, cfg.scope.clone(), tls).await?)
-                }
-                None => None,
-            };
-            let ready = Arc::new(AtomicBool::new(false));
-            if let Some(addr) = &cfg.listen {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("KVSTORE_LISTEN {addr}: {e}"))?;
-                let (ready, cancel) = (ready.clone(), cancel.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = engine_sim::serve_health(listener, ready, cancel).await {
-                        tracing::error!("the health endpoint stopped: {e}");
-                    }
-                });
-            }
-            let mut round = 0;
-            loop {
-                let report = engine_sim::round(client.as_ref(), &cfg, round).await?;
-                println!("{}", serde_json::to_string(&report)?);
-                ready.store(true, Ordering::Relaxed);
-                round += 1;
-                if cfg.rounds != 0 && round >= cfg.rounds {
-                    if cfg.idle_after {
-                        cancel.cancelled().await;
-                    }
-                    return Ok(());
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(cfg.pause) => {}
-                    () = cancel.cancelled() => return Ok(()),
-                }
-            }
-        }
+        Command::EngineSim => engine_sim(exit_with_stdin).await,
         Command::Tenants {
             leader,
             set,
             control_token_file,
             tls,
-        } => {
-            let token = match &control_token_file {
-                Some(p) => {
-                    Some(kvcache_store::auth::read_token(p).map_err(|e| anyhow::anyhow!("--control-token-file: {e}"))?)
-                }
-                None => None,
-            };
-            let client = Client::connect_tls(&leader, Scope::default(), tls.client()?).await?;
-            let mut control = client.control();
-            if !set.is_empty() {
-                control
-                    .set_tenants(kvcache_store::auth::request(
-                        SetTenantsRequest {
-                            tenants: set,
-                            ..Default::default()
-                        },
-                        token.as_deref(),
-                    )?)
-                    .await
-                    .map_err(status)?;
-            }
-            let read = kvcache_store::auth::request(GetTenantsRequest {}, token.as_deref())?;
-            let t = control.get_tenants(read).await.map_err(status)?.into_inner();
-            for t in t.tenants {
-                println!(
-                    "{}",
-                    serde_json::json!({"name": t.name, "ceiling": t.ceiling, "grant": t.grant, "used": t.used,
-                        "objects": t.objects, "block_size": t.block_size, "dtype": t.dtype,
-                        "credentials": t.credentials, "puts": t.puts, "hits": t.hits, "misses": t.misses})
-                );
-            }
-            Ok(())
+        } => tenants(&leader, set, control_token_file.as_deref(), &tls).await,
+    }
+}
+
+/// `kv-store leader`: serves until a stop signal, announcing its ports and readiness.
+async fn leader(cfg: LeaderConfig, exit_with_stdin: bool) -> Result<()> {
+    let leader = Leader::new(cfg.clone())?;
+    let listeners = LeaderListeners::bind(&cfg).await?;
+    let a = listeners.addrs();
+    let cancel = stop_on_signal(exit_with_stdin)?;
+    announce(
+        serde_json::json!({"event": "listening", "role": "leader", "grpc": a.grpc.to_string(),
+        "fast": a.fast.map(|m| m.to_string()), "metrics": a.metrics.map(|m| m.to_string())}),
+    );
+    let l = leader.clone();
+    announce_readiness("leader", leader.readiness().subscribe(), move || Some(l.epoch()));
+    leader.serve(listeners, Registry::default(), cancel).await?;
+    Ok(())
+}
+
+/// `kv-store member`: serves its segment until a stop signal, announcing its ports and readiness.
+async fn member(cfg: MemberConfig, exit_with_stdin: bool) -> Result<()> {
+    let member = Member::bind(cfg).await?;
+    let a = member.addrs();
+    let cancel = stop_on_signal(exit_with_stdin)?;
+    announce(
+        serde_json::json!({"event": "listening", "role": "member", "grpc": a.grpc.to_string(),
+        "data": a.data.to_string(), "metrics": a.metrics.map(|m| m.to_string()),
+        "local": member.local_socket()}),
+    );
+    announce_readiness("member", member.readiness().subscribe(), || None);
+    member.serve(Registry::default(), cancel).await?;
+    Ok(())
+}
+
+/// `kv-store bench`: one JSON line per measurement.
+async fn bench(args: BenchArgs) -> Result<()> {
+    let mut client = Client::connect_tls(&args.leader, args.scope(), args.tls.client()?)
+        .await?
+        .with_spin(args.spin);
+    if !args.same_host {
+        client = client.without_local();
+    }
+    if let Some(t) = bench::ensure_tenant(&client, &args).await?
+        && args.register_tenant.is_none()
+    {
+        eprintln!(
+            "kv-store bench: tenant {:?} was not in the leader's ledger; registered it with a ceiling of {} \
+             (block size {}, dtype {})",
+            t.name,
+            format_size(t.ceiling),
+            t.block_size,
+            t.dtype
+        );
+    }
+    bench::run(&client, &args.config(), |line| {
+        if let Ok(s) = serde_json::to_string(line) {
+            println!("{s}");
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// `kv-store tls-bound`: one JSON line per measurement.
+async fn tls_bound(args: kvcache_store::tls::bound::BoundArgs) -> Result<()> {
+    let rows = tokio::task::spawn_blocking(move || kvcache_store::tls::bound::run(&args))
+        .await
+        .map_err(|e| anyhow::anyhow!("the measurement stopped: {e}"))??;
+    for r in rows {
+        if let Ok(s) = serde_json::to_string(&r) {
+            println!("{s}");
         }
     }
+    Ok(())
+}
+
+/// `kv-store engine-sim`: rounds of a simulated engine, one report line each, until its rounds
+/// are done or a stop signal.
+async fn engine_sim(exit_with_stdin: bool) -> Result<()> {
+    let cfg = SimConfig::from_env(|k| std::env::var(k).ok())?;
+    let cancel = stop_on_signal(exit_with_stdin)?;
+    let client = match &cfg.leader {
+        Some(leader) => {
+            let tls = DialFlags::from_env(|k| std::env::var(k).ok())
+                .client_from_env()
+                .map_err(anyhow::Error::msg)?;
+            Some(Client::connect_tls(leader, cfg.scope.clone(), tls).await?)
+        }
+        None => None,
+    };
+    let ready = Arc::new(AtomicBool::new(false));
+    if let Some(addr) = &cfg.listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("KVSTORE_LISTEN {addr}: {e}"))?;
+        let (ready, cancel) = (ready.clone(), cancel.clone());
+        tokio::spawn(async move {
+            if let Err(e) = engine_sim::serve_health(listener, ready, cancel).await {
+                tracing::error!("the health endpoint stopped: {e}");
+            }
+        });
+    }
+    let mut round = 0;
+    loop {
+        let report = engine_sim::round(client.as_ref(), &cfg, round).await?;
+        println!("{}", serde_json::to_string(&report)?);
+        ready.store(true, Ordering::Relaxed);
+        round += 1;
+        if cfg.rounds != 0 && round >= cfg.rounds {
+            if cfg.idle_after {
+                cancel.cancelled().await;
+            }
+            return Ok(());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(cfg.pause) => {}
+            () = cancel.cancelled() => return Ok(()),
+        }
+    }
+}
+
+/// `kv-store tenants`: replaces the ledger when given entries, then prints it, one JSON line per
+/// tenant.
+async fn tenants(
+    leader: &str,
+    set: Vec<TenantEntry>,
+    control_token_file: Option<&std::path::Path>,
+    tls: &DialFlags,
+) -> Result<()> {
+    let token = match control_token_file {
+        Some(p) => Some(kvcache_store::auth::read_token(p).map_err(|e| anyhow::anyhow!("--control-token-file: {e}"))?),
+        None => None,
+    };
+    let client = Client::connect_tls(leader, Scope::default(), tls.client()?).await?;
+    let mut control = client.control();
+    if !set.is_empty() {
+        control
+            .set_tenants(kvcache_store::auth::request(
+                SetTenantsRequest {
+                    tenants: set,
+                    ..Default::default()
+                },
+                token.as_deref(),
+            )?)
+            .await
+            .map_err(status)?;
+    }
+    let read = kvcache_store::auth::request(GetTenantsRequest {}, token.as_deref())?;
+    let t = control.get_tenants(read).await.map_err(status)?.into_inner();
+    for t in t.tenants {
+        println!(
+            "{}",
+            serde_json::json!({"name": t.name, "ceiling": t.ceiling, "grant": t.grant, "used": t.used,
+                "objects": t.objects, "block_size": t.block_size, "dtype": t.dtype,
+                "credentials": t.credentials, "puts": t.puts, "hits": t.hits, "misses": t.misses})
+        );
+    }
+    Ok(())
 }
