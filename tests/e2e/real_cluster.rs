@@ -156,6 +156,47 @@ fn holder(k: &Kubectl) -> Option<(String, u64)> {
 }
 
 /// `name ready restarts` of each Pod `selector` picks in `namespace`, one per line.
+/// On a failure, what the cluster holds: every Pod, the engine Pods described and their logs,
+/// the kinds' objects and the recent Events, so a failed run says why without a rerun.
+struct DumpOnFailure<'a>(&'a Kubectl);
+
+impl Drop for DumpOnFailure<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let k = self.0;
+        for args in [
+            &["get", "pods", "-A", "-o", "wide"][..],
+            &["describe", "pods", "-n", "team-a"],
+            &[
+                "logs",
+                "-n",
+                "team-a",
+                "-l",
+                ENGINE_PODS,
+                "--tail",
+                "40",
+                "--all-containers",
+            ],
+            &["get", "kvcb,kvcp,kvcpb,md", "-A", "-o", "yaml"],
+            &["get", "events", "-A", "--sort-by", ".lastTimestamp"],
+            &[
+                "logs",
+                "-n",
+                NAMESPACE,
+                "-l",
+                "app.kubernetes.io/component=leader",
+                "--tail",
+                "40",
+            ],
+        ] {
+            let r = k.run(args);
+            eprintln!("--- kubectl {}\n{}{}", args.join(" "), r.stdout, r.stderr);
+        }
+    }
+}
+
 fn pods(k: &Kubectl, namespace: &str, selector: &str) -> Vec<(String, bool, u32)> {
     let out = k.run(&[
         "get",
@@ -363,6 +404,7 @@ fn the_walkthrough_on_a_real_single_node_cluster() {
     let tmp = tempfile::tempdir().unwrap();
     let cluster = Cluster::up();
     let k = Kubectl::new("1.33", &cluster.kubeconfig, &tmp.path().join("kubectl-cache"));
+    let _dump = DumpOnFailure(&k);
     // Our images run under containerd, as their non-root user.
     let version = env!("CARGO_PKG_VERSION");
     for (image, bin) in [("kvcache-apiserver", "kv-apiserver"), ("kvcache-store", "kv-store")] {
