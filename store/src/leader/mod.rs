@@ -21,6 +21,7 @@ pub mod grpc;
 pub mod ledger;
 mod members;
 mod metrics;
+mod mounted;
 pub mod notices;
 pub mod objects;
 pub mod placement;

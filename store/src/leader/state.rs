@@ -1,6 +1,6 @@
 //! The leader's whole metadata under one lock: members and their free space, tenants and their
 //! objects. Engine operations (two-phase put, get with lease, exists, remove) live here; the
-//! ledger in `tenants.rs`, mounting in `members.rs`, eviction in `eviction.rs`, read-outs in
+//! ledger in `tenants.rs`, mounting in `members.rs` (a mounted member is `mounted.rs`), eviction in `eviction.rs`, read-outs in
 //! `status.rs`.
 
 use std::collections::{BTreeMap, HashMap};
@@ -10,8 +10,9 @@ use super::LeaderConfig;
 use super::blocks::Removal;
 use super::clients::Use;
 use super::ledger::DEFAULT_TENANT;
+pub use super::mounted::Member;
 use super::objects::{Counters, Object, ObjectState, Tenant};
-use super::placement::{self, SegmentAllocator, aligned};
+use super::placement::{self, aligned};
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::{GetResponse, Location, PutStartResponse, Scope};
 use crate::time::{now_unix_ms, unix_ms_after};
@@ -22,29 +23,6 @@ pub const EVICTION_BATCH: u64 = 256;
 
 /// Longest key accepted.
 pub const MAX_KEY_LEN: usize = 4096;
-
-/// A mounted segment.
-#[derive(Debug)]
-pub struct Member {
-    pub name: String,
-    pub data_addr: String,
-    pub grpc_addr: String,
-    /// the member's same-host socket ("" when it serves none)
-    pub local_addr: String,
-    pub mount_id: u64,
-    /// the member process's random id: a mount under this name from another live process is
-    /// refused (0: a member that sent none)
-    pub instance_id: u64,
-    pub alloc: SegmentAllocator,
-    pub objects: u64,
-    pub last_seen: Instant,
-    /// the seals of values committed and the ranges freed that the member has not been told yet
-    /// (`notices.rs`)
-    pub notices: super::notices::Notices,
-    /// this mount's grant key, derived from the term's (`grant.rs`): every range of it is signed
-    /// with it, and it signs nothing another member accepts
-    pub grant_key: crate::grant::GrantKey,
-}
 
 /// Everything the leader knows.
 #[derive(Debug)]
@@ -75,7 +53,7 @@ pub struct State {
     /// member processes unmounted for falling behind on their notices: their next mount hands over
     /// nothing (`members.rs`)
     pub(super) distrusted: std::collections::HashSet<u64>,
-    /// who may send a request at all, from the ledger's credentials (`tenants.rs`)
+    /// who may send a request at all, from the ledger's credentials (`ledger.rs`)
     pub(super) callers: super::ledger::Callers,
     /// whether this term has the ledger to adopt members' holdings against: multi-tenancy off,
     /// `--tenant`, or a `SetTenants` (`members.rs` holds reports back until then, a while)
