@@ -160,15 +160,15 @@ impl Input<'_> {
 fn call(w: &World, req: http::Request<tonic::body::Body>, member: bool) {
     w.rt.block_on(async {
         let answer = if member {
-            let svc = kvcache_store::member::service::DataService {
+            let svc = kvcache_store::member::grpc::DataService {
                 segment: w.segment.clone(),
                 readiness: kvcache_store::readiness::ReadinessHandle::new(),
             }
             .server(9 << 20);
-            let mut svc = kvcache_store::member::service::GrantFirstLayer(w.segment.clone()).layer(svc);
+            let mut svc = kvcache_store::member::grpc::GrantFirstLayer(w.segment.clone()).layer(svc);
             svc.call(req).await
         } else {
-            let mut svc = kvcache_store::leader::service::fuzzing(w.leader.clone());
+            let mut svc = kvcache_store::leader::grpc::fuzzing(w.leader.clone());
             svc.call(req).await
         };
         let Ok(answer) = answer;
@@ -243,7 +243,7 @@ fuzz_target!(|data: &[u8]| {
         grant.extend_from_slice(tag);
         let value = tonic::metadata::BinaryMetadataValue::from_bytes(&grant);
         let mut meta = tonic::metadata::MetadataMap::new();
-        meta.insert_bin(kvcache_store::member::service::GRANT_METADATA, value);
+        meta.insert_bin(kvcache_store::member::grpc::GRANT_METADATA, value);
         for (k, v) in meta.into_headers().iter() {
             req = req.header(k, v);
         }
