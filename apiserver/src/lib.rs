@@ -56,3 +56,8 @@ pub mod server;
 pub mod status;
 pub mod storage;
 pub mod table;
+
+/// The workspace's one way for a test to wait on a condition.
+#[cfg(test)]
+#[path = "../../tests/support/eventually.rs"]
+pub(crate) mod eventually;

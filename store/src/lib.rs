@@ -43,3 +43,8 @@ pub mod spin;
 pub mod time;
 pub mod tls;
 pub mod wire;
+
+/// The workspace's one way for a test to wait on a condition.
+#[cfg(test)]
+#[path = "../../tests/support/eventually.rs"]
+pub(crate) mod eventually;

@@ -160,14 +160,13 @@ mod tests {
         assert_eq!(after_transfer(Duration::ZERO, 1 << 20), Duration::ZERO);
     }
 
+    /// Polled every millisecond: the window it watches lasts 20 ms.
     async fn wait_for(mut cond: impl FnMut() -> bool) {
-        for _ in 0..2000 {
-            if cond() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        panic!("condition never held");
+        let every = Duration::from_millis(1);
+        crate::eventually::eventually_async_every(Duration::from_secs(2), every, "the condition", || {
+            std::future::ready(cond())
+        })
+        .await
     }
 
     #[tokio::test(flavor = "current_thread")]

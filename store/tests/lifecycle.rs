@@ -8,7 +8,7 @@
 mod common;
 
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -17,14 +17,7 @@ fn terminate(p: &mut Proc, bound: Duration) -> std::process::ExitStatus {
     let pid = p.child.id().to_string();
     let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(sent.success(), "kill -TERM {pid}");
-    let t0 = Instant::now();
-    loop {
-        if let Some(status) = p.exited() {
-            return status;
-        }
-        assert!(t0.elapsed() < bound, "still running {bound:?} after SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::eventually_within(bound, "exited after SIGTERM", || p.exited())
 }
 
 fn refused(addr: &str) -> bool {

@@ -14,9 +14,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::support::{Etcd, Kubectl, loopback_port};
+use super::support::{Etcd, Kubectl, POLL, loopback_port, poll_within};
 
 pub const NAMESPACE: &str = "gpustack-system";
 pub const SERVICE: &str = "kvcache-apiserver";
@@ -211,21 +211,18 @@ impl ControlPlane {
 
     /// Whether kube-apiserver became ready; `false` when it exited.
     fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
+        let ready = poll_within(Duration::from_secs(90), POLL, || {
             if let Ok(Some(_)) = self.apiserver.0.try_wait() {
-                return false;
+                return Some(false);
             }
-            if self.kubectl().run(&["get", "--raw", "/readyz"]).stdout == "ok" {
-                return true;
-            }
-            assert!(
-                Instant::now() < deadline,
+            (self.kubectl().run(&["get", "--raw", "/readyz"]).stdout == "ok").then_some(true)
+        });
+        ready.unwrap_or_else(|| {
+            panic!(
                 "kube-apiserver not ready within 90s:\n{}",
                 self.log("kube-apiserver.log")
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+            )
+        })
     }
 
     /// The tail of one of the harness's logs, for failure messages.
@@ -356,25 +353,25 @@ impl Aggregated {
             certs: certs.to_owned(),
             log,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        let mut answer = (String::new(), String::new());
+        let started = poll_within(Duration::from_secs(30), POLL, || {
             if let Ok(Some(status)) = server.process.0.try_wait() {
                 let text = std::fs::read_to_string(&server.log).unwrap_or_default();
                 if text.contains("Address already in use") || text.contains("address already in use") {
-                    return None;
+                    return Some(false);
                 }
                 panic!("kv-apiserver exited ({status}):\n{text}");
             }
-            let answer = server.curl(&["-s", &server.url("/readyz")]);
-            if answer.0 == "ok" {
-                return Some(server);
-            }
-            assert!(
-                Instant::now() < deadline,
+            answer = server.curl(&["-s", &server.url("/readyz")]);
+            (answer.0 == "ok").then_some(true)
+        });
+        match started {
+            Some(true) => Some(server),
+            Some(false) => None,
+            None => panic!(
                 "kv-apiserver (aggregated) not ready within 30s: /readyz answered {answer:?}; its log:\n{}",
                 std::fs::read_to_string(&server.log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
+            ),
         }
     }
 

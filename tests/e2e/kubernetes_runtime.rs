@@ -7,6 +7,8 @@
 mod cluster;
 mod support;
 
+use std::time::Duration;
+
 use cluster::{ControlPlane, NAMESPACE};
 use serde_json::Value;
 use support::walkthrough::{condition, manifest};
@@ -295,9 +297,9 @@ fn the_store_runs_as_workloads_of_the_cluster() {
     );
     k.ok(&["delete", "kvcpb", "team-a", "-n", "team-a", "--wait=false"]);
     k.ok(&["delete", "kvcp", "shared-dram", "--wait=false"]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
-    loop {
-        let left: Vec<&str> = [
+    // what the runtime made for the backend, still in the cluster
+    let left = || -> Vec<&str> {
+        [
             ("deployment", "mooncake-dram-leader"),
             ("service", "mooncake-dram-leader"),
             ("serviceaccount", "mooncake-dram-leader"),
@@ -321,13 +323,16 @@ fn the_store_runs_as_workloads_of_the_cluster() {
                 })
                 .map(|_| "the backend's keys of a Secret"),
         )
-        .collect();
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not gone within 90s: {left:?}; the Binding: {}; the server's warnings:\n{}",
+        .collect()
+    };
+    if support::poll_within(Duration::from_secs(90), Duration::from_millis(500), || {
+        left().is_empty().then_some(())
+    })
+    .is_none()
+    {
+        panic!(
+            "not gone within 90s: {:?}; the Binding: {}; the server's warnings:\n{}",
+            left(),
             k.run(&["get", "kvcpb", "-A", "-o", "yaml"]).stdout,
             std::fs::read_to_string(&server.log)
                 .unwrap_or_default()
@@ -336,7 +341,6 @@ fn the_store_runs_as_workloads_of_the_cluster() {
                 .collect::<Vec<_>>()
                 .join("\n")
         );
-        std::thread::sleep(std::time::Duration::from_millis(500));
     }
     eventually(60, "the backend is gone", || {
         (!k.run(&["get", "kvcb", "mooncake-dram"]).ok).then_some(())

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 #[path = "../support/eventually.rs"]
 mod wait;
 #[allow(unused_imports)]
-pub use wait::{eventually, eventually_within};
+pub use wait::{POLL, eventually, eventually_within, poll_within};
 
 #[path = "../support/etcd.rs"]
 mod etcd;
@@ -129,20 +129,15 @@ impl Server {
     }
 
     fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
+        poll_within(Duration::from_secs(30), wait::POLL, || {
             if let Ok(Some(_)) = self.child.try_wait() {
-                return false;
+                return Some(false);
             }
-            if self.kubeconfig().exists() {
-                let out = self.curl_anon(&["-s", &self.url("/readyz")]);
-                if String::from_utf8_lossy(&out.stdout) == "ok" {
-                    return true;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
+            let ready = self.kubeconfig().exists()
+                && String::from_utf8_lossy(&self.curl_anon(&["-s", &self.url("/readyz")]).stdout) == "ok";
+            ready.then_some(true)
+        })
+        .unwrap_or(false)
     }
 
     /// The value of the unlabelled metric `name` on `/metrics`.
@@ -165,28 +160,18 @@ impl Server {
     /// Waits until the server has answered `n` watch requests in all. A watch resumes from the
     /// revision of the list before it, so once it is answered no later change can be missed.
     pub fn wait_for_watch_requests(&self, n: u64) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.watch_requests() < n {
-            assert!(
-                Instant::now() < deadline,
-                "the server did not see {n} watch requests within 20s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        eventually(20, &format!("the server saw {n} watch requests"), || {
+            (self.watch_requests() >= n).then_some(())
+        });
     }
 
     /// Sends SIGTERM and waits for the process to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("kv-apiserver did not exit within 20s of SIGTERM");
+        eventually(20, "kv-apiserver exited after SIGTERM", || {
+            self.child.try_wait().ok().flatten()
+        })
     }
 
     /// Whether the process still runs and answers `/readyz`.
@@ -419,14 +404,7 @@ impl Background {
     }
 
     pub fn wait_exit(mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.success();
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("background kubectl did not exit within 30s");
+        eventually(30, "background kubectl exited", || self.child.try_wait().ok().flatten()).success()
     }
 }
 

@@ -52,13 +52,7 @@ fn leads(log: &Log) -> Option<u64> {
 }
 
 async fn until(what: &str, mut f: impl FnMut() -> bool) {
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !f() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{what}"));
+    crate::eventually::eventually_async(Duration::from_secs(10), what, || std::future::ready(f())).await
 }
 
 #[tokio::test]

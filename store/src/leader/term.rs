@@ -163,13 +163,7 @@ mod tests {
     }
 
     async fn until(what: &str, f: impl Fn() -> bool) {
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while !f() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("{what}"));
+        crate::eventually::eventually_async(Duration::from_secs(10), what, || std::future::ready(f())).await
     }
 
     /// A leader serves only in its term, under its epoch, and starts every term empty.

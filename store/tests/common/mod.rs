@@ -158,6 +158,8 @@ pub async fn client(leader: &str, tenant: &str) -> Client {
 
 #[path = "../../../tests/support/eventually.rs"]
 mod wait;
+#[allow(unused_imports)]
+pub use wait::eventually_within;
 
 /// Polls `f` until it holds; panics with `what` after 30 s (a liveness bound, far above what any
 /// of these conditions needs, not a timing assertion).

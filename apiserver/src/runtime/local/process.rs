@@ -446,14 +446,15 @@ mod tests {
     }
 
     async fn until(s: &Supervised, f: impl Fn(&WorkloadState) -> bool) -> WorkloadState {
-        for _ in 0..200 {
+        let mut reached = None;
+        crate::eventually::eventually_async(Duration::from_secs(30), "the awaited workload state", || {
             let st = s.state();
-            if f(&st) {
-                return st;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("state never reached: {:?}", s.state());
+            let done = f(&st);
+            reached = Some(st);
+            std::future::ready(done)
+        })
+        .await;
+        reached.expect("polled at least once")
     }
 
     #[tokio::test]

@@ -403,11 +403,8 @@ async fn all_refused(s: &Arc<Embedded>, tag: &str, ok: fn(&StorageError) -> bool
 }
 
 async fn until_healthy(s: &Embedded) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while s.health().is_err() {
-        assert!(std::time::Instant::now() < deadline, "writing never resumed");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let within = std::time::Duration::from_secs(10);
+    crate::eventually::eventually_async(within, "writing resumed", || std::future::ready(s.health().is_ok())).await
 }
 
 #[tokio::test]
