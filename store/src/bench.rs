@@ -243,93 +243,134 @@ pub async fn run(client: &Client, cfg: &BenchConfig, mut emit: impl FnMut(&Line)
     wait_for_capacity(client).await?;
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let mut lines = Vec::new();
+    let mut record = |line: Line| {
+        emit(&line);
+        lines.push(line);
+    };
     for &size in &cfg.sizes {
-        let ring = ring_slots(cfg, size) as usize;
-        let values: Vec<Bytes> = (0..4).map(|i| pattern(size, size ^ (i + 1))).collect();
-        let key = |slot: usize, round: usize| format!("bench/{run_id}/{size}/{slot}/{round}");
+        let ring = Ring::new(&run_id, size, ring_slots(cfg, size) as usize);
         // warm-up: one pass over the ring, untimed, so segment pages and connections are ready
-        for slot in 0..ring {
-            client.put(&key(slot, 0), values[slot % 4].clone()).await?;
+        for slot in 0..ring.slots {
+            client.put(&ring.key(slot, 0), ring.value(slot)).await?;
         }
-        let mut live: Vec<String> = (0..ring).map(|s| key(s, 0)).collect();
-
-        let mut lat = Vec::with_capacity(cfg.ops);
-        let t0 = Instant::now();
-        for i in 0..cfg.ops {
-            if t0.elapsed() > cfg.max_time {
-                break;
-            }
-            let slot = i % ring;
-            remove_patiently(client, &live[slot]).await?;
-            let k = key(slot, i + 1);
-            let v = values[slot % 4].clone();
-            let start = Instant::now();
-            let outcome = client.put(&k, v).await?;
-            lat.push(start.elapsed());
-            if outcome != PutOutcome::Stored {
-                return Err(StoreError::new(
-                    ErrorCode::Internal,
-                    format!("bench key {k} already existed"),
-                ));
-            }
-            live[slot] = k;
-        }
-        let line = summarize("put", size, &mut lat);
-        emit(&line);
-        lines.push(line);
-
-        let mut lat = Vec::with_capacity(cfg.ops);
-        let mut buf = Vec::new();
-        let t0 = Instant::now();
-        let mut last = 0;
-        for i in 0..cfg.ops {
-            if t0.elapsed() > cfg.max_time {
-                break;
-            }
-            let slot = i % ring;
-            let start = Instant::now();
-            let found = client.get_into(&live[slot], &mut buf).await?;
-            lat.push(start.elapsed());
-            if !found {
-                return Err(StoreError::new(
-                    ErrorCode::Internal,
-                    format!("bench key {} missed", live[slot]),
-                ));
-            }
-            last = slot;
-        }
-        if buf != values[last % 4] {
-            return Err(StoreError::new(
-                ErrorCode::Internal,
-                "a value read back differs from what was written",
-            ));
-        }
-        let line = summarize("get", size, &mut lat);
-        emit(&line);
-        lines.push(line);
-
-        let mut lat = Vec::with_capacity(cfg.ops);
-        let t0 = Instant::now();
-        for i in 0..cfg.ops {
-            if t0.elapsed() > cfg.max_time {
-                break;
-            }
-            let start = Instant::now();
-            let hit = client.exists(&live[i % ring]).await?;
-            lat.push(start.elapsed());
-            if !hit {
-                return Err(StoreError::new(ErrorCode::Internal, "exists missed a key just written"));
-            }
-        }
-        let line = summarize("exists", size, &mut lat);
-        emit(&line);
-        lines.push(line);
+        let mut live: Vec<String> = (0..ring.slots).map(|s| ring.key(s, 0)).collect();
+        record(put_phase(client, cfg, &ring, &mut live).await?);
+        record(get_phase(client, cfg, &ring, &live).await?);
+        record(exists_phase(client, cfg, &ring, &live).await?);
         // leave the space to the next size: leased keys go when their lease ends (or by eviction)
         for k in &live {
             let _ = client.remove(k).await;
         }
     }
     Ok(lines)
+}
+
+/// One size's ring of keys: how many slots, the values written to them, and the keys' names.
+struct Ring<'a> {
+    run_id: &'a str,
+    size: u64,
+    slots: usize,
+    values: Vec<Bytes>,
+}
+
+impl<'a> Ring<'a> {
+    /// A ring of `slots` keys of `size`-byte values for the run `run_id`.
+    fn new(run_id: &'a str, size: u64, slots: usize) -> Self {
+        let values = (0..4).map(|i| pattern(size, size ^ (i + 1))).collect();
+        Self {
+            run_id,
+            size,
+            slots,
+            values,
+        }
+    }
+
+    /// The key written to `slot` in `round` (0: the warm-up).
+    fn key(&self, slot: usize, round: usize) -> String {
+        format!("bench/{}/{}/{slot}/{round}", self.run_id, self.size)
+    }
+
+    /// The value written to `slot`.
+    fn value(&self, slot: usize) -> Bytes {
+        self.values[slot % 4].clone()
+    }
+}
+
+/// Times puts over the ring, each to a slot whose key was removed first (untimed); `live` holds
+/// each slot's current key.
+async fn put_phase(client: &Client, cfg: &BenchConfig, ring: &Ring<'_>, live: &mut [String]) -> Result<Line> {
+    let mut lat = Vec::with_capacity(cfg.ops);
+    let t0 = Instant::now();
+    for i in 0..cfg.ops {
+        if t0.elapsed() > cfg.max_time {
+            break;
+        }
+        let slot = i % ring.slots;
+        remove_patiently(client, &live[slot]).await?;
+        let k = ring.key(slot, i + 1);
+        let v = ring.value(slot);
+        let start = Instant::now();
+        let outcome = client.put(&k, v).await?;
+        lat.push(start.elapsed());
+        if outcome != PutOutcome::Stored {
+            return Err(StoreError::new(
+                ErrorCode::Internal,
+                format!("bench key {k} already existed"),
+            ));
+        }
+        live[slot] = k;
+    }
+    Ok(summarize("put", ring.size, &mut lat))
+}
+
+/// Times gets cycling over the `live` keys, and compares the last value read with what was
+/// written.
+async fn get_phase(client: &Client, cfg: &BenchConfig, ring: &Ring<'_>, live: &[String]) -> Result<Line> {
+    let mut lat = Vec::with_capacity(cfg.ops);
+    let mut buf = Vec::new();
+    let t0 = Instant::now();
+    let mut last = 0;
+    for i in 0..cfg.ops {
+        if t0.elapsed() > cfg.max_time {
+            break;
+        }
+        let slot = i % ring.slots;
+        let start = Instant::now();
+        let found = client.get_into(&live[slot], &mut buf).await?;
+        lat.push(start.elapsed());
+        if !found {
+            return Err(StoreError::new(
+                ErrorCode::Internal,
+                format!("bench key {} missed", live[slot]),
+            ));
+        }
+        last = slot;
+    }
+    if buf != ring.values[last % 4] {
+        return Err(StoreError::new(
+            ErrorCode::Internal,
+            "a value read back differs from what was written",
+        ));
+    }
+    Ok(summarize("get", ring.size, &mut lat))
+}
+
+/// Times exists calls cycling over the `live` keys.
+async fn exists_phase(client: &Client, cfg: &BenchConfig, ring: &Ring<'_>, live: &[String]) -> Result<Line> {
+    let mut lat = Vec::with_capacity(cfg.ops);
+    let t0 = Instant::now();
+    for i in 0..cfg.ops {
+        if t0.elapsed() > cfg.max_time {
+            break;
+        }
+        let start = Instant::now();
+        let hit = client.exists(&live[i % ring.slots]).await?;
+        lat.push(start.elapsed());
+        if !hit {
+            return Err(StoreError::new(ErrorCode::Internal, "exists missed a key just written"));
+        }
+    }
+    Ok(summarize("exists", ring.size, &mut lat))
 }
 
 /// Waits (up to a minute) until some member has mounted, so a bench started beside fresh members

@@ -182,6 +182,22 @@ impl Local {
             .count()
     }
 
+    /// A connection to the socket `name` of `peer`: an idle one, else a new one; `None` (and the
+    /// segment forgotten) when the socket no longer accepts.
+    fn connection(&self, peer: &Mapped, name: &str) -> Option<UnixStream> {
+        let pooled = peer.idle.lock().pop();
+        match pooled {
+            Some(s) => Some(s),
+            None => match connect(name) {
+                Ok(s) => Some(s),
+                Err(_) => {
+                    self.forget(name);
+                    None
+                }
+            },
+        }
+    }
+
     /// Forgets a segment whose socket failed (its member went away): the mapping is dropped once
     /// no transfer uses it, which returns the member's memory to the system.
     fn forget(&self, name: &str) {
@@ -204,35 +220,10 @@ impl Client {
         }
         let write = matches!(bytes, Bytes::From(_) | Bytes::FromParts(_));
         let tag: &[u8] = if write { &loc.tag } else { &[] };
-        let claim = wire::Request {
-            op: if write { Op::ClaimWrite } else { Op::ClaimRead },
-            mount_id: loc.mount_id,
-            offset: loc.offset,
-            len: loc.len,
-            deadline_unix_ms: deadline,
-            epoch: loc.epoch,
-            allocation: loc.allocation,
-            mac: Grant::mac_from(&loc.grant_mac),
-            tag_len: tag.len() as u16,
-        };
+        let claim = claim_request(loc, deadline, write, tag);
         let peer = local.peer(&loc.local_addr, claim, tag).await?;
-        let pooled = peer.idle.lock().pop();
-        let mut s = match pooled {
-            Some(s) => s,
-            None => match connect(&loc.local_addr) {
-                Ok(s) => s,
-                Err(_) => {
-                    local.forget(&loc.local_addr);
-                    return None;
-                }
-            },
-        };
-        let claimed = async {
-            s.write_all(&claim.encode()).await?;
-            s.write_all(tag).await?;
-            read_response(&mut s, self.spin).await
-        };
-        let resp = match claimed.await {
+        let mut s = local.connection(&peer, &loc.local_addr)?;
+        let resp = match ask(&mut s, claim, tag, self.spin).await {
             Ok(r) => r,
             // nothing was copied yet: the member went away, so TCP tells the caller what it can
             Err(_) => {
@@ -249,33 +240,13 @@ impl Client {
                 Err(e) => Err(transport(e)),
             });
         }
-        let copied = match bytes {
-            Bytes::From(src) => peer.map.copy_in(loc.offset, src),
-            Bytes::FromParts(parts) => parts
-                .iter()
-                .try_fold(loc.offset, |at, src| {
-                    peer.map.copy_in(at, src).map(|()| at + src.len() as u64)
-                })
-                .map(drop),
-            Bytes::Into(dst) => peer.map.copy_out(loc.offset, dst),
-            Bytes::IntoParts(parts) => parts
-                .iter_mut()
-                .try_fold(loc.offset, |at, dst| {
-                    peer.map.copy_out(at, dst).map(|()| at + dst.len() as u64)
-                })
-                .map(drop),
-            Bytes::Fresh(out) => peer.map.copy_out_into(loc.offset, loc.len, out),
-        };
+        let copied = peer.copy(loc, bytes);
         let release = wire::Request {
             op: Op::Release,
             tag_len: 0,
             ..claim
         };
-        let released = async {
-            s.write_all(&release.encode()).await?;
-            read_response(&mut s, self.spin).await
-        };
-        match released.await {
+        match ask(&mut s, release, &[], self.spin).await {
             Ok(r) if r.ok => {}
             Ok(_) | Err(_) => {
                 local.forget(&loc.local_addr);
@@ -289,6 +260,54 @@ impl Client {
     }
 }
 
+/// The claim of `loc`'s range until `deadline`: a write's (naming its `tag`) or a read's.
+fn claim_request(loc: &Location, deadline: u64, write: bool, tag: &[u8]) -> wire::Request {
+    wire::Request {
+        op: if write { Op::ClaimWrite } else { Op::ClaimRead },
+        mount_id: loc.mount_id,
+        offset: loc.offset,
+        len: loc.len,
+        deadline_unix_ms: deadline,
+        epoch: loc.epoch,
+        allocation: loc.allocation,
+        mac: Grant::mac_from(&loc.grant_mac),
+        tag_len: tag.len() as u16,
+    }
+}
+
+/// Sends `req` and its `tag` (if any) on the socket, and reads the answer's header.
+async fn ask(s: &mut UnixStream, req: wire::Request, tag: &[u8], spin: Duration) -> io::Result<wire::Response> {
+    s.write_all(&req.encode()).await?;
+    if !tag.is_empty() {
+        s.write_all(tag).await?;
+    }
+    read_response(s, spin).await
+}
+
+impl Mapped {
+    /// Copies a transfer's bytes into, or out of, the range `loc` names in the mapped segment.
+    fn copy(&self, loc: &Location, bytes: Bytes<'_, '_>) -> Result<()> {
+        match bytes {
+            Bytes::From(src) => self.map.copy_in(loc.offset, src),
+            Bytes::FromParts(parts) => parts
+                .iter()
+                .try_fold(loc.offset, |at, src| {
+                    self.map.copy_in(at, src).map(|()| at + src.len() as u64)
+                })
+                .map(drop),
+            Bytes::Into(dst) => self.map.copy_out(loc.offset, dst),
+            Bytes::IntoParts(parts) => parts
+                .iter_mut()
+                .try_fold(loc.offset, |at, dst| {
+                    self.map.copy_out(at, dst).map(|()| at + dst.len() as u64)
+                })
+                .map(drop),
+            Bytes::Fresh(out) => self.map.copy_out_into(loc.offset, loc.len, out),
+        }
+    }
+}
+
+/// Returns a connection to `peer`'s idle pool, unless the pool is full.
 fn give_back(peer: &Mapped, s: UnixStream) {
     let mut idle = peer.idle.lock();
     if idle.len() < POOL_PER_MEMBER {

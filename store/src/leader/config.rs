@@ -235,6 +235,15 @@ impl LeaderConfig {
 
     /// Every check beyond the flags' syntax, each saying what to do.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_election()?;
+        self.validate_limits()?;
+        self.validate_default_layout()?;
+        self.validate_tenants()
+    }
+
+    /// Checks the election flags: `--election kubernetes` needs a Lease and sane timings, and
+    /// without it its flags have no use.
+    fn validate_election(&self) -> Result<(), ConfigError> {
         match self.election {
             Election::Kubernetes => {
                 let lease = self.election_lease.as_deref().ok_or_else(|| {
@@ -257,6 +266,11 @@ impl LeaderConfig {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Checks the eviction shares, the largest value and the TTLs and intervals.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
         flags::share(
             "high-watermark",
             self.high_watermark,
@@ -280,6 +294,11 @@ impl LeaderConfig {
                 "must be longer than 0 (it is not a flag; set it in code)",
             ));
         }
+        Ok(())
+    }
+
+    /// Checks the default layout: a block size above 0 and a dtype, given together or not at all.
+    fn validate_default_layout(&self) -> Result<(), ConfigError> {
         if self.default_block_size == Some(0) {
             return Err(ConfigError::new("default-block-size", "must be greater than 0 tokens"));
         }
@@ -295,23 +314,29 @@ impl LeaderConfig {
                 "give --default-block-size and --default-dtype together, or neither",
             ));
         }
-        if !self.tenants.is_empty() {
-            if !self.multi_tenancy {
-                return Err(ConfigError::new(
-                    "tenant",
-                    "with --multi-tenancy=false there is no ledger; drop --tenant or turn multi-tenancy on",
-                ));
-            }
-            ledger::validate(&self.tenants, &[]).map_err(|e| ConfigError::new("tenant", e.message))?;
-            if let Some(t) = self.tenants.iter().find(|t| t.name.contains('=')) {
-                return Err(ConfigError::new(
-                    "tenant",
-                    format!(
-                        "tenant name {:?} contains '=', which NAME=CEILING:BLOCK_SIZE:DTYPE cannot carry; rename it",
-                        t.name
-                    ),
-                ));
-            }
+        Ok(())
+    }
+
+    /// Checks `--tenant`: only with multi-tenancy, a valid ledger, and names its syntax can carry.
+    fn validate_tenants(&self) -> Result<(), ConfigError> {
+        if self.tenants.is_empty() {
+            return Ok(());
+        }
+        if !self.multi_tenancy {
+            return Err(ConfigError::new(
+                "tenant",
+                "with --multi-tenancy=false there is no ledger; drop --tenant or turn multi-tenancy on",
+            ));
+        }
+        ledger::validate(&self.tenants, &[]).map_err(|e| ConfigError::new("tenant", e.message))?;
+        if let Some(t) = self.tenants.iter().find(|t| t.name.contains('=')) {
+            return Err(ConfigError::new(
+                "tenant",
+                format!(
+                    "tenant name {:?} contains '=', which NAME=CEILING:BLOCK_SIZE:DTYPE cannot carry; rename it",
+                    t.name
+                ),
+            ));
         }
         Ok(())
     }

@@ -15,12 +15,27 @@ pub struct Layout {
     pub dtype: String,
 }
 
-/// Checks a whole ledger before it replaces the current one.
 /// Longest tenant name, dtype or uid a ledger may carry (every value's tag holds them).
 pub const MAX_NAME_LEN: usize = 253;
 
+/// Checks a whole ledger before it replaces the current one.
 pub fn validate(entries: &[TenantEntry], pools: &[PoolEntry]) -> Result<()> {
-    let bad = |msg: String| Err(StoreError::new(ErrorCode::InvalidTenantLedger, msg));
+    let pool_names = validate_pools(pools)?;
+    let mut seen = std::collections::HashSet::new();
+    for (i, e) in entries.iter().enumerate() {
+        validate_tenant_name(i, e, &mut seen)?;
+        validate_tenant_entry(i, e, &pool_names)?;
+    }
+    Ok(())
+}
+
+/// The refusal of an invalid ledger, saying what is wrong and what to do.
+fn bad<T>(msg: String) -> Result<T> {
+    Err(StoreError::new(ErrorCode::InvalidTenantLedger, msg))
+}
+
+/// Checks the pools (each named once, with a total that fits) and returns their names.
+fn validate_pools(pools: &[PoolEntry]) -> Result<std::collections::HashSet<&str>> {
     let mut pool_names = std::collections::HashSet::new();
     for (i, p) in pools.iter().enumerate() {
         if p.name.is_empty() {
@@ -39,69 +54,78 @@ pub fn validate(entries: &[TenantEntry], pools: &[PoolEntry]) -> Result<()> {
             ));
         }
     }
-    let mut seen = std::collections::HashSet::new();
-    for (i, e) in entries.iter().enumerate() {
-        if e.name.is_empty() {
-            return bad(format!("tenants[{i}].name is empty; name every tenant"));
-        }
-        if e.name.starts_with('_') {
-            return bad(format!(
-                "tenants[{i}].name {:?} starts with '_', which is reserved; rename it",
-                e.name
-            ));
-        }
-        if e.name.chars().any(char::is_control) {
-            return bad(format!(
-                "tenants[{i}].name {:?} contains a control character; remove it",
-                e.name
-            ));
-        }
-        if !seen.insert(e.name.as_str()) {
-            return bad(format!(
-                "tenants[{i}].name {:?} is listed twice; list each tenant once",
-                e.name
-            ));
-        }
-        if e.ceiling == 0 || e.ceiling > i64::MAX as u64 {
-            return bad(format!(
-                "tenants[{i}] ({}) ceiling must be between 1 and 2^63-1 bytes",
-                e.name
-            ));
-        }
-        if e.block_size == 0 {
-            return bad(format!("tenants[{i}] ({}) block_size must be greater than 0", e.name));
-        }
-        if e.dtype.is_empty() {
-            return bad(format!(
-                "tenants[{i}] ({}) dtype is empty; give the dtype its blocks are written in",
-                e.name
-            ));
-        }
-        if e.name.len() > MAX_NAME_LEN || e.dtype.len() > MAX_NAME_LEN || e.uid.len() > MAX_NAME_LEN {
-            return bad(format!(
-                "tenants[{i}] ({}): a name, dtype or uid is longer than {MAX_NAME_LEN} bytes",
-                e.name
-            ));
-        }
-        if e.uid.chars().any(char::is_control) {
-            return bad(format!(
-                "tenants[{i}] ({}) uid contains a control character; send the Binding's UID",
-                e.name
-            ));
-        }
-        if !e.pool.is_empty() && !pool_names.contains(e.pool.as_str()) {
-            return bad(format!(
-                "tenants[{i}] ({}) names the pool {:?}, which the request does not list; list it in pools with its total",
-                e.name, e.pool
-            ));
-        }
-        if let Some(j) = e.credential_sha256.iter().position(|h| h.len() != 32) {
-            return bad(format!(
-                "tenants[{i}] ({}) credential_sha256[{j}] is {} bytes; send the 32-byte SHA-256 of the credential",
-                e.name,
-                e.credential_sha256[j].len()
-            ));
-        }
+    Ok(pool_names)
+}
+
+/// Checks tenant `i`'s name: given, not reserved, printable, and not one of the names `seen`
+/// before it (to which it is added).
+fn validate_tenant_name<'a>(i: usize, e: &'a TenantEntry, seen: &mut std::collections::HashSet<&'a str>) -> Result<()> {
+    if e.name.is_empty() {
+        return bad(format!("tenants[{i}].name is empty; name every tenant"));
+    }
+    if e.name.starts_with('_') {
+        return bad(format!(
+            "tenants[{i}].name {:?} starts with '_', which is reserved; rename it",
+            e.name
+        ));
+    }
+    if e.name.chars().any(char::is_control) {
+        return bad(format!(
+            "tenants[{i}].name {:?} contains a control character; remove it",
+            e.name
+        ));
+    }
+    if !seen.insert(e.name.as_str()) {
+        return bad(format!(
+            "tenants[{i}].name {:?} is listed twice; list each tenant once",
+            e.name
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the rest of tenant `i`'s entry: its ceiling, layout, uid, pool (one of `pool_names`)
+/// and credential hashes.
+fn validate_tenant_entry(i: usize, e: &TenantEntry, pool_names: &std::collections::HashSet<&str>) -> Result<()> {
+    if e.ceiling == 0 || e.ceiling > i64::MAX as u64 {
+        return bad(format!(
+            "tenants[{i}] ({}) ceiling must be between 1 and 2^63-1 bytes",
+            e.name
+        ));
+    }
+    if e.block_size == 0 {
+        return bad(format!("tenants[{i}] ({}) block_size must be greater than 0", e.name));
+    }
+    if e.dtype.is_empty() {
+        return bad(format!(
+            "tenants[{i}] ({}) dtype is empty; give the dtype its blocks are written in",
+            e.name
+        ));
+    }
+    if e.name.len() > MAX_NAME_LEN || e.dtype.len() > MAX_NAME_LEN || e.uid.len() > MAX_NAME_LEN {
+        return bad(format!(
+            "tenants[{i}] ({}): a name, dtype or uid is longer than {MAX_NAME_LEN} bytes",
+            e.name
+        ));
+    }
+    if e.uid.chars().any(char::is_control) {
+        return bad(format!(
+            "tenants[{i}] ({}) uid contains a control character; send the Binding's UID",
+            e.name
+        ));
+    }
+    if !e.pool.is_empty() && !pool_names.contains(e.pool.as_str()) {
+        return bad(format!(
+            "tenants[{i}] ({}) names the pool {:?}, which the request does not list; list it in pools with its total",
+            e.name, e.pool
+        ));
+    }
+    if let Some(j) = e.credential_sha256.iter().position(|h| h.len() != 32) {
+        return bad(format!(
+            "tenants[{i}] ({}) credential_sha256[{j}] is {} bytes; send the 32-byte SHA-256 of the credential",
+            e.name,
+            e.credential_sha256[j].len()
+        ));
     }
     Ok(())
 }

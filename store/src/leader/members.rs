@@ -23,82 +23,17 @@ impl State {
     /// and adopted again from its report. Another process may take a name only once the holder
     /// has been silent past the member TTL.
     pub fn mount(&mut self, req: &MountRequest, now: Instant) -> Result<MountResponse> {
-        if req.name.is_empty() || req.data_addr.is_empty() || req.grpc_addr.is_empty() {
-            return Err(StoreError::new(
-                ErrorCode::InvalidArgument,
-                "a mount needs the member's name, data_addr and grpc_addr",
-            ));
-        }
-        if req.capacity == 0 {
-            return Err(StoreError::new(
-                ErrorCode::InvalidArgument,
-                "a member with capacity 0 has nothing to mount",
-            ));
-        }
-        // every value takes at least one aligned placement, so no segment holds more
-        let most = req.capacity / super::placement::ALIGN;
-        if req.holdings.len() as u64 > most {
-            return Err(StoreError::new(
-                ErrorCode::InvalidArgument,
-                format!(
-                    "this mount reports {} holdings, and a {}-byte segment holds at most {most} values",
-                    req.holdings.len(),
-                    req.capacity
-                ),
-            ));
-        }
+        check_mount_request(req)?;
         self.check_ledger_for(&req.holdings, now)?;
         // a process unmounted for falling behind on what it was told hands over nothing: its
         // report may hold values this leader freed
         let trusted = !self.distrusted.remove(&req.instance_id);
-        let ttl = self.cfg.member_ttl;
-        let same_name = self.members.iter().filter(|(_, m)| m.name == req.name);
-        let mut old = Vec::new();
-        for (id, m) in same_name {
-            let silent = now.saturating_duration_since(m.last_seen);
-            let same_process = req.instance_id != 0 && m.instance_id == req.instance_id;
-            if !same_process && silent <= ttl {
-                tracing::warn!(name = %req.name, holder = %m.data_addr, "mount refused: the name is held by a live member");
-                return Err(StoreError::new(
-                    ErrorCode::MemberNameTaken,
-                    format!(
-                        "member name {:?} is held by another live member (data address {}, last heartbeat {} ms \
-                         ago); give each member on a host its own --name (it defaults to the host name)",
-                        req.name,
-                        m.data_addr,
-                        silent.as_millis()
-                    ),
-                ));
-            }
-            old.push(*id);
-        }
-        for id in old {
-            self.unmount(id);
-        }
+        self.take_name(req, now)?;
         let id = self.next_member_id;
         self.next_member_id += 1;
-        let taken = self.members.values().any(|m| m.mount_id == req.mount_id);
-        let mount_id = if req.mount_id != 0 && !taken {
-            req.mount_id
-        } else {
-            uuid::Uuid::new_v4().as_u64_pair().0 | 1
-        };
-        self.members.insert(
-            id,
-            Member {
-                name: req.name.clone(),
-                data_addr: req.data_addr.clone(),
-                grpc_addr: req.grpc_addr.clone(),
-                local_addr: req.local_addr.clone(),
-                mount_id,
-                instance_id: req.instance_id,
-                alloc: SegmentAllocator::new(req.capacity),
-                objects: 0,
-                last_seen: now,
-                notices: Default::default(),
-                grant_key: self.grant_key.for_mount(mount_id),
-            },
-        );
+        let mount_id = self.mount_id_for(req.mount_id);
+        let member = new_member(req, mount_id, self.grant_key.for_mount(mount_id), now);
+        self.members.insert(id, member);
         self.recompute_grants();
         let nothing = Vec::new();
         let holdings = if trusted { &req.holdings } else { &nothing };
@@ -128,6 +63,48 @@ impl State {
             epoch: self.epoch,
             grant_key: grant_key.into(),
         })
+    }
+
+    /// Frees `req`'s name for its mount: refuses it while another live process holds it,
+    /// else unmounts every member under it (this process's old mount, or a holder silent past
+    /// the member TTL).
+    fn take_name(&mut self, req: &MountRequest, now: Instant) -> Result<()> {
+        let ttl = self.cfg.member_ttl;
+        let same_name = self.members.iter().filter(|(_, m)| m.name == req.name);
+        let mut old = Vec::new();
+        for (id, m) in same_name {
+            let silent = now.saturating_duration_since(m.last_seen);
+            let same_process = req.instance_id != 0 && m.instance_id == req.instance_id;
+            if !same_process && silent <= ttl {
+                tracing::warn!(name = %req.name, holder = %m.data_addr, "mount refused: the name is held by a live member");
+                return Err(StoreError::new(
+                    ErrorCode::MemberNameTaken,
+                    format!(
+                        "member name {:?} is held by another live member (data address {}, last heartbeat {} ms \
+                         ago); give each member on a host its own --name (it defaults to the host name)",
+                        req.name,
+                        m.data_addr,
+                        silent.as_millis()
+                    ),
+                ));
+            }
+            old.push(*id);
+        }
+        for id in old {
+            self.unmount(id);
+        }
+        Ok(())
+    }
+
+    /// The mount id a new mount gets: the member's choice, unless it is 0 or another mount has
+    /// it, then a fresh random one.
+    fn mount_id_for(&self, asked: u64) -> u64 {
+        let taken = self.members.values().any(|m| m.mount_id == asked);
+        if asked != 0 && !taken {
+            asked
+        } else {
+            uuid::Uuid::new_v4().as_u64_pair().0 | 1
+        }
     }
 
     /// Records a heartbeat (and how far the member applied its notices); `false` means the leader
@@ -254,5 +231,52 @@ impl State {
             t.log.removed(epoch, readable, super::blocks::Removal::Member);
         }
         self.recompute_grants();
+    }
+}
+
+/// Refuses a mount that lacks the member's name or addresses, mounts nothing, or reports more
+/// holdings than its segment can hold.
+fn check_mount_request(req: &MountRequest) -> Result<()> {
+    if req.name.is_empty() || req.data_addr.is_empty() || req.grpc_addr.is_empty() {
+        return Err(StoreError::new(
+            ErrorCode::InvalidArgument,
+            "a mount needs the member's name, data_addr and grpc_addr",
+        ));
+    }
+    if req.capacity == 0 {
+        return Err(StoreError::new(
+            ErrorCode::InvalidArgument,
+            "a member with capacity 0 has nothing to mount",
+        ));
+    }
+    // every value takes at least one aligned placement, so no segment holds more
+    let most = req.capacity / super::placement::ALIGN;
+    if req.holdings.len() as u64 > most {
+        return Err(StoreError::new(
+            ErrorCode::InvalidArgument,
+            format!(
+                "this mount reports {} holdings, and a {}-byte segment holds at most {most} values",
+                req.holdings.len(),
+                req.capacity
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A freshly mounted member of `req`, under `mount_id`, holding nothing yet.
+fn new_member(req: &MountRequest, mount_id: u64, grant_key: crate::grant::GrantKey, now: Instant) -> Member {
+    Member {
+        name: req.name.clone(),
+        data_addr: req.data_addr.clone(),
+        grpc_addr: req.grpc_addr.clone(),
+        local_addr: req.local_addr.clone(),
+        mount_id,
+        instance_id: req.instance_id,
+        alloc: SegmentAllocator::new(req.capacity),
+        objects: 0,
+        last_seen: now,
+        notices: Default::default(),
+        grant_key,
     }
 }

@@ -3,7 +3,7 @@
 //! Bytes never pass through it.
 //!
 //! Map: `config` (the flags, [`LeaderConfig`]), `serve` (binding, serving until cancelled,
-//! housekeeping), `state` (the lock-protected tables and engine operations), `calls` (each
+//! housekeeping), `state` (the lock-protected tables and engine operations), `put` (the two-phase put), `calls` (each
 //! `Store` call, shared by both faces), `service` (the gRPC faces), `front` (what a gRPC call shows before its body is read), `fastport` (the framed
 //! metadata port), `ledger` (tenant validation, grants), `tenants` (the ledger applied),
 //! `status` (read-outs), `adoption` (a new term takes over what its members hold), `blocks` (KV events: `WatchBlocks`), `objects` (per-value and per-tenant records), `clients` (each caller's counters), `placement` (free space,
@@ -25,6 +25,7 @@ mod mounted;
 pub mod notices;
 pub mod objects;
 pub mod placement;
+mod put;
 mod serve;
 pub mod state;
 mod status;

@@ -89,27 +89,16 @@ enum Claim<'a> {
     Read(ReadRange<'a>),
 }
 
+/// Serves one connection's requests in turn until it closes, fails, or holds a claim past its
+/// deadline.
 async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &HotWindow) -> io::Result<()> {
     let mut head = [0u8; REQUEST_LEN];
     let mut claim = Claim::None;
     // when the held claim must be given up
     let mut until: Option<tokio::time::Instant> = None;
     loop {
-        let read = s.read_exact(&mut head);
-        let got = match until {
-            Some(t) => match tokio::time::timeout_at(t, read).await {
-                Ok(r) => r,
-                Err(_) => {
-                    tracing::warn!("a same-host client held a claim past its deadline; closing its connection");
-                    return Ok(());
-                }
-            },
-            None => read.await,
-        };
-        match got {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
+        if !read_head(&mut s, &mut head, until).await? {
+            return Ok(());
         }
         hot.touch();
         let req = match Request::decode(&head) {
@@ -117,23 +106,12 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
             Err(e) => return refuse(&mut s, &e).await,
         };
         // a write's tag follows its header (a map may show a write grant too)
-        if usize::from(req.tag_len) > crate::grant::MAX_TAG_LEN {
-            let e = StoreError::new(
-                ErrorCode::InvalidArgument,
-                format!("a tag is at most {} bytes", crate::grant::MAX_TAG_LEN),
-            );
+        if let Err(e) = check_tag_len(&req) {
             return refuse(&mut s, &e).await;
         }
         let mut tag = vec![0u8; usize::from(req.tag_len)];
         s.read_exact(&mut tag).await?;
-        let grant = Grant {
-            mount_id: req.mount_id,
-            epoch: req.epoch,
-            offset: req.offset,
-            allocation: req.allocation,
-            deadline_unix_ms: req.deadline_unix_ms,
-            mac: req.mac,
-        };
+        let grant = grant_of(&req);
         let answer = match req.op {
             // Only a caller the serving leader granted a range of this mount may map it.
             Op::Map => match segment.check_map(&grant, req.len, &tag).await {
@@ -163,25 +141,7 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
             }
             Op::Release => {
                 until = None;
-                match std::mem::replace(&mut claim, Claim::None) {
-                    Claim::Write(r) => {
-                        let len = r.len();
-                        r.finish();
-                        segment.wrote(len);
-                        segment
-                            .counters
-                            .local_writes
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Claim::Read(r) => {
-                        segment.read(r.len());
-                        segment
-                            .counters
-                            .local_reads
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Claim::None => {}
-                }
+                release(std::mem::replace(&mut claim, Claim::None), segment);
                 Ok(())
             }
             Op::Write | Op::Read => Err(StoreError::new(
@@ -197,6 +157,79 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
     }
 }
 
+/// Reads the next request header into `head`, waiting no later than `until` while a claim is
+/// held; `false` when the connection is done (closed by the client, or closed here because the
+/// claim outlived its deadline).
+async fn read_head(
+    s: &mut UnixStream,
+    head: &mut [u8; REQUEST_LEN],
+    until: Option<tokio::time::Instant>,
+) -> io::Result<bool> {
+    let read = s.read_exact(head);
+    let got = match until {
+        Some(t) => match tokio::time::timeout_at(t, read).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!("a same-host client held a claim past its deadline; closing its connection");
+                return Ok(false);
+            }
+        },
+        None => read.await,
+    };
+    match got {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Refuses a request whose tag is longer than a tag may be.
+fn check_tag_len(req: &Request) -> Result<(), StoreError> {
+    if usize::from(req.tag_len) > crate::grant::MAX_TAG_LEN {
+        return Err(StoreError::new(
+            ErrorCode::InvalidArgument,
+            format!("a tag is at most {} bytes", crate::grant::MAX_TAG_LEN),
+        ));
+    }
+    Ok(())
+}
+
+/// The leader's grant a request shows.
+fn grant_of(req: &Request) -> Grant {
+    Grant {
+        mount_id: req.mount_id,
+        epoch: req.epoch,
+        offset: req.offset,
+        allocation: req.allocation,
+        deadline_unix_ms: req.deadline_unix_ms,
+        mac: req.mac,
+    }
+}
+
+/// Drops a released claim: a write is finished and counted, a read counted.
+fn release(claim: Claim<'_>, segment: &Segment) {
+    match claim {
+        Claim::Write(r) => {
+            let len = r.len();
+            r.finish();
+            segment.wrote(len);
+            segment
+                .counters
+                .local_writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Claim::Read(r) => {
+            segment.read(r.len());
+            segment
+                .counters
+                .local_reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Claim::None => {}
+    }
+}
+
+/// When a claim of `access` taken under a grant with this deadline must be given up.
 fn claim_deadline(deadline_unix_ms: u64, access: Access) -> tokio::time::Instant {
     let left = Duration::from_millis(deadline_unix_ms.saturating_sub(now_unix_ms()));
     let grace = match access {
@@ -250,6 +283,7 @@ async fn map(s: &UnixStream, segment: &Segment, resident: bool) -> io::Result<()
     Ok(())
 }
 
+/// Answers a refusal: the header, then `e`'s message.
 async fn refuse(s: &mut UnixStream, e: &StoreError) -> io::Result<()> {
     let msg = e.to_string();
     let head = Response {

@@ -79,43 +79,14 @@ impl Member {
     /// the gRPC, data and metrics listeners.
     pub async fn bind(cfg: MemberConfig) -> Result<Self, ServeError> {
         cfg.validate()?;
-        let token = cfg
-            .member_token_file
-            .as_ref()
-            .map(|p| crate::auth::read_token(p))
-            .transpose()
-            .map_err(|e| crate::flags::ConfigError::new("member-token-file", e))?;
+        let token = read_member_token(&cfg)?;
         let tls = Tls {
             server: cfg.tls.server()?,
             client: cfg.dial.client()?,
         };
-        let map = mmap::SharedMap::create(&cfg.shm_dir, cfg.capacity, !cfg.no_prefault).map_err(|e| {
-            StoreError::new(
-                ErrorCode::Internal,
-                format!(
-                    "cannot map a {}-byte segment in {}: {e}; check the directory exists and has room (--shm-dir)",
-                    cfg.capacity,
-                    cfg.shm_dir.display()
-                ),
-            )
-        })?;
-        if cfg.same_host && !map.is_sealed() {
-            return Err(StoreError::new(
-                ErrorCode::Internal,
-                format!(
-                    "--same-host hands the segment's memory to clients on this host, which needs a memfd sealed at its \
-                     size, and this kernel gave a file in {} instead; run without --same-host",
-                    cfg.shm_dir.display()
-                ),
-            )
-            .into());
-        }
-        let segment = Arc::new(Segment::new(map));
+        let segment = Arc::new(Segment::new(map_segment(&cfg)?));
         if !cfg.no_prefault {
-            let s = segment.clone();
-            tokio::task::spawn_blocking(move || s.prefault())
-                .await
-                .map_err(|e| StoreError::new(ErrorCode::Internal, format!("prefaulting the segment failed: {e}")))?;
+            prefault(&segment).await?;
         }
         let grpc = lifecycle::bind("listen", cfg.listen).await?;
         let data = crate::net::data_listener(cfg.data_listen).map_err(|source| ServeError::Bind {
@@ -136,17 +107,10 @@ impl Member {
             },
         };
         let instance_id = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
-        let local = if !cfg.same_host {
-            None
+        let local = if cfg.same_host {
+            Some(bind_same_host(instance_id)?)
         } else {
-            let name = local::socket_name(instance_id);
-            let l = local::bind(&name).map_err(|e| {
-                StoreError::new(
-                    ErrorCode::Internal,
-                    format!("cannot bind the same-host socket {name}: {e}; or run without --same-host"),
-                )
-            })?;
-            Some((l, name))
+            None
         };
         Ok(Self {
             cfg,
@@ -187,22 +151,27 @@ impl Member {
         }
     }
 
-    /// Serves the data port, gRPC and the metrics endpoint, and keeps the segment mounted at the
-    /// leader, until `cancel` fires; then stops them and returns `Ok(())`. Returns an error if
-    /// the leader keeps refusing the mount (another live member holds this member's name). The
-    /// member's metrics are registered on `registry`, which the endpoint serves.
-    pub async fn serve(self, mut registry: Registry, cancel: CancellationToken) -> Result<(), ServeError> {
-        let stop = cancel.child_token();
-        let req = MountRequest {
+    /// The first mount this member asks for: its name, addresses and capacity, holding nothing.
+    fn mount_request(&self) -> MountRequest {
+        MountRequest {
             name: self.cfg.resolved_name(),
             data_addr: self.advertised(self.addrs.data),
             grpc_addr: self.advertised(self.addrs.grpc),
             capacity: self.cfg.capacity,
             mount_id: 0,
             instance_id: self.instance_id,
-            local_addr: self.local.as_ref().map(|(_, n)| n.clone()).unwrap_or_default(),
+            local_addr: self.local_socket().unwrap_or_default(),
             holdings: Vec::new(),
-        };
+        }
+    }
+
+    /// Serves the data port, gRPC and the metrics endpoint, and keeps the segment mounted at the
+    /// leader, until `cancel` fires; then stops them and returns `Ok(())`. Returns an error if
+    /// the leader keeps refusing the mount (another live member holds this member's name). The
+    /// member's metrics are registered on `registry`, which the endpoint serves.
+    pub async fn serve(self, mut registry: Registry, cancel: CancellationToken) -> Result<(), ServeError> {
+        let stop = cancel.child_token();
+        let req = self.mount_request();
         let Self {
             cfg,
             segment,
@@ -216,15 +185,7 @@ impl Member {
             ..
         } = self;
         metrics::register(segment.clone(), readiness.clone(), &mut registry);
-        let endpoint = metrics_listener.map(|l| {
-            Task::spawn(crate::metrics::serve(
-                l,
-                Arc::new(registry),
-                None,
-                readiness.clone(),
-                stop.clone(),
-            ))
-        });
+        let endpoint = metrics_listener.map(|l| spawn_metrics(l, registry, &readiness, &stop));
         tracing::info!(name = %req.name, grpc = %req.grpc_addr, data = %req.data_addr, capacity = cfg.capacity, "member serving");
         let hot = crate::spin::HotWindow::start(cfg.spin);
         let dataport = Task::spawn(dataport::serve(
@@ -243,29 +204,13 @@ impl Member {
                 stop.clone(),
             ))
         });
-        let max = usize::try_from(cfg.max_value_size)
-            .unwrap_or(usize::MAX)
-            .saturating_add(64 * 1024);
-        let svc = grpc::DataService {
-            segment: segment.clone(),
-            readiness: readiness.clone(),
-        }
-        .server(max);
-        let builder = crate::tls::grpc_server(tls.server.as_ref())?;
-        let grpc_server = {
-            let stop = stop.clone();
-            let segment = segment.clone();
-            Task::spawn(async move {
-                let server = builder
-                    .max_concurrent_streams(grpc::MAX_STREAMS)
-                    .layer(grpc::GrantFirstLayer(segment.clone()))
-                    .add_service(svc)
-                    .serve_with_incoming_shutdown(
-                        crate::net::incoming_limited(grpc, crate::net::MAX_GRPC_CONNECTIONS, "member gRPC"),
-                        stop.clone().cancelled_owned(),
-                    );
-                lifecycle::drained(server, &stop, "member gRPC").await
-            })
+        let grpc = spawn_grpc(grpc, &cfg, tls.server.as_ref(), &segment, &readiness, &stop)?;
+        let serving = Serving {
+            grpc,
+            dataport,
+            same_host,
+            hot: hot.clone(),
+            endpoint,
         };
 
         let mounted = tokio::select! {
@@ -285,19 +230,143 @@ impl Member {
         stop.cancel();
         // ranges of this mount are refused from here on
         segment.set_mount(0);
-        let grpc_result = grpc_server.join().await.unwrap_or(Ok(()));
-        dataport.join().await;
-        if let Some(t) = same_host {
+        let grpc_result = serving.join().await;
+        tracing::info!("member stopped");
+        mounted?;
+        grpc_result
+    }
+}
+
+/// Reads the member token (`--member-token-file`), if one is given.
+fn read_member_token(cfg: &MemberConfig) -> Result<Option<String>, crate::flags::ConfigError> {
+    cfg.member_token_file
+        .as_ref()
+        .map(|p| crate::auth::read_token(p))
+        .transpose()
+        .map_err(|e| crate::flags::ConfigError::new("member-token-file", e))
+}
+
+/// Maps the segment's shared memory (`--shm-dir`, `--capacity`); with `--same-host` it must be a
+/// sealed memfd, since clients map it too.
+fn map_segment(cfg: &MemberConfig) -> Result<mmap::SharedMap, ServeError> {
+    let map = mmap::SharedMap::create(&cfg.shm_dir, cfg.capacity, !cfg.no_prefault).map_err(|e| {
+        StoreError::new(
+            ErrorCode::Internal,
+            format!(
+                "cannot map a {}-byte segment in {}: {e}; check the directory exists and has room (--shm-dir)",
+                cfg.capacity,
+                cfg.shm_dir.display()
+            ),
+        )
+    })?;
+    if cfg.same_host && !map.is_sealed() {
+        return Err(StoreError::new(
+            ErrorCode::Internal,
+            format!(
+                "--same-host hands the segment's memory to clients on this host, which needs a memfd sealed at its \
+                 size, and this kernel gave a file in {} instead; run without --same-host",
+                cfg.shm_dir.display()
+            ),
+        )
+        .into());
+    }
+    Ok(map)
+}
+
+/// Touches every page of the segment (off the async threads), so serving never faults one in.
+async fn prefault(segment: &Arc<Segment>) -> Result<(), StoreError> {
+    let s = segment.clone();
+    tokio::task::spawn_blocking(move || s.prefault())
+        .await
+        .map_err(|e| StoreError::new(ErrorCode::Internal, format!("prefaulting the segment failed: {e}")))
+}
+
+/// Binds the same-host socket of this process (`--same-host`), returning it with its name.
+fn bind_same_host(instance_id: u64) -> Result<(tokio::net::UnixListener, String), StoreError> {
+    let name = local::socket_name(instance_id);
+    let l = local::bind(&name).map_err(|e| {
+        StoreError::new(
+            ErrorCode::Internal,
+            format!("cannot bind the same-host socket {name}: {e}; or run without --same-host"),
+        )
+    })?;
+    Ok((l, name))
+}
+
+/// Spawns the metrics endpoint on `listener`, serving `registry` until `stop` fires.
+fn spawn_metrics(
+    listener: TcpListener,
+    registry: Registry,
+    readiness: &ReadinessHandle,
+    stop: &CancellationToken,
+) -> Task<std::io::Result<()>> {
+    Task::spawn(crate::metrics::serve(
+        listener,
+        Arc::new(registry),
+        None,
+        readiness.clone(),
+        stop.clone(),
+    ))
+}
+
+/// Spawns the gRPC `SegmentData` server on `listener` until `stop` fires, taking messages up to
+/// `--max-value-size` plus room for their framing.
+fn spawn_grpc(
+    listener: TcpListener,
+    cfg: &MemberConfig,
+    tls: Option<&crate::tls::ServerTls>,
+    segment: &Arc<Segment>,
+    readiness: &ReadinessHandle,
+    stop: &CancellationToken,
+) -> Result<Task<Result<(), ServeError>>, ServeError> {
+    let max = usize::try_from(cfg.max_value_size)
+        .unwrap_or(usize::MAX)
+        .saturating_add(64 * 1024);
+    let svc = grpc::DataService {
+        segment: segment.clone(),
+        readiness: readiness.clone(),
+    }
+    .server(max);
+    let builder = crate::tls::grpc_server(tls)?;
+    let stop = stop.clone();
+    let segment = segment.clone();
+    Ok(Task::spawn(async move {
+        let server = builder
+            .max_concurrent_streams(grpc::MAX_STREAMS)
+            .layer(grpc::GrantFirstLayer(segment.clone()))
+            .add_service(svc)
+            .serve_with_incoming_shutdown(
+                crate::net::incoming_limited(listener, crate::net::MAX_GRPC_CONNECTIONS, "member gRPC"),
+                stop.clone().cancelled_owned(),
+            );
+        lifecycle::drained(server, &stop, "member gRPC").await
+    }))
+}
+
+/// A serving member's tasks and its polling window, stopped together once its token fired.
+struct Serving {
+    grpc: Task<Result<(), ServeError>>,
+    dataport: Task<()>,
+    same_host: Option<Task<()>>,
+    hot: Arc<crate::spin::HotWindow>,
+    endpoint: Option<Task<std::io::Result<()>>>,
+}
+
+impl Serving {
+    /// Waits for gRPC, the data port and the same-host socket to drain, stops the polling window,
+    /// then waits for the metrics endpoint; returns how gRPC ended.
+    async fn join(self) -> Result<(), ServeError> {
+        let grpc_result = self.grpc.join().await.unwrap_or(Ok(()));
+        self.dataport.join().await;
+        if let Some(t) = self.same_host {
             t.join().await;
         }
-        hot.stop();
-        if let Some(t) = endpoint
+        self.hot.stop();
+        if let Some(t) = self.endpoint
             && let Some(Err(e)) = t.join().await
         {
             tracing::warn!(error = %e, "metrics endpoint failed");
         }
-        tracing::info!("member stopped");
-        mounted?;
         grpc_result
     }
 }

@@ -40,7 +40,7 @@ use crate::election::kube::{KubeLeases, LeaseRef};
 use crate::error::{ErrorCode, StoreError};
 use crate::proto::control_client::ControlClient;
 use crate::proto::membership_client::MembershipClient;
-use crate::proto::{HealthRequest, HeartbeatRequest, MountRequest, MountResponse};
+use crate::proto::{HealthRequest, HeartbeatRequest, HeartbeatResponse, MountRequest, MountResponse};
 use crate::readiness::{Readiness, ReadinessHandle};
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -100,6 +100,7 @@ impl Finder {
     }
 }
 
+/// Connects to the leader at `addr`, within [`CALL_TIMEOUT`].
 async fn connect(addr: &str, tls: Option<&ClientTls>) -> Result<Channel, StoreError> {
     let endpoint = crate::tls::grpc_endpoint(addr, tls).map_err(|e| {
         StoreError::new(
@@ -142,12 +143,7 @@ pub(super) async fn stay_mounted(
     loop {
         segment.set_mount(0);
         readiness.set(Readiness::Starting);
-        let attempt = async {
-            let addr = finder.find().await?;
-            let channel = connect(&addr, tls).await?;
-            Ok::<_, StoreError>((addr, channel))
-        };
-        let (addr, channel) = match attempt.await {
+        let (addr, channel) = match find_leader(&finder, tls).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(%leader, error = %e, "no leader to mount at, retrying");
@@ -159,19 +155,7 @@ pub(super) async fn stay_mounted(
         let mounted = match mount(&mut client, &req, token, segment).await {
             Ok(m) => m,
             Err(e) if e.code == ErrorCode::MemberNameTaken => {
-                let (since, bound) = match refused {
-                    Some(r) => r,
-                    None => *refused.insert((Instant::now(), 2 * member_ttl(&channel).await)),
-                };
-                if since.elapsed() >= bound {
-                    let waited = kvcache_units::format_duration(Duration::from_secs(bound.as_secs().max(1)));
-                    return Err(StoreError::new(
-                        e.code,
-                        format!("{}; gave up after {waited} of refusals", e.message),
-                    ));
-                }
-                let left_ms = bound.saturating_sub(since.elapsed()).as_millis() as u64;
-                tracing::warn!(name = %req.name, error = %e, gives_up_in_ms = left_ms, "mount refused, retrying");
+                name_refused(&mut refused, &channel, &req.name, e).await?;
                 backoff = pause(backoff).await;
                 continue;
             }
@@ -209,6 +193,38 @@ pub(super) async fn stay_mounted(
         )
         .await;
     }
+}
+
+/// Finds the serving leader and connects to it, returning its address and the channel.
+async fn find_leader(finder: &Finder, tls: Option<&ClientTls>) -> Result<(String, Channel), StoreError> {
+    let addr = finder.find().await?;
+    let channel = connect(&addr, tls).await?;
+    Ok((addr, channel))
+}
+
+/// Takes a refusal of this member's name (`MEMBER_NAME_TAKEN`, `e`) into account: `Ok` (with a
+/// warning) while refusals are retried, the refusal once they have gone on for twice the leader's
+/// member TTL since the first, which `refused` records.
+async fn name_refused(
+    refused: &mut Option<(Instant, Duration)>,
+    channel: &Channel,
+    name: &str,
+    e: StoreError,
+) -> Result<(), StoreError> {
+    let (since, bound) = match *refused {
+        Some(r) => r,
+        None => *refused.insert((Instant::now(), 2 * member_ttl(channel).await)),
+    };
+    if since.elapsed() >= bound {
+        let waited = kvcache_units::format_duration(Duration::from_secs(bound.as_secs().max(1)));
+        return Err(StoreError::new(
+            e.code,
+            format!("{}; gave up after {waited} of refusals", e.message),
+        ));
+    }
+    let left_ms = bound.saturating_sub(since.elapsed()).as_millis() as u64;
+    tracing::warn!(%name, error = %e, gives_up_in_ms = left_ms, "mount refused, retrying");
+    Ok(())
 }
 
 /// One mount: adopt a fresh mount id first (the leader may place values here as soon as it
@@ -330,24 +346,11 @@ async fn heartbeat(
         {
             moved = false;
             looked = Instant::now();
-            if let Ok(now) = finder.find().await
-                && now != addr
-            {
-                tracing::warn!(from = %addr, to = %now, "another leader holds the Lease; remounting there");
+            if lease_moved(finder, addr).await {
                 return;
             }
         }
-        let hb = HeartbeatRequest {
-            member_id: mounted.member_id,
-            mount_id: mounted.mount_id,
-            instance_id,
-            wait_ms: interval.as_millis() as u64,
-            applied_through: applied,
-        };
-        let mut hb = tonic::Request::new(hb);
-        if let Some(t) = token {
-            let _ = crate::auth::attach(&mut hb, t);
-        }
+        let hb = heartbeat_request(mounted, instance_id, interval, applied, token);
         let call = client.heartbeat(hb);
         let answered = tokio::select! {
             r = tokio::time::timeout(CALL_TIMEOUT.max(interval) + interval, call) => r,
@@ -364,38 +367,96 @@ async fn heartbeat(
             }
             Ok(Ok(r)) => {
                 failing = false;
-                let r = r.into_inner();
-                // seals first: a value committed and freed since the last answer is not held
-                if !r.sealed_offsets.is_empty() {
-                    segment.seal(mounted.mount_id, &r.sealed_offsets, &r.sealed_allocations, &r.seals);
-                }
-                if !r.freed_offsets.is_empty() {
-                    segment.forget(mounted.mount_id, &r.freed_offsets, &r.freed_allocations);
-                }
-                if r.through > applied {
-                    hot.touch();
-                }
-                applied = applied.max(r.through);
+                applied = apply_notices(segment, mounted.mount_id, r.into_inner(), applied, hot);
             }
             failed => {
                 let why = match failed {
                     Ok(Err(s)) => StoreError::from_status(&s).to_string(),
                     _ => "not answered in time".to_owned(),
                 };
-                // keep trying: a leader that comes back (or takes over at this address)
-                // answers need_remount if it lost the mount
-                if !std::mem::replace(&mut failing, true) {
-                    tracing::warn!(%addr, error = %why, "heartbeat failed; retrying");
-                    let s = segment.clone();
-                    drop(tokio::task::spawn_blocking(move || s.precheck()));
-                }
-                // a fresh connection: the old one may lead to a leader that stopped or hangs
-                if let Ok(c) = connect(addr, tls).await {
-                    client = MembershipClient::new(c);
+                if let Some(c) = heartbeat_failed(addr, tls, &why, &mut failing, segment).await {
+                    client = c;
                 }
             }
         }
     }
+}
+
+/// Whether the Lease now names a leader other than the one at `addr` (then the member remounts
+/// there); a Lease that cannot be read is no move.
+async fn lease_moved(finder: &Finder, addr: &str) -> bool {
+    if let Ok(now) = finder.find().await
+        && now != addr
+    {
+        tracing::warn!(from = %addr, to = %now, "another leader holds the Lease; remounting there");
+        return true;
+    }
+    false
+}
+
+/// The next heartbeat: this mount, how long the leader may hold it, how far the notices were
+/// applied, with the member token.
+fn heartbeat_request(
+    mounted: &MountResponse,
+    instance_id: u64,
+    interval: Duration,
+    applied: u64,
+    token: Option<&str>,
+) -> tonic::Request<HeartbeatRequest> {
+    let hb = HeartbeatRequest {
+        member_id: mounted.member_id,
+        mount_id: mounted.mount_id,
+        instance_id,
+        wait_ms: interval.as_millis() as u64,
+        applied_through: applied,
+    };
+    let mut hb = tonic::Request::new(hb);
+    if let Some(t) = token {
+        let _ = crate::auth::attach(&mut hb, t);
+    }
+    hb
+}
+
+/// Applies a heartbeat answer's notices to the segment (seals, then frees) and returns how far
+/// the notices are now applied; news keeps the polling window open.
+fn apply_notices(
+    segment: &Segment,
+    mount_id: u64,
+    r: HeartbeatResponse,
+    applied: u64,
+    hot: &crate::spin::HotWindow,
+) -> u64 {
+    // seals first: a value committed and freed since the last answer is not held
+    if !r.sealed_offsets.is_empty() {
+        segment.seal(mount_id, &r.sealed_offsets, &r.sealed_allocations, &r.seals);
+    }
+    if !r.freed_offsets.is_empty() {
+        segment.forget(mount_id, &r.freed_offsets, &r.freed_allocations);
+    }
+    if r.through > applied {
+        hot.touch();
+    }
+    applied.max(r.through)
+}
+
+/// After a heartbeat failed (`why`): warns and starts checking what this member holds when the
+/// failures begin, and returns a fresh client if a new connection could be made.
+async fn heartbeat_failed(
+    addr: &str,
+    tls: Option<&ClientTls>,
+    why: &str,
+    failing: &mut bool,
+    segment: &Arc<Segment>,
+) -> Option<MembershipClient<Channel>> {
+    // keep trying: a leader that comes back (or takes over at this address)
+    // answers need_remount if it lost the mount
+    if !std::mem::replace(failing, true) {
+        tracing::warn!(%addr, error = %why, "heartbeat failed; retrying");
+        let s = segment.clone();
+        drop(tokio::task::spawn_blocking(move || s.precheck()));
+    }
+    // a fresh connection: the old one may lead to a leader that stopped or hangs
+    connect(addr, tls).await.ok().map(MembershipClient::new)
 }
 
 /// The leader's member TTL, from its `Health`.
@@ -407,6 +468,7 @@ async fn member_ttl(channel: &Channel) -> Duration {
     }
 }
 
+/// Sleeps `backoff`, and returns the next one (doubled, at most [`MAX_BACKOFF`]).
 async fn pause(backoff: Duration) -> Duration {
     tokio::time::sleep(backoff).await;
     (backoff * 2).min(MAX_BACKOFF)
