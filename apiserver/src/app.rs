@@ -4,7 +4,7 @@
 //! controllers) starts. `serve`, the offline commands and the tests build the application here,
 //! the same way; nothing deeper builds its own.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -150,6 +150,65 @@ pub enum AppError {
 /// How the controllers run, where their workloads run, and where that keeps its secrets.
 type Controllers = (controller::Options, Arc<dyn Runtime>, Arc<dyn Secrets>);
 
+/// Opens the embedded storage under `<data_dir>/storage`, with a watch hub of its own.
+fn open_embedded(
+    data_dir: &Path,
+    watch_history: usize,
+    watch_queue: usize,
+    storage_metrics: &StorageMetrics,
+) -> Result<(Arc<dyn Storage>, Arc<Hub>), AppError> {
+    let hub = Arc::new(Hub::new(watch_history.max(1), watch_queue.max(1)));
+    let dir = data_dir.join("storage");
+    let options = EmbeddedOptions {
+        metrics: storage_metrics.clone(),
+        ..EmbeddedOptions::default()
+    };
+    let storage = Embedded::open_with_hub(&dir, options, hub.clone())
+        .map_err(|source| AppError::Storage { path: dir, source })?;
+    Ok((Arc::new(storage), hub))
+}
+
+/// The controllers' options and the runtime chosen for them, reading `config`.
+fn controllers_of(c: ControllerSetup, config: &crate::config::Live) -> Controllers {
+    let (runtime, secrets): (Arc<dyn Runtime>, Arc<dyn Secrets>) = match c.runtime {
+        RuntimeChoice::Local(mut local) => {
+            local.config = config.clone();
+            let r = Arc::new(LocalRuntime::new(local));
+            (r.clone(), r)
+        }
+        RuntimeChoice::Kubernetes(client, k) => {
+            let r = Arc::new(crate::runtime::kubernetes::KubernetesRuntime::new(
+                client,
+                k,
+                config.clone(),
+            ));
+            (r.clone(), r)
+        }
+    };
+    (c.options, runtime, secrets)
+}
+
+/// Who a request is and what it may do: the cluster's answers in aggregated mode, else our own
+/// client certificates and the static policy.
+fn auth_of(delegated: Option<crate::auth::delegated::Delegated>) -> (Chain, Arc<dyn Authorizer>) {
+    match delegated {
+        Some(delegated) => (delegated.authn, delegated.authz),
+        None => {
+            let authn = Chain::new(vec![
+                Arc::new(X509),
+                Arc::new(InProcess),
+                Arc::new(NoTokens),
+                Arc::new(Anonymous),
+            ]);
+            // The direct-mode policy decides in nanoseconds from the attributes alone; the
+            // decision cache goes in front of authorizers that ask someone else (the
+            // SubjectAccessReviews of aggregated mode).
+            let authz: Arc<dyn Authorizer> = Arc::new(StaticPolicy);
+            (authn, authz)
+        }
+    }
+}
+
 /// The application: storage, registry, the API behind its filters.
 pub struct App {
     pub storage: Arc<dyn Storage>,
@@ -220,37 +279,12 @@ impl App {
             (_, Some(opened)) => opened,
             (StorageChoice::Etcd(_), None) => return Err(AppError::NeedsOpen),
             (StorageChoice::Embedded, None) => {
-                let hub = Arc::new(Hub::new(opts.watch_history.max(1), opts.watch_queue.max(1)));
-                let dir = opts.data_dir.join("storage");
-                let options = EmbeddedOptions {
-                    metrics: storage_metrics.clone(),
-                    ..EmbeddedOptions::default()
-                };
-                let storage = Embedded::open_with_hub(&dir, options, hub.clone())
-                    .map_err(|source| AppError::Storage { path: dir, source })?;
-                (Arc::new(storage), hub)
+                open_embedded(&opts.data_dir, opts.watch_history, opts.watch_queue, &storage_metrics)?
             }
         };
         let election = opts.controllers.as_ref().and_then(|c| c.election.clone());
         let config = crate::config::Live::new(opts.config);
-        let controllers = opts.controllers.map(|c| {
-            let (runtime, secrets): (Arc<dyn Runtime>, Arc<dyn Secrets>) = match c.runtime {
-                RuntimeChoice::Local(mut local) => {
-                    local.config = config.clone();
-                    let r = Arc::new(LocalRuntime::new(local));
-                    (r.clone(), r)
-                }
-                RuntimeChoice::Kubernetes(client, k) => {
-                    let r = Arc::new(crate::runtime::kubernetes::KubernetesRuntime::new(
-                        client,
-                        k,
-                        config.clone(),
-                    ));
-                    (r.clone(), r)
-                }
-            };
-            (c.options, runtime, secrets)
-        });
+        let controllers = opts.controllers.map(|c| controllers_of(c, &config));
         let registry = Arc::new(Registry::new(storage.clone(), Context { config: config.clone() }));
         let (shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
         let api = Arc::new(Api {
@@ -264,22 +298,7 @@ impl App {
             discovery: handlers::discovery::Cache::new(&KINDS),
             openapi: crate::openapi::build(&KINDS.each_ref().map(|k| k.doc)),
         });
-        let (authn, authz) = match opts.delegated {
-            Some(delegated) => (delegated.authn, delegated.authz),
-            None => {
-                let authn = Chain::new(vec![
-                    Arc::new(X509),
-                    Arc::new(InProcess),
-                    Arc::new(NoTokens),
-                    Arc::new(Anonymous),
-                ]);
-                // The direct-mode policy decides in nanoseconds from the attributes alone; the
-                // decision cache goes in front of authorizers that ask someone else (the
-                // SubjectAccessReviews of aggregated mode).
-                let authz: Arc<dyn Authorizer> = Arc::new(StaticPolicy);
-                (authn, authz)
-            }
-        };
+        let (authn, authz) = auth_of(opts.delegated);
         let mut filters = Filters::new(authn, authz, metrics.clone());
         filters.max_reads = opts.max_reads_in_flight.max(1);
         filters.max_writes = opts.max_writes_in_flight.max(1);

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use serde_json::{Value, json};
 
 use crate::plain::{PlainKind, Refusal, invalid, refuse, unavailable};
@@ -90,6 +90,17 @@ fn unknown_field(input: &Value, decoded: &Value, path: &str) -> Option<String> {
 /// `body` as a valid Lease named `name` in `namespace` (the path's; `name` empty on create),
 /// in its stored form without system fields.
 fn decode(namespace: &str, name: &str, body: &Value) -> Result<Value, Refusal> {
+    let (lease, v) = parse_lease(body)?;
+    check_type_meta(body)?;
+    let meta = &lease.metadata;
+    crate::plain::same_namespace(meta.namespace.as_deref(), namespace)?;
+    let name = lease_name(name, meta.name.as_deref().unwrap_or_default())?;
+    validate_spec(&name, lease.spec.unwrap_or_default())?;
+    Ok(stored_form(v, &name, namespace))
+}
+
+/// `body` as a Lease, and that Lease as JSON; refused when `body` has a field a Lease has not.
+fn parse_lease(body: &Value) -> Result<(Lease, Value), Refusal> {
     let lease: Lease = serde_json::from_value(body.clone()).map_err(|e| {
         refuse(
             400,
@@ -97,7 +108,7 @@ fn decode(namespace: &str, name: &str, body: &Value) -> Result<Value, Refusal> {
             format!("the body is not a coordination.k8s.io/v1 Lease: {e}"),
         )
     })?;
-    let mut v = serde_json::to_value(&lease).map_err(|e| refuse(500, "InternalError", e.to_string()))?;
+    let v = serde_json::to_value(&lease).map_err(|e| refuse(500, "InternalError", e.to_string()))?;
     let mut stripped = body.clone();
     if let Some(m) = stripped.as_object_mut() {
         m.remove("apiVersion");
@@ -110,6 +121,11 @@ fn decode(namespace: &str, name: &str, body: &Value) -> Result<Value, Refusal> {
             format!("strict decoding error: unknown field \"{f}\""),
         ));
     }
+    Ok((lease, v))
+}
+
+/// Refuses a body whose `apiVersion` or `kind` is not a Lease's.
+fn check_type_meta(body: &Value) -> Result<(), Refusal> {
     for (field, want) in [("apiVersion", LEASES.api_version), ("kind", LEASES.kind)] {
         if let Some(have) = body.get(field).and_then(Value::as_str)
             && have != want
@@ -121,10 +137,13 @@ fn decode(namespace: &str, name: &str, body: &Value) -> Result<Value, Refusal> {
             ));
         }
     }
-    let meta = &lease.metadata;
-    crate::plain::same_namespace(meta.namespace.as_deref(), namespace)?;
-    let own = meta.name.clone().unwrap_or_default();
-    let name = match (name, own.as_str()) {
+    Ok(())
+}
+
+/// The Lease's name from the path's `name` and the body's `own`: one of them, the same if both,
+/// and a valid name.
+fn lease_name(name: &str, own: &str) -> Result<String, Refusal> {
+    let name = match (name, own) {
         ("", "") => {
             return Err(invalid(
                 "Lease",
@@ -148,11 +167,15 @@ fn decode(namespace: &str, name: &str, body: &Value) -> Result<Value, Refusal> {
     if let Err(e) = validation::dns1123_subdomain(&name) {
         return Err(invalid("Lease", &name, "metadata.name", "FieldValueInvalid", &e));
     }
-    let spec = lease.spec.unwrap_or_default();
+    Ok(name)
+}
+
+/// Refuses a spec whose duration is not positive or whose transitions are negative.
+fn validate_spec(name: &str, spec: LeaseSpec) -> Result<(), Refusal> {
     if spec.lease_duration_seconds.is_some_and(|d| d <= 0) {
         return Err(invalid(
             "Lease",
-            &name,
+            name,
             "spec.leaseDurationSeconds",
             "FieldValueInvalid",
             "must be greater than 0",
@@ -161,12 +184,17 @@ fn decode(namespace: &str, name: &str, body: &Value) -> Result<Value, Refusal> {
     if spec.lease_transitions.is_some_and(|t| t < 0) {
         return Err(invalid(
             "Lease",
-            &name,
+            name,
             "spec.leaseTransitions",
             "FieldValueInvalid",
             "must be greater than or equal to 0",
         ));
     }
+    Ok(())
+}
+
+/// The decoded Lease `v` named `name` in `namespace`, without system fields.
+fn stored_form(mut v: Value, name: &str, namespace: &str) -> Value {
     v["apiVersion"] = json!(LEASES.api_version);
     v["kind"] = json!(LEASES.kind);
     v["metadata"]["name"] = json!(name);
@@ -182,7 +210,7 @@ fn decode(namespace: &str, name: &str, body: &Value) -> Result<Value, Refusal> {
             m.remove(system);
         }
     }
-    Ok(v)
+    v
 }
 
 /// `v` with the system fields of `stored` (or new ones for a create).

@@ -14,7 +14,7 @@ use super::response;
 use crate::negotiate::{self, Shape};
 use crate::plain::{PlainKind, Refusal};
 use crate::request_info::RequestInfo;
-use crate::storage::EventKind;
+use crate::storage::{EventKind, WatchEvent, WatchStream};
 use crate::table;
 
 type Response = axum::response::Response;
@@ -78,7 +78,7 @@ pub async fn list(
 /// older than the history is an in-stream 410 `ERROR`.
 pub async fn watch(api: &Arc<Api>, info: &RequestInfo, kind: &PlainKind, ns: Option<&str>, keep: Keep) -> Response {
     let name = info.resource.as_ref().map(|r| r.name.clone()).unwrap_or_default();
-    let keep = move |v: &Value| keep(v) && (name.is_empty() || v["metadata"]["name"] == name.as_str());
+    let keep: Keep = Arc::new(move |v: &Value| keep(v) && (name.is_empty() || v["metadata"]["name"] == name.as_str()));
     let from = info
         .query
         .get("resourceVersion")
@@ -89,73 +89,27 @@ pub async fn watch(api: &Arc<Api>, info: &RequestInfo, kind: &PlainKind, ns: Opt
         .get("timeoutSeconds")
         .and_then(|v| v.parse::<u64>().ok())
         .map_or(Duration::from_secs(1800), Duration::from_secs);
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(256);
-    let line = |kind: &str, object: &Value| {
-        let mut b = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
-        b.push(b'\n');
-        Bytes::from(b)
-    };
-    let mut initial = Vec::new();
-    let start = if from == 0 {
-        let all: Keep = Arc::new(|_| true);
-        // the pages of one list, read at one revision, from which the watch then goes on
-        let mut after: Option<String> = None;
-        loop {
-            match kind.list(&api.storage, ns, all.clone(), None, after.as_deref()).await {
-                Ok((items, rev, next)) => {
-                    initial.extend(items);
-                    if next.is_none() {
-                        break rev;
-                    }
-                    after = next;
-                }
-                Err(e) => return refused(e),
-            }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
+    let (initial, start) = if from == 0 {
+        match current_state(api, kind, ns).await {
+            Ok(state) => state,
+            Err(r) => return r,
         }
     } else {
-        from
+        (Vec::new(), from)
     };
     match api.storage.watch(&kind.prefix(ns), start).await {
-        Ok(mut stream) => {
-            let mut shutdown = api.shutdown.clone();
+        Ok(stream) => {
+            let lines = Lines {
+                tx,
+                keep,
+                timeout,
+                shutdown: api.shutdown.clone(),
+            };
             let guard = api.metrics.longrunning(info);
             tokio::spawn(async move {
                 let _guard = guard;
-                for v in initial.iter().filter(|v| keep(v)) {
-                    if tx.send(line("ADDED", v)).await.is_err() {
-                        return;
-                    }
-                }
-                let deadline = tokio::time::sleep(timeout);
-                tokio::pin!(deadline);
-                loop {
-                    let ev = tokio::select! {
-                        ev = stream.next() => ev,
-                        () = &mut deadline => return,
-                        _ = shutdown.changed() => return,
-                    };
-                    let Ok(ev) = ev else { return };
-                    let kv = crate::storage::KeyValue {
-                        key: ev.key.clone(),
-                        value: ev.value.clone(),
-                        create_revision: 0,
-                        mod_revision: ev.revision,
-                    };
-                    let Some(v) = crate::plain::with_revision(&kv) else {
-                        continue;
-                    };
-                    if !keep(&v) {
-                        continue;
-                    }
-                    let kind = match (ev.kind, ev.prev_value.is_some()) {
-                        (EventKind::Delete, _) => "DELETED",
-                        (EventKind::Put, true) => "MODIFIED",
-                        (EventKind::Put, false) => "ADDED",
-                    };
-                    if tx.send(line(kind, &v)).await.is_err() {
-                        return;
-                    }
-                }
+                lines.send(initial, stream).await;
             });
         }
         Err(crate::storage::StorageError::Expired { requested, oldest }) => {
@@ -168,6 +122,95 @@ pub async fn watch(api: &Arc<Api>, info: &RequestInfo, kind: &PlainKind, ns: Opt
         }
         Err(e) => return response::error(503, "ServiceUnavailable", e.to_string()),
     }
+    streamed(rx)
+}
+
+/// One line of a watch: `{"type": kind, "object": object}` and a newline.
+fn line(kind: &str, object: &Value) -> Bytes {
+    let mut b = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+    b.push(b'\n');
+    Bytes::from(b)
+}
+
+/// Every object of `kind` in `ns` and the revision they were read at, for a watch from now.
+async fn current_state(api: &Api, kind: &PlainKind, ns: Option<&str>) -> Result<(Vec<Value>, u64), Response> {
+    let mut initial = Vec::new();
+    let all: Keep = Arc::new(|_| true);
+    // the pages of one list, read at one revision, from which the watch then goes on
+    let mut after: Option<String> = None;
+    loop {
+        match kind.list(&api.storage, ns, all.clone(), None, after.as_deref()).await {
+            Ok((items, rev, next)) => {
+                initial.extend(items);
+                if next.is_none() {
+                    return Ok((initial, rev));
+                }
+                after = next;
+            }
+            Err(e) => return Err(refused(e)),
+        }
+    }
+}
+
+/// Where a watch's lines go, which objects they carry, and until when.
+struct Lines {
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+    keep: Keep,
+    timeout: Duration,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Lines {
+    /// Sends `initial` as `ADDED`, then the events of `stream`, until the timeout, shutdown or
+    /// the client going away.
+    async fn send(mut self, initial: Vec<Value>, mut stream: WatchStream) {
+        let keep = &self.keep;
+        for v in initial.iter().filter(|v| keep(v)) {
+            if self.tx.send(line("ADDED", v)).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::sleep(self.timeout);
+        tokio::pin!(deadline);
+        loop {
+            let ev = tokio::select! {
+                ev = stream.next() => ev,
+                () = &mut deadline => return,
+                _ = self.shutdown.changed() => return,
+            };
+            let Ok(ev) = ev else { return };
+            let Some((kind, v)) = event_line(&ev) else {
+                continue;
+            };
+            if !keep(&v) {
+                continue;
+            }
+            if self.tx.send(line(kind, &v)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The watch type and object of a storage event (`None` when it holds no object).
+fn event_line(ev: &WatchEvent) -> Option<(&'static str, Value)> {
+    let kv = crate::storage::KeyValue {
+        key: ev.key.clone(),
+        value: ev.value.clone(),
+        create_revision: 0,
+        mod_revision: ev.revision,
+    };
+    let v = crate::plain::with_revision(&kv)?;
+    let kind = match (ev.kind, ev.prev_value.is_some()) {
+        (EventKind::Delete, _) => "DELETED",
+        (EventKind::Put, true) => "MODIFIED",
+        (EventKind::Put, false) => "ADDED",
+    };
+    Some((kind, v))
+}
+
+/// The response that streams what `rx` receives, as JSON lines.
+fn streamed(mut rx: tokio::sync::mpsc::Receiver<Bytes>) -> Response {
     let stream = futures::stream::poll_fn(move |cx| {
         rx.poll_recv(cx)
             .map(|chunk| chunk.map(Ok::<Bytes, std::convert::Infallible>))

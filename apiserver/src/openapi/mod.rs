@@ -66,80 +66,30 @@ impl Collector {
         if let Value::Object(r) = &mut root {
             r.remove("$schema");
             r.remove("title");
-            let spec_doc = r
-                .get("properties")
-                .and_then(|p| p.get("spec"))
-                .and_then(|s| s.get("$ref"))
-                .and_then(Value::as_str)
-                .and_then(|target| target.rsplit('/').next())
-                .and_then(|name| self.schemas.get(name))
-                .and_then(|s| s.get("description"))
-                .and_then(Value::as_str)
-                .map(|d| format!("{d}\n\n"))
-                .unwrap_or_default();
-            r.insert(
-                "description".into(),
-                Value::String(format!(
-                    "{spec_doc}{} is a {} of {API_VERSION}; see `kubectl explain {}.spec`.",
-                    K::KIND,
-                    if K::SCOPE == kvcache_api::Scope::Namespaced {
-                        "namespaced resource"
-                    } else {
-                        "cluster-scoped resource"
-                    },
-                    K::SHORT_NAMES.first().copied().unwrap_or(K::PLURAL)
-                )),
-            );
+            let spec_doc = self.spec_doc(r);
+            r.insert("description".into(), Value::String(kind_description::<K>(&spec_doc)));
             if let Some(Value::Object(props)) = r.get_mut("properties") {
-                props.insert(
-                    "apiVersion".into(),
-                    json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object: worker.gpustack.ai/v1."}),
-                );
-                props.insert(
-                    "kind".into(),
-                    json!({"type": "string", "description": format!("Kind is the type of this object: {}.", K::KIND)}),
-                );
-                for (field, what) in [
-                    ("spec", format!("The desired state of this {}.", K::KIND)),
-                    (
-                        "status",
-                        format!(
-                            "The observed state of this {}, written by its controller through the status subresource.",
-                            K::KIND
-                        ),
-                    ),
-                ] {
-                    if let Some(Value::Object(p)) = props.get_mut(field) {
-                        let schema = p.remove("$ref").map(|r| json!({"allOf": [{"$ref": r}]}));
-                        if let Some(Value::Object(wrapped)) = schema {
-                            p.extend(wrapped);
-                        }
-                        p.insert("description".into(), Value::String(what));
-                    }
-                }
-                props.insert(
-                    "metadata".into(),
-                    json!({"allOf": [{"$ref": "#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}], "default": {},
-                           "description": "Standard object's metadata."}),
-                );
+                describe_properties::<K>(props);
             }
         }
-        let list = json!({
-            "description": format!("{}List is a list of {}.", K::KIND, K::KIND),
-            "type": "object",
-            "required": ["items"],
-            "properties": {
-                "apiVersion": {"type": "string", "description": "worker.gpustack.ai/v1"},
-                "kind": {"type": "string", "description": format!("{}List", K::KIND)},
-                "items": {"type": "array", "items": {"$ref": format!("#/$defs/{}", schema_name(K::KIND))},
-                          "description": format!("List of {}.", K::PLURAL)},
-                "metadata": {"allOf": [{"$ref": "#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta"}], "default": {},
-                             "description": "Standard list metadata."},
-            },
-            "x-kubernetes-group-version-kind": [{"group": GROUP, "version": VERSION, "kind": format!("{}List", K::KIND)}],
-        });
         self.schemas.insert(schema_name(K::KIND), root);
-        self.schemas.insert(format!("{}List", schema_name(K::KIND)), list);
+        self.schemas
+            .insert(format!("{}List", schema_name(K::KIND)), list_schema::<K>());
+    }
+
+    /// The description of the spec type a kind's schema `root` references, and a blank line;
+    /// empty when it has none.
+    fn spec_doc(&self, root: &Map<String, Value>) -> String {
+        root.get("properties")
+            .and_then(|p| p.get("spec"))
+            .and_then(|s| s.get("$ref"))
+            .and_then(Value::as_str)
+            .and_then(|target| target.rsplit('/').next())
+            .and_then(|name| self.schemas.get(name))
+            .and_then(|s| s.get("description"))
+            .and_then(Value::as_str)
+            .map(|d| format!("{d}\n\n"))
+            .unwrap_or_default()
     }
 
     fn add_meta(&mut self) {
@@ -167,6 +117,75 @@ impl Collector {
     }
 }
 
+/// The description of kind `K`'s schema: its spec's (`spec_doc`), then what it is and how to
+/// explain it.
+fn kind_description<K: Kind>(spec_doc: &str) -> String {
+    format!(
+        "{spec_doc}{} is a {} of {API_VERSION}; see `kubectl explain {}.spec`.",
+        K::KIND,
+        if K::SCOPE == kvcache_api::Scope::Namespaced {
+            "namespaced resource"
+        } else {
+            "cluster-scoped resource"
+        },
+        K::SHORT_NAMES.first().copied().unwrap_or(K::PLURAL)
+    )
+}
+
+/// Describes the top-level properties of kind `K`'s schema: `apiVersion`, `kind`, `spec`,
+/// `status` and `metadata`.
+fn describe_properties<K: Kind>(props: &mut Map<String, Value>) {
+    props.insert(
+        "apiVersion".into(),
+        json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object: worker.gpustack.ai/v1."}),
+    );
+    props.insert(
+        "kind".into(),
+        json!({"type": "string", "description": format!("Kind is the type of this object: {}.", K::KIND)}),
+    );
+    for (field, what) in [
+        ("spec", format!("The desired state of this {}.", K::KIND)),
+        (
+            "status",
+            format!(
+                "The observed state of this {}, written by its controller through the status subresource.",
+                K::KIND
+            ),
+        ),
+    ] {
+        if let Some(Value::Object(p)) = props.get_mut(field) {
+            let schema = p.remove("$ref").map(|r| json!({"allOf": [{"$ref": r}]}));
+            if let Some(Value::Object(wrapped)) = schema {
+                p.extend(wrapped);
+            }
+            p.insert("description".into(), Value::String(what));
+        }
+    }
+    props.insert(
+        "metadata".into(),
+        json!({"allOf": [{"$ref": "#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}], "default": {},
+               "description": "Standard object's metadata."}),
+    );
+}
+
+/// The schema of kind `K`'s list.
+fn list_schema<K: Kind>() -> Value {
+    json!({
+        "description": format!("{}List is a list of {}.", K::KIND, K::KIND),
+        "type": "object",
+        "required": ["items"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "worker.gpustack.ai/v1"},
+            "kind": {"type": "string", "description": format!("{}List", K::KIND)},
+            "items": {"type": "array", "items": {"$ref": format!("#/$defs/{}", schema_name(K::KIND))},
+                      "description": format!("List of {}.", K::PLURAL)},
+            "metadata": {"allOf": [{"$ref": "#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta"}], "default": {},
+                         "description": "Standard list metadata."},
+        },
+        "x-kubernetes-group-version-kind": [{"group": GROUP, "version": VERSION, "kind": format!("{}List", K::KIND)}],
+    })
+}
+
 /// Rewrites a JSON Schema (2020-12, as schemars writes it) into the OpenAPI dialect;
 /// `ref_prefix` is `#/components/schemas/` or `#/definitions/`.
 fn rewrite(schema: &Value, ref_prefix: &str) -> Value {
@@ -176,83 +195,7 @@ fn rewrite(schema: &Value, ref_prefix: &str) -> Value {
     let v2 = ref_prefix == "#/definitions/";
     let mut out = Map::new();
     for (k, v) in m {
-        match k.as_str() {
-            "properties" => {
-                let props = v
-                    .as_object()
-                    .map(|p| {
-                        p.iter()
-                            .map(|(name, s)| (name.clone(), rewrite(s, ref_prefix)))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                out.insert(k.clone(), Value::Object(props));
-            }
-            "$ref" => {
-                let target = v.as_str().unwrap_or_default();
-                let name = target.rsplit('/').next().unwrap_or_default();
-                out.insert(k.clone(), Value::String(format!("{ref_prefix}{name}")));
-            }
-            "type" => match v {
-                Value::Array(types) => {
-                    let non_null: Vec<&Value> = types.iter().filter(|t| t.as_str() != Some("null")).collect();
-                    if let [one] = non_null.as_slice() {
-                        out.insert(k.clone(), (*one).clone());
-                    }
-                }
-                _ => {
-                    out.insert(k.clone(), v.clone());
-                }
-            },
-            "anyOf" | "oneOf" => {
-                let arms: Vec<&Value> = v
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter(|s| s.get("type").and_then(Value::as_str) != Some("null"))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                if let [one] = arms.as_slice() {
-                    let one = rewrite(one, ref_prefix);
-                    if one.get("$ref").is_some() && !v2 {
-                        out.insert("allOf".into(), Value::Array(vec![one]));
-                    } else if let Value::Object(fields) = one {
-                        out.extend(fields);
-                    }
-                } else {
-                    out.insert(
-                        k.clone(),
-                        Value::Array(arms.iter().map(|s| rewrite(s, ref_prefix)).collect()),
-                    );
-                }
-            }
-            "items" | "additionalProperties" => {
-                out.insert(k.clone(), rewrite(v, ref_prefix));
-            }
-            "allOf" => {
-                let arms: Vec<Value> = v
-                    .as_array()
-                    .map(|a| a.iter().map(|s| rewrite(s, ref_prefix)).collect())
-                    .unwrap_or_default();
-                // v2 readers (kubectl explain with openapiv2) follow `$ref` but not `allOf`.
-                match arms.as_slice() {
-                    [one] if v2 && one.as_object().is_some_and(|o| o.len() == 1 && o.contains_key("$ref")) => {
-                        out.insert("$ref".into(), one["$ref"].clone());
-                    }
-                    _ => {
-                        out.insert(k.clone(), Value::Array(arms));
-                    }
-                }
-            }
-            "description" => {
-                out.insert(k.clone(), Value::String(unwrap_lines(v.as_str().unwrap_or_default())));
-            }
-            "$schema" | "$defs" | "title" | "const" => {}
-            _ => {
-                out.insert(k.clone(), v.clone());
-            }
-        }
+        rewrite_keyword(&mut out, k, v, ref_prefix, v2);
     }
     // A `$ref` with siblings (a description) is wrapped in v3, where siblings of `$ref` are
     // ignored; v2 readers keep them side by side, as Kubernetes' own v2 document does.
@@ -266,6 +209,97 @@ fn rewrite(schema: &Value, ref_prefix: &str) -> Value {
         out.insert("x-kubernetes-list-type".into(), Value::String("atomic".into()));
     }
     Value::Object(out)
+}
+
+/// Adds keyword `k` of a schema, with value `v`, to `out` in the OpenAPI dialect (see
+/// [`rewrite`]; `v2` for the v2 document).
+fn rewrite_keyword(out: &mut Map<String, Value>, k: &str, v: &Value, ref_prefix: &str, v2: bool) {
+    match k {
+        "properties" => {
+            let props = v
+                .as_object()
+                .map(|p| {
+                    p.iter()
+                        .map(|(name, s)| (name.clone(), rewrite(s, ref_prefix)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.insert(k.to_owned(), Value::Object(props));
+        }
+        "$ref" => {
+            let target = v.as_str().unwrap_or_default();
+            let name = target.rsplit('/').next().unwrap_or_default();
+            out.insert(k.to_owned(), Value::String(format!("{ref_prefix}{name}")));
+        }
+        "type" => match v {
+            Value::Array(types) => {
+                let non_null: Vec<&Value> = types.iter().filter(|t| t.as_str() != Some("null")).collect();
+                if let [one] = non_null.as_slice() {
+                    out.insert(k.to_owned(), (*one).clone());
+                }
+            }
+            _ => {
+                out.insert(k.to_owned(), v.clone());
+            }
+        },
+        "anyOf" | "oneOf" => rewrite_union(out, k, v, ref_prefix, v2),
+        "items" | "additionalProperties" => {
+            out.insert(k.to_owned(), rewrite(v, ref_prefix));
+        }
+        "allOf" => rewrite_all_of(out, k, v, ref_prefix, v2),
+        "description" => {
+            out.insert(
+                k.to_owned(),
+                Value::String(unwrap_lines(v.as_str().unwrap_or_default())),
+            );
+        }
+        "$schema" | "$defs" | "title" | "const" => {}
+        _ => {
+            out.insert(k.to_owned(), v.clone());
+        }
+    }
+}
+
+/// An `anyOf` or `oneOf` (`k`) into `out`: a nullable union collapses to its one other arm.
+fn rewrite_union(out: &mut Map<String, Value>, k: &str, v: &Value, ref_prefix: &str, v2: bool) {
+    let arms: Vec<&Value> = v
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|s| s.get("type").and_then(Value::as_str) != Some("null"))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let [one] = arms.as_slice() {
+        let one = rewrite(one, ref_prefix);
+        if one.get("$ref").is_some() && !v2 {
+            out.insert("allOf".into(), Value::Array(vec![one]));
+        } else if let Value::Object(fields) = one {
+            out.extend(fields);
+        }
+    } else {
+        out.insert(
+            k.to_owned(),
+            Value::Array(arms.iter().map(|s| rewrite(s, ref_prefix)).collect()),
+        );
+    }
+}
+
+/// An `allOf` (`k`) into `out`, its arms rewritten.
+fn rewrite_all_of(out: &mut Map<String, Value>, k: &str, v: &Value, ref_prefix: &str, v2: bool) {
+    let arms: Vec<Value> = v
+        .as_array()
+        .map(|a| a.iter().map(|s| rewrite(s, ref_prefix)).collect())
+        .unwrap_or_default();
+    // v2 readers (kubectl explain with openapiv2) follow `$ref` but not `allOf`.
+    match arms.as_slice() {
+        [one] if v2 && one.as_object().is_some_and(|o| o.len() == 1 && o.contains_key("$ref")) => {
+            out.insert("$ref".into(), one["$ref"].clone());
+        }
+        _ => {
+            out.insert(k.to_owned(), Value::Array(arms));
+        }
+    }
 }
 
 /// Doc comments are wrapped at the source's line width; kubectl wraps again, so single line

@@ -85,18 +85,56 @@ fn named_schema(name: &str, schema: &Value) -> Writer {
 fn schema_message(schema: &Value) -> Writer {
     let mut w = Writer::default();
     let Value::Object(m) = schema else { return w };
-    let str_field = |w: &mut Writer, key: &str, field: u32| {
-        if let Some(s) = m.get(key).and_then(Value::as_str) {
-            w.string(field, s);
+    // The order the fields are written in is the document's bytes: keep it.
+    annotations(&mut w, m);
+    bounds(&mut w, m);
+    str_field(&mut w, m, "pattern", 13);
+    for r in m.get("required").and_then(Value::as_array).into_iter().flatten() {
+        if let Some(s) = r.as_str() {
+            w.string(19, s);
         }
-    };
-    str_field(&mut w, "$ref", 1);
-    str_field(&mut w, "format", 2);
-    str_field(&mut w, "title", 3);
-    str_field(&mut w, "description", 4);
+    }
+    for e in m.get("enum").and_then(Value::as_array).into_iter().flatten() {
+        w.message(20, any(e));
+    }
+    additional_properties(&mut w, m);
+    type_and_items(&mut w, m);
+    for s in m.get("allOf").and_then(Value::as_array).into_iter().flatten() {
+        w.message(24, schema_message(s));
+    }
+    if let Some(Value::Object(props)) = m.get("properties") {
+        let mut p = Writer::default();
+        for (name, s) in props {
+            p.message(1, named_schema(name, s));
+        }
+        w.message(25, p);
+    }
+    for (k, v) in m.iter().filter(|(k, _)| k.starts_with("x-")) {
+        w.message(31, named_any(k, v));
+    }
+    w
+}
+
+/// Writes string keyword `key` of schema `m`, if it has one, as `field`.
+fn str_field(w: &mut Writer, m: &Map<String, Value>, key: &str, field: u32) {
+    if let Some(s) = m.get(key).and_then(Value::as_str) {
+        w.string(field, s);
+    }
+}
+
+/// Writes `$ref`, `format`, `title`, `description` and `default` (fields 1 to 5).
+fn annotations(w: &mut Writer, m: &Map<String, Value>) {
+    str_field(w, m, "$ref", 1);
+    str_field(w, m, "format", 2);
+    str_field(w, m, "title", 3);
+    str_field(w, m, "description", 4);
     if let Some(d) = m.get("default") {
         w.message(5, any(d));
     }
+}
+
+/// Writes the numeric, boolean and size bounds (and `uniqueItems`, `readOnly`).
+fn bounds(w: &mut Writer, m: &Map<String, Value>) {
     for (key, field) in [("multipleOf", 6), ("maximum", 7), ("minimum", 9)] {
         if let Some(n) = m.get(key).and_then(Value::as_f64) {
             w.double(field, n);
@@ -124,15 +162,10 @@ fn schema_message(schema: &Value) -> Writer {
             w.int64(field, n);
         }
     }
-    str_field(&mut w, "pattern", 13);
-    for r in m.get("required").and_then(Value::as_array).into_iter().flatten() {
-        if let Some(s) = r.as_str() {
-            w.string(19, s);
-        }
-    }
-    for e in m.get("enum").and_then(Value::as_array).into_iter().flatten() {
-        w.message(20, any(e));
-    }
+}
+
+/// Writes `additionalProperties` (field 21): a boolean, or a schema.
+fn additional_properties(w: &mut Writer, m: &Map<String, Value>) {
     match m.get("additionalProperties") {
         Some(Value::Bool(b)) => {
             let mut item = Writer::default();
@@ -146,6 +179,10 @@ fn schema_message(schema: &Value) -> Writer {
         }
         _ => {}
     }
+}
+
+/// Writes `type` (field 22) and `items` (field 23).
+fn type_and_items(w: &mut Writer, m: &Map<String, Value>) {
     if let Some(t) = m.get("type") {
         let mut item = Writer::default();
         match t {
@@ -160,20 +197,6 @@ fn schema_message(schema: &Value) -> Writer {
         item.message(1, schema_message(items));
         w.message(23, item);
     }
-    for s in m.get("allOf").and_then(Value::as_array).into_iter().flatten() {
-        w.message(24, schema_message(s));
-    }
-    if let Some(Value::Object(props)) = m.get("properties") {
-        let mut p = Writer::default();
-        for (name, s) in props {
-            p.message(1, named_schema(name, s));
-        }
-        w.message(25, p);
-    }
-    for (k, v) in m.iter().filter(|(k, _)| k.starts_with("x-")) {
-        w.message(31, named_any(k, v));
-    }
-    w
 }
 
 /// The `Document` for a v2 JSON document.

@@ -215,6 +215,96 @@ fn judge_duplicates<K: Kind>(body: &Parsed, mode: FieldValidation) -> Result<Vec
     Ok(messages)
 }
 
+/// The warnings of what a patch request itself carries (an apply configuration's unknown
+/// fields, keys a body repeats), or its refusal.
+fn request_warnings<K: Kind>(
+    patch: &Patch,
+    name: &str,
+    part: Part,
+    mode: FieldValidation,
+) -> Result<Vec<String>, RegistryError> {
+    Ok(match patch {
+        Patch::Apply(config) => {
+            patch::check_apply_identity::<K>(&config.value, name)?;
+            let config = Parsed {
+                value: drop_status(config.value.clone(), part),
+                duplicates: config.duplicates.clone(),
+            };
+            typed::<K>(name, config, mode)?.1
+        }
+        Patch::Merge(body) => judge_duplicates::<K>(body, mode)?,
+        Patch::Json(_) => Vec::new(),
+    })
+}
+
+/// One attempt of a patch: `current` patched, decoded, and given its fields' owners, with the
+/// decoding's warnings.
+fn patched<K: Kind>(
+    patch: &Patch,
+    current: &Object<K>,
+    name: &str,
+    part: Part,
+    params: &WriteParams,
+) -> Result<(Object<K>, Vec<String>), RegistryError> {
+    let current_value = to_json(current)?;
+    let now = meta::now();
+    let (patched, entries) = match patch {
+        Patch::Json(_) | Patch::Merge(_) => {
+            let v = edited::<K>(patch, &current_value, name)?;
+            let entries = match fieldmanager::explicit_managed_fields(&v, &current_value) {
+                Some(given) => fieldmanager::from_entries(&given),
+                None => fieldmanager::update(
+                    &current_value,
+                    &v,
+                    &fieldmanager::entries_of(current),
+                    &params.manager,
+                    part,
+                    &now,
+                ),
+            };
+            (v, entries)
+        }
+        Patch::Apply(config) => {
+            let a = fieldmanager::apply(
+                &current_value,
+                &config.value,
+                &fieldmanager::entries_of(current),
+                &params.manager,
+                part,
+                params.force,
+                &now,
+            )
+            .map_err(|c| patch::apply_conflict::<K>(name, &c))?;
+            (a.object, a.entries)
+        }
+    };
+    // Unknown fields of an applied configuration were judged before the update
+    // (`request_warnings`).
+    let validation_mode = if matches!(patch, Patch::Apply(_)) {
+        FieldValidation::Ignore
+    } else {
+        params.validation
+    };
+    let (mut new, warnings) = typed_value::<K>(name, drop_status(patched, part), validation_mode)?;
+    if part == Part::Main {
+        new.status = current.status.clone();
+    }
+    new.metadata.managed_fields = Some(fieldmanager::prune(entries, &to_json(&new)?));
+    Ok((new, warnings))
+}
+
+/// `current` with a JSON or merge patch applied, checked for what a patch may not change.
+fn edited<K: Kind>(patch: &Patch, current: &Value, name: &str) -> Result<Value, RegistryError> {
+    let mut v = current.clone();
+    match patch {
+        Patch::Json(ops) => patch::json::<K>(&mut v, ops, name)?,
+        Patch::Merge(body) => json_patch::merge(&mut v, &body.value),
+        Patch::Apply(_) => {}
+    }
+    patch::check_patched::<K>(&v, current, name)?;
+    Ok(v)
+}
+
 /// A kind's registry as a [`Resource`].
 struct Typed<S: Strategy> {
     store: Store<S>,
@@ -352,23 +442,10 @@ impl<S: Strategy> Resource for Typed<S> {
         part: Part,
         params: &WriteParams,
     ) -> Result<Outcome, RegistryError> {
-        let mode = params.validation;
         // What the request itself carries is judged before anything is written: an apply
         // configuration's unknown fields, and keys a body repeats.
-        let mut warnings = match &patch {
-            Patch::Apply(config) => {
-                patch::check_apply_identity::<S::Kind>(&config.value, name)?;
-                let config = Parsed {
-                    value: drop_status(config.value.clone(), part),
-                    duplicates: config.duplicates.clone(),
-                };
-                typed::<S::Kind>(name, config, mode)?.1
-            }
-            Patch::Merge(body) => judge_duplicates::<S::Kind>(body, mode)?,
-            Patch::Json(_) => Vec::new(),
-        };
+        let mut warnings = request_warnings::<S::Kind>(&patch, name, part, params.validation)?;
         let decode_warnings = Mutex::new(Vec::new());
-        let manager = params.manager.clone();
         let result = self
             .store
             .update_with(
@@ -379,57 +456,8 @@ impl<S: Strategy> Resource for Typed<S> {
                 },
                 part,
                 |current| {
-                    let current_value = to_json(current)?;
-                    let now = meta::now();
-                    let (patched, entries) = match &patch {
-                        Patch::Json(_) | Patch::Merge(_) => {
-                            let mut v = current_value.clone();
-                            match &patch {
-                                Patch::Json(ops) => patch::json::<S::Kind>(&mut v, ops, name)?,
-                                Patch::Merge(body) => json_patch::merge(&mut v, &body.value),
-                                Patch::Apply(_) => {}
-                            }
-                            patch::check_patched::<S::Kind>(&v, &current_value, name)?;
-                            let entries = match fieldmanager::explicit_managed_fields(&v, &current_value) {
-                                Some(given) => fieldmanager::from_entries(&given),
-                                None => fieldmanager::update(
-                                    &current_value,
-                                    &v,
-                                    &fieldmanager::entries_of(current),
-                                    &manager,
-                                    part,
-                                    &now,
-                                ),
-                            };
-                            (v, entries)
-                        }
-                        Patch::Apply(config) => {
-                            let a = fieldmanager::apply(
-                                &current_value,
-                                &config.value,
-                                &fieldmanager::entries_of(current),
-                                &manager,
-                                part,
-                                params.force,
-                                &now,
-                            )
-                            .map_err(|c| patch::apply_conflict::<S::Kind>(name, &c))?;
-                            (a.object, a.entries)
-                        }
-                    };
-                    // Unknown fields of an applied configuration were judged above.
-                    let validation_mode = if matches!(patch, Patch::Apply(_)) {
-                        FieldValidation::Ignore
-                    } else {
-                        mode
-                    };
-                    let (mut new, warnings) =
-                        typed_value::<S::Kind>(name, drop_status(patched, part), validation_mode)?;
-                    if part == Part::Main {
-                        new.status = current.status.clone();
-                    }
+                    let (new, warnings) = patched::<S::Kind>(&patch, current, name, part, params)?;
                     *decode_warnings.lock() = warnings;
-                    new.metadata.managed_fields = Some(fieldmanager::prune(entries, &to_json(&new)?));
                     Ok(new)
                 },
             )

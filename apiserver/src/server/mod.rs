@@ -148,19 +148,12 @@ pub async fn serve(
     opts: ServeOptions,
     stop: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let (tls_config, written, _reloader) = match &opts.serving_files {
-        None => {
-            let (pki, written) = prepare_credentials(&opts.data_dir, opts.pki_dir.as_deref(), &opts.listen)?;
-            let config = tls::server_config(&pki.ca.cert_pem, &pki.serving.cert_pem, &pki.serving.key_pem)?;
-            (config, Some(written), None)
-        }
-        Some((cert, key)) => {
-            let serving = tls::ReloadingCert::open(cert, key)?;
-            let reloader = AbortOnDrop(serving.keep_fresh());
-            (tls::delegated_server_config(serving)?, None, Some(reloader))
-        }
-    };
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
+    let TlsSetup {
+        config,
+        written,
+        reloader: _reloader,
+    } = tls_setup(&opts)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let listener = TcpListener::bind(opts.listen)
         .await
         .map_err(|source| ServeError::Listen {
@@ -168,13 +161,69 @@ pub async fn serve(
             source,
         })?;
     app.start();
+    announce(&opts.listen, written.as_ref());
+    let app = Arc::new(app);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    accept_until_stopped(&listener, &acceptor, &app, &graceful, &opts, stop).await;
+    tracing::info!("shutting down: readyz fails, watches end, in-flight requests drain");
+    app.shut_down();
+    drop(listener);
+    if tokio::time::timeout(
+        opts.shutdown_delay.max(Duration::from_secs(1)) * 10,
+        graceful.shutdown(),
+    )
+    .await
+    .is_err()
+    {
+        tracing::warn!("connections still open after the drain timeout; closing them");
+    }
+    app.stop_workloads().await;
+    Ok(())
+}
+
+/// How connections are secured, and what preparing that wrote or keeps running.
+struct TlsSetup {
+    config: Arc<rustls::ServerConfig>,
+    /// The kubeconfig files written (direct mode).
+    written: Option<Written>,
+    /// Reloads the serving files while the server runs (aggregated mode).
+    reloader: Option<AbortOnDrop>,
+}
+
+/// The TLS configuration: from our own PKI (writing the kubeconfig files), or, in aggregated
+/// mode, from the serving files, kept fresh by a task.
+fn tls_setup(opts: &ServeOptions) -> Result<TlsSetup, ServeError> {
+    Ok(match &opts.serving_files {
+        None => {
+            let (pki, written) = prepare_credentials(&opts.data_dir, opts.pki_dir.as_deref(), &opts.listen)?;
+            TlsSetup {
+                config: tls::server_config(&pki.ca.cert_pem, &pki.serving.cert_pem, &pki.serving.key_pem)?,
+                written: Some(written),
+                reloader: None,
+            }
+        }
+        Some((cert, key)) => {
+            let serving = tls::ReloadingCert::open(cert, key)?;
+            let reloader = AbortOnDrop(serving.keep_fresh());
+            TlsSetup {
+                config: tls::delegated_server_config(serving)?,
+                written: None,
+                reloader: Some(reloader),
+            }
+        }
+    })
+}
+
+/// Says on stdout where the server is and how to reach it (the kubeconfig files it wrote, or
+/// kube-apiserver in aggregated mode).
+fn announce(listen: &SocketAddr, written: Option<&Written>) {
     let absolute = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
     match written {
         Some(written) => {
             let (admin, viewer) = (absolute(&written.kubeconfig), absolute(&written.viewer_kubeconfig));
             say(format_args!(
                 "kv-apiserver serving {} ; kubeconfig written to {} (use: export KUBECONFIG={} ; kubectl get kvcb). Read-only: {}",
-                server_url(&opts.listen),
+                server_url(listen),
                 admin.display(),
                 admin.display(),
                 viewer.display()
@@ -182,12 +231,22 @@ pub async fn serve(
         }
         None => say(format_args!(
             "kv-apiserver serving {} in aggregated mode: users and permissions come from the cluster; reach it through kube-apiserver (APIService v1.{})",
-            server_url(&opts.listen),
+            server_url(listen),
             kvcache_api::GROUP
         )),
     }
-    let app = Arc::new(app);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+}
+
+/// Accepts connections, each served on a task of its own, until the shutdown delay after `stop`
+/// has passed.
+async fn accept_until_stopped(
+    listener: &TcpListener,
+    acceptor: &tokio_rustls::TlsAcceptor,
+    app: &Arc<App>,
+    graceful: &hyper_util::server::graceful::GracefulShutdown,
+    opts: &ServeOptions,
+    stop: impl std::future::Future<Output = ()> + Send,
+) {
     tokio::pin!(stop);
     // After the stop signal: keep serving for `shutdown_delay` with /readyz failing, so that
     // load balancers take us out before connections are refused.
@@ -211,56 +270,55 @@ pub async fn serve(
             () = async { if let Some(s) = stopping.as_mut() { s.await } }, if stopping.is_some() => break,
         };
         let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    app.metrics.tls_handshake_error();
-                    tracing::debug!(%remote, "TLS handshake error: {e}");
-                    return;
-                }
-                Err(_) => return,
-            };
-            // The client certificate is fixed for the connection; its user is parsed once.
-            let client = tls.get_ref().1.peer_certificates().map(|c| {
-                Arc::new(ClientCertificate::new(
-                    c.iter().map(|d| d.clone().into_owned()).collect(),
-                ))
-            });
-            let conn_info = ConnectionInfo::Tls { remote, client };
-            let pipeline = app.service();
-            let service = hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(conn_info.clone());
-                pipeline.handle(req)
-            });
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
-            builder.http2().max_header_list_size(MAX_HTTP2_HEADER_LIST_BYTES);
-            let io = TokioIo::new(parse_errors::StatusOnParseError::new(tls));
-            let conn = builder.serve_connection(io, service);
-            if let Err(e) = watcher.watch(conn.into_owned()).await {
-                tracing::debug!(%remote, "connection ended: {e}");
-            }
-        });
+        tokio::spawn(serve_connection(
+            tcp,
+            remote,
+            acceptor.clone(),
+            app.clone(),
+            graceful.watcher(),
+        ));
     }
-    tracing::info!("shutting down: readyz fails, watches end, in-flight requests drain");
-    app.shut_down();
-    drop(listener);
-    if tokio::time::timeout(
-        opts.shutdown_delay.max(Duration::from_secs(1)) * 10,
-        graceful.shutdown(),
-    )
-    .await
-    .is_err()
-    {
-        tracing::warn!("connections still open after the drain timeout; closing them");
+}
+
+/// One connection: the TLS handshake, then HTTP/1.1 or HTTP/2 into the application's pipeline
+/// until it ends or the graceful shutdown closes it.
+async fn serve_connection(
+    tcp: tokio::net::TcpStream,
+    remote: SocketAddr,
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: Arc<App>,
+    watcher: hyper_util::server::graceful::Watcher,
+) {
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            app.metrics.tls_handshake_error();
+            tracing::debug!(%remote, "TLS handshake error: {e}");
+            return;
+        }
+        Err(_) => return,
+    };
+    // The client certificate is fixed for the connection; its user is parsed once.
+    let client = tls.get_ref().1.peer_certificates().map(|c| {
+        Arc::new(ClientCertificate::new(
+            c.iter().map(|d| d.clone().into_owned()).collect(),
+        ))
+    });
+    let conn_info = ConnectionInfo::Tls { remote, client };
+    let pipeline = app.service();
+    let service = hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(conn_info.clone());
+        pipeline.handle(req)
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder.http2().max_header_list_size(MAX_HTTP2_HEADER_LIST_BYTES);
+    let io = TokioIo::new(parse_errors::StatusOnParseError::new(tls));
+    let conn = builder.serve_connection(io, service);
+    if let Err(e) = watcher.watch(conn.into_owned()).await {
+        tracing::debug!(%remote, "connection ended: {e}");
     }
-    app.stop_workloads().await;
-    Ok(())
 }

@@ -190,61 +190,11 @@ fn validate_role(
     ctx: &Context,
     errs: &mut ErrorList,
 ) {
-    let pn = p.child("name");
-    if role.name.is_empty() {
-        errs.required(&pn, "name the role, e.g. server");
-    } else if let Err(e) = validation::dns1123_label(&role.name) {
-        errs.invalid(&pn, &role.name, e);
-    } else {
-        let service = format!("{}-{}", obj.name(), role.name);
-        if validation::dns1035_label(&service).is_err() {
-            errs.invalid(
-                &pn,
-                &role.name,
-                format!("the role's Service {service:?} must be a DNS-1035 label of at most 63 characters; shorten the deployment or role name"),
-            );
-        }
-    }
-    match role.kind {
-        Some(RoleKind::Server) | None => {}
-        Some(k) => errs.not_supported_yet(
-            &p.child("kind"),
-            &format!("the {} role kind (prefill/decode disaggregation)", k.as_str()),
-        ),
-    }
-    let replicas = role.replicas.unwrap_or(1);
-    if !(1..=MAX_REPLICAS).contains(&replicas) {
-        errs.invalid(&p.child("replicas"), replicas, "must be between 1 and 1024");
-    }
-    let size = role.size.unwrap_or(1);
-    if !(1..=MAX_SIZE).contains(&size) {
-        errs.invalid(&p.child("size"), size, "must be between 1 and 64");
-    } else if size > 1 {
-        errs.not_supported_yet(&p.child("size"), "a replica spanning more than one Pod (size > 1)");
-    }
+    validate_role_name(obj, role, p, errs);
+    validate_role_shape(role, p, errs);
     let instance = validate_instance_type(role, p, ctx, errs);
     validate_resources(role, instance.as_ref(), p, errs);
-    if let Some(image) = &role.image
-        && validation::max_len(image, MAX_IMAGE, &p.child("image"), errs)
-        && let Err(e) = validation::image_reference(image)
-    {
-        errs.invalid(&p.child("image"), image, e);
-    }
-    if role.image_pull_secrets.len() > MAX_PULL_SECRETS {
-        errs.too_many(
-            &p.child("imagePullSecrets"),
-            role.image_pull_secrets.len(),
-            MAX_PULL_SECRETS,
-        );
-    }
-    for (i, r) in role.image_pull_secrets.iter().enumerate() {
-        let pi = p.child("imagePullSecrets").index(i).child("name");
-        if r.name.is_empty() {
-            errs.required(&pi, "name the Secret that holds the registry credentials");
-        } else if let Err(e) = validation::dns1123_subdomain(&r.name) {
-            errs.invalid(&pi, &r.name, e);
-        }
-    }
+    validate_image(role, p, errs);
     if role.privileged == Some(true) {
         errs.not_supported_yet(&p.child("privileged"), "a privileged engine container");
     }
@@ -274,6 +224,71 @@ fn validate_role(
     }
     if role.elastic_ep.is_some() {
         errs.not_supported_yet(&p.child("elasticEp"), "elastic expert parallelism");
+    }
+}
+
+/// The role's name: given, a DNS-1123 label, and short enough for the role's Service name.
+fn validate_role_name(obj: &ModelDeployment, role: &Role, p: &Path, errs: &mut ErrorList) {
+    let pn = p.child("name");
+    if role.name.is_empty() {
+        errs.required(&pn, "name the role, e.g. server");
+    } else if let Err(e) = validation::dns1123_label(&role.name) {
+        errs.invalid(&pn, &role.name, e);
+    } else {
+        let service = format!("{}-{}", obj.name(), role.name);
+        if validation::dns1035_label(&service).is_err() {
+            errs.invalid(
+                &pn,
+                &role.name,
+                format!("the role's Service {service:?} must be a DNS-1035 label of at most 63 characters; shorten the deployment or role name"),
+            );
+        }
+    }
+}
+
+/// The role's kind, replicas and size (Pods per replica).
+fn validate_role_shape(role: &Role, p: &Path, errs: &mut ErrorList) {
+    match role.kind {
+        Some(RoleKind::Server) | None => {}
+        Some(k) => errs.not_supported_yet(
+            &p.child("kind"),
+            &format!("the {} role kind (prefill/decode disaggregation)", k.as_str()),
+        ),
+    }
+    let replicas = role.replicas.unwrap_or(1);
+    if !(1..=MAX_REPLICAS).contains(&replicas) {
+        errs.invalid(&p.child("replicas"), replicas, "must be between 1 and 1024");
+    }
+    let size = role.size.unwrap_or(1);
+    if !(1..=MAX_SIZE).contains(&size) {
+        errs.invalid(&p.child("size"), size, "must be between 1 and 64");
+    } else if size > 1 {
+        errs.not_supported_yet(&p.child("size"), "a replica spanning more than one Pod (size > 1)");
+    }
+}
+
+/// The role's image reference and the Secrets it is pulled with.
+fn validate_image(role: &Role, p: &Path, errs: &mut ErrorList) {
+    if let Some(image) = &role.image
+        && validation::max_len(image, MAX_IMAGE, &p.child("image"), errs)
+        && let Err(e) = validation::image_reference(image)
+    {
+        errs.invalid(&p.child("image"), image, e);
+    }
+    if role.image_pull_secrets.len() > MAX_PULL_SECRETS {
+        errs.too_many(
+            &p.child("imagePullSecrets"),
+            role.image_pull_secrets.len(),
+            MAX_PULL_SECRETS,
+        );
+    }
+    for (i, r) in role.image_pull_secrets.iter().enumerate() {
+        let pi = p.child("imagePullSecrets").index(i).child("name");
+        if r.name.is_empty() {
+            errs.required(&pi, "name the Secret that holds the registry credentials");
+        } else if let Err(e) = validation::dns1123_subdomain(&r.name) {
+            errs.invalid(&pi, &r.name, e);
+        }
     }
 }
 
