@@ -9,7 +9,7 @@ use kvcache_api::{Kind, Scope};
 use serde_json::Value;
 
 use super::generic::WriteOptions;
-use super::{Registry, RegistryError, Store, Strategy};
+use super::{KindRegistry, Registry, RegistryError, Strategy};
 use crate::decode::FieldValidation;
 use crate::decode::bounded::Parsed;
 
@@ -27,11 +27,11 @@ pub type Applying<'a> = Pin<Box<dyn Future<Output = Result<(Outcome, Vec<String>
 /// Applies `doc` as an object of `S`'s kind; `namespace` is used when a namespaced object names
 /// none.
 pub fn apply<'a, S: Strategy>(reg: &'a Registry, namespace: &'a str, doc: Parsed, dry_run: bool) -> Applying<'a> {
-    Box::pin(async move { apply_typed(&reg.store::<S>(), namespace, doc, dry_run).await })
+    Box::pin(async move { apply_typed(&reg.for_kind::<S>(), namespace, doc, dry_run).await })
 }
 
 async fn apply_typed<S: Strategy>(
-    store: &Store<S>,
+    registry: &KindRegistry<S>,
     namespace: &str,
     doc: Parsed,
     dry_run: bool,
@@ -53,15 +53,15 @@ async fn apply_typed<S: Strategy>(
         Scope::Cluster => String::new(),
     };
     let opts = WriteOptions { dry_run };
-    let (outcome, written) = match store.get(&ns, &name).await {
-        Err(RegistryError::NotFound { .. }) => (Outcome::Created, store.create(&ns, obj, opts).await?),
+    let (outcome, written) = match registry.get(&ns, &name).await {
+        Err(RegistryError::NotFound { .. }) => (Outcome::Created, registry.create(&ns, obj, opts).await?),
         Err(e) => return Err(e),
         Ok(current) => {
             let mut desired = current.clone();
             desired.spec = obj.spec;
             merge(&mut desired.metadata.labels, obj.metadata.labels);
             merge(&mut desired.metadata.annotations, obj.metadata.annotations);
-            let written = store.update(&ns, &name, desired, opts).await?;
+            let written = registry.update(&ns, &name, desired, opts).await?;
             let outcome = if written.object.metadata.resource_version == current.metadata.resource_version {
                 Outcome::Unchanged
             } else {

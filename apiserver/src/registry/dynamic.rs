@@ -2,7 +2,7 @@
 //! become typed objects here (with `fieldValidation`), patches are applied to the exact stored
 //! version inside the update loop, and field ownership (`managedFields`) follows each write.
 //!
-//! The typed [`Store`] owns what may be stored; this module owns how a parsed body becomes the
+//! The typed [`KindRegistry`] owns what may be stored; this module owns how a parsed body becomes the
 //! object handed to it.
 
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use super::fieldmanager::{self, Part};
 use super::generic::{DeleteOptions, Deleted, ListOptions, Predicate, WriteOptions, Written};
 use super::patch::{self, Patch};
 use super::watch::{Watch, WatchOptions};
-use super::{Context, RegistryError, Store, Strategy, meta};
+use super::{Context, KindRegistry, RegistryError, Strategy, meta};
 use crate::decode::{self, FieldValidation, Parsed};
 use crate::storage::{KeyValue, Storage, keys};
 
@@ -124,7 +124,7 @@ pub trait Resource: Send + Sync {
 /// A kind's [`Resource`] over `storage` (the constructor the table of kinds holds).
 pub fn resource<S: Strategy>(storage: Arc<dyn Storage>, ctx: Context) -> Arc<dyn Resource> {
     Arc::new(Typed {
-        store: Store::new(storage, S::default(), ctx),
+        registry: KindRegistry::new(storage, S::default(), ctx),
     })
 }
 
@@ -307,17 +307,17 @@ fn edited<K: Kind>(patch: &Patch, current: &Value, name: &str) -> Result<Value, 
 
 /// A kind's registry as a [`Resource`].
 struct Typed<S: Strategy> {
-    store: Store<S>,
+    registry: KindRegistry<S>,
 }
 
 #[async_trait]
 impl<S: Strategy> Resource for Typed<S> {
     async fn get(&self, namespace: &str, name: &str) -> Result<Value, RegistryError> {
-        to_json(&self.store.get(namespace, name).await?)
+        to_json(&self.registry.get(namespace, name).await?)
     }
 
     async fn list(&self, namespace: Option<&str>, params: ListParams) -> Result<Page, RegistryError> {
-        let list = self.store.list(namespace, list_options(params)).await?;
+        let list = self.registry.list(namespace, list_options(params)).await?;
         Ok(Page {
             items: list.items.iter().map(to_json).collect::<Result<_, _>>()?,
             resource_version: list.resource_version,
@@ -326,7 +326,8 @@ impl<S: Strategy> Resource for Typed<S> {
     }
 
     async fn list_json(&self, namespace: Option<&str>, params: ListParams) -> Result<JsonPage, RegistryError> {
-        let (items, resource_version, continue_token) = self.store.list_json(namespace, list_options(params)).await?;
+        let (items, resource_version, continue_token) =
+            self.registry.list_json(namespace, list_options(params)).await?;
         Ok(JsonPage {
             items,
             resource_version,
@@ -367,7 +368,7 @@ impl<S: Strategy> Resource for Typed<S> {
             fieldmanager::prune(entries, &to_json(&obj)?)
         });
         let written = self
-            .store
+            .registry
             .create(
                 namespace,
                 obj,
@@ -395,7 +396,7 @@ impl<S: Strategy> Resource for Typed<S> {
         let (obj, warnings) = typed::<S::Kind>(name, body, params.validation)?;
         let manager = params.manager.clone();
         let written = self
-            .store
+            .registry
             .replace(
                 namespace,
                 name,
@@ -447,7 +448,7 @@ impl<S: Strategy> Resource for Typed<S> {
         let mut warnings = request_warnings::<S::Kind>(&patch, name, part, params.validation)?;
         let decode_warnings = Mutex::new(Vec::new());
         let result = self
-            .store
+            .registry
             .update_with(
                 namespace,
                 name,
@@ -476,7 +477,7 @@ impl<S: Strategy> Resource for Typed<S> {
     }
 
     async fn delete(&self, namespace: &str, name: &str, opts: DeleteOptions) -> Result<(Value, bool), RegistryError> {
-        Ok(match self.store.delete(namespace, name, opts).await? {
+        Ok(match self.registry.delete(namespace, name, opts).await? {
             Deleted::Gone(o) => (to_json(&o)?, true),
             Deleted::Pending(o) => (to_json(&o)?, false),
         })
@@ -489,7 +490,7 @@ impl<S: Strategy> Resource for Typed<S> {
         opts: DeleteOptions,
     ) -> Result<Page, RegistryError> {
         let list = self
-            .store
+            .registry
             .list(
                 namespace,
                 ListOptions {
@@ -500,7 +501,7 @@ impl<S: Strategy> Resource for Typed<S> {
             .await?;
         let mut deleted = Vec::new();
         for item in &list.items {
-            match self.store.delete(item.namespace(), item.name(), opts.clone()).await {
+            match self.registry.delete(item.namespace(), item.name(), opts.clone()).await {
                 Ok(Deleted::Gone(o) | Deleted::Pending(o)) => deleted.push(to_json(&o)?),
                 Err(RegistryError::NotFound { .. }) => {}
                 Err(e) => return Err(e),
@@ -514,7 +515,7 @@ impl<S: Strategy> Resource for Typed<S> {
     }
 
     async fn watch(&self, namespace: Option<&str>, opts: WatchOptions) -> Result<Watch, RegistryError> {
-        Watch::open(self.store.storage(), keys::list_prefix::<S::Kind>(namespace), opts).await
+        Watch::open(self.registry.storage(), keys::list_prefix::<S::Kind>(namespace), opts).await
     }
 }
 
@@ -543,7 +544,7 @@ impl<S: Strategy> Typed<S> {
         obj.metadata.name = Some(name.to_owned());
         obj.metadata.managed_fields = Some(fieldmanager::prune(a.entries, &to_json(&obj)?));
         let written = self
-            .store
+            .registry
             .create(
                 namespace,
                 obj,

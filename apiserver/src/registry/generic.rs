@@ -18,7 +18,7 @@ const MAX_ATTEMPTS: usize = 32;
 const TOO_LARGE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The registry of one kind.
-pub struct Store<S: Strategy> {
+pub struct KindRegistry<S: Strategy> {
     storage: Arc<dyn Storage>,
     strategy: S,
     ctx: Context,
@@ -77,9 +77,9 @@ pub struct ObjectList<K: Kind> {
     pub continue_token: Option<String>,
 }
 
-impl<S: Strategy> Store<S> {
+impl<S: Strategy> KindRegistry<S> {
     pub fn new(storage: Arc<dyn Storage>, strategy: S, ctx: Context) -> Self {
-        Store { storage, strategy, ctx }
+        KindRegistry { storage, strategy, ctx }
     }
 
     /// The storage under this registry (for watch and revisions).
@@ -114,7 +114,7 @@ impl<S: Strategy> Store<S> {
         })
     }
 
-    /// [`Store::list`] without decoding: each item is the stored JSON with its
+    /// [`KindRegistry::list`] without decoding: each item is the stored JSON with its
     /// `resourceVersion` spliced in, ready to be sent (a list of thousands of objects is mostly
     /// bytes to copy).
     pub async fn list_json(

@@ -51,7 +51,7 @@ use kvcache_api::{Kind, Object};
 
 pub use self::dynamic::Resource;
 pub use self::errors::RegistryError;
-pub use self::generic::Store;
+pub use self::generic::KindRegistry;
 use self::kinds::{KINDS, KindEntry};
 pub use crate::field::{ErrorList, Path};
 use crate::storage::{Compare, KeyValue, ListRequest, Op, Storage};
@@ -84,7 +84,7 @@ pub struct Admission {
 }
 
 /// A kind's rules. The hooks keep the names of the Kubernetes apiserver's strategies, and the
-/// generic store calls them in a fixed order.
+/// generic kind registry calls them in a fixed order.
 #[async_trait]
 pub trait Strategy: Default + Send + Sync + 'static {
     type Kind: Kind;
@@ -274,9 +274,9 @@ impl Registry {
             .map(|(k, r)| (*k, r))
     }
 
-    /// The typed store of one kind.
-    pub fn store<S: Strategy>(&self) -> Store<S> {
-        Store::new(self.storage.clone(), S::default(), self.ctx.clone())
+    /// The typed registry of one kind.
+    pub fn for_kind<S: Strategy>(&self) -> KindRegistry<S> {
+        KindRegistry::new(self.storage.clone(), S::default(), self.ctx.clone())
     }
 
     pub fn storage(&self) -> &Arc<dyn Storage> {

@@ -11,7 +11,7 @@ use super::backend::BackendStrategy;
 use super::binding::BindingStrategy;
 use super::model_deployment::ModelDeploymentStrategy;
 use super::pool::PoolStrategy;
-use super::{Context, RegistryError, Store};
+use super::{Context, KindRegistry, RegistryError};
 use crate::config::Config;
 use crate::decode::{self, FieldValidation};
 use crate::field::ErrorType;
@@ -46,10 +46,10 @@ impl Harness {
 
 /// The typed store of every kind, as the admission tables drive them.
 pub struct Registries {
-    pub backends: Store<BackendStrategy>,
-    pub pools: Store<PoolStrategy>,
-    pub bindings: Store<BindingStrategy>,
-    pub model_deployments: Store<ModelDeploymentStrategy>,
+    pub backends: KindRegistry<BackendStrategy>,
+    pub pools: KindRegistry<PoolStrategy>,
+    pub bindings: KindRegistry<BindingStrategy>,
+    pub model_deployments: KindRegistry<ModelDeploymentStrategy>,
 }
 
 /// Registries over `storage` with another configuration (for settings changed after admission).
@@ -58,10 +58,10 @@ pub fn registries(storage: Arc<dyn Storage>, config: Config) -> Registries {
         config: crate::config::Live::new(config),
     };
     Registries {
-        backends: Store::new(storage.clone(), BackendStrategy, ctx.clone()),
-        pools: Store::new(storage.clone(), PoolStrategy, ctx.clone()),
-        bindings: Store::new(storage.clone(), BindingStrategy, ctx.clone()),
-        model_deployments: Store::new(storage, ModelDeploymentStrategy, ctx),
+        backends: KindRegistry::new(storage.clone(), BackendStrategy, ctx.clone()),
+        pools: KindRegistry::new(storage.clone(), PoolStrategy, ctx.clone()),
+        bindings: KindRegistry::new(storage.clone(), BindingStrategy, ctx.clone()),
+        model_deployments: KindRegistry::new(storage, ModelDeploymentStrategy, ctx),
     }
 }
 

@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use super::placement::SegmentAllocator;
-use super::state::{Member, State};
+use super::state::{Mounted, State};
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::{HeartbeatRequest, HeartbeatResponse, MountRequest, MountResponse};
 
@@ -265,8 +265,8 @@ fn check_mount_request(req: &MountRequest) -> Result<()> {
 }
 
 /// A freshly mounted member of `req`, under `mount_id`, holding nothing yet.
-fn new_member(req: &MountRequest, mount_id: u64, grant_key: crate::grant::GrantKey, now: Instant) -> Member {
-    Member {
+fn new_member(req: &MountRequest, mount_id: u64, grant_key: crate::grant::GrantKey, now: Instant) -> Mounted {
+    Mounted {
         name: req.name.clone(),
         data_addr: req.data_addr.clone(),
         grpc_addr: req.grpc_addr.clone(),

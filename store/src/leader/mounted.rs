@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use super::placement::SegmentAllocator;
 
-/// A mounted segment.
+/// A mounted member: one segment, as the leader knows it while the member stays mounted.
 #[derive(Debug)]
-pub struct Member {
+pub struct Mounted {
     pub name: String,
     pub data_addr: String,
     pub grpc_addr: String,

@@ -10,7 +10,7 @@ use super::LeaderConfig;
 use super::blocks::Removal;
 use super::clients::Use;
 use super::ledger::DEFAULT_TENANT;
-pub use super::mounted::Member;
+pub use super::mounted::Mounted;
 use super::objects::{Counters, Object, ObjectState, Tenant};
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::{GetResponse, Location, Scope};
@@ -27,7 +27,7 @@ pub const MAX_KEY_LEN: usize = 4096;
 #[derive(Debug)]
 pub struct State {
     pub(super) cfg: LeaderConfig,
-    pub(super) members: BTreeMap<u64, Member>,
+    pub(super) members: BTreeMap<u64, Mounted>,
     pub(super) tenants: HashMap<String, Tenant>,
     /// each pool's total, as the ledger gave it: what its tenants' grants add up to at most
     pub(super) pools: BTreeMap<String, u64>,

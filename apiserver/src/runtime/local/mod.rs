@@ -41,7 +41,7 @@ use tokio::sync::Mutex;
 
 pub use self::ports::loopback_port;
 use self::process::{Hooks, Supervised};
-use self::store::Store;
+use self::store::StoreProcesses;
 use super::{Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, Secrets, StoreObservation, StorePlan};
 
 /// How the local runtime runs.
@@ -99,7 +99,7 @@ pub const LEASE_NAMESPACE: &str = "kvcache-system";
 
 #[derive(Debug, Default)]
 struct State {
-    stores: HashMap<String, Store>,
+    stores: HashMap<String, StoreProcesses>,
     replicas: HashMap<String, HashMap<String, Supervised>>,
     /// The loopback port of each real engine replica (`<owner>/<replica>`), kept while it is
     /// planned so a restart serves at the same address.
@@ -236,7 +236,7 @@ impl Runtime for LocalRuntime {
             stops.extend(r.into_values().map(Supervised::stop));
         }
         futures::future::join_all(stops).await;
-        futures::future::join_all(state.stores.into_values().map(Store::stop)).await;
+        futures::future::join_all(state.stores.into_values().map(StoreProcesses::stop)).await;
     }
 }
 

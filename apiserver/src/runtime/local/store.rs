@@ -18,9 +18,9 @@ use super::process::{Hooks, ProcessSpec, Supervised};
 use super::{LEASE_NAMESPACE, LocalRuntime, State, tls_files};
 use crate::runtime::{Changed, MemberPlan, Secrets, StoreObservation, StorePlan, WorkloadState};
 
-/// One backend's processes.
+/// One backend's store as local processes: its front, its leader replicas and its members.
 #[derive(Debug)]
-pub(super) struct Store {
+pub(super) struct StoreProcesses {
     pub(super) front: Front,
     /// Each leader replica's own (gRPC, fast) ports, by index; kept while the store lives so a
     /// replica that stays is never restarted.
@@ -30,7 +30,7 @@ pub(super) struct Store {
     pub(super) members: HashMap<String, Supervised>,
 }
 
-impl Store {
+impl StoreProcesses {
     /// Stops every process, members first.
     pub(super) async fn stop(self) {
         futures::future::join_all(self.members.into_values().map(Supervised::stop)).await;
@@ -53,7 +53,7 @@ impl LocalRuntime {
         let mut store = match state.stores.remove(&plan.backend) {
             Some(store) => store,
             None => match self.front(&plan.backend) {
-                Ok(front) => Store {
+                Ok(front) => StoreProcesses {
                     front,
                     leader_ports: Vec::new(),
                     leaders: Vec::new(),
@@ -77,7 +77,7 @@ impl LocalRuntime {
 
     /// Leaders: replica i keeps its ports and flags, so scaling never restarts one that stays;
     /// replicas scaled away go from the end. The front then forwards to the serving one.
-    async fn converge_leaders(&self, plan: &StorePlan, store: &mut Store, shared: &Shared) {
+    async fn converge_leaders(&self, plan: &StorePlan, store: &mut StoreProcesses, shared: &Shared) {
         let replicas = plan.election.as_ref().map_or(1, |e| e.replicas.max(1)) as usize;
         while store.leader_ports.len() < replicas {
             store.leader_ports.push((free_port(), free_port()));
@@ -121,7 +121,13 @@ impl LocalRuntime {
 
     /// Members: one process per planned member (stopped and marked refused instead when
     /// `refusal` says why they cannot run); members no longer planned are stopped.
-    async fn converge_members(&self, plan: &StorePlan, store: &mut Store, shared: &Shared, refusal: Option<String>) {
+    async fn converge_members(
+        &self,
+        plan: &StorePlan,
+        store: &mut StoreProcesses,
+        shared: &Shared,
+        refusal: Option<String>,
+    ) {
         let mut wanted = Vec::new();
         for m in &plan.members {
             let name = m.name(&plan.backend);
@@ -158,7 +164,7 @@ impl LocalRuntime {
     }
 
     /// What runs of `plan`, as the controller reads it.
-    fn observe_store(&self, plan: &StorePlan, store: &Store) -> StoreObservation {
+    fn observe_store(&self, plan: &StorePlan, store: &StoreProcesses) -> StoreObservation {
         StoreObservation {
             client_endpoint: Some(store.front.grpc.to_string()),
             rollout: None,
