@@ -90,9 +90,16 @@ fn leader_args<'a>(listen: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     args
 }
 
-/// Starts a leader on an OS-chosen port with extra flags.
+/// The local runtime's choice of loopback ports: below the kernel's ephemeral range, so a leader
+/// restarted on its port ([`leader_at`]) never finds it taken by some other test's outgoing
+/// connection.
+#[path = "../../../apiserver/src/runtime/local/ports.rs"]
+mod ports;
+
+/// Starts a leader on a free loopback port below the ephemeral range, with extra flags.
 pub fn leader(extra: &[&str]) -> Proc {
-    Proc::start(&leader_args("127.0.0.1:0", extra))
+    let listen = format!("127.0.0.1:{}", ports::loopback_port());
+    Proc::start(&leader_args(&listen, extra))
 }
 
 /// Starts a leader on a given address (for restarts on the same port).
