@@ -190,10 +190,6 @@ async fn pump(
     stop: tokio_util::sync::CancellationToken,
 ) {
     let mut next = start + 1;
-    let strip = |k: &[u8]| {
-        let k = String::from_utf8_lossy(k);
-        k.strip_prefix(prefix.as_str()).unwrap_or(&k).to_owned()
-    };
     while !stop.is_cancelled() {
         let opts = WatchOptions::new()
             .with_prefix()
@@ -223,49 +219,64 @@ async fn pump(
                 Ok(None) | Err(_) => break,
             };
             if resp.compact_revision() > 0 {
-                tracing::warn!(
-                    compacted = resp.compact_revision(),
-                    "etcd compacted past this server's watch; every watcher lists again"
-                );
-                hub.close_all();
-                let now = client
-                    .get(prefix.as_bytes(), Some(GetOptions::new().with_count_only()))
-                    .await
-                    .ok()
-                    .and_then(|r| r.header().map(|h| rev(h.revision())))
-                    .unwrap_or(next);
-                hub.start_after(now);
-                next = now + 1;
+                next = restart_after_compaction(&mut client, &prefix, &hub, resp.compact_revision(), next).await;
                 break;
             }
-            let mut batch = Vec::new();
-            for ev in resp.events() {
-                let Some(kv) = ev.kv() else { continue };
-                let prev = ev.prev_kv().map(|p| Arc::from(p.value()));
-                let revision = rev(kv.mod_revision());
-                let (kind, value, create_revision) = match ev.event_type() {
-                    EventType::Put => (EventKind::Put, Arc::from(kv.value()), rev(kv.create_revision())),
-                    EventType::Delete => (
-                        EventKind::Delete,
-                        prev.clone().unwrap_or_else(|| Arc::from(&b""[..])),
-                        ev.prev_kv().map_or(0, |p| rev(p.create_revision())),
-                    ),
-                };
-                next = next.max(revision + 1);
-                batch.push(WatchEvent {
-                    kind,
-                    key: strip(kv.key()),
-                    revision,
-                    value,
-                    prev_value: prev,
-                    create_revision,
-                });
-            }
-            hub.publish(batch);
+            hub.publish(watch_events(&resp, &prefix, &mut next));
         }
         healthy.store(false, Ordering::Relaxed);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// etcd compacted past the watch: ends every watcher and restarts the hub after etcd's current
+/// revision (`next - 1` if it cannot be read); returns the revision to watch from.
+async fn restart_after_compaction(client: &mut Client, prefix: &str, hub: &Hub, compacted: i64, next: u64) -> u64 {
+    tracing::warn!(
+        compacted,
+        "etcd compacted past this server's watch; every watcher lists again"
+    );
+    hub.close_all();
+    let now = client
+        .get(prefix.as_bytes(), Some(GetOptions::new().with_count_only()))
+        .await
+        .ok()
+        .and_then(|r| r.header().map(|h| rev(h.revision())))
+        .unwrap_or(next);
+    hub.start_after(now);
+    now + 1
+}
+
+/// The hub's events for one watch response, keys without `prefix`; advances `next` past them.
+fn watch_events(resp: &etcd_client::WatchResponse, prefix: &str, next: &mut u64) -> Vec<WatchEvent> {
+    let strip = |k: &[u8]| {
+        let k = String::from_utf8_lossy(k);
+        k.strip_prefix(prefix).unwrap_or(&k).to_owned()
+    };
+    let mut batch = Vec::new();
+    for ev in resp.events() {
+        let Some(kv) = ev.kv() else { continue };
+        let prev = ev.prev_kv().map(|p| Arc::from(p.value()));
+        let revision = rev(kv.mod_revision());
+        let (kind, value, create_revision) = match ev.event_type() {
+            EventType::Put => (EventKind::Put, Arc::from(kv.value()), rev(kv.create_revision())),
+            EventType::Delete => (
+                EventKind::Delete,
+                prev.clone().unwrap_or_else(|| Arc::from(&b""[..])),
+                ev.prev_kv().map_or(0, |p| rev(p.create_revision())),
+            ),
+        };
+        *next = (*next).max(revision + 1);
+        batch.push(WatchEvent {
+            kind,
+            key: strip(kv.key()),
+            revision,
+            value,
+            prev_value: prev,
+            create_revision,
+        });
+    }
+    batch
 }
 
 /// Compacts to the revision seen one interval earlier.

@@ -89,15 +89,47 @@ fn leader(
     set: &mut impl FnMut(&mut BackendStatus, Observation),
 ) {
     let admin = admin(&st.endpoints).unwrap_or_default();
-    let view = match read {
+    let Some(view) = serving_view(observed, read, &admin, prev, st, set) else {
+        return;
+    };
+    set(st, serving_observation(observed, &view, &admin));
+    st.capacity = Some(Capacity {
+        total: Some(quantity(view.health.capacity)),
+        used: Some(quantity(view.health.used)),
+    });
+    set(st, capacity_observation(&view));
+    st.members = member_rows(obj, &view, observed.map(|(p, _, _)| p));
+    set(st, members_verdict(&view, observed));
+    set(st, writes_verdict(&view));
+    let mounted = conditions::find(&st.conditions, members_mounted::TYPE)
+        .filter(|c| c.status == ConditionStatus::False.as_str())
+        .map(|c| c.message.clone());
+    st.phase = Some(if mounted.is_some() {
+        BackendPhase::Degraded
+    } else {
+        BackendPhase::Ready
+    });
+    st.phase_message = mounted;
+}
+
+/// The leader's answer if it serves; else its conditions and the phase say why, and `None`.
+fn serving_view(
+    observed: Option<&Observed>,
+    read: Option<Result<LeaderView, String>>,
+    admin: &str,
+    prev: &BackendStatus,
+    st: &mut BackendStatus,
+    set: &mut impl FnMut(&mut BackendStatus, Observation),
+) -> Option<LeaderView> {
+    match read {
         None => {
             let msg = "no Admin endpoint is published yet";
             fail_leader(st, set, leader_available::NO_ADMIN_ENDPOINT.as_str(), msg, prev);
             st.phase = Some(BackendPhase::Error);
             st.phase_message = Some(msg.into());
-            return;
+            None
         }
-        Some(Ok(v)) if v.health.serving => v,
+        Some(Ok(v)) if v.health.serving => Some(v),
         Some(Ok(v)) => {
             let msg = format!(
                 "the leader at {admin} answers but does not serve (role {:?}); it is starting or a standby",
@@ -106,7 +138,7 @@ fn leader(
             fail_leader(st, set, leader_available::SERVICE_PLANE_NOT_ACTIVE.as_str(), &msg, prev);
             st.phase = Some(BackendPhase::Provisioning);
             st.phase_message = Some(msg);
-            return;
+            None
         }
         Some(Err(e)) => {
             let (reason, msg) = match observed {
@@ -121,9 +153,13 @@ fn leader(
                 BackendPhase::Error
             });
             st.phase_message = Some(msg);
-            return;
+            None
         }
-    };
+    }
+}
+
+/// LeaderAvailable True: the serving leader's role and term, since when, and what it took over.
+fn serving_observation(observed: Option<&Observed>, view: &LeaderView, admin: &str) -> Observation {
     // Say since when this leader serves and what its term took over from the members (a new term
     // adopts the values they still hold; `store/README.md`, "Failover"), so a warm or cold cache
     // after a failover is explained.
@@ -142,47 +178,29 @@ fn leader(
     } else {
         "; its members handed over nothing (a first start, or members that started empty)".to_owned()
     };
-    set(
-        st,
-        Observation::new(
-            leader_available::TYPE,
-            ConditionStatus::True,
-            leader_available::SERVING,
-            format!(
-                "the leader at {admin} serves (role {}, term {}){since}{took_over}",
-                h.role, h.epoch
-            ),
+    Observation::new(
+        leader_available::TYPE,
+        ConditionStatus::True,
+        leader_available::SERVING,
+        format!(
+            "the leader at {admin} serves (role {}, term {}){since}{took_over}",
+            h.role, h.epoch
         ),
-    );
-    st.capacity = Some(Capacity {
-        total: Some(quantity(view.health.capacity)),
-        used: Some(quantity(view.health.used)),
-    });
-    set(
-        st,
-        Observation::new(
-            capacity_observed::TYPE,
-            ConditionStatus::True,
-            capacity_observed::OBSERVED,
-            format!(
-                "the leader reports {} of capacity, {} used",
-                human(view.health.capacity),
-                human(view.health.used)
-            ),
+    )
+}
+
+/// CapacityObserved True: the capacity the leader reports and how much of it is used.
+fn capacity_observation(view: &LeaderView) -> Observation {
+    Observation::new(
+        capacity_observed::TYPE,
+        ConditionStatus::True,
+        capacity_observed::OBSERVED,
+        format!(
+            "the leader reports {} of capacity, {} used",
+            human(view.health.capacity),
+            human(view.health.used)
         ),
-    );
-    st.members = member_rows(obj, &view, observed.map(|(p, _, _)| p));
-    set(st, members_verdict(&view, observed));
-    set(st, writes_verdict(&view));
-    let mounted = conditions::find(&st.conditions, members_mounted::TYPE)
-        .filter(|c| c.status == ConditionStatus::False.as_str())
-        .map(|c| c.message.clone());
-    st.phase = Some(if mounted.is_some() {
-        BackendPhase::Degraded
-    } else {
-        BackendPhase::Ready
-    });
-    st.phase_message = mounted;
+    )
 }
 
 fn deletable_observation(used_by: &[UsedBy]) -> Observation {

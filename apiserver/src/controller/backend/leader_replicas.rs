@@ -89,18 +89,50 @@ pub async fn observe(
         ctx.lease_holders.lock().remove(obj.name());
         return;
     };
-    let leases: Api<Lease> = Api::namespaced(ctx.core_client(), ns);
-    let read = leases.get_opt(name).await;
-    let at = format!("{ns}/{name}");
-    let holder = match &read {
-        Ok(Some(l)) => kvcache_store::election::holder(l),
-        _ => None,
-    };
-    let transitions = match &read {
-        Ok(Some(l)) => l.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0),
-        _ => 0,
-    };
-    let observation = match (&read, &holder) {
+    let lease = LeaseRead::get(ctx, ns, name).await;
+    set(st, election_observation(&lease, desired, ready));
+    let report = handover_report(ctx, obj.name(), &lease, health, obs.members.len());
+    if let Some(message) = report {
+        crate::controller::events::record(ctx, obj, false, HANDOVER, &message).await;
+    }
+}
+
+/// The backend's Lease as read this pass: where it is, the answer, its holder and its term.
+struct LeaseRead {
+    /// `<namespace>/<name>`
+    at: String,
+    read: kube::Result<Option<Lease>>,
+    holder: Option<String>,
+    transitions: i32,
+}
+
+impl LeaseRead {
+    /// Reads the Lease `ns/name`, with its holder and `leaseTransitions` (0 when unread).
+    async fn get(ctx: &Context, ns: &str, name: &str) -> Self {
+        let leases: Api<Lease> = Api::namespaced(ctx.core_client(), ns);
+        let read = leases.get_opt(name).await;
+        let at = format!("{ns}/{name}");
+        let holder = match &read {
+            Ok(Some(l)) => kvcache_store::election::holder(l),
+            _ => None,
+        };
+        let transitions = match &read {
+            Ok(Some(l)) => l.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0),
+            _ => 0,
+        };
+        LeaseRead {
+            at,
+            read,
+            holder,
+            transitions,
+        }
+    }
+}
+
+/// ElectionObserved from the Lease read, the desired leader replicas and how many are ready.
+fn election_observation(lease: &LeaseRead, desired: u32, ready: usize) -> Observation {
+    let (at, transitions) = (&lease.at, lease.transitions);
+    match (&lease.read, &lease.holder) {
         (Err(e), _) => Observation::new(
             election_observed::TYPE,
             ConditionStatus::Unknown,
@@ -131,54 +163,63 @@ pub async fn observe(
                  an election backend, lack access to the Lease, or still be in its first campaign"
             ),
         ),
-    };
-    set(st, observation);
-    let report = {
-        let mut holders = ctx.lease_holders.lock();
-        match (&read, holder) {
-            (Ok(None), _) => {
-                holders.remove(obj.name());
-            }
-            // a holder at the same address after a restart is another process: the term tells
-            (Ok(Some(_)), Some(h)) => {
-                let now = format!("{h} (term {transitions})");
-                match holders.get_mut(obj.name()) {
-                    None => {
-                        holders.insert(
-                            obj.name().to_owned(),
-                            LeaseSeen {
-                                holder: now,
-                                pending: None,
-                            },
-                        );
-                    }
-                    Some(seen) if seen.holder != now => {
-                        seen.holder = now;
-                        seen.pending = Some(Pending {
-                            term: u64::try_from(transitions).unwrap_or(0),
-                            lease: at.clone(),
-                            seen: std::time::Instant::now(),
-                        });
-                    }
-                    Some(_) => {}
+    }
+}
+
+/// The handover event's message when one is due, after noting the Lease's holder and term.
+fn handover_report(
+    ctx: &Context,
+    backend: &str,
+    lease: &LeaseRead,
+    health: Option<&kvcache_store::proto::HealthResponse>,
+    members: usize,
+) -> Option<String> {
+    let mut holders = ctx.lease_holders.lock();
+    note_holder(&mut holders, backend, lease);
+    let seen = holders.get_mut(backend);
+    let message = seen
+        .as_ref()
+        .and_then(|s| s.pending.as_ref())
+        .and_then(|p| handover_message(p, health, members));
+    if message.is_some()
+        && let Some(s) = seen
+    {
+        s.pending = None;
+    }
+    message
+}
+
+/// Records the Lease's holder and term for `backend`; a change leaves a handover pending.
+fn note_holder(holders: &mut std::collections::HashMap<String, LeaseSeen>, backend: &str, lease: &LeaseRead) {
+    match (&lease.read, &lease.holder) {
+        (Ok(None), _) => {
+            holders.remove(backend);
+        }
+        // a holder at the same address after a restart is another process: the term tells
+        (Ok(Some(_)), Some(h)) => {
+            let now = format!("{h} (term {})", lease.transitions);
+            match holders.get_mut(backend) {
+                None => {
+                    holders.insert(
+                        backend.to_owned(),
+                        LeaseSeen {
+                            holder: now,
+                            pending: None,
+                        },
+                    );
                 }
+                Some(seen) if seen.holder != now => {
+                    seen.holder = now;
+                    seen.pending = Some(Pending {
+                        term: u64::try_from(lease.transitions).unwrap_or(0),
+                        lease: lease.at.clone(),
+                        seen: std::time::Instant::now(),
+                    });
+                }
+                Some(_) => {}
             }
-            _ => {}
         }
-        let seen = holders.get_mut(obj.name());
-        let message = seen
-            .as_ref()
-            .and_then(|s| s.pending.as_ref())
-            .and_then(|p| handover_message(p, health, obs.members.len()));
-        if message.is_some()
-            && let Some(s) = seen
-        {
-            s.pending = None;
-        }
-        message
-    };
-    if let Some(message) = report {
-        crate::controller::events::record(ctx, obj, false, HANDOVER, &message).await;
+        _ => {}
     }
 }
 
@@ -343,6 +384,49 @@ mod tests {
         assert_eq!(reason(deployment_rollout(3, &r(true, 1, 1, 1))), "ReplicasPending");
         assert_eq!(reason(deployment_rollout(3, &r(true, 3, 3, 1))), "Progressing");
         assert_eq!(reason(deployment_rollout(3, &r(true, 3, 3, 3))), "Complete");
+    }
+
+    #[test]
+    fn the_election_reads_as_the_lease_says() {
+        let lease = |read: kube::Result<Option<Lease>>, holder: Option<&str>| LeaseRead {
+            at: "kvcache-system/b-leader".into(),
+            read,
+            holder: holder.map(str::to_owned),
+            transitions: 2,
+        };
+        let unreadable = kube::Error::TlsRequired;
+        let cases = [
+            (
+                "unreadable",
+                lease(Err(unreadable), None),
+                1,
+                election_observed::LEASE_UNREADABLE,
+            ),
+            (
+                "held",
+                lease(Ok(Some(Lease::default())), Some("10.0.0.1:50051")),
+                1,
+                election_observed::ELECTING,
+            ),
+            (
+                "none ready, no holder",
+                lease(Ok(None), None),
+                0,
+                election_observed::LEADER_STARTING,
+            ),
+            (
+                "one ready, no holder",
+                lease(Ok(None), None),
+                1,
+                election_observed::NO_HOLDER,
+            ),
+        ];
+        for (what, l, ready, reason) in cases {
+            assert_eq!(election_observation(&l, 3, ready).reason, reason.as_str(), "{what}");
+        }
+        let held = lease(Ok(Some(Lease::default())), Some("10.0.0.1:50051"));
+        let m = election_observation(&held, 3, 1).message;
+        assert!(m.contains("leaseTransitions 2") && m.contains("2 stand by"), "{m}");
     }
 
     #[test]

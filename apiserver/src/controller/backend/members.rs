@@ -37,6 +37,7 @@ pub(super) fn member_rows(obj: &KVCacheBackend, view: &LeaderView, plan: Option<
     rows
 }
 
+/// MembersMounted: the leader's segments against the planned members, first fault found wins.
 pub(super) fn members_verdict(
     view: &LeaderView,
     observed: Option<&(StorePlan, Vec<String>, StoreObservation)>,
@@ -44,71 +45,13 @@ pub(super) fn members_verdict(
     let mounted: Vec<&str> = view.members.iter().map(|m| m.name.as_str()).collect();
     let Some((plan, unmatched, obs)) = observed else {
         // external: the leader's list is all there is
-        return if mounted.is_empty() {
-            Observation::new(
-                members_mounted::TYPE,
-                ConditionStatus::False,
-                members_mounted::NO_SEGMENTS,
-                "the leader has no segment mounted",
-            )
-        } else {
-            Observation::new(
-                members_mounted::TYPE,
-                ConditionStatus::True,
-                members_mounted::MOUNTED,
-                format!("{} segments mounted", mounted.len()),
-            )
-        };
+        return external_verdict(&mounted);
     };
-    // A member Pod the cluster cannot place: Unschedulable, naming it.
-    if let Some((m, why)) = obs.members.iter().find_map(|(m, s)| {
-        s.refused
-            .as_deref()
-            .filter(|r| r.starts_with("Unschedulable"))
-            .map(|r| (m, r.to_owned()))
-    }) {
-        return Observation::new(
-            members_mounted::TYPE,
-            ConditionStatus::False,
-            members_mounted::UNSCHEDULABLE,
-            format!("the member on node {} (group {}): {why}", m.node, m.group),
-        );
-    }
-    if let Some(why) = obs.members.iter().find_map(|(_, s)| s.refused.clone()) {
-        return Observation::new(
-            members_mounted::TYPE,
-            ConditionStatus::False,
-            members_mounted::INSUFFICIENT_MEMORY,
-            why,
-        );
-    }
-    // The kubelet's own word for a member that does not run (ImagePullBackOff, ...).
-    if let Some((m, (reason, message))) = obs.members.iter().find_map(|(m, s)| {
-        s.waiting
-            .clone()
-            .filter(|(r, _)| r != "CrashLoopBackOff")
-            .filter(|_| !s.ready)
-            .map(|w| (m, w))
-    }) {
-        return Observation::new(
-            members_mounted::TYPE,
-            ConditionStatus::False,
-            reason.as_str(),
-            format!("the member on node {} (group {}): {message}", m.node, m.group),
-        );
+    if let Some(fault) = member_fault(obs) {
+        return fault;
     }
     if plan.members.is_empty() {
-        let msg = if unmatched.is_empty() {
-            "the backend declares no member group".to_owned()
-        } else {
-            format!("{} matches no node", unmatched.join("; "))
-        };
-        return Observation::new(
-            members_mounted::TYPE,
-            ConditionStatus::False,
-            members_mounted::NO_SEGMENTS,
-            msg,
-        );
+        return no_member_verdict(unmatched);
     }
     let missing: Vec<&(MemberPlan, crate::runtime::WorkloadState)> = obs
         .members
@@ -116,17 +59,104 @@ pub(super) fn members_verdict(
         .filter(|(m, _)| !mounted.contains(&m.name(&plan.backend).as_str()))
         .collect();
     if missing.is_empty() {
-        let mut msg = format!("{} segments mounted", mounted.len());
-        if !unmatched.is_empty() {
-            msg.push_str(&format!("; {} matches no node", unmatched.join("; ")));
-        }
-        return Observation::new(
+        return all_mounted_verdict(&mounted, unmatched);
+    }
+    if let Some(crashed) = crashed_verdict(&missing) {
+        return crashed;
+    }
+    unregistered_verdict(&mounted, plan, &missing)
+}
+
+/// MembersMounted of an external backend, from the leader's list alone.
+fn external_verdict(mounted: &[&str]) -> Observation {
+    if mounted.is_empty() {
+        Observation::new(
+            members_mounted::TYPE,
+            ConditionStatus::False,
+            members_mounted::NO_SEGMENTS,
+            "the leader has no segment mounted",
+        )
+    } else {
+        Observation::new(
             members_mounted::TYPE,
             ConditionStatus::True,
             members_mounted::MOUNTED,
-            msg,
-        );
+            format!("{} segments mounted", mounted.len()),
+        )
     }
+}
+
+/// A fault the runtime saw on a member Pod (unschedulable, refused, the kubelet's waiting reason).
+fn member_fault(obs: &StoreObservation) -> Option<Observation> {
+    // A member Pod the cluster cannot place: Unschedulable, naming it.
+    if let Some((m, why)) = obs.members.iter().find_map(|(m, s)| {
+        s.refused
+            .as_deref()
+            .filter(|r| r.starts_with("Unschedulable"))
+            .map(|r| (m, r.to_owned()))
+    }) {
+        return Some(Observation::new(
+            members_mounted::TYPE,
+            ConditionStatus::False,
+            members_mounted::UNSCHEDULABLE,
+            format!("the member on node {} (group {}): {why}", m.node, m.group),
+        ));
+    }
+    if let Some(why) = obs.members.iter().find_map(|(_, s)| s.refused.clone()) {
+        return Some(Observation::new(
+            members_mounted::TYPE,
+            ConditionStatus::False,
+            members_mounted::INSUFFICIENT_MEMORY,
+            why,
+        ));
+    }
+    // The kubelet's own word for a member that does not run (ImagePullBackOff, ...).
+    let (m, (reason, message)) = obs.members.iter().find_map(|(m, s)| {
+        s.waiting
+            .clone()
+            .filter(|(r, _)| r != "CrashLoopBackOff")
+            .filter(|_| !s.ready)
+            .map(|w| (m, w))
+    })?;
+    Some(Observation::new(
+        members_mounted::TYPE,
+        ConditionStatus::False,
+        reason.as_str(),
+        format!("the member on node {} (group {}): {message}", m.node, m.group),
+    ))
+}
+
+/// MembersMounted when the plan places no member: no group declared, or no node matched.
+fn no_member_verdict(unmatched: &[String]) -> Observation {
+    let msg = if unmatched.is_empty() {
+        "the backend declares no member group".to_owned()
+    } else {
+        format!("{} matches no node", unmatched.join("; "))
+    };
+    Observation::new(
+        members_mounted::TYPE,
+        ConditionStatus::False,
+        members_mounted::NO_SEGMENTS,
+        msg,
+    )
+}
+
+/// MembersMounted when every planned member is mounted (naming selectors that matched no node).
+fn all_mounted_verdict(mounted: &[&str], unmatched: &[String]) -> Observation {
+    let mut msg = format!("{} segments mounted", mounted.len());
+    if !unmatched.is_empty() {
+        msg.push_str(&format!("; {} matches no node", unmatched.join("; ")));
+    }
+    Observation::new(
+        members_mounted::TYPE,
+        ConditionStatus::True,
+        members_mounted::MOUNTED,
+        msg,
+    )
+}
+
+/// MemberCrashLooping when a missing member has ended at least once, naming each.
+fn crashed_verdict(missing: &[&(MemberPlan, crate::runtime::WorkloadState)]) -> Option<Observation> {
     let crashed: Vec<String> = missing
         .iter()
         .filter_map(|(m, s)| {
@@ -140,14 +170,23 @@ pub(super) fn members_verdict(
             ))
         })
         .collect();
-    if !crashed.is_empty() {
-        return Observation::new(
-            members_mounted::TYPE,
-            ConditionStatus::False,
-            members_mounted::MEMBER_CRASH_LOOPING,
-            crashed.join("; "),
-        );
+    if crashed.is_empty() {
+        return None;
     }
+    Some(Observation::new(
+        members_mounted::TYPE,
+        ConditionStatus::False,
+        members_mounted::MEMBER_CRASH_LOOPING,
+        crashed.join("; "),
+    ))
+}
+
+/// MembersMounted when members run but have not registered with the leader, naming their nodes.
+fn unregistered_verdict(
+    mounted: &[&str],
+    plan: &StorePlan,
+    missing: &[&(MemberPlan, crate::runtime::WorkloadState)],
+) -> Observation {
     let nodes: Vec<String> = missing
         .iter()
         .map(|(m, _)| format!("{} (group {})", m.node, m.group))

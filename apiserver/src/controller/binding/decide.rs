@@ -125,41 +125,12 @@ pub fn decide(b: &KVCachePoolBinding, seen: &Observed, now: &Time, requeue: Dura
 /// The figures read from the leader's ledger, and QuotaObserved and QuotaGranted.
 fn quota(b: &KVCachePoolBinding, seen: &Observed, prev: &BindingStatus, st: &mut BindingStatus) -> Vec<Observation> {
     let tenant = b.spec.domain_name();
-    let observed = |reason, msg: String| Observation::new(quota_observed::TYPE, ConditionStatus::True, reason, msg);
     let t = match &seen.leader {
-        Err(e) => {
-            // figures kept from the last pass
-            st.requested_quota = prev.requested_quota.clone();
-            st.effective_quota = prev.effective_quota.clone();
-            st.usage = prev.usage.clone();
-            st.over_quota = prev.over_quota;
-            return vec![Observation::new(
-                quota_observed::TYPE,
-                ConditionStatus::False,
-                quota_observed::MASTER_NOT_SCRAPED,
-                e,
-            )];
-        }
+        Err(e) => return not_scraped(prev, st, e),
         Ok(t) => t,
     };
     if !t.multi_tenancy {
-        if let Some(d) = t.tenants.iter().find(|x| x.name == "default") {
-            st.usage = Some(quantity(d.used));
-            st.blocks = Some(i64::try_from(d.objects).unwrap_or(i64::MAX));
-            st.hit_rate = shared::hit_rate(d.hits, d.misses);
-        }
-        return vec![
-            observed(
-                quota_observed::NO_TENANT_LEDGER,
-                "the leader keeps no tenant ledger (multi-tenancy is off)".into(),
-            ),
-            Observation::new(
-                quota_granted::TYPE,
-                ConditionStatus::True,
-                quota_granted::UNENFORCED,
-                "no per-domain quota is in force: writes land in the store's default tenant, bounded only by its capacity",
-            ),
-        ];
+        return no_tenant_ledger(t, st);
     }
     let Some(x) = t.tenants.iter().find(|x| x.name == tenant) else {
         return vec![
@@ -205,6 +176,47 @@ fn quota(b: &KVCachePoolBinding, seen: &Observed, prev: &BindingStatus, st: &mut
             ),
         ),
         granted(x, t),
+    ]
+}
+
+/// A QuotaObserved True observation.
+fn observed(reason: conditions::Reason, msg: String) -> Observation {
+    Observation::new(quota_observed::TYPE, ConditionStatus::True, reason, msg)
+}
+
+/// The ledger could not be read: the last pass's figures are kept, QuotaObserved is False.
+fn not_scraped(prev: &BindingStatus, st: &mut BindingStatus, error: &str) -> Vec<Observation> {
+    // figures kept from the last pass
+    st.requested_quota = prev.requested_quota.clone();
+    st.effective_quota = prev.effective_quota.clone();
+    st.usage = prev.usage.clone();
+    st.over_quota = prev.over_quota;
+    vec![Observation::new(
+        quota_observed::TYPE,
+        ConditionStatus::False,
+        quota_observed::MASTER_NOT_SCRAPED,
+        error,
+    )]
+}
+
+/// Multi-tenancy is off: the default tenant's figures, and no quota in force.
+fn no_tenant_ledger(t: &GetTenantsResponse, st: &mut BindingStatus) -> Vec<Observation> {
+    if let Some(d) = t.tenants.iter().find(|x| x.name == "default") {
+        st.usage = Some(quantity(d.used));
+        st.blocks = Some(i64::try_from(d.objects).unwrap_or(i64::MAX));
+        st.hit_rate = shared::hit_rate(d.hits, d.misses);
+    }
+    vec![
+        observed(
+            quota_observed::NO_TENANT_LEDGER,
+            "the leader keeps no tenant ledger (multi-tenancy is off)".into(),
+        ),
+        Observation::new(
+            quota_granted::TYPE,
+            ConditionStatus::True,
+            quota_granted::UNENFORCED,
+            "no per-domain quota is in force: writes land in the store's default tenant, bounded only by its capacity",
+        ),
     ]
 }
 

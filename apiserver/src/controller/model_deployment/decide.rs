@@ -53,19 +53,18 @@ pub fn attach(obj: &ModelDeployment, r: &Resolved, backend_image: &str) -> Attac
     }
 }
 
+/// DomainRegistered and the connection, first unmet step wins; sets `status.kvCache` once the
+/// Binding is found (clears it when the deployment has no `kvCache`).
 fn connect(
     obj: &ModelDeployment,
     r: &Resolved,
     backend_image: &str,
     kv_cache: &mut Option<KvCacheStatus>,
 ) -> (Observation, Option<Connection>) {
-    let obs = |status, reason: conditions::Reason, msg: String| {
-        Observation::new(domain_registered::TYPE, status, reason, msg)
-    };
     let Some(binding_name) = obj.spec.binding_name() else {
         *kv_cache = None;
         return (
-            obs(
+            registered(
                 ConditionStatus::True,
                 domain_registered::NOT_APPLICABLE,
                 "the deployment has no kvCache: it runs without a shared cache".into(),
@@ -75,7 +74,7 @@ fn connect(
     };
     let Some(b) = &r.binding else {
         return (
-            obs(
+            registered(
                 ConditionStatus::False,
                 domain_registered::BINDING_NOT_FOUND,
                 format!(
@@ -86,8 +85,22 @@ fn connect(
             None,
         );
     };
+    *kv_cache = Some(kv_cache_status(b));
+    match ready_connection(b, binding_name, r, backend_image) {
+        Ok((registered, connection)) => (registered, Some(connection)),
+        Err(not_ready) => (not_ready, None),
+    }
+}
+
+/// A DomainRegistered observation.
+fn registered(status: ConditionStatus, reason: conditions::Reason, msg: String) -> Observation {
+    Observation::new(domain_registered::TYPE, status, reason, msg)
+}
+
+/// `status.kvCache`: the Binding, its pool and its domain.
+fn kv_cache_status(b: &KVCachePoolBinding) -> KvCacheStatus {
     let domain = b.spec.domain.clone().unwrap_or_default();
-    *kv_cache = Some(KvCacheStatus {
+    KvCacheStatus {
         binding: b.name().to_owned(),
         pool: b.spec.pool_name().to_owned(),
         domain: KvCacheDomainStatus {
@@ -95,69 +108,45 @@ fn connect(
             block_size: domain.block_size.unwrap_or(0),
             dtype: domain.dtype.clone().unwrap_or_default(),
         },
-    });
+    }
+}
+
+/// DomainRegistered True and the connection through the found Binding `b`, or why not yet
+/// (DomainRegistered False).
+fn ready_connection(
+    b: &KVCachePoolBinding,
+    binding_name: &str,
+    r: &Resolved,
+    backend_image: &str,
+) -> Result<(Observation, Connection), Observation> {
     if b.metadata.deletion_timestamp.is_some() {
-        return (
-            obs(
-                ConditionStatus::False,
-                domain_registered::BINDING_DELETING,
-                format!("the KVCachePoolBinding {binding_name:?} is being deleted"),
-            ),
-            None,
-        );
+        return Err(registered(
+            ConditionStatus::False,
+            domain_registered::BINDING_DELETING,
+            format!("the KVCachePoolBinding {binding_name:?} is being deleted"),
+        ));
     }
-    let bst = b.status.clone().unwrap_or_default();
-    let granted = conditions::find(&bst.conditions, quota_granted::TYPE);
-    if bst.phase != Some(BindingPhase::Ready) || granted.is_none_or(|c| c.status != "True") {
-        let phase = bst.phase.map_or("not observed yet".to_owned(), |p| p.to_string());
-        return (
-            obs(
-                ConditionStatus::False,
-                domain_registered::BINDING_NOT_READY,
-                format!("the KVCachePoolBinding {binding_name:?} is not ready (phase {phase})"),
-            ),
-            None,
-        );
-    }
-    let unenforced = granted.is_some_and(|c| c.reason == quota_granted::UNENFORCED.as_str());
+    let unenforced = granted(b, binding_name)?;
     let endpoint = r.pool.as_ref().and_then(|p| p.status.as_ref()?.client_endpoint.clone());
     let (Some(endpoint), Some(backend)) = (endpoint, &r.backend) else {
-        return (
-            obs(
-                ConditionStatus::False,
-                domain_registered::BINDING_NOT_READY,
-                format!(
-                    "the pool {:?} of the KVCachePoolBinding {binding_name:?} has no client endpoint yet",
-                    b.spec.pool_name()
-                ),
+        return Err(registered(
+            ConditionStatus::False,
+            domain_registered::BINDING_NOT_READY,
+            format!(
+                "the pool {:?} of the KVCachePoolBinding {binding_name:?} has no client endpoint yet",
+                b.spec.pool_name()
             ),
-            None,
-        );
+        ));
     };
     // Where the ledger checks credentials, replicas carry the Binding's current one.
     let credential = if unenforced {
         None
     } else {
-        match &r.credential {
-            Some(c) if Some(c.uid.as_str()) == b.metadata.uid.as_deref() => {
-                Some(ReplicaCredential::new(binding_name, &c.current))
-            }
-            _ => {
-                return (
-                    obs(
-                        ConditionStatus::False,
-                        domain_registered::BINDING_NOT_READY,
-                        format!(
-                            "the KVCachePoolBinding {binding_name:?} has no tenant credential yet; its controller mints one"
-                        ),
-                    ),
-                    None,
-                );
-            }
-        }
+        Some(replica_credential(b, binding_name, r)?)
     };
-    (
-        obs(
+    let domain = b.spec.domain.clone().unwrap_or_default();
+    Ok((
+        registered(
             ConditionStatus::True,
             domain_registered::REGISTERED,
             format!(
@@ -165,7 +154,7 @@ fn connect(
                 b.spec.domain_name()
             ),
         ),
-        Some(Connection {
+        Connection {
             endpoint,
             store: injection::StoreKind::of(&backend.spec, backend_image),
             tenant: (!unenforced).then(|| b.spec.domain_name().to_owned()),
@@ -177,8 +166,41 @@ fn connect(
                 ca_pem: ca.clone(),
                 server_name: crate::runtime::store_tls::server_name(&kube::ResourceExt::name_any(backend)),
             }),
-        }),
-    )
+        },
+    ))
+}
+
+/// Whether the Binding is Ready with its quota granted: `Ok(unenforced)`, else why not.
+fn granted(b: &KVCachePoolBinding, binding_name: &str) -> Result<bool, Observation> {
+    let bst = b.status.clone().unwrap_or_default();
+    let granted = conditions::find(&bst.conditions, quota_granted::TYPE);
+    if bst.phase != Some(BindingPhase::Ready) || granted.is_none_or(|c| c.status != "True") {
+        let phase = bst.phase.map_or("not observed yet".to_owned(), |p| p.to_string());
+        return Err(registered(
+            ConditionStatus::False,
+            domain_registered::BINDING_NOT_READY,
+            format!("the KVCachePoolBinding {binding_name:?} is not ready (phase {phase})"),
+        ));
+    }
+    Ok(granted.is_some_and(|c| c.reason == quota_granted::UNENFORCED.as_str()))
+}
+
+/// The Binding's current tenant credential for replicas, once its controller has minted one.
+fn replica_credential(
+    b: &KVCachePoolBinding,
+    binding_name: &str,
+    r: &Resolved,
+) -> Result<ReplicaCredential, Observation> {
+    match &r.credential {
+        Some(c) if Some(c.uid.as_str()) == b.metadata.uid.as_deref() => {
+            Ok(ReplicaCredential::new(binding_name, &c.current))
+        }
+        _ => Err(registered(
+            ConditionStatus::False,
+            domain_registered::BINDING_NOT_READY,
+            format!("the KVCachePoolBinding {binding_name:?} has no tenant credential yet; its controller mints one"),
+        )),
+    }
 }
 
 /// The status the replicas' observation makes: roles, DomainRegistered and CacheAttached, phase.

@@ -40,6 +40,50 @@ pub fn engine_pod(plan: &crate::runtime::ReplicaPlan, r: &crate::runtime::Replic
     let (namespace, deployment) = plan.owner.split_once('/').unwrap_or(("default", plan.owner.as_str()));
     let e = &r.engine;
     let ordinal = r.name.rsplit_once('-').map_or("0", |(_, o)| o);
+    let mut container = engine_container(r, image);
+    let mut spec = json!({
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": e.grace_seconds,
+        "imagePullSecrets": e.pull_secrets.iter().map(|s| json!({"name": s})).collect::<Vec<_>>(),
+    });
+    let mut annotations = json!({ DEPLOYMENT_NOTE: deployment });
+    // Which credential the Pod runs with: a rotation changes it, so the spec hash, so the Pod is
+    // replaced; and the Binding controller retires the previous credential once no Pod names it.
+    if let Some(c) = &r.credential {
+        annotations[super::credential_secrets::FINGERPRINT_ANNOTATION] = json!(c.fingerprint);
+    }
+    let (mounts, volumes) = package_and_config(r, &mut spec, &mut annotations);
+    if !mounts.is_empty() {
+        container["volumeMounts"] = json!(mounts);
+        spec["volumes"] = json!(volumes);
+    }
+    spec["containers"] = json!([container]);
+    let hash = ring::digest::digest(
+        &ring::digest::SHA256,
+        serde_json::to_string(&(&spec, &annotations))
+            .unwrap_or_default()
+            .as_bytes(),
+    );
+    annotations[SPEC_HASH] = json!(hash.as_ref().iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let mut labels = engine_labels(deployment, Some(&r.role));
+    labels["modeldeployment.gpustack.ai/pod-ordinal"] = json!(ordinal);
+    labels[TYPE_LABEL] = json!("modeldeployments");
+    let mut meta = json!({
+        "name": format!("{deployment}-{}", r.name),
+        "namespace": namespace,
+        "labels": labels,
+        "annotations": annotations,
+    });
+    if !plan.uid.is_empty() {
+        meta["ownerReferences"] = json!([owner_reference("ModelDeployment", deployment, &plan.uid)]);
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+}
+
+/// The engine container: the controller's command and environment (the credential from the
+/// Binding's Secret), its port and probes on `GET /health`.
+fn engine_container(r: &crate::runtime::Replica, image: &str) -> Value {
+    let e = &r.engine;
     let mut env: Vec<Value> = plain_env(&e.env)
         .into_iter()
         .filter(|v| !e.pod_ip_env.iter().any(|n| v["name"] == n.as_str()))
@@ -55,7 +99,7 @@ pub fn engine_pod(plan: &crate::runtime::ReplicaPlan, r: &crate::runtime::Replic
         );
     }
     let health = |period: u32, failures: u32| http_probe("/health", e.port, period, failures);
-    let mut container = json!({
+    json!({
         "name": "engine",
         "image": image,
         "imagePullPolicy": pull_policy(image, e.pull_policy.as_deref()),
@@ -69,18 +113,16 @@ pub fn engine_pod(plan: &crate::runtime::ReplicaPlan, r: &crate::runtime::Replic
         "livenessProbe": health(10, 6),
         "resources": {"limits": e.limits},
         "terminationMessagePolicy": "FallbackToLogsOnError",
-    });
-    let mut spec = json!({
-        "restartPolicy": "Always",
-        "terminationGracePeriodSeconds": e.grace_seconds,
-        "imagePullSecrets": e.pull_secrets.iter().map(|s| json!({"name": s})).collect::<Vec<_>>(),
-    });
-    let mut annotations = json!({ DEPLOYMENT_NOTE: deployment });
-    // Which credential the Pod runs with: a rotation changes it, so the spec hash, so the Pod is
-    // replaced; and the Binding controller retires the previous credential once no Pod names it.
-    if let Some(c) = &r.credential {
-        annotations[super::credential_secrets::FINGERPRINT_ANNOTATION] = json!(c.fingerprint);
-    }
+    })
+}
+
+/// The package copy's init container (into `spec`) and the client configuration's annotation
+/// (into `annotations`), with the engine's mounts and the Pod's volumes for them.
+fn package_and_config(
+    r: &crate::runtime::Replica,
+    spec: &mut Value,
+    annotations: &mut Value,
+) -> (Vec<Value>, Vec<Value>) {
     let mut mounts = Vec::new();
     let mut volumes = Vec::new();
     // Our connectors come from the store's own build: an init container copies the package the
@@ -108,31 +150,7 @@ pub fn engine_pod(plan: &crate::runtime::ReplicaPlan, r: &crate::runtime::Replic
             {"path": "mooncake.json", "fieldRef": {"fieldPath": format!("metadata.annotations['{CLIENT_CONFIG}']")}},
         ]}}));
     }
-    if !mounts.is_empty() {
-        container["volumeMounts"] = json!(mounts);
-        spec["volumes"] = json!(volumes);
-    }
-    spec["containers"] = json!([container]);
-    let hash = ring::digest::digest(
-        &ring::digest::SHA256,
-        serde_json::to_string(&(&spec, &annotations))
-            .unwrap_or_default()
-            .as_bytes(),
-    );
-    annotations[SPEC_HASH] = json!(hash.as_ref().iter().map(|b| format!("{b:02x}")).collect::<String>());
-    let mut labels = engine_labels(deployment, Some(&r.role));
-    labels["modeldeployment.gpustack.ai/pod-ordinal"] = json!(ordinal);
-    labels[TYPE_LABEL] = json!("modeldeployments");
-    let mut meta = json!({
-        "name": format!("{deployment}-{}", r.name),
-        "namespace": namespace,
-        "labels": labels,
-        "annotations": annotations,
-    });
-    if !plan.uid.is_empty() {
-        meta["ownerReferences"] = json!([owner_reference("ModelDeployment", deployment, &plan.uid)]);
-    }
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+    (mounts, volumes)
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use kvcache_api::model_deployment::EngineName;
 
 use crate::config::{EngineMode, LocalRuntimeConfig};
 use crate::runtime::PACKAGE_DIR;
-use crate::runtime::Replica;
+use crate::runtime::{EngineContainer, Replica};
 
 /// The simulated engine's workload: a few rounds of prompts, then idle (an engine with no
 /// traffic), so that a settled walkthrough settles.
@@ -80,73 +80,20 @@ pub fn launch(
     env: Vec<(String, String)>,
     port: u16,
 ) -> Launch {
-    let simulated = |env: Vec<(String, String)>, note: Option<String>| {
-        let mut env = env;
-        for (k, v) in SIMULATED_WORKLOAD {
-            if !env.iter().any(|(n, _)| n == k) {
-                env.push(((*k).to_owned(), (*v).to_owned()));
-            }
-        }
-        Launch {
-            program: store_binary.to_owned(),
-            args: vec!["--exit-with-stdin".into(), "engine-sim".into()],
-            env,
-            health: None,
-            note,
-        }
-    };
     if cfg.engines == EngineMode::Simulated {
-        return simulated(env, None);
+        return simulated(store_binary, env, None);
     }
     let e = &r.engine;
     let engine = match e.command.first().map(String::as_str) {
         Some("vllm") => EngineName::Vllm,
         _ => EngineName::Sglang,
     };
-    let Some(command) = e.command.first() else {
-        return simulated(env, Some("simulated: the engine has no command".into()));
-    };
     let search: Vec<PathBuf> = cfg.path.iter().chain(&host.path).cloned().collect();
-    let Some(program) = find(command, &search) else {
-        return simulated(
-            env,
-            Some(format!(
-                "simulated: {command:?} is not installed (not in localRuntime.path or the server's PATH)"
-            )),
-        );
+    let program = match runnable(e, engine, &search) {
+        Ok(program) => program,
+        Err(why) => return simulated(store_binary, env, Some(why)),
     };
-    let model = match engine {
-        EngineName::Vllm => e.args.first(),
-        EngineName::Sglang => e.args.iter().skip_while(|a| *a != "--model-path").nth(1),
-    };
-    if !model.is_some_and(|m| Path::new(m).is_absolute() && Path::new(m).is_dir()) {
-        return simulated(
-            env,
-            Some(format!(
-                "simulated: the model {:?} is not a local directory (a real engine here serves a model from a local path)",
-                model.map(String::as_str).unwrap_or_default()
-            )),
-        );
-    }
-    let mut env = env;
-    // our connectors from this build's package, where a Pod has its copy from the store's image
-    if let Some(dir) = &cfg.package_dir {
-        for (k, v) in env.iter_mut() {
-            if k == "PYTHONPATH" && v == PACKAGE_DIR {
-                *v = dir.display().to_string();
-            }
-        }
-    }
-    let path = std::env::join_paths(&search)
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    env.push(("PATH".into(), path));
-    for (k, v) in &host.passed {
-        if !env.iter().any(|(n, _)| n == k) {
-            env.push((k.clone(), v.clone()));
-        }
-    }
-    env.push(("KVSTORE_REPORT".into(), "stdout".into()));
+    let env = real_env(env, cfg, host, &search);
     let mut args = vec!["--exit-with-stdin".into(), "exec".into(), "--".into()];
     args.push(program.display().to_string());
     args.extend(e.command.iter().skip(1).cloned());
@@ -163,6 +110,77 @@ pub fn launch(
         health: Some(format!("{url}/health")),
         note: Some(format!("{name} ({}) at {url}", e.command.join(" "))),
     }
+}
+
+/// The simulator's launch: `env` with the [`SIMULATED_WORKLOAD`] it does not set itself.
+fn simulated(store_binary: &Path, env: Vec<(String, String)>, note: Option<String>) -> Launch {
+    let mut env = env;
+    for (k, v) in SIMULATED_WORKLOAD {
+        if !env.iter().any(|(n, _)| n == k) {
+            env.push(((*k).to_owned(), (*v).to_owned()));
+        }
+    }
+    Launch {
+        program: store_binary.to_owned(),
+        args: vec!["--exit-with-stdin".into(), "engine-sim".into()],
+        env,
+        health: None,
+        note,
+    }
+}
+
+/// The real engine's program, found in `search`, when its model is a local directory; else why
+/// the simulator runs instead.
+fn runnable(e: &EngineContainer, engine: EngineName, search: &[PathBuf]) -> Result<PathBuf, String> {
+    let Some(command) = e.command.first() else {
+        return Err("simulated: the engine has no command".into());
+    };
+    let Some(program) = find(command, search) else {
+        return Err(format!(
+            "simulated: {command:?} is not installed (not in localRuntime.path or the server's PATH)"
+        ));
+    };
+    let model = match engine {
+        EngineName::Vllm => e.args.first(),
+        EngineName::Sglang => e.args.iter().skip_while(|a| *a != "--model-path").nth(1),
+    };
+    if !model.is_some_and(|m| Path::new(m).is_absolute() && Path::new(m).is_dir()) {
+        return Err(format!(
+            "simulated: the model {:?} is not a local directory (a real engine here serves a model from a local path)",
+            model.map(String::as_str).unwrap_or_default()
+        ));
+    }
+    Ok(program)
+}
+
+/// A real engine's environment: `env` with the package directory, the search `PATH`, the
+/// server's passed-through variables and stdout reports.
+fn real_env(
+    env: Vec<(String, String)>,
+    cfg: &LocalRuntimeConfig,
+    host: &Host,
+    search: &[PathBuf],
+) -> Vec<(String, String)> {
+    let mut env = env;
+    // our connectors from this build's package, where a Pod has its copy from the store's image
+    if let Some(dir) = &cfg.package_dir {
+        for (k, v) in env.iter_mut() {
+            if k == "PYTHONPATH" && v == PACKAGE_DIR {
+                *v = dir.display().to_string();
+            }
+        }
+    }
+    let path = std::env::join_paths(search)
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    env.push(("PATH".into(), path));
+    for (k, v) in &host.passed {
+        if !env.iter().any(|(n, _)| n == k) {
+            env.push((k.clone(), v.clone()));
+        }
+    }
+    env.push(("KVSTORE_REPORT".into(), "stdout".into()));
+    env
 }
 
 /// `args` with `--host` and `--port` (either spelling) replaced: the engine listens on

@@ -172,6 +172,8 @@ fn now() -> SystemTime {
     SystemTime::now()
 }
 
+/// Runs `spec` until `stop`: starts it, waits for it to end, records the exit and restarts it
+/// after the back-off.
 async fn supervise(
     spec: ProcessSpec,
     observed: Arc<Mutex<Observed>>,
@@ -179,66 +181,116 @@ async fn supervise(
     grace: Duration,
     hooks: Hooks,
 ) {
-    let set = |f: &dyn Fn(&mut Observed)| {
-        f(&mut observed.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-        hooks.changed();
+    let s = Supervision {
+        spec,
+        observed,
+        stop,
+        grace,
+        hooks,
     };
     let mut backoff = FIRST_BACKOFF;
     let mut first = true;
     loop {
         if !first {
-            set(&|o| o.state.restarts += 1);
+            s.set(&|o| o.state.restarts += 1);
         }
         first = false;
         let started = Instant::now();
-        let mut child = match spawn(&spec).await {
+        let mut child = match spawn(&s.spec).await {
             Ok(child) => child,
             Err(e) => {
-                let exit = Exit {
-                    code: None,
-                    signal: None,
-                    log_tail: format!("could not start {}: {e}", spec.program.display()),
-                    at: now(),
-                };
-                set(&|o| {
-                    o.state.running = false;
-                    o.state.ready = false;
-                    o.state.last_exit = Some(exit.clone());
-                });
+                s.spawn_failed(&e);
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
-                    () = stop.cancelled() => return,
+                    () = s.stop.cancelled() => return,
                 }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue;
             }
         };
-        set(&|o| {
+        let Some(status) = s.run(&mut child).await else {
+            return;
+        };
+        s.exited(&status).await;
+        // Back off processes that cannot come up, not ones that ran: an instance that served
+        // (or stood by) and was then killed is restarted after the first back-off again.
+        let came_up = s.lock().came_up;
+        if came_up || started.elapsed() >= STABLE_RUN {
+            backoff = FIRST_BACKOFF;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = s.stop.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// What [`supervise`] works with: the process, what it observed, and how to stop and announce.
+struct Supervision {
+    spec: ProcessSpec,
+    observed: Arc<Mutex<Observed>>,
+    stop: CancellationToken,
+    grace: Duration,
+    hooks: Hooks,
+}
+
+impl Supervision {
+    /// The observed state, locked.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Observed> {
+        self.observed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Changes the observed state and announces the change.
+    fn set(&self, f: &dyn Fn(&mut Observed)) {
+        f(&mut self.lock());
+        self.hooks.changed();
+    }
+
+    /// Records a start that failed as an exit.
+    fn spawn_failed(&self, e: &std::io::Error) {
+        let exit = Exit {
+            code: None,
+            signal: None,
+            log_tail: format!("could not start {}: {e}", self.spec.program.display()),
+            at: now(),
+        };
+        self.set(&|o| {
+            o.state.running = false;
+            o.state.ready = false;
+            o.state.last_exit = Some(exit.clone());
+        });
+    }
+
+    /// Watches the started child until it ends (its exit status), or until `stop`: then it is
+    /// terminated and `None` returned.
+    async fn run(&self, child: &mut Child) -> Option<std::io::Result<std::process::ExitStatus>> {
+        self.set(&|o| {
             o.state.running = true;
             o.state.ready = false;
             o.state.started = Some(now());
             o.came_up = false;
         });
         let reader = child.stdout.take().map(|out| {
-            let observed = observed.clone();
-            let log = spec.log.clone();
-            tokio::spawn(read_stdout(out, log, observed, hooks.clone()))
+            let observed = self.observed.clone();
+            let log = self.spec.log.clone();
+            tokio::spawn(read_stdout(out, log, observed, self.hooks.clone()))
         });
-        let prober = spec.health.clone().map(|url| {
-            let observed = observed.clone();
-            tokio::spawn(probe_health(url, observed, hooks.clone()))
+        let prober = self.spec.health.clone().map(|url| {
+            let observed = self.observed.clone();
+            tokio::spawn(probe_health(url, observed, self.hooks.clone()))
         });
         // The pipe the child watches: held here until the child is done with.
         let stdin = child.stdin.take();
         let status = tokio::select! {
             status = child.wait() => status,
-            () = stop.cancelled() => {
+            () = self.stop.cancelled() => {
                 if let Some(p) = &prober { p.abort(); }
-                terminate(&mut child, grace).await;
+                terminate(child, self.grace).await;
                 drop(stdin);
                 if let Some(r) = reader { r.abort(); }
-                set(&|o| { o.state.running = false; o.state.ready = false; });
-                return;
+                self.set(&|o| { o.state.running = false; o.state.ready = false; });
+                return None;
             }
         };
         drop(stdin);
@@ -248,7 +300,13 @@ async fn supervise(
         if let Some(r) = reader {
             let _ = r.await;
         }
-        let (code, signal) = match &status {
+        Some(status)
+    }
+
+    /// Records the child's exit (code or signal, its log's tail), runs the exit hook, then
+    /// announces it.
+    async fn exited(&self, status: &std::io::Result<std::process::ExitStatus>) {
+        let (code, signal) = match status {
             Ok(s) => {
                 use std::os::unix::process::ExitStatusExt;
                 (s.code(), s.signal())
@@ -258,35 +316,21 @@ async fn supervise(
         let exit = Exit {
             code,
             signal,
-            log_tail: tail(&spec.log).await,
+            log_tail: tail(&self.spec.log).await,
             at: now(),
         };
-        tracing::warn!(program = %spec.program.display(), log = %spec.log.display(), "{}", exit.describe());
+        tracing::warn!(program = %self.spec.program.display(), log = %self.spec.log.display(), "{}", exit.describe());
         {
             // recorded first, announced once the exit hook has run (the leader then knows too)
-            let mut o = observed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut o = self.lock();
             o.state.running = false;
             o.state.ready = false;
             o.state.last_exit = Some(exit.clone());
         }
-        if let Some(hook) = &hooks.on_exit {
+        if let Some(hook) = &self.hooks.on_exit {
             hook().await;
         }
-        hooks.changed();
-        // Back off processes that cannot come up, not ones that ran: an instance that served
-        // (or stood by) and was then killed is restarted after the first back-off again.
-        let came_up = observed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .came_up;
-        if came_up || started.elapsed() >= STABLE_RUN {
-            backoff = FIRST_BACKOFF;
-        }
-        tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
-            () = stop.cancelled() => return,
-        }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        self.hooks.changed();
     }
 }
 

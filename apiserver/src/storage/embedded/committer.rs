@@ -194,6 +194,8 @@ fn take_batch(queue: &mut std::collections::VecDeque<Queued>, max_bytes: usize) 
     batch
 }
 
+/// One round: the batch written as one frame and synced once, then published (index, durable
+/// revision, acknowledgements, watch events). Nothing is published unless the sync succeeded.
 fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<(), CommitError> {
     let mut enc = BatchEncoder::new();
     for txn in &batch {
@@ -202,46 +204,13 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
     let frame_offset = log.write_offset;
     let (frame, spans) = enc.finish();
     let frame_len = frame.len() as u64;
-    let written = ensure_capacity(shared, log, frame_offset + frame_len).and_then(|grown| {
-        if let Some(map) = grown {
-            // it maps only zeros past the write offset, which no reader reaches yet
-            shared.state.write().map = Arc::new(map);
-        }
-        log.file
-            .write_at(&frame, frame_offset)
-            .map_err(|e| StorageError::io(format!("writing {}", log.path.display()), e))
-    });
+    let written = write_frame(shared, log, &frame, frame_offset);
     if let Err(e) = &written
         && storage_is_full(e)
     {
-        // Nothing of this round was synced: it, and everything queued behind it, is refused
-        // (by `wait_for_space`) and forgotten. Whatever part of the frame reached the page cache
-        // lies past the write offset and is overwritten by the next round; zero it if we can.
-        let message = space_message(e);
-        refuse(
-            &shared.state,
-            batch,
-            || StorageError::NoSpace(message.clone()),
-            |st| st.no_space = Some(message.clone()),
-        );
-        if frame_offset + frame_len <= log.file_len {
-            let _ = log.file.write_at(&vec![0u8; frame.len()], frame_offset);
-        }
-        return Err(CommitError::NoSpace {
-            message,
-            needed: frame_len,
-        });
+        return Err(refuse_no_space(shared, log, batch, e, &frame, frame_offset));
     }
-    let synced = written.and_then(|()| {
-        let started = std::time::Instant::now();
-        let synced = log.file.sync_data();
-        shared
-            .options
-            .metrics
-            .fsync_duration
-            .observe(started.elapsed().as_secs_f64());
-        synced.map_err(|e| StorageError::io(format!("syncing {}", log.path.display()), e))
-    });
+    let synced = written.and_then(|()| sync_log(shared, log));
     if let Err(e) = synced {
         // The queued transactions are not durable and never will be: refuse them all.
         let msg = format!("{e}; the server stops accepting writes for good (restart it once the disk is healthy)");
@@ -261,13 +230,75 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
         .metrics
         .log_bytes
         .set(i64::try_from(log.write_offset).unwrap_or(i64::MAX));
+    publish_durable(shared, &batch, &spans, frame_offset);
+    acknowledge(shared, batch);
+    Ok(())
+}
 
+/// Writes the frame at `frame_offset`, growing the file (and its mapping) first if it does not fit.
+fn write_frame(shared: &Shared, log: &mut ActiveLog, frame: &[u8], frame_offset: u64) -> Result<()> {
+    ensure_capacity(shared, log, frame_offset + frame.len() as u64).and_then(|grown| {
+        if let Some(map) = grown {
+            // it maps only zeros past the write offset, which no reader reaches yet
+            shared.state.write().map = Arc::new(map);
+        }
+        log.file
+            .write_at(frame, frame_offset)
+            .map_err(|e| StorageError::io(format!("writing {}", log.path.display()), e))
+    })
+}
+
+/// A round that ran out of space: refuses its transactions, zeroes what it wrote if it can, and
+/// says how many bytes it needed.
+fn refuse_no_space(
+    shared: &Shared,
+    log: &ActiveLog,
+    batch: Vec<Queued>,
+    e: &StorageError,
+    frame: &[u8],
+    frame_offset: u64,
+) -> CommitError {
+    let frame_len = frame.len() as u64;
+    // Nothing of this round was synced: it, and everything queued behind it, is refused
+    // (by `wait_for_space`) and forgotten. Whatever part of the frame reached the page cache
+    // lies past the write offset and is overwritten by the next round; zero it if we can.
+    let message = space_message(e);
+    refuse(
+        &shared.state,
+        batch,
+        || StorageError::NoSpace(message.clone()),
+        |st| st.no_space = Some(message.clone()),
+    );
+    if frame_offset + frame_len <= log.file_len {
+        let _ = log.file.write_at(&vec![0u8; frame.len()], frame_offset);
+    }
+    CommitError::NoSpace {
+        message,
+        needed: frame_len,
+    }
+}
+
+/// Syncs the log's data (timed into the fsync metric).
+fn sync_log(shared: &Shared, log: &ActiveLog) -> Result<()> {
+    let started = std::time::Instant::now();
+    let synced = log.file.sync_data();
+    shared
+        .options
+        .metrics
+        .fsync_duration
+        .observe(started.elapsed().as_secs_f64());
+    synced.map_err(|e| StorageError::io(format!("syncing {}", log.path.display()), e))
+}
+
+/// Publishes a synced round: the values' durable locations in the index, then the durable
+/// revision.
+fn publish_durable(shared: &Shared, batch: &[Queued], spans: &[(u32, u32)], frame_offset: u64) {
     let value_base = frame_offset + format::FRAME_HEADER_LEN as u64;
     let last_revision = batch.last().map_or(0, |t| t.revision);
     {
         let mut st = shared.state.write();
         let mut spans = spans.iter();
-        for txn in &batch {
+        for txn in batch {
             for op in &txn.ops {
                 if op.value.is_some()
                     && let Some(&(at, len)) = spans.next()
@@ -280,7 +311,10 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
         st.durable = last_revision;
     }
     shared.durable_tx.send_replace(last_revision);
+}
 
+/// Acknowledges a durable round's transactions and publishes their watch events.
+fn acknowledge(shared: &Shared, batch: Vec<Queued>) {
     let mut events = Vec::new();
     for txn in batch {
         for op in &txn.ops {
@@ -309,7 +343,6 @@ fn commit(shared: &Shared, log: &mut ActiveLog, batch: Vec<Queued>) -> Result<()
         let _ = txn.done.send(Ok(txn.revision));
     }
     shared.hub.publish(events);
-    Ok(())
 }
 
 /// Grows the file (zero-filled and synced) so that `needed` bytes fit; returns the new mapping

@@ -31,7 +31,6 @@ pub struct Recovered {
 
 /// Replays `map` (the whole file). `path` is only for messages.
 pub fn replay(map: &LogMap, header: &FileHeader, path: &str) -> Result<Recovered, StorageError> {
-    let len = map.len();
     let mut index = Index::default();
     let mut pos = format::FILE_HEADER_LEN;
     let mut revision = header.snapshot_revision;
@@ -45,57 +44,7 @@ pub fn replay(map: &LogMap, header: &FileHeader, path: &str) -> Result<Recovered
     };
 
     while let Some(h) = intact_frame(map, pos) {
-        let payload = map
-            .slice(pos + FRAME_HEADER_LEN as u64, h.payload_len as usize)
-            .expect("intact_frame checked the bounds");
-        let value_base = pos + FRAME_HEADER_LEN as u64;
-        match h.kind {
-            FRAME_SNAPSHOT => {
-                if pos >= header.snapshot_end || h.revision != header.snapshot_revision {
-                    return Err(corrupt(pos, "a snapshot frame outside the snapshot region".into()));
-                }
-                format::decode_snapshot(payload, |e| {
-                    index.recover(
-                        e.key,
-                        e.mod_revision,
-                        Some(e.create_revision),
-                        Loc::Disk {
-                            offset: value_base + u64::from(e.value.0),
-                            len: e.value.1,
-                        },
-                    );
-                })
-                .map_err(|e| corrupt(pos, e))?;
-            }
-            FRAME_BATCH => {
-                if pos < header.snapshot_end {
-                    return Err(corrupt(pos, "a batch frame inside the snapshot region".into()));
-                }
-                let mut order_error = None;
-                format::decode_batch(payload, |rev, ops: Vec<DecodedOp<'_>>| {
-                    if rev <= revision {
-                        order_error.get_or_insert(format!("revision {rev} does not follow {revision}"));
-                        return;
-                    }
-                    revision = rev;
-                    for op in ops {
-                        let loc = match op.value {
-                            Some((at, n)) => Loc::Disk {
-                                offset: value_base + u64::from(at),
-                                len: n,
-                            },
-                            None => Loc::Tombstone,
-                        };
-                        index.recover(op.key, rev, None, loc);
-                    }
-                })
-                .map_err(|e| corrupt(pos, e))?;
-                if let Some(e) = order_error {
-                    return Err(corrupt(pos, e));
-                }
-            }
-            _ => unreachable!("FrameHeader::decode accepts known kinds only"),
-        }
+        replay_frame(map, header, &h, pos, &mut index, &mut revision).map_err(|e| corrupt(pos, e))?;
         frames += 1;
         pos += h.frame_len();
     }
@@ -105,24 +54,7 @@ pub fn replay(map: &LogMap, header: &FileHeader, path: &str) -> Result<Recovered
     }
 
     // Anything non-zero from here on is either a torn tail or damage followed by good data.
-    let mut torn = None;
-    if let Some(first_dirty) = first_nonzero(map, pos) {
-        let mut probe = next_frame_candidate(map, pos);
-        let mut dirty_end = pos;
-        while probe + FRAME_HEADER_LEN as u64 <= len {
-            if intact_frame(map, probe).is_some() {
-                return Err(corrupt(
-                    pos,
-                    format!("a damaged frame (an intact frame follows at offset {probe})"),
-                ));
-            }
-            probe += FRAME_ALIGN;
-        }
-        if let Some(last) = last_nonzero(map, first_dirty) {
-            dirty_end = last + 1;
-        }
-        torn = Some((pos, dirty_end.max(first_dirty + 1)));
-    }
+    let torn = torn_tail(map, pos).map_err(|e| corrupt(pos, e))?;
 
     Ok(Recovered {
         index,
@@ -132,6 +64,99 @@ pub fn replay(map: &LogMap, header: &FileHeader, path: &str) -> Result<Recovered
         torn,
         frames,
     })
+}
+
+/// Recovers the intact frame `h` at `pos` into `index` (a batch advances `revision`); the error
+/// says what is corrupt there.
+fn replay_frame(
+    map: &LogMap,
+    header: &FileHeader,
+    h: &FrameHeader,
+    pos: u64,
+    index: &mut Index,
+    revision: &mut u64,
+) -> Result<(), String> {
+    let payload = map
+        .slice(pos + FRAME_HEADER_LEN as u64, h.payload_len as usize)
+        .expect("intact_frame checked the bounds");
+    let value_base = pos + FRAME_HEADER_LEN as u64;
+    match h.kind {
+        FRAME_SNAPSHOT => {
+            if pos >= header.snapshot_end || h.revision != header.snapshot_revision {
+                return Err("a snapshot frame outside the snapshot region".into());
+            }
+            replay_snapshot(payload, value_base, index)
+        }
+        FRAME_BATCH => {
+            if pos < header.snapshot_end {
+                return Err("a batch frame inside the snapshot region".into());
+            }
+            replay_batch(payload, value_base, index, revision)
+        }
+        _ => unreachable!("FrameHeader::decode accepts known kinds only"),
+    }
+}
+
+/// Recovers a snapshot frame's entries (`value_base`: where its payload starts in the file).
+fn replay_snapshot(payload: &[u8], value_base: u64, index: &mut Index) -> Result<(), String> {
+    format::decode_snapshot(payload, |e| {
+        index.recover(
+            e.key,
+            e.mod_revision,
+            Some(e.create_revision),
+            Loc::Disk {
+                offset: value_base + u64::from(e.value.0),
+                len: e.value.1,
+            },
+        );
+    })
+}
+
+/// Recovers a batch frame's transactions, each of whose revisions must follow `revision`.
+fn replay_batch(payload: &[u8], value_base: u64, index: &mut Index, revision: &mut u64) -> Result<(), String> {
+    let mut order_error = None;
+    format::decode_batch(payload, |rev, ops: Vec<DecodedOp<'_>>| {
+        if rev <= *revision {
+            order_error.get_or_insert(format!("revision {rev} does not follow {revision}"));
+            return;
+        }
+        *revision = rev;
+        for op in ops {
+            let loc = match op.value {
+                Some((at, n)) => Loc::Disk {
+                    offset: value_base + u64::from(at),
+                    len: n,
+                },
+                None => Loc::Tombstone,
+            };
+            index.recover(op.key, rev, None, loc);
+        }
+    })?;
+    match order_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The torn tail from `pos` to zero (`[start, end)`), if any byte there is non-zero; an intact
+/// frame past the damage is an error instead: a corrupt middle.
+fn torn_tail(map: &LogMap, pos: u64) -> Result<Option<(u64, u64)>, String> {
+    let Some(first_dirty) = first_nonzero(map, pos) else {
+        return Ok(None);
+    };
+    let len = map.len();
+    let mut probe = next_frame_candidate(map, pos);
+    let mut dirty_end = pos;
+    while probe + FRAME_HEADER_LEN as u64 <= len {
+        if intact_frame(map, probe).is_some() {
+            return Err(format!("a damaged frame (an intact frame follows at offset {probe})"));
+        }
+        probe += FRAME_ALIGN;
+    }
+    if let Some(last) = last_nonzero(map, first_dirty) {
+        dirty_end = last + 1;
+    }
+    Ok(Some((pos, dirty_end.max(first_dirty + 1))))
 }
 
 /// Where a frame could next start after the damaged one at `pos`. If its header is intact (a
