@@ -16,7 +16,7 @@ use futures::StreamExt as _;
 
 use kube::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kvcache_api::backend::EndpointName;
 use kvcache_api::common::UsedBy;
 use kvcache_api::{KVCachePool, KVCachePoolBinding, ModelDeployment};
@@ -37,7 +37,10 @@ pub fn for_deployment(md: ModelDeployment) -> Option<ObjectRef<KVCachePoolBindin
 }
 
 /// A pool event wakes its Bindings.
-pub fn for_pool(bindings: &Store<KVCachePoolBinding>, pool: &KVCachePool) -> Vec<ObjectRef<KVCachePoolBinding>> {
+pub fn for_pool(
+    bindings: &reflector::Store<KVCachePoolBinding>,
+    pool: &KVCachePool,
+) -> Vec<ObjectRef<KVCachePoolBinding>> {
     bindings
         .state()
         .iter()
@@ -160,7 +163,7 @@ async fn write(api: &Api<KVCachePoolBinding>, obj: &KVCachePoolBinding, d: Decis
 /// changes, and when its backend's processes change (a new leader serves, a member remounted
 /// after a failover), so a grant that was briefly zero while members handed their values over
 /// does not show until the next requeue. `pools` is the pool controller's cache.
-pub(super) async fn controller(ctx: Arc<Context>, pools: Store<KVCachePool>, stop: super::Shutdown) {
+pub(super) async fn controller(ctx: Arc<Context>, pools: reflector::Store<KVCachePool>, stop: super::Shutdown) {
     let client = ctx.client.clone();
     let cfg = kube::runtime::watcher::Config::default;
     let bindings = kube::runtime::Controller::new(Api::<KVCachePoolBinding>::all(client.clone()), cfg());

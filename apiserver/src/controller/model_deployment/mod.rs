@@ -16,7 +16,7 @@ use futures::StreamExt as _;
 
 use kube::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
 
 use super::injection::{Connection, StoreKind};
@@ -32,7 +32,10 @@ use kvcache_store::proto::ClientStatus;
 const KIND: &str = "ModelDeployment";
 
 /// A Binding event wakes the deployments of its namespace that attach through it.
-pub fn for_binding(deployments: &Store<ModelDeployment>, b: &KVCachePoolBinding) -> Vec<ObjectRef<ModelDeployment>> {
+pub fn for_binding(
+    deployments: &reflector::Store<ModelDeployment>,
+    b: &KVCachePoolBinding,
+) -> Vec<ObjectRef<ModelDeployment>> {
     deployments
         .state()
         .iter()

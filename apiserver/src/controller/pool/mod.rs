@@ -20,7 +20,7 @@ use futures::StreamExt as _;
 
 use kube::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 
 use super::status::{self, add_finalizer, remove_finalizer};
@@ -38,7 +38,7 @@ pub fn for_binding(b: KVCachePoolBinding) -> Option<ObjectRef<KVCachePool>> {
 }
 
 /// A backend event wakes every pool on it.
-pub fn for_backend(pools: &Store<KVCachePool>, b: &KVCacheBackend) -> Vec<ObjectRef<KVCachePool>> {
+pub fn for_backend(pools: &reflector::Store<KVCachePool>, b: &KVCacheBackend) -> Vec<ObjectRef<KVCachePool>> {
     pools
         .state()
         .iter()
