@@ -72,7 +72,7 @@ async fn pump(
 /// Whether `bytes` is a run of whole TLS records (or their start, cut off at the end) whose
 /// content, past the handshake's hellos, is all encrypted (`application_data`, type 23; 20 is
 /// TLS 1.3's compatibility change_cipher_spec, one byte).
-#[allow(clippy::big_endian_bytes, reason = "TLS numbers are big-endian (RFC 8446 §5.1)")]
+#[allow(clippy::big_endian_bytes, reason = "TLS numbers are big-endian (RFC 8446)")]
 fn only_tls_records(bytes: &[u8]) -> Result<usize, String> {
     let mut at = 0;
     let mut records = 0;

@@ -1,4 +1,4 @@
-//! TLS 1.3 records (RFC 8446 §5.2) as the framed ports carry them: each direction's key, IV and
+//! TLS 1.3 records (RFC 8446) as the framed ports carry them: each direction's key, IV and
 //! sequence number ([`Direction`]), opening the record at the front of a buffer in place
 //! ([`open_front`]) and sealing one into a buffer ([`seal_one`]). `sealed.rs` runs them over a
 //! socket; [`fuzzing`] without one.
@@ -13,7 +13,7 @@ pub(super) const MAX_PLAIN: usize = 16 * 1024;
 /// Header (5), content type (1) and tag (16) around a record's plaintext.
 pub(super) const OVERHEAD: usize = 5 + 1 + 16;
 /// Largest record a peer may send: the plaintext, its type and up to 255 bytes of padding and tag
-/// (RFC 8446 §5.2: 2^14 + 256 after the header).
+/// (RFC 8446: 2^14 + 256 after the header).
 pub(super) const MAX_RECORD: usize = 5 + MAX_PLAIN + 256;
 /// Records one key protects on a connection before the connection is closed (2^23, a quarter of
 /// AES-GCM's limit for TLS 1.3, and 128 GiB of values).
@@ -57,7 +57,7 @@ impl Direction {
     }
 
     /// The next record's nonce (the IV with the sequence number in its last 8 bytes, XORed).
-    #[allow(clippy::big_endian_bytes, reason = "TLS numbers are big-endian (RFC 8446 §5.3)")]
+    #[allow(clippy::big_endian_bytes, reason = "TLS numbers are big-endian (RFC 8446)")]
     fn nonce(&mut self) -> io::Result<Nonce> {
         if self.seq >= KEY_LIMIT {
             return Err(io::Error::other(
@@ -91,7 +91,7 @@ pub(super) fn open_front(rx: &mut Direction, buf: &mut [u8], start: usize, end: 
         return Ok((Opened::NeedMore, 0));
     }
     let header: [u8; 5] = buf[start..start + 5].try_into().unwrap_or([0; 5]);
-    #[allow(clippy::big_endian_bytes, reason = "TLS numbers are big-endian (RFC 8446 §5.1)")]
+    #[allow(clippy::big_endian_bytes, reason = "TLS numbers are big-endian (RFC 8446)")]
     let len = u16::from_be_bytes([header[3], header[4]]) as usize;
     if header[0] != APPLICATION_DATA || header[1..3] != [3, 3] {
         return Err(invalid("not a TLS 1.3 record"));

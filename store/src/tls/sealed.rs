@@ -1,7 +1,7 @@
 //! The TLS 1.3 record layer of the framed ports (fast port, data port), run here with the
 //! traffic keys rustls hands over once its handshake is done (`dangerous_extract_secrets`, the
 //! hand-over kernel TLS offload uses). On the wire these are ordinary TLS 1.3 records
-//! (RFC 8446 §5.2: a 5-byte header that is the additional data, the content and its type
+//! (RFC 8446: a 5-byte header that is the additional data, the content and its type
 //! encrypted with AES-GCM or ChaCha20-Poly1305 under a nonce of the IV and the record's sequence
 //! number).
 //!
