@@ -7,6 +7,8 @@
 
 #[path = "../../tests/support/layering.rs"]
 mod layering;
+#[path = "../../tests/support/shape.rs"]
+mod shape;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -20,5 +22,18 @@ fn the_top_level_modules_depend_on_each_other_without_a_circle() {
     assert!(
         graph.get("app").is_some_and(|to| to.contains("registry")),
         "the scan sees imports"
+    );
+}
+
+/// Every function outside tests reads as one list of steps and every file holds one job: none
+/// over the lengths `tests/support/shape.rs` sets.
+#[test]
+fn no_function_or_file_outside_tests_is_too_long() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let oversized = shape::oversized(&dir);
+    assert!(
+        oversized.is_empty(),
+        "split these into named steps or modules:\n{}",
+        oversized.join("\n")
     );
 }

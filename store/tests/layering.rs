@@ -9,6 +9,8 @@
 
 #[path = "../../tests/support/layering.rs"]
 mod layering;
+#[path = "../../tests/support/shape.rs"]
+mod shape;
 
 use std::path::{Path, PathBuf};
 
@@ -37,4 +39,17 @@ fn the_leaders_and_the_members_modules_depend_on_each_other_without_a_circle() {
     );
     let member = no_circle(&src().join("member"), &["super::", "crate::member::"]);
     assert!(!member.is_empty(), "the scan sees the member's imports");
+}
+
+/// Every function outside tests reads as one list of steps and every file holds one job: none
+/// over the lengths `tests/support/shape.rs` sets.
+#[test]
+fn no_function_or_file_outside_tests_is_too_long() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let oversized = shape::oversized(&dir);
+    assert!(
+        oversized.is_empty(),
+        "split these into named steps or modules:\n{}",
+        oversized.join("\n")
+    );
 }
