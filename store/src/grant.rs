@@ -31,6 +31,11 @@ use crate::error::{ErrorCode, Result, StoreError};
 
 /// Bytes of a MAC.
 pub const MAC_LEN: usize = 32;
+
+/// A MAC as it came off the wire: anything but [`MAC_LEN`] bytes never verifies.
+pub fn mac_from(b: &[u8]) -> [u8; MAC_LEN] {
+    b.try_into().unwrap_or([0; MAC_LEN])
+}
 /// Bytes of a key.
 pub const KEY_LEN: usize = 32;
 

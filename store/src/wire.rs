@@ -69,6 +69,22 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 impl Request {
+    /// The header that shows `loc`'s grant for `op` over `len` bytes, followed on the wire by a
+    /// tag of `tag_len` bytes (a write's; 0 otherwise).
+    pub fn granted(op: Op, loc: &crate::proto::Location, len: u64, deadline_unix_ms: u64, tag_len: u16) -> Request {
+        Request {
+            op,
+            mount_id: loc.mount_id,
+            offset: loc.offset,
+            len,
+            deadline_unix_ms,
+            epoch: loc.epoch,
+            allocation: loc.allocation,
+            mac: crate::grant::mac_from(&loc.grant_mac),
+            tag_len,
+        }
+    }
+
     pub fn encode(&self) -> [u8; REQUEST_LEN] {
         let mut b = [0u8; REQUEST_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());

@@ -308,17 +308,7 @@ async fn write_with_tag(
     len: u64,
 ) -> Option<ErrorCode> {
     let mut s = tokio::net::TcpStream::connect(&loc.data_addr).await.unwrap();
-    let head = wire::Request {
-        op: wire::Op::Write,
-        mount_id: loc.mount_id,
-        offset: loc.offset,
-        len,
-        deadline_unix_ms: deadline,
-        epoch: loc.epoch,
-        allocation: loc.allocation,
-        mac: kvcache_store::member::segment::Grant::mac_from(&loc.grant_mac),
-        tag_len: tag.len() as u16,
-    };
+    let head = wire::Request::granted(wire::Op::Write, loc, len, deadline, tag.len() as u16);
     s.write_all(&head.encode()).await.unwrap();
     s.write_all(tag).await.unwrap();
     s.write_all(&vec![0xee; len as usize]).await.unwrap();

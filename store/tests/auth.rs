@@ -382,17 +382,13 @@ async fn a_write_grant_kept_past_its_release_cannot_overwrite_the_next_tenants_v
     );
     // A replays its write with the old grant: refused, and B reads its own bytes.
     let mut conn = tokio::net::TcpStream::connect(&grant.data_addr).await.unwrap();
-    let head = wire::Request {
-        op: wire::Op::Write,
-        mount_id: grant.mount_id,
-        offset: grant.offset,
-        len: size,
-        deadline_unix_ms: reserved.write_deadline_unix_ms,
-        epoch: grant.epoch,
-        allocation: grant.allocation,
-        mac: kvcache_store::member::segment::Grant::mac_from(&grant.grant_mac),
-        tag_len: grant.tag.len() as u16,
-    };
+    let head = wire::Request::granted(
+        wire::Op::Write,
+        &grant,
+        size,
+        reserved.write_deadline_unix_ms,
+        grant.tag.len() as u16,
+    );
     use tokio::io::AsyncWriteExt;
     conn.write_all(&head.encode()).await.unwrap();
     conn.write_all(&grant.tag).await.unwrap();
@@ -435,7 +431,7 @@ async fn raw_read(
         deadline_unix_ms: deadline,
         epoch: loc.epoch,
         allocation: loc.allocation,
-        mac: kvcache_store::member::segment::Grant::mac_from(mac),
+        mac: kvcache_store::grant::mac_from(mac),
         tag_len: 0,
     };
     s.write_all(&req.encode()).await.unwrap();

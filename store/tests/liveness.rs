@@ -121,17 +121,7 @@ async fn raw_read(loc: &kvcache_store::proto::Location, deadline: u64) -> Option
     use kvcache_store::wire;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(&loc.data_addr).await.unwrap();
-    let req = wire::Request {
-        op: wire::Op::Read,
-        mount_id: loc.mount_id,
-        offset: loc.offset,
-        len: loc.len,
-        deadline_unix_ms: deadline,
-        epoch: loc.epoch,
-        allocation: loc.allocation,
-        mac: kvcache_store::member::segment::Grant::mac_from(&loc.grant_mac),
-        tag_len: 0,
-    };
+    let req = wire::Request::granted(wire::Op::Read, loc, loc.len, deadline, 0);
     s.write_all(&req.encode()).await.unwrap();
     let mut head = [0u8; wire::RESPONSE_LEN];
     s.read_exact(&mut head).await.unwrap();
@@ -227,17 +217,7 @@ async fn a_reader_that_stops_reading_holds_its_range_no_longer_than_its_lease() 
     stalled.connect(&to.into()).unwrap();
     stalled.set_nonblocking(true).unwrap();
     let mut stalled = tokio::net::TcpStream::from_std(stalled.into()).unwrap();
-    let req = wire::Request {
-        op: wire::Op::Read,
-        mount_id: loc.mount_id,
-        offset: loc.offset,
-        len: loc.len,
-        deadline_unix_ms: got.lease_deadline_unix_ms,
-        epoch: loc.epoch,
-        allocation: loc.allocation,
-        mac: kvcache_store::member::segment::Grant::mac_from(&loc.grant_mac),
-        tag_len: 0,
-    };
+    let req = wire::Request::granted(wire::Op::Read, &loc, loc.len, got.lease_deadline_unix_ms, 0);
     stalled.write_all(&req.encode()).await.unwrap();
 
     // once the lease is over the value may go, and the next of its size takes its range

@@ -9,7 +9,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{Client, POOL_PER_MEMBER, local, transport};
 use crate::error::{ErrorCode, Result, StoreError};
-use crate::member::segment::Grant;
 use crate::proto::Location;
 use crate::tls::Conn;
 use crate::wire::{self, Op, RESPONSE_LEN};
@@ -69,18 +68,7 @@ impl Client {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let mut s = self.conn(&loc.data_addr).await?;
         let until = Instant::now() + crate::spin::after_transfer(self.spin, len as u64);
-        let head = wire::Request {
-            op: Op::Write,
-            mount_id: loc.mount_id,
-            offset: loc.offset,
-            len: len as u64,
-            deadline_unix_ms: deadline,
-            epoch: loc.epoch,
-            allocation: loc.allocation,
-            mac: Grant::mac_from(&loc.grant_mac),
-            tag_len: loc.tag.len() as u16,
-        }
-        .encode();
+        let head = wire::Request::granted(Op::Write, loc, len as u64, deadline, loc.tag.len() as u16).encode();
         // the header, then the value's tag: one send with the (first part of the) value
         let mut head = head.to_vec();
         head.extend_from_slice(&loc.tag);
@@ -118,18 +106,7 @@ impl Client {
         }
         let mut s = self.conn(&loc.data_addr).await?;
         let until = Instant::now() + crate::spin::after_transfer(self.spin, loc.len);
-        let head = wire::Request {
-            op: Op::Read,
-            mount_id: loc.mount_id,
-            offset: loc.offset,
-            len: loc.len,
-            deadline_unix_ms: deadline,
-            epoch: loc.epoch,
-            allocation: loc.allocation,
-            mac: Grant::mac_from(&loc.grant_mac),
-            tag_len: 0,
-        }
-        .encode();
+        let head = wire::Request::granted(Op::Read, loc, loc.len, deadline, 0).encode();
         s.write_all(&head).await.map_err(transport)?;
         s.flush().await.map_err(transport)?;
         let resp = read_response(&mut s, until).await?;

@@ -24,7 +24,6 @@ use super::{Client, POOL_PER_MEMBER, transport};
 use crate::error::{Result, StoreError};
 use crate::member::local::{MAP_ANSWER_LEN, RESIDENT};
 use crate::member::mmap::SharedMap;
-use crate::member::segment::Grant;
 use crate::proto::Location;
 use crate::wire::{self, Op, RESPONSE_LEN};
 
@@ -262,17 +261,8 @@ impl Client {
 
 /// The claim of `loc`'s range until `deadline`: a write's (naming its `tag`) or a read's.
 fn claim_request(loc: &Location, deadline: u64, write: bool, tag: &[u8]) -> wire::Request {
-    wire::Request {
-        op: if write { Op::ClaimWrite } else { Op::ClaimRead },
-        mount_id: loc.mount_id,
-        offset: loc.offset,
-        len: loc.len,
-        deadline_unix_ms: deadline,
-        epoch: loc.epoch,
-        allocation: loc.allocation,
-        mac: Grant::mac_from(&loc.grant_mac),
-        tag_len: tag.len() as u16,
-    }
+    let op = if write { Op::ClaimWrite } else { Op::ClaimRead };
+    wire::Request::granted(op, loc, loc.len, deadline, tag.len() as u16)
 }
 
 /// Sends `req` and its `tag` (if any) on the socket, and reads the answer's header.

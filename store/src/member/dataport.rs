@@ -121,17 +121,6 @@ async fn connection(mut s: Conn, segment: &Segment, hot: &HotWindow) -> std::io:
     }
 }
 
-fn grant(req: &Request) -> Grant {
-    Grant {
-        mount_id: req.mount_id,
-        epoch: req.epoch,
-        offset: req.offset,
-        allocation: req.allocation,
-        deadline_unix_ms: req.deadline_unix_ms,
-        mac: req.mac,
-    }
-}
-
 /// Reads the value's tag that follows a write's header (within [`HEADER`]); `None` when the
 /// connection must close.
 async fn read_tag(s: &mut Conn, req: &Request) -> std::io::Result<Option<Vec<u8>>> {
@@ -164,8 +153,8 @@ async fn write(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result
     let Some(tag) = read_tag(s, &req).await? else {
         return Ok(false);
     };
-    segment.settle(&grant(&req), Access::Write, req.len, &tag).await;
-    match segment.begin_write(grant(&req), req.len, &tag) {
+    segment.settle(&Grant::of(&req), Access::Write, req.len, &tag).await;
+    match segment.begin_write(Grant::of(&req), req.len, &tag) {
         Ok(mut range) => {
             let left = Duration::from_millis(req.deadline_unix_ms.saturating_sub(now_unix_ms())) + WRITE_GRACE;
             // the bytes are hashed piece by piece as they arrive: over TLS as they are copied
@@ -226,8 +215,8 @@ async fn write(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result
 
 /// Returns `false` when the connection must close.
 async fn read(s: &mut Conn, segment: &Segment, req: Request) -> std::io::Result<bool> {
-    segment.settle(&grant(&req), Access::Read, req.len, &[]).await;
-    match segment.begin_read(grant(&req), req.len) {
+    segment.settle(&Grant::of(&req), Access::Read, req.len, &[]).await;
+    match segment.begin_read(Grant::of(&req), req.len) {
         Ok(range) => {
             let head = Response { ok: true, len: req.len }.encode();
             // the claim ends with the lease: a reader that stops reading loses the connection

@@ -69,17 +69,13 @@ const WRITE_OVERHEAD: usize = 1 + 10;
 
 /// A `Write` of `data` under a Location's grant, with the grant in its metadata.
 pub fn write_request(loc: &crate::proto::Location, deadline_unix_ms: u64, data: Bytes) -> Request<WriteRequest> {
-    let head = wire::Request {
-        op: wire::Op::Write,
-        mount_id: loc.mount_id,
-        offset: loc.offset,
-        len: data.len() as u64,
+    let head = wire::Request::granted(
+        wire::Op::Write,
+        loc,
+        data.len() as u64,
         deadline_unix_ms,
-        epoch: loc.epoch,
-        allocation: loc.allocation,
-        mac: Grant::mac_from(&loc.grant_mac),
-        tag_len: loc.tag.len() as u16,
-    };
+        loc.tag.len() as u16,
+    );
     let mut meta = head.encode().to_vec();
     meta.extend_from_slice(&loc.tag);
     let mut r = Request::new(WriteRequest { data });
@@ -109,14 +105,7 @@ fn write_grant(metadata: &MetadataMap) -> Result<(Grant, u64, Vec<u8>), StoreErr
     if req.op != wire::Op::Write || tag.len() != usize::from(req.tag_len) {
         return Err(missing());
     }
-    let grant = Grant {
-        mount_id: req.mount_id,
-        epoch: req.epoch,
-        offset: req.offset,
-        allocation: req.allocation,
-        deadline_unix_ms: req.deadline_unix_ms,
-        mac: req.mac,
-    };
+    let grant = Grant::of(&req);
     Ok((grant, req.len, tag.to_vec()))
 }
 
@@ -310,7 +299,7 @@ impl SegmentData for DataService {
             offset: r.offset,
             allocation: r.allocation,
             deadline_unix_ms: r.lease_deadline_unix_ms,
-            mac: Grant::mac_from(&r.grant_mac),
+            mac: crate::grant::mac_from(&r.grant_mac),
         };
         self.segment.settle(&grant, Access::Read, r.len, &[]).await;
         let (tx, rx) = tokio::sync::mpsc::channel(1);

@@ -111,7 +111,7 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
         }
         let mut tag = vec![0u8; usize::from(req.tag_len)];
         s.read_exact(&mut tag).await?;
-        let grant = grant_of(&req);
+        let grant = Grant::of(&req);
         let answer = match req.op {
             // Only a caller the serving leader granted a range of this mount may map it.
             Op::Map => match segment.check_map(&grant, req.len, &tag).await {
@@ -192,18 +192,6 @@ fn check_tag_len(req: &Request) -> Result<(), StoreError> {
         ));
     }
     Ok(())
-}
-
-/// The leader's grant a request shows.
-fn grant_of(req: &Request) -> Grant {
-    Grant {
-        mount_id: req.mount_id,
-        epoch: req.epoch,
-        offset: req.offset,
-        allocation: req.allocation,
-        deadline_unix_ms: req.deadline_unix_ms,
-        mac: req.mac,
-    }
 }
 
 /// Drops a released claim: a write is finished and counted, a read counted.

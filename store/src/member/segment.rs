@@ -58,9 +58,16 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// A MAC as it came off the wire: anything but [`MAC_LEN`] bytes never verifies.
-    pub fn mac_from(b: &[u8]) -> [u8; MAC_LEN] {
-        b.try_into().unwrap_or([0; MAC_LEN])
+    /// The leader's grant a data-port or same-host request header shows.
+    pub fn of(req: &crate::wire::Request) -> Grant {
+        Grant {
+            mount_id: req.mount_id,
+            epoch: req.epoch,
+            offset: req.offset,
+            allocation: req.allocation,
+            deadline_unix_ms: req.deadline_unix_ms,
+            mac: req.mac,
+        }
     }
 }
 
@@ -545,7 +552,7 @@ mod tests {
             offset,
             allocation,
             deadline_unix_ms: 0,
-            mac: Grant::mac_from(&mac),
+            mac: crate::grant::mac_from(&mac),
         }
     }
 
