@@ -45,11 +45,5 @@ fn the_leaders_and_the_members_modules_depend_on_each_other_without_a_circle() {
 /// over the lengths `tests/support/shape.rs` sets.
 #[test]
 fn no_function_or_file_outside_tests_is_too_long() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let oversized = shape::oversized(&dir);
-    assert!(
-        oversized.is_empty(),
-        "split these into named steps or modules:\n{}",
-        oversized.join("\n")
-    );
+    shape::assert_within_limits(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
 }

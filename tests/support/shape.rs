@@ -167,7 +167,7 @@ fn test_modules(code: &[u8]) -> Vec<(usize, usize)> {
 
 /// What breaks the size rule under `dir`: `"<file>:<line> fn <name>: <n> lines"` for each long
 /// function and `"<file>: <n> lines"` for each long file.
-pub fn oversized(dir: &Path) -> Vec<String> {
+fn oversized(dir: &Path) -> Vec<String> {
     let mut files = Vec::new();
     sources(dir, &mut files);
     files.sort();
@@ -224,4 +224,14 @@ pub fn oversized(dir: &Path) -> Vec<String> {
         }
     }
     found
+}
+
+/// Fails the test with every function and file under `dir` that breaks the size rule.
+pub fn assert_within_limits(dir: &Path) {
+    let oversized = oversized(dir);
+    assert!(
+        oversized.is_empty(),
+        "split these into named steps or modules:\n{}",
+        oversized.join("\n")
+    );
 }
