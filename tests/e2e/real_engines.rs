@@ -6,11 +6,12 @@
 //! The walkthrough is applied (the model is the local one, memory scaled, four replicas in all):
 //! `qwen-chat` (two replicas, Binding `team-a`), `other` (one replica, Binding `team-b`, another
 //! domain of the same pool) and `plain` (one replica, no cache at all). Replica B answers a
-//! prompt whose ~3,500-token prefix replica A served: its connector loads those blocks from the
-//! store (vLLM's own counters and the leader's per-tenant hits rise) and its greedy tokens equal
-//! those of `plain`. `other` gets no hit for the same prompt. With the store's member stopped
-//! (the load fails after the lookup hit) and then its leader stopped (the lookup times out), B
-//! still answers, with the same tokens as `plain`.
+//! prompt whose ~3,500-token prefix replica A served (and stored in the background): its
+//! connector loads those blocks from the store asynchronously (vLLM's own counters and the
+//! leader's per-tenant hits rise) and its greedy tokens equal those of `plain`. `other` gets no
+//! hit for the same prompt. With the store's member stopped (the lookup hits, vLLM schedules the
+//! load, and the load fails) and then its leader stopped (the lookup times out), B recomputes
+//! and answers the same tokens as `plain`.
 //!
 //! Needs (from `scripts/test`): `KVCACHE_PACKAGE_DIR` (this build's `kvcache` package, installed
 //! with `pip install --target`), the vLLM environment (`KVCACHE_VLLM_VENV`, default
@@ -155,6 +156,18 @@ fn counter(url: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// `url` answers `prompt`, and its connector has stored at least `blocks` blocks more than
+/// before (saves are put in the background, after the step that computed them).
+fn complete_and_stored(url: &str, model: &str, prompt: &str, blocks: f64) -> Vec<u64> {
+    let saved = || counter(url, "vllm:kvcache_store_saved_blocks_total");
+    let before = saved();
+    let tokens = complete(url, model, prompt);
+    eventually_within(Duration::from_secs(30), "the replica's saves reach the store", || {
+        (saved() - before >= blocks).then_some(())
+    });
+    tokens
+}
+
 /// A ~3,500-token prefix (words of the model's generated vocabulary), the same for every seed
 /// given, and a question of its own.
 fn prompt(seed: u64, question: &str) -> String {
@@ -261,7 +274,7 @@ fn real_vllm_replicas_share_blocks_through_the_store_and_survive_it_stopping() {
     let endpoint = jp(&k, KVCB, "{.status.endpoints[?(@.name==\"Client\")].address}");
 
     // A serves the prefix; B answers a prompt that shares it, from the store's blocks.
-    complete(a, &model, &prompt(1, "what did the first one say?"));
+    complete_and_stored(a, &model, &prompt(1, "what did the first one say?"), 53.0);
     let asked = prompt(1, "and what did the second one say?");
     let (hits_before, loaded_before) = (
         tenant_hits(&s, &endpoint, "default"),
@@ -302,7 +315,7 @@ fn real_vllm_replicas_share_blocks_through_the_store_and_survive_it_stopping() {
     // leader (the lookup gets no answer). B recomputes and answers the same tokens.
     let port = endpoint.rsplit(':').next().unwrap_or_default().to_owned();
     for (role, seed) in [("member", 2), ("leader", 3)] {
-        complete(a, &model, &prompt(seed, "first"));
+        complete_and_stored(a, &model, &prompt(seed, "first"), 53.0);
         let asked = prompt(seed, "second");
         let recomputed = complete(&plain, &model, &asked);
         let failures = counter(b, "vllm:kvcache_store_load_failures_total")

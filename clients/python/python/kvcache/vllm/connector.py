@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
 )
 
-from .keys import Layout
+from .keys import Layout, engine_format
 from .scheduler import SchedulerSide
 from .settings import Settings
 from .stats import KVCacheStorePromMetrics, KVCacheStoreStats
@@ -75,10 +76,13 @@ class KVCacheStoreConnector(KVConnectorBase_V1):
                 transfer.kv_load_failure_policy,
             )
         logger.info(
-            "kvcache.vllm %s side: %s, keys under %s (%s)",
+            "kvcache.vllm %s side: %s, rank %d of %d (shard %d of %d), %s",
             role.name.lower(),
             transfer.kv_role,
-            layout.namespace(settings.model),
+            layout.tp_rank,
+            layout.tp_size,
+            layout.shard,
+            layout.shards,
             layout.describe,
         )
         self._scheduler_side: SchedulerSide | None = None
@@ -86,7 +90,7 @@ class KVCacheStoreConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler_side = SchedulerSide(settings, layout, transfer)
         elif role == KVConnectorRole.WORKER:
-            self._worker_side = WorkerSide(settings, layout)
+            self._worker_side = WorkerSide(settings, layout, engine_format(vllm_config, layout))
         else:
             raise ValueError(f"kvcache.vllm: unknown connector role {role!r}")
 
@@ -126,6 +130,9 @@ class KVCacheStoreConnector(KVConnectorBase_V1):
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self.scheduler_side.request_finished(request, block_ids)
 
+    def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
+        self.scheduler_side.set_xfer_handshake_metadata(metadata)
+
     # -- worker side ---------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -149,13 +156,19 @@ class KVCacheStoreConnector(KVConnectorBase_V1):
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker_side.get_block_ids_with_load_errors()
 
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        return self.worker_side.get_handshake_metadata()
+
     # -- both sides ----------------------------------------------------------------------------
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         return self.side.counters.take_stats()
 
     def shutdown(self) -> None:
-        self.side.link.close()
+        if self._worker_side is not None:
+            self._worker_side.close()
+        else:
+            self.side.link.close()
 
     # -- vLLM's stats plumbing -----------------------------------------------------------------
 

@@ -90,6 +90,13 @@ class Link:
             else:
                 self._until = time.monotonic() + self.settings.retry_interval_s
 
+    def attach(self, f: Callable[[Store], None]) -> None:
+        """Calls `f` with the connection now if there is one, and with every new one."""
+        with self._lock:
+            self.on_connect.append(f)
+            if self.store is not None:
+                f(self.store)
+
     def start(self) -> None:
         """Connects in the background."""
         with self._lock:

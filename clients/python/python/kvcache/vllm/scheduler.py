@@ -1,17 +1,21 @@
 """The scheduler side: what to load from the store and what to save to it.
 
-One ``batch_is_exist`` per new request over every prompt block's keys (of every rank; it also
+One ``batch_is_exist`` per new request over every prompt block's keys (of every shard; it also
 leases them, so they are not evicted before the load); the hit is the run of whole blocks present
-after vLLM's own prefix-cache hit. Blocks the store lacks are saved once vLLM has computed them.
-The scheduler never moves a byte: each step it hands the workers a ``KVCacheStoreMetadata`` of
-the blocks to load and to save. With ``KVSTORE_REPORT=stdout`` it prints one JSON line per
-finished request at most every ``KVSTORE_REPORT_INTERVAL`` seconds (default 1) with the
-cumulative ``blocks``, ``hits``, ``stored`` and ``hit_rate``, which the local runtime reads.
+after vLLM's own prefix-cache hit, loaded asynchronously: the request waits in
+``WAITING_FOR_REMOTE_KVS`` until the workers report it loaded. Blocks the store lacks are saved
+once vLLM has computed them. The scheduler never moves a byte: each step it hands the workers a
+``KVCacheStoreMetadata`` of the blocks to load and to save. The shards' namespaces need the
+workers' page format, which vLLM's handshake brings (``set_xfer_handshake_metadata``); until it
+has, or if the workers disagree on it, every lookup is a miss. With ``KVSTORE_REPORT=stdout``
+it prints one JSON line per finished request at most every ``KVSTORE_REPORT_INTERVAL`` seconds
+(default 1) with the cumulative ``blocks``, ``hits``, ``stored`` and ``hit_rate``, which the local runtime reads.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,6 +27,8 @@ from .link import KEYS_PER_CALL, Link
 from .metadata import KVCacheStoreMetadata, Transfer
 from .settings import Settings
 from .stats import Counters
+
+logger = logging.getLogger("vllm." + __name__)
 
 if TYPE_CHECKING:
     from vllm.config import KVTransferConfig
@@ -42,8 +48,6 @@ class _Tracked:
     block_ids: list[int] = field(default_factory=list)
     #: blocks below this are stored, being stored, or not to be stored
     saved_upto: int = 0
-    #: (first block, blocks) to load, once allocated
-    load: tuple[int, int] | None = None
     #: local prefix-cache hit in blocks, from the last lookup
     local_blocks: int = 0
     hit_blocks: int = 0
@@ -62,10 +66,29 @@ class SchedulerSide:
         self.link = Link.of(settings, layout)
         #: requests seen, by id: ``None`` for one served without the cache
         self._requests: dict[str, _Tracked | None] = {}
+        #: each shard's namespace, once the workers' page format is known
+        self._namespaces: list[str] | None = None
+        #: loads planned since the last step's metadata
+        self._loads: list[Transfer] = []
         self._last_report = 0.0
         self._reported: dict[str, Any] = {}
         self._saved_total = 0
         self.link.start()
+
+    def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
+        """The workers' page formats, by rank: one namespace per shard when they agree."""
+        formats = {getattr(m, "page_format", None) for m in metadata.values()}
+        if len(formats) != 1 or None in formats or len(metadata) != self.layout.tp_size:
+            logger.error(
+                "kvcache.vllm: the %d ranks' page formats differ or are missing (%s); the cache is off",
+                self.layout.tp_size,
+                sorted(map(str, formats)),
+            )
+            self._namespaces = None
+            return
+        (page_format,) = formats
+        self._namespaces = [self.layout.namespace(self.model, page_format, s) for s in range(self.layout.shards)]
+        logger.info("kvcache.vllm scheduler: keys under %s", self._namespaces[0])
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         if request.request_id not in self._requests:
@@ -82,7 +105,8 @@ class SchedulerSide:
             hit += 1
         tracked.local_blocks = local
         tracked.hit_blocks = hit - local
-        return max(0, hit * self.layout.block_size - num_computed_tokens), False
+        external = max(0, hit * self.layout.block_size - num_computed_tokens)
+        return external, external > 0
 
     def _lookup(self, request: Request) -> _Tracked | None:
         seed = request_seed(request, self.model, self.layout)
@@ -95,12 +119,10 @@ class SchedulerSide:
         if not blocks:
             return tracked
         store = self.link.get()
-        if store is None:
+        if store is None or self._namespaces is None:
             self.counters.add(skipped=1)
             return tracked
-        keys = [
-            block_key(self.layout.namespace(self.model, rank), h) for h in hashes for rank in range(self.layout.tp_size)
-        ]
+        keys = [block_key(ns, h) for h in hashes for ns in self._namespaces]
         try:
             found = [
                 f
@@ -111,24 +133,26 @@ class SchedulerSide:
             self.link.failed(e, "a lookup")
             self.counters.add(lookup_failures=1)
             return tracked
-        per_block = self.layout.tp_size
+        per_block = self.layout.shards
         tracked.present = [all(found[i * per_block : (i + 1) * per_block]) for i in range(blocks)]
         self.counters.add(lookups=1, lookup_blocks=blocks)
         return tracked
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         tracked = self._requests.get(request.request_id)
-        if tracked is None:
+        if tracked is None or num_external_tokens <= 0:
             return
-        if num_external_tokens > 0:
-            n = num_external_tokens // self.layout.block_size
-            tracked.load = (tracked.local_blocks, n)
-            self.counters.add(hit_blocks=n)
-        else:
-            tracked.load = None
+        first, n = tracked.local_blocks, num_external_tokens // self.layout.block_size
+        ids = list(blocks.get_block_ids()[0])[first : first + n]
+        if len(ids) != n:  # pragma: no cover - vLLM allocates every block it asked for
+            raise RuntimeError(f"kvcache.vllm: {n} blocks to load for {request.request_id}, {len(ids)} allocated")
+        self._loads.append(Transfer(request.request_id, tracked.hashes[first : first + n], ids))
+        tracked.saved_upto = max(tracked.saved_upto, first + n)
+        self.counters.add(hit_blocks=n)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVCacheStoreMetadata:
-        meta = KVCacheStoreMetadata()
+        meta = KVCacheStoreMetadata(loads=self._loads)
+        self._loads = []
         for new in scheduler_output.scheduled_new_reqs:
             tracked = self._requests.get(new.req_id)
             if tracked is None:
@@ -143,36 +167,15 @@ class SchedulerSide:
                 continue
             new_ids = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids:
-                # preempted and resumed: these are all of its blocks now (a load planned at its
-                # new lookup goes into them)
+                # preempted and resumed: these are all of its blocks now
                 tracked.block_ids = list(new_ids[0]) if new_ids else []
             elif new_ids:
                 tracked.block_ids.extend(new_ids[0])
             computed = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
             self._plan(meta, req_id, tracked, computed)
-        self._skip_zeroing(scheduler_output, meta)
         return meta
 
-    @staticmethod
-    def _skip_zeroing(scheduler_output: SchedulerOutput, meta: KVCacheStoreMetadata) -> None:
-        """vLLM zeroes every newly allocated block before the step; a block this step loads is
-        overwritten whole before anything reads it (or, if its load fails, zeroed by the worker
-        before vLLM recomputes it), so zeroing it first is a write of the block for nothing.
-        vLLM lets a connector that loads synchronously take such blocks off the list."""
-        zero = getattr(scheduler_output, "new_block_ids_to_zero", None)
-        if not zero or not meta.loads:
-            return
-        loaded = {b for t in meta.loads for b in t.block_ids}
-        zero[:] = [b for b in zero if b not in loaded]
-
     def _plan(self, meta: KVCacheStoreMetadata, req_id: str, tracked: _Tracked, computed: int) -> None:
-        if tracked.load is not None:
-            first, n = tracked.load
-            tracked.load = None
-            ids = tracked.block_ids[first : first + n]
-            if len(ids) == n:
-                meta.loads.append(Transfer(req_id, tracked.hashes[first : first + n], ids))
-            tracked.saved_upto = max(tracked.saved_upto, first + n)
         if not self.producer:
             return
         done = min(computed // self.layout.block_size, len(tracked.hashes), len(tracked.block_ids))

@@ -12,7 +12,6 @@ if TYPE_CHECKING:
 
 DEFAULT_TIMEOUT_MS = 2000
 DEFAULT_RETRY_INTERVAL_S = 5.0
-DEFAULT_STAGING_BLOCKS = 32
 
 #: the keys ``kv_connector_extra_config`` may hold; any other is refused
 KNOWN_KEYS = frozenset(
@@ -29,8 +28,10 @@ class Settings:
     model: str
     timeout_ms: int
     retry_interval_s: float
+    #: stage loads through host slots even on a CPU (as on a GPU)
     staging: bool
-    staging_blocks: int
+    #: blocks per staging chunk (``None``: as many as 64 MiB holds)
+    staging_blocks: int | None
     same_host: bool
     report: bool
     report_interval_s: float
@@ -56,8 +57,8 @@ class Settings:
         if isinstance(served, (list, tuple)):
             served = served[0] if served else None
         model = str(extra.get("model") or served or vllm_config.model_config.model)
-        staging_blocks = int(extra.get("staging_blocks", DEFAULT_STAGING_BLOCKS))
-        if staging_blocks < 1:
+        staging_blocks = int(extra["staging_blocks"]) if "staging_blocks" in extra else None
+        if staging_blocks is not None and staging_blocks < 1:
             raise ValueError(f"kvcache.vllm: staging_blocks must be at least 1, got {staging_blocks}")
         return Settings(
             endpoint=endpoint,
