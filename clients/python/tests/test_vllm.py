@@ -454,6 +454,20 @@ class NoStoreTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "paged full-attention"):
             kv.Layout.of(vllm_config(), kv_cache_config(spec=spec), 0)
 
+    def test_a_cache_it_cannot_address_is_refused_clearly(self):
+        good = kv_caches()
+        tensors = [good[n] for n in LAYER_NAMES]
+        page = tensors[0][0].numel() * tensors[0].element_size()
+        self.assertEqual(kv.Pages.of(LAYER_NAMES, tensors, BLOCK, page).signature, f"order=HNC;runs=1x{page}")
+        with self.assertRaisesRegex(ValueError, "dense content"):
+            kv.Pages.of(LAYER_NAMES, [t[..., ::2] for t in tensors], BLOCK, page)
+        with self.assertRaisesRegex(ValueError, f"page is {page} bytes, not the {2 * page}"):
+            kv.Pages.of(LAYER_NAMES, tensors, BLOCK, 2 * page)
+        with self.assertRaisesRegex(ValueError, "do not divide the scheduler's 6"):
+            kv.Pages.of(LAYER_NAMES, tensors, 6, page)
+        with self.assertRaisesRegex(ValueError, "differs from layer"):
+            kv.Pages.of(LAYER_NAMES, [*tensors[:2], tensors[2].float()], BLOCK, page)
+
 
 if __name__ == "__main__":
     unittest.main()
