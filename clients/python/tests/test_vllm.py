@@ -395,11 +395,16 @@ class ConnectorTest(unittest.TestCase):
             self.assertEqual(block_bytes(b_kv, block), before[block], f"block {block} is untouched")
         self.assertEqual(b_worker.get_block_ids_with_load_errors(), set(), "reported once")
         self.assertEqual(b_worker.worker_side.counters.total["load_failures"], 4)
-        # vLLM then schedules it from the first failed block: the step recomputes and saves nothing
-        # the store already had at lookup
+        # vLLM hands the scheduler the failed blocks and asks again from the first of them: the
+        # store's answer no longer counts for them (else the same load would fail forever)
+        b_sched.update_connector_output(
+            SimpleNamespace(kv_connector_stats=None, invalid_block_ids={30, 31, 32, 33}, finished_recving={"b"})
+        )
+        self.assertEqual(b_sched.get_num_new_matched_tokens(req, 0), (0, False))
+        # the step recomputes them, and saves them anew
         run_step(b_worker, b_sched.build_connector_meta(step("b", range(30, 35), 0, len(prompt))))
         wait_saved(b_worker)
-        self.assertEqual(b_worker.worker_side.counters.total["saved_blocks"], 0)
+        self.assertEqual(b_worker.worker_side.counters.total["saved_blocks"], 4)
 
     def test_stats_reach_vllm_and_add_up_across_workers(self):
         a = kv.KVCacheStoreStats(data={"loaded_blocks": 2, "saved_blocks": 1})

@@ -70,6 +70,8 @@ class SchedulerSide:
         self._namespaces: list[str] | None = None
         #: loads planned since the last step's metadata
         self._loads: list[Transfer] = []
+        #: loads not yet reported finished, by request: (first block, transfer)
+        self._loading: dict[str, tuple[int, Transfer]] = {}
         self._last_report = 0.0
         self._reported: dict[str, Any] = {}
         self._saved_total = 0
@@ -146,7 +148,9 @@ class SchedulerSide:
         ids = list(blocks.get_block_ids()[0])[first : first + n]
         if len(ids) != n:  # pragma: no cover - vLLM allocates every block it asked for
             raise RuntimeError(f"kvcache.vllm: {n} blocks to load for {request.request_id}, {len(ids)} allocated")
-        self._loads.append(Transfer(request.request_id, tracked.hashes[first : first + n], ids))
+        transfer = Transfer(request.request_id, tracked.hashes[first : first + n], ids)
+        self._loads.append(transfer)
+        self._loading[request.request_id] = (first, transfer)
         tracked.saved_upto = max(tracked.saved_upto, first + n)
         self.counters.add(hit_blocks=n)
 
@@ -190,9 +194,27 @@ class SchedulerSide:
         stats = getattr(connector_output, "kv_connector_stats", None)
         if stats is not None and getattr(stats, "data", None):
             self._saved_total += int(stats.data.get("saved_blocks", 0))
+        invalid = set(getattr(connector_output, "invalid_block_ids", None) or ())
+        if invalid:
+            self._forget_failed(invalid)
+        for req_id in getattr(connector_output, "finished_recving", None) or ():
+            self._loading.pop(req_id, None)
+
+    def _forget_failed(self, invalid: set[int]) -> None:
+        """A load that failed is never offered again: vLLM recomputes its request from the first
+        failed block and asks again, and the blocks from there on count as absent (else the same
+        load would fail again, forever), so they are saved anew once recomputed."""
+        for req_id, (first, transfer) in self._loading.items():
+            failed = [i for i, block in enumerate(transfer.block_ids) if block in invalid]
+            tracked = self._requests.get(req_id)
+            if failed and tracked is not None:
+                at = first + failed[0]
+                tracked.present[at:] = [False] * (len(tracked.present) - at)
+                tracked.saved_upto = min(tracked.saved_upto, at)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._requests.pop(request.request_id, None)
+        self._loading.pop(request.request_id, None)
         self._report()
         return False, None
 
