@@ -439,6 +439,11 @@ impl<S: Strategy> KindRegistry<S> {
         Err(RegistryError::modified::<S::Kind>(name))
     }
 
+    /// The warnings of a DELETE that left `obj` marked for deletion (the strategy's).
+    pub async fn warnings_on_delete(&self, obj: &Object<S::Kind>) -> Result<Vec<String>, RegistryError> {
+        self.strategy.warnings_on_delete(obj, self.storage.as_ref()).await
+    }
+
     /// The object rules of an update, ratcheted (errors the stored version already had on
     /// fields left unchanged are dropped), then the update-only rules, which are not.
     fn judge_update(&self, new: &Object<S::Kind>, old: &Object<S::Kind>) -> ErrorList {

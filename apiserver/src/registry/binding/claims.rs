@@ -41,7 +41,7 @@ pub async fn admit(change: Change<'_, BindingSpec>, reads: &mut Reads<'_>) -> Re
     let mut out = Admission::default();
     match change {
         Change::Create(b) => {
-            let pool = read_pool(b, reads, &mut out).await?;
+            let pool = read_pool(b, true, reads, &mut out).await?;
             if let Some(pool) = &pool {
                 check_ceiling(b, pool, &mut out.errors);
             }
@@ -50,7 +50,7 @@ pub async fn admit(change: Change<'_, BindingSpec>, reads: &mut Reads<'_>) -> Re
             }
         }
         Change::Update { new, old } => {
-            let pool = read_pool(new, reads, &mut out).await?;
+            let pool = read_pool(new, false, reads, &mut out).await?;
             let ceiling = |b: &KVCachePoolBinding| b.spec.quota.as_ref().and_then(|q| q.ceiling.clone());
             if let Some(pool) = &pool
                 && !same_quantity(ceiling(new).as_ref(), ceiling(old).as_ref())
@@ -68,15 +68,22 @@ pub async fn admit(change: Change<'_, BindingSpec>, reads: &mut Reads<'_>) -> Re
 
 async fn read_pool(
     b: &KVCachePoolBinding,
+    creating: bool,
     reads: &mut Reads<'_>,
     out: &mut Admission,
 ) -> Result<Option<KVCachePool>, RegistryError> {
     let name = b.spec.pool_name();
     let pool = reads.object::<PoolSpec>("", name).await?;
-    if pool.is_none() {
-        out.warnings.push(format!(
+    match &pool {
+        None => out.warnings.push(format!(
             "KVCachePool {name:?} does not exist yet: this Binding claims its domain and gets quota once the pool exists"
-        ));
+        )),
+        // Only a new Binding: an update keeps working while its pool goes (the pool is fixed).
+        Some(p) if creating && crate::registry::holders::is_deleting(p) => out.errors.forbidden(
+            &Path::new("spec").child("poolRef").child("name"),
+            crate::registry::holders::deleting_reference("KVCachePool", name, "Binding"),
+        ),
+        Some(_) => {}
     }
     Ok(pool)
 }

@@ -1,5 +1,6 @@
 //! The hooks of `KVCachePool`: no defaults, the backend fixed for life, a warning when the
-//! backend does not exist yet or keeps no ledger, and the `/status` rules.
+//! backend does not exist yet or keeps no ledger, a refusal when it is being deleted, the
+//! warning of a held DELETE, and the `/status` rules.
 
 use async_trait::async_trait;
 use kvcache_api::backend::BackendSpec;
@@ -7,7 +8,8 @@ use kvcache_api::pool::{KVCachePool, PoolSpec};
 
 use super::validation;
 use crate::field::{ErrorList, Path};
-use crate::registry::{Admission, Change, Context, Reads, RegistryError, StatusStrategy, Strategy};
+use crate::registry::{Admission, Change, Context, Reads, RegistryError, StatusStrategy, Strategy, holders};
+use crate::storage::Storage;
 
 #[derive(Debug, Default)]
 pub struct PoolStrategy;
@@ -48,6 +50,10 @@ impl Strategy for PoolStrategy {
             return Ok(out);
         };
         match reads.object::<BackendSpec>("", name).await? {
+            Some(backend) if holders::is_deleting(&backend) => out.errors.forbidden(
+                &Path::new("spec").child("backends").index(0),
+                holders::deleting_reference("KVCacheBackend", name, "pool"),
+            ),
             None => out.warnings.push(format!(
                 "KVCacheBackend {name:?} does not exist yet; the pool reports BackendResolved=False until it does"
             )),
@@ -57,6 +63,13 @@ impl Strategy for PoolStrategy {
             Some(_) => {}
         }
         Ok(out)
+    }
+
+    async fn warnings_on_delete(&self, obj: &KVCachePool, storage: &dyn Storage) -> Result<Vec<String>, RegistryError> {
+        let bindings = holders::of_pool(storage, obj.name()).await?;
+        Ok(Vec::from_iter((!bindings.is_empty()).then(|| {
+            holders::delete_warning("KVCachePool", obj.name(), "pool", &bindings)
+        })))
     }
 }
 
