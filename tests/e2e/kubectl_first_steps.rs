@@ -4,7 +4,8 @@
 //! tell the cache's state, quantities in columns, and `kubectl explain` texts. Included by the
 //! kubectl suite (`tests/e2e/kubectl.rs`).
 
-use super::support::{Server, VERSIONS};
+use super::support::walkthrough::{KVCB, KVCP, KVCPB, MD, manifest, wait_jp};
+use super::support::{Kubectl, Server, VERSIONS};
 
 /// `kubectl create namespace`, `get ns` (records and the namespaces objects are in), `delete
 /// ns` (refused while it holds objects, naming them; the system namespaces never), and `auth
@@ -73,7 +74,7 @@ fn namespaces_and_auth_can_i() {
         assert!(!r.ok && r.stderr.contains("NotFound"), "{v}: {}", r.text());
 
         // `kubectl auth can-i` answers from the server's policy.
-        let can = |kubectl: &super::support::Kubectl, args: &[&str]| {
+        let can = |kubectl: &Kubectl, args: &[&str]| {
             let mut a = vec!["auth", "can-i"];
             a.extend_from_slice(args);
             let r = kubectl.run(&a);
@@ -91,5 +92,75 @@ fn namespaces_and_auth_can_i() {
             list.contains("selfsubjectaccessreviews.authorization.k8s.io") && list.contains("[get list watch]"),
             "{v}: {list}"
         );
+    }
+}
+
+/// A server with its controllers (which put their finalizers on live objects), requeueing every
+/// 2 s.
+fn with_controllers() -> Server {
+    Server::start_with(&["--requeue-interval", "2s"])
+}
+
+/// Waits until the controllers hold `what` with their finalizer.
+fn wait_finalizer(k: &Kubectl, what: &[&str]) {
+    wait_jp(k, what, "{.metadata.finalizers[*]}", "gpustack.ai/controlled");
+}
+
+/// The walkthrough, then each deletion in the wrong order: the DELETE warns naming what holds
+/// the object and what to delete first (on every kubectl, each asking again), and a new pool,
+/// Binding or ModelDeployment naming the object being deleted is refused at the field that
+/// names it. Deleted in the right order, everything goes.
+#[test]
+fn a_held_deletion_says_what_holds_it() {
+    let s = with_controllers();
+    let k = s.kubectl("1.33");
+    k.must_apply(&manifest("01-backend.yaml"));
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    k.must_apply(&manifest("03-model-deployment.yaml"));
+    for what in [KVCB, KVCP, KVCPB, MD] {
+        wait_finalizer(&k, what);
+    }
+    let cases: [(&[&str], &str, String); 3] = [
+        (
+            KVCB,
+            "Warning: KVCacheBackend 'mooncake-dram' is marked for deletion but held by KVCachePool/shared-dram; \
+             delete them first, then this backend's deletion completes; kubectl waits until then",
+            super::support::pool("p-VERSION", ""),
+        ),
+        (
+            KVCP,
+            "Warning: KVCachePool 'shared-dram' is marked for deletion but held by KVCachePoolBinding/team-a/team-a; \
+             delete them first, then this pool's deletion completes",
+            super::support::binding("team-a", "b-VERSION", "shared-dram", "1Gi"),
+        ),
+        (
+            KVCPB,
+            "Warning: KVCachePoolBinding 'team-a' is marked for deletion but held by ModelDeployment/qwen-chat; \
+             delete them first, then this Binding's deletion completes",
+            manifest("03-model-deployment.yaml").replace("name: qwen-chat", "name: md-VERSION"),
+        ),
+    ];
+    for (what, warning, dependent) in &cases {
+        for v in VERSIONS {
+            let kv = s.kubectl(v);
+            let mut args = vec!["delete", "--wait=false"];
+            args.extend_from_slice(what);
+            let r = kv.run(&args);
+            assert!(r.ok && r.stderr.contains(warning), "{v} {what:?}: {}", r.text());
+            let new = dependent.replace("VERSION", &v.replace('.', "-"));
+            let r = kv.apply(&[], &new);
+            assert!(
+                !r.ok && r.stderr.contains("is being deleted: a new") && r.stderr.contains("Forbidden"),
+                "{v} {what:?}: {}",
+                r.text()
+            );
+        }
+    }
+    // The deployment goes, then its Binding, the pool and the backend, processes included.
+    k.ok(&["delete", "-n", "team-a", "md", "qwen-chat", "--wait=false"]);
+    for what in [MD, KVCPB, KVCP, KVCB] {
+        let mut args = vec!["wait", "--for=delete", "--timeout=60s"];
+        args.extend_from_slice(what);
+        k.ok(&args);
     }
 }
