@@ -221,8 +221,8 @@ async fn release_claim(
 }
 
 /// A second distinct domain on one backend is refused when the backend is known to keep no
-/// tenant ledger (every write would land in one shared default tenant), and admitted with a
-/// warning otherwise.
+/// tenant ledger (every write would land in one shared default tenant), admitted when it is
+/// known to keep one, and admitted with a warning while that is not known.
 async fn check_separability(
     b: &KVCachePoolBinding,
     pool: &KVCachePool,
@@ -262,20 +262,22 @@ async fn check_separability(
             .await?
             .and_then(|backend| backend.spec.declared_multi_tenancy()),
     };
-    if ledger == Some(false) {
-        out.errors.invalid(
+    match ledger {
+        Some(false) => out.errors.invalid(
             &Path::new("spec").child("domain").child("name"),
             b.spec.domain_name(),
             format!(
                 "KVCacheBackend {:?} keeps no per-tenant ledger, so every write lands in one default tenant: this domain would share and overwrite the cache of domain {domain:?} (KVCachePoolBinding {}/{}). Use that domain, or turn on multiTenancy on the backend",
                 want.backend, holder.namespace, holder.name
             ),
-        );
-    } else {
-        out.warnings.push(format!(
-            "domain {:?} is a second domain on KVCacheBackend {:?} beside {domain:?} (KVCachePoolBinding {}/{}): they stay apart only if the store keeps a tenant ledger and the engine forwards the tenant; an engine that forwards nothing writes under \"default\"",
+        ),
+        // The ledger keeps each domain a tenant of its own, and injection gives every replica
+        // its tenant: nothing to warn of.
+        Some(true) => {}
+        None => out.warnings.push(format!(
+            "domain {:?} is a second domain on KVCacheBackend {:?} beside {domain:?} (KVCachePoolBinding {}/{}), and whether that backend keeps a tenant ledger is not known yet (it does not exist, or its pools have not read it): without one, both domains write to one shared cache",
             want.domain, want.backend, holder.namespace, holder.name
-        ));
+        )),
     }
     Ok(())
 }
