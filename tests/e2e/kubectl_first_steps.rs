@@ -164,3 +164,54 @@ fn a_held_deletion_says_what_holds_it() {
         k.ok(&args);
     }
 }
+
+/// A write that will cut grants says so when it is made, with what each grant becomes: a
+/// Binding whose ceiling is more than its pool has left, and a pool total lowered below what its
+/// Bindings ask together. A write within the total says nothing, and neither does a second
+/// domain on a backend that keeps a tenant ledger (every pool here is on one such backend).
+#[test]
+fn a_write_that_cuts_grants_says_what_they_become() {
+    let s = Server::start();
+    s.kubectl("1.33").must_apply(&manifest("01-backend.yaml"));
+    for v in VERSIONS {
+        let k = s.kubectl(v);
+        let t = v.replace('.', "-");
+        let pool = super::support::pool(&format!("cut-{t}"), "").replace("16Gi", "2Gi");
+        k.must_apply(&pool);
+        let first = super::support::binding("team-cut", &format!("a-{t}"), &format!("cut-{t}"), "1Gi");
+        let r = k.apply(&[], &first);
+        assert!(r.ok && !r.stderr.contains("Warning"), "{v}: {}", r.text());
+        let second = super::support::binding("team-cut", &format!("b-{t}"), &format!("cut-{t}"), "2Gi");
+        let r = k.apply(&[], &second);
+        let said = format!(
+            "Warning: KVCachePool 'cut-{t}' has 2Gi for its Bindings, which ask 3Gi with this one, so the store \
+             cuts every grant in the pool in proportion to its ceiling: team-cut/a-{t} 1Gi → 683Mi, \
+             team-cut/b-{t} (this Binding) 2Gi → 1.3Gi (the backend's capacity may cut them further)"
+        );
+        assert!(r.ok && r.stderr.contains(&said), "{v}: {}", r.text());
+        let r = k.run(&[
+            "patch",
+            "kvcp",
+            &format!("cut-{t}"),
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"quota":{"total":"1Gi"}}}"#,
+        ]);
+        let said = format!(
+            "Warning: KVCachePool 'cut-{t}': its total 1Gi is less than its Bindings ask together (3Gi), so the \
+             store cuts every grant in the pool in proportion to its ceiling: team-cut/a-{t} 1Gi → 341Mi, \
+             team-cut/b-{t} 2Gi → 683Mi"
+        );
+        assert!(r.ok && r.stderr.contains(&said), "{v}: {}", r.text());
+        // Raised back within what they ask: nothing to say.
+        let r = k.run(&[
+            "patch",
+            "kvcp",
+            &format!("cut-{t}"),
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"quota":{"total":"3Gi"}}}"#,
+        ]);
+        assert!(r.ok && !r.stderr.contains("Warning"), "{v}: {}", r.text());
+    }
+}

@@ -20,6 +20,7 @@
 //! | [`errors`] | registry errors and the storage → API error seam |
 //! | [`meta`] | `metadata` system fields and syntax |
 //! | [`holders`] | what holds an object's deletion, and how a held deletion is told |
+//! | [`grants`] | what a pool's grants become after a write that cuts them, for its warning |
 //! | [`validation`] | syntax checks shared by the kinds |
 //! | [`backend`], [`pool`], [`binding`], [`model_deployment`] | each kind's strategy and rules |
 //!
@@ -34,6 +35,7 @@ pub mod dynamic;
 pub mod errors;
 pub mod fieldmanager;
 pub mod generic;
+pub mod grants;
 pub mod holders;
 pub mod kinds;
 pub mod meta;

@@ -8,7 +8,8 @@
 //! free; otherwise the Binding stays unclaimed and its status reports the contest). The claim is
 //! released in the transaction that removes the Binding.
 //!
-//! This module also checks what needs the pool: the ceiling against the pool's total, and a
+//! This module also checks what needs the pool: the ceiling against the pool's total, the
+//! ceilings of all the pool's Bindings against it (a warning of what the grants become), and a
 //! second distinct domain on a backend that keeps no tenant ledger.
 
 use kvcache_api::backend::BackendSpec;
@@ -44,6 +45,7 @@ pub async fn admit(change: Change<'_, BindingSpec>, reads: &mut Reads<'_>) -> Re
             let pool = read_pool(b, true, reads, &mut out).await?;
             if let Some(pool) = &pool {
                 check_ceiling(b, pool, &mut out.errors);
+                warn_of_cuts(b, pool, reads, &mut out).await?;
             }
             if out.errors.is_empty() {
                 settle_claim(b, pool.as_ref(), true, reads, &mut out).await?;
@@ -56,6 +58,7 @@ pub async fn admit(change: Change<'_, BindingSpec>, reads: &mut Reads<'_>) -> Re
                 && !same_quantity(ceiling(new).as_ref(), ceiling(old).as_ref())
             {
                 check_ceiling(new, pool, &mut out.errors);
+                warn_of_cuts(new, pool, reads, &mut out).await?;
             }
             if out.errors.is_empty() {
                 settle_claim(new, pool.as_ref(), false, reads, &mut out).await?;
@@ -86,6 +89,29 @@ async fn read_pool(
         Some(_) => {}
     }
     Ok(pool)
+}
+
+/// Warns when this Binding's ceiling, with its pool's other Bindings', is more than the pool's
+/// total: what every grant in the pool becomes.
+async fn warn_of_cuts(
+    b: &KVCachePoolBinding,
+    pool: &KVCachePool,
+    reads: &mut Reads<'_>,
+    out: &mut Admission,
+) -> Result<(), RegistryError> {
+    use crate::registry::grants;
+    let (Some(total), Some(this)) = (grants::total_of(pool), grants::ask_of(b)) else {
+        return Ok(());
+    };
+    if !out.errors.is_empty() {
+        return Ok(());
+    }
+    let mut asks = grants::asks_in(pool.name(), Some(&this.binding), reads).await?;
+    let name = this.binding.clone();
+    asks.push(this);
+    out.warnings
+        .extend(grants::binding_warning(pool.name(), total, &asks, &name));
+    Ok(())
 }
 
 fn check_ceiling(b: &KVCachePoolBinding, pool: &KVCachePool, errs: &mut ErrorList) {
