@@ -4,7 +4,7 @@
 //! tell the cache's state, quantities in columns, and `kubectl explain` texts. Included by the
 //! kubectl suite (`tests/e2e/kubectl.rs`).
 
-use super::support::walkthrough::{KVCB, KVCP, KVCPB, MD, manifest, wait_jp};
+use super::support::walkthrough::{KVCB, KVCP, KVCPB, MD, condition, jp, manifest, wait_jp};
 use super::support::{Kubectl, Server, VERSIONS};
 
 /// `kubectl create namespace`, `get ns` (records and the namespaces objects are in), `delete
@@ -214,4 +214,79 @@ fn a_write_that_cuts_grants_says_what_they_become() {
         ]);
         assert!(r.ok && !r.stderr.contains("Warning"), "{v}: {}", r.text());
     }
+}
+
+/// Phases tell the cache's state: a new backend goes Provisioning → Ready, never Degraded on
+/// the way and with no Warning event; scaling its leaders up is no Warning either; a
+/// ModelDeployment whose Binding does not exist is Degraded, says why in its phase message and
+/// CacheAttached, and records a Warning event.
+#[test]
+fn phases_tell_the_cache_state() {
+    let s = with_controllers();
+    let k = s.kubectl("1.33");
+    let phases = k.spawn_lines(&[
+        "get",
+        "kvcb",
+        "-w",
+        "-o",
+        "custom-columns=NAME:.metadata.name,PHASE:.status.phase",
+    ]);
+    k.must_apply(&manifest("01-backend.yaml"));
+    let seen = phases.wait_for(&["mooncake-dram", "Ready"]);
+    assert!(!seen.iter().any(|l| l.contains("Degraded")), "{seen:#?}");
+    let warnings = |k: &Kubectl, ns: &str| {
+        k.ok(&[
+            "get",
+            "events",
+            "-n",
+            ns,
+            "--field-selector",
+            "type=Warning",
+            "-o",
+            "custom-columns=R:.reason,M:.message",
+        ])
+    };
+    k.must_apply(&manifest("04-high-availability.yaml"));
+    wait_jp(&k, KVCB, "{.status.leader.replicas}", "3");
+    wait_jp(
+        &k,
+        KVCB,
+        "{.status.conditions[?(@.type==\"RolloutComplete\")].status}",
+        "True",
+    );
+    let lonely = manifest("03-model-deployment.yaml")
+        .replace("name: qwen-chat", "name: lonely")
+        .replace("name: team-a\n  roles", "name: nobody\n  roles");
+    let r = k.apply(&[], &lonely);
+    assert!(r.ok && r.stderr.contains("'nobody' does not exist"), "{}", r.text());
+    let lonely_md: &[&str] = &["-n", "team-a", "md", "lonely"];
+    wait_jp(&k, lonely_md, "{.status.phase}", "Degraded");
+    for v in VERSIONS {
+        let kv = s.kubectl(v);
+        let table = kv.ok(&["get", "-n", "team-a", "md", "lonely"]);
+        assert!(
+            table.lines().nth(1).is_some_and(|l| l.contains("Degraded")),
+            "{v}: {table}"
+        );
+        assert_eq!(
+            jp(&kv, lonely_md, "{.status.phaseMessage}"),
+            "2 of 2 replicas are ready, the ready replicas run without the shared cache: no KVCachePoolBinding \
+             \"nobody\" in the namespace \"team-a\"; an administrator creates it",
+            "{v}"
+        );
+        assert!(
+            condition(&kv, lonely_md, "CacheAttached").starts_with("False|BindingNotFound|"),
+            "{v}: {}",
+            condition(&kv, lonely_md, "CacheAttached")
+        );
+        let backend_warnings = warnings(&kv, "default");
+        assert_eq!(
+            backend_warnings.lines().count(),
+            1,
+            "{v}: only the header: {backend_warnings}"
+        );
+    }
+    super::support::eventually(60, "the Warning event of the deployment without its Binding", || {
+        warnings(&k, "team-a").contains("BindingNotFound").then_some(())
+    });
 }

@@ -300,11 +300,12 @@ fn what_the_replicas_observation_makes() {
             "False|CacheOperationsFailing",
         ),
         (
-            "no connection",
+            "no Binding: every replica runs, without the cache it asks for",
             Resolved::default(),
             vec![replica(true, Some(active)), replica(true, None)],
-            "Ready|",
-            "Unknown|NoObservationAvailable",
+            "Degraded|2 of 2 replicas are ready, the ready replicas run without the shared cache: no \
+             KVCachePoolBinding \"team-a\" in the namespace \"team-a\"; an administrator creates it",
+            "False|BindingNotFound",
         ),
     ];
     let now = crate::registry::meta::now();
