@@ -290,3 +290,41 @@ fn phases_tell_the_cache_state() {
         warnings(&k, "team-a").contains("BindingNotFound").then_some(())
     });
 }
+
+/// USAGE prints a quantity beside the others (`25Mi`, not `26347104`) on every kubectl.
+#[test]
+fn usage_columns_print_quantities() {
+    let s = Server::start();
+    let k = s.kubectl("1.33");
+    k.must_apply(&super::support::pool("used", ""));
+    k.must_apply(&super::support::binding("team-u", "u", "used", "8Gi"));
+    for (what, status) in [
+        (&["kvcp", "used"][..], r#"{"status":{"usage":{"total":"26347104"}}}"#),
+        (
+            &["-n", "team-u", "kvcpb", "u"][..],
+            r#"{"status":{"usage":"26347104"}}"#,
+        ),
+    ] {
+        let mut args = vec!["patch"];
+        args.extend_from_slice(what);
+        args.extend(["--subresource=status", "--type=merge", "-p", status]);
+        k.ok(&args);
+    }
+    for v in VERSIONS {
+        let kv = s.kubectl(v);
+        for what in [&["kvcp", "used"][..], &["-n", "team-u", "kvcpb", "u"][..]] {
+            let mut args = vec!["get"];
+            args.extend_from_slice(what);
+            let table = kv.ok(&args);
+            // kubectl aligns cells under their header (some cells here are empty).
+            let at = table
+                .lines()
+                .next()
+                .and_then(|h| h.find("USAGE"))
+                .expect("a USAGE column");
+            let row = table.lines().nth(1).unwrap_or_default();
+            let cell = row.get(at..).unwrap_or_default().split_whitespace().next();
+            assert_eq!(cell, Some("25Mi"), "{v} {what:?}: {table}");
+        }
+    }
+}
