@@ -197,11 +197,14 @@ pub struct Role {
 }
 
 /// What a role serves: whole requests (`Server`), or one half of a split request (`Prefill`,
-/// `Decode`).
+/// `Decode`). The halves are decoded so that admission refuses them by name, and left out of the
+/// schema: a schema lists only the values the server accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum RoleKind {
     Server,
+    #[schemars(skip)]
     Prefill,
+    #[schemars(skip)]
     Decode,
 }
 

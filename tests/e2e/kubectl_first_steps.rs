@@ -328,3 +328,92 @@ fn usage_columns_print_quantities() {
         }
     }
 }
+
+/// `kubectl explain <field>`: its description as one text, and the values it lists under
+/// `ENUM:` (kubectl 1.30 and later print them; 1.27 prints none).
+fn explained(k: &Kubectl, field: &str) -> (String, Vec<String>) {
+    let out = k.ok(&["explain", field]);
+    let block = |title: &str| -> Vec<String> {
+        out.lines()
+            .skip_while(|l| l.trim() != title)
+            .skip(1)
+            .take_while(|l| !l.trim().is_empty())
+            .map(|l| l.trim().to_owned())
+            .collect()
+    };
+    (block("DESCRIPTION:").join(" "), block("ENUM:"))
+}
+
+/// `kubectl explain` prints one text per field (the field's, never the field's then its type's
+/// run together), and lists only the values the server accepts: `md.spec.roles.kind` lists
+/// `Server` and says `Prefill` and `Decode` are not supported yet, which admission still says
+/// when a manifest names them. The same for the transports and member media admission refuses.
+#[test]
+fn explain_texts_read_as_one_and_list_only_accepted_values() {
+    let s = Server::start();
+    let cases: [(&str, &str, &[&str]); 7] = [
+        (
+            "md.spec.roles.kind",
+            "What the role serves: `Server` (the default, whole requests). `Prefill` and `Decode` are not \
+             supported yet: the server refuses them. Immutable.",
+            &["Server"],
+        ),
+        (
+            "kvcb.spec.transport.protocol",
+            "Data transport: `Auto` (TCP, the default) or `TCP`. `RDMA`, `EFA`, `CANN`, `ROCM`, `MUSA` and \
+             `MACA` are not supported yet: the server refuses them.",
+            &["Auto", "TCP"],
+        ),
+        (
+            "kvcb.spec.connection.managed.members.medium",
+            "Memory that holds each member's segment: `DRAM` (host memory), the only value supported; `VRAM` \
+             is not supported yet and the server refuses it. Required; immutable for the group's position.",
+            &["DRAM"],
+        ),
+        (
+            "md.spec.engine.name",
+            "The engine: `vLLM` or `SGLang`. Required; immutable.",
+            &["vLLM", "SGLang"],
+        ),
+        (
+            "md.spec.kvCache",
+            "Attachment to a shared cache; absent means none.",
+            &[],
+        ),
+        (
+            "md.spec.roles",
+            "The roles of the deployment, 1 to 10 with unique names. Roles cannot be added, removed or renamed \
+             after create.",
+            &[],
+        ),
+        (
+            "kvcb.spec.connection.managed.leader",
+            "The leader that coordinates the store. Required; `{}` takes every default.",
+            &[],
+        ),
+    ];
+    for v in VERSIONS {
+        let k = s.kubectl(v);
+        for (field, text, values) in cases {
+            let (said, listed) = explained(&k, field);
+            assert_eq!(said, text, "{v} {field}");
+            if *v != "1.27" {
+                assert_eq!(listed, values, "{v} {field}");
+            }
+        }
+        // The refused values still reach admission, which says why.
+        let prefill = manifest("03-model-deployment.yaml")
+            .replace("name: qwen-chat", &format!("name: split-{}", v.replace('.', "-")))
+            .replace("    - name: server\n", "    - name: server\n      kind: Prefill\n");
+        let r = k.apply(&[], &prefill);
+        assert!(
+            !r.ok
+                && r.stderr.contains(
+                    "spec.roles[0].kind: Forbidden: the Prefill role kind (prefill/decode disaggregation) is not \
+                     supported yet"
+                ),
+            "{v}: {}",
+            r.text()
+        );
+    }
+}
