@@ -417,3 +417,75 @@ fn explain_texts_read_as_one_and_list_only_accepted_values() {
         );
     }
 }
+
+/// A Binding that sets no domain name takes `default`; when another Binding on the backend holds
+/// it, the refusal (kubectl's message and the Status cause at `spec.domain.name`) says the value
+/// is the default and which field chooses another. A Binding that writes `default` itself gets
+/// the refusal without that note, and one naming another domain is created.
+#[test]
+fn a_defaulted_domain_is_named_as_the_default_when_it_collides() {
+    let s = Server::start();
+    let admin = s.kubectl("1.33");
+    admin.must_apply(&manifest("01-backend.yaml"));
+    admin.must_apply(&manifest("02-pool-binding.yaml"));
+    let note = "(\"default\" is the default: the request does not set spec.domain.name; set spec.domain.name to \
+                choose another value)";
+    let claimed = "spec.domain.name: Duplicate value: \"default\": domain \"default\" is already claimed on \
+                   KVCacheBackend \"mooncake-dram\" by KVCachePoolBinding team-a/team-a";
+    for v in VERSIONS {
+        let k = s.kubectl(v);
+        let t = v.replace('.', "-");
+        let unnamed = super::support::binding(&format!("team-{t}"), "b", "shared-dram", "1Gi")
+            .replace("    name: b\n    blockSize", "    blockSize");
+        let r = k.apply(&[], &unnamed);
+        assert!(
+            !r.ok && r.stderr.contains(claimed) && r.stderr.contains(note),
+            "{v}: {}",
+            r.text()
+        );
+        let named = unnamed.replace("  domain:\n", "  domain:\n    name: default\n");
+        let r = k.apply(&[], &named);
+        assert!(
+            !r.ok && r.stderr.contains(claimed) && !r.stderr.contains("is the default"),
+            "{v}: {}",
+            r.text()
+        );
+        let other = unnamed.replace("  domain:\n", &format!("  domain:\n    name: d-{t}\n"));
+        let r = k.apply(&[], &other);
+        assert!(r.ok, "{v}: {}", r.text());
+    }
+    // The Status: one cause, at the field, with the note.
+    let body = serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+        "metadata": {"name": "raw", "namespace": "team-raw"},
+        "spec": {"poolRef": {"name": "shared-dram"}, "quota": {"ceiling": "1Gi"},
+                 "domain": {"blockSize": 64, "dtype": "bfloat16"}},
+    })
+    .to_string();
+    let url = s.url("/apis/worker.gpustack.ai/v1/namespaces/team-raw/kvcachepoolbindings");
+    let out = s.curl(&[
+        "-s",
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "--data",
+        &body,
+        &url,
+    ]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a Status");
+    assert_eq!(
+        (&status["kind"], &status["reason"], &status["code"]),
+        (&"Status".into(), &"Invalid".into(), &422.into()),
+        "{status}"
+    );
+    let causes = status["details"]["causes"].as_array().expect("causes");
+    assert_eq!(causes.len(), 1, "{status}");
+    assert_eq!(causes[0]["field"], "spec.domain.name", "{status}");
+    assert_eq!(causes[0]["reason"], "FieldValueDuplicate", "{status}");
+    let message = causes[0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("Duplicate value: \"default\": ") && message.ends_with(note),
+        "{message}"
+    );
+}
