@@ -371,7 +371,9 @@ pub struct ModelDeploymentStatus {
     /// `CacheAttached`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// URL clients use to reach the model, `<scheme>://<name>.<namespace>.svc:<port>`.
+    /// URL clients use to reach the model: on one machine (the local runtime) the address of the
+    /// first role's first replica, `http://127.0.0.1:<port>`; unset in a cluster, where no Service
+    /// fronts the replicas yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     /// Replica counts per role.

@@ -1,8 +1,9 @@
 //! What a newcomer meets with kubectl, each on kubectl 1.27, 1.30 and 1.33: namespaces and `auth
 //! can-i` in direct mode, the warning of a DELETE that something holds and the refusal of a new
 //! dependent of an object being deleted, the warning of a write that cuts grants, phases that
-//! tell the cache's state, quantities in columns, and `kubectl explain` texts. Included by the
-//! kubectl suite (`tests/e2e/kubectl.rs`).
+//! tell the cache's state, quantities in columns, a local deployment's ENDPOINT, a defaulted
+//! value named as the default in a refusal, and `kubectl explain` texts. Included by the kubectl
+//! suite (`tests/e2e/kubectl.rs`).
 
 use super::support::walkthrough::{KVCB, KVCP, KVCPB, MD, condition, jp, manifest, wait_jp};
 use super::support::{Kubectl, Server, VERSIONS};
@@ -488,4 +489,40 @@ fn a_defaulted_domain_is_named_as_the_default_when_it_collides() {
         message.starts_with("Duplicate value: \"default\": ") && message.ends_with(note),
         "{message}"
     );
+}
+
+/// A local ModelDeployment's ENDPOINT is where its first role's first replica answers (the
+/// simulated engine answers `GET /health` there), on every kubectl.
+#[test]
+fn a_local_deployment_prints_its_endpoint() {
+    let s = with_controllers();
+    let k = s.kubectl("1.33");
+    k.must_apply(&manifest("01-backend.yaml"));
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    k.must_apply(&manifest("03-model-deployment.yaml"));
+    let endpoint = super::support::eventually(60, "the deployment's endpoint", || {
+        let e = jp(&k, MD, "{.status.endpoint}");
+        (!e.is_empty()).then_some(e)
+    });
+    let port = endpoint.strip_prefix("http://127.0.0.1:").expect("a loopback URL");
+    assert!(port.parse::<u16>().is_ok(), "{endpoint}");
+    super::support::eventually(60, "the first replica answers at the endpoint", || {
+        let out = std::process::Command::new("curl")
+            .args(["-s", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}"])
+            .arg(format!("{endpoint}/health"))
+            .output()
+            .ok()?;
+        (out.stdout == b"200").then_some(())
+    });
+    for v in VERSIONS {
+        let table = s.kubectl(v).ok(&["get", "-n", "team-a", "md", "qwen-chat"]);
+        let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
+        let row: Vec<&str> = table.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+        let at = header
+            .iter()
+            .position(|h| *h == "ENDPOINT")
+            .expect("an ENDPOINT column");
+        assert_eq!(header.len(), row.len(), "{v}: every cell is set: {table}");
+        assert_eq!(row[at], endpoint, "{v}: {table}");
+    }
 }

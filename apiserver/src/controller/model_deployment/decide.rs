@@ -262,7 +262,16 @@ pub fn report(
     };
     st.phase = Some(phase);
     st.phase_message = with_what_runs(message, observed);
+    st.endpoint = endpoint(obj, observed);
     st
+}
+
+/// The deployment's endpoint (the ENDPOINT column): where the first replica of the first role
+/// answers, while the runtime serves it at an address (locally; a cluster has no Service in
+/// front of the replicas yet, so there it stays unset).
+fn endpoint(obj: &ModelDeployment, observed: &[ReplicaObservation]) -> Option<String> {
+    let first = obj.spec.roles.first()?;
+    observed.iter().find(|r| r.role == first.name)?.url.clone()
 }
 
 /// The replicas of `obj`, each with exactly what injection computed for `connection`, and the
