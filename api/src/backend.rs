@@ -159,8 +159,9 @@ pub struct MemberGroup {
     /// Required; `{}` selects every node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
-    /// Memory that holds each member's segment: `DRAM` (host memory) or `VRAM` (not supported yet:
-    /// the server refuses it). Required; immutable for the group's position.
+    /// Memory that holds each member's segment: `DRAM` (host memory), the only value supported;
+    /// `VRAM` is not supported yet and the server refuses it. Required; immutable for the group's
+    /// position.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub medium: Option<Medium>,
     /// Memory each member contributes to the store, as a byte quantity such as `8Gi`. Required;
@@ -207,12 +208,14 @@ pub struct MemberGroup {
     pub runtime_class_name: Option<String>,
 }
 
-/// Where a member's segment lives. Only `DRAM` is supported yet.
+/// Where a member's segment lives. Only `DRAM` is supported yet: `VRAM` is decoded so that
+/// admission refuses it by name, and left out of the schema, which lists only accepted values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Medium {
     #[serde(rename = "DRAM")]
     Dram,
     #[serde(rename = "VRAM")]
+    #[schemars(skip)]
     Vram,
 }
 

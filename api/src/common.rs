@@ -45,23 +45,31 @@ pub enum PullPolicy {
 }
 
 /// `spec.transport.protocol` of a backend or a member group, and `kvTransfer.protocol` of a
-/// ModelDeployment. Only `Auto` (which means TCP) and `TCP` are supported yet.
+/// ModelDeployment. Only `Auto` (which means TCP) and `TCP` are supported yet; the others are
+/// decoded so that admission refuses them by name, and left out of the schema, which lists only
+/// the values the server accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Protocol {
     Auto,
     #[serde(rename = "TCP")]
     Tcp,
     #[serde(rename = "RDMA")]
+    #[schemars(skip)]
     Rdma,
     #[serde(rename = "EFA")]
+    #[schemars(skip)]
     Efa,
     #[serde(rename = "CANN")]
+    #[schemars(skip)]
     Cann,
     #[serde(rename = "ROCM")]
+    #[schemars(skip)]
     Rocm,
     #[serde(rename = "MUSA")]
+    #[schemars(skip)]
     Musa,
     #[serde(rename = "MACA")]
+    #[schemars(skip)]
     Maca,
 }
 

@@ -247,9 +247,10 @@ phase!(
     ModelDeploymentPhase {
         /// No replica is ready yet.
         Starting,
-        /// Every desired replica is ready.
+        /// Every desired replica is ready, with the cache it asks for.
         Ready,
-        /// Some replicas are ready, not all.
+        /// Some replicas are ready, not all; or all are, without the cache they ask for (their
+        /// Binding does not exist).
         Degraded,
         Deleting,
     }
@@ -460,6 +461,8 @@ pub mod model_deployment {
             CACHE_ACTIVE = "CacheActive",
             CACHE_OPERATIONS_FAILING = "CacheOperationsFailing",
             NO_OBSERVATION_AVAILABLE = "NoObservationAvailable",
+            /// The replicas run without the cache they ask for: their Binding does not exist.
+            BINDING_NOT_FOUND = "BindingNotFound",
         }
     );
     condition!(

@@ -197,11 +197,14 @@ pub struct Role {
 }
 
 /// What a role serves: whole requests (`Server`), or one half of a split request (`Prefill`,
-/// `Decode`).
+/// `Decode`). The halves are decoded so that admission refuses them by name, and left out of the
+/// schema: a schema lists only the values the server accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum RoleKind {
     Server,
+    #[schemars(skip)]
     Prefill,
+    #[schemars(skip)]
     Decode,
 }
 
@@ -368,7 +371,9 @@ pub struct ModelDeploymentStatus {
     /// `CacheAttached`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// URL clients use to reach the model, `<scheme>://<name>.<namespace>.svc:<port>`.
+    /// URL clients use to reach the model: on one machine (the local runtime) the address of the
+    /// first role's first replica, `http://127.0.0.1:<port>`; unset in a cluster, where no Service
+    /// fronts the replicas yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     /// Replica counts per role.

@@ -363,7 +363,7 @@ impl App {
         }
     }
 
-    /// Starts the background work: the objects-per-kind metric, the expiry of old Events, and the controllers (acting as
+    /// Starts the background work: the system namespaces' records, the objects-per-kind metric, the expiry of old Events, and the controllers (acting as
     /// `system:kvcache-controller` through the request pipeline in this process).
     pub fn start(&self) {
         if let Some(path) = &self.config_path {
@@ -390,6 +390,8 @@ impl App {
             }
         }
         let storage = self.storage.clone();
+        let bootstrap = storage.clone();
+        tokio::spawn(async move { crate::namespaces::bootstrap(&bootstrap).await });
         let metrics = self.storage_metrics.clone();
         let hub = self.hub.clone();
         let interval = self.object_count_interval.max(Duration::from_millis(100));

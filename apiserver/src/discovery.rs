@@ -1,6 +1,6 @@
 //! Discovery documents, built from the table of kinds: the legacy `APIGroupList` / `APIGroup` /
 //! `APIResourceList`, and the aggregated `APIGroupDiscoveryList` (apidiscovery.k8s.io v2 and
-//! v2beta1) chosen by `Accept`; the core group's, which holds Events alone, and
+//! v2beta1) chosen by `Accept`; the core group's, which holds Events and Namespaces, and
 //! `coordination.k8s.io`'s, which holds Leases alone (both only in direct mode).
 
 use serde_json::{Value, json};
@@ -113,16 +113,24 @@ pub fn aggregated(resources: &[KindEntry], version: &str) -> Value {
 /// The verbs of the core Events served in direct mode (`crate::events`).
 const EVENT_VERBS: &[&str] = &["create", "get", "list", "watch"];
 
-/// The aggregated list for `/api`: the core group, with Events only.
+/// The verbs of the core Namespaces served in direct mode (`crate::namespaces`).
+const NAMESPACE_VERBS: &[&str] = &["create", "delete", "get", "list", "watch"];
+
+/// The aggregated list for `/api`: the core group, with Events and Namespaces.
 pub fn aggregated_core(version: &str) -> Value {
     let event = json!({
         "resource": "events", "singularResource": "event", "scope": "Namespaced",
         "responseKind": {"group": "", "version": "v1", "kind": "Event"}, "verbs": EVENT_VERBS,
         "shortNames": ["ev"],
     });
+    let namespace = json!({
+        "resource": "namespaces", "singularResource": "namespace", "scope": "Cluster",
+        "responseKind": {"group": "", "version": "v1", "kind": "Namespace"}, "verbs": NAMESPACE_VERBS,
+        "shortNames": ["ns"],
+    });
     json!({
         "kind": "APIGroupDiscoveryList", "apiVersion": format!("apidiscovery.k8s.io/{version}"), "metadata": {},
-        "items": [{"metadata": {"name": ""}, "versions": [{"version": "v1", "freshness": "Current", "resources": [event]}]}],
+        "items": [{"metadata": {"name": ""}, "versions": [{"version": "v1", "freshness": "Current", "resources": [event, namespace]}]}],
     })
 }
 
@@ -131,9 +139,10 @@ pub fn core_versions() -> Value {
     json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
 }
 
-/// `GET /api/v1`: Events only.
+/// `GET /api/v1`: Events and Namespaces.
 pub fn core_resources() -> Value {
     json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-        {"name": "events", "singularName": "event", "namespaced": true, "kind": "Event", "verbs": EVENT_VERBS, "shortNames": ["ev"]}
+        {"name": "events", "singularName": "event", "namespaced": true, "kind": "Event", "verbs": EVENT_VERBS, "shortNames": ["ev"]},
+        {"name": "namespaces", "singularName": "namespace", "namespaced": false, "kind": "Namespace", "verbs": NAMESPACE_VERBS, "shortNames": ["ns"]}
     ]})
 }

@@ -281,6 +281,31 @@ impl ErrorList {
         )
     }
 
+    /// Names the defaulted values among the errors: an error on a value that `sent` (the object
+    /// as the request gave it) does not set but `defaulted` (the object after defaulting) does
+    /// says that the value is the default and which field chooses another, since the user never
+    /// wrote it. The field paths stay as they are.
+    pub fn name_defaulted(self, sent: &serde_json::Value, defaulted: &serde_json::Value) -> ErrorList {
+        ErrorList(
+            self.0
+                .into_iter()
+                .map(|mut e| {
+                    if e.value.is_some()
+                        && value_at(sent, &e.field).is_none()
+                        && let Some(v) = value_at(defaulted, &e.field)
+                    {
+                        let f = &e.field;
+                        e.detail = format!(
+                            "{} ({v} is the default: the request does not set {f}; set {f} to choose another value)",
+                            e.detail
+                        );
+                    }
+                    e
+                })
+                .collect(),
+        )
+    }
+
     /// A field we decode but do not implement yet: refused, never ignored.
     pub fn not_supported_yet(&mut self, field: &Path, what: &str) {
         self.forbidden(field, format!("{what} is not supported yet; remove this field"));
@@ -340,6 +365,18 @@ mod tests {
             .key("kubernetes.io/os");
         assert_eq!(value_at(&obj, &p), Some(&serde_json::json!("linux")));
         assert_eq!(value_at(&obj, &Path::new("spec").child("missing")), None);
+        let name = Path::new("spec").child("domain").child("name");
+        let mut errs = ErrorList::new();
+        errs.duplicate(&name, "default", "already claimed");
+        errs.duplicate(&Path::new("spec").child("set"), "x", "also taken");
+        let sent = serde_json::json!({"spec": {"domain": {}, "set": "x"}});
+        let defaulted = serde_json::json!({"spec": {"domain": {"name": "default"}, "set": "x"}});
+        assert_eq!(
+            errs.name_defaulted(&sent, &defaulted).to_string(),
+            "[spec.domain.name: Duplicate value: \"default\": already claimed (\"default\" is the default: the \
+             request does not set spec.domain.name; set spec.domain.name to choose another value), \
+             spec.set: Duplicate value: \"x\": also taken]"
+        );
         let mut e = ErrorList::new();
         e.not_supported(&Path::new("spec.type"), "Redis", &["Mooncake"]);
         assert_eq!(

@@ -168,6 +168,11 @@ async fn filtered(f: &Filters, routes: Routes, info: &Arc<RequestInfo>, id: &str
     };
     let span = span(info, id, &user);
     parts.extensions.insert(user);
+    if info.is_self_review() {
+        parts
+            .extensions
+            .insert(crate::handlers::self_reviews::AuthorizerHandle(f.authz.clone()));
+    }
     let started = Instant::now();
     let response = routes
         .serve(info, Request::from_parts(parts, body))

@@ -22,6 +22,7 @@
 //! | [`plain`] | built-in kinds stored as plain JSON in direct mode (what Events and Leases share) |
 //! | [`events`] | core `v1` Events in direct mode: what the controllers did, for `kubectl describe` |
 //! | [`leases`] | `coordination.k8s.io/v1` Leases in direct mode: the store's leader election |
+//! | [`namespaces`] | core `v1` Namespaces in direct mode: implicit, listed, created and deleted |
 //! | [`paging`] | the continue token of every paged list, typed or plain |
 //! | [`table`], [`selectors`], [`negotiate`] | `kubectl get` tables, label and field selectors, `Accept` |
 //! | [`controller`] | one reconcile per kind: run the store and the replicas, report what they do |
@@ -43,6 +44,7 @@ pub mod handlers;
 pub mod leases;
 pub mod manifest;
 pub mod metrics;
+pub mod namespaces;
 pub mod negotiate;
 pub mod openapi;
 pub mod paging;

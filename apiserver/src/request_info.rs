@@ -13,6 +13,9 @@ use crate::registry::kinds::{self, KindEntry};
 /// The group of the Leases served in direct mode (`crate::leases`).
 pub const LEASE_GROUP: &str = "coordination.k8s.io";
 
+/// The group of the self-reviews `kubectl auth can-i` creates.
+pub const AUTHORIZATION_GROUP: &str = "authorization.k8s.io";
+
 /// The resource part of a resource request. Strings are as sent: they are judged later.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ResourceInfo {
@@ -78,6 +81,27 @@ impl RequestInfo {
         self.resource
             .as_ref()
             .is_some_and(|r| r.group.is_empty() && r.version == "v1" && r.resource == "events")
+    }
+
+    /// Whether the request is on the core Namespaces (`/api/v1/namespaces[/<name>]`), served in
+    /// direct mode.
+    pub fn is_core_namespaces(&self) -> bool {
+        self.resource.as_ref().is_some_and(|r| {
+            r.group.is_empty() && r.version == "v1" && r.resource == "namespaces" && r.namespace.is_empty()
+        })
+    }
+
+    /// Whether the request is a self-review of `authorization.k8s.io/v1`
+    /// (`selfsubjectaccessreviews`, `selfsubjectrulesreviews`), which every user may create.
+    pub fn is_self_review(&self) -> bool {
+        self.resource.as_ref().is_some_and(|r| {
+            r.group == AUTHORIZATION_GROUP
+                && r.version == "v1"
+                && matches!(
+                    r.resource.as_str(),
+                    "selfsubjectaccessreviews" | "selfsubjectrulesreviews"
+                )
+        })
     }
 
     /// Whether the request is on `coordination.k8s.io/v1` Leases, served in direct mode.

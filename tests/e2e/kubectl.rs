@@ -13,6 +13,9 @@
 
 mod support;
 
+#[path = "kubectl_first_steps.rs"]
+mod first_steps;
+
 use support::{Server, VERSIONS, binding, pool};
 
 fn rv_of(k: &support::Kubectl, args: &[&str]) -> String {

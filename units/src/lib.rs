@@ -11,4 +11,4 @@ pub mod duration;
 pub mod quantity;
 
 pub use duration::{DurationError, format_duration, parse_duration};
-pub use quantity::{BytesError, ParsedQuantity, QuantityError, format_bytes, parse_bytes};
+pub use quantity::{BytesError, ParsedQuantity, QuantityError, approx_bytes, format_bytes, parse_bytes};

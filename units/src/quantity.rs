@@ -287,9 +287,50 @@ pub fn format_bytes(bytes: i64) -> String {
     format!("{value}{}", SUFFIXES[idx])
 }
 
+/// A byte count as a person reads it in a column: exact when that is short (`8Gi`, `1536Mi`),
+/// else rounded in the largest binary-SI unit it reaches, with one decimal below 10
+/// (`26347104` → `25Mi`, `1610612737` → `1.5Gi`, `1023` → `1023`).
+pub fn approx_bytes(bytes: u64) -> String {
+    const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    let exact = format_bytes(i64::try_from(bytes).unwrap_or(i64::MAX));
+    if exact.trim_end_matches(char::is_alphabetic).len() <= 4 {
+        return exact;
+    }
+    let mut idx = 0;
+    let mut unit = 1u64;
+    while idx + 1 < SUFFIXES.len() && bytes / unit >= 1024 {
+        unit *= 1024;
+        idx += 1;
+    }
+    let value = bytes as f64 / unit as f64;
+    let shown = if value < 10.0 {
+        let one = format!("{value:.1}");
+        one.strip_suffix(".0").map(str::to_owned).unwrap_or(one)
+    } else {
+        format!("{value:.0}")
+    };
+    format!("{shown}{}", SUFFIXES[idx])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn approximate_bytes_read_as_quantities() {
+        for (bytes, shown) in [
+            (0, "0"),
+            (1023, "1023"),
+            (26_347_104, "25Mi"),
+            (1_610_612_737, "1.5Gi"),
+            (8 << 30, "8Gi"),
+            (1536 << 20, "1536Mi"),
+            (10_000, "9.8Ki"),
+            (u64::MAX, "16Ei"),
+        ] {
+            assert_eq!(approx_bytes(bytes), shown, "{bytes}");
+        }
+    }
 
     fn bytes(s: &str) -> Option<i64> {
         ParsedQuantity::parse(s).expect(s).to_i64_ceil()

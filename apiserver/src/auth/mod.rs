@@ -197,6 +197,20 @@ pub enum Decision {
 #[async_trait]
 pub trait Authorizer: Send + Sync {
     async fn authorize(&self, attrs: &Attributes) -> Decision;
+
+    /// What `user` may do in `namespace`, as rules (a SelfSubjectRulesReview's answer), when
+    /// this authorizer can list them; `None` when it only judges one request at a time.
+    fn rules(&self, _user: &User, _namespace: &str) -> Option<Rules> {
+        None
+    }
+}
+
+/// What a user may do, as a SelfSubjectRulesReview lists it: `(verbs, apiGroups, resources)`
+/// per resource rule, `(verbs, paths)` per non-resource rule; `*` means any.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rules {
+    pub resources: Vec<(Vec<String>, Vec<String>, Vec<String>)>,
+    pub non_resources: Vec<(Vec<String>, Vec<String>)>,
 }
 
 /// The standard 403 message.

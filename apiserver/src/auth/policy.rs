@@ -2,13 +2,16 @@
 //! (`system:kvcache-controller`) may do everything with our group's resources, Events and Leases,
 //! the store's processes (`system:kvcache-store`) may read and write Leases, `gpustack:viewers`
 //! may get, list and watch our resources, any authenticated user may read discovery, OpenAPI,
-//! `/version` and `/metrics`, and anyone (the anonymous user included) may read the public health
-//! and version paths. In a cluster, a SubjectAccessReview authorizer takes its place.
+//! `/version` and `/metrics` and ask what they may do (the self-reviews of `kubectl auth can-i`),
+//! and anyone (the anonymous user included) may read the public health and version paths. The
+//! same policy is written out as rules for `kubectl auth can-i --list` ([`StaticPolicy::rules`]).
+//! In a cluster, a SubjectAccessReview authorizer takes its place.
 
 use async_trait::async_trait;
 
 use super::anonymous;
-use super::{Attributes, Authorizer, Decision, Target};
+use super::{Attributes, Authorizer, Decision, Rules, Target, User};
+use crate::request_info::{AUTHORIZATION_GROUP, LEASE_GROUP};
 
 const READ_VERBS: &[&str] = &["get", "list", "watch"];
 /// What the store's processes do with Leases: campaign (create, get, update), watch for a
@@ -40,14 +43,14 @@ impl Authorizer for StaticPolicy {
             && let Target::Resource(r) = &attrs.target
             && (r.group == kvcache_api::GROUP
                 || (r.group.is_empty() && r.resource == "events")
-                || r.group == crate::request_info::LEASE_GROUP)
+                || r.group == LEASE_GROUP)
         {
             return Decision::Allow;
         }
         // The store's leaders campaign for their Leases; Lease-addressed members read them.
         if user.name == kvcache_certs::STORE.user
             && let Target::Resource(r) = &attrs.target
-            && r.group == crate::request_info::LEASE_GROUP
+            && r.group == LEASE_GROUP
             && r.resource == "leases"
             && r.subresource.is_empty()
             && LEASE_VERBS.contains(&attrs.verb.as_str())
@@ -56,6 +59,14 @@ impl Authorizer for StaticPolicy {
         }
         let reads = matches!(attrs.verb.as_str(), "get" | "head");
         match &attrs.target {
+            Target::Resource(r)
+                if user.in_group("system:authenticated")
+                    && r.group == AUTHORIZATION_GROUP
+                    && SELF_REVIEWS.contains(&r.resource.as_str())
+                    && attrs.verb == "create" =>
+            {
+                Decision::Allow
+            }
             Target::Resource(_) if user.in_group("gpustack:viewers") && READ_VERBS.contains(&attrs.verb.as_str()) => {
                 Decision::Allow
             }
@@ -65,6 +76,61 @@ impl Authorizer for StaticPolicy {
             }
             _ => Decision::Deny(String::new()),
         }
+    }
+
+    fn rules(&self, user: &User, _namespace: &str) -> Option<Rules> {
+        Some(StaticPolicy::rules_of(user))
+    }
+}
+
+/// What every authenticated user may create: the questions about themselves.
+const SELF_REVIEWS: &[&str] = &["selfsubjectaccessreviews", "selfsubjectrulesreviews"];
+
+/// The non-resource paths an authenticated user may read (besides the public ones).
+const DISCOVERY_PATHS: &[&str] = &[
+    "/api",
+    "/api/*",
+    "/apis",
+    "/apis/*",
+    "/openapi/*",
+    "/version",
+    "/metrics",
+];
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+impl StaticPolicy {
+    /// The policy as rules for `user` (the same in every namespace): what `authorize` allows,
+    /// written out.
+    pub fn rules_of(user: &User) -> Rules {
+        let mut r = Rules::default();
+        let mut res = |verbs: &[&str], groups: &[&str], resources: &[&str]| {
+            r.resources.push((strings(verbs), strings(groups), strings(resources)));
+        };
+        if user.in_group("system:masters") {
+            res(&["*"], &["*"], &["*"]);
+            r.non_resources.push((strings(&["*"]), strings(&["*"])));
+            return r;
+        }
+        if user.name == super::CONTROLLER_USER {
+            res(&["*"], &[kvcache_api::GROUP, LEASE_GROUP], &["*"]);
+            res(&["*"], &[""], &["events"]);
+        }
+        if user.name == kvcache_certs::STORE.user {
+            res(LEASE_VERBS, &[LEASE_GROUP], &["leases"]);
+        }
+        if user.in_group("gpustack:viewers") {
+            res(READ_VERBS, &["*"], &["*"]);
+        }
+        if user.in_group("system:authenticated") {
+            res(&["create"], &[AUTHORIZATION_GROUP], SELF_REVIEWS);
+            r.non_resources.push((strings(&["get"]), strings(DISCOVERY_PATHS)));
+        }
+        r.non_resources
+            .push((strings(&["get"]), strings(anonymous::PUBLIC_PATHS)));
+        r
     }
 }
 
@@ -135,5 +201,50 @@ mod tests {
         }
         assert!(matches!(p.authorize(&lease("delete")).await, Decision::Deny(_)));
         assert!(matches!(p.authorize(&res(store(), "get")).await, Decision::Deny(_)));
+    }
+
+    /// The rules `kubectl auth can-i --list` shows allow exactly what `authorize` allows.
+    #[tokio::test]
+    async fn the_rules_say_what_the_policy_decides() {
+        let p = StaticPolicy;
+        let users = [
+            User::new("a", &["system:masters", "system:authenticated"]),
+            User::new("v", &["gpustack:viewers", "system:authenticated"]),
+            User::new(super::super::CONTROLLER_USER, &["system:authenticated"]),
+            User::new(kvcache_certs::STORE.user, &["system:authenticated"]),
+            User::new("s", &["system:authenticated"]),
+        ];
+        let targets = [
+            ("worker.gpustack.ai", "kvcachepoolbindings"),
+            ("coordination.k8s.io", "leases"),
+            ("", "events"),
+            ("", "namespaces"),
+            ("authorization.k8s.io", "selfsubjectaccessreviews"),
+        ];
+        let allows = |r: &Rules, verb: &str, group: &str, resource: &str| {
+            let any = |v: &[String], x: &str| v.iter().any(|s| s == "*" || s == x);
+            r.resources
+                .iter()
+                .any(|(verbs, groups, resources)| any(verbs, verb) && any(groups, group) && any(resources, resource))
+        };
+        for user in users {
+            let rules = StaticPolicy::rules_of(&user);
+            for (group, resource) in targets {
+                for verb in ["get", "list", "create", "update", "delete"] {
+                    let mut attrs = res(user.clone(), verb);
+                    if let Target::Resource(r) = &mut attrs.target {
+                        r.group = group.into();
+                        r.resource = resource.into();
+                    }
+                    let decided = p.authorize(&attrs).await == Decision::Allow;
+                    assert_eq!(
+                        allows(&rules, verb, group, resource),
+                        decided,
+                        "{} {verb} {group}/{resource}",
+                        user.name
+                    );
+                }
+            }
+        }
     }
 }

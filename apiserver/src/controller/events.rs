@@ -75,17 +75,27 @@ pub async fn record<K: Kind>(ctx: &Context, obj: &Object<K>, warning: bool, reas
 /// Conditions whose `False` is a state, not a fault (a deletion held by a consumer).
 const NOT_FAULTS: &[&str] = &["Deletable", "Releasable"];
 
+/// `False` reasons that are normal work, not a fault: a rollout on its way (a scale-up).
+const NOT_FAULT_REASONS: &[(&str, &str)] = &[("RolloutComplete", "Progressing")];
+
+/// Whether a condition's status is a fault, so its event is a Warning.
+fn is_fault(c: &Condition) -> bool {
+    c.status == "False"
+        && !NOT_FAULTS.contains(&c.type_.as_str())
+        && !NOT_FAULT_REASONS.contains(&(c.type_.as_str(), c.reason.as_str()))
+}
+
 /// The conditions whose status changed from `before` to `after`, as events (`warning`, reason,
 /// message): a first observation is not a transition, so a new object records only what
 /// changes after it (the leader starting to serve, members mounting, a grant, an attachment).
-/// `False` is a Warning unless the condition's `False` is no fault.
+/// `False` is a Warning unless the condition's `False` (or this reason of it) is no fault.
 pub fn transitions(before: &[Condition], after: &[Condition]) -> Vec<(bool, String, String)> {
     after
         .iter()
         .filter(|c| before.iter().any(|b| b.type_ == c.type_ && b.status != c.status))
         .map(|c| {
             (
-                c.status == "False" && !NOT_FAULTS.contains(&c.type_.as_str()),
+                is_fault(c),
                 c.reason.clone(),
                 format!("{} is {}: {}", c.type_, c.status, c.message),
             )
@@ -135,6 +145,16 @@ mod tests {
             transitions(&after, &after).is_empty(),
             "a settled object records nothing"
         );
+        let rollout = transitions(
+            &[cond("RolloutComplete", "True", "Complete")],
+            &[cond("RolloutComplete", "False", "Progressing")],
+        );
+        assert!(!rollout[0].0, "a scale-up on its way is no Warning: {rollout:?}");
+        let stuck = transitions(
+            &[cond("RolloutComplete", "True", "Complete")],
+            &[cond("RolloutComplete", "False", "ReplicasPending")],
+        );
+        assert!(stuck[0].0, "replicas that cannot start are: {stuck:?}");
         let held = transitions(
             &[cond("Deletable", "True", "Unused")],
             &[cond("Deletable", "False", "InUse")],

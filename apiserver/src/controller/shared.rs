@@ -7,7 +7,6 @@ use std::time::Duration;
 use kube::runtime::controller::Action;
 use kube::{Api, Client};
 use kvcache_api::backend::EndpointName;
-use kvcache_api::common::UsedBy;
 use kvcache_api::{KVCacheBackend, KVCachePool};
 
 /// When a controller's next pass comes, as its pure `decide` says.
@@ -26,34 +25,7 @@ impl From<Next> for Action {
     }
 }
 
-/// Names listed in a message before "and N more".
-const MAX_NAMES: usize = 20;
-
-/// `a, b and 3 more`.
-pub fn names(names: &[String]) -> String {
-    let shown = names.iter().take(MAX_NAMES).cloned().collect::<Vec<_>>().join(", ");
-    if names.len() > MAX_NAMES {
-        format!("{shown} and {} more", names.len() - MAX_NAMES)
-    } else {
-        shown
-    }
-}
-
-/// Why a deletion waits: `held by KIND/NAME, …; delete them first, then this WHAT's deletion
-/// completes`, a namespaced holder as `KIND/NAMESPACE/NAME`.
-pub fn held_by(used_by: &[UsedBy], what: &str) -> String {
-    let named: Vec<String> = used_by
-        .iter()
-        .map(|u| match u.namespace.as_str() {
-            "" => format!("{}/{}", u.kind, u.name),
-            ns => format!("{}/{ns}/{}", u.kind, u.name),
-        })
-        .collect();
-    format!(
-        "held by {}; delete them first, then this {what}'s deletion completes",
-        names(&named)
-    )
-}
+pub use crate::registry::holders::{held_by, names};
 
 /// The address a backend publishes for `which`, once it has.
 pub fn endpoint(b: &KVCacheBackend, which: EndpointName) -> Option<String> {
@@ -105,23 +77,5 @@ mod tests {
         assert_eq!(hit_rate(1, 2).as_deref(), Some("0.3333"));
         assert_eq!(hit_rate(5, 0).as_deref(), Some("1"));
         assert_eq!(hit_rate(0, 5).as_deref(), Some("0"));
-    }
-
-    #[test]
-    fn a_hold_names_its_holders_and_what_to_do() {
-        let u = |kind: &str, ns: &str, name: &str| UsedBy {
-            kind: kind.into(),
-            namespace: ns.into(),
-            name: name.into(),
-        };
-        assert_eq!(
-            held_by(
-                &[u("KVCachePoolBinding", "team-a", "b"), u("KVCachePool", "", "p")],
-                "pool"
-            ),
-            "held by KVCachePoolBinding/team-a/b, KVCachePool/p; delete them first, then this pool's deletion completes"
-        );
-        let many: Vec<String> = (0..25).map(|i| i.to_string()).collect();
-        assert!(names(&many).ends_with("19 and 5 more"));
     }
 }

@@ -93,6 +93,7 @@ impl Runtime for FakeRuntime {
                 state: ready(),
                 cache: None,
                 runs: None,
+                url: None,
             })
             .collect()
     }

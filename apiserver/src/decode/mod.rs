@@ -13,6 +13,7 @@
 //!   400.
 
 pub mod bounded;
+pub mod protobuf;
 
 use serde::de::DeserializeOwned;
 

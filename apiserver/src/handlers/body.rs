@@ -91,3 +91,13 @@ pub fn object(headers: &HeaderMap, body: &[u8]) -> Result<Parsed, Response> {
         )),
     }
 }
+
+/// A body of the core `kind` direct mode serves: JSON, YAML, or the protobuf kubectl 1.33 sends
+/// for built-in types ([`crate::decode::protobuf`]).
+pub fn core_object(headers: &HeaderMap, body: &[u8], kind: &str) -> Result<serde_json::Value, Response> {
+    if media_type(headers) == crate::decode::protobuf::MEDIA_TYPE {
+        return crate::decode::protobuf::decode(body, kind)
+            .map_err(|e| bad_request(format!("the protobuf body is not a {kind}: {e}")));
+    }
+    object(headers, body).map(|p| p.value)
+}

@@ -5,6 +5,8 @@
 //! |---|---|
 //! | [`get`], [`list`], [`create`], [`update`], [`patch`], [`delete`], [`deletecollection`], [`watch`] | the verbs on our resources |
 //! | [`discovery`], [`openapi`], [`health`] | what clients learn about the API, and whether it is up |
+//! | [`events`], [`leases`], [`namespaces`] | the core and coordination kinds of direct mode |
+//! | [`self_reviews`] | `kubectl auth can-i`: the self-reviews, answered from the server's authorizer |
 //! | [`target`] | which object a resource request is about, and the checks every verb shares |
 //! | [`params`] | Kubernetes' query options and `DeleteOptions` |
 //! | [`body`] | request bodies within the limit, by content type |
@@ -24,11 +26,13 @@ pub mod get;
 pub mod health;
 pub mod leases;
 pub mod list;
+pub mod namespaces;
 pub mod openapi;
 pub mod params;
 pub mod patch;
 pub mod plain;
 pub mod response;
+pub mod self_reviews;
 pub mod target;
 pub mod update;
 pub mod watch;
@@ -104,6 +108,12 @@ async fn resource(api: Arc<Api>, info: &RequestInfo, req: Request) -> Response {
     }
     if info.is_leases() {
         return leases::handle(api, info, req).await;
+    }
+    if info.is_core_namespaces() {
+        return namespaces::handle(api, info, req).await;
+    }
+    if info.is_self_review() {
+        return self_reviews::handle(info, req).await;
     }
     let Some(r) = info.resource.as_ref().filter(|_| info.kind().is_some()) else {
         return response::not_found(req.uri().path());

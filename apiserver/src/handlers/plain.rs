@@ -46,15 +46,27 @@ pub async fn list(
         Ok(page) => page,
         Err(e) => return refused(e),
     };
+    respond_list(info, kind, &items, revision, next.unwrap_or_default(), accept, pretty)
+}
+
+/// The answer to a list of `kind`: `items` read at `revision` as JSON, or a Table for kubectl.
+pub fn respond_list(
+    info: &RequestInfo,
+    kind: &PlainKind,
+    items: &[Value],
+    revision: u64,
+    cont: String,
+    accept: &str,
+    pretty: bool,
+) -> Response {
     let rv = revision.to_string();
-    let cont = next.unwrap_or_default();
     match negotiate::for_objects(accept) {
         Some(Shape::Table) => {
             let include = match super::params::include_object(&info.query) {
                 Ok(i) => i,
                 Err(r) => return r,
             };
-            let t = table::table(kind.columns, &items, include, &rv, &cont, true);
+            let t = table::table(kind.columns, items, include, &rv, &cont, true);
             response::bytes(
                 200,
                 &negotiate::content_type(Shape::Table),

@@ -4,11 +4,14 @@
 //!
 //! Schemas come from the types (schemars), rewritten into the OpenAPI 3.0 dialect Kubernetes
 //! clients understand: `$ref`s under `components/schemas` (`definitions` in v2), nullable unions
-//! collapsed, references with siblings wrapped in `allOf`, lists marked atomic (our server-side
-//! apply treats every list as one field). PATCH operations list JSON patch, merge patch and
-//! apply, never strategic merge patch, so client-side `kubectl apply` sends merge patches.
+//! collapsed, string enums inlined into their fields and one description per field (see
+//! [`explain`]), references with siblings wrapped in `allOf`, lists marked atomic (our
+//! server-side apply treats every list as one field). PATCH operations list JSON patch, merge
+//! patch and apply, never strategic merge patch, so client-side `kubectl apply` sends merge
+//! patches.
 
 mod dialect;
+mod explain;
 mod leases;
 pub mod proto;
 
@@ -390,6 +393,7 @@ pub fn build(kinds: &[KindDoc]) -> Documents {
         (k.schema)(&mut c);
     }
     c.add_meta();
+    explain::one_text_per_field(&mut c.schemas);
     let v3_schemas: Map<String, Value> = c
         .schemas
         .iter()

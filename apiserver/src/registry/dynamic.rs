@@ -42,6 +42,17 @@ pub struct Outcome {
     pub created: bool,
 }
 
+/// What a delete did.
+#[derive(Debug, Clone)]
+pub struct Removal {
+    /// The object's last state.
+    pub object: Value,
+    /// False when finalizers keep the object (it is marked for deletion).
+    pub gone: bool,
+    /// For the client: what holds an object that stays.
+    pub warnings: Vec<String>,
+}
+
 /// The filter of a list or watch, on metadata only.
 pub type MetaFilter = Arc<dyn Fn(&ObjectMeta) -> bool + Send + Sync>;
 
@@ -109,8 +120,7 @@ pub trait Resource: Send + Sync {
         part: Part,
         params: &WriteParams,
     ) -> Result<Outcome, RegistryError>;
-    /// `(last state, gone)`: `gone` is false when finalizers keep the object.
-    async fn delete(&self, namespace: &str, name: &str, opts: DeleteOptions) -> Result<(Value, bool), RegistryError>;
+    async fn delete(&self, namespace: &str, name: &str, opts: DeleteOptions) -> Result<Removal, RegistryError>;
     /// Every object matching `filter` deleted (or marked for deletion), as of one list.
     async fn delete_collection(
         &self,
@@ -476,10 +486,18 @@ impl<S: Strategy> Resource for Typed<S> {
         outcome(written, warnings, false)
     }
 
-    async fn delete(&self, namespace: &str, name: &str, opts: DeleteOptions) -> Result<(Value, bool), RegistryError> {
+    async fn delete(&self, namespace: &str, name: &str, opts: DeleteOptions) -> Result<Removal, RegistryError> {
         Ok(match self.registry.delete(namespace, name, opts).await? {
-            Deleted::Gone(o) => (to_json(&o)?, true),
-            Deleted::Pending(o) => (to_json(&o)?, false),
+            Deleted::Gone(o) => Removal {
+                object: to_json(&o)?,
+                gone: true,
+                warnings: Vec::new(),
+            },
+            Deleted::Pending(o) => Removal {
+                warnings: self.registry.warnings_on_delete(&o).await?,
+                object: to_json(&o)?,
+                gone: false,
+            },
         })
     }
 

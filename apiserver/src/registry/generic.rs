@@ -192,11 +192,17 @@ impl<S: Strategy> KindRegistry<S> {
     ) -> Result<Written<S::Kind>, RegistryError> {
         meta::prepare_create(&mut obj, namespace)?;
         self.strategy.prepare_for_create(&mut obj);
+        let sent = serde_json::to_value(&obj).unwrap_or_default();
         self.strategy.apply_defaults(&mut obj, &self.ctx);
+        // A refusal of a value the request never set names it as the default it is.
+        let refused = |errs: ErrorList| {
+            let defaulted = serde_json::to_value(&obj).unwrap_or_default();
+            RegistryError::invalid::<S::Kind>(obj.name(), errs.name_defaulted(&sent, &defaulted))
+        };
         let mut errs = meta::validate::<S::Kind>(&obj.metadata);
         errs.extend(self.strategy.validate(&obj, &self.ctx));
         if !errs.is_empty() {
-            return Err(RegistryError::invalid::<S::Kind>(obj.name(), errs));
+            return Err(refused(errs));
         }
         let mut warnings = self.strategy.warnings_on_create(&obj, &self.ctx);
         let key = Self::key(obj.namespace(), obj.name());
@@ -207,7 +213,7 @@ impl<S: Strategy> KindRegistry<S> {
             }
             let admission = self.strategy.admit(Change::Create(&obj), &mut reads, &self.ctx).await?;
             if !admission.errors.is_empty() {
-                return Err(RegistryError::invalid::<S::Kind>(obj.name(), admission.errors));
+                return Err(refused(admission.errors));
             }
             if opts.dry_run {
                 warnings.extend(admission.warnings);
@@ -437,6 +443,11 @@ impl<S: Strategy> KindRegistry<S> {
             }
         }
         Err(RegistryError::modified::<S::Kind>(name))
+    }
+
+    /// The warnings of a DELETE that left `obj` marked for deletion (the strategy's).
+    pub async fn warnings_on_delete(&self, obj: &Object<S::Kind>) -> Result<Vec<String>, RegistryError> {
+        self.strategy.warnings_on_delete(obj, self.storage.as_ref()).await
     }
 
     /// The object rules of an update, ratcheted (errors the stored version already had on

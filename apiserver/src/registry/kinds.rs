@@ -136,6 +136,18 @@ const BACKEND_COLUMNS: &[Column] = &[
     age(1),
 ];
 
+/// A byte quantity as a person reads it beside the others (`25Mi`, not `26347104`); a value
+/// that is no byte count is shown as stored.
+fn quantity_cell(v: &Value, path: &[&str]) -> Value {
+    match text(v, path) {
+        Value::String(s) => match kvcache_units::parse_bytes(&s) {
+            Ok(bytes) => Value::String(kvcache_units::approx_bytes(bytes)),
+            Err(_) => Value::String(s),
+        },
+        other => other,
+    }
+}
+
 /// `1/3`: ready of desired leader replicas.
 fn leaders(v: &Value) -> Value {
     match (
@@ -156,8 +168,8 @@ const fn wide(mut c: Column) -> Column {
 const POOL_COLUMNS: &[Column] = &[
     NAME,
     col("Quota", "spec.quota.total", |v| text(v, &["spec", "quota", "total"])),
-    col("Usage", "status.usage.total", |v| {
-        text(v, &["status", "usage", "total"])
+    col("Usage", "status.usage.total, as a quantity", |v| {
+        quantity_cell(v, &["status", "usage", "total"])
     }),
     col("Phase", "status.phase", |v| text(v, &["status", "phase"])),
     col("Endpoint", "status.clientEndpoint", |v| {
@@ -173,7 +185,9 @@ const BINDING_COLUMNS: &[Column] = &[
     col("Effective", "status.effectiveQuota", |v| {
         text(v, &["status", "effectiveQuota"])
     }),
-    col("Usage", "status.usage", |v| text(v, &["status", "usage"])),
+    col("Usage", "status.usage, as a quantity", |v| {
+        quantity_cell(v, &["status", "usage"])
+    }),
     col("Phase", "status.phase", |v| text(v, &["status", "phase"])),
     age(0),
 ];
@@ -219,5 +233,14 @@ mod tests {
         let obj = json!({"metadata": {"name": "m"}, "status": {"endpoints": [
             {"name": "Admin", "address": "a:1"}, {"name": "Client", "address": "c:2"}]}});
         assert_eq!(backend_endpoint(&obj), "c:2");
+    }
+
+    #[test]
+    fn usage_reads_as_a_quantity() {
+        let b = json!({"metadata": {"name": "b"}, "status": {"usage": "26347104"}});
+        assert_eq!(quantity_cell(&b, &["status", "usage"]), "25Mi");
+        let p = json!({"metadata": {"name": "p"}, "status": {"usage": {"total": "8Gi"}}});
+        assert_eq!(quantity_cell(&p, &["status", "usage", "total"]), "8Gi");
+        assert_eq!(quantity_cell(&p, &["status", "missing"]), "");
     }
 }

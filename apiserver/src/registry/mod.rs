@@ -19,6 +19,8 @@
 //! | [`field`] | field paths and Kubernetes-style field errors |
 //! | [`errors`] | registry errors and the storage → API error seam |
 //! | [`meta`] | `metadata` system fields and syntax |
+//! | [`holders`] | what holds an object's deletion, and how a held deletion is told |
+//! | [`grants`] | what a pool's grants become after a write that cuts them, for its warning |
 //! | [`validation`] | syntax checks shared by the kinds |
 //! | [`backend`], [`pool`], [`binding`], [`model_deployment`] | each kind's strategy and rules |
 //!
@@ -33,6 +35,8 @@ pub mod dynamic;
 pub mod errors;
 pub mod fieldmanager;
 pub mod generic;
+pub mod grants;
+pub mod holders;
 pub mod kinds;
 pub mod meta;
 pub mod model_deployment;
@@ -119,6 +123,16 @@ pub trait Strategy: Default + Send + Sync + 'static {
 
     fn warnings_on_update(&self, _new: &Object<Self::Kind>, _old: &Object<Self::Kind>, _ctx: &Context) -> Vec<String> {
         Vec::new()
+    }
+
+    /// Warnings for a DELETE that left the object marked for deletion: what holds it (read
+    /// from `storage`, outside any transaction: the warning informs, it decides nothing).
+    async fn warnings_on_delete(
+        &self,
+        _obj: &Object<Self::Kind>,
+        _storage: &dyn Storage,
+    ) -> Result<Vec<String>, RegistryError> {
+        Ok(Vec::new())
     }
 
     /// Cross-object rules, run inside the storage transaction: every read goes through `reads`

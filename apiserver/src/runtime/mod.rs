@@ -257,6 +257,10 @@ pub struct ReplicaObservation {
     /// What runs, where the runtime chooses (the local runtime: the real engine and its address,
     /// or why the simulator runs instead).
     pub runs: Option<String>,
+    /// Where the replica answers, when the runtime serves it at an address of its own (the
+    /// local runtime: `http://127.0.0.1:<port>`); `None` in a cluster, where no Service fronts
+    /// the replicas yet.
+    pub url: Option<String>,
 }
 
 /// An engine's account of one round of requests.

@@ -175,12 +175,15 @@ async fn get(app: &App, kind: &KindEntry, namespace: Option<&str>, name: Option<
 async fn delete(app: &App, kind: &KindEntry, namespace: &str, name: &str) -> anyhow::Result<()> {
     let res = resource(app, kind)?;
     let ns = if kind.namespaced() { namespace } else { "" };
-    let (_, gone) = res
+    let removal = res
         .delete(ns, name, DeleteOptions::default())
         .await
         .map_err(|e| report(kind, name, &e))?;
+    for w in &removal.warnings {
+        eprintln!("Warning: {w}");
+    }
     let what = format!("{}.{}/{name}", kind.singular, kvcache_api::GROUP);
-    if gone {
+    if removal.gone {
         println!("{what} deleted");
     } else {
         println!("{what} marked for deletion (finalizers hold it)");

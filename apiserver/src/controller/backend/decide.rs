@@ -3,7 +3,9 @@
 //! capacity, members, LeaderAvailable, CapacityObserved, MembersMounted, PoolWrites, Deletable and
 //! the phase, first match wins: Deleting once the deletion is requested; Error with no Admin
 //! endpoint yet; Provisioning while the leader does not serve or is still starting; Error when it
-//! cannot be read for any other reason; Degraded while MembersMounted is False; else Ready.
+//! cannot be read for any other reason; Provisioning while the members of a backend that was
+//! never Ready register (MembersMounted Unknown); Degraded while MembersMounted is False; else
+//! Ready.
 //! Table-tested below.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -99,17 +101,34 @@ fn leader(
     });
     set(st, capacity_observation(&view));
     st.members = member_rows(obj, &view, observed.map(|(p, _, _)| p));
-    set(st, members_verdict(&view, observed));
+    let (members, starting) = first_mount(members_verdict(&view, observed), prev);
+    set(st, members);
     set(st, writes_verdict(&view));
     let mounted = conditions::find(&st.conditions, members_mounted::TYPE)
-        .filter(|c| c.status == ConditionStatus::False.as_str())
+        .filter(|c| c.status != ConditionStatus::True.as_str())
         .map(|c| c.message.clone());
-    st.phase = Some(if mounted.is_some() {
-        BackendPhase::Degraded
-    } else {
-        BackendPhase::Ready
+    st.phase = Some(match (&mounted, starting) {
+        (Some(_), true) => BackendPhase::Provisioning,
+        (Some(_), false) => BackendPhase::Degraded,
+        (None, _) => BackendPhase::Ready,
     });
     st.phase_message = mounted;
+}
+
+/// A backend that has never been Ready whose members have not registered yet is starting, not
+/// degraded: MembersMounted reads Unknown (no Warning event) and the phase stays Provisioning.
+/// A member that crashes, or one lost after the backend was Ready, is a fault as before.
+fn first_mount(mut members: Observation, prev: &BackendStatus) -> (Observation, bool) {
+    let never_ready = !matches!(prev.phase, Some(BackendPhase::Ready | BackendPhase::Degraded));
+    let registering = [members_mounted::NO_SEGMENTS, members_mounted::SEGMENTS_SHORT]
+        .iter()
+        .any(|r| members.reason == r.as_str());
+    let starting = never_ready && members.status == ConditionStatus::False && registering;
+    if starting {
+        members.status = ConditionStatus::Unknown;
+        members.message = format!("the members are starting: {}", members.message);
+    }
+    (members, starting)
 }
 
 /// The leader's answer if it serves; else its conditions and the phase say why, and `None`.

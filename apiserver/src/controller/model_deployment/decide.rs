@@ -236,11 +236,18 @@ pub fn report(
         });
     }
     st.role_summary = Some(summary.concat());
-    let cache = attached(obj, observed, attach.connection.is_some(), &attach.registered.message);
+    let cache = attached(obj, observed, attach.connection.is_some(), &attach.registered);
+    let uncached = (cache.reason == cache_attached::BINDING_NOT_FOUND.as_str()).then(|| cache.message.clone());
     for o in [attach.registered.clone(), cache] {
         conditions::set(&mut st.conditions, o.generation(generation), now);
     }
-    let (phase, message) = if ready == desired {
+    let (phase, message) = if let (true, Some(why)) = (ready == desired, uncached) {
+        // Every replica runs, but not with the cache it asks for: not Ready.
+        (
+            ModelDeploymentPhase::Degraded,
+            Some(format!("{ready} of {desired} replicas are ready, {why}")),
+        )
+    } else if ready == desired {
         (ModelDeploymentPhase::Ready, None)
     } else if ready > 0 {
         (
@@ -255,7 +262,16 @@ pub fn report(
     };
     st.phase = Some(phase);
     st.phase_message = with_what_runs(message, observed);
+    st.endpoint = endpoint(obj, observed);
     st
+}
+
+/// The deployment's endpoint (the ENDPOINT column): where the first replica of the first role
+/// answers, while the runtime serves it at an address (locally; a cluster has no Service in
+/// front of the replicas yet, so there it stays unset).
+fn endpoint(obj: &ModelDeployment, observed: &[ReplicaObservation]) -> Option<String> {
+    let first = obj.spec.roles.first()?;
+    observed.iter().find(|r| r.role == first.name)?.url.clone()
 }
 
 /// The replicas of `obj`, each with exactly what injection computed for `connection`, and the
@@ -362,10 +378,16 @@ fn first_fault(observed: &[ReplicaObservation]) -> String {
 }
 
 /// CacheAttached from the replicas' own reports, first match wins: True (NotApplicable) without
-/// `kvCache`; Unknown when a role replaces the engine command, while no replica is ready, or
-/// while the replicas run without a connection; True when a ready replica reports a store
+/// `kvCache`; Unknown when a role replaces the engine command or while no replica is ready;
+/// False (BindingNotFound) while ready replicas run without it because their Binding does not
+/// exist; Unknown while they run without a connection for another reason; True when a ready replica reports a store
 /// operation that succeeded; False when they report operations and none succeeded; else Unknown.
-fn attached(obj: &ModelDeployment, observed: &[ReplicaObservation], connected: bool, registered: &str) -> Observation {
+fn attached(
+    obj: &ModelDeployment,
+    observed: &[ReplicaObservation],
+    connected: bool,
+    registered: &Observation,
+) -> Observation {
     let o =
         |status, reason: conditions::Reason, msg: String| Observation::new(cache_attached::TYPE, status, reason, msg);
     if obj.spec.binding_name().is_none() {
@@ -393,11 +415,21 @@ fn attached(obj: &ModelDeployment, observed: &[ReplicaObservation], connected: b
             "no replica is ready yet".into(),
         );
     }
+    if registered.reason == domain_registered::BINDING_NOT_FOUND.as_str() {
+        return o(
+            ConditionStatus::False,
+            cache_attached::BINDING_NOT_FOUND,
+            format!(
+                "the ready replicas run without the shared cache: {}",
+                registered.message
+            ),
+        );
+    }
     if !connected {
         return o(
             ConditionStatus::Unknown,
             cache_attached::NO_OBSERVATION_AVAILABLE,
-            format!("the replicas run without a cache connection: {registered}"),
+            format!("the replicas run without a cache connection: {}", registered.message),
         );
     }
     let reporting: Vec<_> = ready.iter().filter_map(|r| r.cache.as_ref().map(|c| (r, c))).collect();

@@ -10,7 +10,8 @@ use kvcache_api::quantity::Quantity;
 
 use super::validation;
 use crate::field::{ErrorList, Path};
-use crate::registry::{Context, StatusStrategy, Strategy};
+use crate::registry::{Context, RegistryError, StatusStrategy, Strategy, holders};
+use crate::storage::Storage;
 
 /// Consumers named in a refusal before "and N more".
 const MAX_NAMED_CONSUMERS: usize = 20;
@@ -18,6 +19,7 @@ const MAX_NAMED_CONSUMERS: usize = 20;
 #[derive(Debug, Default)]
 pub struct BackendStrategy;
 
+#[async_trait::async_trait]
 impl Strategy for BackendStrategy {
     type Kind = BackendSpec;
     type Status = BackendStatusStrategy;
@@ -54,6 +56,17 @@ impl Strategy for BackendStrategy {
 
     fn warnings_on_create(&self, obj: &KVCacheBackend, _ctx: &Context) -> Vec<String> {
         validation::warnings(obj)
+    }
+
+    async fn warnings_on_delete(
+        &self,
+        obj: &KVCacheBackend,
+        storage: &dyn Storage,
+    ) -> Result<Vec<String>, RegistryError> {
+        let pools = holders::of_backend(storage, obj.name()).await?;
+        Ok(Vec::from_iter((!pools.is_empty()).then(|| {
+            holders::delete_warning("KVCacheBackend", obj.name(), "backend", &pools)
+        })))
     }
 
     fn validate_update(&self, new: &KVCacheBackend, old: &KVCacheBackend, ctx: &Context) -> ErrorList {

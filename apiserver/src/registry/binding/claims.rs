@@ -8,7 +8,8 @@
 //! free; otherwise the Binding stays unclaimed and its status reports the contest). The claim is
 //! released in the transaction that removes the Binding.
 //!
-//! This module also checks what needs the pool: the ceiling against the pool's total, and a
+//! This module also checks what needs the pool: the ceiling against the pool's total, the
+//! ceilings of all the pool's Bindings against it (a warning of what the grants become), and a
 //! second distinct domain on a backend that keeps no tenant ledger.
 
 use kvcache_api::backend::BackendSpec;
@@ -41,21 +42,23 @@ pub async fn admit(change: Change<'_, BindingSpec>, reads: &mut Reads<'_>) -> Re
     let mut out = Admission::default();
     match change {
         Change::Create(b) => {
-            let pool = read_pool(b, reads, &mut out).await?;
+            let pool = read_pool(b, true, reads, &mut out).await?;
             if let Some(pool) = &pool {
                 check_ceiling(b, pool, &mut out.errors);
+                warn_of_cuts(b, pool, reads, &mut out).await?;
             }
             if out.errors.is_empty() {
                 settle_claim(b, pool.as_ref(), true, reads, &mut out).await?;
             }
         }
         Change::Update { new, old } => {
-            let pool = read_pool(new, reads, &mut out).await?;
+            let pool = read_pool(new, false, reads, &mut out).await?;
             let ceiling = |b: &KVCachePoolBinding| b.spec.quota.as_ref().and_then(|q| q.ceiling.clone());
             if let Some(pool) = &pool
                 && !same_quantity(ceiling(new).as_ref(), ceiling(old).as_ref())
             {
                 check_ceiling(new, pool, &mut out.errors);
+                warn_of_cuts(new, pool, reads, &mut out).await?;
             }
             if out.errors.is_empty() {
                 settle_claim(new, pool.as_ref(), false, reads, &mut out).await?;
@@ -68,17 +71,47 @@ pub async fn admit(change: Change<'_, BindingSpec>, reads: &mut Reads<'_>) -> Re
 
 async fn read_pool(
     b: &KVCachePoolBinding,
+    creating: bool,
     reads: &mut Reads<'_>,
     out: &mut Admission,
 ) -> Result<Option<KVCachePool>, RegistryError> {
     let name = b.spec.pool_name();
     let pool = reads.object::<PoolSpec>("", name).await?;
-    if pool.is_none() {
-        out.warnings.push(format!(
+    match &pool {
+        None => out.warnings.push(format!(
             "KVCachePool {name:?} does not exist yet: this Binding claims its domain and gets quota once the pool exists"
-        ));
+        )),
+        // Only a new Binding: an update keeps working while its pool goes (the pool is fixed).
+        Some(p) if creating && crate::registry::holders::is_deleting(p) => out.errors.forbidden(
+            &Path::new("spec").child("poolRef").child("name"),
+            crate::registry::holders::deleting_reference("KVCachePool", name, "Binding"),
+        ),
+        Some(_) => {}
     }
     Ok(pool)
+}
+
+/// Warns when this Binding's ceiling, with its pool's other Bindings', is more than the pool's
+/// total: what every grant in the pool becomes.
+async fn warn_of_cuts(
+    b: &KVCachePoolBinding,
+    pool: &KVCachePool,
+    reads: &mut Reads<'_>,
+    out: &mut Admission,
+) -> Result<(), RegistryError> {
+    use crate::registry::grants;
+    let (Some(total), Some(this)) = (grants::total_of(pool), grants::ask_of(b)) else {
+        return Ok(());
+    };
+    if !out.errors.is_empty() {
+        return Ok(());
+    }
+    let mut asks = grants::asks_in(pool.name(), Some(&this.binding), reads).await?;
+    let name = this.binding.clone();
+    asks.push(this);
+    out.warnings
+        .extend(grants::binding_warning(pool.name(), total, &asks, &name));
+    Ok(())
 }
 
 fn check_ceiling(b: &KVCachePoolBinding, pool: &KVCachePool, errs: &mut ErrorList) {
@@ -214,8 +247,8 @@ async fn release_claim(
 }
 
 /// A second distinct domain on one backend is refused when the backend is known to keep no
-/// tenant ledger (every write would land in one shared default tenant), and admitted with a
-/// warning otherwise.
+/// tenant ledger (every write would land in one shared default tenant), admitted when it is
+/// known to keep one, and admitted with a warning while that is not known.
 async fn check_separability(
     b: &KVCachePoolBinding,
     pool: &KVCachePool,
@@ -255,20 +288,22 @@ async fn check_separability(
             .await?
             .and_then(|backend| backend.spec.declared_multi_tenancy()),
     };
-    if ledger == Some(false) {
-        out.errors.invalid(
+    match ledger {
+        Some(false) => out.errors.invalid(
             &Path::new("spec").child("domain").child("name"),
             b.spec.domain_name(),
             format!(
                 "KVCacheBackend {:?} keeps no per-tenant ledger, so every write lands in one default tenant: this domain would share and overwrite the cache of domain {domain:?} (KVCachePoolBinding {}/{}). Use that domain, or turn on multiTenancy on the backend",
                 want.backend, holder.namespace, holder.name
             ),
-        );
-    } else {
-        out.warnings.push(format!(
-            "domain {:?} is a second domain on KVCacheBackend {:?} beside {domain:?} (KVCachePoolBinding {}/{}): they stay apart only if the store keeps a tenant ledger and the engine forwards the tenant; an engine that forwards nothing writes under \"default\"",
+        ),
+        // The ledger keeps each domain a tenant of its own, and injection gives every replica
+        // its tenant: nothing to warn of.
+        Some(true) => {}
+        None => out.warnings.push(format!(
+            "domain {:?} is a second domain on KVCacheBackend {:?} beside {domain:?} (KVCachePoolBinding {}/{}), and whether that backend keeps a tenant ledger is not known yet (it does not exist, or its pools have not read it): without one, both domains write to one shared cache",
             want.domain, want.backend, holder.namespace, holder.name
-        ));
+        )),
     }
     Ok(())
 }

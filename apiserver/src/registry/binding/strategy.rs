@@ -1,12 +1,14 @@
 //! The hooks of `KVCachePoolBinding`: the default domain name, the pool and domain fixed for
-//! the Binding's life, the domain claim inside the storage transaction, and `/status`.
+//! the Binding's life, the domain claim inside the storage transaction, the warning of a held
+//! DELETE, and `/status`.
 
 use async_trait::async_trait;
 use kvcache_api::binding::{BindingSpec, DEFAULT_DOMAIN, KVCachePoolBinding};
 
 use super::{claims, validation};
 use crate::field::{ErrorList, Path};
-use crate::registry::{Admission, Change, Context, Reads, RegistryError, StatusStrategy, Strategy};
+use crate::registry::{Admission, Change, Context, Reads, RegistryError, StatusStrategy, Strategy, holders};
+use crate::storage::Storage;
 
 #[derive(Debug, Default)]
 pub struct BindingStrategy;
@@ -70,6 +72,17 @@ impl Strategy for BindingStrategy {
         _ctx: &Context,
     ) -> Result<Admission, RegistryError> {
         claims::admit(change, reads).await
+    }
+
+    async fn warnings_on_delete(
+        &self,
+        obj: &KVCachePoolBinding,
+        storage: &dyn Storage,
+    ) -> Result<Vec<String>, RegistryError> {
+        let deployments = holders::of_binding(storage, obj.namespace(), obj.name()).await?;
+        Ok(Vec::from_iter((!deployments.is_empty()).then(|| {
+            holders::delete_warning("KVCachePoolBinding", obj.name(), "Binding", &deployments)
+        })))
     }
 }
 

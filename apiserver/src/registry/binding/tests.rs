@@ -296,10 +296,21 @@ async fn second_distinct_domain_needs_a_ledger() {
     );
 
     create(&h, &binding("team-a", "a2", "p1", Some("one"))).await.unwrap();
+    let admitted = create(&h, &binding("team-b", "b2", "p1", Some("two"))).await;
+    let (_, warnings) = admitted.expect("second domain on a multi-tenant backend");
+    assert!(
+        !warnings.iter().any(|w| w.contains("second domain")),
+        "the ledger keeps them apart: no warning {warnings:?}"
+    );
+    // A backend that does not exist yet: nobody knows whether it will keep a ledger.
+    create_pool(&h, "pghost", "ghost").await;
+    create(&h, &binding("team-a", "g1", "pghost", Some("one")))
+        .await
+        .unwrap();
     check(
-        "second domain on a multi-tenant backend",
-        create(&h, &binding("team-b", "b2", "p1", Some("two"))).await,
-        Expect::Warned("second domain"),
+        "second domain on a backend not known yet",
+        create(&h, &binding("team-b", "g2", "pghost", Some("two"))).await,
+        Expect::Warned("whether that backend keeps a tenant ledger is not known yet"),
     );
 
     // An observed answer wins over the declaration: a pool that saw no ledger.

@@ -9,7 +9,7 @@ use kvcache_api::quantity::same_quantity;
 
 use super::validation;
 use crate::field::{ErrorList, Path};
-use crate::registry::{Admission, Change, Context, Reads, RegistryError, StatusStrategy, Strategy};
+use crate::registry::{Admission, Change, Context, Reads, RegistryError, StatusStrategy, Strategy, holders};
 
 #[derive(Debug, Default)]
 pub struct ModelDeploymentStrategy;
@@ -68,11 +68,16 @@ impl Strategy for ModelDeploymentStrategy {
         let Some(binding) = md.spec.binding_name() else {
             return Ok(out);
         };
-        if reads.object::<BindingSpec>(md.namespace(), binding).await?.is_none() {
-            out.warnings.push(format!(
+        match reads.object::<BindingSpec>(md.namespace(), binding).await? {
+            None => out.warnings.push(format!(
                 "KVCachePoolBinding {binding:?} does not exist in namespace {:?} yet: replicas start without the shared cache and attach once it does",
                 md.namespace()
-            ));
+            )),
+            Some(b) if holders::is_deleting(&b) => out.errors.forbidden(
+                &Path::new("spec").child("kvCache").child("poolRef").child("name"),
+                holders::deleting_reference("KVCachePoolBinding", binding, "ModelDeployment"),
+            ),
+            Some(_) => {}
         }
         Ok(out)
     }

@@ -1,5 +1,7 @@
 //! The hooks of `KVCachePool`: no defaults, the backend fixed for life, a warning when the
-//! backend does not exist yet or keeps no ledger, and the `/status` rules.
+//! backend does not exist yet or keeps no ledger, a refusal when it is being deleted, the
+//! warning of a write whose total cuts its Bindings' grants, the warning of a held DELETE, and
+//! the `/status` rules.
 
 use async_trait::async_trait;
 use kvcache_api::backend::BackendSpec;
@@ -7,7 +9,8 @@ use kvcache_api::pool::{KVCachePool, PoolSpec};
 
 use super::validation;
 use crate::field::{ErrorList, Path};
-use crate::registry::{Admission, Change, Context, Reads, RegistryError, StatusStrategy, Strategy};
+use crate::registry::{Admission, Change, Context, Reads, RegistryError, StatusStrategy, Strategy, grants, holders};
+use crate::storage::Storage;
 
 #[derive(Debug, Default)]
 pub struct PoolStrategy;
@@ -41,23 +44,49 @@ impl Strategy for PoolStrategy {
         _ctx: &Context,
     ) -> Result<Admission, RegistryError> {
         let mut out = Admission::default();
-        // Only a new pool looks at its backend; an update never re-reads it, so a pool keeps
-        // working (and can be deleted) after its backend is gone.
-        let Change::Create(pool) = change else { return Ok(out) };
-        let Some(name) = pool.spec.backend() else {
-            return Ok(out);
+        let pool = match change {
+            Change::Create(pool) => {
+                admit_backend(pool, reads, &mut out).await?;
+                pool
+            }
+            Change::Update { new, old } if grants::total_of(new) != grants::total_of(old) => new,
+            _ => return Ok(out),
         };
-        match reads.object::<BackendSpec>("", name).await? {
-            None => out.warnings.push(format!(
-                "KVCacheBackend {name:?} does not exist yet; the pool reports BackendResolved=False until it does"
-            )),
-            Some(backend) if backend.spec.declared_multi_tenancy() == Some(false) => out.warnings.push(format!(
-                "KVCacheBackend {name:?} keeps no per-tenant ledger (multiTenancy: false): no per-domain quota is enforced, every write lands in one default tenant bounded only by the store's capacity, and the backend serves exactly one cache domain"
-            )),
-            Some(_) => {}
+        if let Some(total) = grants::total_of(pool) {
+            let asks = grants::asks_in(pool.name(), None, reads).await?;
+            out.warnings.extend(grants::pool_warning(pool.name(), total, &asks));
         }
         Ok(out)
     }
+
+    async fn warnings_on_delete(&self, obj: &KVCachePool, storage: &dyn Storage) -> Result<Vec<String>, RegistryError> {
+        let bindings = holders::of_pool(storage, obj.name()).await?;
+        Ok(Vec::from_iter((!bindings.is_empty()).then(|| {
+            holders::delete_warning("KVCachePool", obj.name(), "pool", &bindings)
+        })))
+    }
+}
+
+/// Only a new pool looks at its backend; an update never re-reads it, so a pool keeps working
+/// (and can be deleted) after its backend is gone.
+async fn admit_backend(pool: &KVCachePool, reads: &mut Reads<'_>, out: &mut Admission) -> Result<(), RegistryError> {
+    let Some(name) = pool.spec.backend() else {
+        return Ok(());
+    };
+    match reads.object::<BackendSpec>("", name).await? {
+        Some(backend) if holders::is_deleting(&backend) => out.errors.forbidden(
+            &Path::new("spec").child("backends").index(0),
+            holders::deleting_reference("KVCacheBackend", name, "pool"),
+        ),
+        None => out.warnings.push(format!(
+            "KVCacheBackend {name:?} does not exist yet; the pool reports BackendResolved=False until it does"
+        )),
+        Some(backend) if backend.spec.declared_multi_tenancy() == Some(false) => out.warnings.push(format!(
+            "KVCacheBackend {name:?} keeps no per-tenant ledger (multiTenancy: false): no per-domain quota is enforced, every write lands in one default tenant bounded only by the store's capacity, and the backend serves exactly one cache domain"
+        )),
+        Some(_) => {}
+    }
+    Ok(())
 }
 
 /// `/status` of a pool: written by its controller.

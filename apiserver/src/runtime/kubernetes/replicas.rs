@@ -145,6 +145,7 @@ fn observation(r: &Replica, state: WorkloadState) -> ReplicaObservation {
         state,
         cache: None,
         runs: None,
+        url: None,
     }
 }
 

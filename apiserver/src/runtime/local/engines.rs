@@ -45,6 +45,9 @@ pub struct Launch {
     /// the simulator runs although real engines were asked for. `None` for the simulator by
     /// default.
     pub note: Option<String>,
+    /// Where the replica answers on this machine, `http://127.0.0.1:<port>`: the real engine's
+    /// API, or the simulator's `GET /health` (`KVSTORE_LISTEN`). The deployment's endpoint.
+    pub url: String,
 }
 
 /// What the server's environment offers a launch (read once per pass; a table test gives its own).
@@ -81,7 +84,7 @@ pub fn launch(
     port: u16,
 ) -> Launch {
     if cfg.engines == EngineMode::Simulated {
-        return simulated(store_binary, env, None);
+        return simulated(store_binary, env, None, port);
     }
     let e = &r.engine;
     let engine = match e.command.first().map(String::as_str) {
@@ -91,7 +94,7 @@ pub fn launch(
     let search: Vec<PathBuf> = cfg.path.iter().chain(&host.path).cloned().collect();
     let program = match runnable(e, engine, &search) {
         Ok(program) => program,
-        Err(why) => return simulated(store_binary, env, Some(why)),
+        Err(why) => return simulated(store_binary, env, Some(why), port),
     };
     let env = real_env(env, cfg, host, &search);
     let mut args = vec!["--exit-with-stdin".into(), "exec".into(), "--".into()];
@@ -109,23 +112,32 @@ pub fn launch(
         env,
         health: Some(format!("{url}/health")),
         note: Some(format!("{name} ({}) at {url}", e.command.join(" "))),
+        url,
     }
 }
 
-/// The simulator's launch: `env` with the [`SIMULATED_WORKLOAD`] it does not set itself.
-fn simulated(store_binary: &Path, env: Vec<(String, String)>, note: Option<String>) -> Launch {
+/// The simulator's launch: `env` with the [`SIMULATED_WORKLOAD`] it does not set itself, answering
+/// `GET /health` on `port` (as an engine answers on its own) unless the role listens elsewhere.
+fn simulated(store_binary: &Path, env: Vec<(String, String)>, note: Option<String>, port: u16) -> Launch {
     let mut env = env;
-    for (k, v) in SIMULATED_WORKLOAD {
+    let listen = format!("127.0.0.1:{port}");
+    let ours = [("KVSTORE_LISTEN", listen.as_str())];
+    for (k, v) in SIMULATED_WORKLOAD.iter().chain(&ours) {
         if !env.iter().any(|(n, _)| n == k) {
             env.push(((*k).to_owned(), (*v).to_owned()));
         }
     }
+    let listen = env
+        .iter()
+        .find(|(k, _)| k == "KVSTORE_LISTEN")
+        .map_or(listen, |(_, v)| v.clone());
     Launch {
         program: store_binary.to_owned(),
         args: vec!["--exit-with-stdin".into(), "engine-sim".into()],
         env,
         health: None,
         note,
+        url: format!("http://{listen}"),
     }
 }
 
@@ -290,6 +302,8 @@ mod tests {
         );
         assert_eq!(l.args, ["--exit-with-stdin", "engine-sim"]);
         assert_eq!(env_of(&l, "KVSTORE_ROUNDS").as_deref(), Some("3"));
+        assert_eq!(env_of(&l, "KVSTORE_LISTEN").as_deref(), Some("127.0.0.1:9"));
+        assert_eq!(l.url, "http://127.0.0.1:9");
         assert_eq!((l.health, l.note), (None, None));
     }
 

@@ -43,6 +43,7 @@ impl LocalRuntime {
                 state: s.state(),
                 cache: s.report(),
                 runs: launch.note,
+                url: Some(launch.url),
             });
             state
                 .replicas

@@ -175,8 +175,23 @@ fn a_backends_status_from_its_store_and_its_leader() {
             "Ready",
         ),
         (
-            "serving, its member missing",
+            "serving, its member not registered yet: starting",
             managed(),
+            Some(observed(true, up())),
+            Some(Ok(view(true, &[]))),
+            "True|Serving",
+            "Provisioning",
+        ),
+        (
+            "serving, its member lost after it was Ready",
+            {
+                let mut b = managed();
+                b.status = Some(kvcache_api::backend::BackendStatus {
+                    phase: Some(kvcache_api::conditions::BackendPhase::Ready),
+                    ..Default::default()
+                });
+                b
+            },
             Some(observed(true, up())),
             Some(Ok(view(true, &[]))),
             "True|Serving",

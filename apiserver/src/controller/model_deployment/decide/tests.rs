@@ -255,6 +255,7 @@ fn replica(ready: bool, cache: Option<CacheReport>) -> ReplicaObservation {
         },
         cache,
         runs: None,
+        url: None,
     }
 }
 
@@ -300,11 +301,12 @@ fn what_the_replicas_observation_makes() {
             "False|CacheOperationsFailing",
         ),
         (
-            "no connection",
+            "no Binding: every replica runs, without the cache it asks for",
             Resolved::default(),
             vec![replica(true, Some(active)), replica(true, None)],
-            "Ready|",
-            "Unknown|NoObservationAvailable",
+            "Degraded|2 of 2 replicas are ready, the ready replicas run without the shared cache: no \
+             KVCachePoolBinding \"team-a\" in the namespace \"team-a\"; an administrator creates it",
+            "False|BindingNotFound",
         ),
     ];
     let now = crate::registry::meta::now();
@@ -327,4 +329,31 @@ fn what_the_replicas_observation_makes() {
         let ready = observed.iter().filter(|r| r.state.ready).count();
         assert_eq!(st.role_summary, Some(format!("{ready}S")), "{name}");
     }
+}
+
+#[test]
+fn the_endpoint_is_where_the_first_role_first_replica_answers() {
+    let mut md = deployment(false);
+    md.spec.roles.insert(
+        0,
+        serde_json::from_value(json!({"name": "chat", "replicas": 2})).unwrap(),
+    );
+    let at = |role: &str, name: &str, url: Option<&str>| ReplicaObservation {
+        name: name.into(),
+        role: role.into(),
+        url: url.map(str::to_owned),
+        ..replica(true, None)
+    };
+    let observed = vec![
+        at("server", "server-0", Some("http://127.0.0.1:1")),
+        at("chat", "chat-0", Some("http://127.0.0.1:2")),
+        at("chat", "chat-1", Some("http://127.0.0.1:3")),
+    ];
+    let now = crate::registry::meta::now();
+    let attached = attach(&md, &Resolved::default(), "");
+    let st = report(&md, &attached, &observed, &now);
+    assert_eq!(st.endpoint.as_deref(), Some("http://127.0.0.1:2"));
+    // A runtime that serves the replicas at no address of its own (a cluster) sets none.
+    let observed = vec![at("chat", "chat-0", None), at("server", "server-0", Some("http://x"))];
+    assert_eq!(report(&md, &attached, &observed, &now).endpoint, None);
 }
