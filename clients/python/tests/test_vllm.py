@@ -282,7 +282,7 @@ class ConnectorTest(unittest.TestCase):
         self.assertEqual(b_sched.get_num_new_matched_tokens(request("c", other), 0)[0], 6 * BLOCK)
         # the same tokens under another cache salt share nothing
         self.assertEqual(b_sched.get_num_new_matched_tokens(request("d", prompt, salt="s"), 0)[0], 0)
-        return a_worker.worker_side.namespace
+        return a_worker.worker_side
 
     def test_blocks_move_by_pointer_between_replicas_byte_for_byte(self):
         self.round_trip({}, "direct")
@@ -298,7 +298,12 @@ class ConnectorTest(unittest.TestCase):
         for layout, kernel in cases:
             for extra in ({}, {"staging": True, "staging_blocks": 4}):
                 with self.subTest(layout=layout, kernel=kernel, staged=bool(extra)):
-                    namespaces.add(self.round_trip(extra, f"layouts-{layout}-{kernel}-{len(extra)}", layout, kernel))
+                    side = self.round_trip(extra, f"layouts-{layout}-{kernel}-{len(extra)}", layout, kernel)
+                    namespaces.add(side.namespace)
+                    # a block is one range where its pages of all layers are adjacent, else one
+                    # per layer, or one per layer and head (head-outermost layouts)
+                    parts = {"BL": 1, "LH": LAYERS * HEADS, "BH": LAYERS * HEADS}.get(layout[:2], LAYERS)
+                    self.assertEqual(side.pages.parts_per_block, parts)
         self.assertEqual(len(namespaces), 2 * len(cases))
 
     def test_two_layouts_of_one_model_never_share_a_key(self):
