@@ -9,12 +9,11 @@ use serde_json::Value;
 
 use super::Api;
 use super::body;
-use super::plain::{self, Keep, refused};
+use super::plain::{self, refused};
 use super::response;
 use crate::decode::bounded;
 use crate::leases::{self, LEASES};
 use crate::request_info::RequestInfo;
-use crate::selectors::{FieldSelector, LabelSelector};
 
 type Request = http::Request<Body>;
 type Response = axum::response::Response;
@@ -40,11 +39,11 @@ pub async fn handle(api: Arc<Api>, info: &RequestInfo, req: Request) -> Response
             Ok(v) => ok(200, &v, pretty),
             Err(e) => refused(e),
         },
-        ("list", false) => match keep(info) {
+        ("list", false) => match plain::by_name(info) {
             Ok(keep) => plain::list(&api, info, &LEASES, ns, keep, &accept, pretty).await,
             Err(r) => r,
         },
-        ("watch", _) => match keep(info) {
+        ("watch", _) => match plain::by_name(info) {
             Ok(keep) => plain::watch(&api, info, &LEASES, ns, keep).await,
             Err(r) => r,
         },
@@ -146,17 +145,4 @@ async fn delete(api: &Api, ns: &str, name: &str, req: Request, pretty: bool) -> 
 
 async fn read(req: Request) -> Result<bytes::Bytes, Response> {
     body::read(req.into_body()).await
-}
-
-/// The field (`metadata.name`, `metadata.namespace`) and label selectors of a list or watch.
-fn keep(info: &RequestInfo) -> Result<Keep, Response> {
-    let fields = FieldSelector::parse(info.query.get("fieldSelector").unwrap_or_default())
-        .map_err(|e| response::bad_request(format!("fieldSelector: {e}")))?;
-    let labels = LabelSelector::parse(info.query.get("labelSelector").unwrap_or_default())
-        .map_err(|e| response::bad_request(format!("labelSelector: {e}")))?;
-    Ok(Arc::new(move |v: &Value| {
-        let name = v["metadata"]["name"].as_str().unwrap_or_default();
-        let namespace = v["metadata"]["namespace"].as_str().unwrap_or_default();
-        fields.matches(name, namespace) && labels.matches(crate::plain::labels(v).as_ref())
-    }))
 }

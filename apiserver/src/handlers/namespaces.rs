@@ -9,11 +9,10 @@ use serde_json::Value;
 
 use super::Api;
 use super::body;
-use super::plain::{self, Keep, refused};
+use super::plain::{self, refused};
 use super::response;
 use crate::namespaces::{self, NAMESPACES};
 use crate::request_info::RequestInfo;
-use crate::selectors::{FieldSelector, LabelSelector};
 
 type Request = http::Request<Body>;
 type Response = axum::response::Response;
@@ -51,7 +50,7 @@ pub async fn handle(api: Arc<Api>, info: &RequestInfo, req: Request) -> Response
         ("get", false) => answer(namespaces::get(&api.storage, &r.name).await, 200),
         ("delete", false) => answer(namespaces::delete(&api.storage, &r.name, info.dry_run).await, 200),
         ("list", true) => list(&api, info, &super::accept(&req), pretty).await,
-        ("watch", _) => match keep(info) {
+        ("watch", _) => match plain::by_name(info) {
             Ok(keep) => plain::watch(&api, info, &NAMESPACES, None, keep).await,
             Err(r) => r,
         },
@@ -68,7 +67,7 @@ pub async fn handle(api: Arc<Api>, info: &RequestInfo, req: Request) -> Response
 
 /// Every namespace the selectors admit, in one page.
 async fn list(api: &Api, info: &RequestInfo, accept: &str, pretty: bool) -> Response {
-    let keep = match keep(info) {
+    let keep = match plain::by_name(info) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -79,16 +78,4 @@ async fn list(api: &Api, info: &RequestInfo, accept: &str, pretty: bool) -> Resp
         }
         Err(e) => refused(e),
     }
-}
-
-/// The field (`metadata.name`) and label selectors of a list or watch.
-fn keep(info: &RequestInfo) -> Result<Keep, Response> {
-    let fields = FieldSelector::parse(info.query.get("fieldSelector").unwrap_or_default())
-        .map_err(|e| response::bad_request(format!("fieldSelector: {e}")))?;
-    let labels = LabelSelector::parse(info.query.get("labelSelector").unwrap_or_default())
-        .map_err(|e| response::bad_request(format!("labelSelector: {e}")))?;
-    Ok(Arc::new(move |v: &Value| {
-        let name = v["metadata"]["name"].as_str().unwrap_or_default();
-        fields.matches(name, "") && labels.matches(crate::plain::labels(v).as_ref())
-    }))
 }

@@ -14,6 +14,7 @@ use super::response;
 use crate::negotiate::{self, Shape};
 use crate::plain::{PlainKind, Refusal};
 use crate::request_info::RequestInfo;
+use crate::selectors::{FieldSelector, LabelSelector};
 use crate::storage::{EventKind, WatchEvent, WatchStream};
 use crate::table;
 
@@ -24,6 +25,19 @@ pub type Keep = Arc<dyn Fn(&Value) -> bool + Send + Sync>;
 
 pub fn refused(Refusal(code, status): Refusal) -> Response {
     response::status(code, &status)
+}
+
+/// The field (`metadata.name`, `metadata.namespace`) and label selectors of a list or watch.
+pub fn by_name(info: &RequestInfo) -> Result<Keep, Response> {
+    let fields = FieldSelector::parse(info.query.get("fieldSelector").unwrap_or_default())
+        .map_err(|e| response::bad_request(format!("fieldSelector: {e}")))?;
+    let labels = LabelSelector::parse(info.query.get("labelSelector").unwrap_or_default())
+        .map_err(|e| response::bad_request(format!("labelSelector: {e}")))?;
+    Ok(Arc::new(move |v: &Value| {
+        let name = v["metadata"]["name"].as_str().unwrap_or_default();
+        let namespace = v["metadata"]["namespace"].as_str().unwrap_or_default();
+        fields.matches(name, namespace) && labels.matches(crate::plain::labels(v).as_ref())
+    }))
 }
 
 /// A page of `kind` in `ns` (JSON, or a Table for kubectl), with `limit` and `continue`.

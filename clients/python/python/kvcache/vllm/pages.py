@@ -19,6 +19,7 @@ layouts never share a key.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from math import prod
 
@@ -194,11 +195,7 @@ class Pages:
         of ``len(blocks) * value_bytes`` on the cache's device, layer-major (``[layers, blocks,
         page]``): one indexed copy per layer on a GPU, one copy per block and layer on a CPU
         (where an indexed copy of bytes is several times slower than a copy of each page)."""
-        n = len(blocks)
-        slabs = out.view(len(self.layers), n, self.page_bytes)
-        ids = blocks.tolist() if self.device.type == "cpu" else None
-        for i, layer in enumerate(self.layers):
-            rows = slabs[i].view(n, *layer.view.shape[1:])
+        for layer, rows, ids in self._slabs(blocks, out):
             if ids is None:
                 torch.index_select(layer.view, 0, blocks, out=rows)
             else:
@@ -207,13 +204,20 @@ class Pages:
 
     def scatter(self, blocks: torch.Tensor, src: torch.Tensor) -> None:
         """Copies `src` (laid out as `gather` fills it) into `blocks` of the cache."""
-        n = len(blocks)
-        slabs = src.view(len(self.layers), n, self.page_bytes)
-        ids = blocks.tolist() if self.device.type == "cpu" else None
-        for i, layer in enumerate(self.layers):
-            rows = slabs[i].view(n, *layer.view.shape[1:])
+        for layer, rows, ids in self._slabs(blocks, src):
             if ids is None:
                 layer.view.index_copy_(0, blocks, rows)
             else:
                 for j, b in enumerate(ids):
                     layer.view[b].copy_(rows[j])
+
+    def _slabs(
+        self, blocks: torch.Tensor, staged: torch.Tensor
+    ) -> Iterator[tuple[LayerPages, torch.Tensor, list[int] | None]]:
+        """Each layer with its slab of the layer-major `staged` buffer (shaped as its pages), and
+        the block ids as a list on a CPU (``None`` on a GPU: one indexed copy)."""
+        n = len(blocks)
+        slabs = staged.view(len(self.layers), n, self.page_bytes)
+        ids = blocks.tolist() if self.device.type == "cpu" else None
+        for i, layer in enumerate(self.layers):
+            yield layer, slabs[i].view(n, *layer.view.shape[1:]), ids
