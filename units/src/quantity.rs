@@ -28,90 +28,18 @@ pub struct ParsedQuantity {
 
 impl ParsedQuantity {
     pub fn parse(input: &str) -> Result<Self, QuantityError> {
-        let s = input;
-        if s.is_empty() {
+        if input.is_empty() {
             return Err(QuantityError("the value is empty"));
         }
-        let (negative, rest) = match s.as_bytes()[0] {
-            b'-' => (true, &s[1..]),
-            b'+' => (false, &s[1..]),
-            _ => (false, s),
-        };
+        let (negative, rest) = split_sign(input);
         // Split the number from the suffix.
         let num_end = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(rest.len());
         let (number, suffix) = rest.split_at(num_end);
-        if number.is_empty() || number == "." {
-            return Err(QuantityError("no digits before the suffix"));
-        }
-        let mut mantissa: u128 = 0;
-        let mut exp10: i32 = 0;
-        let mut seen_dot = false;
-        let mut digits = 0;
-        for c in number.chars() {
-            if c == '.' {
-                if seen_dot {
-                    return Err(QuantityError("more than one decimal point"));
-                }
-                seen_dot = true;
-                continue;
-            }
-            let d = u128::from(c as u8 - b'0');
-            if mantissa == 0 && d == 0 {
-                if seen_dot {
-                    exp10 -= 1;
-                }
-                continue;
-            }
-            digits += 1;
-            if digits > 38 {
-                return Err(QuantityError("too many significant digits"));
-            }
-            mantissa = mantissa * 10 + d;
-            if seen_dot {
-                exp10 -= 1;
-            }
-        }
-        let mut pow2 = 0u32;
-        match suffix {
-            "" => {}
-            "Ki" => pow2 = 10,
-            "Mi" => pow2 = 20,
-            "Gi" => pow2 = 30,
-            "Ti" => pow2 = 40,
-            "Pi" => pow2 = 50,
-            "Ei" => pow2 = 60,
-            "n" => exp10 -= 9,
-            "u" => exp10 -= 6,
-            "m" => exp10 -= 3,
-            "k" => exp10 += 3,
-            "M" => exp10 += 6,
-            "G" => exp10 += 9,
-            "T" => exp10 += 12,
-            "P" => exp10 += 15,
-            "E" => exp10 += 18,
-            other => {
-                let exp = other
-                    .strip_prefix('e')
-                    .or_else(|| other.strip_prefix('E'))
-                    .ok_or(QuantityError("unknown suffix"))?;
-                let (eneg, edigits) = match exp.as_bytes().first() {
-                    Some(b'-') => (true, &exp[1..]),
-                    Some(b'+') => (false, &exp[1..]),
-                    _ => (false, exp),
-                };
-                if edigits.is_empty() || !edigits.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(QuantityError("the exponent is not a whole number"));
-                }
-                let e: i32 = edigits
-                    .parse()
-                    .ok()
-                    .filter(|e| *e <= 1000)
-                    .ok_or(QuantityError("the exponent is out of range"))?;
-                exp10 += if eneg { -e } else { e };
-            }
-        }
+        let (mut mantissa, digits_exp10) = decimal(number)?;
+        let (suffix_exp10, pow2) = scale(suffix)?;
+        let mut exp10 = digits_exp10 + suffix_exp10;
         if mantissa == 0 {
             return Ok(ParsedQuantity {
                 negative: false,
@@ -251,6 +179,94 @@ fn signed_ceil(negative: bool, whole: u128, has_fraction: bool) -> Option<i64> {
 pub struct BytesError {
     input: String,
     reason: String,
+}
+
+/// A leading `-` or `+`, and the rest.
+fn split_sign(s: &str) -> (bool, &str) {
+    match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    }
+}
+
+/// The digits (and at most one point) of a number: its significant digits and their power of
+/// ten.
+fn decimal(number: &str) -> Result<(u128, i32), QuantityError> {
+    if number.is_empty() || number == "." {
+        return Err(QuantityError("no digits before the suffix"));
+    }
+    let mut mantissa: u128 = 0;
+    let mut exp10: i32 = 0;
+    let mut seen_dot = false;
+    let mut digits = 0;
+    for c in number.chars() {
+        if c == '.' {
+            if seen_dot {
+                return Err(QuantityError("more than one decimal point"));
+            }
+            seen_dot = true;
+            continue;
+        }
+        let d = u128::from(c as u8 - b'0');
+        if mantissa == 0 && d == 0 {
+            if seen_dot {
+                exp10 -= 1;
+            }
+            continue;
+        }
+        digits += 1;
+        if digits > 38 {
+            return Err(QuantityError("too many significant digits"));
+        }
+        mantissa = mantissa * 10 + d;
+        if seen_dot {
+            exp10 -= 1;
+        }
+    }
+    Ok((mantissa, exp10))
+}
+
+/// A suffix's power of ten and power of two: a binary (`Ki`..`Ei`) or decimal (`n`..`E`) SI
+/// suffix, or a decimal exponent (`e3`, `E-2`).
+fn scale(suffix: &str) -> Result<(i32, u32), QuantityError> {
+    Ok(match suffix {
+        "" => (0, 0),
+        "Ki" => (0, 10),
+        "Mi" => (0, 20),
+        "Gi" => (0, 30),
+        "Ti" => (0, 40),
+        "Pi" => (0, 50),
+        "Ei" => (0, 60),
+        "n" => (-9, 0),
+        "u" => (-6, 0),
+        "m" => (-3, 0),
+        "k" => (3, 0),
+        "M" => (6, 0),
+        "G" => (9, 0),
+        "T" => (12, 0),
+        "P" => (15, 0),
+        "E" => (18, 0),
+        other => (exponent(other)?, 0),
+    })
+}
+
+/// A decimal exponent suffix (`e3`, `E-2`, at most 1000 either way).
+fn exponent(suffix: &str) -> Result<i32, QuantityError> {
+    let exp = suffix
+        .strip_prefix('e')
+        .or_else(|| suffix.strip_prefix('E'))
+        .ok_or(QuantityError("unknown suffix"))?;
+    let (negative, digits) = split_sign(exp);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(QuantityError("the exponent is not a whole number"));
+    }
+    let e: i32 = digits
+        .parse()
+        .ok()
+        .filter(|e| *e <= 1000)
+        .ok_or(QuantityError("the exponent is out of range"))?;
+    Ok(if negative { -e } else { e })
 }
 
 /// A size in bytes: any quantity that is a whole, non-negative number of bytes no larger than
