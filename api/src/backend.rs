@@ -147,7 +147,7 @@ pub enum AllocationStrategy {
 #[serde(rename_all = "camelCase")]
 pub struct ScaleIn {
     /// Seconds a leaving member may spend draining before it stops, 0 to 3600 (default 0). It only
-    /// matters for a group with a local disk tier, which is not supported yet.
+    /// matters for a group with a local disk tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_period_seconds: Option<i32>,
 }
@@ -185,7 +185,8 @@ pub struct MemberGroup {
     /// setting) is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    /// A local disk tier. Not supported yet.
+    /// A disk tier under the members' memory (at most one entry, and one group per backend).
+    /// Its presence and path cannot change.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub local_disks: Vec<LocalDisk>,
     /// Overrides the backend's `transport` for this group. When the block is present without a
@@ -228,30 +229,71 @@ impl Medium {
     }
 }
 
-/// A local disk tier under a member group's memory. Not supported yet: the server refuses it.
+/// A disk tier under a member group's memory: every value the group's members hold is copied
+/// there, a value evicted from memory stays readable from it, and its contents outlive member
+/// restarts. At most one entry, in at most one group of a backend.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LocalDisk {
-    /// Host directory that holds the tier's files: absolute and immutable. Not supported yet: the
-    /// server refuses it.
+    /// Directory on each selected node that holds the tier's files: absolute, without `..`, not
+    /// `/`. It must exist on the node, writable by the member (uid 65532 in the store's image).
+    /// Immutable, as is the entry's presence.
     #[serde(default)]
     pub path: String,
-    /// Most bytes the tier may hold, at least `16Mi` when set; unset or 0 leaves the store's own
-    /// limit. Not supported yet: the server refuses it.
+    /// Most bytes the tier may hold on each node, at least `16Mi` when set; unset or 0 takes the
+    /// free space of the directory's file system when the member starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Quantity>,
-    /// Most objects the tier may hold, at least 64 when set; unset or 0 leaves the store's own
-    /// limit. Not supported yet: the server refuses it.
+    /// Most values the tier may hold on each node, at least 64 when set; unset or 0: no limit but
+    /// its capacity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_limit: Option<i64>,
-    /// How the tier evicts old content when full (`enabled`, `policy`, `watermark`); unset keeps
-    /// the store's own behaviour. Not supported yet: the server refuses it.
+    /// How the tier makes room when full; unset drops its oldest content (FIFO).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub eviction: Option<serde_json::Value>,
-    /// Empty the tier directory on every selected node when the backend is deleted; defaults to
-    /// false. Not supported yet: the server refuses it.
+    pub eviction: Option<TierEviction>,
+    /// Empty the tier's directory on every selected node when the backend is deleted (its
+    /// contents, never the directory itself); defaults to false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clean_after_delete: Option<bool>,
+}
+
+/// How a disk tier makes room.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TierEviction {
+    /// Whether the tier drops content to take new content when full (true when the block is
+    /// present); false keeps what it holds and copies nothing more until values are removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// What goes first: `FIFO` (the oldest written) or `LRU` (the least recently read), a file
+    /// of the tier at a time; defaults to FIFO.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<TierEvictionPolicy>,
+    /// Percentages of `capacity` (which it requires): above `high` the tier drops content until
+    /// it holds `low`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark: Option<TierWatermark>,
+}
+
+/// What a full disk tier drops first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TierEvictionPolicy {
+    #[serde(rename = "FIFO")]
+    Fifo,
+    #[serde(rename = "LRU")]
+    Lru,
+}
+
+/// A disk tier's eviction marks, in percent of its capacity.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TierWatermark {
+    /// Percent (1 to 100) above which the tier drops content. Required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high: Option<i32>,
+    /// Percent (1 to 100, below `high`) the tier drops content down to. Required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low: Option<i32>,
 }
 
 /// A path on the node mounted into each member of a group.

@@ -247,10 +247,11 @@ phase!(
     ModelDeploymentPhase {
         /// No replica is ready yet.
         Starting,
-        /// Every desired replica is ready, with the cache it asks for.
+        /// Every desired replica is ready, with the cache it asks for, and the router (when one
+        /// is declared) has a ready replica.
         Ready,
         /// Some replicas are ready, not all; or all are, without the cache they ask for (their
-        /// Binding does not exist).
+        /// Binding does not exist), or without a ready router.
         Degraded,
         Deleting,
     }
@@ -483,6 +484,22 @@ pub mod model_deployment {
             NO_ROLE_STATUSES = "NoRoleStatuses",
         }
     );
+    condition!(
+        /// Whether the router in front of the roles serves (and, without one, whether anything
+        /// has to pair the roles).
+        router_ready = "RouterReady" {
+            /// A router replica answers `/health` (it has a healthy `Decode` or `Server` worker).
+            READY = "Ready",
+            /// No router, and no `Prefill`/`Decode` roles that would need one.
+            NOT_APPLICABLE = "NotApplicable",
+            /// A router is declared and none of its replicas is ready.
+            NO_READY_REPLICAS = "NoReadyReplicas",
+            /// `Prefill` and `Decode` roles run without a router: nothing pairs them.
+            NO_ROUTER = "NoRouter",
+            /// The runtime cannot run the router (no image, no `kv-router` binary).
+            RENDER_FAILED = "RenderFailed",
+        }
+    );
 }
 
 #[cfg(test)]
@@ -542,6 +559,7 @@ mod tests {
             binding::quota_granted::REASONS,
             binding::releasable::REASONS,
             model_deployment::cache_attached::REASONS,
+            model_deployment::router_ready::REASONS,
         ];
         for r in all.iter().flat_map(|rs| rs.iter()) {
             let s = r.as_str();

@@ -33,10 +33,13 @@ pub struct ModelDeploymentSpec {
     /// renamed after create.
     #[serde(default)]
     pub roles: Vec<Role>,
-    /// Not supported yet.
+    /// A router of ours (`kvcache-router`) in front of the roles: clients send requests to it, and
+    /// it pairs `Prefill` and `Decode` roles (or balances `Server` replicas). Absent means no
+    /// router. It may be added or removed later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub router: Option<Router>,
-    /// Not supported yet.
+    /// Refused: a direct prefill-to-decode KV transfer leg. Prefill hands a prompt's KV to decode
+    /// through the shared store (`kvCache`), so there is no direct leg to configure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_transfer: Option<KvTransfer>,
 }
@@ -135,8 +138,12 @@ pub struct Role {
     /// fit in 63 characters.
     #[serde(default)]
     pub name: String,
-    /// What the role serves: `Server` (the default, whole requests). `Prefill` and `Decode` are not
-    /// supported yet: the server refuses them. Immutable.
+    /// What the role serves: `Server` (the default, whole requests), or one half of a split
+    /// request: `Prefill` (computes the prompt's KV and saves it into the shared store) or
+    /// `Decode` (loads it from the store and generates). `Server` never mixes with the other two;
+    /// a `Prefill` role needs a `Decode` role and the reverse; only `Server` may appear in more
+    /// than one role. The halves need `kvCache` (the handoff goes through the store) and vLLM, and
+    /// a `router` to pair them. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<RoleKind>,
     /// Number of engine replicas, 1 to 1024; defaults to 1.
@@ -197,14 +204,11 @@ pub struct Role {
 }
 
 /// What a role serves: whole requests (`Server`), or one half of a split request (`Prefill`,
-/// `Decode`). The halves are decoded so that admission refuses them by name, and left out of the
-/// schema: a schema lists only the values the server accepts.
+/// `Decode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum RoleKind {
     Server,
-    #[schemars(skip)]
     Prefill,
-    #[schemars(skip)]
     Decode,
 }
 
@@ -214,6 +218,15 @@ impl RoleKind {
             RoleKind::Server => "Server",
             RoleKind::Prefill => "Prefill",
             RoleKind::Decode => "Decode",
+        }
+    }
+
+    /// The letter the ROLES column counts the kind's ready replicas under (`S`, `P`, `D`).
+    pub fn letter(self) -> char {
+        match self {
+            RoleKind::Server => 'S',
+            RoleKind::Prefill => 'P',
+            RoleKind::Decode => 'D',
         }
     }
 }
@@ -312,47 +325,59 @@ pub struct ElasticEp {
     pub width: i32,
 }
 
-/// A request router in front of the roles. Not supported yet: the server refuses it.
+/// Our router name, the one `spec.router.name` accepts.
+pub const KVCACHE_ROUTER: &str = "kvcache-router";
+
+/// A request router in front of the roles: ours, `kvcache-router` (the `kv-router` binary of the
+/// store's image). It sends a prompt to a `Prefill` replica, which saves its KV into the store,
+/// then to a `Decode` replica, which loads it from there; it spreads requests over `Server`
+/// replicas by the fewest outstanding requests.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Router {
-    /// Which router to run: `llm-d-router`, `vllm-router` or `sglang-gateway`. Not supported yet:
-    /// the server refuses it.
+    /// Which router runs: `kvcache-router` (ours). The reference's external routers
+    /// (`llm-d-router`, `vllm-router`, `sglang-gateway`) are refused. Required; cannot change
+    /// while the router block stays.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Number of router replicas; unset means 1. Not supported yet: the server refuses it.
+    /// Number of router replicas, at least 1; defaults to 1. On one machine (the local runtime)
+    /// one router process runs whatever the number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
-    /// Router container image; derived from `name` when unset. Not supported yet: the server
-    /// refuses it.
+    /// Router container image; defaults to the store's image (the server setting
+    /// `kvCacheBackendImage`), which ships `kv-router` next to `kv-store`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    /// Extra router arguments. Not supported yet: the server refuses it.
+    /// Extra router flags, one per entry, written `--flag=value` and checked as `kv-router` parses
+    /// them: `--health-interval-ms`, `--unhealthy-after`, `--prefill-timeout-seconds`,
+    /// `--max-body-bytes`, `--log-level`. Flags the server renders (`--listen`, `--model`,
+    /// `--workers-file`, `--workers-dns`, `--request-timeout-seconds`,
+    /// `--disaggregation-threshold-tokens`) are refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_args: Vec<String>,
-    /// Pull policy for the router image. Not supported yet: the server refuses it.
+    /// Pull policy for the router image: `Always`, `IfNotPresent` or `Never`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
-    /// Secrets holding registry credentials for the router image. Not supported yet: the server
-    /// refuses it.
+    /// Secrets holding registry credentials for the router image (at most 32).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_pull_secrets: Vec<LocalObjectReference>,
-    /// Request timeout in seconds, at least 1; unset keeps the router's own default. Not supported
-    /// yet: the server refuses it.
+    /// Seconds a client request may take end to end, at least 1; unset keeps the router's
+    /// default (600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_timeout_seconds: Option<i32>,
-    /// Prompt length in tokens that decides whether a request is split between prefill and decode
-    /// (`llm-d-router` only); 0 never splits. Not supported yet: the server refuses it.
+    /// Prompts with fewer tokens than this skip prefill and go straight to a `Decode` replica;
+    /// at least 0. Unset or 0: every prompt goes through a `Prefill` replica.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disaggregation_threshold_tokens: Option<i32>,
 }
 
-/// Direct KV transfer between roles. Not supported yet: the server refuses it.
+/// Refused: a direct KV transfer leg between roles. Prefill hands a prompt's KV to decode through
+/// the shared store instead.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KvTransfer {
-    /// Transport for KV blocks sent directly between roles. Not supported yet: the server refuses
-    /// it.
+    /// Transport of the direct leg. Refused with the whole `kvTransfer`: the handoff goes through
+    /// the store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Protocol>,
 }
@@ -371,9 +396,10 @@ pub struct ModelDeploymentStatus {
     /// `CacheAttached`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// URL clients use to reach the model: on one machine (the local runtime) the address of the
-    /// first role's first replica, `http://127.0.0.1:<port>`; unset in a cluster, where no Service
-    /// fronts the replicas yet.
+    /// URL clients use to reach the model. With a router: the router's address once it is ready
+    /// (on one machine `http://127.0.0.1:<port>`, in a cluster `http://<name>-router.<namespace>.svc:8000`).
+    /// Without: on one machine (the local runtime) the address of the first role's first
+    /// replica; unset in a cluster, where no Service fronts the replicas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     /// Replica counts per role.
@@ -383,10 +409,30 @@ pub struct ModelDeploymentStatus {
     /// Binding has been read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache: Option<KvCacheStatus>,
-    /// Ready replicas by role kind, for the ROLES column: for example `2S` is two ready `Server`
-    /// replicas.
+    /// Ready replicas by kind, for the ROLES column: `R` ready router replicas (first, only with a
+    /// router), then `S` (`Server`), `P` (`Prefill`), `D` (`Decode`), roles of one kind summed;
+    /// for example `1R1P1D`, or `2S` for two ready `Server` replicas without a router.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role_summary: Option<String>,
+    /// The router, as it runs; absent without `spec.router`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router: Option<RouterStatus>,
+}
+
+/// The router of a deployment, as it runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RouterStatus {
+    /// The router (`kvcache-router`).
+    pub name: String,
+    /// Where clients reach it, once a replica is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Router replicas that run (one process on one machine).
+    pub replicas: i32,
+    /// Router replicas that are ready: they answer `/health`, which needs a healthy `Decode` or
+    /// `Server` worker behind them.
+    pub ready: i32,
 }
 
 /// Replica counts of one role.

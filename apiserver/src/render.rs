@@ -1,5 +1,5 @@
 //! What `kv-apiserver render` prints for a set of manifests: every backend's objects and every
-//! ModelDeployment's engine Pods (attached through the Binding, Pool and backend found among the
+//! ModelDeployment's engine Pods, and its router's objects when it declares one (attached through the Binding, Pool and backend found among the
 //! same manifests, as the controllers attach them once the Binding is granted), then a comment
 //! for each object that renders nothing. Offline: no cluster and no stored state.
 //!
@@ -227,10 +227,12 @@ fn render_deployment(
             "---\n# ModelDeployment {ns}/{name}: its Binding, Pool or backend is not in these files; rendered without a cache\n"
         ));
     }
+    let replicas = crate::controller::model_deployment::replicas(&md, connection.as_ref(), config);
     let plan = crate::runtime::ReplicaPlan {
         owner: format!("{ns}/{name}"),
         uid: String::new(),
-        replicas: crate::controller::model_deployment::replicas(&md, connection.as_ref(), config),
+        router: crate::controller::model_deployment::router(&md, &replicas, config),
+        replicas,
         hold_rollout: false,
     };
     for r in &plan.replicas {
@@ -245,6 +247,17 @@ fn render_deployment(
                 "---\n# ModelDeployment {ns}/{name} replica {}: {why}\n",
                 r.name
             )),
+        }
+    }
+    if let Some(router) = &plan.router {
+        match &router.image {
+            Ok(image) => {
+                for object in crate::runtime::kubernetes::router::objects(&plan, router, image) {
+                    out.push_str("---\n");
+                    out.push_str(&yaml(&object)?);
+                }
+            }
+            Err(why) => out.push_str(&format!("---\n# ModelDeployment {ns}/{name} router: {why}\n")),
         }
     }
     Ok(())

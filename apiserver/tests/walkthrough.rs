@@ -137,7 +137,7 @@ fn strict_decoding_refuses_unknown_fields_in_manifests() {
 }
 
 /// `kv-apiserver render` admits what it renders as the server does: what the server refuses
-/// (a zero capacity, a disk tier, prefill and decode roles, which are not supported yet) is
+/// (a zero capacity, a disk tier at a relative path, a prefill role without a decode role) is
 /// refused with the server's words, every refusal at once, and nothing is printed.
 #[test]
 fn render_refuses_what_the_server_refuses_and_prints_nothing() {
@@ -155,7 +155,7 @@ fn render_refuses_what_the_server_refuses_and_prints_nothing() {
         &disks,
         backend.replace("name: mooncake-dram", "name: with-disks").replace(
             "capacityPerMember: 8Gi",
-            "capacityPerMember: 8Gi\n          localDisks:\n            - path: /var/lib/kvcache\n              capacity: 100Gi",
+            "capacityPerMember: 8Gi\n          localDisks:\n            - path: var/lib/kvcache\n              capacity: 100Gi",
         ),
     )
     .unwrap();
@@ -185,7 +185,10 @@ fn render_refuses_what_the_server_refuses_and_prints_nothing() {
             "zero.yaml",
             "capacityPerMember: Invalid value: \"0\": must be greater than 0",
         ),
-        ("disks.yaml", "localDisks"),
+        (
+            "disks.yaml",
+            "localDisks[0].path: Invalid value: \"var/lib/kvcache\": must be an absolute path",
+        ),
         ("prefill.yaml", "Prefill"),
     ] {
         assert!(
@@ -199,7 +202,7 @@ fn render_refuses_what_the_server_refuses_and_prints_nothing() {
     assert!(err.contains("3 object(s) were refused; nothing rendered"), "{err}");
 }
 
-/// `kv-apiserver render` of steps 1-3 (with the cluster configuration next to the fixture) is
+/// `kv-apiserver render` of steps 1-3 and 5 (with the cluster configuration next to the fixture) is
 /// what `tests/fixtures/rendered/` holds, byte for byte: a change to what the controllers render
 /// shows up in review as a change to that file.
 #[test]
@@ -219,10 +222,12 @@ fn rendered_objects_match_the_checked_in_fixture() {
             &f("02-pool-binding.yaml"),
             "-f",
             &f("03-model-deployment.yaml"),
+            "-f",
+            &f("05-prefill-decode.yaml"),
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
-    let fixture = fixtures().join("../rendered/walkthrough-01-03.yaml");
+    let fixture = fixtures().join("../rendered/walkthrough-01-03-05.yaml");
     let want = std::fs::read_to_string(&fixture).unwrap();
     assert!(
         stdout(&out) == want,
@@ -236,4 +241,48 @@ fn rendered_objects_match_the_checked_in_fixture() {
         assert!(want.contains(pod), "{pod}");
     }
     assert!(want.contains("value: mooncake-dram-leader.gpustack-system.svc:50051"));
+    // Step 5: the prefill/decode deployment's engines, each with its kv_role, and its router
+    // (a Deployment, its Service, and a headless Service per role that the router resolves).
+    for object in [
+        "name: qwen-pd-prefill-0",
+        "name: qwen-pd-decode-0",
+        "name: qwen-pd-prefill-workers",
+        "name: qwen-pd-decode-workers",
+        "kind: Deployment\nmetadata:\n  annotations:\n    note.gpustack.ai/model-deployment: qwen-pd",
+        "- decode=qwen-pd-decode-workers.team-a.svc.cluster.local:8000",
+    ] {
+        assert!(want.contains(object), "{object}");
+    }
+    for kv_role in [r#""kv_role":"kv_both""#, r#""kv_role":"kv_consumer""#] {
+        assert!(want.contains(kv_role), "{kv_role}");
+    }
+}
+
+/// `kv-apiserver render` of a backend with a disk tier is `tests/fixtures/rendered/tiered-backend.yaml`,
+/// byte for byte: the member DaemonSet mounts the node's directory (a hostPath of type Directory)
+/// where `--tier-dir` names it, with the tier's flags, after the init container `tier-survey`.
+#[test]
+fn a_tiered_backend_renders_as_the_checked_in_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let rendered = fixtures().join("../rendered");
+    let config = rendered.join("config.yaml").display().to_string();
+    let input = rendered.join("tiered-backend.input.yaml").display().to_string();
+    let out = cli(dir.path(), &["--config", &config, "render", "-f", &input]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let fixture = rendered.join("tiered-backend.yaml");
+    let want = std::fs::read_to_string(&fixture).unwrap();
+    assert!(
+        stdout(&out) == want,
+        "kv-apiserver render differs from {}; if the change is intended, write its output there",
+        fixture.display()
+    );
+    for needed in [
+        "- hostPath:\n          path: /mnt/nvme/kvcache\n          type: Directory\n        name: tier",
+        "- --tier-dir\n        - /mnt/nvme/kvcache",
+        "- --tier-lru",
+        "name: tier-survey",
+        "- /dev/termination-log",
+    ] {
+        assert!(want.contains(needed), "{needed}");
+    }
 }

@@ -21,7 +21,9 @@
 //!   more requests, until stopped, as an engine without traffic);
 //! - `KVSTORE_LISTEN` (HOST:PORT, optional): answer an engine's health check there, `GET /health`
 //!   200 once the first round has run (503 before), as an engine does once its model is loaded,
-//!   so a kubelet's probes can watch the simulator like a real engine.
+//!   so a kubelet's probes can watch the simulator like a real engine; with
+//!   `KVSTORE_SERVED_MODEL` it also lists that model at `GET /v1/models`, as an engine's
+//!   OpenAI API does, so a router in front of simulated engines can be reached through.
 //!
 //! A store call that fails (during a failover, say) is counted in the report's `errors` and the
 //! block is computed instead, as an engine does; a refusal no failover explains (a layout the
@@ -57,6 +59,8 @@ pub struct SimConfig {
     pub idle_after: bool,
     /// Where to answer `GET /health`, if anywhere.
     pub listen: Option<String>,
+    /// The model listed at `GET /v1/models` (on `listen`), if any.
+    pub served_model: Option<String>,
 }
 
 impl SimConfig {
@@ -120,15 +124,17 @@ impl SimConfig {
             pause,
             idle_after,
             listen: first(&["KVSTORE_LISTEN"]),
+            served_model: first(&["KVSTORE_SERVED_MODEL"]),
         })
     }
 }
 
-/// Answers `GET /health` on `listener` until `cancel`: 200 once `ready` is set, 503 before; any
-/// other path is 404.
+/// Answers `GET /health` on `listener` until `cancel`: 200 once `ready` is set, 503 before; with
+/// a `model`, `GET /v1/models` lists it as an OpenAI API does; any other path is 404.
 pub async fn serve_health(
     listener: tokio::net::TcpListener,
     ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    model: Option<String>,
     cancel: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
     use axum::http::StatusCode;
@@ -142,7 +148,19 @@ pub async fn serve_health(
             }
         }
     };
-    let app = axum::Router::new().route("/health", axum::routing::get(health));
+    let mut app = axum::Router::new().route("/health", axum::routing::get(health));
+    if let Some(model) = model {
+        let list = serde_json::json!({
+            "object": "list",
+            "data": [{"id": model, "object": "model", "owned_by": "kv-store engine-sim"}],
+        })
+        .to_string();
+        let json = [(axum::http::header::CONTENT_TYPE, "application/json")];
+        app = app.route(
+            "/v1/models",
+            axum::routing::get(move || std::future::ready((json, list.clone()))),
+        );
+    }
     axum::serve(listener, app)
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
@@ -330,11 +348,20 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let ready = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let cancel = tokio_util::sync::CancellationToken::new();
-        let server = tokio::spawn(serve_health(listener, ready.clone(), cancel.clone()));
+        let server = tokio::spawn(serve_health(listener, ready.clone(), None, cancel.clone()));
         assert_eq!(status_line(addr, "/health").await, "HTTP/1.1 503 Service Unavailable");
         ready.store(true, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(status_line(addr, "/health").await, "HTTP/1.1 200 OK");
         assert_eq!(status_line(addr, "/v1/models").await, "HTTP/1.1 404 Not Found");
+        cancel.cancel();
+        server.await.unwrap().unwrap();
+
+        // with a served model, its OpenAI API lists it
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(serve_health(listener, ready, Some("m/one".into()), cancel.clone()));
+        assert_eq!(status_line(addr, "/v1/models").await, "HTTP/1.1 200 OK");
         cancel.cancel();
         server.await.unwrap().unwrap();
     }
@@ -411,6 +438,7 @@ mod tests {
             pause: std::time::Duration::ZERO,
             idle_after: false,
             listen: None,
+            served_model: None,
         };
         let keys = distinct_keys(&cfg);
         assert_eq!(

@@ -48,9 +48,19 @@ enum Command {
     TlsBound(kvcache_store::tls::bound::BoundArgs),
     /// Simulate an engine (settings from the environment; see store/README.md).
     EngineSim,
-    /// Run a command as a child and stop it with this process: SIGTERM to it on SIGTERM or SIGINT
-    /// (or, with --exit-with-stdin, when standard input closes), SIGKILL 10 s later. The local
-    /// runtime runs real engines this way, so that none outlives the server.
+    /// Count what a disk tier's directory holds before its member first opens it (a member Pod's
+    /// init container): prints `{"entries":N}` (-1: it cannot be listed) and, with --write,
+    /// writes the same line there (the container's termination message). Always exits 0.
+    TierSurvey {
+        #[arg(long)]
+        dir: std::path::PathBuf,
+        #[arg(long)]
+        write: Option<std::path::PathBuf>,
+    },
+    /// Run a command as a child and stop it with this process: SIGTERM to it and what it started
+    /// (its process group) on SIGTERM or SIGINT (or, with --exit-with-stdin, when standard input
+    /// closes), SIGKILL 10 s later; when it ends on its own, what it left running is stopped too.
+    /// The local runtime runs real engines this way, so that none outlives the server.
     Exec {
         /// The command and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
@@ -176,21 +186,22 @@ fn watch_stdin(cancel: CancellationToken) {
 /// `kv-store exec`: runs `command`, stops it when this process is told to stop, and fails when it
 /// fails (its exit in the message).
 async fn exec(command: Vec<String>, exit_with_stdin: bool) -> Result<()> {
-    use rustix::process::{Pid, Signal, kill_process};
     let (program, args) = command.split_first().context("exec: no command given")?;
     let cancel = stop_on_signal(exit_with_stdin)?;
+    // A process group of its own: what the command starts (vLLM's engine core and workers) is
+    // stopped with it, even when the command itself dies first and leaves them behind.
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .stdin(std::process::Stdio::null())
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("starting {program}"))?;
+    let group = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32));
     let status = tokio::select! {
         status = child.wait() => status,
         () = cancel.cancelled() => {
-            if let Some(pid) = child.id().and_then(|p| Pid::from_raw(p as i32)) {
-                let _ = kill_process(pid, Signal::TERM);
-            }
+            signal_group(group, rustix::process::Signal::TERM);
             match tokio::time::timeout(std::time::Duration::from_secs(10), child.wait()).await {
                 Ok(status) => status,
                 Err(_) => {
@@ -201,10 +212,30 @@ async fn exec(command: Vec<String>, exit_with_stdin: bool) -> Result<()> {
         }
     }
     .with_context(|| format!("waiting for {program}"))?;
+    // whatever the command left running goes with it: asked first, killed if still there
+    // after half a second
+    signal_group(group, rustix::process::Signal::TERM);
+    let asked = std::time::Instant::now();
+    while group_alive(group) && asked.elapsed() < std::time::Duration::from_millis(500) {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    signal_group(group, rustix::process::Signal::KILL);
     if status.success() || cancel.is_cancelled() {
         return Ok(());
     }
     anyhow::bail!("{program} ended: {status}")
+}
+
+/// Whether a process of the group `group` leads is left.
+fn group_alive(group: Option<rustix::process::Pid>) -> bool {
+    group.is_some_and(|g| rustix::process::test_kill_process_group(g).is_ok())
+}
+
+/// Sends `signal` to every process of the group `group` leads (none left: nothing happens).
+fn signal_group(group: Option<rustix::process::Pid>, signal: rustix::process::Signal) {
+    if let Some(g) = group {
+        let _ = rustix::process::kill_process_group(g, signal);
+    }
 }
 
 /// One line for the supervisor; a supervisor that stopped reading (its end of the pipe closed)
@@ -249,6 +280,16 @@ async fn run(command: Command, exit_with_stdin: bool) -> Result<()> {
         Command::TlsBound(args) => tls_bound(args).await,
         Command::Exec { command } => exec(command, exit_with_stdin).await,
         Command::EngineSim => engine_sim(exit_with_stdin).await,
+        Command::TierSurvey { dir, write } => {
+            let line = serde_json::json!({"entries": kvcache_store::member::tier::survey(&dir)}).to_string();
+            println!("{line}");
+            if let Some(w) = write
+                && let Err(e) = std::fs::write(&w, &line)
+            {
+                eprintln!("kv-store tier-survey: writing {}: {e}", w.display());
+            }
+            Ok(())
+        }
         Command::Tenants {
             leader,
             set,
@@ -350,9 +391,9 @@ async fn engine_sim(exit_with_stdin: bool) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("KVSTORE_LISTEN {addr}: {e}"))?;
-        let (ready, cancel) = (ready.clone(), cancel.clone());
+        let (ready, cancel, model) = (ready.clone(), cancel.clone(), cfg.served_model.clone());
         tokio::spawn(async move {
-            if let Err(e) = engine_sim::serve_health(listener, ready, cancel).await {
+            if let Err(e) = engine_sim::serve_health(listener, ready, model, cancel).await {
                 tracing::error!("the health endpoint stopped: {e}");
             }
         });

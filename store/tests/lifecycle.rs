@@ -152,3 +152,23 @@ fn failures_at_the_command_line_are_one_line_and_status_1() {
         );
     }
 }
+
+/// `kv-store exec` (how the local runtime runs engines): when the command dies and leaves what
+/// it started running (vLLM's engine core, when its API process is killed), that goes too.
+#[test]
+fn exec_stops_what_its_command_left_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let script = format!("sleep 60 & echo $! > {}; kill -KILL $$", pid_file.display());
+    let out = Command::new(BIN)
+        .args(["exec", "--", "/bin/sh", "-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the command was killed: exec says so");
+    let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_owned();
+    let gone = || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| st.contains(") Z "));
+    common::eventually_within(Duration::from_secs(10), "the command's leftover stopped", || {
+        gone().then_some(())
+    });
+}

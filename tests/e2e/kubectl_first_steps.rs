@@ -347,17 +347,20 @@ fn explained(k: &Kubectl, field: &str) -> (String, Vec<String>) {
 
 /// `kubectl explain` prints one text per field (the field's, never the field's then its type's
 /// run together), and lists only the values the server accepts: `md.spec.roles.kind` lists
-/// `Server` and says `Prefill` and `Decode` are not supported yet, which admission still says
-/// when a manifest names them. The same for the transports and member media admission refuses.
+/// `Server`, `Prefill` and `Decode` and says how they combine, which admission still judges when
+/// a manifest names them; `md.spec.router.name` names ours, and admission refuses the others. The same for the transports and member media admission refuses.
 #[test]
 fn explain_texts_read_as_one_and_list_only_accepted_values() {
     let s = Server::start();
-    let cases: [(&str, &str, &[&str]); 7] = [
+    let cases: [(&str, &str, &[&str]); 8] = [
         (
             "md.spec.roles.kind",
-            "What the role serves: `Server` (the default, whole requests). `Prefill` and `Decode` are not \
-             supported yet: the server refuses them. Immutable.",
-            &["Server"],
+            "What the role serves: `Server` (the default, whole requests), or one half of a split request: \
+             `Prefill` (computes the prompt's KV and saves it into the shared store) or `Decode` (loads it from \
+             the store and generates). `Server` never mixes with the other two; a `Prefill` role needs a \
+             `Decode` role and the reverse; only `Server` may appear in more than one role. The halves need \
+             `kvCache` (the handoff goes through the store) and vLLM, and a `router` to pair them. Immutable.",
+            &["Server", "Prefill", "Decode"],
         ),
         (
             "kvcb.spec.transport.protocol",
@@ -392,6 +395,13 @@ fn explain_texts_read_as_one_and_list_only_accepted_values() {
             "The leader that coordinates the store. Required; `{}` takes every default.",
             &[],
         ),
+        (
+            "md.spec.router.name",
+            "Which router runs: `kvcache-router` (ours). The reference's external routers (`llm-d-router`, \
+             `vllm-router`, `sglang-gateway`) are refused. Required; cannot change while the router block \
+             stays.",
+            &[],
+        ),
     ];
     for v in VERSIONS {
         let k = s.kubectl(v);
@@ -402,17 +412,29 @@ fn explain_texts_read_as_one_and_list_only_accepted_values() {
                 assert_eq!(listed, values, "{v} {field}");
             }
         }
-        // The refused values still reach admission, which says why.
+        // A value the schema lists is still judged with the other roles: a Prefill role alone is
+        // refused, and admission says what to add.
         let prefill = manifest("03-model-deployment.yaml")
             .replace("name: qwen-chat", &format!("name: split-{}", v.replace('.', "-")))
             .replace("    - name: server\n", "    - name: server\n      kind: Prefill\n");
         let r = k.apply(&[], &prefill);
         assert!(
             !r.ok
-                && r.stderr.contains(
-                    "spec.roles[0].kind: Forbidden: the Prefill role kind (prefill/decode disaggregation) is not \
-                     supported yet"
-                ),
+                && r.stderr
+                    .contains("spec.roles[0].kind: Invalid value: \"Prefill\": a Prefill role needs a Decode role"),
+            "{v}: {}",
+            r.text()
+        );
+        // The reference's routers are refused by name, naming ours.
+        let routed = manifest("03-model-deployment.yaml")
+            .replace("name: qwen-chat", &format!("name: routed-{}", v.replace('.', "-")))
+            .replace("  roles:\n", "  router:\n    name: vllm-router\n  roles:\n");
+        let r = k.apply(&[], &routed);
+        assert!(
+            !r.ok
+                && r.stderr
+                    .contains("spec.router.name: Unsupported value: \"vllm-router\"")
+                && r.stderr.contains("use \"kvcache-router\", our router"),
             "{v}: {}",
             r.text()
         );

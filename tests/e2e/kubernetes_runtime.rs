@@ -396,7 +396,13 @@ fn kv_store(args: &[&str], log: &std::path::Path) -> (Process, String) {
 /// and nothing left once it is deleted.
 #[test]
 fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
-    let plane = ControlPlane::start_with(&["clusterrole-aggregation-controller", "serviceaccount-controller"]);
+    // the Deployment and ReplicaSet controllers make the router's Pod (step 5, prefill/decode)
+    let plane = ControlPlane::start_with(&[
+        "clusterrole-aggregation-controller",
+        "serviceaccount-controller",
+        "deployment-controller",
+        "replicaset-controller",
+    ]);
     let k = plane.kubectl();
     let d = plane.dir.path();
     let (_leader, leader_at) = kv_store(&["leader", "--listen", "127.0.0.1:0"], &d.join("leader.log"));
@@ -669,6 +675,89 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
     kubelet("qwen-chat-server-1", &ready);
     eventually(30, "both ready", || md_phase().starts_with("Ready").then_some(()));
 
+    // The prefill/decode example behind our router: the router's Deployment and Service and a
+    // headless Service per role in the deployment's namespace, the router's readiness read from
+    // its Deployment, everything of the router pruned when spec.router goes.
+    let pd = manifest("05-prefill-decode.yaml").replace(
+        "instanceType: local-small",
+        "instanceType: local-small\n      image: vllm/vllm-openai:v0.29.0",
+    );
+    k.must_apply(&pd);
+    let router = eventually(60, "the router's Deployment", || {
+        try_json(&k, &["-n", "team-a", "get", "deployment", "qwen-pd-router"])
+    });
+    let pod = &router["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(pod["containers"][0]["command"], serde_json::json!(["kv-router"]));
+    let args = pod["containers"][0]["args"].to_string();
+    assert!(
+        args.contains("prefill=qwen-pd-prefill-workers.team-a.svc.cluster.local:8000")
+            && args.contains("decode=qwen-pd-decode-workers.team-a.svc.cluster.local:8000"),
+        "{args}"
+    );
+    let headless = json(&k, &["-n", "team-a", "get", "service", "qwen-pd-decode-workers"]);
+    assert_eq!(headless["spec"]["clusterIP"], "None");
+    assert_eq!(headless["spec"]["selector"]["app.kubernetes.io/component"], "decode");
+    assert!(try_json(&k, &["-n", "team-a", "get", "service", "qwen-pd-router"]).is_some());
+    let pd_status = || {
+        support::walkthrough::jp(
+            &k,
+            &["md", "qwen-pd", "-n", "team-a"],
+            "{.status.roleSummary}|{.status.phase}|{.status.endpoint}",
+        )
+    };
+    for pod in ["qwen-pd-prefill-0", "qwen-pd-decode-0"] {
+        eventually(60, pod, || try_json(&k, &["-n", "team-a", "get", "pod", pod]));
+        kubelet(pod, &ready);
+    }
+    eventually(30, "the halves ready, the router not", || {
+        (pd_status() == "0R1P1D|Degraded|").then_some(())
+    });
+    // a router Pod (the Deployment controller made it) that answers /health: the Deployment
+    // counts it ready, and the Pod's change wakes the deployment
+    let router_pod = eventually(60, "a router Pod", || {
+        let pods = json(
+            &k,
+            &[
+                "-n",
+                "team-a",
+                "get",
+                "pods",
+                "-l",
+                "app.kubernetes.io/name=kvcache-router",
+            ],
+        );
+        pods["items"][0]["metadata"]["name"].as_str().map(str::to_owned)
+    });
+    kubelet(
+        &router_pod,
+        &serde_json::json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "router", "ready": true, "restartCount": 0, "image": "x", "imageID": "", "state": {"running": {}}}]}),
+    );
+    eventually(30, "1R1P1D through the router's Service", || {
+        (pd_status() == "1R1P1D|Ready|http://qwen-pd-router.team-a.svc:8000").then_some(())
+    });
+    k.ok(&[
+        "-n",
+        "team-a",
+        "patch",
+        "md",
+        "qwen-pd",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/spec/router"}]"#,
+    ]);
+    eventually(60, "the router's objects are pruned", || {
+        (try_json(&k, &["-n", "team-a", "get", "deployment", "qwen-pd-router"]).is_none()
+            && try_json(&k, &["-n", "team-a", "get", "service", "qwen-pd-decode-workers"]).is_none())
+        .then_some(())
+    });
+    assert!(
+        condition(&k, &["md", "qwen-pd", "-n", "team-a"], "RouterReady").starts_with("False|NoRouter|"),
+        "without the router nothing pairs the roles"
+    );
+    k.ok(&["-n", "team-a", "delete", "md", "qwen-pd", "--wait=false"]);
+
     // Scale to one: the highest ordinal goes. Deleting the deployment removes the rest.
     k.ok(&[
         "-n",
@@ -688,7 +777,18 @@ fn engine_pods_carry_the_injection_and_report_the_kubelets_faults() {
     assert!(try_json(&k, &["-n", "team-a", "get", "pod", "qwen-chat-server-0"]).is_some());
     k.ok(&["-n", "team-a", "delete", "md", "qwen-chat", "--wait=false"]);
     eventually(60, "no engine Pod is left", || {
-        let pods = json(&k, &["-n", "team-a", "get", "pods"]);
+        // (the router's ReplicaSet and Pod stay: this plane runs no garbage collector)
+        let pods = json(
+            &k,
+            &[
+                "-n",
+                "team-a",
+                "get",
+                "pods",
+                "-l",
+                "app.kubernetes.io/name=model-deployment",
+            ],
+        );
         pods["items"].as_array().is_some_and(Vec::is_empty).then_some(())
     });
     // The Binding's deletion completes and takes its credential's keys with it.

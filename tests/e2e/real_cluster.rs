@@ -613,6 +613,42 @@ fn the_walkthrough_on_a_real_single_node_cluster() {
         condition(&k, MD, "CacheAttached")
     );
 
+    // Step 6 (before 4, while one leader serves): prefill and decode stand-in engines behind our
+    // router, a Deployment of the store's image. Its Pod finds the roles' Pods through their
+    // headless Services (DNS, no API access), and a request through the router's Service
+    // reaches an engine: the stand-in lists its model.
+    let began = Instant::now();
+    let pd = manifest("05-prefill-decode.yaml").replace(
+        "      instanceType: local-small\n",
+        &format!(
+            "      instanceType: local-small\n      image: {ENGINE_IMAGE}\n      env:\n        - {{name: KVSTORE_SESSIONS, value: \"1\"}}\n        - {{name: KVSTORE_REQUESTS, value: \"2\"}}\n        - {{name: KVSTORE_BLOCK_BYTES, value: 16Ki}}\n"
+        ),
+    );
+    assert_eq!(pd.matches(ENGINE_IMAGE).count(), 2, "{pd}");
+    k.must_apply(&pd);
+    let row = eventually(240, "qwen-pd: the router, prefill and decode ready", || {
+        let row = k.ok(&["get", "-n", "team-a", "md", "qwen-pd", "--no-headers"]);
+        row.contains("1R1P1D").then_some(row)
+    });
+    let endpoint = jp(&k, &["-n", "team-a", "md", "qwen-pd"], "{.status.endpoint}");
+    assert_eq!(endpoint, "http://qwen-pd-router.team-a.svc:8000", "{row}");
+    let ip = jp(&k, &["-n", "team-a", "svc", "qwen-pd-router"], "{.spec.clusterIP}");
+    let models = eventually(60, "the router's Service answers with an engine's model list", || {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "5", &format!("http://{ip}:8000/v1/models")])
+            .output()
+            .ok()?;
+        let body = String::from_utf8_lossy(&out.stdout).into_owned();
+        body.contains("Qwen/Qwen2.5-7B-Instruct").then_some(body)
+    });
+    assert!(models.contains("kv-store engine-sim"), "{models}");
+    eprintln!(
+        "step 6, prefill/decode behind the router: {:.1}s ({})",
+        began.elapsed().as_secs_f64(),
+        row.split_whitespace().collect::<Vec<_>>().join(" ")
+    );
+    k.ok(&["delete", "-n", "team-a", "md", "qwen-pd", "--wait=false"]);
+
     // Step 4: three leader Pods, one serving; LEADERS 1/3; the Lease the serving leader holds is
     // what ElectionObserved reports.
     let began = Instant::now();
@@ -685,6 +721,36 @@ fn the_walkthrough_on_a_real_single_node_cluster() {
     });
     eprintln!(
         "an image without kv-store, after {:.1}s: {said}",
+        began.elapsed().as_secs_f64()
+    );
+
+    // A backend with a disk tier: the node's directory (made by the administrator, owned by the
+    // image's user) is mounted into the member, surveyed first (TierWasEmpty), and counted in
+    // the capacity.
+    let began = Instant::now();
+    let tier = tmp.path().join("tier");
+    std::fs::create_dir(&tier).unwrap();
+    let owned = Command::new("chown").args(["65532:0"]).arg(&tier).status().unwrap();
+    assert!(owned.success());
+    k.must_apply(&format!(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: tiered}}\nspec:\n  type: Mooncake\n  \
+         connection:\n    managed:\n      leader: {{}}\n      members:\n        - nodeSelector: {{kubernetes.io/os: linux}}\n          \
+         medium: DRAM\n          capacityPerMember: 16Mi\n          localDisks:\n            - path: {}\n              \
+         capacity: 64Mi\n",
+        tier.display()
+    ));
+    eventually(180, "the tiered backend Ready, its tier counted", || {
+        (jp(&k, &["kvcb", "tiered"], "{.status.phase} {.status.capacity.total}") == "Ready 80Mi").then_some(())
+    });
+    let decided = eventually(60, "TierWasEmpty decided", || {
+        let c = condition(&k, &["kvcb", "tiered"], "TierWasEmpty");
+        (!c.starts_with('|')).then_some(c)
+    });
+    assert!(decided.starts_with("True|Empty|"), "{decided}");
+    let held = std::fs::read_dir(&tier).unwrap().count();
+    assert!(held >= 1, "the member opened its tier there (its lock file)");
+    eprintln!(
+        "a backend with a disk tier on the node, Ready in {:.1}s: {decided}",
         began.elapsed().as_secs_f64()
     );
 }

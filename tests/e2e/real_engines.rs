@@ -20,61 +20,17 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::engines::*;
 use support::walkthrough::*;
 use support::{Kubectl, Server, eventually_within};
 
 const KUBECTL: &str = "1.33";
 /// Four vLLM processes start at once on two cores: allow minutes, not seconds.
 const STARTUP: Duration = Duration::from_secs(600);
-
-fn home(rel: &str) -> PathBuf {
-    PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(rel)
-}
-
-fn setting(var: &str, default: PathBuf, what: &str) -> PathBuf {
-    let p = std::env::var_os(var).map_or(default, PathBuf::from);
-    assert!(
-        p.exists(),
-        "{} is missing: {what} ({var}; ./scripts/setup makes it, ./scripts/test sets it)",
-        p.display()
-    );
-    p
-}
-
-struct Engines {
-    venv: PathBuf,
-    model: PathBuf,
-    package: PathBuf,
-}
-
-fn engines() -> Engines {
-    let venv = setting(
-        "KVCACHE_VLLM_VENV",
-        home(".cache/kvcache-vllm-venv"),
-        "the vLLM environment",
-    );
-    let model = setting(
-        "KVCACHE_VLLM_MODEL",
-        home(".cache/kvcache-vllm-model"),
-        "the local model",
-    );
-    let package = setting(
-        "KVCACHE_PACKAGE_DIR",
-        PathBuf::from("/nonexistent"),
-        "this build's kvcache package",
-    );
-    assert!(
-        package.join("kvcache").join("vllm").join("__init__.py").exists(),
-        "no kvcache package in {}",
-        package.display()
-    );
-    Engines { venv, model, package }
-}
 
 fn deployment(ns: &str, name: &str, binding: Option<&str>, replicas: u32, model: &str) -> String {
     let cache = binding.map_or(String::new(), |b| {
@@ -83,19 +39,6 @@ fn deployment(ns: &str, name: &str, binding: Option<&str>, replicas: u32, model:
     format!(
         "apiVersion: worker.gpustack.ai/v1\nkind: ModelDeployment\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  model:\n    name: {model}\n  engine:\n    name: vLLM\n    version: \"0.32.0\"\n{cache}  roles:\n    - name: server\n      replicas: {replicas}\n      instanceType: local-cpu\n      extraArgs: [\"--max-model-len\", \"4096\", \"--enforce-eager\", \"--dtype\", \"bfloat16\"]\n      env:\n        - name: VLLM_CPU_KVCACHE_SPACE\n          value: \"1\"\n        - name: HF_HUB_OFFLINE\n          value: \"1\"\n        - name: VLLM_NO_USAGE_STATS\n          value: \"1\"\n"
     )
-}
-
-/// `replica -> http://127.0.0.1:PORT` from the deployment's phase message.
-fn replica_urls(k: &Kubectl, ns: &str, name: &str) -> Vec<(String, String)> {
-    let msg = jp(k, &["-n", ns, "md", name], "{.status.phaseMessage}");
-    msg.split("; ")
-        .filter_map(|part| {
-            let (replica, rest) = part.split_once(": ")?;
-            let url = rest.split(" at ").nth(1)?;
-            rest.starts_with("vLLM")
-                .then(|| (replica.to_owned(), url.trim().to_owned()))
-        })
-        .collect()
 }
 
 fn wait_serving(k: &Kubectl, ns: &str, name: &str, replicas: usize) -> Vec<String> {
@@ -108,20 +51,6 @@ fn wait_serving(k: &Kubectl, ns: &str, name: &str, replicas: usize) -> Vec<Strin
             (phase == "Ready" && urls.len() == replicas).then(|| urls.into_iter().map(|(_, u)| u).collect())
         },
     )
-}
-
-fn curl(args: &[&str]) -> String {
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "300"])
-        .args(args)
-        .output()
-        .expect("curl runs");
-    assert!(
-        out.status.success(),
-        "curl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The greedy tokens a replica answers `prompt` with.
@@ -145,15 +74,6 @@ fn complete(url: &str, model: &str, prompt: &str) -> Vec<u64> {
         .unwrap_or_else(|| panic!("{url}: {out}"));
     assert_eq!(ids.len(), 12, "{out}");
     ids.iter().filter_map(Value::as_u64).collect()
-}
-
-/// The sum of a vLLM counter on a replica's `/metrics`.
-fn counter(url: &str, name: &str) -> f64 {
-    curl(&[&format!("{url}/metrics")])
-        .lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// `url` answers `prompt`, and its connector has stored at least `blocks` blocks more than
@@ -223,34 +143,12 @@ impl Drop for Paused {
     }
 }
 
-fn vllm_processes(model: &str) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
-            let cmd = String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).ok()?).replace('\0', " ");
-            (cmd.contains(" serve ") && cmd.contains(model) && alive(pid)).then_some(pid)
-        })
-        .collect()
-}
-
 #[test]
 fn real_vllm_replicas_share_blocks_through_the_store_and_survive_it_stopping() {
     let e = engines();
-    let model = e.model.display().to_string();
+    let model = e.model();
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "localRuntime:\n  engines: real\n  path: [{}]\n  packageDir: {}\n",
-            e.venv.join("bin").display(),
-            e.package.display()
-        ),
-    )
-    .unwrap();
+    let config = e.config(dir.path());
     let mut s = Server::start_with(&["--requeue-interval", "2s", "--config", config.to_str().unwrap()]);
     let k = s.kubectl(KUBECTL);
     k.must_apply(&manifest("01-backend.yaml"));

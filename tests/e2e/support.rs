@@ -13,7 +13,12 @@ use std::time::{Duration, Instant};
 #[path = "../support/eventually.rs"]
 mod wait;
 #[allow(unused_imports)]
-pub use wait::{POLL, eventually, eventually_within, poll_within};
+pub use wait::{POLL, eventually, eventually_async, eventually_within, poll_within};
+
+#[path = "../support/values.rs"]
+mod values;
+#[allow(unused_imports)]
+pub use values::random_bytes;
 
 #[path = "../support/etcd.rs"]
 mod etcd;
@@ -426,6 +431,9 @@ pub fn binding(ns: &str, name: &str, pool: &str, ceiling: &str) -> String {
         "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  poolRef:\n    name: {pool}\n  quota:\n    ceiling: {ceiling}\n  domain:\n    name: {name}\n    blockSize: 64\n    dtype: bfloat16\n"
     )
 }
+
+#[path = "../support/engines.rs"]
+pub mod engines;
 
 /// The walkthrough's manifests and what tests read of its objects.
 pub mod walkthrough {

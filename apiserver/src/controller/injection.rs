@@ -4,6 +4,9 @@
 //! (the engine simulator, or the real engine), and a Kubernetes runtime renders the same values
 //! into Pods.
 //!
+//! The role's kind chooses vLLM's `kv_role` ([`vllm_role`]): `Server` and `Prefill` `kv_both`,
+//! `Decode` `kv_consumer`.
+//!
 //! Every engine gets our store's own names (`KVSTORE_LEADER`, `KVSTORE_TENANT`,
 //! `KVSTORE_BLOCK_SIZE`, `KVSTORE_DTYPE`). Which connector it loads depends on the store:
 //!
@@ -256,10 +259,18 @@ fn mooncake(
     }
 }
 
-fn vllm_role(kind: RoleKind) -> &'static str {
+/// vLLM's `kv_role` of a role kind's connector.
+///
+/// - `Server`: `kv_both`, it saves what it computes and loads what the store has.
+/// - `Prefill`: `kv_both`, not `kv_producer`. It saves the handoff (every full prompt block, before
+///   it answers), and it also loads the prefixes the store already has: a producer-only prefill
+///   would recompute every shared prefix (a system prompt, an earlier turn) that another replica
+///   already saved, which is most of the work a prefill replica is there to do.
+/// - `Decode`: `kv_consumer`, it loads the handoff and saves nothing; the blocks it generates
+///   are not saved (prefill saves the next turn's prompt again when it comes).
+pub fn vllm_role(kind: RoleKind) -> &'static str {
     match kind {
-        RoleKind::Server => "kv_both",
-        RoleKind::Prefill => "kv_producer",
+        RoleKind::Server | RoleKind::Prefill => "kv_both",
         RoleKind::Decode => "kv_consumer",
     }
 }
@@ -416,6 +427,39 @@ mod tests {
         assert_eq!(get(&s, "KVSTORE_TENANT"), None);
         assert!(s.args.contains(&"--disaggregation-decode-retraction-backup".to_owned()));
         assert!(s.client_config.is_none() && s.credential.is_none());
+    }
+
+    #[test]
+    fn each_role_kind_gets_its_kv_role_on_either_store() {
+        let kv_role = |kind, store| {
+            let i = inject(EngineName::Vllm, kind, Some(&conn(Some("default"), store)), false);
+            let cfg: serde_json::Value = serde_json::from_str(arg(&i, "--kv-transfer-config").unwrap()).unwrap();
+            cfg["kv_role"].as_str().unwrap().to_owned()
+        };
+        for store in [ours(), StoreKind::Mooncake] {
+            assert_eq!(kv_role(RoleKind::Server, store.clone()), "kv_both");
+            assert_eq!(
+                kv_role(RoleKind::Prefill, store.clone()),
+                "kv_both",
+                "prefill saves the handoff and loads the prefixes the store has"
+            );
+            assert_eq!(kv_role(RoleKind::Decode, store), "kv_consumer");
+        }
+        // the halves differ in kv_role alone: same connector, same store, same blocks
+        let p = inject(
+            EngineName::Vllm,
+            RoleKind::Prefill,
+            Some(&conn(Some("default"), ours())),
+            true,
+        );
+        let d = inject(
+            EngineName::Vllm,
+            RoleKind::Decode,
+            Some(&conn(Some("default"), ours())),
+            true,
+        );
+        assert_eq!(p.env, d.env);
+        assert_eq!(arg(&p, "--block-size"), arg(&d, "--block-size"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! What a test needs to run a controller's reconcile with no process: the API in this process on
 //! a temporary embedded storage (`App::in_process`), a store leader served in this process on
 //! loopback, and [`FakeRuntime`], which starts nothing, keeps what it was asked to run, and
-//! reports every workload running and ready.
+//! reports every workload running and ready (a deployment's router too, at
+//! `http://<namespace>.<name>-router.fake:8000`).
 
 use std::sync::Arc;
 
@@ -18,7 +19,8 @@ use crate::app::{App, AppOptions};
 use crate::auth::User;
 use crate::runtime::credentials::{FileKeeper, Keeper};
 use crate::runtime::{
-    Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, Secrets, StoreObservation, StorePlan, WorkloadState,
+    Changed, Node, ReplicaObservation, ReplicaPlan, RouterObservation, Runtime, Secrets, StoreObservation, StorePlan,
+    WorkloadState,
 };
 
 /// A runtime that runs nothing: every plan is kept, and every workload it names is reported
@@ -75,6 +77,7 @@ impl Runtime for FakeRuntime {
             lease: None,
             members: plan.members.iter().map(|m| (m.clone(), ready())).collect(),
             rollout: None,
+            tier_survey: None,
         }
     }
 
@@ -96,6 +99,16 @@ impl Runtime for FakeRuntime {
                 url: None,
             })
             .collect()
+    }
+
+    async fn ensure_router(&self, plan: &ReplicaPlan, _replicas: &[ReplicaObservation]) -> Option<RouterObservation> {
+        let r = plan.router.as_ref()?;
+        Some(RouterObservation {
+            replicas: r.replicas,
+            ready: r.replicas,
+            url: Some(format!("http://{}-router.fake:8000", plan.owner.replace('/', "."))),
+            state: ready(),
+        })
     }
 
     async fn remove_replicas(&self, owner: &str) -> bool {

@@ -14,6 +14,7 @@ use super::{backend, binding, model_deployment, pool};
 const BACKEND: &str = include_str!("../../../tests/fixtures/walkthrough/01-backend.yaml");
 const POOL_BINDING: &str = include_str!("../../../tests/fixtures/walkthrough/02-pool-binding.yaml");
 const DEPLOYMENT: &str = include_str!("../../../tests/fixtures/walkthrough/03-model-deployment.yaml");
+const PREFILL_DECODE: &str = include_str!("../../../tests/fixtures/walkthrough/05-prefill-decode.yaml");
 const NS: Option<&str> = Some("team-a");
 
 async fn backend_pass(h: &Harness) -> Action {
@@ -189,6 +190,45 @@ async fn a_deployments_pass_asks_the_runtime_for_its_replicas_with_the_binding_i
     let registered = condition(&st.conditions, conditions::model_deployment::domain_registered::TYPE);
     assert!(registered.starts_with("True|Registered|"), "{registered}");
     assert_eq!(st.role_summary.as_deref(), Some("2S"));
+    let routed = condition(&st.conditions, conditions::model_deployment::router_ready::TYPE);
+    assert!(routed.starts_with("True|NotApplicable|"), "{routed}");
+
+    // The prefill/decode example: its halves get their kv_role, the runtime runs its router, and
+    // the status reads the router first.
+    h.create(PREFILL_DECODE).await;
+    for _ in 0..2 {
+        let md = h.get::<ModelDeployment>(NS, "qwen-pd").await.unwrap();
+        model_deployment::reconcile(md, h.ctx.clone()).await.unwrap();
+    }
+    let plans = h.runtime.replica_plans.lock().clone();
+    let plan = plans.last().expect("a replica plan");
+    assert_eq!(plan.owner, "team-a/qwen-pd");
+    let roles: Vec<(&str, &str)> = plan
+        .replicas
+        .iter()
+        .map(|r| {
+            let at = r.args.iter().position(|a| a == "--kv-transfer-config").unwrap();
+            let role = if r.args[at + 1].contains("kv_consumer") {
+                "kv_consumer"
+            } else {
+                "kv_both"
+            };
+            (r.name.as_str(), role)
+        })
+        .collect();
+    assert_eq!(roles, [("prefill-0", "kv_both"), ("decode-0", "kv_consumer")]);
+    let router = plan.router.as_ref().expect("a router plan");
+    assert_eq!(router.args[..2], ["--model", "Qwen/Qwen2.5-7B-Instruct"]);
+    let md = h.get::<ModelDeployment>(NS, "qwen-pd").await.unwrap();
+    let st = md.status.clone().unwrap();
+    assert_eq!(st.role_summary.as_deref(), Some("1R1P1D"));
+    let routed = condition(&st.conditions, conditions::model_deployment::router_ready::TYPE);
+    assert!(
+        routed.starts_with("True|Ready|1 of 1 router replicas are ready"),
+        "{routed}"
+    );
+    assert_eq!(st.endpoint.as_deref(), Some("http://team-a.qwen-pd-router.fake:8000"));
+    assert_eq!(st.router.map(|r| (r.name, r.ready)), Some(("kvcache-router".into(), 1)));
 }
 
 #[test]

@@ -33,6 +33,7 @@ pub mod backend;
 pub mod binding;
 pub mod dynamic;
 pub mod errors;
+pub mod extra_args;
 pub mod fieldmanager;
 pub mod generic;
 pub mod grants;

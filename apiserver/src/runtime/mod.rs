@@ -75,6 +75,9 @@ pub struct StorePlan {
     /// The namespaces of the Bindings on the backend's pools: only their engines may reach the
     /// store (a cluster's NetworkPolicy).
     pub tenant_namespaces: std::collections::BTreeSet<String>,
+    /// a group's disk tier says `cleanAfterDelete`: the runtime empties the members' tiers when
+    /// the backend goes
+    pub clean_tiers_after_delete: bool,
 }
 
 /// One member group: where its members go and the flags each of them runs with (the runtime
@@ -134,6 +137,20 @@ pub struct StoreObservation {
     /// The leaders' rollout as their workload controller reports it (a Deployment in a cluster);
     /// `None` where the runtime rolls leaders itself.
     pub rollout: Option<Rollout>,
+    /// What the members' disk tiers held before their members first opened them (`None`: the
+    /// plan has no tier, or the runtime does not survey them)
+    pub tier_survey: Option<TierSurvey>,
+}
+
+/// What the disk tiers of a backend's members held before their first member opened them, for
+/// `TierWasEmpty`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TierSurvey {
+    /// How many members with a tier the plan runs (or, in a cluster, their DaemonSets schedule).
+    pub expected: usize,
+    /// One reading per member surveyed: its node, the entries its tier held (-1: unreadable),
+    /// and when its instance was created (only the first weeks of a backend are believed).
+    pub readings: Vec<(String, i64, Option<SystemTime>)>,
 }
 
 /// A Deployment's account of its rollout.
@@ -197,6 +214,63 @@ pub struct ReplicaPlan {
     /// Keep replicas that run with another environment instead of rolling them (the cache
     /// connection did not resolve in this pass; new replicas are still started).
     pub hold_rollout: bool,
+    /// The router in front of the replicas (`spec.router`); `None`: no router runs (one that ran
+    /// is stopped).
+    pub router: Option<RouterPlan>,
+}
+
+/// The router in front of a deployment's roles, `kv-router`: what the spec says of it. The
+/// runtime adds where it listens (`--listen`) and where its workers come from
+/// (`--workers-file` on one machine, `--workers-dns` per role in a cluster).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouterPlan {
+    /// `spec.router.name` (`kvcache-router`).
+    pub name: String,
+    /// `spec.router.replicas`.
+    pub replicas: i32,
+    /// `spec.router.image`, else the store's image setting (which ships `kv-router`); or why
+    /// none can be chosen.
+    pub image: Result<String, String>,
+    pub pull_policy: Option<String>,
+    pub pull_secrets: Vec<String>,
+    /// The flags from the spec: `--model`, `--request-timeout-seconds`,
+    /// `--disaggregation-threshold-tokens` when set, then `extraArgs`.
+    pub args: Vec<String>,
+    /// Each role it sends requests to, in spec order.
+    pub roles: Vec<RouterRole>,
+}
+
+/// One role behind the router.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouterRole {
+    pub role: String,
+    pub kind: kvcache_api::model_deployment::RoleKind,
+    /// The engines' serving port (a cluster's headless Service publishes it).
+    pub port: u16,
+}
+
+/// The worker set name of a role kind on `kv-router`'s command line and in its workers file.
+pub fn worker_kind(kind: kvcache_api::model_deployment::RoleKind) -> &'static str {
+    use kvcache_api::model_deployment::RoleKind;
+    match kind {
+        RoleKind::Server => "server",
+        RoleKind::Prefill => "prefill",
+        RoleKind::Decode => "decode",
+    }
+}
+
+/// What runs of a deployment's router.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RouterObservation {
+    /// Router replicas that run (on one machine one process, whatever the spec asks).
+    pub replicas: i32,
+    /// Of those, ready ones: they answer `GET /health` (which needs a healthy decode or server
+    /// worker behind them).
+    pub ready: i32,
+    /// Where clients reach it: `http://127.0.0.1:<port>`, or the router Service's URL.
+    pub url: Option<String>,
+    /// The one process's state, or the first fault among the Pods (refused, waiting, last exit).
+    pub state: WorkloadState,
 }
 
 /// One engine replica.
@@ -393,7 +467,12 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// Converges a deployment's replicas to `plan` and reports them, in the plan's order.
     async fn ensure_replicas(&self, plan: &ReplicaPlan) -> Vec<ReplicaObservation>;
 
-    /// Stops every replica of `owner`; `true` once none is left.
+    /// Converges a deployment's router to `plan.router` (stops it when `None`), handing it the
+    /// workers `replicas` reports (the replicas' last observation), and reports it; `None` when
+    /// no router is planned.
+    async fn ensure_router(&self, plan: &ReplicaPlan, replicas: &[ReplicaObservation]) -> Option<RouterObservation>;
+
+    /// Stops every replica of `owner`, and its router; `true` once none is left.
     async fn remove_replicas(&self, owner: &str) -> bool;
 
     /// Stops everything (server shutdown).

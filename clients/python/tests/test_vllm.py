@@ -411,6 +411,65 @@ class ConnectorTest(unittest.TestCase):
         wait_saved(b_worker)
         self.assertEqual(b_worker.worker_side.counters.total["saved_blocks"], 4)
 
+    def test_a_prefill_hands_its_prompt_to_a_decode_through_the_store(self):
+        """A prefill asked for a remote decode ends the step completing the prompt only once its
+        blocks are in the store, frees them at once and answers with the handoff; the decode
+        handed it loads exactly those bytes. A handoff whose blocks never reached the store, and
+        one of another chain, are computed by the decode and counted, never waited on."""
+        p_sched, p_worker, p_kv = self.replica(seed=7, model="pd")
+        config = vllm_config(model="pd", role="kv_consumer")
+        d_sched = connector(KVConnectorRole.SCHEDULER, config)
+        d_worker = connector(KVConnectorRole.WORKER, config)
+        d_kv = kv_caches()
+        d_worker.register_kv_caches(d_kv)
+        handshake(d_sched, d_worker)
+        prompt = self.tokens(10 * BLOCK + 2, seed=7)
+        p_blocks = list(range(10, 21))
+        req = request("p", prompt)
+        req.kv_transfer_params = {"do_remote_decode": True}
+        self.assertEqual(p_sched.get_num_new_matched_tokens(req, 0), (0, False))
+        p_sched.update_state_after_alloc(req, Blocks(p_blocks), 0)
+        meta = p_sched.build_connector_meta(step("p", p_blocks, 0, len(prompt)))
+        self.assertEqual(meta.handoffs, ["p"], "the step completing the prompt is marked")
+        run_step(p_worker, meta)
+        # no waiting here: the step itself ended once the puts had
+        self.assertEqual(p_worker.worker_side.counters.total["saved_blocks"], 10)
+        free_later, params = p_sched.request_finished(req, p_blocks)
+        self.assertFalse(free_later, "prefill frees its blocks at once")
+        handed = params[kv.handoff.KEY]
+        self.assertEqual(handed["blocks"], 10)
+        self.assertEqual(handed["bytes"], 10 * LAYERS * 2 * BLOCK * HEADS * HEAD * 2)
+        self.assertEqual(params["prompt_token_ids"], prompt)
+
+        def decode(req_id, tokens, handoff):
+            r = request(req_id, tokens)
+            # vLLM's renderer takes prompt_token_ids out; the connector sees the rest
+            r.kv_transfer_params = {kv.handoff.KEY: handoff}
+            return r
+
+        d_blocks = list(range(40, 51))
+        self.assertEqual(serve(d_sched, d_worker, decode("d", prompt, handed), d_blocks), 10 * BLOCK)
+        for i in range(10):
+            self.assertEqual(block_bytes(d_kv, d_blocks[i]), block_bytes(p_kv, p_blocks[i]), f"block {i}")
+        counts = d_sched.side.counters.total
+        self.assertEqual((counts["handoffs_in"], counts["handoff_blocks"]), (1, 10))
+        self.assertEqual((counts["handoff_missing_blocks"], counts["handoff_mismatches"]), (0, 0))
+        self.assertEqual(d_worker.worker_side.counters.total["saved_blocks"], 0, "a consumer saves nothing")
+
+        # the prefill of this prompt died before its puts: decode computes all of it, counted
+        lost = self.tokens(10 * BLOCK + 2, seed=8)
+        chain = p_sched.scheduler_side._lookup(request("x", lost)).hashes
+        named = dict(handed, fingerprint=kv.handoff.fingerprint(p_sched.scheduler_side._namespaces, chain[-1]))
+        self.assertEqual(d_sched.get_num_new_matched_tokens(decode("lost", lost, named), 0), (0, False))
+        self.assertEqual((counts["handoff_missing_blocks"], counts["handoff_mismatches"]), (10, 0))
+        # tokens other than prefill's: the chain is not the one handed over
+        other = prompt[:-BLOCK] + self.tokens(BLOCK, seed=9)
+        d_sched.get_num_new_matched_tokens(decode("other", other, handed), 0)
+        self.assertEqual(counts["handoff_mismatches"], 1)
+        # a request without a handoff, or with one that does not parse, is served as any other
+        d_sched.get_num_new_matched_tokens(decode("bad", prompt, {"blocks": "many"}), 0)
+        self.assertEqual(counts["handoffs_in"], 3)
+
     def test_stats_reach_vllm_and_add_up_across_workers(self):
         a = kv.KVCacheStoreStats(data={"loaded_blocks": 2, "saved_blocks": 1})
         b = kv.KVCacheStoreConnector.build_kv_connector_stats({"loaded_blocks": 3})

@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::objects::{Object, ObjectState, charge};
+use super::objects::{Object, ObjectState, Resident, charge};
 use super::placement::aligned;
 use super::state::State;
 use crate::error::{ErrorCode, Result, StoreError};
@@ -39,8 +39,8 @@ pub const LEDGER_WAIT: Duration = Duration::from_secs(5);
 impl State {
     /// Refuses a mount that reports holdings while this term has no ledger yet (for at most
     /// [`LEDGER_WAIT`] into the term).
-    pub(super) fn check_ledger_for(&self, holdings: &[Holding], now: Instant) -> Result<()> {
-        if holdings.is_empty() || self.ledger_known || now.saturating_duration_since(self.started) >= LEDGER_WAIT {
+    pub(super) fn check_ledger_for(&self, holdings: usize, now: Instant) -> Result<()> {
+        if holdings == 0 || self.ledger_known || now.saturating_duration_since(self.started) >= LEDGER_WAIT {
             return Ok(());
         }
         Err(StoreError::new(
@@ -50,7 +50,7 @@ impl State {
                  hand over; retry in a moment (the controllers send the ledger on their first sight of a new term; \
                  after {} s the leader adopts without it)",
                 self.epoch,
-                holdings.len(),
+                holdings,
                 LEDGER_WAIT.as_secs()
             ),
         ))
@@ -101,25 +101,13 @@ impl State {
     /// `place` is the holding's place in its report (least recently used first): it orders values
     /// last used within the same millisecond.
     fn adopt_one(&mut self, member_id: u64, h: &Holding, place: u64, now: Instant) -> Option<(u64, Tag)> {
-        if h.size == 0 || h.size > self.cfg.max_value_size || h.epoch > self.epoch {
-            return None;
-        }
         let placed = Placed {
             offset: h.offset,
             size: h.size,
             epoch: h.epoch,
         };
-        if !self.seal_key.verifies(&h.tag, &placed, &h.seal) {
-            return None;
-        }
-        let tag = Tag::decode(&h.tag)?;
-        Self::check_key(&tag.key).ok()?;
-        let t = self.tenants.get(&tag.tenant)?;
-        let same_layout = match &t.layout {
-            Some(l) => l.block_size == tag.block_size && l.dtype == tag.dtype,
-            None => tag.block_size == 0 && tag.dtype.is_empty(),
-        };
-        if !same_layout || t.uid != tag.uid || t.objects.contains_key(&tag.key) {
+        let tag = self.vouched(&h.tag, &placed, &h.seal)?;
+        if self.tenants.get(&tag.tenant)?.objects.contains_key(&tag.key) {
             return None;
         }
         let len = aligned(h.size);
@@ -137,8 +125,12 @@ impl State {
         let object = Object {
             member: member_id,
             mount_id,
-            offset: h.offset,
-            allocation,
+            memory: Some(Resident {
+                offset: h.offset,
+                allocation,
+                ready: true,
+            }),
+            disk: None,
             size: h.size,
             len,
             charge: charge(len, &tag.key),
@@ -152,5 +144,26 @@ impl State {
         self.adopted.objects += 1;
         self.adopted.bytes += h.size;
         Some((allocation, tag))
+    }
+
+    /// The tag of a value a member hands over, when this term can stand behind it: a size this
+    /// leader takes, an epoch not after its own, a seal of the backend's leaders over exactly this
+    /// tag and placement, a valid key, and a tenant of this term's ledger held by the same
+    /// Binding with the same block layout (`placed` is what the seal names).
+    pub(super) fn vouched(&self, tag: &[u8], placed: &Placed, seal: &[u8]) -> Option<Tag> {
+        if placed.size == 0 || placed.size > self.cfg.max_value_size || placed.epoch > self.epoch {
+            return None;
+        }
+        if !self.seal_key.verifies(tag, placed, seal) {
+            return None;
+        }
+        let tag = Tag::decode(tag)?;
+        Self::check_key(&tag.key).ok()?;
+        let t = self.tenants.get(&tag.tenant)?;
+        let same_layout = match &t.layout {
+            Some(l) => l.block_size == tag.block_size && l.dtype == tag.dtype,
+            None => tag.block_size == 0 && tag.dtype.is_empty(),
+        };
+        (same_layout && t.uid == tag.uid).then_some(tag)
     }
 }

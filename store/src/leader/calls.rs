@@ -3,6 +3,8 @@
 //! here, and encode what it returns. Each takes the leader's lock once and allocates nothing
 //! beyond its reply. A removal's answer waits, outside the lock, until the members applied what
 //! they were told ([`Durable`]): a value a client removed does not come back after a failover.
+//! A get of a value only on a member's disk tier waits, outside the lock, for the member to load
+//! it ([`Step::Wait`]), then looks again.
 
 use std::time::{Duration, Instant};
 
@@ -26,8 +28,55 @@ pub fn put_revoke(leader: &Leader, r: PutRevokeRequest) -> Result<PutRevokeRespo
     Ok(PutRevokeResponse {})
 }
 
-pub fn get(leader: &Leader, r: GetRequest, now: Instant) -> Result<GetResponse> {
+/// A get's or batch get's answer, or the loads from members' disk tiers it waits for first
+/// (`tiered.rs`); then it is asked again ([`get_loaded`], [`batch_get_loaded`]).
+#[derive(Debug)]
+pub enum Step<T> {
+    Done(T),
+    Wait(Loads),
+}
+
+/// Values on their way from members' disk tiers into memory.
+#[derive(Debug)]
+pub struct Loads(Vec<Applied>);
+
+impl Loads {
+    /// Resolves once every member applied its loads, at most a few heartbeat intervals (a value
+    /// still not in memory then is a miss).
+    pub async fn wait(self, leader: &Leader) {
+        let within = leader.with(|s| s.cfg.heartbeat_interval()) * 4 + Duration::from_millis(100);
+        let all = futures::future::join_all(self.0.into_iter().map(Applied::wait));
+        if tokio::time::timeout(within, all).await.is_err() {
+            tracing::warn!("a member did not load a value from its disk tier within {within:?}; answered a miss");
+        }
+    }
+}
+
+pub fn get(leader: &Leader, r: &GetRequest, now: Instant) -> Result<Step<GetResponse>> {
+    leader.serving(|s| {
+        let loads = s.start_loads(r.scope.as_ref(), std::slice::from_ref(&r.key), now)?;
+        if loads.is_empty() {
+            s.get(r.scope.as_ref(), &r.key, now).map(Step::Done)
+        } else {
+            Ok(Step::Wait(Loads(loads)))
+        }
+    })
+}
+
+/// A get's second look, once its loads were applied.
+pub fn get_loaded(leader: &Leader, r: &GetRequest, now: Instant) -> Result<GetResponse> {
     leader.serving(|s| s.get(r.scope.as_ref(), &r.key, now))
+}
+
+/// [`get`] and, after its loads, [`get_loaded`].
+pub async fn get_waiting(leader: &Leader, r: GetRequest, now: Instant) -> Result<GetResponse> {
+    match get(leader, &r, now)? {
+        Step::Done(g) => Ok(g),
+        Step::Wait(loads) => {
+            loads.wait(leader).await;
+            get_loaded(leader, &r, Instant::now())
+        }
+    }
 }
 
 pub fn exists(leader: &Leader, r: ExistsRequest, now: Instant) -> Result<ExistsResponse> {
@@ -88,13 +137,39 @@ pub fn batch_exists(leader: &Leader, r: BatchExistsRequest, now: Instant) -> Res
     Ok(BatchExistsResponse { exists })
 }
 
-pub fn batch_get(leader: &Leader, r: BatchGetRequest, now: Instant) -> Result<BatchGetResponse> {
-    let results = leader.serving(|s| {
-        r.keys
-            .iter()
-            .map(|k| s.get(r.scope.as_ref(), k, now))
-            .collect::<Result<Vec<_>>>()
-    })?;
+pub fn batch_get(leader: &Leader, r: &BatchGetRequest, now: Instant) -> Result<Step<BatchGetResponse>> {
+    leader.serving(|s| {
+        let loads = s.start_loads(r.scope.as_ref(), &r.keys, now)?;
+        if loads.is_empty() {
+            batch_look(s, r, now).map(Step::Done)
+        } else {
+            Ok(Step::Wait(Loads(loads)))
+        }
+    })
+}
+
+/// A batch get's second look, once its loads were applied.
+pub fn batch_get_loaded(leader: &Leader, r: &BatchGetRequest, now: Instant) -> Result<BatchGetResponse> {
+    leader.serving(|s| batch_look(s, r, now))
+}
+
+/// [`batch_get`] and, after its loads, [`batch_get_loaded`].
+pub async fn batch_get_waiting(leader: &Leader, r: BatchGetRequest, now: Instant) -> Result<BatchGetResponse> {
+    match batch_get(leader, &r, now)? {
+        Step::Done(g) => Ok(g),
+        Step::Wait(loads) => {
+            loads.wait(leader).await;
+            batch_get_loaded(leader, &r, Instant::now())
+        }
+    }
+}
+
+fn batch_look(s: &mut State, r: &BatchGetRequest, now: Instant) -> Result<BatchGetResponse> {
+    let results = r
+        .keys
+        .iter()
+        .map(|k| s.get(r.scope.as_ref(), k, now))
+        .collect::<Result<Vec<_>>>()?;
     Ok(BatchGetResponse { results })
 }
 

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Leader, calls};
 use crate::error::{ErrorCode, StoreError};
+use crate::proto::{BatchGetRequest, GetRequest};
 use crate::spin::HotWindow;
 use crate::tls::{Conn, ServerTls};
 
@@ -158,8 +159,8 @@ async fn connection(mut s: Conn, leader: &Leader, hot: &HotWindow) -> std::io::R
                     return send(&mut s, &out).await;
                 }
             }
-        } else if let Some(durable) = answer(leader, method, &body, &mut out) {
-            durable.wait(leader).await;
+        } else if let Some(after) = answer(leader, method, &body, &mut out) {
+            after.finish(leader, &mut out).await;
         }
         send(&mut s, &out).await?;
         // the same client's next call usually follows within microseconds
@@ -195,9 +196,43 @@ fn greet(leader: &Leader, method: u8, body: &[u8]) -> Result<(crate::protocol::S
     Ok((server_hello(), hello.credential))
 }
 
+/// What must happen before a reply is sent (`calls.rs`).
+#[derive(Debug)]
+pub enum After {
+    /// a removal's: the members applied the frees (`out` holds the reply)
+    Durable(calls::Durable),
+    /// a get's: the values it asked for were loaded from disk; then it looks again and the
+    /// reply is written
+    Get(GetRequest, calls::Loads),
+    BatchGet(BatchGetRequest, calls::Loads),
+}
+
+impl After {
+    /// Waits, and for a get writes its reply (or its refusal) into `out`.
+    pub async fn finish(self, leader: &Leader, out: &mut BytesMut) {
+        let replied = match self {
+            After::Durable(d) => {
+                d.wait(leader).await;
+                Ok(())
+            }
+            After::Get(r, loads) => {
+                loads.wait(leader).await;
+                calls::get_loaded(leader, &r, Instant::now()).and_then(|a| reply(out, &a))
+            }
+            After::BatchGet(r, loads) => {
+                loads.wait(leader).await;
+                calls::batch_get_loaded(leader, &r, Instant::now()).and_then(|a| reply(out, &a))
+            }
+        };
+        if let Err(e) = replied {
+            refusal(out, &e);
+        }
+    }
+}
+
 /// `out` = the reply frame to one request frame (`method`, `body`): its answer, or a refusal;
-/// and what must happen before it is sent (a removal's: `calls.rs`).
-pub fn answer(leader: &Leader, method: u8, body: &[u8], out: &mut BytesMut) -> Option<calls::Durable> {
+/// or what must happen before it is (complete and) sent.
+pub fn answer(leader: &Leader, method: u8, body: &[u8], out: &mut BytesMut) -> Option<After> {
     let served = match Method::from_u8(method) {
         Some(m) => dispatch(leader, m, body, out),
         None => Err(StoreError::new(
@@ -220,23 +255,32 @@ fn decode<M: Message + Default>(body: &[u8]) -> Result<M, StoreError> {
 
 /// Decodes the request, runs its call (`calls.rs`, shared with gRPC) and writes the reply frame
 /// into `out`; on an error `out` is left for the caller to overwrite with the refusal.
-fn dispatch(
-    leader: &Leader,
-    method: Method,
-    body: &[u8],
-    out: &mut BytesMut,
-) -> Result<Option<calls::Durable>, StoreError> {
+fn dispatch(leader: &Leader, method: Method, body: &[u8], out: &mut BytesMut) -> Result<Option<After>, StoreError> {
     let now = Instant::now();
     match method {
         Method::Remove => {
             let (answer, durable) = calls::remove(leader, decode(body)?, now)?;
             reply(out, &answer)?;
-            return Ok(Some(durable));
+            return Ok(Some(After::Durable(durable)));
         }
         Method::BatchRemove => {
             let (answer, durable) = calls::batch_remove(leader, decode(body)?, now)?;
             reply(out, &answer)?;
-            return Ok(Some(durable));
+            return Ok(Some(After::Durable(durable)));
+        }
+        Method::Get => {
+            let r: GetRequest = decode(body)?;
+            return match calls::get(leader, &r, now)? {
+                calls::Step::Done(answer) => reply(out, &answer).map(|()| None),
+                calls::Step::Wait(loads) => Ok(Some(After::Get(r, loads))),
+            };
+        }
+        Method::BatchGet => {
+            let r: BatchGetRequest = decode(body)?;
+            return match calls::batch_get(leader, &r, now)? {
+                calls::Step::Done(answer) => reply(out, &answer).map(|()| None),
+                calls::Step::Wait(loads) => Ok(Some(After::BatchGet(r, loads))),
+            };
         }
         _ => {}
     }
@@ -244,17 +288,15 @@ fn dispatch(
         Method::PutStart => reply(out, &calls::put_start(leader, decode(body)?, now)?),
         Method::PutCommit => reply(out, &calls::put_commit(leader, decode(body)?)?),
         Method::PutRevoke => reply(out, &calls::put_revoke(leader, decode(body)?)?),
-        Method::Get => reply(out, &calls::get(leader, decode(body)?, now)?),
         Method::Exists => reply(out, &calls::exists(leader, decode(body)?, now)?),
 
         Method::BatchExists => reply(out, &calls::batch_exists(leader, decode(body)?, now)?),
-        Method::BatchGet => reply(out, &calls::batch_get(leader, decode(body)?, now)?),
         Method::BatchPutStart => reply(out, &calls::batch_put_start(leader, decode(body)?, now)?),
         Method::BatchPutCommit => reply(out, &calls::batch_put_commit(leader, decode(body)?)?),
 
         // said once, first (`connection`); again later it changes nothing
         Method::Hello => reply(out, &crate::protocol::server_hello()),
-        Method::Remove | Method::BatchRemove => Ok(()),
+        Method::Remove | Method::BatchRemove | Method::Get | Method::BatchGet => Ok(()),
     }
     .map(|()| None)
 }

@@ -77,7 +77,9 @@ impl Store for Leader {
     }
 
     async fn get(&self, req: Request<GetRequest>) -> Reply<GetResponse> {
-        Ok(Response::new(calls::get(self, req.into_inner(), Instant::now())?))
+        Ok(Response::new(
+            calls::get_waiting(self, req.into_inner(), Instant::now()).await?,
+        ))
     }
 
     async fn exists(&self, req: Request<ExistsRequest>) -> Reply<ExistsResponse> {
@@ -99,7 +101,9 @@ impl Store for Leader {
     }
 
     async fn batch_get(&self, req: Request<BatchGetRequest>) -> Reply<BatchGetResponse> {
-        Ok(Response::new(calls::batch_get(self, req.into_inner(), Instant::now())?))
+        Ok(Response::new(
+            calls::batch_get_waiting(self, req.into_inner(), Instant::now()).await?,
+        ))
     }
 
     async fn batch_put_start(&self, req: Request<BatchPutStartRequest>) -> Reply<BatchPutStartResponse> {
@@ -134,8 +138,12 @@ impl Membership for Leader {
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {
         self.check_member(req.metadata())?;
         let r = req.into_inner();
-        let (news, interval) =
-            self.serving(|s| Ok((s.hold_heartbeat(&r, Instant::now()), s.cfg.heartbeat_interval())))?;
+        let (news, interval) = self.serving(|s| {
+            // what its tier did comes before how far it applied its notices: a failed load is
+            // reported lost in the heartbeat that acknowledges it
+            s.tier_report(&r, Instant::now());
+            Ok((s.hold_heartbeat(&r, Instant::now()), s.cfg.heartbeat_interval()))
+        })?;
         if let Some(news) = news {
             let wait = std::time::Duration::from_millis(r.wait_ms).min(interval);
             if tokio::time::timeout(wait, news.notified()).await.is_ok() {
@@ -218,6 +226,8 @@ impl Control for Leader {
             fast_port,
             adopted_objects: s.adopted.objects,
             adopted_bytes: s.adopted.bytes,
+            tier_capacity: s.tier_usage().0,
+            tier_used: s.tier_usage().1,
         })))
     }
 }

@@ -24,7 +24,7 @@ impl State {
     /// has been silent past the member TTL.
     pub fn mount(&mut self, req: &MountRequest, now: Instant) -> Result<MountResponse> {
         check_mount_request(req)?;
-        self.check_ledger_for(&req.holdings, now)?;
+        self.check_ledger_for(req.holdings.len() + req.disk_holdings.len(), now)?;
         // a process unmounted for falling behind on what it was told hands over nothing: its
         // report may hold values this leader freed
         let trusted = !self.distrusted.remove(&req.instance_id);
@@ -35,11 +35,16 @@ impl State {
         let member = new_member(req, mount_id, self.grant_key.for_mount(mount_id), now);
         self.members.insert(id, member);
         self.recompute_grants();
-        let nothing = Vec::new();
-        let holdings = if trusted { &req.holdings } else { &nothing };
+        let (holdings, disk_holdings) = if trusted {
+            (&req.holdings[..], &req.disk_holdings[..])
+        } else {
+            (&[][..], &[][..])
+        };
         let (mut adopted, mut seals) = self.adopt(id, holdings, now);
         adopted.resize(req.holdings.len(), 0);
         seals.resize(req.holdings.len(), bytes::Bytes::new());
+        let mut disk_adopted = self.adopt_disk(id, disk_holdings, now);
+        disk_adopted.resize(req.disk_holdings.len(), false);
         let kept: Vec<u64> = adopted.iter().copied().filter(|a| *a != 0).collect();
         let grant_key = self
             .members
@@ -52,6 +57,9 @@ impl State {
             capacity = req.capacity,
             held = req.holdings.len(),
             adopted = kept.len(),
+            tier_capacity = req.tier_capacity,
+            on_disk = req.disk_holdings.len(),
+            adopted_from_disk = disk_adopted.iter().filter(|a| **a).count(),
             "member mounted"
         );
         Ok(MountResponse {
@@ -62,6 +70,7 @@ impl State {
             heartbeat_interval_ms: self.cfg.heartbeat_interval().as_millis() as u64,
             epoch: self.epoch,
             grant_key: grant_key.into(),
+            disk_adopted,
         })
     }
 
@@ -118,6 +127,7 @@ impl State {
             {
                 m.last_seen = now;
                 m.notices.acknowledge(hb.applied_through);
+                self.loads_applied(hb.member_id);
                 true
             }
             _ => false,
@@ -228,6 +238,7 @@ impl State {
                 }
             }
             t.used = t.objects.values().map(|o| o.charge).sum();
+            t.disk_used = t.objects.values().filter(|o| o.disk.is_some()).map(|o| o.len).sum();
             t.log.removed(epoch, readable, super::blocks::Removal::Member);
         }
         self.recompute_grants();
@@ -261,6 +272,18 @@ fn check_mount_request(req: &MountRequest) -> Result<()> {
             ),
         ));
     }
+    // every record takes at least one 4 KiB block of the tier
+    let most = req.tier_capacity / 4096;
+    if req.disk_holdings.len() as u64 > most {
+        return Err(StoreError::new(
+            ErrorCode::InvalidArgument,
+            format!(
+                "this mount reports {} disk holdings, and a {}-byte disk tier holds at most {most} values",
+                req.disk_holdings.len(),
+                req.tier_capacity
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -275,6 +298,10 @@ fn new_member(req: &MountRequest, mount_id: u64, grant_key: crate::grant::GrantK
         instance_id: req.instance_id,
         alloc: SegmentAllocator::new(req.capacity),
         objects: 0,
+        tier_capacity: req.tier_capacity,
+        tier_used: 0,
+        disk: Default::default(),
+        loading: Default::default(),
         last_seen: now,
         notices: Default::default(),
         grant_key,

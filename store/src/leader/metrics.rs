@@ -32,6 +32,8 @@ struct Snapshot {
     totals: Counters,
     /// (name, capacity, used)
     segments: Vec<(String, u64, u64)>,
+    /// the members' disk tiers: (name, capacity, used), for members with one
+    tiers: Vec<(String, u64, u64)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +41,7 @@ struct TenantRow {
     ceiling: u64,
     grant: u64,
     used: u64,
+    disk_used: u64,
     objects: u64,
     counters: Counters,
 }
@@ -49,6 +52,7 @@ impl TenantRow {
             ceiling: t.ceiling,
             grant: t.grant,
             used: t.used,
+            disk_used: t.disk_used,
             objects: t.objects.len() as u64,
             counters: t.counters,
         }
@@ -68,6 +72,12 @@ impl Snapshot {
                 .members
                 .values()
                 .map(|m| (m.name.clone(), m.alloc.capacity(), m.alloc.used()))
+                .collect(),
+            tiers: s
+                .members
+                .values()
+                .filter(|m| m.tier_capacity > 0)
+                .map(|m| (m.name.clone(), m.tier_capacity, m.tier_used))
                 .collect(),
         }
     }
@@ -145,7 +155,7 @@ fn labelled<'a>(
 
 type TenantFamily = (&'static str, &'static str, Option<Unit>, bool, fn(&TenantRow) -> u64);
 
-const TENANT_FAMILIES: [TenantFamily; 9] = [
+const TENANT_FAMILIES: [TenantFamily; 12] = [
     (
         "kvstore_tenant_ceiling",
         "requested ceiling",
@@ -163,7 +173,28 @@ const TENANT_FAMILIES: [TenantFamily; 9] = [
     ("kvstore_tenant_used", "bytes charged", Some(Unit::Bytes), false, |t| {
         t.used
     }),
+    (
+        "kvstore_tenant_disk_used",
+        "bytes of its values' copies on disk tiers",
+        Some(Unit::Bytes),
+        false,
+        |t| t.disk_used,
+    ),
     ("kvstore_tenant_objects", "objects", None, false, |t| t.objects),
+    (
+        "kvstore_tenant_loads",
+        "values read back from a disk tier for a get",
+        None,
+        true,
+        |t| t.counters.loads,
+    ),
+    (
+        "kvstore_tenant_load_failures",
+        "reads back from a disk tier that found the copy missing or damaged",
+        None,
+        true,
+        |t| t.counters.load_failures,
+    ),
     ("kvstore_tenant_puts", "committed puts", None, true, |t| t.counters.puts),
     ("kvstore_tenant_gets", "get requests", None, true, |t| t.counters.gets),
     ("kvstore_tenant_misses", "gets that found nothing", None, true, |t| {
@@ -233,6 +264,7 @@ impl Collector for LeaderCollector {
             "puts refused with TENANT_QUOTA_EXCEEDED",
             t.quota_refusals,
         )?;
+        encode_tiers(&mut e, &s)?;
         labelled(
             &mut e,
             ("kvstore_member_capacity", "capacity per member", bytes),
@@ -248,4 +280,46 @@ impl Collector for LeaderCollector {
             s.segments.iter().map(|(n, _, u)| (n.as_str(), *u)),
         )
     }
+}
+
+/// The disk tiers' counters and, per member with one, its capacity and usage.
+fn encode_tiers(e: &mut Enc<'_>, s: &Snapshot) -> Result<(), std::fmt::Error> {
+    let (t, bytes) = (&s.totals, Some(&Unit::Bytes));
+    counter(
+        e,
+        "kvstore_demotions",
+        "values whose memory was freed while a disk copy kept them",
+        t.demotions,
+    )?;
+    counter(
+        e,
+        "kvstore_loads",
+        "values read back from a disk tier for a get",
+        t.loads,
+    )?;
+    counter(
+        e,
+        "kvstore_load_failures",
+        "reads back from a disk tier that found the copy missing or damaged (a miss; the value is dropped)",
+        t.load_failures,
+    )?;
+    labelled(
+        e,
+        ("kvstore_member_tier_capacity", "disk tier capacity per member", bytes),
+        "member",
+        false,
+        s.tiers.iter().map(|(n, c, _)| (n.as_str(), *c)),
+    )?;
+    labelled(
+        e,
+        (
+            "kvstore_member_tier_used",
+            "bytes of records on each member's disk tier",
+            bytes,
+        ),
+        "member",
+        false,
+        s.tiers.iter().map(|(n, _, u)| (n.as_str(), *u)),
+    )?;
+    Ok(())
 }

@@ -7,7 +7,7 @@
 //! `Store` call, shared by both faces), `service` (the gRPC faces), `front` (what a gRPC call shows before its body is read), `fastport` (the framed
 //! metadata port), `ledger` (tenant validation, grants), `tenants` (the ledger applied),
 //! `status` (read-outs), `adoption` (a new term takes over what its members hold), `blocks` (KV events: `WatchBlocks`), `objects` (per-value and per-tenant records), `clients` (each caller's counters), `placement` (free space,
-//! segment choice), `eviction`, `members` (mount, heartbeat, liveness), `notices` (what each member must be told), `metrics` (the collector).
+//! segment choice), `eviction`, `tiered` (members' disk tiers: copies, loads, adoption), `members` (mount, heartbeat, liveness), `notices` (what each member must be told), `metrics` (the collector).
 
 mod adoption;
 pub mod blocks;
@@ -33,6 +33,7 @@ mod tenants;
 mod term;
 #[cfg(test)]
 mod tests;
+mod tiered;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,6 +1,8 @@
-//! A mounted member as the leader keeps it: where it serves, its segment's allocator, what it
-//! has not been told yet, and the grant key of its mount.
+//! A mounted member as the leader keeps it: where it serves, its segment's allocator, its disk
+//! tier's copies and the loads on their way, what it has not been told yet, and the grant key of
+//! its mount.
 
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use super::placement::SegmentAllocator;
@@ -18,7 +20,17 @@ pub struct Mounted {
     /// refused (0: a member that sent none)
     pub instance_id: u64,
     pub alloc: SegmentAllocator,
+    /// values with bytes in its segment (reserved, committed, or being loaded)
     pub objects: u64,
+    /// the most bytes of records its disk tier may hold (0: it has none)
+    pub tier_capacity: u64,
+    /// bytes of records its tier holds, as its last heartbeat said
+    pub tier_used: u64,
+    /// each disk copy the tier holds for a value this leader knows: (tenant, key) by disk id
+    pub disk: HashMap<u64, (String, String)>,
+    /// loads queued for it, in notice order: each value is readable once the member applied its
+    /// notice (`State::heartbeat`)
+    pub loading: VecDeque<Loading>,
     pub last_seen: Instant,
     /// the seals of values committed and the ranges freed that the member has not been told yet
     /// (`notices.rs`)
@@ -26,4 +38,15 @@ pub struct Mounted {
     /// this mount's grant key, derived from the term's (`grant.rs`): every range of it is signed
     /// with it, and it signs nothing another member accepts
     pub grant_key: crate::grant::GrantKey,
+}
+
+/// A value on its way from a member's disk tier into its memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loading {
+    /// the number of its `Notice::Load`
+    pub notice: u64,
+    pub tenant: String,
+    pub key: String,
+    /// the allocation it is loaded under
+    pub allocation: u64,
 }

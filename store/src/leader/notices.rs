@@ -1,6 +1,8 @@
 //! What a leader must tell each member about the values it holds, in order: the seal of each value
-//! committed (only a sealed value is handed to a next leader) and each range freed (removed,
-//! evicted, dropped, reclaimed: no longer to be handed over). Each notice is numbered; a heartbeat
+//! committed (only a sealed value is handed to a next leader), each range freed (removed,
+//! evicted, dropped, reclaimed: no longer to be handed over), and for a member with a disk tier
+//! each disk copy to remove and each to load into memory (a get of a value only on disk waits
+//! for the member to have applied its load). Each notice is numbered; a heartbeat
 //! answer carries the oldest ones (at most [`PER_ANSWER`]) and the number of the last
 //! (`HeartbeatResponse.through`), and the member's next heartbeat says how far it applied them
 //! (`HeartbeatRequest.applied_through`).
@@ -33,7 +35,7 @@ pub const PER_ANSWER: usize = 65_536;
 pub const QUEUED: usize = 1 << 20;
 
 /// One thing a member must be told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
     Sealed {
         offset: u64,
@@ -43,6 +45,18 @@ pub enum Notice {
     Freed {
         offset: u64,
         allocation: u64,
+    },
+    /// Remove a disk copy (its value is gone).
+    DiskFreed {
+        disk_id: u64,
+    },
+    /// Read a disk copy into the range, as the allocation, sealed.
+    Load {
+        disk_id: u64,
+        offset: u64,
+        allocation: u64,
+        seal: [u8; MAC_LEN],
+        tag: Arc<[u8]>,
     },
 }
 
@@ -120,6 +134,29 @@ impl Notices {
         self.push(Notice::Freed { offset, allocation });
     }
 
+    /// Queues the removal of a disk copy.
+    pub fn disk_freed(&mut self, disk_id: u64) {
+        self.push(Notice::DiskFreed { disk_id });
+    }
+
+    /// Queues the load of a disk copy into a range of memory (a get waits for it: [`Notices::hurry`]);
+    /// returns the notice's number.
+    pub fn load(&mut self, disk_id: u64, offset: u64, allocation: u64, seal: [u8; MAC_LEN], tag: Arc<[u8]>) -> u64 {
+        self.push(Notice::Load {
+            disk_id,
+            offset,
+            allocation,
+            seal,
+            tag,
+        });
+        self.queued
+    }
+
+    /// How far the member applied them.
+    pub fn applied_through(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
     /// Marks what is queued as awaited (a removal's answer waits for it): a held heartbeat answers
     /// without gathering more.
     pub fn hurry(&mut self) {
@@ -187,6 +224,20 @@ impl Notices {
                 Notice::Freed { offset, allocation } => {
                     answer.freed_offsets.push(offset);
                     answer.freed_allocations.push(allocation);
+                }
+                Notice::DiskFreed { disk_id } => answer.disk_freed.push(disk_id),
+                Notice::Load {
+                    disk_id,
+                    offset,
+                    allocation,
+                    seal,
+                    tag,
+                } => {
+                    answer.load_disk_ids.push(disk_id);
+                    answer.load_offsets.push(offset);
+                    answer.load_allocations.push(allocation);
+                    answer.load_seals.push(bytes::Bytes::copy_from_slice(&seal));
+                    answer.load_tags.push(bytes::Bytes::copy_from_slice(&tag));
                 }
             }
         }

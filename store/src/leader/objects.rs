@@ -5,7 +5,9 @@
 //! allocated length plus [`OBJECT_OVERHEAD`] plus its key's length ([`charge`]). So a grant
 //! bounds the objects a tenant can hold, and with them the leader's heap, however small its
 //! values and long its keys: a 1 GiB grant of 64-byte values under 4 KiB keys is about 236,000
-//! objects, not 16 million.
+//! objects, not 16 million. A value only on a member's disk tier is charged nothing there: its
+//! bytes count against the tenant's share of the disk tiers instead (`tiered.rs`), and the tiers'
+//! record granularity (4 KiB) bounds how many such values the leader keeps.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -34,19 +36,33 @@ pub fn charge(len: u64, key: &str) -> u64 {
     len + OBJECT_OVERHEAD + key.len() as u64
 }
 
-/// One value's metadata.
+/// Where a value's bytes are in its member's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resident {
+    pub offset: u64,
+    /// the leader's number for this placement (`grant.rs`), in every grant of the object
+    pub allocation: u64,
+    /// `false` while the member reads the value back from its disk tier into the range
+    /// (`Notice::Load`): a reader waits until the member applied the load
+    pub ready: bool,
+}
+
+/// One value's metadata. Its bytes are in its member's memory, on its member's disk tier, or
+/// both (never neither: a value that leaves both is forgotten).
 #[derive(Debug, Clone)]
 pub struct Object {
     pub member: u64,
     pub mount_id: u64,
-    pub offset: u64,
-    /// the leader's number for this placement (`grant.rs`), in every grant of the object
-    pub allocation: u64,
+    /// its bytes in the member's segment (`None`: only its disk copy holds them)
+    pub memory: Option<Resident>,
+    /// its copy on the member's disk tier (the tier's number for the record)
+    pub disk: Option<u64>,
     /// the value's size in bytes
     pub size: u64,
     /// the allocated length: `size` rounded up to the allocation granularity
     pub len: u64,
-    /// what its tenant is charged ([`charge`])
+    /// what its tenant's grant is charged now: [`charge`] with bytes in memory, 0 only on disk
+    /// (its disk bytes count against the tenant's share of the disk tiers: `tiered.rs`)
     pub charge: u64,
     pub state: ObjectState,
     /// protected from eviction and removal until then
@@ -60,6 +76,16 @@ impl Object {
     pub fn evictable(&self, now: Instant) -> bool {
         self.state == ObjectState::Committed && self.lease_until <= now
     }
+
+    /// Its bytes are in memory, readable now.
+    pub fn readable_in_memory(&self) -> bool {
+        self.memory.is_some_and(|r| r.ready)
+    }
+
+    /// Bytes of its member's segment it takes (0 only on disk).
+    pub fn memory_len(&self) -> u64 {
+        if self.memory.is_some() { self.len } else { 0 }
+    }
 }
 
 /// Counters kept per tenant (and, summed, for the whole store).
@@ -72,6 +98,12 @@ pub struct Counters {
     pub misses: u64,
     pub evictions: u64,
     pub quota_refusals: u64,
+    /// values whose memory was freed while their disk copy kept them
+    pub demotions: u64,
+    /// values read back from a disk tier for a get
+    pub loads: u64,
+    /// loads that found their disk copy missing or damaged (the value was dropped)
+    pub load_failures: u64,
 }
 
 /// One tenant: its ledger entry, grant, charge and key space.
@@ -91,6 +123,9 @@ pub struct Tenant {
     pub limited_by: crate::proto::GrantLimit,
     /// bytes charged: every reserved and committed object's `charge`
     pub used: u64,
+    /// bytes of its values' disk copies (their allocated lengths), counted apart from `used`
+    /// against its share of the disk tiers
+    pub disk_used: u64,
     pub objects: HashMap<String, Object>,
     pub counters: Counters,
     /// the same counters per caller that names itself

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::blocks::Removal;
 use super::clients::Use;
-use super::objects::{Object, ObjectState};
+use super::objects::{Object, ObjectState, Resident};
 use super::placement::{self, aligned};
 use super::state::{EVICTION_BATCH, State, client, internal};
 use crate::error::{ErrorCode, Result, StoreError};
@@ -38,7 +38,7 @@ impl State {
         let (put_id, object) = self.reserve(placed, size, charge, tick, now);
         let write_deadline_unix_ms = unix_ms_after(self.cfg.put_ttl);
         let tag = self.tag(&tenant, key);
-        let location = self.location(&object, object.member, Access::Write, write_deadline_unix_ms, tag);
+        let location = self.location(&object, Access::Write, write_deadline_unix_ms, tag);
         self.hold(&tenant, key, object)?;
         Ok(PutStartResponse {
             already_exists: false,
@@ -95,8 +95,12 @@ impl State {
         let object = Object {
             member: member_id,
             mount_id,
-            offset,
-            allocation,
+            memory: Some(Resident {
+                offset,
+                allocation,
+                ready: true,
+            }),
+            disk: None,
             size,
             len: aligned(size),
             charge,
@@ -200,12 +204,15 @@ impl State {
         let placed = match t.objects.get_mut(key) {
             Some(o) if o.state == ObjectState::Committed => return Ok(()),
             Some(o) if matches!(o.state, ObjectState::Reserved { put_id: p, .. } if p == put_id) => {
+                let Some(r) = o.memory else {
+                    return Err(internal("a reserved value without memory"));
+                };
                 o.state = ObjectState::Committed;
                 o.last_used = tick;
                 t.counters.puts += 1;
                 t.clients.count(client(scope), tick, Use::Put);
                 t.log.stored(epoch, key, o.size);
-                (o.member, o.mount_id, o.offset, o.allocation, o.size)
+                (o.member, o.mount_id, r.offset, r.allocation, o.size)
             }
             _ => {
                 return Err(StoreError::new(

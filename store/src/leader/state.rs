@@ -11,6 +11,7 @@ use super::blocks::Removal;
 use super::clients::Use;
 use super::ledger::DEFAULT_TENANT;
 pub use super::mounted::Mounted;
+use super::notices::Applied;
 use super::objects::{Counters, Object, ObjectState, Tenant};
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::{GetResponse, Location, Scope};
@@ -119,6 +120,13 @@ impl State {
         self.members.values().map(|m| m.alloc.used()).sum()
     }
 
+    /// The most bytes the members' disk tiers may hold, and what they hold.
+    pub fn tier_usage(&self) -> (u64, u64) {
+        self.members
+            .values()
+            .fold((0, 0), |(c, u), m| (c + m.tier_capacity, u + m.tier_used))
+    }
+
     pub fn object_count(&self) -> u64 {
         self.tenants.values().map(|t| t.objects.len() as u64).sum()
     }
@@ -141,40 +149,41 @@ impl State {
         self.tick
     }
 
-    /// Where `o` is, granted for `access` until `deadline_unix_ms` (signed: `grant.rs`); a write
-    /// names its value's `tag` (empty for a read).
+    /// Where `o`'s bytes are in memory, granted for `access` until `deadline_unix_ms` (signed:
+    /// `grant.rs`); a write names its value's `tag` (empty for a read). `None` when they are not in
+    /// memory or its member is gone.
     pub(super) fn location(
         &self,
         o: &Object,
-        member_id: u64,
         access: crate::grant::Access,
         deadline_unix_ms: u64,
         tag: Vec<u8>,
     ) -> Option<Location> {
-        let m = self.members.get(&member_id)?;
+        let r = o.memory?;
+        let m = self.members.get(&o.member)?;
         let grant_mac = m.grant_key.sign(
             &crate::grant::Range {
                 access,
                 mount_id: o.mount_id,
                 epoch: self.epoch,
-                allocation: o.allocation,
-                offset: o.offset,
+                allocation: r.allocation,
+                offset: r.offset,
                 len: o.size,
                 deadline_unix_ms,
             },
             &tag,
         );
         Some(Location {
-            member_id,
+            member_id: o.member,
             data_addr: m.data_addr.clone(),
             grpc_addr: m.grpc_addr.clone(),
             mount_id: o.mount_id,
-            offset: o.offset,
+            offset: r.offset,
             len: o.size,
             epoch: self.epoch,
             local_addr: m.local_addr.clone(),
             grant_mac: grant_mac.into(),
-            allocation: o.allocation,
+            allocation: r.allocation,
             tag: tag.into(),
         })
     }
@@ -204,7 +213,8 @@ impl State {
         self.adopted
     }
 
-    /// Where a committed value is, granting (or extending) its read lease.
+    /// Where a committed value is in memory, granting (or extending) its read lease; a value only
+    /// on its member's disk tier is a miss here ([`State::start_loads`] brings it back first).
     pub fn get(&mut self, scope: Option<&Scope>, key: &str, now: Instant) -> Result<GetResponse> {
         let tenant = self.tenant_name(scope)?;
         let tick = self.next_tick();
@@ -214,7 +224,11 @@ impl State {
             .get_mut(&tenant)
             .ok_or_else(|| internal("tenant vanished"))?;
         t.counters.gets += 1;
-        let Some(o) = t.objects.get_mut(key).filter(|o| o.state == ObjectState::Committed) else {
+        let Some(o) = t
+            .objects
+            .get_mut(key)
+            .filter(|o| o.state == ObjectState::Committed && o.readable_in_memory())
+        else {
             t.counters.misses += 1;
             t.clients.count(client(scope), tick, Use::Get { hit: false });
             return Ok(GetResponse::default());
@@ -225,19 +239,35 @@ impl State {
         o.last_used = tick;
         let o = o.clone();
         let lease_deadline_unix_ms = now_unix_ms().saturating_add(ttl.as_millis() as u64);
-        let location = self.location(
-            &o,
-            o.member,
-            crate::grant::Access::Read,
-            lease_deadline_unix_ms,
-            Vec::new(),
-        );
+        let location = self.location(&o, crate::grant::Access::Read, lease_deadline_unix_ms, Vec::new());
         Ok(GetResponse {
             found: location.is_some(),
             location,
             lease_deadline_unix_ms,
             lease_ttl_ms: ttl.as_millis() as u64,
         })
+    }
+
+    /// Starts loading into memory those of `keys` that are committed but only on their member's
+    /// disk tier (or finds their loads on the way), each leased meanwhile: what a get waits for
+    /// before it looks (`calls.rs`). Empty when every one is in memory or absent.
+    pub fn start_loads(&mut self, scope: Option<&Scope>, keys: &[String], now: Instant) -> Result<Vec<Applied>> {
+        let tenant = self.tenant_name(scope)?;
+        let ttl = self.cfg.read_lease_ttl;
+        let mut waits = Vec::new();
+        for key in keys {
+            let Some(o) = self
+                .tenants
+                .get_mut(&tenant)
+                .and_then(|t| t.objects.get_mut(key))
+                .filter(|o| o.state == ObjectState::Committed && !o.readable_in_memory())
+            else {
+                continue;
+            };
+            o.lease_until = o.lease_until.max(now + ttl);
+            waits.extend(self.load_from_disk(&tenant, key, now));
+        }
+        Ok(waits)
     }
 
     /// Whether a committed value exists; like the reference, a hit also grants a read lease.
@@ -302,22 +332,31 @@ impl State {
         self.members.get(&member).is_some_and(|m| m.notices.urgent())
     }
 
-    /// Forgets an object and returns its space and charge; a readable one is reported as
-    /// removed for `why`.
+    /// Forgets an object and returns its space and charge (in memory and on disk); a readable
+    /// one is reported as removed for `why`.
     pub(super) fn drop_object(&mut self, tenant: &str, key: &str, why: Removal) -> Option<Object> {
         let epoch = self.epoch;
         let t = self.tenants.get_mut(tenant)?;
         let o = t.objects.remove(key)?;
         t.used = t.used.saturating_sub(o.charge);
+        if o.disk.is_some() {
+            t.disk_used = t.disk_used.saturating_sub(o.len);
+        }
         if o.state == ObjectState::Committed {
             t.log.removed(epoch, vec![key.to_owned()], why);
         }
         if let Some(m) = self.members.get_mut(&o.member)
             && m.mount_id == o.mount_id
         {
-            m.alloc.release(o.offset, o.len);
-            m.objects = m.objects.saturating_sub(1);
-            m.notices.freed(o.offset, o.allocation);
+            if let Some(r) = o.memory {
+                m.alloc.release(r.offset, o.len);
+                m.objects = m.objects.saturating_sub(1);
+                m.notices.freed(r.offset, r.allocation);
+            }
+            if let Some(d) = o.disk {
+                m.disk.remove(&d);
+                m.notices.disk_freed(d);
+            }
         }
         Some(o)
     }

@@ -30,6 +30,11 @@ impl State {
                 pool: t.pool.clone(),
                 limited_by: t.limited_by.into(),
                 clients: t.clients.statuses(),
+                disk_used: t.disk_used,
+                on_disk_only: t.objects.values().filter(|o| o.memory.is_none()).count() as u64,
+                demotions: t.counters.demotions,
+                loads: t.counters.loads,
+                load_failures: t.counters.load_failures,
             })
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
@@ -61,6 +66,9 @@ impl State {
                 mount_id: m.mount_id,
                 last_heartbeat_ms_ago: now.saturating_duration_since(m.last_seen).as_millis() as u64,
                 same_host: !m.local_addr.is_empty(),
+                tier_capacity: m.tier_capacity,
+                tier_used: m.tier_used,
+                disk_objects: m.disk.len() as u64,
             })
             .collect()
     }
@@ -84,5 +92,8 @@ impl Counters {
         self.misses += o.misses;
         self.evictions += o.evictions;
         self.quota_refusals += o.quota_refusals;
+        self.demotions += o.demotions;
+        self.loads += o.loads;
+        self.load_failures += o.load_failures;
     }
 }

@@ -222,6 +222,7 @@ mod tests {
             instance_id: 1,
             local_addr: String::new(),
             holdings: Vec::new(),
+            ..Default::default()
         };
         assert_eq!(
             leader.serving(|s| s.mount(&mount, Instant::now())).unwrap_err().code,

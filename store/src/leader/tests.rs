@@ -8,12 +8,12 @@ use super::{AllocationStrategy, LeaderConfig};
 use crate::error::ErrorCode;
 use crate::proto::{HeartbeatRequest, MountRequest, Scope, TenantEntry};
 
-const MIB: u64 = 1 << 20;
+pub(super) const MIB: u64 = 1 << 20;
 /// Room in a ceiling for what the leader charges per object besides its bytes (its key and
 /// overhead, `objects::charge`), for the few short-keyed objects a test puts.
 const SLACK: u64 = 16 * super::objects::OBJECT_OVERHEAD;
 
-fn scope(t: &str) -> Scope {
+pub(super) fn scope(t: &str) -> Scope {
     Scope {
         tenant: t.into(),
         block_size: 64,
@@ -22,7 +22,7 @@ fn scope(t: &str) -> Scope {
     }
 }
 
-fn entry(t: &str, ceiling: u64) -> TenantEntry {
+pub(super) fn entry(t: &str, ceiling: u64) -> TenantEntry {
     TenantEntry {
         name: t.into(),
         ceiling,
@@ -32,7 +32,7 @@ fn entry(t: &str, ceiling: u64) -> TenantEntry {
     }
 }
 
-fn mount_req(name: &str, capacity: u64, instance_id: u64) -> MountRequest {
+pub(super) fn mount_req(name: &str, capacity: u64, instance_id: u64) -> MountRequest {
     MountRequest {
         name: name.into(),
         data_addr: format!("{name}:1"),
@@ -42,16 +42,17 @@ fn mount_req(name: &str, capacity: u64, instance_id: u64) -> MountRequest {
         instance_id,
         local_addr: String::new(),
         holdings: Vec::new(),
+        ..Default::default()
     }
 }
 
 /// Mounts as a fresh process (its own instance id).
-fn mount(s: &mut State, name: &str, capacity: u64, now: Instant) -> u64 {
+pub(super) fn mount(s: &mut State, name: &str, capacity: u64, now: Instant) -> u64 {
     let instance = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
     s.mount(&mount_req(name, capacity, instance), now).unwrap().member_id
 }
 
-fn hb(member_id: u64, mount_id: u64) -> HeartbeatRequest {
+pub(super) fn hb(member_id: u64, mount_id: u64) -> HeartbeatRequest {
     HeartbeatRequest {
         member_id,
         mount_id,
@@ -59,7 +60,7 @@ fn hb(member_id: u64, mount_id: u64) -> HeartbeatRequest {
     }
 }
 
-fn state(cfg: LeaderConfig) -> (State, Instant) {
+pub(super) fn state(cfg: LeaderConfig) -> (State, Instant) {
     (
         State::new(cfg, std::sync::Arc::new(crate::grant::SealKey::generate())),
         Instant::now(),
@@ -76,7 +77,7 @@ fn reaped_after_2s() -> LeaderConfig {
 }
 
 /// Reserves and commits `key`.
-fn put(s: &mut State, t: &str, key: &str, size: u64, now: Instant) -> Result<(), ErrorCode> {
+pub(super) fn put(s: &mut State, t: &str, key: &str, size: u64, now: Instant) -> Result<(), ErrorCode> {
     let r = s.put_start(Some(&scope(t)), key, size, now).map_err(|e| e.code)?;
     if !r.already_exists {
         s.put_commit(Some(&scope(t)), key, r.put_id).map_err(|e| e.code)?;
@@ -684,8 +685,8 @@ fn heartbeat_answers_name_each_range_freed_since_the_last_once() {
     }
     s.put_start(Some(&scope("t")), "abandoned", 100, t0).unwrap();
     let at = |s: &State, k: &str| {
-        let o = &s.tenants["t"].objects[k];
-        (o.offset, o.allocation)
+        let r = s.tenants["t"].objects[k].memory.unwrap();
+        (r.offset, r.allocation)
     };
     let (a, abandoned) = (at(&s, "a"), at(&s, "abandoned"));
     let answer = s.answer_heartbeat(&hb(m, mount_id), t0);

@@ -12,6 +12,28 @@ use crate::flags::{self, ConfigError, format_size, format_time, push};
 /// `--leader k8s://NAMESPACE/NAME`: follow the holder of an election Lease.
 pub const LEASE_SCHEME: &str = "k8s://";
 
+/// `--tier-watermark HIGH:LOW`: two percentages, 1 to 100, LOW below HIGH.
+fn parse_watermark(s: &str) -> Result<(u8, u8), String> {
+    let (high, low) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?} is not HIGH:LOW (two percentages, e.g. 90:80)"))?;
+    let pct = |v: &str| {
+        v.trim()
+            .parse::<u8>()
+            .ok()
+            .filter(|p| (1..=100).contains(p))
+            .ok_or_else(|| format!("{v:?} is not a percentage from 1 to 100"))
+    };
+    let (high, low) = (pct(high)?, pct(low)?);
+    if low >= high {
+        return Err(format!("the low mark {low} must be below the high mark {high}"));
+    }
+    Ok((high, low))
+}
+
+/// `--tier-file-size`'s default.
+pub const DEFAULT_TIER_FILE_SIZE: u64 = 64 << 20;
+
 /// How a member runs: every flag of `kv-store member`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct MemberConfig {
@@ -68,6 +90,35 @@ pub struct MemberConfig {
     /// "Performance"); 0 never polls.
     #[arg(long, default_value = "200us", value_parser = kvcache_units::parse_duration)]
     pub spin: Duration,
+    /// A disk tier under the segment, in this directory (which must exist, writable by the
+    /// member, and used by no other member): every committed value is copied there, a value
+    /// evicted from memory stays readable from it, and its contents are handed to the leader again
+    /// after a restart (store/README.md, "Disk tier").
+    #[arg(long)]
+    pub tier_dir: Option<PathBuf>,
+    /// Most bytes of records the disk tier holds (past it, its oldest file goes); 0: the free
+    /// space of the directory's file system when the member starts, less a sixteenth, plus what
+    /// the tier already holds.
+    #[arg(long, default_value = "0", value_parser = flags::parse_size)]
+    pub tier_capacity: u64,
+    /// Size of the disk tier's files: the unit its eviction drops (oldest first).
+    #[arg(long, default_value = "64Mi", value_parser = flags::parse_size)]
+    pub tier_file_size: u64,
+    /// Most values the disk tier holds (0: no limit but its capacity).
+    #[arg(long, default_value_t = 0)]
+    pub tier_key_limit: u64,
+    /// When the disk tier is full, copy nothing more until values are freed, instead of dropping
+    /// its oldest file.
+    #[arg(long)]
+    pub tier_keep_when_full: bool,
+    /// `HIGH:LOW` percent of the disk tier's capacity: past HIGH, its oldest files go until it
+    /// holds LOW (e.g. `90:80`).
+    #[arg(long, value_parser = parse_watermark)]
+    pub tier_watermark: Option<(u8, u8)>,
+    /// When the disk tier makes room, drop its least recently used file (appended to or read
+    /// from) instead of its oldest.
+    #[arg(long)]
+    pub tier_lru: bool,
     /// TLS on the gRPC and data ports (`--tls-cert`, `--tls-key`; `tls.rs`).
     #[command(flatten)]
     pub tls: crate::tls::ServeFlags,
@@ -95,6 +146,13 @@ impl MemberConfig {
             same_host: false,
             member_token_file: None,
             spin: crate::spin::DEFAULT_SPIN,
+            tier_dir: None,
+            tier_capacity: 0,
+            tier_file_size: DEFAULT_TIER_FILE_SIZE,
+            tier_key_limit: 0,
+            tier_keep_when_full: false,
+            tier_watermark: None,
+            tier_lru: false,
             tls: crate::tls::ServeFlags::default(),
             dial: crate::tls::DialFlags::default(),
         }
@@ -156,6 +214,39 @@ impl MemberConfig {
         if self.max_value_size == 0 {
             return Err(ConfigError::new("max-value-size", "must be greater than 0, e.g. 64Mi"));
         }
+        if self.tier_dir.is_none() {
+            for (flag, set) in [
+                ("tier-capacity", self.tier_capacity != 0),
+                ("tier-file-size", self.tier_file_size != DEFAULT_TIER_FILE_SIZE),
+                ("tier-key-limit", self.tier_key_limit != 0),
+                ("tier-keep-when-full", self.tier_keep_when_full),
+                ("tier-watermark", self.tier_watermark.is_some()),
+                ("tier-lru", self.tier_lru),
+            ] {
+                if set {
+                    return Err(ConfigError::new(
+                        flag,
+                        "goes with --tier-dir (the disk tier's directory)",
+                    ));
+                }
+            }
+        }
+        let files = crate::member::tier::MIN_FILE_SIZE..=crate::member::tier::MAX_FILE_SIZE;
+        if !files.contains(&self.tier_file_size) {
+            return Err(ConfigError::new(
+                "tier-file-size",
+                format!("must be {} to {} bytes (e.g. 64Mi)", files.start(), files.end()),
+            ));
+        }
+        if self.tier_capacity != 0 && self.tier_capacity < self.tier_file_size {
+            return Err(ConfigError::new(
+                "tier-capacity",
+                format!(
+                    "{} bytes holds not one {}-byte file of the tier (--tier-file-size); give at least that",
+                    self.tier_capacity, self.tier_file_size
+                ),
+            ));
+        }
         let unspecified = self.listen.ip().is_unspecified() || self.data_listen.ip().is_unspecified();
         if unspecified && self.advertise_host.is_none() {
             return Err(ConfigError::new(
@@ -199,6 +290,21 @@ impl MemberConfig {
             push(&mut a, "member-token-file", p.display());
         }
         push(&mut a, "spin", format_time(self.spin));
+        if let Some(d) = &self.tier_dir {
+            push(&mut a, "tier-dir", d.display());
+            push(&mut a, "tier-capacity", format_size(self.tier_capacity));
+            push(&mut a, "tier-file-size", format_size(self.tier_file_size));
+            push(&mut a, "tier-key-limit", self.tier_key_limit);
+            if self.tier_keep_when_full {
+                a.push("--tier-keep-when-full".into());
+            }
+            if let Some((high, low)) = self.tier_watermark {
+                push(&mut a, "tier-watermark", format!("{high}:{low}"));
+            }
+            if self.tier_lru {
+                a.push("--tier-lru".into());
+            }
+        }
         self.tls.to_args(&mut a);
         self.dial.to_args(&mut a);
         a
@@ -250,6 +356,13 @@ mod tests {
                 no_prefault: true,
                 same_host: true,
                 spin: Duration::from_millis(3),
+                tier_dir: Some("/var/lib/kv tier".into()),
+                tier_capacity: 3 << 30,
+                tier_file_size: 16 << 20,
+                tier_key_limit: 100_000,
+                tier_keep_when_full: true,
+                tier_watermark: Some((90, 80)),
+                tier_lru: true,
                 tls: crate::tls::ServeFlags {
                     tls_cert: Some("/etc/kv-store/tls/tls.crt".into()),
                     tls_key: Some("/etc/kv-store/tls/tls.key".into()),
@@ -279,7 +392,11 @@ mod tests {
         for n in ["leader", "capacity", "name", "no-prefault", "data-listen", "spin"] {
             assert!(names.iter().any(|f| f == n), "{n} missing from {names:?}");
         }
-        assert_eq!(names.len(), 18, "{names:?}");
+        assert_eq!(names.len(), 25, "{names:?}");
+        assert_eq!(parse_watermark("90:80"), Ok((90, 80)));
+        for bad in ["90", "80:90", "0:0", "101:50", "a:b"] {
+            assert!(parse_watermark(bad).is_err(), "{bad}");
+        }
         let e = MemberConfig::new("l:1", 0).validate().unwrap_err();
         assert_eq!(e.to_string(), "--capacity: must be greater than 0 (e.g. 8Gi)");
         let e = MemberConfig {
@@ -302,5 +419,34 @@ mod tests {
         .validate()
         .unwrap_err();
         assert_eq!(e.flag, "kubeconfig");
+        let e = MemberConfig {
+            tier_capacity: 1 << 30,
+            ..MemberConfig::new("l:1", 1)
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--tier-capacity: goes with --tier-dir (the disk tier's directory)"
+        );
+        let tiered = MemberConfig {
+            tier_dir: Some("/t".into()),
+            ..MemberConfig::new("l:1", 1)
+        };
+        tiered.validate().unwrap();
+        let e = MemberConfig {
+            tier_capacity: 1 << 20,
+            ..tiered.clone()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.flag, "tier-capacity");
+        let e = MemberConfig {
+            tier_file_size: 4096,
+            ..tiered
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.flag, "tier-file-size");
     }
 }

@@ -1,7 +1,7 @@
 //! The member's metrics, read at scrape time by a `prometheus_client` collector: readiness, the
 //! segment's capacity, what it would hand a next leader, and the transfer counters the data port
-//! and gRPC face keep on the segment (plain atomics, so the data path pays nothing for metrics).
-//! No labels.
+//! and gRPC face keep on the segment (plain atomics, so the data path pays nothing for metrics);
+//! with a disk tier, its usage and what it copied, loaded, dropped and found damaged. No labels.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -13,17 +13,69 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::segment::Segment;
+use super::tiering::Tiering;
 use crate::readiness::ReadinessHandle;
 
 /// Registers a member's collector on `registry`.
-pub fn register(segment: Arc<Segment>, readiness: ReadinessHandle, registry: &mut Registry) {
-    registry.register_collector(Box::new(MemberCollector { segment, readiness }));
+pub fn register(
+    segment: Arc<Segment>,
+    tiering: Option<Arc<Tiering>>,
+    readiness: ReadinessHandle,
+    registry: &mut Registry,
+) {
+    registry.register_collector(Box::new(MemberCollector {
+        segment,
+        tiering,
+        readiness,
+    }));
 }
 
 #[derive(Debug)]
 struct MemberCollector {
     segment: Arc<Segment>,
+    tiering: Option<Arc<Tiering>>,
     readiness: ReadinessHandle,
+}
+
+/// The disk tier's gauges and counters.
+fn encode_tier(t: &Tiering, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let (used, capacity) = t.usage();
+    for (name, help, v) in [
+        ("kvstore_member_tier_capacity", "the disk tier's capacity", capacity),
+        ("kvstore_member_tier_used", "bytes of records on the disk tier", used),
+    ] {
+        let g = ConstGauge::new(v);
+        g.encode(e.encode_descriptor(name, help, Some(&Unit::Bytes), g.metric_type())?)?;
+    }
+    let c = t.counts();
+    for (name, help, v) in [
+        ("kvstore_member_tier_copies", "values copied to the disk tier", c.copied),
+        (
+            "kvstore_member_tier_skips",
+            "sealed values not copied (freed or changed before their copy, or the queue full)",
+            c.skipped,
+        ),
+        (
+            "kvstore_member_tier_dropped",
+            "copies dropped with the tier's oldest file to make room",
+            c.dropped_full,
+        ),
+        ("kvstore_member_tier_loads", "values loaded back into memory", c.loaded),
+        (
+            "kvstore_member_tier_damaged",
+            "copies found damaged on a load (checksum or tag): dropped, never served",
+            c.damaged,
+        ),
+        (
+            "kvstore_member_tier_failures",
+            "copies or loads that failed (an I/O error, a sync that failed, a range taken)",
+            c.failed,
+        ),
+    ] {
+        let m = ConstCounter::new(v);
+        m.encode(e.encode_descriptor(name, help, None, m.metric_type())?)?;
+    }
+    Ok(())
 }
 
 impl Collector for MemberCollector {
@@ -99,6 +151,9 @@ impl Collector for MemberCollector {
             let m = ConstCounter::new(*v);
             m.encode(e.encode_descriptor(name, help, unit.as_ref(), m.metric_type())?)?;
         }
-        Ok(())
+        match &self.tiering {
+            Some(t) => encode_tier(t, &mut e),
+            None => Ok(()),
+        }
     }
 }

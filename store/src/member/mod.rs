@@ -7,7 +7,8 @@
 //! Map: `config` (the flags, [`MemberConfig`]), `mmap` (the shared memory and the only unsafe
 //! code), `segment` (transfer checks), `dataport` (framed TCP), `local` (the same-host socket:
 //! clients map the segment), `service` (gRPC `SegmentData`), `mount`
-//! (mounting, heartbeats, refusals), `metrics` (the collector), and here binding and serving.
+//! (mounting, heartbeats, refusals), `metrics` (the collector), `tier` (the disk tier under the
+//! segment: its files and their checks), and here binding and serving.
 //!
 //! Readiness: `Starting` until the segment is mounted (and again while it remounts), `Serving`
 //! while mounted, `Stopping` once the token fires. The protocol has no unmount call, so a stopped
@@ -21,6 +22,8 @@ pub mod metrics;
 pub mod mmap;
 mod mount;
 pub mod segment;
+pub mod tier;
+pub mod tiering;
 mod written;
 
 use std::net::SocketAddr;
@@ -57,6 +60,8 @@ pub struct Member {
     /// the member token (`--member-token-file`), shown on every Membership call
     token: Option<String>,
     tls: Tls,
+    /// the disk tier (`--tier-dir`)
+    tiering: Option<Arc<tiering::Tiering>>,
 }
 
 /// A member's TLS: what its gRPC and data ports serve with, and what it trusts the leader by.
@@ -83,6 +88,10 @@ impl Member {
         let tls = Tls {
             server: cfg.tls.server()?,
             client: cfg.dial.client()?,
+        };
+        let tiering = match &cfg.tier_dir {
+            Some(dir) => Some(open_tier(dir, cfg.tier_capacity, cfg.tier_file_size, tier_policy(&cfg)).await?),
+            None => None,
         };
         let segment = Arc::new(Segment::new(map_segment(&cfg)?));
         if !cfg.no_prefault {
@@ -124,6 +133,7 @@ impl Member {
             instance_id,
             token,
             tls,
+            tiering,
         })
     }
 
@@ -162,6 +172,8 @@ impl Member {
             instance_id: self.instance_id,
             local_addr: self.local_socket().unwrap_or_default(),
             holdings: Vec::new(),
+            tier_capacity: self.tiering.as_ref().map_or(0, |t| t.usage().1),
+            ..Default::default()
         }
     }
 
@@ -182,9 +194,10 @@ impl Member {
             readiness,
             token,
             tls,
+            tiering,
             ..
         } = self;
-        metrics::register(segment.clone(), readiness.clone(), &mut registry);
+        metrics::register(segment.clone(), tiering.clone(), readiness.clone(), &mut registry);
         let endpoint = metrics_listener.map(|l| spawn_metrics(l, registry, &readiness, &stop));
         tracing::info!(name = %req.name, grpc = %req.grpc_addr, data = %req.data_addr, capacity = cfg.capacity, "member serving");
         let hot = crate::spin::HotWindow::start(cfg.spin);
@@ -205,6 +218,9 @@ impl Member {
             ))
         });
         let grpc = spawn_grpc(grpc, &cfg, tls.server.as_ref(), &segment, &readiness, &stop)?;
+        let copying = tiering
+            .clone()
+            .map(|t| Task::spawn(t.run(segment.clone(), stop.clone())));
         let serving = Serving {
             grpc,
             dataport,
@@ -221,6 +237,7 @@ impl Member {
                 token.as_deref(),
                 tls.client.as_ref(),
                 &segment,
+                tiering.as_ref(),
                 &readiness,
                 &hot,
             ) => r,
@@ -228,6 +245,14 @@ impl Member {
         };
         readiness.set(Readiness::Stopping);
         stop.cancel();
+        if let Some(c) = copying {
+            // A clean stop copies what is still queued for the disk tier (the copier empties its
+            // queue before it looks at the stop; `Task::join` waits up to its drain time), with
+            // the mount still set so the copies are made: what this member held comes back from
+            // disk after a restart. A supervisor that runs out of patience kills it mid-batch; a
+            // torn record is left out at the next start.
+            c.join().await;
+        }
         // ranges of this mount are refused from here on
         segment.set_mount(0);
         let grpc_result = serving.join().await;
@@ -244,6 +269,63 @@ fn read_member_token(cfg: &MemberConfig) -> Result<Option<String>, crate::flags:
         .map(|p| crate::auth::read_token(p))
         .transpose()
         .map_err(|e| crate::flags::ConfigError::new("member-token-file", e))
+}
+
+/// Opens the disk tier in `dir` (its scan on the blocking pool): `capacity` 0 takes the file
+/// system's free space less a sixteenth, plus what the tier already holds.
+async fn open_tier(
+    dir: &std::path::Path,
+    capacity: u64,
+    file_size: u64,
+    policy: tiering::Policy,
+) -> Result<Arc<tiering::Tiering>, ServeError> {
+    let dir = dir.to_path_buf();
+    let opened = tokio::task::spawn_blocking(move || {
+        let capacity = if capacity == 0 {
+            tier::default_capacity(&dir)?
+        } else {
+            capacity
+        };
+        let cfg = tier::TierConfig {
+            dir: dir.clone(),
+            capacity,
+            file_size,
+        };
+        tier::Tier::open(&cfg)
+    })
+    .await
+    .map_err(|e| StoreError::new(ErrorCode::Internal, format!("opening the disk tier failed: {e}")))?;
+    let (tier, scan) = opened.map_err(|e| crate::flags::ConfigError::new("tier-dir", e.to_string()))?;
+    tracing::info!(
+        dir = %tier.dir().display(),
+        capacity = tier.capacity(),
+        values = scan.found.len(),
+        used = tier.used(),
+        dead = scan.dead,
+        damaged = scan.damaged,
+        torn = scan.torn,
+        emptied = scan.emptied,
+        "disk tier opened"
+    );
+    if scan.damaged > 0 || scan.torn > 0 {
+        tracing::warn!(
+            damaged = scan.damaged,
+            torn = scan.torn,
+            "the disk tier holds damaged or torn records (a crash mid-write, or a file changed behind the member's back): skipped, never served"
+        );
+    }
+    Ok(tiering::Tiering::new(tier, scan.found, policy))
+}
+
+/// How the disk tier makes room, from `--tier-key-limit`, `--tier-keep-when-full`,
+/// `--tier-watermark` and `--tier-lru`.
+fn tier_policy(cfg: &MemberConfig) -> tiering::Policy {
+    tiering::Policy {
+        key_limit: cfg.tier_key_limit,
+        evict: !cfg.tier_keep_when_full,
+        watermark: cfg.tier_watermark,
+        lru: cfg.tier_lru,
+    }
 }
 
 /// Maps the segment's shared memory (`--shm-dir`, `--capacity`); with `--same-host` it must be a

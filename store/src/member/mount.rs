@@ -36,6 +36,7 @@ use tonic::transport::Channel;
 use crate::tls::ClientTls;
 
 use super::segment::Segment;
+use super::tiering::{Load, Report, Tiering};
 use crate::election::kube::{KubeLeases, LeaseRef};
 use crate::error::{ErrorCode, StoreError};
 use crate::proto::control_client::ControlClient;
@@ -55,6 +56,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 /// recently used values are left out (freed). The leader takes Mount messages of
 /// [`MAX_MOUNT_MESSAGE`].
 pub const MAX_REPORT: usize = 48 << 20;
+/// The longest a leader may hold a heartbeat while the disk tier has copies to report.
+const REPORT_WAIT: Duration = Duration::from_millis(50);
 /// The largest Mount message a leader reads.
 pub const MAX_MOUNT_MESSAGE: usize = 64 << 20;
 
@@ -133,6 +136,7 @@ pub(super) async fn stay_mounted(
     token: Option<&str>,
     tls: Option<&ClientTls>,
     segment: &Arc<Segment>,
+    tiering: Option<&Arc<Tiering>>,
     readiness: &ReadinessHandle,
     hot: &crate::spin::HotWindow,
 ) -> Result<(), StoreError> {
@@ -152,7 +156,7 @@ pub(super) async fn stay_mounted(
             }
         };
         let mut client = MembershipClient::new(channel.clone());
-        let mounted = match mount(&mut client, &req, token, segment).await {
+        let mounted = match mount(&mut client, &req, token, segment, tiering).await {
             Ok(m) => m,
             Err(e) if e.code == ErrorCode::MemberNameTaken => {
                 name_refused(&mut refused, &channel, &req.name, e).await?;
@@ -189,6 +193,7 @@ pub(super) async fn stay_mounted(
             req.instance_id,
             token,
             segment,
+            tiering,
             hot,
         )
         .await;
@@ -234,6 +239,7 @@ async fn mount(
     req: &MountRequest,
     token: Option<&str>,
     segment: &Segment,
+    tiering: Option<&Arc<Tiering>>,
 ) -> Result<MountResponse, StoreError> {
     let mount_id = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
     let _in_flight = segment.mounting();
@@ -246,9 +252,11 @@ async fn mount(
             "some held values are not reported: their bytes changed since their write finished, or the report was full"
         );
     }
+    let disk_holdings = tiering.map(|t| t.holdings()).unwrap_or_default();
     let asked = MountRequest {
         mount_id,
         holdings,
+        disk_holdings: disk_holdings.clone(),
         ..req.clone()
     };
     let mut asked = tonic::Request::new(asked);
@@ -256,43 +264,9 @@ async fn mount(
         crate::auth::attach(&mut asked, t)?;
     }
     // a large report takes longer to send and to adopt
-    let timeout = CALL_TIMEOUT + Duration::from_millis(counts.reported / 50);
+    let timeout = CALL_TIMEOUT + Duration::from_millis((counts.reported + disk_holdings.len() as u64) / 50);
     match tokio::time::timeout(timeout, client.mount(asked)).await {
-        Ok(Ok(r)) => {
-            let r = r.into_inner();
-            if !segment.see_epoch(r.epoch) {
-                segment.set_mount(0);
-                return Err(StoreError::new(
-                    ErrorCode::StaleEpoch,
-                    format!(
-                        "the leader serves epoch {}, older than epoch {} this member mounted under: it was deposed",
-                        r.epoch,
-                        segment.epoch()
-                    ),
-                ));
-            }
-            let key = match crate::grant::GrantKey::from_bytes(&r.grant_key) {
-                Ok(k) => k,
-                Err(e) => {
-                    segment.set_mount(0);
-                    return Err(e);
-                }
-            };
-            // the leader keeps the member's choice unless it clashes with another mount
-            segment.set_mount(r.mount_id);
-            // what was adopted is readable before any grant of the new term verifies
-            let adopted = segment.adopt(&r.adopted, &r.seals, r.epoch);
-            segment.set_grant_key(key);
-            if counts.reported > 0 {
-                tracing::info!(
-                    reported = counts.reported,
-                    adopted,
-                    epoch = r.epoch,
-                    "the leader adopted what this member held"
-                );
-            }
-            Ok(r)
-        }
+        Ok(Ok(r)) => take_mount(segment, tiering, r.into_inner(), counts.reported, &disk_holdings),
         Ok(Err(status)) => {
             segment.set_mount(0);
             Err(StoreError::from_status(&status))
@@ -305,6 +279,61 @@ async fn mount(
             ))
         }
     }
+}
+
+/// Takes a mount's answer: refuses one from an epoch older than one seen, makes what the leader
+/// adopted readable under the new mount before its grant key is taken, and removes the disk
+/// records it did not adopt.
+fn take_mount(
+    segment: &Segment,
+    tiering: Option<&Arc<Tiering>>,
+    r: MountResponse,
+    reported: u64,
+    disk_holdings: &[crate::proto::DiskHolding],
+) -> Result<MountResponse, StoreError> {
+    if !segment.see_epoch(r.epoch) {
+        segment.set_mount(0);
+        return Err(StoreError::new(
+            ErrorCode::StaleEpoch,
+            format!(
+                "the leader serves epoch {}, older than epoch {} this member mounted under: it was deposed",
+                r.epoch,
+                segment.epoch()
+            ),
+        ));
+    }
+    let key = match crate::grant::GrantKey::from_bytes(&r.grant_key) {
+        Ok(k) => k,
+        Err(e) => {
+            segment.set_mount(0);
+            return Err(e);
+        }
+    };
+    // the leader keeps the member's choice unless it clashes with another mount
+    segment.set_mount(r.mount_id);
+    // what was adopted is readable before any grant of the new term verifies
+    let adopted = segment.adopt(&r.adopted, &r.seals, r.epoch);
+    segment.set_grant_key(key);
+    if reported > 0 {
+        tracing::info!(
+            reported,
+            adopted,
+            epoch = r.epoch,
+            "the leader adopted what this member held"
+        );
+    }
+    if let Some(t) = tiering
+        && !disk_holdings.is_empty()
+    {
+        let removed = t.adopted(disk_holdings, &r.disk_adopted);
+        tracing::info!(
+            reported = disk_holdings.len(),
+            removed,
+            epoch = r.epoch,
+            "the leader adopted what this member's disk tier holds (the rest is removed)"
+        );
+    }
+    Ok(r)
 }
 
 /// Heartbeats until the mount must be made again: the leader does not know it, or another
@@ -321,6 +350,7 @@ async fn heartbeat(
     instance_id: u64,
     token: Option<&str>,
     segment: &Arc<Segment>,
+    tiering: Option<&Arc<Tiering>>,
     hot: &crate::spin::HotWindow,
 ) {
     let interval = Duration::from_millis(mounted.heartbeat_interval_ms.max(10));
@@ -350,13 +380,14 @@ async fn heartbeat(
                 return;
             }
         }
-        let hb = heartbeat_request(mounted, instance_id, interval, applied, token);
+        let (hb, report) = next_heartbeat(mounted, instance_id, interval, applied, tiering, token);
         let call = client.heartbeat(hb);
         let answered = tokio::select! {
             r = tokio::time::timeout(CALL_TIMEOUT.max(interval) + interval, call) => r,
             // the Lease moved while the leader held the heartbeat: look again
             () = finder.changed() => {
                 moved = true;
+                put_back(tiering, report);
                 continue;
             }
         };
@@ -367,9 +398,14 @@ async fn heartbeat(
             }
             Ok(Ok(r)) => {
                 failing = false;
-                applied = apply_notices(segment, mounted.mount_id, r.into_inner(), applied, hot);
+                let r = r.into_inner();
+                if let Some(t) = tiering {
+                    apply_tier(t, segment, mounted.mount_id, &r).await;
+                }
+                applied = apply_notices(segment, tiering, mounted.mount_id, r, applied, hot);
             }
             failed => {
+                put_back(tiering, report);
                 let why = match failed {
                     Ok(Err(s)) => StoreError::from_status(&s).to_string(),
                     _ => "not answered in time".to_owned(),
@@ -394,22 +430,57 @@ async fn lease_moved(finder: &Finder, addr: &str) -> bool {
     false
 }
 
+/// The next heartbeat, with the disk tier's report it carries (put back if it is not delivered).
+fn next_heartbeat(
+    mounted: &MountResponse,
+    instance_id: u64,
+    interval: Duration,
+    applied: u64,
+    tiering: Option<&Arc<Tiering>>,
+    token: Option<&str>,
+) -> (tonic::Request<HeartbeatRequest>, Option<(Report, u64)>) {
+    // while the tier copies, the leader answers within a short wait: it learns of the copies
+    // (what eviction keeps) within that, not a whole interval later
+    let wait = match tiering {
+        Some(t) if t.busy() => interval.min(REPORT_WAIT),
+        _ => interval,
+    };
+    let report = tiering.map(|t| (t.take_report(), t.usage().0));
+    let hb = heartbeat_request(mounted, instance_id, wait, applied, report.as_ref(), token);
+    (hb, report)
+}
+
+/// A report a heartbeat did not deliver goes with the next one.
+fn put_back(tiering: Option<&Arc<Tiering>>, report: Option<(Report, u64)>) {
+    if let (Some(t), Some((r, _))) = (tiering, report) {
+        t.put_back(r);
+    }
+}
+
 /// The next heartbeat: this mount, how long the leader may hold it, how far the notices were
-/// applied, with the member token.
+/// applied, what the disk tier did (its report and usage), with the member token.
 fn heartbeat_request(
     mounted: &MountResponse,
     instance_id: u64,
     interval: Duration,
     applied: u64,
+    tier: Option<&(Report, u64)>,
     token: Option<&str>,
 ) -> tonic::Request<HeartbeatRequest> {
-    let hb = HeartbeatRequest {
+    let mut hb = HeartbeatRequest {
         member_id: mounted.member_id,
         mount_id: mounted.mount_id,
         instance_id,
         wait_ms: interval.as_millis() as u64,
         applied_through: applied,
+        ..Default::default()
     };
+    if let Some((report, used)) = tier {
+        hb.tier_used = *used;
+        hb.spilled = report.spilled.iter().map(|(h, _)| h.clone()).collect();
+        hb.spilled_allocations = report.spilled.iter().map(|(_, a)| *a).collect();
+        hb.lost_disk_ids = report.lost.clone();
+    }
     let mut hb = tonic::Request::new(hb);
     if let Some(t) = token {
         let _ = crate::auth::attach(&mut hb, t);
@@ -417,10 +488,37 @@ fn heartbeat_request(
     hb
 }
 
-/// Applies a heartbeat answer's notices to the segment (seals, then frees) and returns how far
-/// the notices are now applied; news keeps the polling window open.
+/// Applies a heartbeat answer's loads from the disk tier and its disk frees (on the blocking
+/// pool), before its seals and frees: a range loaded and freed since the last answer is not held.
+/// A load that cannot be applied is in the tier's next report as lost.
+async fn apply_tier(tiering: &Arc<Tiering>, segment: &Arc<Segment>, mount_id: u64, r: &HeartbeatResponse) {
+    if r.load_disk_ids.is_empty() && r.disk_freed.is_empty() {
+        return;
+    }
+    let loads: Vec<Load> = (0..r.load_disk_ids.len())
+        .filter_map(|i| {
+            Some(Load {
+                disk_id: r.load_disk_ids[i],
+                offset: *r.load_offsets.get(i)?,
+                allocation: *r.load_allocations.get(i)?,
+                seal: r.load_seals.get(i)?.as_ref().try_into().ok()?,
+                tag: std::sync::Arc::from(r.load_tags.get(i)?.as_ref()),
+            })
+        })
+        .collect();
+    let (t, seg, freed) = (tiering.clone(), segment.clone(), r.disk_freed.clone());
+    let applied = tokio::task::spawn_blocking(move || t.apply(&seg, mount_id, &loads, &freed)).await;
+    if let Err(e) = applied {
+        tracing::warn!(error = %e, "applying the leader's disk tier notices failed");
+    }
+}
+
+/// Applies a heartbeat answer's notices to the segment (seals, then frees; the disk tier's went
+/// first: [`apply_tier`]), queues the values sealed for their copy to the disk tier, and returns
+/// how far the notices are now applied; news keeps the polling window open.
 fn apply_notices(
     segment: &Segment,
+    tiering: Option<&Arc<Tiering>>,
     mount_id: u64,
     r: HeartbeatResponse,
     applied: u64,
@@ -429,6 +527,9 @@ fn apply_notices(
     // seals first: a value committed and freed since the last answer is not held
     if !r.sealed_offsets.is_empty() {
         segment.seal(mount_id, &r.sealed_offsets, &r.sealed_allocations, &r.seals);
+        if let Some(t) = tiering {
+            t.sealed(mount_id, &r.sealed_offsets, &r.sealed_allocations);
+        }
     }
     if !r.freed_offsets.is_empty() {
         segment.forget(mount_id, &r.freed_offsets, &r.freed_allocations);

@@ -338,6 +338,14 @@ impl Written {
         }
     }
 
+    /// The sealed value `allocation` wrote at `start`, if it is still there: its length and what
+    /// was recorded of it (what the disk tier copies).
+    pub fn sealed_value(&self, start: u64, allocation: u64) -> Option<(u64, Held)> {
+        let e = self.ranges.get(&start).filter(|e| e.allocation == allocation)?;
+        let h = e.held.as_ref().filter(|h| h.sealed())?;
+        Some((e.end - start, h.clone()))
+    }
+
     /// The values held, and their bytes.
     pub fn held(&self) -> Count {
         self.held

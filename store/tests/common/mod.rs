@@ -203,18 +203,10 @@ pub async fn tenant(c: &Client, name: &str) -> TenantStatus {
         .unwrap_or_else(|| panic!("tenant {name} not listed"))
 }
 
-/// Deterministic pseudo-random bytes.
-pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
+#[path = "../../../tests/support/values.rs"]
+mod values;
+#[allow(unused_imports)]
+pub use values::random_bytes;
 
 /// `GET path` of an HTTP endpoint (a leader's or member's metrics listener), status line and
 /// headers included; `/metrics` must answer 200 in OpenMetrics text.

@@ -1,7 +1,7 @@
 //! The backend controller's decision, with no I/O: the status a pass makes of what the runtime
 //! runs (the plan and its observation), the endpoints, and what the leader answered: endpoints,
-//! capacity, members, LeaderAvailable, CapacityObserved, MembersMounted, PoolWrites, Deletable and
-//! the phase, first match wins: Deleting once the deletion is requested; Error with no Admin
+//! capacity, members, LeaderAvailable, CapacityObserved, MembersMounted, PoolWrites, Deletable,
+//! TierWasEmpty (`tier_survey.rs`) and the phase, first match wins: Deleting once the deletion is requested; Error with no Admin
 //! endpoint yet; Provisioning while the leader does not serve or is still starting; Error when it
 //! cannot be read for any other reason; Provisioning while the members of a backend that was
 //! never Ready register (MembersMounted Unknown); Degraded while MembersMounted is False; else
@@ -70,6 +70,9 @@ pub fn status(
         conditions::set(&mut st.conditions, o.generation(generation), now);
     };
     leader(obj, observed, read, &prev, &mut st, &mut set);
+    if let Some(o) = super::tier_survey::decide(obj, observed.and_then(|(_, _, obs)| obs.tier_survey.as_ref()), &prev) {
+        set(&mut st, o);
+    }
     let held = deletable_observation(&used_by);
     let held_message = held.message.clone();
     set(&mut st, held);
@@ -95,9 +98,10 @@ fn leader(
         return;
     };
     set(st, serving_observation(observed, &view, &admin));
+    // memory and the disk tiers' ceiling together (the condition's message tells them apart)
     st.capacity = Some(Capacity {
-        total: Some(quantity(view.health.capacity)),
-        used: Some(quantity(view.health.used)),
+        total: Some(quantity(view.health.capacity.saturating_add(view.health.tier_capacity))),
+        used: Some(quantity(view.health.used.saturating_add(view.health.tier_used))),
     });
     set(st, capacity_observation(&view));
     st.members = member_rows(obj, &view, observed.map(|(p, _, _)| p));
@@ -208,16 +212,27 @@ fn serving_observation(observed: Option<&Observed>, view: &LeaderView, admin: &s
     )
 }
 
-/// CapacityObserved True: the capacity the leader reports and how much of it is used.
+/// CapacityObserved True: the capacity the leader reports and how much of it is used (memory,
+/// and the members' disk tiers apart when they have them).
 fn capacity_observation(view: &LeaderView) -> Observation {
+    let h = &view.health;
+    let disk = if h.tier_capacity > 0 {
+        format!(
+            "; disk tiers: {} of capacity, {} used",
+            human(h.tier_capacity),
+            human(h.tier_used)
+        )
+    } else {
+        String::new()
+    };
     Observation::new(
         capacity_observed::TYPE,
         ConditionStatus::True,
         capacity_observed::OBSERVED,
         format!(
-            "the leader reports {} of capacity, {} used",
-            human(view.health.capacity),
-            human(view.health.used)
+            "the leader reports {} of capacity, {} used{disk}",
+            human(h.capacity),
+            human(h.used)
         ),
     )
 }

@@ -29,6 +29,7 @@ mod decide;
 mod leader_replicas;
 mod members;
 mod plan;
+mod tier_survey;
 pub use leader_replicas::{HANDOVER, LeaseSeen};
 pub use plan::{plan, tenant_namespaces};
 

@@ -25,38 +25,7 @@ pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan
         _ => AllocationStrategy::FreeRatioFirst,
     };
     let leader = with_extra_args(leader.to_args(), &leader_spec.extra_args, LeaderConfig::parse_args).unwrap_or(leader);
-    let mut members = Vec::new();
-    let mut groups = Vec::new();
-    let mut unmatched = Vec::new();
-    for (i, group) in managed.members.iter().enumerate() {
-        let selector = group.node_selector.clone().unwrap_or_default();
-        let capacity = group
-            .capacity_per_member
-            .as_ref()
-            .and_then(|q| kvcache_units::parse_bytes(q.as_str()).ok())
-            .unwrap_or(0);
-        let matching: Vec<&Node> = nodes.iter().filter(|n| n.matches(&selector)).collect();
-        if matching.is_empty() {
-            unmatched.push(format!("members[{i}].nodeSelector {}", selector_text(&selector)));
-        }
-        let base = MemberConfig::new(String::from("127.0.0.1:1"), capacity);
-        let config = with_extra_args(base.to_args(), &group.extra_args, MemberConfig::parse_args).unwrap_or(base);
-        for node in matching {
-            members.push(MemberPlan {
-                group: i,
-                node: node.name.clone(),
-                config: config.clone(),
-                env: env_pairs(&group.extra_env),
-            });
-        }
-        groups.push(GroupPlan {
-            index: i,
-            node_selector: selector,
-            config,
-            env: env_pairs(&group.extra_env),
-            image: group.image.clone(),
-        });
-    }
+    let (members, groups, unmatched) = member_plans(&managed.members, nodes);
     // The election is on unless switched off, even at one replica; off means one
     // leader, whatever the count says.
     let election = (leader_spec.election_backend != Some(ElectionBackend::None)).then(|| ElectionPlan {
@@ -85,9 +54,77 @@ pub fn plan(name: &str, spec: &BackendSpec, nodes: &[Node]) -> Option<(StorePlan
             groups,
             election,
             tenant_namespaces: Default::default(),
+            clean_tiers_after_delete: managed
+                .members
+                .iter()
+                .filter_map(|g| g.local_disks.first())
+                .any(|d| d.clean_after_delete == Some(true)),
         },
         unmatched,
     ))
+}
+
+/// One member per (group, matching node) and one plan per group, with the selectors that match
+/// no node.
+fn member_plans(
+    declared: &[kvcache_api::backend::MemberGroup],
+    nodes: &[Node],
+) -> (Vec<MemberPlan>, Vec<GroupPlan>, Vec<String>) {
+    let mut members = Vec::new();
+    let mut groups = Vec::new();
+    let mut unmatched = Vec::new();
+    for (i, group) in declared.iter().enumerate() {
+        let selector = group.node_selector.clone().unwrap_or_default();
+        let capacity = group
+            .capacity_per_member
+            .as_ref()
+            .and_then(|q| kvcache_units::parse_bytes(q.as_str()).ok())
+            .unwrap_or(0);
+        let matching: Vec<&Node> = nodes.iter().filter(|n| n.matches(&selector)).collect();
+        if matching.is_empty() {
+            unmatched.push(format!("members[{i}].nodeSelector {}", selector_text(&selector)));
+        }
+        let mut base = MemberConfig::new(String::from("127.0.0.1:1"), capacity);
+        if let Some(disk) = group.local_disks.first() {
+            with_tier(&mut base, disk);
+        }
+        let config = with_extra_args(base.to_args(), &group.extra_args, MemberConfig::parse_args).unwrap_or(base);
+        for node in matching {
+            members.push(MemberPlan {
+                group: i,
+                node: node.name.clone(),
+                config: config.clone(),
+                env: env_pairs(&group.extra_env),
+            });
+        }
+        groups.push(GroupPlan {
+            index: i,
+            node_selector: selector,
+            config,
+            env: env_pairs(&group.extra_env),
+            image: group.image.clone(),
+        });
+    }
+    (members, groups, unmatched)
+}
+
+/// A member's disk tier flags from its group's `localDisks` entry (the runtime may move the
+/// directory: the local runtime keeps every member's under its data directory).
+fn with_tier(config: &mut MemberConfig, disk: &kvcache_api::backend::LocalDisk) {
+    use kvcache_api::backend::TierEvictionPolicy;
+    config.tier_dir = Some(std::path::PathBuf::from(&disk.path));
+    config.tier_capacity = disk
+        .capacity
+        .as_ref()
+        .and_then(|q| kvcache_units::parse_bytes(q.as_str()).ok())
+        .unwrap_or(0);
+    config.tier_key_limit = disk.key_limit.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+    let eviction = disk.eviction.as_ref();
+    config.tier_keep_when_full = eviction.is_some_and(|e| e.enabled == Some(false));
+    config.tier_lru = eviction.is_some_and(|e| e.policy == Some(TierEvictionPolicy::Lru));
+    config.tier_watermark = eviction
+        .and_then(|e| e.watermark.as_ref())
+        .and_then(|w| Some((u8::try_from(w.high?).ok()?, u8::try_from(w.low?).ok()?)));
 }
 
 /// The namespaces of the Bindings on `backend`'s pools.

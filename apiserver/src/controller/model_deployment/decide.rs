@@ -1,21 +1,26 @@
 //! The ModelDeployment controller's decisions, with no I/O: what the deployment's `kvCache`
 //! attaches to ([`attach`]: DomainRegistered, `status.kvCache` and the connection replicas
 //! receive), the replicas the runtime runs ([`replicas`]), and the status their observation makes
-//! ([`report`]: roles, CacheAttached, phase). Table-tested below.
+//! ([`report`]: roles, CacheAttached, RouterReady, phase), and the router in front of them
+//! ([`router`]). Table-tested below.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kvcache_api::conditions::binding::quota_granted;
 use kvcache_api::conditions::model_deployment::{cache_attached, domain_registered};
 use kvcache_api::conditions::{self, BindingPhase, ConditionStatus, ModelDeploymentPhase, Observation};
 use kvcache_api::model_deployment::{
-    EngineName, KvCacheDomainStatus, KvCacheStatus, ModelDeploymentStatus, RoleKind, RoleStatus,
+    EngineName, KvCacheDomainStatus, KvCacheStatus, ModelDeploymentStatus, RoleKind, RoleStatus, RouterStatus,
 };
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
 
 use crate::controller::injection::{self, Connection};
 use crate::runtime::credentials::{ReplicaCredential, TenantCredentials};
-use crate::runtime::{CacheReport, Replica, ReplicaObservation};
+use crate::runtime::{CacheReport, Replica, ReplicaObservation, RouterObservation};
+
+mod router;
 use kvcache_store::proto::ClientStatus;
+pub use router::router;
+use router::{role_summary, router_ready_of};
 
 /// What the deployment's `kvCache` leads to, each if it exists: the Binding it names, the
 /// Binding's pool, the pool's backend, and the credential kept for the Binding.
@@ -203,11 +208,13 @@ fn replica_credential(
     }
 }
 
-/// The status the replicas' observation makes: roles, DomainRegistered and CacheAttached, phase.
+/// The status the replicas' and the router's observation makes: roles and ROLES, DomainRegistered
+/// and CacheAttached, RouterReady, phase and endpoint.
 pub fn report(
     obj: &ModelDeployment,
     attach: &Attach,
     observed: &[ReplicaObservation],
+    router: Option<&RouterObservation>,
     now: &Time,
 ) -> ModelDeploymentStatus {
     let mut st = ModelDeploymentStatus {
@@ -217,7 +224,6 @@ pub fn report(
     };
     let generation = obj.metadata.generation;
     let (mut desired, mut ready) = (0, 0);
-    let mut summary = Vec::new();
     for role in &obj.spec.roles {
         let kind = role.kind.unwrap_or(RoleKind::Server);
         let mine: Vec<&ReplicaObservation> = observed.iter().filter(|r| r.role == role.name).collect();
@@ -225,7 +231,6 @@ pub fn report(
         let r = i32::try_from(mine.iter().filter(|o| o.state.running && o.state.ready).count()).unwrap_or(i32::MAX);
         desired += d;
         ready += r;
-        summary.push(format!("{r}{}", &kind.as_str()[..1]));
         st.roles.push(RoleStatus {
             name: role.name.clone(),
             kind: kind.as_str().to_owned(),
@@ -235,17 +240,55 @@ pub fn report(
             unmanaged: !role.command.is_empty(),
         });
     }
-    st.role_summary = Some(summary.concat());
+    let declared = obj.spec.router.is_some();
+    let router = router.filter(|_| declared);
+    st.role_summary = Some(role_summary(&st.roles, declared.then(|| router.map_or(0, |r| r.ready))));
+    st.router = obj.spec.router.as_ref().map(|r| RouterStatus {
+        name: r.name.clone().unwrap_or_default(),
+        endpoint: router.filter(|o| o.ready > 0).and_then(|o| o.url.clone()),
+        replicas: router.map_or(0, |o| o.replicas),
+        ready: router.map_or(0, |o| o.ready),
+    });
     let cache = attached(obj, observed, attach.connection.is_some(), &attach.registered);
     let uncached = (cache.reason == cache_attached::BINDING_NOT_FOUND.as_str()).then(|| cache.message.clone());
-    for o in [attach.registered.clone(), cache] {
+    let routed = router_ready_of(obj, router);
+    let router_down = (routed.status != ConditionStatus::True).then(|| routed.message.clone());
+    let router_down = router_down.filter(|_| declared);
+    for o in [attach.registered.clone(), cache, routed] {
         conditions::set(&mut st.conditions, o.generation(generation), now);
     }
-    let (phase, message) = if let (true, Some(why)) = (ready == desired, uncached) {
+    let (phase, message) = phase((ready, desired), uncached, router_down, observed);
+    st.phase = Some(phase);
+    st.phase_message = with_what_runs(message, observed);
+    st.endpoint = match &st.router {
+        Some(r) => r.endpoint.clone(),
+        None => endpoint(obj, observed),
+    };
+    st
+}
+
+/// The phase and its message: Ready when every replica is ready with the cache it asks for and
+/// the router it declares; Degraded when some are, or all are without that cache or router;
+/// else Starting, with why nothing is ready.
+fn phase(
+    (ready, desired): (i32, i32),
+    uncached: Option<String>,
+    router_down: Option<String>,
+    observed: &[ReplicaObservation],
+) -> (ModelDeploymentPhase, Option<String>) {
+    if let (true, Some(why)) = (ready == desired, uncached) {
         // Every replica runs, but not with the cache it asks for: not Ready.
         (
             ModelDeploymentPhase::Degraded,
             Some(format!("{ready} of {desired} replicas are ready, {why}")),
+        )
+    } else if let (true, Some(why)) = (ready == desired, router_down) {
+        // Every replica runs, and clients cannot reach them through the router they asked for.
+        (
+            ModelDeploymentPhase::Degraded,
+            Some(format!(
+                "{ready} of {desired} replicas are ready, the router is not: {why}"
+            )),
         )
     } else if ready == desired {
         (ModelDeploymentPhase::Ready, None)
@@ -259,16 +302,12 @@ pub fn report(
             ModelDeploymentPhase::Starting,
             Some(format!("0 of {desired} replicas are ready{}", first_fault(observed))),
         )
-    };
-    st.phase = Some(phase);
-    st.phase_message = with_what_runs(message, observed);
-    st.endpoint = endpoint(obj, observed);
-    st
+    }
 }
 
-/// The deployment's endpoint (the ENDPOINT column): where the first replica of the first role
-/// answers, while the runtime serves it at an address (locally; a cluster has no Service in
-/// front of the replicas yet, so there it stays unset).
+/// The deployment's endpoint (the ENDPOINT column) without a router: where the first replica of
+/// the first role answers, while the runtime serves it at an address (locally; a cluster has no
+/// Service in front of the replicas, so there it stays unset).
 fn endpoint(obj: &ModelDeployment, observed: &[ReplicaObservation]) -> Option<String> {
     let first = obj.spec.roles.first()?;
     observed.iter().find(|r| r.role == first.name)?.url.clone()

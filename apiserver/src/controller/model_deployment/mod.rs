@@ -1,12 +1,14 @@
 //! The ModelDeployment controller: resolves the Binding (`DomainRegistered`, `status.kvCache`),
 //! the connection behind it (pool endpoint, tenant, layout), runs each role's replicas through the
-//! runtime with exactly what [`injection`](super::injection) computes, and reports roles,
-//! phase and `CacheAttached` from what the replicas themselves report. A deployment without
+//! runtime with exactly what [`injection`](super::injection) computes, runs the router in front
+//! of them when `spec.router` asks for one, and reports roles, phase, `CacheAttached` and
+//! `RouterReady` from what the replicas and the router themselves report. A deployment without
 //! `kvCache` runs with no cache at all.
 //!
 //! A pass observes what the `kvCache` leads to ([`resolve`]), decides what the replicas attach to
-//! ([`decide::attach`]), has the runtime run them (the write whose answer is their observation),
-//! and writes the status [`decide::report`] makes of it.
+//! ([`decide::attach`]), has the runtime run them and then the router, handed the replicas as
+//! they were observed (the writes whose answers are their observations), and writes the status
+//! [`decide::report`] makes of it.
 
 mod decide;
 
@@ -24,8 +26,8 @@ use super::shared;
 use super::status::{self, add_finalizer, has_finalizer, remove_finalizer};
 use super::{Context, KindLabel, ReplicaLabel, Result};
 use crate::runtime::{ReplicaObservation, ReplicaPlan};
-pub use decide::replicas;
 use decide::{Resolved, attach, report, with_leader_counts};
+pub use decide::{replicas, router};
 use kvcache_api::backend::EndpointName;
 use kvcache_store::proto::ClientStatus;
 
@@ -70,13 +72,16 @@ pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
     // Hold rule: replicas attached before keep running as they are while the
     // connection does not resolve, rather than being rolled to run without a cache.
     let had_cache = obj.status.as_ref().is_some_and(|s| s.kv_cache.is_some());
+    let replicas = replicas(&obj, attached.connection.as_ref(), &config);
     let plan = ReplicaPlan {
         owner: owner(&obj),
         uid: obj.metadata.uid.clone().unwrap_or_default(),
-        replicas: replicas(&obj, attached.connection.as_ref(), &config),
+        router: router(&obj, &replicas, &config),
+        replicas,
         hold_rollout: attached.connection.is_none() && obj.spec.binding_name().is_some() && had_cache,
     };
     let mut observed = ctx.runtime.ensure_replicas(&plan).await;
+    let routed = ctx.runtime.ensure_router(&plan, &observed).await;
     if let Some(c) = &attached.connection
         && observed.iter().any(|r| r.cache.is_none() && r.state.ready)
     {
@@ -84,7 +89,13 @@ pub async fn reconcile(obj: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<A
         with_leader_counts(obj.name(), &mut observed, &clients);
     }
     record_hit_rates(&obj, &observed, &ctx);
-    let st = report(&obj, &attached, &observed, &crate::registry::meta::now());
+    let st = report(
+        &obj,
+        &attached,
+        &observed,
+        routed.as_ref(),
+        &crate::registry::meta::now(),
+    );
     status::write(&api, &obj, st, &ctx).await?;
     Ok(Action::requeue(ctx.opts.requeue))
 }

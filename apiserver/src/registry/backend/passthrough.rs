@@ -12,6 +12,7 @@ use kvcache_store::leader::LeaderConfig;
 use kvcache_store::member::MemberConfig;
 
 use crate::field::{ErrorList, Path};
+use crate::registry::extra_args::{self, first_line};
 use crate::registry::validation;
 
 /// Leader flags the runtime renders from the spec (addresses, the ledger and its switch, the
@@ -46,6 +47,14 @@ const MEMBER_DERIVED: &[&str] = &[
     "shm-dir",
     "advertise-host",
     "metrics-listen",
+    // the disk tier is `members[].localDisks`' (refused until the runtimes set it up)
+    "tier-dir",
+    "tier-capacity",
+    "tier-file-size",
+    "tier-key-limit",
+    "tier-keep-when-full",
+    "tier-watermark",
+    "tier-lru",
 ];
 
 /// Leader environment variables the operator sets.
@@ -74,78 +83,27 @@ pub enum Side {
     Member,
 }
 
-/// Checks an `extraArgs` list.
+/// Checks an `extraArgs` list (`registry/extra_args.rs`) against the flags of `kv-store leader`
+/// or `kv-store member`.
 pub fn args(side: Side, entries: &[String], field: &Path, errs: &mut ErrorList) {
-    let (binary, known, derived) = match side {
+    let (binary, known, owned) = match side {
         Side::Leader => ("kv-store leader", LeaderConfig::flag_names(), LEADER_DERIVED),
         Side::Member => ("kv-store member", MemberConfig::flag_names(), MEMBER_DERIVED),
     };
-    let mut seen: Vec<&str> = Vec::new();
-    for (i, entry) in entries.iter().enumerate() {
-        let p = field.index(i);
-        let Some(flag) = entry.strip_prefix("--") else {
-            errs.invalid(
-                &p,
-                entry,
-                format!(
-                    "each entry is one flag of {binary}, written --flag or --flag=value (a value goes after '=' in the same entry)"
-                ),
-            );
-            continue;
-        };
-        let key = flag.split_once('=').map_or(flag, |(k, _)| k);
-        if key.is_empty() || key.chars().any(char::is_whitespace) {
-            errs.invalid(&p, entry, "the flag name must be non-empty and contain no whitespace");
-            continue;
-        }
-        if seen.contains(&key) {
-            errs.duplicate(
-                &p,
-                entry,
-                format!("the flag --{key} is already given by an earlier entry"),
-            );
-            continue;
-        }
-        seen.push(key);
-        if derived.contains(&key) {
-            errs.forbidden(
-                &p,
-                format!("the flag --{key} is set by the server from this spec; change the spec field that renders it instead"),
-            );
-            continue;
-        }
-        if !known.iter().any(|k| k == key) {
-            let settable: Vec<String> = known
-                .iter()
-                .filter(|k| !derived.contains(&k.as_str()))
-                .map(|k| format!("--{k}"))
-                .collect();
-            errs.invalid(
-                &p,
-                entry,
-                format!(
-                    "{binary} has no flag --{key}; the flags you may set are {}",
-                    settable.join(", ")
-                ),
-            );
-            continue;
-        }
-        if let Err(why) = parses(side, entry) {
-            errs.invalid(&p, entry, why);
-        }
-    }
+    let parse = |entry: &str| parses(side, entry);
+    let flags = extra_args::Flags {
+        binary,
+        form: "--flag or --flag=value",
+        known,
+        owned,
+        owned_by: "",
+        parse: &parse,
+    };
+    extra_args::check(&flags, entries, field, errs);
 }
 
 /// Whether `entry` parses and passes the binary's own checks on its own.
 fn parses(side: Side, entry: &str) -> Result<(), String> {
-    let first_line = |e: clap::Error| {
-        let text = e.to_string();
-        text.lines()
-            .next()
-            .unwrap_or_default()
-            .trim_start_matches("error: ")
-            .to_owned()
-    };
     match side {
         Side::Leader => LeaderConfig::parse_args([entry])
             .map_err(first_line)?

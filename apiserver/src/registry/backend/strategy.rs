@@ -83,6 +83,10 @@ impl Strategy for BackendStrategy {
         }
         immutable_fields(new, old, &mut errs);
         group_moves(&new.spec, &old.spec, &mut errs);
+        if let (Some(n), Some(o)) = (new.spec.managed(), old.spec.managed()) {
+            let members = Path::new("spec").child("connection").child("managed").child("members");
+            super::tier::frozen(n, o, &members, &mut errs);
+        }
         tenancy_withdrawal(new, old, &mut errs);
         errs
     }

@@ -40,6 +40,11 @@ fn external(v: &mut Value) {
     );
 }
 
+/// Gives the first group a disk tier.
+fn tier(v: &mut Value, disk: Value) {
+    set(v, "/spec/connection/managed/members/0/localDisks", json!([disk]));
+}
+
 fn group(name: &str) -> Value {
     json!({"nodeSelector": {"pool": name}, "medium": "DRAM", "capacityPerMember": "1Gi"})
 }
@@ -674,15 +679,193 @@ fn create_cases() -> Vec<(&'static str, Edit, Expect)> {
             refused(TooMany, "spec.connection.managed.members"),
         ),
         (
-            "local disk tier (not supported yet)",
+            "a disk tier",
+            |v| tier(v, json!({"path": "/mnt/nvme/kvcache"})),
+            Expect::Admitted,
+        ),
+        (
+            "a disk tier with every field",
+            |v| {
+                tier(
+                    v,
+                    json!({"path": "/mnt/nvme/kvcache", "capacity": "4Ti", "keyLimit": 10000000,
+                           "eviction": {"enabled": true, "policy": "LRU", "watermark": {"high": 90, "low": 80}},
+                           "cleanAfterDelete": true}),
+                )
+            },
+            Expect::Warned("cleanAfterDelete"),
+        ),
+        (
+            "a tier without a path",
+            |v| tier(v, json!({"path": "  "})),
+            refused(Required, "spec.connection.managed.members[0].localDisks[0].path"),
+        ),
+        (
+            "a relative tier path",
+            |v| tier(v, json!({"path": "var/cache"})),
+            refused(Invalid, "spec.connection.managed.members[0].localDisks[0].path"),
+        ),
+        (
+            "a tier path with ..",
+            |v| tier(v, json!({"path": "/mnt/../etc"})),
+            refused(Invalid, "spec.connection.managed.members[0].localDisks[0].path"),
+        ),
+        (
+            "a tier path with a trailing space",
+            |v| tier(v, json!({"path": "/mnt/cache "})),
+            refused(Invalid, "spec.connection.managed.members[0].localDisks[0].path"),
+        ),
+        (
+            "the root as a tier",
+            |v| tier(v, json!({"path": "/"})),
+            refused(Invalid, "spec.connection.managed.members[0].localDisks[0].path"),
+        ),
+        (
+            "a tier in /dev/infiniband",
+            |v| tier(v, json!({"path": "/dev/infiniband/x"})),
+            refused(Invalid, "spec.connection.managed.members[0].localDisks[0].path"),
+        ),
+        (
+            "a tier of 1Mi",
+            |v| tier(v, json!({"path": "/t", "capacity": "1Mi"})),
+            refused(Invalid, "spec.connection.managed.members[0].localDisks[0].capacity"),
+        ),
+        (
+            "a key limit of 10",
+            |v| tier(v, json!({"path": "/t", "keyLimit": 10})),
+            refused(Invalid, "spec.connection.managed.members[0].localDisks[0].keyLimit"),
+        ),
+        (
+            "a negative key limit",
+            |v| tier(v, json!({"path": "/t", "keyLimit": -1})),
+            refused(Invalid, "spec.connection.managed.members[0].localDisks[0].keyLimit"),
+        ),
+        (
+            "a policy with eviction off",
+            |v| {
+                tier(
+                    v,
+                    json!({"path": "/t", "eviction": {"enabled": false, "policy": "FIFO"}}),
+                )
+            },
+            refused(
+                Forbidden,
+                "spec.connection.managed.members[0].localDisks[0].eviction.policy",
+            ),
+        ),
+        (
+            "a watermark with eviction off",
+            |v| {
+                tier(
+                    v,
+                    json!({"path": "/t", "capacity": "1Gi", "eviction": {"enabled": false, "watermark": {"high": 90, "low": 80}}}),
+                )
+            },
+            refused(
+                Forbidden,
+                "spec.connection.managed.members[0].localDisks[0].eviction.watermark",
+            ),
+        ),
+        (
+            "a watermark without a capacity",
+            |v| {
+                tier(
+                    v,
+                    json!({"path": "/t", "eviction": {"watermark": {"high": 90, "low": 80}}}),
+                )
+            },
+            refused(Required, "spec.connection.managed.members[0].localDisks[0].capacity"),
+        ),
+        (
+            "a low mark above the high one",
+            |v| {
+                tier(
+                    v,
+                    json!({"path": "/t", "capacity": "1Gi", "eviction": {"watermark": {"high": 50, "low": 80}}}),
+                )
+            },
+            refused(
+                Invalid,
+                "spec.connection.managed.members[0].localDisks[0].eviction.watermark.low",
+            ),
+        ),
+        (
+            "a watermark without its low mark",
+            |v| {
+                tier(
+                    v,
+                    json!({"path": "/t", "capacity": "1Gi", "eviction": {"watermark": {"high": 50}}}),
+                )
+            },
+            refused(
+                Required,
+                "spec.connection.managed.members[0].localDisks[0].eviction.watermark.low",
+            ),
+        ),
+        (
+            "a high mark of 101",
+            |v| {
+                tier(
+                    v,
+                    json!({"path": "/t", "capacity": "1Gi", "eviction": {"watermark": {"high": 101, "low": 80}}}),
+                )
+            },
+            refused(
+                Invalid,
+                "spec.connection.managed.members[0].localDisks[0].eviction.watermark.high",
+            ),
+        ),
+        (
+            "an unknown eviction policy",
+            |v| tier(v, json!({"path": "/t", "eviction": {"policy": "random"}})),
+            refused(
+                NotSupported,
+                "spec.connection.managed.members[0].localDisks[0].eviction.policy",
+            ),
+        ),
+        (
+            "two tiers in a group",
             |v| {
                 set(
                     v,
                     "/spec/connection/managed/members/0/localDisks",
-                    json!([{"path": "/var/lib/cache"}]),
+                    json!([{"path": "/a"}, {"path": "/b"}]),
                 )
             },
-            refused(Forbidden, "spec.connection.managed.members[0].localDisks"),
+            refused(TooMany, "spec.connection.managed.members[0].localDisks"),
+        ),
+        (
+            "a tier in a second group",
+            |v| {
+                tier(v, json!({"path": "/a"}));
+                set(v, "/spec/connection/managed/members/1", group("b"));
+                set(
+                    v,
+                    "/spec/connection/managed/members/1/localDisks",
+                    json!([{"path": "/b"}]),
+                );
+            },
+            refused(Forbidden, "spec.connection.managed.members[1].localDisks"),
+        ),
+        (
+            "a tier over an 8Mi segment",
+            |v| {
+                tier(v, json!({"path": "/t"}));
+                set(v, "/spec/connection/managed/members/0/capacityPerMember", json!("8Mi"));
+            },
+            refused(Invalid, "spec.connection.managed.members[0].capacityPerMember"),
+        ),
+        (
+            "a host path mounted over the tier",
+            |v| {
+                tier(v, json!({"path": "/mnt/nvme"}));
+                set(
+                    v,
+                    "/spec/connection/managed/members/0/hostPaths",
+                    json!([{"path": "/x", "mountPath": "/mnt/nvme/sub"}]),
+                );
+            },
+            refused(Invalid, "spec.connection.managed.members[0].hostPaths[0].mountPath"),
         ),
         (
             "RDMA transport (not supported yet)",
@@ -955,6 +1138,13 @@ fn three_groups() -> Value {
 
 type UpdateCase = (&'static str, fn() -> Value, Edit, Expect);
 
+/// The walkthrough backend with a disk tier under its group.
+fn tiered() -> Value {
+    let mut v = base();
+    tier(&mut v, json!({"path": "/t"}));
+    v
+}
+
 fn update_cases() -> Vec<UpdateCase> {
     vec![
         (
@@ -1046,6 +1236,35 @@ fn update_cases() -> Vec<UpdateCase> {
             "edit capacity",
             base,
             |v| set(v, "/spec/connection/managed/members/0/capacityPerMember", json!("16Gi")),
+            Expect::Admitted,
+        ),
+        (
+            "add a disk tier to a group",
+            base,
+            |v| tier(v, json!({"path": "/t"})),
+            refused(Forbidden, "spec.connection.managed.members[0].localDisks"),
+        ),
+        (
+            "remove a group's disk tier",
+            tiered,
+            |v| remove(v, "/spec/connection/managed/members/0/localDisks"),
+            refused(Forbidden, "spec.connection.managed.members[0].localDisks"),
+        ),
+        (
+            "move a disk tier",
+            tiered,
+            |v| set(v, "/spec/connection/managed/members/0/localDisks/0/path", json!("/u")),
+            refused(Forbidden, "spec.connection.managed.members[0].localDisks[0].path"),
+        ),
+        (
+            "edit a disk tier's capacity, key limit, eviction and clean-up",
+            tiered,
+            |v| {
+                tier(
+                    v,
+                    json!({"path": "/t", "capacity": "2Gi", "keyLimit": 100, "eviction": {"policy": "LRU"}}),
+                )
+            },
             Expect::Admitted,
         ),
         (

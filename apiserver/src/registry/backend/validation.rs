@@ -156,6 +156,7 @@ fn validate_managed(m: &Managed, errs: &mut ErrorList) {
     for (i, g) in m.members.iter().enumerate() {
         validate_group(g, &p.child("members").index(i), errs);
     }
+    super::tier::one_tier_group(m, &p.child("members"), errs);
     if let Some(grace) = m.scale_in.as_ref().and_then(|s| s.grace_period_seconds) {
         let pg = p.child("scaleIn").child("gracePeriodSeconds");
         if grace < 0 {
@@ -220,9 +221,7 @@ fn validate_group(g: &MemberGroup, p: &Path, errs: &mut ErrorList) {
     if let Some(image) = &g.image {
         check_image(image, &p.child("image"), errs);
     }
-    if !g.local_disks.is_empty() {
-        errs.not_supported_yet(&p.child("localDisks"), "a local disk tier");
-    }
+    super::tier::validate(g, p, errs);
     validate_transport(g.transport.as_ref(), &p.child("transport"), errs);
     if let Some(count) = g.fabric_interface_count
         && count < 1
@@ -348,6 +347,13 @@ pub fn warnings(obj: &KVCacheBackend) -> Vec<String> {
             out.push(format!(
                 "spec.connection.managed.members[{i}].fabricInterfaceCount has no effect: the group's transport is {}, not RDMA or EFA",
                 effective.as_str()
+            ));
+        }
+        if g.local_disks.first().and_then(|d| d.clean_after_delete) == Some(true) {
+            out.push(format!(
+                "spec.connection.managed.members[{i}].localDisks[0].cleanAfterDelete: the local runtime empties the \
+                 tier when the backend is deleted; in a cluster (--runtime kubernetes) it is not emptied yet, so empty \
+                 the directory on the nodes yourself after deleting the backend"
             ));
         }
     }

@@ -8,7 +8,9 @@
 //! |---|---|
 //! | [`strategy`] | the hooks: defaults, what an update may not change, the Binding check, `/status` |
 //! | [`validation`] | the object rules: engines, roles, what `extraArgs` and `env` may not set |
+//! | [`router`] | role kinds together (prefill/decode), `spec.router` and its `extraArgs`, `kvTransfer` |
 
+mod router;
 mod strategy;
 mod validation;
 

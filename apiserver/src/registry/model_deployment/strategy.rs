@@ -1,5 +1,5 @@
 //! The hooks of `ModelDeployment`: defaults (role kinds, replicas, accelerators from the
-//! instance type), the fields an update may not change, a warning for a Binding that does not
+//! instance type, router replicas), the fields an update may not change, a warning for a Binding that does not
 //! exist yet, and `/status`.
 
 use async_trait::async_trait;
@@ -23,6 +23,9 @@ impl Strategy for ModelDeploymentStrategy {
         let s = &mut obj.spec;
         if let Some(kv) = s.kv_cache.as_mut() {
             kv.connector.get_or_insert(Connector::Mooncake);
+        }
+        if let Some(r) = s.router.as_mut() {
+            r.replicas.get_or_insert(1);
         }
         for role in &mut s.roles {
             role.kind.get_or_insert(RoleKind::Server);
@@ -98,6 +101,14 @@ fn frozen_fields(new: &ModelDeploymentSpec, old: &ModelDeploymentSpec, errs: &mu
         errs.forbidden(
             &spec.child("kvCache"),
             format!("the cache attachment {IDENTITY} (replicas hold the Binding's domain)"),
+        );
+    }
+    if let (Some(a), Some(b)) = (&new.router, &old.router)
+        && a.name != b.name
+    {
+        errs.forbidden(
+            &spec.child("router").child("name"),
+            "the router's name cannot change in place; remove the router block, then add the new one",
         );
     }
     fn names(s: &ModelDeploymentSpec) -> Vec<&str> {

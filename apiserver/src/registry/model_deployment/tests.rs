@@ -1,7 +1,8 @@
 //! Admission table of `ModelDeployment`. On create: the model, the engine and its version, roles
 //! (count, names, replicas, size), `kvCache.poolRef` in the deployment's own namespace, the flags
 //! and env the server injects (refused in `extraArgs` and `env`), instance types and accelerators,
-//! volumes and ports, old shapes, and what is not supported yet. On update: what may change
+//! volumes and ports, old shapes, and what is not supported yet; prefill/decode roles and the
+//! router (their own table, with what the refusals say). On update: what may change
 //! (engine version, replicas, `extraArgs`) and what may not (the cache, the engine, the model, the
 //! roles' names and resources).
 
@@ -162,11 +163,6 @@ fn create_cases() -> Vec<(&'static str, Edit, Expect)> {
                 );
             },
             Warned("does not exist"),
-        ),
-        (
-            "Prefill role (not supported yet)",
-            |v| set(v, "/spec/roles/0/kind", json!("Prefill")),
-            Refused(Forbidden, "spec.roles[0].kind"),
         ),
         (
             "role kind lowercase",
@@ -371,12 +367,7 @@ fn create_cases() -> Vec<(&'static str, Edit, Expect)> {
             Admitted,
         ),
         (
-            "router (not supported yet)",
-            |v| set(v, "/spec/router", json!({"name": "vllm-router"})),
-            Refused(Forbidden, "spec.router"),
-        ),
-        (
-            "kvTransfer (not supported yet)",
+            "kvTransfer (the handoff goes through the store)",
             |v| set(v, "/spec/kvTransfer", json!({"protocol": "TCP"})),
             Refused(Forbidden, "spec.kvTransfer"),
         ),
@@ -505,6 +496,449 @@ fn create_cases() -> Vec<(&'static str, Edit, Expect)> {
             BadRequest(r#"unknown field "spec.engineVersion""#),
         ),
     ]
+}
+
+/// A deployment of one Prefill and one Decode role behind our router.
+fn pd(v: &mut Value) {
+    set(
+        v,
+        "/spec/roles",
+        json!([{"name": "prefill", "kind": "Prefill", "instanceType": "local-small"},
+               {"name": "decode", "kind": "Decode", "instanceType": "local-small"}]),
+    );
+    set(v, "/spec/router", json!({"name": "kvcache-router"}));
+}
+
+/// Prefill/decode roles and the router: every acceptance and refusal, with its field.
+fn prefill_decode_cases() -> Vec<(&'static str, Edit, Expect)> {
+    use Expect::*;
+    vec![
+        (
+            "one Prefill and one Decode role behind our router",
+            pd,
+            Warned("does not exist"),
+        ),
+        (
+            "Prefill and Decode without a router (admitted; RouterReady says nothing pairs them)",
+            |v| {
+                pd(v);
+                remove(v, "/spec/router");
+            },
+            Warned("does not exist"),
+        ),
+        (
+            "our router before two Server roles",
+            |v| {
+                set(
+                    v,
+                    "/spec/roles",
+                    json!([{"name": "a", "instanceType": "local-small"}, {"name": "b", "instanceType": "local-small"}]),
+                );
+                set(v, "/spec/router", json!({"name": "kvcache-router"}));
+            },
+            Warned("does not exist"),
+        ),
+        (
+            "every router field",
+            |v| {
+                pd(v);
+                set(
+                    v,
+                    "/spec/router",
+                    json!({"name": "kvcache-router", "replicas": 2, "requestTimeoutSeconds": 30,
+                           "disaggregationThresholdTokens": 0, "image": "ghcr.io/gpustack/kvcache-store:v0.1.0",
+                           "imagePullPolicy": "IfNotPresent", "imagePullSecrets": [{"name": "regcred"}],
+                           "extraArgs": ["--health-interval-ms=500", "--unhealthy-after=3",
+                                         "--prefill-timeout-seconds=60", "--max-body-bytes=1048576",
+                                         "--log-level=kvcache_router=debug"]}),
+                );
+            },
+            Warned("does not exist"),
+        ),
+        (
+            "a Server and a Prefill role",
+            |v| {
+                set(
+                    v,
+                    "/spec/roles/1",
+                    json!({"name": "p", "kind": "Prefill", "instanceType": "local-small"}),
+                )
+            },
+            Refused(Forbidden, "spec.roles[1].kind"),
+        ),
+        (
+            "a Decode role before a Server role",
+            |v| {
+                set(v, "/spec/roles/0/kind", json!("Decode"));
+                set(v, "/spec/roles/1", json!({"name": "s", "instanceType": "local-small"}));
+            },
+            Refused(Forbidden, "spec.roles[0].kind"),
+        ),
+        (
+            "a Prefill role alone",
+            |v| set(v, "/spec/roles/0/kind", json!("Prefill")),
+            Refused(Invalid, "spec.roles[0].kind"),
+        ),
+        (
+            "a Decode role alone",
+            |v| set(v, "/spec/roles/0/kind", json!("Decode")),
+            Refused(Invalid, "spec.roles[0].kind"),
+        ),
+        (
+            "two Prefill roles",
+            |v| {
+                pd(v);
+                set(
+                    v,
+                    "/spec/roles/2",
+                    json!({"name": "prefill2", "kind": "Prefill", "instanceType": "local-small"}),
+                );
+            },
+            Refused(Duplicate, "spec.roles[2].kind"),
+        ),
+        (
+            "two Decode roles",
+            |v| {
+                pd(v);
+                set(
+                    v,
+                    "/spec/roles/2",
+                    json!({"name": "decode2", "kind": "Decode", "instanceType": "local-small"}),
+                );
+            },
+            Refused(Duplicate, "spec.roles[2].kind"),
+        ),
+        (
+            "Prefill and Decode without a cache",
+            |v| {
+                pd(v);
+                remove(v, "/spec/kvCache");
+            },
+            Refused(Required, "spec.kvCache"),
+        ),
+        (
+            "Prefill and Decode on SGLang",
+            |v| {
+                pd(v);
+                sglang(v);
+            },
+            Refused(Forbidden, "spec.roles[0].kind"),
+        ),
+        (
+            "llm-d-router",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/name", json!("llm-d-router"));
+            },
+            Refused(NotSupported, "spec.router.name"),
+        ),
+        (
+            "vllm-router",
+            |v| set(v, "/spec/router", json!({"name": "vllm-router"})),
+            Refused(NotSupported, "spec.router.name"),
+        ),
+        (
+            "sglang-gateway",
+            |v| set(v, "/spec/router", json!({"name": "sglang-gateway"})),
+            Refused(NotSupported, "spec.router.name"),
+        ),
+        (
+            "a router of another name",
+            |v| set(v, "/spec/router", json!({"name": "nginx"})),
+            Refused(NotSupported, "spec.router.name"),
+        ),
+        (
+            "a router without a name",
+            |v| set(v, "/spec/router", json!({"replicas": 1})),
+            Refused(Required, "spec.router.name"),
+        ),
+        (
+            "router replicas 0",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/replicas", json!(0));
+            },
+            Refused(Invalid, "spec.router.replicas"),
+        ),
+        (
+            "router requestTimeoutSeconds 0",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/requestTimeoutSeconds", json!(0));
+            },
+            Refused(Invalid, "spec.router.requestTimeoutSeconds"),
+        ),
+        (
+            "router disaggregationThresholdTokens -1",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/disaggregationThresholdTokens", json!(-1));
+            },
+            Refused(Invalid, "spec.router.disaggregationThresholdTokens"),
+        ),
+        (
+            "router image with spaces",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/image", json!("not an image"));
+            },
+            Refused(Invalid, "spec.router.image"),
+        ),
+        (
+            "router pull secret without a name",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/imagePullSecrets", json!([{"name": ""}]));
+            },
+            Refused(Required, "spec.router.imagePullSecrets[0].name"),
+        ),
+        (
+            "router --listen (owned)",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/extraArgs", json!(["--listen=0.0.0.0:9000"]));
+            },
+            Refused(Forbidden, "spec.router.extraArgs[0]"),
+        ),
+        (
+            "router --workers-dns as two entries (owned; the value is no flag)",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/extraArgs", json!(["--workers-dns", "decode=x:8000"]));
+            },
+            Refused(Forbidden, "spec.router.extraArgs[0]"),
+        ),
+        (
+            "router --model (owned)",
+            |v| {
+                pd(v);
+                set(
+                    v,
+                    "/spec/router/extraArgs",
+                    json!(["--log-level=info", "--model=other"]),
+                );
+            },
+            Refused(Forbidden, "spec.router.extraArgs[1]"),
+        ),
+        (
+            "router --workers-file (owned)",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/extraArgs", json!(["--workers-file=/tmp/w.json"]));
+            },
+            Refused(Forbidden, "spec.router.extraArgs[0]"),
+        ),
+        (
+            "router --request-timeout-seconds (owned: requestTimeoutSeconds)",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/extraArgs", json!(["--request-timeout-seconds=5"]));
+            },
+            Refused(Forbidden, "spec.router.extraArgs[0]"),
+        ),
+        (
+            "router --disaggregation-threshold-tokens (owned)",
+            |v| {
+                pd(v);
+                set(
+                    v,
+                    "/spec/router/extraArgs",
+                    json!(["--disaggregation-threshold-tokens=100"]),
+                );
+            },
+            Refused(Forbidden, "spec.router.extraArgs[0]"),
+        ),
+        (
+            "router flag it does not have",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/extraArgs", json!(["--turbo=1"]));
+            },
+            Refused(Invalid, "spec.router.extraArgs[0]"),
+        ),
+        (
+            "router value as its own entry",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/extraArgs", json!(["--log-level", "debug"]));
+            },
+            Refused(Invalid, "spec.router.extraArgs[1]"),
+        ),
+        (
+            "router flag without its value",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/extraArgs", json!(["--unhealthy-after"]));
+            },
+            Refused(Invalid, "spec.router.extraArgs[0]"),
+        ),
+        (
+            "router flag with a bad value",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/extraArgs", json!(["--health-interval-ms=5"]));
+            },
+            Refused(Invalid, "spec.router.extraArgs[0]"),
+        ),
+        (
+            "router flag with a value that is no number",
+            |v| {
+                pd(v);
+                set(v, "/spec/router/extraArgs", json!(["--max-body-bytes=8MiB"]));
+            },
+            Refused(Invalid, "spec.router.extraArgs[0]"),
+        ),
+        (
+            "router flag given twice",
+            |v| {
+                pd(v);
+                set(
+                    v,
+                    "/spec/router/extraArgs",
+                    json!(["--log-level=info", "--log-level=debug"]),
+                );
+            },
+            Refused(Duplicate, "spec.router.extraArgs[1]"),
+        ),
+        (
+            "router's rendered names longer than 63",
+            |v| {
+                pd(v);
+                set(v, "/metadata/name", json!(format!("m{}", "x".repeat(56))));
+            },
+            Refused(Invalid, "metadata.name"),
+        ),
+        (
+            "a role's workers Service longer than 63",
+            |v| {
+                pd(v);
+                set(v, "/metadata/name", json!("m".repeat(30)));
+                set(v, "/spec/roles/0/name", json!("p".repeat(26)));
+            },
+            Refused(Invalid, "spec.roles[0].name"),
+        ),
+        (
+            "router kind lowercase",
+            |v| {
+                pd(v);
+                set(v, "/spec/roles/0/kind", json!("prefill"));
+            },
+            Refused(NotSupported, "spec.roles[0].kind"),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn prefill_decode_admission_table() {
+    for (name, edit, expect) in prefill_decode_cases() {
+        let h = Harness::new();
+        let mut v = md();
+        edit(&mut v);
+        let result = create(&h, &v).await;
+        if let Err(e) = &result {
+            render_refuses_alike(name, &[], &v, e).await;
+        }
+        check(name, result, expect);
+    }
+}
+
+/// What the refusals say: the external routers name ours, `kvTransfer` names the store, and a
+/// Prefill role without Decode says what to add.
+#[tokio::test]
+async fn prefill_decode_refusals_say_what_to_do() {
+    let said = |edit: Edit, expect: Expect| async move {
+        let h = Harness::new();
+        let mut v = md();
+        edit(&mut v);
+        check("message", create(&h, &v).await, expect)
+    };
+    let m = said(
+        |v| set(v, "/spec/router", json!({"name": "vllm-router"})),
+        Expect::Refused(NotSupported, "spec.router.name"),
+    )
+    .await;
+    assert!(
+        m.contains(r#"Unsupported value: "vllm-router""#) && m.contains(r#"use "kvcache-router", our router"#),
+        "{m}"
+    );
+    let m = said(
+        |v| set(v, "/spec/kvTransfer", json!({"protocol": "TCP"})),
+        Expect::Refused(Forbidden, "spec.kvTransfer"),
+    )
+    .await;
+    assert!(m.contains("through the shared store"), "{m}");
+    let m = said(
+        |v| set(v, "/spec/roles/0/kind", json!("Prefill")),
+        Expect::Refused(Invalid, "spec.roles[0].kind"),
+    )
+    .await;
+    assert!(m.contains("a Prefill role needs a Decode role"), "{m}");
+    let m = said(
+        |v| {
+            set(
+                v,
+                "/spec/roles/1",
+                json!({"name": "p", "kind": "Prefill", "instanceType": "local-small"}),
+            )
+        },
+        Expect::Refused(Forbidden, "spec.roles[1].kind"),
+    )
+    .await;
+    assert!(m.contains("cannot share a deployment with Server roles"), "{m}");
+    let m = said(
+        |v| {
+            pd(v);
+            set(
+                v,
+                "/spec/roles/2",
+                json!({"name": "p2", "kind": "Prefill", "instanceType": "local-small"}),
+            );
+        },
+        Expect::Refused(Duplicate, "spec.roles[2].kind"),
+    )
+    .await;
+    assert!(m.contains("only Server may appear in more than one role"), "{m}");
+    let m = said(
+        |v| {
+            pd(v);
+            set(v, "/spec/router/extraArgs", json!(["--listen=0.0.0.0:1"]));
+        },
+        Expect::Refused(Forbidden, "spec.router.extraArgs[0]"),
+    )
+    .await;
+    assert!(m.contains("--listen is set by the server"), "{m}");
+    let m = said(
+        |v| {
+            pd(v);
+            set(v, "/spec/router/extraArgs", json!(["--turbo"]));
+        },
+        Expect::Refused(Invalid, "spec.router.extraArgs[0]"),
+    )
+    .await;
+    assert!(m.contains("--health-interval-ms, --unhealthy-after"), "{m}");
+    let m = said(
+        |v| {
+            pd(v);
+            set(v, "/spec/router/extraArgs", json!(["--health-interval-ms=5"]));
+        },
+        Expect::Refused(Invalid, "spec.router.extraArgs[0]"),
+    )
+    .await;
+    assert!(m.contains("5 is not in 10.."), "the router's own words: {m}");
+}
+
+#[tokio::test]
+async fn router_replicas_default_to_one() {
+    let h = Harness::new();
+    let mut v = md();
+    pd(&mut v);
+    let (m, _) = create(&h, &v).await.unwrap();
+    let r = m.spec.router.unwrap();
+    assert_eq!((r.name.as_deref(), r.replicas), (Some("kvcache-router"), Some(1)));
+    assert_eq!(
+        m.spec.roles[0].kind,
+        Some(kvcache_api::model_deployment::RoleKind::Prefill)
+    );
 }
 
 #[tokio::test]
@@ -641,6 +1075,16 @@ fn update_cases() -> Vec<(&'static str, Edit, Expect)> {
             "edit extraArgs",
             |v| set(v, "/spec/roles/0/extraArgs", json!(["--max-model-len=8192"])),
             Admitted,
+        ),
+        (
+            "add a router",
+            |v| set(v, "/spec/router", json!({"name": "kvcache-router"})),
+            Admitted,
+        ),
+        (
+            "change a role's kind",
+            |v| set(v, "/spec/roles/0/kind", json!("Decode")),
+            Refused(Forbidden, "spec.roles[0].kind"),
         ),
     ]
 }

@@ -1,9 +1,10 @@
 //! Object rules of a `ModelDeployment`: shapes and bounds, the engine-owned keys that
-//! `extraArgs` and `env` may not set, and the parts of the API not built yet (refused by name).
+//! `extraArgs` and `env` may not set, and the parts of the API not built yet (refused by name);
+//! role kinds, the router and `kvTransfer` in `router.rs`.
 
 use std::collections::BTreeSet;
 
-use kvcache_api::model_deployment::{EngineName, ModelDeployment, ModelDeploymentSpec, Role, RoleKind};
+use kvcache_api::model_deployment::{EngineName, ModelDeployment, ModelDeploymentSpec, Role};
 
 use crate::field::{ErrorList, Path};
 use crate::registry::Context;
@@ -85,12 +86,7 @@ pub fn validate(obj: &ModelDeployment, ctx: &Context) -> ErrorList {
     validate_model(s, &spec, &mut errs);
     let engine = validate_engine(s, &spec, &mut errs);
     validate_kv_cache(obj, &spec, &mut errs);
-    if s.router.is_some() {
-        errs.not_supported_yet(&spec.child("router"), "a router");
-    }
-    if s.kv_transfer.is_some() {
-        errs.not_supported_yet(&spec.child("kvTransfer"), "direct KV transfer between roles");
-    }
+    super::router::router(obj, ctx, &spec, &mut errs);
     let rp = spec.child("roles");
     if s.roles.is_empty() {
         errs.required(&rp, "declare at least one role");
@@ -104,6 +100,9 @@ pub fn validate(obj: &ModelDeployment, ctx: &Context) -> ErrorList {
             errs.duplicate(&p.child("name"), &role.name, "role names must be unique");
         }
         validate_role(obj, role, engine, &p, ctx, &mut errs);
+    }
+    if !s.roles.is_empty() {
+        super::router::role_kinds(s, &spec, &mut errs);
     }
     errs
 }
@@ -246,15 +245,9 @@ fn validate_role_name(obj: &ModelDeployment, role: &Role, p: &Path, errs: &mut E
     }
 }
 
-/// The role's kind, replicas and size (Pods per replica).
+/// The role's replicas and size (Pods per replica); its kind is judged with the other roles'
+/// (`router.rs`).
 fn validate_role_shape(role: &Role, p: &Path, errs: &mut ErrorList) {
-    match role.kind {
-        Some(RoleKind::Server) | None => {}
-        Some(k) => errs.not_supported_yet(
-            &p.child("kind"),
-            &format!("the {} role kind (prefill/decode disaggregation)", k.as_str()),
-        ),
-    }
     let replicas = role.replicas.unwrap_or(1);
     if !(1..=MAX_REPLICAS).contains(&replicas) {
         errs.invalid(&p.child("replicas"), replicas, "must be between 1 and 1024");

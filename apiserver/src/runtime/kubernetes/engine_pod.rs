@@ -188,6 +188,7 @@ mod tests {
             uid: String::new(),
             replicas: replicas.clone(),
             hold_rollout: false,
+            router: None,
         };
         engine_pod(&plan, &replicas[0], "vllm/vllm-openai:v0.32.0")
     }

@@ -8,6 +8,7 @@
 //! | [`store`] | a backend's objects applied, its Pods read back, its removal |
 //! | [`engine_pod`] | a ModelDeployment's replicas as engine Pods |
 //! | [`replicas`] | those Pods created, replaced and deleted |
+//! | [`router`] | a deployment's router: its Deployment, Service and per-role headless Services |
 //! | [`store_target`] | the namespace, image and pull policy of a backend's objects |
 //! | [`observe`] | a Pod's status as a workload's state |
 //! | [`rollout`] | the leader Deployment's rollout, and rising past one replica in two steps |
@@ -21,6 +22,7 @@ pub mod observe;
 pub mod render;
 mod replicas;
 mod rollout;
+pub mod router;
 mod store;
 pub mod store_target;
 pub mod tenant_namespaces;
@@ -37,7 +39,10 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use parking_lot::RwLock;
 
-use super::{Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, StoreObservation, StorePlan, WorkloadState};
+use super::{
+    Changed, Node, ReplicaObservation, ReplicaPlan, RouterObservation, Runtime, StoreObservation, StorePlan,
+    WorkloadState,
+};
 
 /// The field manager of every object the controllers apply.
 pub const FIELD_MANAGER: &str = "kvcache-controllers";
@@ -256,8 +261,20 @@ impl Runtime for KubernetesRuntime {
         self.converge_replicas(plan).await
     }
 
+    async fn ensure_router(&self, plan: &ReplicaPlan, _replicas: &[ReplicaObservation]) -> Option<RouterObservation> {
+        // the router finds its workers through the roles' headless Services itself
+        self.converge_router(plan).await
+    }
+
     async fn remove_replicas(&self, owner: &str) -> bool {
-        self.remove_replicas_now(owner).await
+        let pods_gone = self.remove_replicas_now(owner).await;
+        let (namespace, deployment) = owner.split_once('/').unwrap_or(("default", owner));
+        let router_gone = match self.tenants.enter(namespace).await {
+            Ok(tenant_namespaces::Entered::Yes) => self.prune_router(namespace, deployment, &[]).await,
+            Ok(tenant_namespaces::Entered::NoSuchNamespace) => true,
+            Err(_) => false,
+        };
+        pods_gone && router_gone
     }
 
     async fn shutdown(&self) {

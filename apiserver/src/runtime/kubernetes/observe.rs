@@ -18,6 +18,18 @@ fn time(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> SystemTime 
     SystemTime::from(t.0)
 }
 
+/// What the Pod's `tier-survey` init container found in its member's disk tier (`kv-store
+/// tier-survey`'s termination message, `{"entries":N}`), and when the Pod was created; `None`
+/// while it has not finished, or without one.
+pub fn tier_survey(pod: &Pod) -> Option<(i64, Option<SystemTime>)> {
+    let statuses = pod.status.as_ref()?.init_container_statuses.as_ref()?;
+    let survey = statuses.iter().find(|c| c.name == "tier-survey")?;
+    let message = survey.state.as_ref()?.terminated.as_ref()?.message.as_deref()?;
+    let v: serde_json::Value = serde_json::from_str(message.trim()).ok()?;
+    let created = pod.metadata.creation_timestamp.as_ref().map(time);
+    Some((v["entries"].as_i64()?, created))
+}
+
 /// The state of the Pod's container named `container` (the first one when absent).
 pub fn workload(pod: &Pod, container: &str) -> WorkloadState {
     let status = pod.status.clone().unwrap_or_default();
@@ -137,5 +149,24 @@ mod tests {
             "leader",
         );
         assert_eq!(creating.waiting, None, "creating a container is progress, not a fault");
+    }
+
+    #[test]
+    fn the_tier_survey_is_the_init_containers_termination_message() {
+        let finished = |message: &str| {
+            let mut p = pod(serde_json::json!({"initContainerStatuses": [{
+                "name": "tier-survey", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                "state": {"terminated": {"exitCode": 0, "message": message}}
+            }]}));
+            p.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(1_000).unwrap(),
+            ));
+            p
+        };
+        let created = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        assert_eq!(tier_survey(&finished("{\"entries\":3}\n")), Some((3, Some(created))));
+        assert_eq!(tier_survey(&finished("{\"entries\":-1}")), Some((-1, Some(created))));
+        assert_eq!(tier_survey(&finished("garbage")), None);
+        assert_eq!(tier_survey(&pod(serde_json::json!({}))), None, "not finished, or none");
     }
 }

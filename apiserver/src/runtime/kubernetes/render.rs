@@ -415,6 +415,9 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
     if reads_lease {
         pod["serviceAccountName"] = json!(format!("{}-member", plan.backend));
     }
+    if let Some(dir) = &config.tier_dir {
+        mount_tier(&mut pod, &dir.display().to_string());
+    }
     json!({
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -425,6 +428,34 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
             "template": {"metadata": {"labels": labels(&plan.backend, &component)}, "spec": pod},
         },
     })
+}
+
+/// A member Pod's disk tier: the node's directory (`type: Directory`: the kubelet refuses to
+/// start the Pod while it is missing, never creates it root-owned), mounted where the member's
+/// `--tier-dir` names it, and the init container `tier-survey`, which counts what the directory
+/// holds before the member first opens it and leaves that as its termination message
+/// (`TierWasEmpty`). No preStop hook: on SIGTERM the member first copies what is still queued for
+/// its tier (up to 5 s of the Pod's 60 s grace), then stops.
+fn mount_tier(pod: &mut Value, dir: &str) {
+    if let Some(v) = pod["volumes"].as_array_mut() {
+        v.push(json!({"name": "tier", "hostPath": {"path": dir, "type": "Directory"}}));
+    }
+    let mount = json!({"name": "tier", "mountPath": dir});
+    if let Some(m) = pod["containers"][0]["volumeMounts"].as_array_mut() {
+        m.push(mount.clone());
+    }
+    let main = &pod["containers"][0];
+    let survey = json!({
+        "name": "tier-survey",
+        "image": main["image"],
+        "imagePullPolicy": main["imagePullPolicy"],
+        "command": main["command"],
+        "args": ["tier-survey", "--dir", dir, "--write", "/dev/termination-log"],
+        "terminationMessagePolicy": "File",
+        "resources": {"requests": {"memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+        "volumeMounts": [mount],
+    });
+    pod["initContainers"] = json!([survey]);
 }
 
 /// NetworkPolicy `<backend>-store`: the store's ports (gRPC, fast, data) take connections only

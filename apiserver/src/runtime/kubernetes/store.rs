@@ -11,7 +11,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::Value;
 
 use super::{FIELD_MANAGER, KubernetesRuntime, observe, refused, render, rollout, tls_secrets, token_secrets};
-use crate::runtime::{MemberPlan, Rollout, StoreObservation, StorePlan, WorkloadState};
+use crate::runtime::{MemberPlan, Rollout, StoreObservation, StorePlan, TierSurvey, WorkloadState};
 
 /// The kinds this runtime renders, each with its API path.
 pub(super) fn resource(kind: &str) -> Option<ApiResource> {
@@ -70,12 +70,14 @@ impl KubernetesRuntime {
                 ..Rollout::default()
             },
         });
+        let (members, tier_survey) = self.observe_members(plan).await;
         StoreObservation {
             client_endpoint: Some(render::leader_address(plan, &self.opts.namespace)),
             leaders: self.observe_leaders(plan).await,
             lease,
-            members: self.observe_members(plan).await,
+            members,
             rollout,
+            tier_survey,
         }
     }
 
@@ -114,8 +116,9 @@ impl KubernetesRuntime {
     }
 
     /// Each planned member's state: its group's Pod on its node (the groups' Pods read once each).
-    async fn observe_members(&self, plan: &StorePlan) -> Vec<(MemberPlan, WorkloadState)> {
+    async fn observe_members(&self, plan: &StorePlan) -> (Vec<(MemberPlan, WorkloadState)>, Option<TierSurvey>) {
         let mut members = Vec::new();
+        let mut survey = TierSurvey::default();
         let mut by_group: BTreeMap<usize, Vec<Pod>> = BTreeMap::new();
         for m in &plan.members {
             if let std::collections::btree_map::Entry::Vacant(slot) = by_group.entry(m.group) {
@@ -128,12 +131,18 @@ impl KubernetesRuntime {
             let pod = by_group[&m.group]
                 .iter()
                 .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(m.node.as_str()));
+            if m.config.tier_dir.is_some() {
+                survey.expected += 1;
+                if let Some((entries, created)) = pod.and_then(observe::tier_survey) {
+                    survey.readings.push((m.node.clone(), entries, created));
+                }
+            }
             members.push((
                 m.clone(),
                 pod.map(|p| observe::workload(p, "member")).unwrap_or_default(),
             ));
         }
-        members
+        (members, (survey.expected > 0).then_some(survey))
     }
 
     /// Deletes what this runtime rendered for `backend` (workloads first), then its keys in the

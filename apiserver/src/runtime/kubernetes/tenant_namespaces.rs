@@ -83,7 +83,8 @@ impl TenantNamespaces {
         if !entered.contains_key(namespace) {
             let watch = super::watch_pods(
                 Api::namespaced(self.client.clone(), namespace),
-                "app.kubernetes.io/name=model-deployment",
+                // engine Pods and router Pods wake their deployment
+                "app.kubernetes.io/name in (model-deployment,kvcache-router)",
                 self.changes.clone(),
                 |namespace, instance| Changed::Replicas(format!("{namespace}/{instance}")),
             );

@@ -19,8 +19,11 @@
 //! - Replicas ([`engines`]): `kv-store engine-sim` with exactly the injected environment, or
 //!   with `localRuntime.engines: real` the engine's own command (`vllm serve <model>`) on a
 //!   loopback port of its own, ready once `GET /health` answers.
+//! - Router ([`router`]): `kv-router` (next to `kv-store`) on a loopback port of its own, its
+//!   workers the ready replicas, in a file the runtime rewrites atomically as they change.
 //! - Logs: `<data-dir>/logs/<backend>/<process>.log`, and
-//!   `<data-dir>/logs/_deployments/<namespace>/<name>/<replica>.log` (`_` is never in a name).
+//!   `<data-dir>/logs/_deployments/<namespace>/<name>/<replica>.log` (`_` is never in a name),
+//!   `router.log` beside them.
 //!
 //! The store processes run with `--spin 0`: on a laptop they share cores with everything else.
 
@@ -29,6 +32,7 @@ pub mod front;
 mod ports;
 pub mod process;
 mod replicas;
+pub mod router;
 mod store;
 mod tls_files;
 
@@ -42,7 +46,9 @@ use tokio::sync::Mutex;
 pub use self::ports::loopback_port;
 use self::process::{Hooks, Supervised};
 use self::store::StoreProcesses;
-use super::{Changed, Node, ReplicaObservation, ReplicaPlan, Runtime, Secrets, StoreObservation, StorePlan};
+use super::{
+    Changed, Node, ReplicaObservation, ReplicaPlan, RouterObservation, Runtime, Secrets, StoreObservation, StorePlan,
+};
 
 /// How the local runtime runs.
 #[derive(Clone, Debug)]
@@ -101,9 +107,11 @@ pub const LEASE_NAMESPACE: &str = "kvcache-system";
 struct State {
     stores: HashMap<String, StoreProcesses>,
     replicas: HashMap<String, HashMap<String, Supervised>>,
-    /// The loopback port of each real engine replica (`<owner>/<replica>`), kept while it is
-    /// planned so a restart serves at the same address.
+    /// The loopback port of each real engine replica (`<owner>/<replica>`) and of each router
+    /// (`<owner>/_router`), kept while it is planned so a restart serves at the same address.
     engine_ports: HashMap<String, u16>,
+    /// Each deployment's router (`<namespace>/<name>`).
+    routers: HashMap<String, Supervised>,
 }
 
 /// Child processes on this machine.
@@ -224,14 +232,19 @@ impl Runtime for LocalRuntime {
         self.converge_replicas(plan).await
     }
 
+    async fn ensure_router(&self, plan: &ReplicaPlan, replicas: &[ReplicaObservation]) -> Option<RouterObservation> {
+        self.converge_router(plan, replicas).await
+    }
+
     async fn remove_replicas(&self, owner: &str) -> bool {
+        self.remove_router_now(owner).await;
         self.remove_replicas_now(owner).await;
         true
     }
 
     async fn shutdown(&self) {
         let state = std::mem::take(&mut *self.state.lock().await);
-        let mut stops = Vec::new();
+        let mut stops: Vec<_> = state.routers.into_values().map(Supervised::stop).collect();
         for (_, r) in state.replicas {
             stops.extend(r.into_values().map(Supervised::stop));
         }

@@ -127,13 +127,15 @@ impl LocalRuntime {
     }
 }
 
-/// Forgets the ports of the owner's replicas that are no longer planned.
+/// Forgets the ports of the owner's replicas that are no longer planned (the router's port is
+/// the router's to forget, `router.rs`).
 fn forget_ports(state: &mut State, plan: &ReplicaPlan) {
-    let planned: Vec<String> = plan
+    let mut planned: Vec<String> = plan
         .replicas
         .iter()
         .map(|r| format!("{}/{}", plan.owner, r.name))
         .collect();
+    planned.push(super::router::port_key(&plan.owner));
     let prefix = format!("{}/", plan.owner);
     state
         .engine_ports

@@ -28,6 +28,10 @@ pub(super) struct StoreProcesses {
     pub(super) leaders: Vec<Supervised>,
     /// Keyed by member name.
     pub(super) members: HashMap<String, Supervised>,
+    /// the plan's `cleanAfterDelete` of its disk tier, as last converged
+    clean_tiers: bool,
+    /// what each member's tier held before this server first started it: (node, entries, when)
+    surveys: HashMap<String, (String, i64, std::time::SystemTime)>,
 }
 
 impl StoreProcesses {
@@ -58,6 +62,8 @@ impl LocalRuntime {
                     leader_ports: Vec::new(),
                     leaders: Vec::new(),
                     members: HashMap::new(),
+                    clean_tiers: false,
+                    surveys: HashMap::new(),
                 },
                 Err(e) => return front_refused(&e),
             },
@@ -67,6 +73,7 @@ impl LocalRuntime {
             member_token: self.member_token_file(&plan.backend),
             tls: self.tls.backend(&plan.backend),
         };
+        store.clean_tiers = plan.clean_tiers_after_delete;
         self.converge_leaders(plan, &mut store, &shared).await;
         let refusal = memory_refusal(&state, plan, self.memory_limit());
         self.converge_members(plan, &mut store, &shared, refusal).await;
@@ -133,6 +140,20 @@ impl LocalRuntime {
             let name = m.name(&plan.backend);
             wanted.push(name.clone());
             let cfg = self.member_config(plan, m, &store.front, shared);
+            if let Some(dir) = &cfg.tier_dir {
+                if let Err(e) = std::fs::create_dir_all(dir) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "the member's disk tier directory cannot be made");
+                }
+                // what it held before its first member here opened it
+                if !store.surveys.contains_key(&name) {
+                    let reading = (
+                        m.node.clone(),
+                        kvcache_store::member::tier::survey(dir),
+                        std::time::SystemTime::now(),
+                    );
+                    store.surveys.insert(name.clone(), reading);
+                }
+            }
             let spec = ProcessSpec {
                 program: self.opts.store_binary.clone(),
                 args: store_args("member", cfg.to_args()),
@@ -163,6 +184,32 @@ impl LocalRuntime {
         }
     }
 
+    /// What the planned members' tiers held before their first start here.
+    fn tier_survey(&self, plan: &StorePlan, store: &StoreProcesses) -> Option<crate::runtime::TierSurvey> {
+        let tiered: Vec<&MemberPlan> = plan.members.iter().filter(|m| m.config.tier_dir.is_some()).collect();
+        if tiered.is_empty() {
+            return None;
+        }
+        Some(crate::runtime::TierSurvey {
+            expected: tiered.len(),
+            readings: tiered
+                .iter()
+                .filter_map(|m| store.surveys.get(&m.name(&plan.backend)))
+                .map(|(node, entries, at)| (node.clone(), *entries, Some(*at)))
+                .collect(),
+        })
+    }
+
+    /// Where a member's disk tier lives on this machine: `<data-dir>/tiers/<backend>/<member>`.
+    pub(super) fn tier_dir(&self, backend: &str, member: &str) -> PathBuf {
+        self.tiers_of(backend).join(member)
+    }
+
+    /// Every tier of a backend's members on this machine.
+    fn tiers_of(&self, backend: &str) -> PathBuf {
+        self.opts.data_dir.join("tiers").join(backend)
+    }
+
     /// What runs of `plan`, as the controller reads it.
     fn observe_store(&self, plan: &StorePlan, store: &StoreProcesses) -> StoreObservation {
         StoreObservation {
@@ -185,14 +232,24 @@ impl LocalRuntime {
                     (m.clone(), st)
                 })
                 .collect(),
+            tier_survey: self.tier_survey(plan, store),
         }
     }
 
-    /// Stops the backend's processes and forgets its front's ports.
+    /// Stops the backend's processes and forgets its front's ports; empties its members' disk
+    /// tiers when its plan said `cleanAfterDelete`.
     pub(super) async fn remove_store_now(&self, backend: &str) {
         let store = self.state.lock().await.stores.remove(backend);
         if let Some(store) = store {
+            let clean = store.clean_tiers;
             store.stop().await;
+            let tiers = self.tiers_of(backend);
+            if clean
+                && let Err(e) = std::fs::remove_dir_all(&tiers)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(dir = %tiers.display(), error = %e, "the backend's disk tiers could not be emptied");
+            }
         }
         let _ = std::fs::remove_file(self.opts.data_dir.join("runtime").join(format!("{backend}.ports")));
     }
@@ -253,6 +310,10 @@ impl LocalRuntime {
         cfg.no_prefault = true;
         cfg.spin = Duration::ZERO;
         cfg.member_token_file = shared.member_token.clone();
+        if cfg.tier_dir.is_some() {
+            // every member of this machine a tier of its own, under the data directory
+            cfg.tier_dir = Some(self.tier_dir(&plan.backend, &m.name(&plan.backend)));
+        }
         cfg.tls = kvcache_store::tls::ServeFlags {
             tls_cert: tls.map(|t| t.cert.clone()),
             tls_key: tls.map(|t| t.key.clone()),

@@ -31,6 +31,7 @@ async fn members_that_would_need_more_memory_than_the_machine_are_refused() {
         groups: vec![],
         election: None,
         tenant_namespaces: Default::default(),
+        clean_tiers_after_delete: false,
     };
     let obs = rt.ensure_store(&plan).await;
     assert_eq!(obs.members.len(), 2);

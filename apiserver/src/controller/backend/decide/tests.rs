@@ -39,6 +39,7 @@ fn observed(endpoint: bool, leader: WorkloadState) -> Observed {
             .map(|m| (m.clone(), WorkloadState::default()))
             .collect(),
         rollout: None,
+        tier_survey: None,
     };
     (plan, unmatched, obs)
 }

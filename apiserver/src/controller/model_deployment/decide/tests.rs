@@ -312,7 +312,7 @@ fn what_the_replicas_observation_makes() {
     let now = crate::registry::meta::now();
     for (name, resolved, observed, phase, cache) in table {
         let md = deployment(true);
-        let st = report(&md, &attach(&md, &resolved, ""), &observed, &now);
+        let st = report(&md, &attach(&md, &resolved, ""), &observed, None, &now);
         let got = format!(
             "{}|{}",
             st.phase.map(|p| p.as_str()).unwrap_or_default(),
@@ -351,9 +351,9 @@ fn the_endpoint_is_where_the_first_role_first_replica_answers() {
     ];
     let now = crate::registry::meta::now();
     let attached = attach(&md, &Resolved::default(), "");
-    let st = report(&md, &attached, &observed, &now);
+    let st = report(&md, &attached, &observed, None, &now);
     assert_eq!(st.endpoint.as_deref(), Some("http://127.0.0.1:2"));
     // A runtime that serves the replicas at no address of its own (a cluster) sets none.
     let observed = vec![at("chat", "chat-0", None), at("server", "server-0", Some("http://x"))];
-    assert_eq!(report(&md, &attached, &observed, &now).endpoint, None);
+    assert_eq!(report(&md, &attached, &observed, None, &now).endpoint, None);
 }

@@ -312,3 +312,56 @@ fn the_store_ports_admit_its_own_pods_the_server_and_its_tenants_engines_only() 
         "model-deployment"
     );
 }
+
+#[test]
+fn a_group_with_a_disk_tier_mounts_the_nodes_directory_and_runs_the_members_with_it() {
+    let tiered = ONE.replace(
+        "      extraEnv: [{name: X, value: y}]\n",
+        "      extraEnv: [{name: X, value: y}]\n      localDisks:\n      - path: /mnt/nvme/kv\n        capacity: 4Ti\n        keyLimit: 1000000\n        eviction: {policy: LRU, watermark: {high: 90, low: 80}}\n",
+    );
+    let p = plan(&tiered);
+    let ds = member_daemon_set(&p, &p.groups[0], &target());
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["volumes"][3],
+        json!({"name": "tier", "hostPath": {"path": "/mnt/nvme/kv", "type": "Directory"}})
+    );
+    let c = &pod["containers"][0];
+    assert_eq!(
+        c["volumeMounts"][3],
+        json!({"name": "tier", "mountPath": "/mnt/nvme/kv"})
+    );
+    let parsed = MemberConfig::parse_args(&args(c)[1..]).unwrap();
+    assert_eq!(parsed.tier_dir.as_deref(), Some(std::path::Path::new("/mnt/nvme/kv")));
+    assert_eq!(parsed.tier_capacity, 4 << 40);
+    assert_eq!(parsed.tier_key_limit, 1_000_000);
+    assert_eq!(parsed.tier_watermark, Some((90, 80)));
+    assert!(parsed.tier_lru && !parsed.tier_keep_when_full);
+    parsed.validate().unwrap();
+    let survey = &pod["initContainers"][0];
+    assert_eq!(survey["name"], "tier-survey");
+    assert_eq!(survey["image"], c["image"]);
+    assert_eq!(
+        survey["args"],
+        json!([
+            "tier-survey",
+            "--dir",
+            "/mnt/nvme/kv",
+            "--write",
+            "/dev/termination-log"
+        ])
+    );
+    assert_eq!(survey["terminationMessagePolicy"], "File");
+    assert_eq!(
+        survey["volumeMounts"],
+        json!([{"name": "tier", "mountPath": "/mnt/nvme/kv"}])
+    );
+
+    // without a tier: none of it
+    let p = plan(ONE);
+    let pod = &member_daemon_set(&p, &p.groups[0], &target())["spec"]["template"]["spec"];
+    assert_eq!(pod["volumes"].as_array().unwrap().len(), 3);
+    assert!(pod["initContainers"].is_null());
+    let parsed = MemberConfig::parse_args(&args(&pod["containers"][0])[1..]).unwrap();
+    assert!(parsed.tier_dir.is_none());
+}

@@ -21,11 +21,13 @@ class Transfer:
 @dataclass
 class KVCacheStoreMetadata(KVConnectorMetadata):
     """One step's work for the workers: blocks to load (asynchronously: the request waits in
-    ``WAITING_FOR_REMOTE_KVS`` until every worker reports it in ``get_finished``), and blocks to
-    save once the step's forward has written them."""
+    ``WAITING_FOR_REMOTE_KVS`` until every worker reports it in ``get_finished``), blocks to
+    save once the step's forward has written them, and the requests whose prompt this step
+    completes for a remote decode (``handoff``): the step ends only once every put of theirs has."""
 
     loads: list[Transfer] = field(default_factory=list)
     saves: list[Transfer] = field(default_factory=list)
+    handoffs: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -7,9 +7,13 @@ after vLLM's own prefix-cache hit, loaded asynchronously: the request waits in
 once vLLM has computed them. The scheduler never moves a byte: each step it hands the workers a
 ``KVCacheStoreMetadata`` of the blocks to load and to save. The shards' namespaces need the
 workers' page format, which vLLM's handshake brings (``set_xfer_handshake_metadata``); until it
-has, or if the workers disagree on it, every lookup is a miss. With ``KVSTORE_REPORT=stdout``
-it prints one JSON line per finished request at most every ``KVSTORE_REPORT_INTERVAL`` seconds
-(default 1) with the cumulative ``blocks``, ``hits``, ``stored`` and ``hit_rate``, which the local runtime reads.
+has, or if the workers disagree on it, every lookup is a miss. Prefill and decode replicas hand a
+prompt over through the store (``handoff``): a prefill asked for it marks the step that completes
+the prompt, so its workers end that step only once the prompt's puts have, and answers with the
+handoff; a decode handed one checks its own chain against it and counts what the store lacked.
+With ``KVSTORE_REPORT=stdout`` it prints one JSON line per finished request at most every
+``KVSTORE_REPORT_INTERVAL`` seconds (default 1) with the cumulative ``blocks``, ``hits``,
+``stored`` and ``hit_rate``, which the local runtime reads.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import StoreError
+from .handoff import Handoff, fingerprint, requested
 from .keys import Layout, block_key, chain, request_seed
 from .link import KEYS_PER_CALL, Link
 from .metadata import KVCacheStoreMetadata, Transfer
@@ -51,6 +56,10 @@ class _Tracked:
     #: local prefix-cache hit in blocks, from the last lookup
     local_blocks: int = 0
     hit_blocks: int = 0
+    #: a prefill for a remote decode: hand the prompt over through the store
+    hand_over: bool = False
+    #: the step completing the prompt was marked, so its puts are waited for
+    handed: bool = False
 
 
 class SchedulerSide:
@@ -95,7 +104,11 @@ class SchedulerSide:
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         if request.request_id not in self._requests:
             # one lookup per request: vLLM may ask again while the request waits
-            self._requests[request.request_id] = self._lookup(request)
+            tracked = self._lookup(request)
+            self._requests[request.request_id] = tracked
+            if tracked is not None:
+                tracked.hand_over = self.producer and requested(request)
+                self._received(request, tracked)
         tracked = self._requests[request.request_id]
         if tracked is None or not self.consumer:
             return 0, False
@@ -140,6 +153,41 @@ class SchedulerSide:
         self.counters.add(lookups=1, lookup_blocks=blocks)
         return tracked
 
+    def _received(self, request: Request, tracked: _Tracked) -> None:
+        """Counts a decode request's handoff: the blocks it names, those the store lacks (the
+        engine computes them), and a chain that is not this replica's."""
+        handoff = Handoff.of(request)
+        if handoff is None:
+            return
+        loadable = (request.num_prompt_tokens - 1) // self.layout.block_size
+        named = min(handoff.blocks, loadable, len(tracked.present))
+        held = 0
+        while held < named and tracked.present[held]:
+            held += 1
+        ours = (
+            self._namespaces is not None
+            and 0 < handoff.blocks <= len(tracked.hashes)
+            and fingerprint(self._namespaces, tracked.hashes[handoff.blocks - 1]) == handoff.fingerprint
+        )
+        mismatch = handoff.blocks > 0 and not ours
+        if mismatch:
+            logger.warning(
+                "kvcache.vllm: request %s was handed %d blocks of a chain that is not this replica's "
+                "(another model, layout, salt or LoRA, or other tokens); it computes what it cannot find",
+                request.request_id,
+                handoff.blocks,
+            )
+        if held < named:
+            logger.info(
+                "kvcache.vllm: request %s was handed %d blocks, the store holds the first %d; it computes the rest",
+                request.request_id,
+                named,
+                held,
+            )
+        self.counters.add(
+            handoffs_in=1, handoff_blocks=named, handoff_missing_blocks=named - held, handoff_mismatches=int(mismatch)
+        )
+
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         tracked = self._requests.get(request.request_id)
         if tracked is None or num_external_tokens <= 0:
@@ -183,6 +231,10 @@ class SchedulerSide:
         if not self.producer:
             return
         done = min(computed // self.layout.block_size, len(tracked.hashes), len(tracked.block_ids))
+        if tracked.hand_over and not tracked.handed and done >= len(tracked.hashes):
+            # this step completes the prompt: it ends once the prompt's puts have, before vLLM answers
+            meta.handoffs.append(req_id)
+            tracked.handed = True
         if done <= tracked.saved_upto:
             return
         todo = [i for i in range(tracked.saved_upto, done) if not tracked.present[i]]
@@ -213,10 +265,23 @@ class SchedulerSide:
                 tracked.saved_upto = min(tracked.saved_upto, at)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        self._requests.pop(request.request_id, None)
+        tracked = self._requests.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
         self._report()
-        return False, None
+        if not (self.producer and requested(request)):
+            return False, None
+        # the blocks are in the store (or failed to be): vLLM frees them at once
+        self.counters.add(handoffs_out=1)
+        return False, self._handoff(tracked).params(request.prompt_token_ids)
+
+    def _handoff(self, tracked: _Tracked | None) -> Handoff:
+        """What a prefill hands over: every full prompt block, once the step completing the
+        prompt waited for their puts; nothing when it never got there (or keys nothing)."""
+        if tracked is None or not tracked.handed or self._namespaces is None or not tracked.hashes:
+            return Handoff(0, 0, "")
+        blocks = len(tracked.hashes)
+        value = self.layout.page_bytes * len(self.layout.layers) * self.layout.shards
+        return Handoff(blocks, blocks * value, fingerprint(self._namespaces, tracked.hashes[-1]))
 
     def _report(self) -> None:
         if not self.settings.report:

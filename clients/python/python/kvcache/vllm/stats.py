@@ -34,6 +34,13 @@ STAT_FIELDS = (
     "save_failures",  # blocks whose save failed (dropped)
     "skipped",  # calls not made while the store was down or backing off
     "uncacheable",  # requests served without the cache (multimodal, embeddings)
+    "handoffs_out",  # prefills that answered with a handoff for a remote decode
+    "handoff_wait_ms",  # time prefill steps waited for the handoff's puts
+    "handoff_timeouts",  # handoffs whose puts had not ended when the wait gave up
+    "handoffs_in",  # decode requests that arrived with a handoff
+    "handoff_blocks",  # blocks those handoffs named
+    "handoff_missing_blocks",  # named blocks the store lacked, so decode computed them
+    "handoff_mismatches",  # handoffs whose chain is not this replica's (other keys, other tokens)
 )
 
 

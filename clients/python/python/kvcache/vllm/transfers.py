@@ -14,6 +14,10 @@ for that event). A request is reported finished (``finished``) once every chunk 
 failed; failed blocks are reported with it, and vLLM recomputes them, so a failed or late load
 (past the call's timeout) costs a recompute, never a wrong byte.
 
+A prefill that hands its prompt to a remote decode waits for its request's puts at the end of the
+step that completes the prompt (``wait_saved``): vLLM answers only after that step, so the
+answer means the store has the blocks, and the engine frees them at once.
+
 Slots are fixed, so memory is bounded: two for loads, and for saves as many as 512 MiB holds with
 a GPU (pinned memory; a step's saves of an 8B model's 3,500-token prompt are about 430 MiB) or
 two on a CPU. A step that saves more than the free slots hold waits for the oldest put to finish
@@ -95,6 +99,9 @@ class Transfers:
             self._slots[direction] = q
         self._lock = threading.Lock()
         self._pending: dict[str, int] = {}
+        #: save chunks queued or running, by request
+        self._saving: dict[str, int] = {}
+        self._saved = threading.Condition(self._lock)
         self._finished: set[str] = set()
         self._failed: set[int] = set()
         self._work: dict[str, queue.Queue[Any]] = {"save": queue.Queue(), "load": queue.Queue()}
@@ -139,7 +146,19 @@ class Transfers:
                 main.wait_event(gathered)
             else:
                 self.pages.gather(ids, slot.host[: n * self.pages.value_bytes])
+            with self._lock:
+                self._saving[req_id] = self._saving.get(req_id, 0) + 1
             self._work["save"].put((c, slot, event))
+
+    def wait_saved(self, req_ids: list[str]) -> bool:
+        """Waits until every save chunk of `req_ids` queued so far has been put (or failed);
+        `False` if they have not within the time their calls may take."""
+        chunk_s = self.timeout_ms / 1000 + self.chunk * self.pages.value_bytes * SECONDS_PER_BYTE
+        with self._saved:
+            queued = sum(self._saving.values())
+            return self._saved.wait_for(
+                lambda: all(self._saving.get(r, 0) == 0 for r in req_ids), timeout=(queued + 1) * chunk_s
+            )
 
     def _put(self, item: tuple[_Chunk, Slot, Any]) -> None:
         c, slot, event = item
@@ -149,14 +168,21 @@ class Transfers:
             n, base = len(c.blocks), slot.host.data_ptr()
             parts = [self.pages.staged(base, n, j) for j in range(n)]
             done = self._call("a save", lambda s, t: s.batch_put_from_parts(c.keys, *_split(parts), timeout_ms=t), n)
+            stored = sum(1 for d in done if d == 0)
+            if stored < n:
+                codes = sorted({CODE_NAMES.get(d, str(d)) for d in done if d != 0})
+                logger.warning("kvcache.vllm: %d of %d blocks were not saved (%s)", n - stored, n, ", ".join(codes))
+            value = self.pages.value_bytes
+            self.counters.add(saved_blocks=stored, saved_bytes=stored * value, save_failures=n - stored)
         finally:
             self._slots["save"].put(slot)
-        stored = sum(1 for d in done if d == 0)
-        if stored < n:
-            codes = sorted({CODE_NAMES.get(d, str(d)) for d in done if d != 0})
-            logger.warning("kvcache.vllm: %d of %d blocks were not saved (%s)", n - stored, n, ", ".join(codes))
-        value = self.pages.value_bytes
-        self.counters.add(saved_blocks=stored, saved_bytes=stored * value, save_failures=n - stored)
+            with self._saved:
+                left = self._saving.get(c.req_id, 1) - 1
+                if left:
+                    self._saving[c.req_id] = left
+                else:
+                    self._saving.pop(c.req_id, None)
+                self._saved.notify_all()
 
     # -- loads ---------------------------------------------------------------------------------
 

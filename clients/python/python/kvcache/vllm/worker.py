@@ -7,13 +7,15 @@ to the scheduler through vLLM's handshake (``get_handshake_metadata``). Each ste
 loads and saves to ``Transfers``: loads are asynchronous (the request waits in
 ``WAITING_FOR_REMOTE_KVS`` until ``get_finished`` reports it, with any block that failed in
 ``get_block_ids_with_load_errors`` for vLLM to recompute), saves are gathered at the end of the
-step and put on a thread. A rank that replicates another's KV (``Layout.saves`` false) loads but
+step and put on a thread; a step that completes a prompt handed to a remote decode ends only once
+that request's puts have (``metadata.handoffs``). A rank that replicates another's KV (``Layout.saves`` false) loads but
 never saves.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -106,14 +108,32 @@ class WorkerSide:
         return
 
     def wait_for_save(self, meta: KVConnectorMetadata | None) -> None:
-        if not isinstance(meta, KVCacheStoreMetadata) or not meta.saves or not self.layout.saves:
+        if not isinstance(meta, KVCacheStoreMetadata) or not self.layout.saves:
             return
         assert self.transfers is not None, "kvcache.vllm: a save before the KV cache was registered"
-        if self.link.get() is None:
+        if meta.saves and self.link.get() is None:
             self.counters.add(skipped=1, save_failures=sum(len(t.block_ids) for t in meta.saves))
-            return
-        for t in meta.saves:
-            self.transfers.save(t.req_id, self._keys(t.hashes), list(t.block_ids))
+        else:
+            for t in meta.saves:
+                self.transfers.save(t.req_id, self._keys(t.hashes), list(t.block_ids))
+        if meta.handoffs:
+            self._hand_over(meta.handoffs)
+
+    def _hand_over(self, req_ids: list[str]) -> None:
+        """Holds the step until the puts of the prompts it completes for a remote decode have
+        ended, so vLLM's answer means the store has them."""
+        assert self.transfers is not None
+        began = time.monotonic()
+        done = self.transfers.wait_saved(req_ids)
+        waited = int((time.monotonic() - began) * 1000)
+        if not done:
+            logger.warning(
+                "kvcache.vllm: the handoff of %s was still being put after %d ms; decode computes what it "
+                "does not find",
+                ", ".join(req_ids),
+                waited,
+            )
+        self.counters.add(handoff_wait_ms=waited, handoff_timeouts=int(not done))
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # saves never hold a block past its gather, so no request waits on them

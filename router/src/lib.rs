@@ -1,0 +1,73 @@
+//! `kv-router`: an OpenAI-API router in front of vLLM replicas. `Server` workers get requests by
+//! load; with `Prefill` and `Decode` workers a prompt is prefilled on one (its KV saved into the
+//! store) and decoded on another, which loads it from there (issue 40's design).
+//!
+//! Map:
+//! - [`config`]: the command line;
+//! - [`server`]: the routes and what handlers share; [`proxy`]: one proxied request end to end;
+//! - [`request`]: reading a client's body, the prompt's size, the handoff's rewrites;
+//! - [`handoff`]: the prefill call, its retries and fallbacks;
+//! - [`relay`]: an engine's answer passed to the client frame by frame, timed and counted;
+//! - [`upstream`]: the pooled client every engine call goes through;
+//! - [`workers`]: the worker sets, their sources (`--workers-file`, `--workers-dns`) and the
+//!   choice of a worker; [`health`]: the periodic check that takes workers out and back in;
+//! - [`metrics`]: the `kvrouter_*` series; [`error`]: OpenAI-style errors.
+
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod config;
+pub mod error;
+pub mod handoff;
+pub mod health;
+pub mod metrics;
+pub mod proxy;
+pub mod relay;
+pub mod request;
+pub mod server;
+pub mod upstream;
+pub mod workers;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::server::App;
+use crate::workers::dns::DnsWatch;
+use crate::workers::file::FileWatch;
+
+/// How long open requests may take to finish after a stop before the router exits anyway.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// Serves on `listener` until `cancel` fires: reads the worker sources once, then keeps them
+/// and the workers' health current in the background.
+pub async fn run(config: Config, listener: TcpListener, cancel: CancellationToken) -> std::io::Result<()> {
+    let app = Arc::new(App::new(config));
+    let tasks = cancel.child_token();
+    if let Some(path) = &app.config.workers_file {
+        let mut watch = FileWatch::new(path.clone());
+        watch.poll(&app.pool).await;
+        tokio::spawn(watch.run(app.pool.clone(), tasks.clone()));
+    }
+    for (i, source) in app.config.workers_dns.iter().enumerate() {
+        let mut watch = DnsWatch::new(i, source.clone());
+        watch.poll(&app.pool).await;
+        tokio::spawn(watch.run(app.pool.clone(), tasks.clone()));
+    }
+    tokio::spawn(health::run(app.clone(), tasks.clone()));
+
+    let listener = listener.tap_io(|tcp| {
+        // small SSE chunks leave at once
+        let _ = tcp.set_nodelay(true);
+    });
+    let server = axum::serve(listener, server::router(app)).with_graceful_shutdown(cancel.clone().cancelled_owned());
+    let result = tokio::select! {
+        r = server => r,
+        () = async { cancel.cancelled().await; tokio::time::sleep(DRAIN).await } => Ok(()),
+    };
+    tasks.cancel();
+    result
+}

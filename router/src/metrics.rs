@@ -1,0 +1,237 @@
+//! The router's metrics (issue 40's design, "Router HTTP surface"), registered on the registry
+//! `/metrics` serves. Every label is bounded: endpoints, outcomes, kinds, states and reasons are
+//! fixed sets, and `worker` is a worker's URL, bounded by the replica count (a removed worker's
+//! series are removed with it).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// How a client request ended, the `outcome` of `kvrouter_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// An engine answered 2xx and the answer reached the client whole.
+    Ok,
+    /// An engine answered with an error of its own, passed through.
+    EngineError,
+    /// The router refused the request (4xx): it reached no engine.
+    Refused,
+    /// `--request-timeout-seconds` ran out.
+    Timeout,
+    /// No engine could answer (503 no healthy worker, 502 every attempt failed, or the stream
+    /// broke).
+    Unavailable,
+    /// The client went away first.
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::EngineError => "engine_error",
+            Self::Refused => "refused",
+            Self::Timeout => "timeout",
+            Self::Unavailable => "unavailable",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Why a prefill-eligible request went to decode without a handoff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// Prefill workers exist but none is healthy.
+    NoHealthyPrefill,
+    /// Every healthy prefill worker failed (connection, 5xx, timeout, no kv_transfer_params).
+    PrefillFailed,
+    /// A prefill worker refused the request (4xx): another would too; decode judges it.
+    PrefillRefused,
+}
+
+impl FallbackReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NoHealthyPrefill => "no_healthy_prefill",
+            Self::PrefillFailed => "prefill_failed",
+            Self::PrefillRefused => "prefill_refused",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub endpoint: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabels {
+    pub kind: &'static str,
+    pub worker: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub kind: &'static str,
+    pub state: &'static str,
+}
+
+/// Handles on every series the router writes.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub requests: Family<RequestLabels, Counter>,
+    pub time_to_first_token: Histogram,
+    pub time_per_output_token: Histogram,
+    pub inflight: Family<WorkerLabels, Gauge>,
+    pub handoffs: Counter,
+    pub handoff_bytes: Counter,
+    pub retries: Family<KindLabels, Counter>,
+    pub fallbacks: Family<ReasonLabels, Counter>,
+    pub workers: Family<StateLabels, Gauge>,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them on `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            requests: Family::default(),
+            // 5 ms .. 41 s
+            time_to_first_token: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            // 1 ms .. 2 s
+            time_per_output_token: Histogram::new(exponential_buckets(0.001, 2.0, 12)),
+            inflight: Family::default(),
+            handoffs: Counter::default(),
+            handoff_bytes: Counter::default(),
+            retries: Family::default(),
+            fallbacks: Family::default(),
+            workers: Family::default(),
+        };
+        registry.register(
+            "kvrouter_requests",
+            "Client requests by endpoint and how they ended",
+            m.requests.clone(),
+        );
+        registry.register(
+            "kvrouter_time_to_first_token_seconds",
+            "From a streamed request's arrival to its first chunk leaving for the client",
+            m.time_to_first_token.clone(),
+        );
+        registry.register(
+            "kvrouter_time_per_output_token_seconds",
+            "Mean time between a streamed answer's chunks after the first, one sample per request",
+            m.time_per_output_token.clone(),
+        );
+        registry.register(
+            "kvrouter_inflight",
+            "Requests sent to a worker and not yet finished",
+            m.inflight.clone(),
+        );
+        registry.register(
+            "kvrouter_handoffs",
+            "Prefill answers whose kv_transfer_params were handed to decode",
+            m.handoffs.clone(),
+        );
+        registry.register(
+            "kvrouter_handoff_bytes",
+            "Bytes of KV prefill reported saved for decode (kvcache_handoff.bytes)",
+            m.handoff_bytes.clone(),
+        );
+        registry.register(
+            "kvrouter_retries",
+            "Attempts on another worker after one failed, by the failed worker's kind",
+            m.retries.clone(),
+        );
+        registry.register(
+            "kvrouter_fallbacks",
+            "Requests sent to decode without a handoff although prefill workers exist",
+            m.fallbacks.clone(),
+        );
+        registry.register("kvrouter_workers", "Workers by kind and state", m.workers.clone());
+        m
+    }
+
+    pub fn request(&self, endpoint: &'static str, outcome: Outcome) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                endpoint,
+                outcome: outcome.label(),
+            })
+            .inc();
+    }
+
+    pub fn retry(&self, kind: &'static str) {
+        self.retries.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    pub fn fallback(&self, reason: FallbackReason) {
+        self.fallbacks
+            .get_or_create(&ReasonLabels { reason: reason.label() })
+            .inc();
+    }
+}
+
+/// The registry in the text format `/metrics` serves.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_designs() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        m.request("completions", Outcome::Ok);
+        m.retry("prefill");
+        m.fallback(FallbackReason::PrefillFailed);
+        m.handoffs.inc();
+        m.handoff_bytes.inc_by(10);
+        m.time_to_first_token.observe(0.1);
+        m.time_per_output_token.observe(0.01);
+        m.inflight
+            .get_or_create(&WorkerLabels {
+                kind: "decode",
+                worker: "http://10.0.0.1:8000".into(),
+            })
+            .set(1);
+        m.workers
+            .get_or_create(&StateLabels {
+                kind: "decode",
+                state: "healthy",
+            })
+            .set(1);
+        let text = encode(&registry);
+        for line in [
+            "kvrouter_requests_total{endpoint=\"completions\",outcome=\"ok\"} 1",
+            "kvrouter_retries_total{kind=\"prefill\"} 1",
+            "kvrouter_fallbacks_total{reason=\"prefill_failed\"} 1",
+            "kvrouter_handoffs_total 1",
+            "kvrouter_handoff_bytes_total 10",
+            "kvrouter_time_to_first_token_seconds_count 1",
+            "kvrouter_time_per_output_token_seconds_count 1",
+            "kvrouter_inflight{kind=\"decode\",worker=\"http://10.0.0.1:8000\"} 1",
+            "kvrouter_workers{kind=\"decode\",state=\"healthy\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
+    }
+}

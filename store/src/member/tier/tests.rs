@@ -1,0 +1,291 @@
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+
+use super::format::{ALIGN, Header};
+use super::*;
+use crate::grant::MAC_LEN;
+
+const MIB: u64 = 1 << 20;
+
+fn config(dir: &Path) -> TierConfig {
+    TierConfig {
+        dir: dir.to_path_buf(),
+        capacity: 64 * MIB,
+        file_size: MIB,
+    }
+}
+
+fn header(key: &str) -> Header {
+    Header {
+        dead: false,
+        len: 0,
+        checksum: 0,
+        epoch: 3,
+        seal_offset: 8192,
+        seal: [7; MAC_LEN],
+        written_ms: 1_700_000_000_000,
+        tag: tag(key),
+    }
+}
+
+fn tag(key: &str) -> Vec<u8> {
+    format!("tenant-a/{key}").into_bytes()
+}
+
+fn value(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(SUFFIX))
+        .collect();
+    names.sort();
+    names
+}
+
+fn flip(dir: &Path, id: DiskId, at: u64) {
+    let path = dir.join(format!("{:08x}{SUFFIX}", id.file()));
+    let f = OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, id.offset() + at).unwrap();
+    b[0] ^= 0x10;
+    f.write_all_at(&b, id.offset() + at).unwrap();
+}
+
+#[test]
+fn values_come_back_byte_exact_after_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = Vec::new();
+    {
+        let (mut tier, scan) = Tier::open(&config(dir.path())).unwrap();
+        assert!(scan.found.is_empty());
+        for i in 0..20u8 {
+            let v = value(i, 1000 + 3000 * i as usize);
+            let id = tier.append(&header(&format!("k{i}")), &v).unwrap();
+            assert_eq!(tier.read(id, &tag(&format!("k{i}"))).unwrap(), v);
+            ids.push(id);
+        }
+        tier.sync().unwrap();
+        assert_eq!(tier.values(), 20);
+    }
+    let (tier, scan) = Tier::open(&config(dir.path())).unwrap();
+    assert_eq!((scan.dead, scan.damaged, scan.torn, scan.emptied), (0, 0, 0, 0));
+    assert_eq!(scan.found.iter().map(|f| f.id).collect::<Vec<_>>(), ids);
+    for (i, found) in scan.found.iter().enumerate() {
+        let v = value(i as u8, 1000 + 3000 * i);
+        assert_eq!(found.header.len, v.len() as u64);
+        assert_eq!(found.header.checksum, format::value_checksum(&v));
+        assert_eq!((found.header.epoch, found.header.seal_offset), (3, 8192));
+        assert_eq!(found.header.seal, [7; MAC_LEN]);
+        assert_eq!(tier.read(found.id, &found.header.tag).unwrap(), v);
+    }
+    assert!(tier.used() > 0);
+    assert_eq!(tier.used() % ALIGN, 0);
+}
+
+#[test]
+fn one_member_at_a_time_opens_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, _) = Tier::open(&config(dir.path())).unwrap();
+    let err = Tier::open(&config(dir.path())).unwrap_err();
+    assert!(matches!(err, TierError::Locked(_)), "{err}");
+    assert!(err.to_string().contains("a directory of its own"), "{err}");
+    drop(first);
+    Tier::open(&config(dir.path())).unwrap();
+}
+
+#[test]
+fn a_missing_directory_or_a_bad_file_size_is_a_clear_error() {
+    let err = Tier::open(&config(Path::new("/nonexistent/tier"))).unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/tier"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TierConfig {
+        file_size: 10,
+        ..config(dir.path())
+    };
+    assert!(matches!(Tier::open(&cfg).unwrap_err(), TierError::Config(_)));
+}
+
+#[test]
+fn a_flipped_byte_in_a_value_is_damage_on_read_never_the_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut tier, _) = Tier::open(&config(dir.path())).unwrap();
+    let a = tier.append(&header("a"), &value(1, 5000)).unwrap();
+    let b = tier.append(&header("b"), &value(2, 5000)).unwrap();
+    let at = format::payload_at(tag("a").len()) + 4321;
+    flip(dir.path(), a, at);
+    assert!(matches!(tier.read(a, &tag("a")), Err(ReadError::Damaged { .. })));
+    assert_eq!(tier.read(b, &tag("b")).unwrap(), value(2, 5000));
+    // The caller drops what was damaged.
+    assert!(tier.kill(a).unwrap());
+    assert!(matches!(tier.read(a, &tag("a")), Err(ReadError::Missing(_))));
+}
+
+#[test]
+fn a_read_for_another_tag_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut tier, _) = Tier::open(&config(dir.path())).unwrap();
+    let a = tier.append(&header("a"), &value(1, 100)).unwrap();
+    let err = tier.read(a, &tag("b")).unwrap_err();
+    assert!(err.to_string().contains("tag differs"), "{err}");
+}
+
+#[test]
+fn a_damaged_header_costs_its_record_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<DiskId> = {
+        let (mut tier, _) = Tier::open(&config(dir.path())).unwrap();
+        (0..5u8)
+            .map(|i| tier.append(&header(&format!("k{i}")), &value(i, 9000)).unwrap())
+            .collect()
+    };
+    flip(dir.path(), ids[2], 20); // inside the value's checksum field
+    let (tier, scan) = Tier::open(&config(dir.path())).unwrap();
+    let found: Vec<DiskId> = scan.found.iter().map(|f| f.id).collect();
+    assert_eq!(found, vec![ids[0], ids[1], ids[3], ids[4]]);
+    // Its three pages were looked at for a header and did not hold one.
+    assert_eq!(scan.damaged, 3);
+    assert!(matches!(tier.read(ids[2], &tag("k2")), Err(ReadError::Missing(_))));
+    assert_eq!(tier.read(ids[3], &tag("k3")).unwrap(), value(3, 9000));
+}
+
+#[test]
+fn a_record_cut_short_by_a_crash_is_left_out_and_appends_go_to_a_new_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<DiskId> = {
+        let (mut tier, _) = Tier::open(&config(dir.path())).unwrap();
+        (0..3u8)
+            .map(|i| tier.append(&header(&format!("k{i}")), &value(i, 10_000)).unwrap())
+            .collect()
+    };
+    let path = dir.path().join(&files(dir.path())[0]);
+    let f = OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(ids[2].offset() + 5000).unwrap();
+    let (mut tier, scan) = Tier::open(&config(dir.path())).unwrap();
+    assert_eq!(scan.torn, 1);
+    assert_eq!(scan.found.iter().map(|f| f.id).collect::<Vec<_>>(), ids[..2]);
+    let d = tier.append(&header("d"), &value(9, 100)).unwrap();
+    assert_ne!(d.file(), ids[0].file());
+    assert_eq!(files(dir.path()).len(), 2);
+    assert_eq!(tier.read(d, &tag("d")).unwrap(), value(9, 100));
+}
+
+#[test]
+fn zeros_past_the_last_record_are_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut tier, _) = Tier::open(&config(dir.path())).unwrap();
+        tier.append(&header("a"), &value(1, 100)).unwrap();
+    }
+    let path = dir.path().join(&files(dir.path())[0]);
+    let f = OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(5 * ALIGN).unwrap();
+    let (_, scan) = Tier::open(&config(dir.path())).unwrap();
+    assert_eq!((scan.found.len(), scan.damaged, scan.torn), (1, 0, 0));
+}
+
+#[test]
+fn removed_values_stay_removed_and_empty_files_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let (a, b, c) = {
+        let (mut tier, _) = Tier::open(&cfg).unwrap();
+        let a = tier.append(&header("a"), &value(1, 600_000)).unwrap();
+        let b = tier.append(&header("b"), &value(2, 600_000)).unwrap();
+        let c = tier.append(&header("c"), &value(3, 600_000)).unwrap();
+        assert_eq!(
+            (a.file(), b.file(), c.file()),
+            (0, 1, 2),
+            "one file per record of this size"
+        );
+        let used = tier.used();
+        assert!(tier.kill(a).unwrap());
+        assert!(!tier.kill(a).unwrap());
+        assert_eq!(files(dir.path()).len(), 2, "a's file held nothing else");
+        assert!(tier.used() < used);
+        assert!(
+            tier.kill(c).unwrap(),
+            "c's file is the one appended to: kept, c marked dead"
+        );
+        (a, b, c)
+    };
+    let (tier, scan) = Tier::open(&cfg).unwrap();
+    assert_eq!(scan.found.iter().map(|f| f.id).collect::<Vec<_>>(), vec![b]);
+    assert_eq!((scan.dead, scan.emptied), (1, 1));
+    assert_eq!(files(dir.path()).len(), 1);
+    assert!(matches!(tier.read(a, &tag("a")), Err(ReadError::Missing(_))));
+    assert!(matches!(tier.read(c, &tag("c")), Err(ReadError::Missing(_))));
+}
+
+#[test]
+fn a_full_tier_refuses_until_its_oldest_file_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TierConfig {
+        capacity: 3 * MIB,
+        ..config(dir.path())
+    };
+    let (mut tier, _) = Tier::open(&cfg).unwrap();
+    let mut ids = Vec::new();
+    let err = loop {
+        match tier.append(&header(&format!("k{}", ids.len())), &value(0, 200_000)) {
+            Ok(id) => ids.push(id),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, TierError::Full { .. }), "{err}");
+    assert!(tier.used() <= cfg.capacity);
+    let (n, oldest) = tier.oldest().unwrap();
+    assert_eq!(n, ids[0].file());
+    assert_eq!(
+        oldest,
+        ids.iter().copied().filter(|id| id.file() == n).collect::<Vec<_>>()
+    );
+    assert_eq!(tier.remove_file(n).unwrap(), oldest);
+    let id = tier.append(&header("after"), &value(0, 200_000)).unwrap();
+    assert_eq!(tier.read(id, &tag("after")).unwrap(), value(0, 200_000));
+    assert!(matches!(tier.read(ids[0], &tag("k0")), Err(ReadError::Missing(_))));
+    assert_eq!(tier.values(), ids.len() - oldest.len() + 1);
+}
+
+#[test]
+fn only_tier_files_are_read() {
+    assert_eq!(file_number("0000002a.kvt"), Some(42));
+    for name in [
+        "0000002A.kvt",
+        "2a.kvt",
+        "0000002a.kvt.tmp",
+        ".lock",
+        "0000002g.kvt",
+        "+000002a.kvt",
+    ] {
+        assert_eq!(file_number(name), None, "{name}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("notes.txt"), "an operator's file").unwrap();
+    let (_, scan) = Tier::open(&config(dir.path())).unwrap();
+    assert!(scan.found.is_empty());
+    assert!(dir.path().join("notes.txt").exists());
+}
+
+#[test]
+fn the_least_recently_used_file_is_the_one_neither_appended_to_nor_read_from_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut t, _) = Tier::open(&config(dir.path())).unwrap();
+    // 300 KB values: three to a 1 MiB file, so four files
+    let ids: Vec<DiskId> = (0..10u8)
+        .map(|i| t.append(&header(&format!("k{i}")), &value(i, 300_000)).unwrap())
+        .collect();
+    let first = ids[0].file();
+    assert_eq!(t.oldest().unwrap().0, first);
+    assert_eq!(t.least_recent().unwrap().0, first, "nothing read yet: the oldest");
+    // a read makes the first file the most recent: the second is now the least
+    t.read(ids[0], &tag("k0")).unwrap();
+    assert_eq!(t.oldest().unwrap().0, first, "FIFO does not care");
+    assert_eq!(t.least_recent().unwrap().0, ids[3].file());
+    assert_ne!(ids[3].file(), first);
+}

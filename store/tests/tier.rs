@@ -1,0 +1,225 @@
+//! The disk tier against the real binary: a member with a small segment and a disk tier several
+//! times larger holds a working set four times its memory, every byte read back exact (values
+//! evicted from memory come back from disk), the leader reporting the split between the tiers;
+//! a member `kill -9` and restart, then a leader `kill -9` and restart, after which what was on
+//! disk is read back again; and bytes flipped in the tier's files behind the member's back are
+//! detected on read (a miss, counted), never returned.
+
+// Helpers outside #[test] fns state expectations with unwrap too (see clippy.toml).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use kvcache_store::client::Client;
+use kvcache_store::proto::GetMembersRequest;
+
+const MIB: u64 = 1 << 20;
+/// Each value's size: 256 KiB, as a small model's KV block.
+const LEN: usize = 256 << 10;
+/// The member's memory, and the working set: four times it.
+const MEMORY: &str = "32Mi";
+const VALUES: usize = 4 * 32 * (MIB as usize) / LEN;
+
+fn value_of(key: &str) -> Vec<u8> {
+    random_bytes(xxhash_rust::xxh3::xxh3_64(key.as_bytes()), LEN)
+}
+
+fn key(i: usize) -> String {
+    format!("block/{i:05}")
+}
+
+/// Read leases of 200 ms: a read holds its value in memory only while it reads it, so reading a
+/// working set four times memory in a row finds room to load each value.
+const LEADER_FLAGS: [&str; 8] = [
+    "--tenant",
+    "t=1Gi:64:bfloat16",
+    "--lease-ttl",
+    "200ms",
+    "--member-ttl",
+    "2s",
+    "--fast-listen",
+    "127.0.0.1:0",
+];
+
+fn tiered_member(leader: &str, dir: &Path) -> Proc {
+    member_with(
+        leader,
+        "m1",
+        MEMORY,
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--tier-dir",
+            dir.to_str().unwrap(),
+            "--tier-capacity",
+            "512Mi",
+            "--tier-file-size",
+            "8Mi",
+        ],
+    )
+}
+
+/// Writes the working set in batches of 16 (4 MiB), each let settle until the leader knows of
+/// its copies on disk (so eviction keeps what it takes from memory).
+async fn write_all(c: &Client) -> Duration {
+    let started = Instant::now();
+    for batch in 0..VALUES / 16 {
+        for i in batch * 16..(batch + 1) * 16 {
+            let k = key(i);
+            c.put(&k, Bytes::from(value_of(&k))).await.unwrap();
+        }
+        let on_disk = ((batch + 1) * 16 * LEN) as u64;
+        eventually("the batch's copies reach the disk tier", || async {
+            tenant(c, "t").await.disk_used >= on_disk
+        })
+        .await;
+    }
+    started.elapsed()
+}
+
+/// Reads every value: returns (exact, misses); a wrong byte fails the test.
+async fn read_all(c: &Client) -> (usize, usize) {
+    let (mut exact, mut misses) = (0, 0);
+    for i in 0..VALUES {
+        let k = key(i);
+        match c.get(&k).await.unwrap() {
+            Some(got) => {
+                assert!(got[..] == value_of(&k)[..], "{k}: other bytes");
+                exact += 1;
+            }
+            None => misses += 1,
+        }
+    }
+    (exact, misses)
+}
+
+async fn tier_used(c: &Client) -> u64 {
+    let members = c
+        .control()
+        .get_members(GetMembersRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    members.members.iter().map(|m| m.tier_used).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_working_set_four_times_memory_survives_on_disk_a_member_restart_and_a_failover() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut l = leader(&LEADER_FLAGS);
+    let addr = l.field("grpc");
+    let mut m = tiered_member(&addr, dir.path());
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+
+    let wrote = write_all(&c).await;
+    let t = tenant(&c, "t").await;
+    assert_eq!(t.objects as usize, VALUES, "every value kept: {t:?}");
+    assert!(
+        t.on_disk_only as usize >= VALUES / 2,
+        "most of the working set only on disk: {} of {VALUES}",
+        t.on_disk_only
+    );
+    assert!(t.used < 40 * MIB, "memory charged for what memory holds: {}", t.used);
+    assert_eq!(t.disk_used, (VALUES * LEN) as u64);
+    assert!(tier_used(&c).await >= (VALUES * LEN) as u64);
+    let started = Instant::now();
+    let (exact, misses) = read_all(&c).await;
+    let read = started.elapsed();
+    assert_eq!(
+        (exact, misses),
+        (VALUES, 0),
+        "every value back, byte-exact: {:?}",
+        tenant(&c, "t").await
+    );
+    let t = tenant(&c, "t").await;
+    assert!(t.loads as usize >= VALUES / 2, "read back from disk: {} loads", t.loads);
+    assert_eq!(t.load_failures, 0);
+    eprintln!(
+        "{VALUES} values of {} KiB ({} MiB, 4x memory): written (each batch until on disk) in {wrote:.1?}, read back in {read:.1?} with {} loads from disk",
+        LEN >> 10,
+        (VALUES * LEN) >> 20,
+        t.loads
+    );
+
+    // the member is killed and comes back: its tier is found, verified and handed over
+    m.kill();
+    let back = Instant::now();
+    m = tiered_member(&addr, dir.path());
+    let (exact, misses) = eventually_back(&c, back).await;
+    eprintln!(
+        "member killed and back: {exact} of {VALUES} read back exact within {:.1?}",
+        back.elapsed()
+    );
+    assert!(exact * 100 >= VALUES * 99, "{exact} of {VALUES} ({misses} misses)");
+
+    // the leader is killed: the next term adopts the member's memory and its tier
+    l.kill();
+    let back = Instant::now();
+    l = leader_at(&addr, &LEADER_FLAGS);
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    let (exact, misses) = eventually_back(&c, back).await;
+    eprintln!(
+        "leader killed and back: {exact} of {VALUES} read back exact within {:.1?}",
+        back.elapsed()
+    );
+    assert!(exact * 100 >= VALUES * 99, "{exact} of {VALUES} ({misses} misses)");
+    drop((m, l));
+}
+
+/// Reads everything until at least 99% is back (a member's tier is adopted once it mounted);
+/// at most 10 s from `since`.
+async fn eventually_back(c: &Client, since: Instant) -> (usize, usize) {
+    loop {
+        let (exact, misses) = read_all(c).await;
+        if exact * 100 >= VALUES * 99 || since.elapsed() > Duration::from_secs(10) {
+            return (exact, misses);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_flipped_in_the_tier_files_are_a_miss_never_returned() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = leader(&LEADER_FLAGS);
+    let addr = l.field("grpc");
+    let m = tiered_member(&addr, dir.path());
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    write_all(&c).await;
+
+    // every file's bytes flipped every 1 MiB, past its first record's header
+    let mut flipped = 0;
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("kvt") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mut at = 8192;
+        while at < bytes.len() {
+            bytes[at] ^= 0x5a;
+            flipped += 1;
+            at += MIB as usize;
+        }
+        std::fs::write(&path, &bytes).unwrap();
+    }
+    assert!(flipped > 16, "{flipped} bytes flipped");
+    let (exact, misses) = read_all(&c).await;
+    let t = tenant(&c, "t").await;
+    eprintln!(
+        "{flipped} bytes flipped in the tier: {exact} values read back exact, {misses} misses, {} load failures counted",
+        t.load_failures
+    );
+    assert!(misses > 0 && t.load_failures > 0, "{misses} misses, {t:?}");
+    assert_eq!(exact + misses, VALUES);
+    let damaged = gauge(&m.field("metrics"), "kvstore_member_tier_damaged_total").await;
+    assert_eq!(damaged, t.load_failures, "the member counts each one too");
+    drop((m, l));
+}

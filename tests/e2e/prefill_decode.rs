@@ -1,0 +1,432 @@
+//! Prefill and decode hand a prompt over through the store, behind our router: `kv-apiserver
+//! serve` with `localRuntime.engines: real` runs a ModelDeployment of one `Prefill` and one
+//! `Decode` real `vllm serve` replica (the local model, `clients/python/tests/tiny_llama.py`)
+//! with `router: {name: kvcache-router}`, and a monolithic deployment with no cache to compare
+//! with, on the walkthrough's backend with three leader replicas.
+//!
+//! Through the router's address (the deployment's `status.endpoint`), ten prompts of about 3,000
+//! tokens, streamed and not: decode's vLLM counts every full prompt block as an external prefix
+//! hit (it did not prefill them) and answers the monolithic replica's greedy tokens. Then requests
+//! are in flight while the prefill replica is killed (`kill -9`): each still completes with the
+//! same tokens (the router retries, then falls back to decode prefilling itself, and counts it);
+//! then while the serving store leader is killed: the same.
+//!
+//! Which tokens must be equal: the local model has random weights, so its greedy choice is
+//! often a near tie in bf16 (the top two log-probabilities equal, or 1/16 apart), and vLLM on
+//! this CPU breaks such ties differently with a KV connector configured than without one,
+//! whatever the connector does. Measured on ten prompts: decode, handed each, answered exactly
+//! as a replica with our connector that loaded the same blocks itself (10 of 10), and differed
+//! from a replica without a connector on 3, each at a near tie (top-two gaps 0 to 0.125); on two
+//! of those a replica with our connector computing the prompt from scratch, nothing in the
+//! store, differs too. And the same engine computing the same prompt in other chunks (256 or
+//! 512 tokens a step against 4,096; or its first blocks in an earlier request, as a decode that
+//! loads what a dying prefill saved and computes the rest does) moves a token's log-probability
+//! by up to 0.34 (24 prompts of about 1,450 tokens, 12 tokens each): a top-two gap moves by up
+//! to twice that, and a CI run once diverged at a gap of at least 0.25. So every answer through
+//! the router equals the monolithic replica's up to its first token decided by less than 1.0
+//! (its `logprobs`), and, while prefill serves, all of it equals the prefill replica's own
+//! answer to the prompt (the same engine configuration, the same blocks).
+//!
+//! Needs what `real_engines.rs` needs (`KVCACHE_PACKAGE_DIR`, the vLLM environment, the model).
+
+mod support;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::engines::*;
+use support::walkthrough::*;
+use support::{Kubectl, Server, eventually_within};
+
+const KUBECTL: &str = "1.33";
+/// Three vLLM processes start at once on two cores: allow minutes, not seconds.
+const STARTUP: Duration = Duration::from_secs(900);
+const LEASE: &[&str] = &["-n", "kvcache-system", "lease", "mooncake-dram-leader"];
+const PD: &[&str] = &["-n", "team-a", "md", "pd"];
+/// Tokens each answer is compared on.
+const ANSWER: usize = 12;
+/// A token the monolithic replica chose by less than this (the gap between its top two
+/// log-probabilities) is a near tie: compared up to there (see the module's doc).
+const DECIDED_BY: f64 = 1.0;
+/// Words in the prompts handed over (about 3,000 tokens), and in the ones in flight while a
+/// process dies (about 1,450: they only need to be in flight).
+const LONG: usize = 950;
+const SHORT: usize = 450;
+
+const ENGINE_ARGS: &str = "      extraArgs: [\"--max-model-len\", \"4096\", \"--enforce-eager\", \"--dtype\", \"bfloat16\"]\n      env:\n        - name: VLLM_CPU_KVCACHE_SPACE\n          value: \"1\"\n        - name: HF_HUB_OFFLINE\n          value: \"1\"\n        - name: VLLM_NO_USAGE_STATS\n          value: \"1\"\n";
+
+fn head(name: &str, model: &str) -> String {
+    format!(
+        "apiVersion: worker.gpustack.ai/v1\nkind: ModelDeployment\nmetadata:\n  name: {name}\n  namespace: team-a\nspec:\n  model:\n    name: {model}\n  engine:\n    name: vLLM\n    version: \"0.32.0\"\n"
+    )
+}
+
+/// One Prefill and one Decode replica on the team's Binding, behind our router.
+fn disaggregated(model: &str) -> String {
+    format!(
+        "{}  kvCache:\n    poolRef:\n      name: team-a\n  router:\n    name: kvcache-router\n    requestTimeoutSeconds: 600\n  roles:\n    - name: prefill\n      kind: Prefill\n      instanceType: local-cpu\n{ENGINE_ARGS}    - name: decode\n      kind: Decode\n      instanceType: local-cpu\n{ENGINE_ARGS}",
+        head("pd", model)
+    )
+}
+
+/// One replica with no cache at all: the tokens to compare with. Its blocks are the domain's
+/// size, as the attached replicas' are (injected for them), so that the cache is the only
+/// difference.
+fn monolithic(model: &str) -> String {
+    let args = ENGINE_ARGS.replace("\"bfloat16\"]", "\"bfloat16\", \"--block-size\", \"64\"]");
+    assert_ne!(args, ENGINE_ARGS);
+    format!(
+        "{}  roles:\n    - name: server\n      instanceType: local-cpu\n{args}",
+        head("plain", model)
+    )
+}
+
+fn body(model: &str, prompt: &str, stream: bool) -> String {
+    json!({
+        "model": model, "prompt": prompt, "max_tokens": ANSWER, "temperature": 0,
+        "ignore_eos": true, "stream": stream, "return_token_ids": true,
+    })
+    .to_string()
+}
+
+/// The greedy tokens `url` answers `prompt` with, streamed or not; the error when the request
+/// fails.
+fn complete(url: &str, model: &str, prompt: &str, stream: bool) -> Result<Vec<u64>, String> {
+    let b = body(model, prompt, stream);
+    let out = try_curl(&[
+        "-N",
+        "-X",
+        "POST",
+        &format!("{url}/v1/completions"),
+        "-H",
+        "content-type: application/json",
+        "-d",
+        &b,
+    ])?;
+    let ids = |v: &Value| -> Vec<u64> {
+        v["choices"][0]["token_ids"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_u64)
+            .collect()
+    };
+    if !stream {
+        let v: Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out}"))?;
+        let got = ids(&v);
+        return if got.len() == ANSWER {
+            Ok(got)
+        } else {
+            Err(format!("not {ANSWER} tokens: {out}"))
+        };
+    }
+    // server-sent events: `data: {chunk}` lines, then `data: [DONE]`
+    let mut tokens = Vec::new();
+    let mut done = false;
+    for line in out.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data.trim() == "[DONE]" {
+            done = true;
+            break;
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| format!("{e}: {data}"))?;
+        if v.get("error").is_some() {
+            return Err(format!("an error event: {data}"));
+        }
+        tokens.extend(ids(&v));
+    }
+    if done && tokens.len() == ANSWER {
+        Ok(tokens)
+    } else {
+        Err(format!("the stream ended without [DONE]: {out}"))
+    }
+}
+
+/// The sum of a counter on a `/metrics` page (vLLM's or the router's), without `_created` samples.
+/// A prompt of its own of about 3.2 tokens per word (words of the model's generated vocabulary).
+fn prompt(seed: u64, words: usize) -> String {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = move || {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (x >> 33) as usize
+    };
+    let vocabulary: Vec<String> = (0..400)
+        .map(|_| (0..5).map(|_| (b'a' + (next() % 10) as u8) as char).collect())
+        .collect();
+    let text: Vec<&str> = (0..words)
+        .map(|_| vocabulary[next() % vocabulary.len()].as_str())
+        .collect();
+    format!("{} what comes next?", text.join(" "))
+}
+
+/// The prompt's tokens, as the monolithic replica counts them.
+fn prompt_tokens(url: &str, model: &str, prompt: &str) -> u64 {
+    let out = try_curl(&[
+        "-X",
+        "POST",
+        &format!("{url}/tokenize"),
+        "-H",
+        "content-type: application/json",
+        "-d",
+        &json!({"model": model, "prompt": prompt}).to_string(),
+    ])
+    .expect("tokenize");
+    let v: Value = serde_json::from_str(&out).expect("tokenize answers JSON");
+    v["count"].as_u64().expect("a count")
+}
+
+/// The `vllm serve` process listening on `url`'s port (the API server process, whose engine core
+/// dies with it).
+fn engine_pid(url: &str) -> u32 {
+    let port = format!("--port {}", url.rsplit(':').next().unwrap_or_default());
+    vllm_serve()
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains(&port) && !cmd.contains("kv-store"))
+        .map(|(pid, _)| pid)
+        .min()
+        .unwrap_or_else(|| panic!("no vllm serve listens on {url}"))
+}
+
+fn kill9(pid: u32) {
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .expect("kill runs")
+            .success()
+    );
+}
+
+/// The Lease's holder (the serving leader's listen address) and term.
+fn holder(k: &Kubectl) -> Option<(String, u64)> {
+    let out = jp(k, LEASE, "{.spec.holderIdentity} {.spec.leaseTransitions}");
+    let (h, t) = out.split_once(' ')?;
+    Some((h.to_owned(), t.parse().unwrap_or(0))).filter(|(h, _)| !h.is_empty())
+}
+
+/// A prompt and the monolithic replica's answer to it, up to its first near tie.
+struct Asked {
+    text: String,
+    /// the answer's tokens up to its first one decided by less than [`DECIDED_BY`]
+    decided: Vec<u64>,
+}
+
+impl Asked {
+    fn check(&self, what: &str, got: &[u64]) {
+        assert!(
+            got.starts_with(&self.decided),
+            "{what}: {got:?} is not the monolithic replica's answer up to its first near tie ({:?})",
+            self.decided
+        );
+    }
+}
+
+/// The monolithic replica's answer to `prompt(seed, words)`, up to its first near tie.
+fn ask(plain: &str, model: &str, seed: u64, words: usize) -> Asked {
+    let text = prompt(seed, words);
+    let mut b: Value = serde_json::from_str(&body(model, &text, false)).expect("a body");
+    b["logprobs"] = json!(2);
+    let answer = try_curl(&[
+        "-X",
+        "POST",
+        &format!("{plain}/v1/completions"),
+        "-H",
+        "content-type: application/json",
+        "-d",
+        &b.to_string(),
+    ])
+    .expect("the monolithic replica answers");
+    let v: Value = serde_json::from_str(&answer).expect("JSON");
+    let logprobs = &v["choices"][0]["logprobs"];
+    let tops = logprobs["top_logprobs"].as_array().expect("top logprobs");
+    let ids: Vec<u64> = v["choices"][0]["token_ids"]
+        .as_array()
+        .expect("token ids")
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    let decided_by = |top: &Value| {
+        let mut p: Vec<f64> = top
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, v)| v.as_f64())
+            .collect();
+        p.sort_by(|a, b| b.total_cmp(a));
+        p.first().zip(p.get(1)).map_or(f64::INFINITY, |(a, b)| a - b)
+    };
+    let n = tops.iter().take_while(|top| decided_by(top) >= DECIDED_BY).count();
+    assert_eq!(ids.len(), ANSWER, "{answer}");
+    Asked {
+        text,
+        decided: ids[..n].to_vec(),
+    }
+}
+
+/// `prompts` sent through the router at once (streamed and not, alternately), each expected to
+/// answer as the monolithic replica does; `during` runs once they are in flight.
+fn in_flight(router: &str, model: &str, prompts: &[Asked], during: impl FnOnce()) {
+    let compared: usize = prompts.iter().map(|a| a.decided.len()).sum();
+    eprintln!(
+        "{} requests in flight, {compared} of {} tokens compared",
+        prompts.len(),
+        ANSWER * prompts.len()
+    );
+    std::thread::scope(|scope| {
+        let running: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                scope.spawn(move || {
+                    let got = complete(router, model, &a.text, i % 2 == 1);
+                    (i, got, a)
+                })
+            })
+            .collect();
+        during();
+        for r in running {
+            let (i, got, a) = r.join().expect("a request thread");
+            match got {
+                Ok(text) => a.check(&format!("request {i}"), &text),
+                Err(e) => panic!("request {i} failed: {e}"),
+            }
+        }
+    });
+}
+
+#[test]
+fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_failing() {
+    let e = engines();
+    let model = e.model();
+    let dir = tempfile::tempdir().unwrap();
+    let config = e.config(dir.path());
+    let started = Instant::now();
+    let mut s = Server::start_with(&["--requeue-interval", "2s", "--config", config.to_str().unwrap()]);
+    let k = s.kubectl(KUBECTL);
+    k.must_apply(&manifest("01-backend.yaml"));
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    k.must_apply(&manifest("04-high-availability.yaml"));
+    wait_ready_backend(&k, "2Gi");
+    wait_granted(&k, "1Gi");
+    k.must_apply(&disaggregated(&model));
+    k.must_apply(&monolithic(&model));
+
+    // kubectl shows the router and both halves ready, and the router's address
+    let summary = eventually_within(STARTUP, "pd: the router, prefill and decode ready", || {
+        let row = k.ok(&["get", "-n", "team-a", "md", "pd", "--no-headers"]);
+        row.contains("1R1P1D").then_some(row)
+    });
+    assert!(summary.contains("Ready"), "{summary}");
+    assert!(
+        condition(&k, PD, "RouterReady").starts_with("True|"),
+        "{}",
+        condition(&k, PD, "RouterReady")
+    );
+    let router = jp(&k, PD, "{.status.endpoint}");
+    assert!(
+        router.starts_with("http://127.0.0.1:"),
+        "the endpoint is the router's: {router}"
+    );
+    let urls = replica_urls(&k, "team-a", "pd");
+    let url_of = |role: &str| {
+        urls.iter()
+            .find(|(r, _)| r.starts_with(role))
+            .map(|(_, u)| u.clone())
+            .unwrap_or_else(|| panic!("no {role} replica in {urls:?}"))
+    };
+    let (prefill, decode) = (url_of("prefill"), url_of("decode"));
+    let plain = eventually_within(STARTUP, "plain: the monolithic replica ready", || {
+        (jp(&k, &["-n", "team-a", "md", "plain"], "{.status.phase}") == "Ready")
+            .then(|| replica_urls(&k, "team-a", "plain").pop().map(|(_, u)| u))
+            .flatten()
+    });
+
+    eprintln!("replicas ready after {:.0?}", started.elapsed());
+    let phase = Instant::now();
+    // Ten prompts of about 3,000 tokens through the router, streamed and not: decode loads every full block prefill
+    // handed over, and answers as the monolithic replica does.
+    let prompts: Vec<Asked> = (100..110).map(|seed| ask(&plain, &model, seed, LONG)).collect();
+    let compared: usize = prompts.iter().map(|a| a.decided.len()).sum();
+    eprintln!(
+        "{compared} of {} tokens decided by at least {DECIDED_BY}",
+        ANSWER * prompts.len()
+    );
+    let mut blocks = 0.0;
+    for (i, a) in prompts.iter().enumerate() {
+        let hits_before = counter(&decode, "vllm:external_prefix_cache_hits_total");
+        let got = complete(&router, &model, &a.text, i % 2 == 1).unwrap_or_else(|e| panic!("prompt {i}: {e}"));
+        a.check(&format!("prompt {i}"), &got);
+        let whole = complete(&prefill, &model, &a.text, false).expect("the prefill replica answers");
+        assert_eq!(got, whole, "prompt {i}: decode's answer is the prefill replica's own");
+        let full = ((prompt_tokens(&plain, &model, &a.text) - 1) / 64 * 64) as f64;
+        blocks += full / 64.0;
+        eventually_within(
+            Duration::from_secs(30),
+            &format!("prompt {i}: decode's vLLM counts {full} tokens from the store"),
+            || (counter(&decode, "vllm:external_prefix_cache_hits_total") - hits_before >= full).then_some(()),
+        );
+    }
+    assert!(counter(&router, "kvrouter_handoffs_total") >= prompts.len() as f64);
+    assert!(counter(&prefill, "vllm:kvcache_store_handoffs_out_total") >= prompts.len() as f64);
+    assert_eq!(counter(&decode, "vllm:kvcache_store_handoff_missing_blocks_total"), 0.0);
+    assert!(counter(&decode, "vllm:kvcache_store_handoff_blocks_total") >= blocks);
+
+    eprintln!(
+        "{} prompts of {} full blocks in all through the router: {:.0?}",
+        prompts.len(),
+        blocks,
+        phase.elapsed()
+    );
+    let phase = Instant::now();
+
+    // The prefill replica dies with requests in flight: each completes with the same tokens.
+    let batch: Vec<Asked> = (200..204).map(|seed| ask(&plain, &model, seed, SHORT)).collect();
+    let fallbacks = counter(&router, "kvrouter_fallbacks_total") + counter(&router, "kvrouter_retries_total");
+    in_flight(&router, &model, &batch, || {
+        eventually_within(Duration::from_secs(60), "a request reaches prefill", || {
+            (counter(&router, "kvrouter_inflight{kind=\"prefill\"") > 0.0).then_some(())
+        });
+        kill9(engine_pid(&prefill));
+    });
+    let after = counter(&router, "kvrouter_fallbacks_total") + counter(&router, "kvrouter_retries_total");
+    assert!(
+        after > fallbacks,
+        "the router counts the retries and fallbacks ({fallbacks} -> {after})"
+    );
+
+    eprintln!("the prefill replica killed: {:.0?}", phase.elapsed());
+    let phase = Instant::now();
+
+    // The serving store leader dies with requests in flight, prompts decode has not seen (so it
+    // needs the store's blocks): the same.
+    eventually_within(STARTUP, "the prefill replica is back", || {
+        k.ok(&["get", "-n", "team-a", "md", "pd", "--no-headers"])
+            .contains("1R1P1D")
+            .then_some(())
+    });
+    let (h, term) = eventually_within(Duration::from_secs(60), "a Lease holder", || holder(&k));
+    let port = leader_port(&k);
+    let leader = store_processes(&s, &port)
+        .into_iter()
+        .find(|(_, c)| c.contains(" leader ") && c.contains(&format!("--listen {h} ")))
+        .unwrap_or_else(|| panic!("no leader process listens on {h}"))
+        .0;
+    let batch: Vec<Asked> = (300..304).map(|seed| ask(&plain, &model, seed, SHORT)).collect();
+    in_flight(&router, &model, &batch, || kill9(leader));
+    eventually_within(Duration::from_secs(60), "another term serves", || {
+        holder(&k).filter(|(_, t)| *t > term)
+    });
+
+    eprintln!("the serving leader killed: {:.0?}", phase.elapsed());
+
+    // The deployments' engines stop with them (an engine still starting takes its time), then
+    // the server stops with what is left.
+    k.ok(&["delete", "-n", "team-a", "md", "pd", "plain", "--wait=false"]);
+    eventually_within(Duration::from_secs(180), "no vLLM process is left", || {
+        vllm_processes(&model).is_empty().then_some(())
+    });
+    assert!(s.terminate().success());
+}
