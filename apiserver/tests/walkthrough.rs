@@ -260,7 +260,8 @@ fn rendered_objects_match_the_checked_in_fixture() {
 
 /// `kv-apiserver render` of a backend with a disk tier is `tests/fixtures/rendered/tiered-backend.yaml`,
 /// byte for byte: the member DaemonSet mounts the node's directory (a hostPath of type Directory)
-/// where `--tier-dir` names it, with the tier's flags, after the init container `tier-survey`.
+/// where `--tier-dir` names it, with the tier's flags and the preStop hook `GET /flushed`, after
+/// the init container `tier-survey`.
 #[test]
 fn a_tiered_backend_renders_as_the_checked_in_fixture() {
     let dir = tempfile::tempdir().unwrap();
@@ -280,6 +281,7 @@ fn a_tiered_backend_renders_as_the_checked_in_fixture() {
         "- hostPath:\n          path: /mnt/nvme/kvcache\n          type: Directory\n        name: tier",
         "- --tier-dir\n        - /mnt/nvme/kvcache",
         "- --tier-lru",
+        "lifecycle:\n          preStop:\n            httpGet:\n              path: /flushed\n              port: metrics",
         "name: tier-survey",
         "- /dev/termination-log",
     ] {

@@ -1,7 +1,9 @@
 //! The small HTTP endpoint a leader or member serves on `--metrics-listen`: `GET /metrics` (the
 //! process's `prometheus_client` registry in OpenMetrics text), `GET /healthz` (alive), `GET
-//! /readyz` (200 only in [`Readiness::Serving`]; the body names the state either way). Any other
-//! path is 404, any other method 405. Each subsystem registers its metrics on the registry passed
+//! /readyz` (200 only in [`Readiness::Serving`]; the body names the state either way), and on a
+//! member with a disk tier `GET /flushed` (its Pod's preStop hook: answers once what is queued
+//! for the tier is copied and the leader has heard of it). Any other path is 404, any other
+//! method 405. Each subsystem registers its metrics on the registry passed
 //! to it (no globals); the leader and member read theirs at scrape time through a `Collector`.
 //!
 //! A [`Private`] part (the leader's per-tenant series, whose labels name the cache domains) is
@@ -27,6 +29,14 @@ pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; versio
 /// How long open scrapes may take to finish after a stop before the endpoint closes anyway.
 const DRAIN: Duration = Duration::from_secs(2);
 
+/// What `GET /flushed` waits for: `Ok` (200) once it holds, `Err` (503) saying what is left when
+/// it gives up. Set only on a member with a disk tier (elsewhere the path is 404).
+pub type Flushed = Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<String, String>> + Send + Sync>;
+
+/// How many `GET /flushed` may wait at once (a Pod's hook is one; more are refused with 429, so
+/// callers cannot pile waits up on the endpoint).
+const FLUSH_WAITERS: usize = 4;
+
 /// Series served only to scrapes that carry `token` (to every scrape when it is `None`: the
 /// process was given no token, so nothing it serves is guarded).
 pub struct Private {
@@ -39,6 +49,8 @@ struct Endpoint {
     registry: Arc<Registry>,
     private: Option<Arc<Private>>,
     readiness: ReadinessHandle,
+    flushed: Option<Flushed>,
+    waiters: Arc<tokio::sync::Semaphore>,
 }
 
 /// Serves the endpoint on `listener` until `cancel` fires.
@@ -47,12 +59,15 @@ pub async fn serve(
     registry: Arc<Registry>,
     private: Option<Private>,
     readiness: ReadinessHandle,
+    flushed: Option<Flushed>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     let app = axum::Router::new().fallback(answer).with_state(Endpoint {
         registry,
         private: private.map(Arc::new),
         readiness,
+        flushed,
+        waiters: Arc::new(tokio::sync::Semaphore::new(FLUSH_WAITERS)),
     });
     let server = axum::serve(listener, app).with_graceful_shutdown(cancel.clone().cancelled_owned());
     tokio::select! {
@@ -85,7 +100,28 @@ async fn answer(State(ep): State<Endpoint>, method: Method, uri: Uri, headers: H
             };
             text(code, format!("{state}\n"))
         }
+        "/flushed" => flushed(&ep).await,
         _ => text(StatusCode::NOT_FOUND, "try /metrics, /healthz or /readyz\n".to_string()),
+    }
+}
+
+/// `GET /flushed`: waits for [`Flushed`], one of at most [`FLUSH_WAITERS`].
+async fn flushed(ep: &Endpoint) -> Response {
+    let Some(wait) = &ep.flushed else {
+        return text(
+            StatusCode::NOT_FOUND,
+            "this process has no disk tier to flush; try /metrics, /healthz or /readyz\n".to_string(),
+        );
+    };
+    let Ok(_permit) = ep.waiters.try_acquire() else {
+        return text(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("{FLUSH_WAITERS} waits for the flush are already open; wait for one of them\n"),
+        );
+    };
+    match wait().await {
+        Ok(done) => text(StatusCode::OK, done),
+        Err(left) => text(StatusCode::SERVICE_UNAVAILABLE, left),
     }
 }
 
@@ -156,7 +192,14 @@ mod tests {
         let cancel = CancellationToken::new();
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        let server = tokio::spawn(serve(l, Arc::new(registry), None, readiness.clone(), cancel.clone()));
+        let server = tokio::spawn(serve(
+            l,
+            Arc::new(registry),
+            None,
+            readiness.clone(),
+            None,
+            cancel.clone(),
+        ));
 
         let m = request(addr, "GET", "/metrics").await;
         assert!(m.starts_with("HTTP/1.1 200"), "{m}");
@@ -177,6 +220,8 @@ mod tests {
         let r = request(addr, "GET", "/readyz").await;
         assert!(r.starts_with("HTTP/1.1 503") && r.ends_with("standby\n"), "{r}");
         assert!(request(addr, "GET", "/nope").await.starts_with("HTTP/1.1 404"));
+        let r = request(addr, "GET", "/flushed").await;
+        assert!(r.starts_with("HTTP/1.1 404") && r.contains("no disk tier"), "{r}");
         assert!(request(addr, "POST", "/metrics").await.starts_with("HTTP/1.1 405"));
 
         cancel.cancel();
@@ -210,6 +255,7 @@ mod tests {
             Arc::new(counted("open_things")),
             Some(private),
             readiness,
+            None,
             cancel.clone(),
         ));
         for (who, headers) in [
@@ -232,6 +278,81 @@ mod tests {
         );
         assert_eq!(m.matches("# EOF").count(), 1, "{m}");
         assert!(m.trim_end().ends_with("# EOF"), "{m}");
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn flushed_answers_what_the_wait_says_and_bounds_the_waiters() {
+        // the wait: held until `release` fires, then done unless `fail` is set
+        let release = Arc::new(tokio::sync::Notify::new());
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let entered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (r, f, e) = (release.clone(), fail.clone(), entered.clone());
+        let wait: Flushed = Arc::new(move || {
+            let (r, f) = (r.clone(), f.clone());
+            e.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async move {
+                r.notified().await;
+                if f.load(std::sync::atomic::Ordering::SeqCst) {
+                    Err("2 values still queued\n".to_string())
+                } else {
+                    Ok("flushed\n".to_string())
+                }
+            })
+        });
+        let cancel = CancellationToken::new();
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(serve(
+            l,
+            Arc::new(Registry::default()),
+            None,
+            ReadinessHandle::new(),
+            Some(wait),
+            cancel.clone(),
+        ));
+        let waiting: Vec<_> = (0..FLUSH_WAITERS)
+            .map(|_| tokio::spawn(request(addr, "GET", "/flushed")))
+            .collect();
+        // every permit taken: one more is refused at once
+        crate::eventually::eventually_async(Duration::from_secs(5), "every waiter waiting", || {
+            std::future::ready(entered.load(std::sync::atomic::Ordering::SeqCst) == FLUSH_WAITERS)
+        })
+        .await;
+        let refused = request(addr, "GET", "/flushed").await;
+        assert!(
+            refused.starts_with("HTTP/1.1 429") && refused.contains("already open"),
+            "{refused}"
+        );
+        while !waiting.iter().all(|w| w.is_finished()) {
+            release.notify_waiters();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for w in waiting {
+            let r = w.await.unwrap();
+            assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("flushed\n"), "{r}");
+        }
+        fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        let given_up = tokio::spawn(request(addr, "GET", "/flushed"));
+        crate::eventually::eventually_async(Duration::from_secs(5), "the last waiter waiting", || {
+            std::future::ready(entered.load(std::sync::atomic::Ordering::SeqCst) == FLUSH_WAITERS + 1)
+        })
+        .await;
+        // `notified` registers on its first poll: release until the waiter has taken it
+        while !given_up.is_finished() {
+            release.notify_waiters();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let r = given_up.await.unwrap();
+        assert!(
+            r.starts_with("HTTP/1.1 503") && r.ends_with("2 values still queued\n"),
+            "{r}"
+        );
         cancel.cancel();
         tokio::time::timeout(Duration::from_secs(5), server)
             .await

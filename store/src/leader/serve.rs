@@ -74,6 +74,27 @@ impl LeaderListeners {
     }
 }
 
+/// Spawns `leader`'s metrics endpoint on `listener` until `stop` fires: `registry`, and the
+/// per-tenant series to scrapes with the metrics token.
+fn spawn_metrics(
+    leader: &Leader,
+    listener: TcpListener,
+    registry: Registry,
+    stop: &CancellationToken,
+) -> Task<std::io::Result<()>> {
+    Task::spawn(crate::metrics::serve(
+        listener,
+        Arc::new(registry),
+        Some(crate::metrics::Private {
+            registry: metrics::tenant_registry(leader),
+            token: leader.tokens.metrics.clone(),
+        }),
+        leader.readiness.clone(),
+        None,
+        stop.clone(),
+    ))
+}
+
 impl Leader {
     /// Serves gRPC, the fast port and the metrics endpoint on `listeners`, with the housekeeping
     /// loops (member liveness, reservation reaping, watermark eviction) beside them, until
@@ -96,18 +117,7 @@ impl Leader {
         // everything below stops on `stop`: the caller's token, or gRPC failing on its own
         let stop = cancel.child_token();
         metrics::register(&self, &mut registry);
-        let endpoint = metrics_listener.map(|l| {
-            Task::spawn(crate::metrics::serve(
-                l,
-                Arc::new(registry),
-                Some(crate::metrics::Private {
-                    registry: metrics::tenant_registry(&self),
-                    token: self.tokens.metrics.clone(),
-                }),
-                self.readiness.clone(),
-                stop.clone(),
-            ))
-        });
+        let endpoint = metrics_listener.map(|l| spawn_metrics(&self, l, registry, &stop));
         let housekeeping = Task::spawn(self.clone().housekeeping(stop.clone()));
         let spin = self.with(|s| s.cfg.spin);
         let hot = crate::spin::HotWindow::start(spin);

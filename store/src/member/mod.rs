@@ -198,7 +198,8 @@ impl Member {
             ..
         } = self;
         metrics::register(segment.clone(), tiering.clone(), readiness.clone(), &mut registry);
-        let endpoint = metrics_listener.map(|l| spawn_metrics(l, registry, &readiness, &stop));
+        let flushed = tiering.clone().map(tiering::flushed);
+        let endpoint = metrics_listener.map(|l| spawn_metrics(l, registry, &readiness, flushed, &stop));
         tracing::info!(name = %req.name, grpc = %req.grpc_addr, data = %req.data_addr, capacity = cfg.capacity, "member serving");
         let hot = crate::spin::HotWindow::start(cfg.spin);
         let dataport = Task::spawn(dataport::serve(
@@ -375,11 +376,13 @@ fn bind_same_host(instance_id: u64) -> Result<(tokio::net::UnixListener, String)
     Ok((l, name))
 }
 
-/// Spawns the metrics endpoint on `listener`, serving `registry` until `stop` fires.
+/// Spawns the metrics endpoint on `listener`, serving `registry` (and `/flushed`, with a disk
+/// tier) until `stop` fires.
 fn spawn_metrics(
     listener: TcpListener,
     registry: Registry,
     readiness: &ReadinessHandle,
+    flushed: Option<crate::metrics::Flushed>,
     stop: &CancellationToken,
 ) -> Task<std::io::Result<()>> {
     Task::spawn(crate::metrics::serve(
@@ -387,6 +390,7 @@ fn spawn_metrics(
         Arc::new(registry),
         None,
         readiness.clone(),
+        flushed,
         stop.clone(),
     ))
 }

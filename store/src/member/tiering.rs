@@ -16,9 +16,15 @@
 //! Every mount hands the leader what the tier holds ([`Tiering::holdings`], kept in memory from
 //! the scan at open and every change since); a record the leader does not adopt is removed
 //! ([`Tiering::adopted`]).
+//!
+//! A member Pod's preStop hook waits on [`flushed`] (`GET /flushed`): until nothing is queued,
+//! being copied, or copied and not yet reported, so the leader knows every copy before the
+//! member is told to stop.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use super::segment::Segment;
 use super::tier::format::Header;
@@ -28,6 +34,10 @@ use crate::proto::DiskHolding;
 /// Most sealed values waiting for their copy; past it, the oldest are not copied (their values
 /// stay in memory only, as without a tier) and counted.
 pub const MAX_QUEUED: usize = 1 << 20;
+
+/// How long `GET /flushed` waits (within a member Pod's 60 s grace, leaving the rest to the
+/// stop itself).
+pub const FLUSH_WAIT: Duration = Duration::from_secs(25);
 
 /// How the tier makes room (`kv-store member --tier-*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +91,8 @@ pub struct Tiering {
     tier: parking_lot::Mutex<Tier>,
     /// sealed values to copy: (mount, offset, allocation)
     queue: parking_lot::Mutex<VecDeque<(u64, u64, u64)>>,
+    /// a batch taken from the queue is being copied (set under the queue's lock)
+    copying: AtomicBool,
     wake: tokio::sync::Notify,
     report: parking_lot::Mutex<Report>,
     counts: parking_lot::Mutex<TierCounts>,
@@ -109,6 +121,7 @@ impl Tiering {
         Arc::new(Tiering {
             tier: parking_lot::Mutex::new(tier),
             queue: parking_lot::Mutex::default(),
+            copying: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
             report: parking_lot::Mutex::default(),
             counts: parking_lot::Mutex::default(),
@@ -171,6 +184,7 @@ impl Tiering {
             let batch: Vec<(u64, u64, u64)> = {
                 let mut q = self.queue.lock();
                 let n = q.len().min(256);
+                self.copying.store(n > 0, Ordering::SeqCst);
                 q.drain(..n).collect()
             };
             if batch.is_empty() {
@@ -180,10 +194,9 @@ impl Tiering {
                 }
             }
             let (me, seg) = (self.clone(), segment.clone());
-            if tokio::task::spawn_blocking(move || me.copy(&seg, &batch))
-                .await
-                .is_err()
-            {
+            let copied = tokio::task::spawn_blocking(move || me.copy(&seg, &batch)).await;
+            self.copying.store(false, Ordering::SeqCst);
+            if copied.is_err() {
                 return;
             }
         }
@@ -334,7 +347,33 @@ impl Tiering {
     /// Whether copies are queued or made and not yet reported: the leader should hear soon (a
     /// value it evicts from memory before it knows of its copy is dropped, not kept).
     pub fn busy(&self) -> bool {
-        !self.queue.lock().is_empty() || !self.report.lock().spilled.is_empty()
+        !self.queue.lock().is_empty() || self.copying.load(Ordering::SeqCst) || !self.report.lock().spilled.is_empty()
+    }
+
+    /// Waits until the tier is not [`busy`](Self::busy), up to `wait`: what it copied, or what is
+    /// left when it gives up.
+    pub async fn flushed(&self, wait: Duration) -> Result<String, String> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if !self.busy() {
+                let c = self.counts();
+                return Ok(format!(
+                    "flushed: nothing is queued for the disk tier, and the leader has heard of every copy \
+                     ({} values copied since the member started)\n",
+                    c.copied
+                ));
+            }
+            if Instant::now() >= deadline {
+                let queued = self.queue.lock().len();
+                let unreported = self.report.lock().spilled.len();
+                return Err(format!(
+                    "not flushed after {wait:?}: {queued} values queued for the disk tier, {unreported} copies the \
+                     leader has not heard of (is the member mounted?); the member copies what is queued when it \
+                     stops\n"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// What the next heartbeat reports (taken: reported once).
@@ -376,6 +415,14 @@ fn make_room(tier: &mut Tier, lru: bool, lost: &mut Vec<u64>, counts: &mut TierC
     counts.dropped_full += gone.len() as u64;
     lost.extend(gone.iter().map(|id| id.0));
     Ok(())
+}
+
+/// `GET /flushed` of a member with this tier: [`Tiering::flushed`] within [`FLUSH_WAIT`].
+pub fn flushed(tiering: Arc<Tiering>) -> crate::metrics::Flushed {
+    Arc::new(move || {
+        let t = tiering.clone();
+        Box::pin(async move { t.flushed(FLUSH_WAIT).await })
+    })
 }
 
 fn holding(id: DiskId, h: &Header, size: u64) -> DiskHolding {

@@ -434,8 +434,10 @@ pub fn member_daemon_set(plan: &StorePlan, g: &GroupPlan, t: &Target) -> Value {
 /// start the Pod while it is missing, never creates it root-owned), mounted where the member's
 /// `--tier-dir` names it, and the init container `tier-survey`, which counts what the directory
 /// holds before the member first opens it and leaves that as its termination message
-/// (`TierWasEmpty`). No preStop hook: on SIGTERM the member first copies what is still queued for
-/// its tier (up to 5 s of the Pod's 60 s grace), then stops.
+/// (`TierWasEmpty`); and a preStop hook, `GET /flushed` on the metrics port, which answers once
+/// nothing is queued for the tier and the leader has heard of every copy (up to 25 s of the Pod's
+/// 60 s grace), so a Pod deleted keeps on disk what it held, and the leader knows it, while the
+/// member still serves. What comes after the hook is queued again on SIGTERM (up to 5 s).
 fn mount_tier(pod: &mut Value, dir: &str) {
     if let Some(v) = pod["volumes"].as_array_mut() {
         v.push(json!({"name": "tier", "hostPath": {"path": dir, "type": "Directory"}}));
@@ -444,6 +446,7 @@ fn mount_tier(pod: &mut Value, dir: &str) {
     if let Some(m) = pod["containers"][0]["volumeMounts"].as_array_mut() {
         m.push(mount.clone());
     }
+    pod["containers"][0]["lifecycle"] = json!({"preStop": {"httpGet": {"path": "/flushed", "port": "metrics"}}});
     let main = &pod["containers"][0];
     let survey = json!({
         "name": "tier-survey",

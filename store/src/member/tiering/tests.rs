@@ -69,6 +69,38 @@ fn a_sealed_value_is_copied_reported_once_and_loads_back_byte_exact() {
     assert!(t.take_report().lost.is_empty());
 }
 
+/// `GET /flushed` (a Pod's preStop hook) answers only once a queued value is copied and the
+/// leader has heard of the copy (a heartbeat took the report).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_waits_for_queued_copies_to_be_made_and_reported() {
+    let (seg, key, _seg_dir) = mounted();
+    let seg = Arc::new(seg);
+    let dir = tempfile::tempdir().unwrap();
+    let t = tier(dir.path(), 64 << 20);
+    assert!(t.flushed(Duration::ZERO).await.is_ok(), "nothing queued");
+    committed(&seg, &key, 4096, 5, &value(2, 3000));
+    t.sealed(11, &[4096], &[5]);
+    let left = t.flushed(Duration::from_millis(100)).await.unwrap_err();
+    assert!(left.contains("1 values queued") && left.contains("0 copies"), "{left}");
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let copier = tokio::spawn(t.clone().run(seg.clone(), stop.clone()));
+    crate::eventually::eventually_async(Duration::from_secs(10), "the copy made", || {
+        std::future::ready(t.counts().copied == 1)
+    })
+    .await;
+    let left = t.flushed(Duration::from_millis(100)).await.unwrap_err();
+    assert!(
+        left.contains("0 values queued") && left.contains("1 copies the leader has not heard of"),
+        "{left}"
+    );
+    assert_eq!(t.take_report().spilled.len(), 1, "what the heartbeat tells the leader");
+    let done = t.flushed(Duration::from_secs(5)).await.unwrap();
+    assert!(done.contains("1 values copied"), "{done}");
+    stop.cancel();
+    copier.await.unwrap();
+}
+
 #[test]
 fn a_damaged_copy_is_reported_lost_and_never_written_into_memory() {
     let (seg, key, _seg_dir) = mounted();

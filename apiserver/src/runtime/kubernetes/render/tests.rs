@@ -338,6 +338,16 @@ fn a_group_with_a_disk_tier_mounts_the_nodes_directory_and_runs_the_members_with
     assert_eq!(parsed.tier_watermark, Some((90, 80)));
     assert!(parsed.tier_lru && !parsed.tier_keep_when_full);
     parsed.validate().unwrap();
+    // the preStop hook waits on the member's /flushed, on its metrics port
+    assert_eq!(
+        c["lifecycle"],
+        json!({"preStop": {"httpGet": {"path": "/flushed", "port": "metrics"}}})
+    );
+    assert!(
+        c["ports"].as_array().unwrap().iter().any(|p| p["name"] == "metrics"),
+        "{}",
+        c["ports"]
+    );
     let survey = &pod["initContainers"][0];
     assert_eq!(survey["name"], "tier-survey");
     assert_eq!(survey["image"], c["image"]);
@@ -362,6 +372,7 @@ fn a_group_with_a_disk_tier_mounts_the_nodes_directory_and_runs_the_members_with
     let pod = &member_daemon_set(&p, &p.groups[0], &target())["spec"]["template"]["spec"];
     assert_eq!(pod["volumes"].as_array().unwrap().len(), 3);
     assert!(pod["initContainers"].is_null());
+    assert!(pod["containers"][0]["lifecycle"].is_null());
     let parsed = MemberConfig::parse_args(&args(&pod["containers"][0])[1..]).unwrap();
     assert!(parsed.tier_dir.is_none());
 }
