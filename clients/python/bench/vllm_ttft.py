@@ -4,6 +4,8 @@ prefix of its own, with one of four caches behind it:
 
 - ``none``: no connector (every prompt recomputed);
 - ``kvcache``: our connector (``kvcache.vllm``) on our store (``KVSTORE_*`` in the environment);
+- ``kvcache-disk``: the same connector on a store whose member holds a fraction of the prompts in
+  memory and the rest on its disk tier, so replica B's prefixes come from disk;
 - ``example``: vLLM's in-tree ``ExampleConnector`` (KV to files under ``--files``);
 - ``mooncake``: vLLM's in-tree ``MooncakeStoreConnector`` on the reference store
   (``MOONCAKE_CONFIG_PATH`` in the environment).
@@ -40,7 +42,7 @@ def prompts(n, seed):
 def transfer_config(mode, files):
     if mode == "none":
         return None
-    if mode == "kvcache":
+    if mode in ("kvcache", "kvcache-disk"):
         return {
             "kv_connector": "KVCacheStoreConnector",
             "kv_connector_module_path": "kvcache.vllm",
@@ -61,7 +63,7 @@ def transfer_config(mode, files):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
-    ap.add_argument("--mode", required=True, choices=["none", "kvcache", "example", "mooncake"])
+    ap.add_argument("--mode", required=True, choices=["none", "kvcache", "kvcache-disk", "example", "mooncake"])
     ap.add_argument("--role", required=True, choices=["writer", "reader"])
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--files", default="/tmp/kvcache-bench-files")
