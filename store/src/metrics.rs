@@ -288,20 +288,19 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn flushed_answers_what_the_wait_says_and_bounds_the_waiters() {
-        // the wait: held until `release` fires, then done unless `fail` is set
-        let release = Arc::new(tokio::sync::Notify::new());
-        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // the wait: held while the outcome is `None`, then what it says (`true`: flushed)
+        let (outcome, rx) = tokio::sync::watch::channel(None::<bool>);
         let entered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (r, f, e) = (release.clone(), fail.clone(), entered.clone());
+        let e = entered.clone();
         let wait: Flushed = Arc::new(move || {
-            let (r, f) = (r.clone(), f.clone());
+            let mut rx = rx.clone();
             e.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Box::pin(async move {
-                r.notified().await;
-                if f.load(std::sync::atomic::Ordering::SeqCst) {
-                    Err("2 values still queued\n".to_string())
-                } else {
+                let flushed = rx.wait_for(Option::is_some).await.ok().and_then(|v| *v);
+                if flushed == Some(true) {
                     Ok("flushed\n".to_string())
+                } else {
+                    Err("2 values still queued\n".to_string())
                 }
             })
         });
@@ -329,25 +328,18 @@ mod tests {
             refused.starts_with("HTTP/1.1 429") && refused.contains("already open"),
             "{refused}"
         );
-        while !waiting.iter().all(|w| w.is_finished()) {
-            release.notify_waiters();
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        outcome.send_replace(Some(true));
         for w in waiting {
             let r = w.await.unwrap();
             assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("flushed\n"), "{r}");
         }
-        fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        outcome.send_replace(None);
         let given_up = tokio::spawn(request(addr, "GET", "/flushed"));
         crate::eventually::eventually_async(Duration::from_secs(5), "the last waiter waiting", || {
             std::future::ready(entered.load(std::sync::atomic::Ordering::SeqCst) == FLUSH_WAITERS + 1)
         })
         .await;
-        // `notified` registers on its first poll: release until the waiter has taken it
-        while !given_up.is_finished() {
-            release.notify_waiters();
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        outcome.send_replace(Some(false));
         let r = given_up.await.unwrap();
         assert!(
             r.starts_with("HTTP/1.1 503") && r.ends_with("2 values still queued\n"),

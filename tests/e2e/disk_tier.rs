@@ -98,10 +98,10 @@ async fn tenant(s: &Server, endpoint: &str) -> TenantStatus {
 /// Reads every value, 16 to a batch (a batch's values on disk are loaded together): (exact,
 /// misses); a wrong byte fails the test. A value a batch did not bring back is read alone: a
 /// read that fails (on a busy machine one may outlast its 500 ms lease, and a leader may be
-/// failing over) is tried again, up to five times, and a miss once, after the read leases end
-/// (at this pace the values read in the last 500 ms fill memory, and a load finds no room
-/// until their leases end; or the member had not applied the load within the leader's wait),
-/// before it counts as a miss. Where misses are expected (`expect_misses`: damaged copies),
+/// failing over) is tried again, up to five times, and a miss until it reads back or two lease
+/// TTLs have passed (at this pace the values read in the last 500 ms fill memory, and a load
+/// finds no room until their leases end; or the member had not applied the load within the
+/// leader's wait), before it counts as a miss. Where misses are expected (`expect_misses`: damaged copies),
 /// a miss is not tried again.
 async fn read_all(c: &Client, expect_misses: bool) -> (usize, usize) {
     let (mut exact, mut misses) = (0, 0);
@@ -136,17 +136,17 @@ async fn read_all(c: &Client, expect_misses: bool) -> (usize, usize) {
 /// the test).
 async fn read_one(c: &Client, k: &str, expect_misses: bool) -> bool {
     let mut got = c.get(k).await;
-    let mut missed_once = false;
     for _ in 0..5 {
-        match &got {
-            Ok(Some(_)) => break,
-            Ok(None) if missed_once || expect_misses => break,
-            Ok(None) => {
-                missed_once = true;
-                tokio::time::sleep(LEASE_TTL + Duration::from_millis(100)).await;
-            }
-            Err(_) => {}
+        if got.is_ok() {
+            break;
         }
+        got = c.get(k).await;
+    }
+    // a miss: the value is there once the leases that fill memory have ended (one lease TTL),
+    // or once the member has applied its load
+    let until = Instant::now() + 2 * LEASE_TTL;
+    while matches!(got, Ok(None)) && !expect_misses && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
         got = c.get(k).await;
     }
     match got {
