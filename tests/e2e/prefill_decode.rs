@@ -145,21 +145,9 @@ fn complete(url: &str, model: &str, prompt: &str, stream: bool) -> Result<Vec<u6
     }
 }
 
-/// The sum of a counter on a `/metrics` page (vLLM's or the router's), without `_created` samples.
 /// A prompt of its own of about 3.2 tokens per word (words of the model's generated vocabulary).
 fn prompt(seed: u64, words: usize) -> String {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = move || {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (x >> 33) as usize
-    };
-    let vocabulary: Vec<String> = (0..400)
-        .map(|_| (0..5).map(|_| (b'a' + (next() % 10) as u8) as char).collect())
-        .collect();
-    let text: Vec<&str> = (0..words)
-        .map(|_| vocabulary[next() % vocabulary.len()].as_str())
-        .collect();
-    format!("{} what comes next?", text.join(" "))
+    format!("{} what comes next?", generated_words(seed, words).join(" "))
 }
 
 /// The prompt's tokens, as the monolithic replica counts them.

@@ -91,16 +91,7 @@ fn complete_and_stored(url: &str, model: &str, prompt: &str, blocks: f64) -> Vec
 /// A ~3,500-token prefix (words of the model's generated vocabulary), the same for every seed
 /// given, and a question of its own.
 fn prompt(seed: u64, question: &str) -> String {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = move || {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (x >> 33) as usize
-    };
-    let words: Vec<String> = (0..400)
-        .map(|_| (0..5).map(|_| (b'a' + (next() % 10) as u8) as char).collect())
-        .collect();
-    let prefix: Vec<&str> = (0..1100).map(|_| words[next() % words.len()].as_str()).collect();
-    format!("{} {question}", prefix.join(" "))
+    format!("{} {question}", generated_words(seed, 1100).join(" "))
 }
 
 /// The leader's counters of one tenant (`kv-store tenants`, with the controllers' token).

@@ -1,7 +1,8 @@
 //! What the real-engine tests (`real_engines.rs`, `prefill_decode.rs`) share: where the vLLM
 //! environment, the local model and this build's `kvcache` package are, the server
 //! configuration that runs real `vllm serve` replicas, and how a test reaches and watches them
-//! (their URLs from a deployment's status, curl, counters from `/metrics`, their processes).
+//! (their URLs from a deployment's status, curl, counters from `/metrics`, their processes), and
+//! the words their prompts are made of.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -143,4 +144,19 @@ pub fn vllm_processes(model: &str) -> Vec<u32> {
         .filter(|(_, cmd)| cmd.contains(model))
         .map(|(pid, _)| pid)
         .collect()
+}
+
+/// `n` words drawn from a vocabulary of 400 five-letter words the model's tokenizer splits into
+/// about 3.2 tokens each, vocabulary and draws both from one stream seeded by `seed`: the same
+/// seed gives the same words.
+pub fn generated_words(seed: u64, n: usize) -> Vec<String> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = move || {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (x >> 33) as usize
+    };
+    let vocabulary: Vec<String> = (0..400)
+        .map(|_| (0..5).map(|_| (b'a' + (next() % 10) as u8) as char).collect())
+        .collect();
+    (0..n).map(|_| vocabulary[next() % vocabulary.len()].clone()).collect()
 }
