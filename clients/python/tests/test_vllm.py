@@ -470,6 +470,40 @@ class ConnectorTest(unittest.TestCase):
         d_sched.get_num_new_matched_tokens(decode("bad", prompt, {"blocks": "many"}), 0)
         self.assertEqual(counts["handoffs_in"], 3)
 
+    def test_a_step_whose_forward_raised_saves_nothing(self):
+        """vLLM ends a step with wait_for_save from a finally, so also when its forward raised (a
+        worker stopping on SIGTERM mid-step): the pages planned for saving were never computed,
+        so none is saved (counted), and no replica finds them."""
+        sched, worker, _ = self.replica(seed=11, model="raised")
+        prompt = self.tokens(4 * BLOCK + 2, seed=11)
+        blocks = list(range(60, 65))
+        req = request("r", prompt)
+        req.kv_transfer_params = {"do_remote_decode": True}
+        sched.get_num_new_matched_tokens(req, 0)
+        sched.update_state_after_alloc(req, Blocks(blocks), 0)
+        meta = sched.build_connector_meta(step("r", blocks, 0, len(prompt)))
+        self.assertEqual((sum(len(t.block_ids) for t in meta.saves), meta.handoffs), (4, ["r"]))
+        worker.bind_connector_metadata(meta)
+        with self.assertRaises(SystemExit):
+            try:
+                raise SystemExit(143)
+            finally:
+                worker.wait_for_save()
+        worker.clear_connector_metadata()
+        wait_saved(worker)
+        counts = worker.worker_side.counters.total
+        self.assertEqual((counts["saved_blocks"], counts["save_failures"]), (0, 4))
+        other, _, _ = self.replica(model="raised")
+        self.assertEqual(other.get_num_new_matched_tokens(request("o", prompt), 0), (0, False))
+        # the same step run to its end saves all four
+        sched2, worker2, _ = self.replica(seed=11, model="raised")
+        req2 = request("r2", prompt)
+        sched2.get_num_new_matched_tokens(req2, 0)
+        sched2.update_state_after_alloc(req2, Blocks(blocks), 0)
+        run_step(worker2, sched2.build_connector_meta(step("r2", blocks, 0, len(prompt))))
+        wait_saved(worker2)
+        self.assertEqual(worker2.worker_side.counters.total["saved_blocks"], 4)
+
     def test_stats_reach_vllm_and_add_up_across_workers(self):
         a = kv.KVCacheStoreStats(data={"loaded_blocks": 2, "saved_blocks": 1})
         b = kv.KVCacheStoreConnector.build_kv_connector_stats({"loaded_blocks": 3})

@@ -7,14 +7,16 @@ to the scheduler through vLLM's handshake (``get_handshake_metadata``). Each ste
 loads and saves to ``Transfers``: loads are asynchronous (the request waits in
 ``WAITING_FOR_REMOTE_KVS`` until ``get_finished`` reports it, with any block that failed in
 ``get_block_ids_with_load_errors`` for vLLM to recompute), saves are gathered at the end of the
-step and put on a thread; a step that completes a prompt handed to a remote decode ends only once
-that request's puts have (``metadata.handoffs``). A rank that replicates another's KV (``Layout.saves`` false) loads but
-never saves.
+step and put on a thread (never those of a step whose forward raised: its pages were not
+computed); a step that completes a prompt handed to a remote decode ends only once that
+request's puts have (``metadata.handoffs``). A rank that replicates another's KV
+(``Layout.saves`` false) loads but never saves.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -111,6 +113,9 @@ class WorkerSide:
         if not isinstance(meta, KVCacheStoreMetadata) or not self.layout.saves:
             return
         assert self.transfers is not None, "kvcache.vllm: a save before the KV cache was registered"
+        if sys.exc_info()[1] is not None:
+            self._drop_unfinished(meta)
+            return
         if meta.saves and self.link.get() is None:
             self.counters.add(skipped=1, save_failures=sum(len(t.block_ids) for t in meta.saves))
         else:
@@ -118,6 +123,21 @@ class WorkerSide:
                 self.transfers.save(t.req_id, self._keys(t.hashes), list(t.block_ids))
         if meta.handoffs:
             self._hand_over(meta.handoffs)
+
+    def _drop_unfinished(self, meta: KVCacheStoreMetadata) -> None:
+        """vLLM ends every step with ``wait_for_save`` from a ``finally``, so also a step whose
+        forward raised (a worker stopping on SIGTERM mid-step): the blocks it planned to save
+        were never computed, and their pages still hold whatever was there before. Saving them
+        would hand every reader another prompt's KV under this prompt's keys, so nothing of the
+        step is saved (counted as failed saves) and no handoff is waited for."""
+        dropped = sum(len(t.block_ids) for t in meta.saves)
+        raised = sys.exc_info()[0]
+        logger.warning(
+            "kvcache.vllm: the step's forward raised %s; its %d blocks are not saved",
+            raised.__name__ if raised else "an exception",
+            dropped,
+        )
+        self.counters.add(save_failures=dropped)
 
     def _hand_over(self, req_ids: list[str]) -> None:
         """Holds the step until the puts of the prompts it completes for a remote decode have
