@@ -12,20 +12,23 @@
 //! then while the serving store leader is killed: the same.
 //!
 //! Which tokens must be equal: the local model has random weights, so its greedy choice is
-//! often a near tie in bf16 (the top two log-probabilities equal, or 1/16 apart), and vLLM on
-//! this CPU breaks such ties differently with a KV connector configured than without one,
-//! whatever the connector does. Measured on ten prompts: decode, handed each, answered exactly
-//! as a replica with our connector that loaded the same blocks itself (10 of 10), and differed
-//! from a replica without a connector on 3, each at a near tie (top-two gaps 0 to 0.125); on two
-//! of those a replica with our connector computing the prompt from scratch, nothing in the
-//! store, differs too. And the same engine computing the same prompt in other chunks (256 or
-//! 512 tokens a step against 4,096; or its first blocks in an earlier request, as a decode that
-//! loads what a dying prefill saved and computes the rest does) moves a token's log-probability
-//! by up to 0.34 (24 prompts of about 1,450 tokens, 12 tokens each): a top-two gap moves by up
-//! to twice that, and a CI run once diverged at a gap of at least 0.25. So every answer through
-//! the router equals the monolithic replica's up to its first token decided by less than 1.0
-//! (its `logprobs`), and, while prefill serves, all of it equals the prefill replica's own
-//! answer to the prompt (the same engine configuration, the same blocks).
+//! often an exact tie in bf16 (the top two log-probabilities equal), which vLLM on this CPU may
+//! break either way depending on the batch a request shares (and with a KV connector configured
+//! or not, whatever the connector does). So an answer is checked token by token against the
+//! monolithic replica reading the prompt and the answer's tokens before it (its
+//! `prompt_logprobs`): each token must be the monolithic replica's own choice there, or within
+//! [`DRIFT`] of it. Measured over six runs (10 prompts handed over and 8 in flight while a
+//! process dies, 12 tokens each), every token fell exactly 0 below it; an answer computed over
+//! another prompt's KV falls 1.4 to 8.6 below it within its first ten tokens. While prefill
+//! serves, every answer also equals the prefill replica's own answer to the prompt (the same
+//! engine configuration, the same blocks).
+//!
+//! That check found a real fault: a prefill worker stopped mid-step (SIGTERM reaches the
+//! engine's processes when the replica's `vllm serve` is killed) still ran the connector's
+//! `wait_for_save`, which vLLM calls from a `finally`, and saved pages its forward never wrote
+//! (an earlier prompt's KV) under the new prompt's keys; a decode or another replica loading
+//! them answered another prompt's tokens. The worker now saves nothing of a step whose forward
+//! raised (`clients/python/python/kvcache/vllm/worker.py`).
 //!
 //! Needs what `real_engines.rs` needs (`KVCACHE_PACKAGE_DIR`, the vLLM environment, the model).
 
@@ -49,6 +52,9 @@ const ANSWER: usize = 12;
 /// A token the monolithic replica chose by less than this (the gap between its top two
 /// log-probabilities) is a near tie: compared up to there (see the module's doc).
 const DECIDED_BY: f64 = 1.0;
+/// How far below the monolithic replica's own choice (log-probability) a token of an answer may
+/// be (see the module's doc).
+const DRIFT: f64 = 1.0;
 /// Words in the prompts handed over (about 3,000 tokens), and in the ones in flight while a
 /// process dies (about 1,450: they only need to be in flight).
 const LONG: usize = 950;
@@ -198,6 +204,8 @@ fn holder(k: &Kubectl) -> Option<(String, u64)> {
 /// A prompt and the monolithic replica's answer to it, up to its first near tie.
 struct Asked {
     text: String,
+    /// the prompt's tokens, as the monolithic replica read them
+    tokens: Vec<u64>,
     /// the answer's tokens up to its first one decided by less than [`DECIDED_BY`]
     decided: Vec<u64>,
 }
@@ -208,6 +216,61 @@ impl Asked {
             got.starts_with(&self.decided),
             "{what}: {got:?} is not the monolithic replica's answer up to its first near tie ({:?})",
             self.decided
+        );
+    }
+
+    /// How far each token of `got` falls below the monolithic replica's own choice at its place,
+    /// the monolithic replica reading the prompt and `got` (its log-probabilities: 0 where it
+    /// would choose the same token).
+    fn shortfalls(&self, plain: &str, model: &str, got: &[u64]) -> Vec<f64> {
+        let read: Vec<u64> = self.tokens.iter().chain(got).copied().collect();
+        let b = json!({
+            "model": model, "prompt": read, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1,
+        });
+        let out = try_curl(&[
+            "-X",
+            "POST",
+            &format!("{plain}/v1/completions"),
+            "-H",
+            "content-type: application/json",
+            "-d",
+            &b.to_string(),
+        ])
+        .expect("the monolithic replica reads an answer");
+        let v: Value = serde_json::from_str(&out).expect("JSON");
+        let places = v["choices"][0]["prompt_logprobs"]
+            .as_array()
+            .or_else(|| v["prompt_logprobs"].as_array())
+            .unwrap_or_else(|| panic!("no prompt_logprobs: {out}"));
+        got.iter()
+            .enumerate()
+            .map(|(j, token)| {
+                let place = places[self.tokens.len() + j]
+                    .as_object()
+                    .expect("a place's log-probabilities");
+                let best = place
+                    .values()
+                    .filter_map(|p| p["logprob"].as_f64())
+                    .fold(f64::NEG_INFINITY, f64::max);
+                best - place[&token.to_string()]["logprob"]
+                    .as_f64()
+                    .expect("the token's log-probability")
+            })
+            .collect()
+    }
+
+    /// Every token of `got` is one the monolithic replica, reading the same tokens before it,
+    /// ranks within [`DRIFT`] of its own choice.
+    fn check_read(&self, what: &str, plain: &str, model: &str, got: &[u64]) {
+        let short = self.shortfalls(plain, model, got);
+        let worst = short.iter().copied().fold(0.0, f64::max);
+        eprintln!(
+            "{what}: {got:?}, shortfalls {short:?}, first near tie at {}",
+            self.decided.len()
+        );
+        assert!(
+            worst <= DRIFT,
+            "{what}: {got:?} has a token {worst} below the monolithic replica's choice there ({short:?})"
         );
     }
 }
@@ -248,15 +311,61 @@ fn ask(plain: &str, model: &str, seed: u64, words: usize) -> Asked {
     };
     let n = tops.iter().take_while(|top| decided_by(top) >= DECIDED_BY).count();
     assert_eq!(ids.len(), ANSWER, "{answer}");
+    let tokens: Vec<u64> = v["choices"][0]["prompt_token_ids"]
+        .as_array()
+        .expect("the prompt's token ids")
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
     Asked {
         text,
+        tokens,
         decided: ids[..n].to_vec(),
     }
 }
 
+/// What the router and decode counted so far: how the requests in flight were served.
+fn tally(router: &str, decode: &str) {
+    let of = |url: &str, names: &[&str]| -> String {
+        names
+            .iter()
+            .map(|n| format!("{n} {}", counter(url, n)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    eprintln!(
+        "router: {}",
+        of(
+            router,
+            &[
+                "kvrouter_handoffs_total",
+                "kvrouter_retries_total",
+                "kvrouter_fallbacks_total"
+            ]
+        )
+    );
+    let store = |n: &str| format!("vllm:kvcache_store_{n}_total");
+    let names: Vec<String> = [
+        "handoffs_in",
+        "handoff_blocks",
+        "handoff_missing_blocks",
+        "handoff_mismatches",
+        "hit_blocks",
+        "loaded_blocks",
+        "load_failures",
+        "lookup_failures",
+        "saved_blocks",
+    ]
+    .iter()
+    .map(|n| store(n))
+    .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    eprintln!("decode: {}", of(decode, &names));
+}
+
 /// `prompts` sent through the router at once (streamed and not, alternately), each expected to
 /// answer as the monolithic replica does; `during` runs once they are in flight.
-fn in_flight(router: &str, model: &str, prompts: &[Asked], during: impl FnOnce()) {
+fn in_flight(router: &str, decode: &str, plain: &str, model: &str, prompts: &[Asked], during: impl FnOnce()) {
     let compared: usize = prompts.iter().map(|a| a.decided.len()).sum();
     eprintln!(
         "{} requests in flight, {compared} of {} tokens compared",
@@ -275,10 +384,14 @@ fn in_flight(router: &str, model: &str, prompts: &[Asked], during: impl FnOnce()
             })
             .collect();
         during();
-        for r in running {
-            let (i, got, a) = r.join().expect("a request thread");
+        let results: Vec<_> = running
+            .into_iter()
+            .map(|r| r.join().expect("a request thread"))
+            .collect();
+        tally(router, decode);
+        for (i, got, a) in results {
             match got {
-                Ok(text) => a.check(&format!("request {i}"), &text),
+                Ok(text) => a.check_read(&format!("request {i}"), plain, model, &text),
                 Err(e) => panic!("request {i} failed: {e}"),
             }
         }
@@ -347,6 +460,7 @@ fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_fai
         let hits_before = counter(&decode, "vllm:external_prefix_cache_hits_total");
         let got = complete(&router, &model, &a.text, i % 2 == 1).unwrap_or_else(|e| panic!("prompt {i}: {e}"));
         a.check(&format!("prompt {i}"), &got);
+        a.check_read(&format!("prompt {i}"), &plain, &model, &got);
         let whole = complete(&prefill, &model, &a.text, false).expect("the prefill replica answers");
         assert_eq!(got, whole, "prompt {i}: decode's answer is the prefill replica's own");
         let full = ((prompt_tokens(&plain, &model, &a.text) - 1) / 64 * 64) as f64;
@@ -373,7 +487,7 @@ fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_fai
     // The prefill replica dies with requests in flight: each completes with the same tokens.
     let batch: Vec<Asked> = (200..204).map(|seed| ask(&plain, &model, seed, SHORT)).collect();
     let fallbacks = counter(&router, "kvrouter_fallbacks_total") + counter(&router, "kvrouter_retries_total");
-    in_flight(&router, &model, &batch, || {
+    in_flight(&router, &decode, &plain, &model, &batch, || {
         eventually_within(Duration::from_secs(60), "a request reaches prefill", || {
             (counter(&router, "kvrouter_inflight{kind=\"prefill\"") > 0.0).then_some(())
         });
@@ -403,7 +517,7 @@ fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_fai
         .unwrap_or_else(|| panic!("no leader process listens on {h}"))
         .0;
     let batch: Vec<Asked> = (300..304).map(|seed| ask(&plain, &model, seed, SHORT)).collect();
-    in_flight(&router, &model, &batch, || kill9(leader));
+    in_flight(&router, &decode, &plain, &model, &batch, || kill9(leader));
     eventually_within(Duration::from_secs(60), "another term serves", || {
         holder(&k).filter(|(_, t)| *t > term)
     });

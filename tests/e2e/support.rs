@@ -52,6 +52,11 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            // what the processes it ran wrote (their logs) is what explains a failure
+            self.dir.disable_cleanup(true);
+            eprintln!("the server's data directory is kept: {}", self.dir.path().display());
+        }
     }
 }
 
