@@ -17,7 +17,7 @@
 //! or not, whatever the connector does). So an answer is checked token by token against the
 //! monolithic replica reading the prompt and the answer's tokens before it (its
 //! `prompt_logprobs`): each token must be the monolithic replica's own choice there, or within
-//! [`DRIFT`] of it. Measured over six runs (10 prompts handed over and 8 in flight while a
+//! [`DRIFT`] of it. Measured over eleven runs (10 prompts handed over and 8 in flight while a
 //! process dies, 12 tokens each), every token fell exactly 0 below it; an answer computed over
 //! another prompt's KV falls 1.4 to 8.6 below it within its first ten tokens. While prefill
 //! serves, every answer also equals the prefill replica's own answer to the prompt (the same
