@@ -368,6 +368,50 @@ impl WriteRange<'_> {
         }
         Ok(hasher.digest())
     }
+
+    /// Fills the range with `file`'s bytes from `at`, read straight into the mapping (`pread`
+    /// given its pointer: no copy through this process's memory), and returns their XXH3-64,
+    /// each piece hashed as soon as it lands (copied out first, rule 1). A file that ends first
+    /// is `UnexpectedEof`.
+    pub fn read_from_file(&mut self, file: &File, at: u64) -> io::Result<u64> {
+        const PIECE: usize = 256 * 1024;
+        let len = self.len as usize;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut copy = vec![0u8; PIECE.min(len)];
+        let mut done = 0;
+        while done < len {
+            let n = PIECE.min(len - done);
+            let from = libc::off_t::try_from(at + done as u64).map_err(io::Error::other)?;
+            // SAFETY: `offset + done .. offset + done + n` is inside the claimed range, which is
+            // inside the mapping (rules 2 and 3); the kernel writes through a raw pointer.
+            let got = unsafe {
+                libc::pread(
+                    file.as_raw_fd(),
+                    self.map.ptr.add(self.offset as usize + done).cast(),
+                    n,
+                    from,
+                )
+            };
+            match got {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n if n < 0 => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+                n => {
+                    let n = n as usize;
+                    self.map
+                        .copy_out(self.offset + done as u64, &mut copy[..n])
+                        .map_err(|e| io::Error::other(e.to_string()))?;
+                    hasher.update(&copy[..n]);
+                    done += n;
+                }
+            }
+        }
+        Ok(hasher.digest())
+    }
 }
 
 impl Drop for WriteRange<'_> {

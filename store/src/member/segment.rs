@@ -30,6 +30,7 @@ use crate::grant::{Access, GrantKey, MAC_LEN, Range};
 use crate::time::now_unix_ms;
 pub use handover::ReportCounts;
 use handover::Waiting;
+pub use tier::{LoadAt, Mismatch};
 
 /// Transfer counters for metrics.
 #[derive(Debug, Default)]

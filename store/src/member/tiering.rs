@@ -26,7 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::segment::Segment;
+use super::mmap::WriteRange;
+use super::segment::{LoadAt, Mismatch, Segment};
 use super::tier::format::Header;
 use super::tier::{DiskId, Found, ReadError, Tier, TierError};
 use crate::proto::DiskHolding;
@@ -292,25 +293,30 @@ impl Tiering {
         let mut counts = TierCounts::default();
         let mut lost = Vec::new();
         let mut tier = self.tier.lock();
+        tier.will_read(loads.iter().map(|l| (DiskId(l.disk_id), l.tag.len())));
         for l in loads {
             let id = DiskId(l.disk_id);
-            match tier.read(id, &l.tag) {
-                Ok(value) => {
-                    let checksum = super::tier::format::value_checksum(&value);
-                    if segment.load(
-                        mount_id,
-                        l.offset,
-                        l.allocation,
-                        l.tag.clone(),
-                        &value,
-                        checksum,
-                        l.seal,
-                    ) {
-                        counts.loaded += 1;
-                    } else {
-                        counts.failed += 1;
-                    }
-                }
+            let loaded = tier.locate(id, &l.tag).and_then(|value| {
+                let at = LoadAt {
+                    mount_id,
+                    offset: l.offset,
+                    allocation: l.allocation,
+                    len: value.len,
+                };
+                let fill = |range: &mut WriteRange<'_>| value.read_into(range);
+                segment
+                    .load_with(at, l.tag.clone(), value.checksum, l.seal, fill)
+                    .map_err(|e| match e {
+                        Mismatch::Fill(e) => e,
+                        Mismatch::Checksum => ReadError::Damaged {
+                            id,
+                            why: "its bytes do not match their checksum".into(),
+                        },
+                    })
+            });
+            match loaded {
+                Ok(true) => counts.loaded += 1,
+                Ok(false) => counts.failed += 1,
                 Err(ReadError::Missing(_)) => {
                     counts.failed += 1;
                     lost.push(l.disk_id);

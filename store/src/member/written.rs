@@ -323,6 +323,18 @@ impl Written {
         }
     }
 
+    /// Drops what `allocation` began writing at `start` and never finished (a load from the disk
+    /// tier whose bytes did not check): nothing of it may be read, and nothing was held.
+    pub fn discard(&mut self, start: u64, allocation: u64) {
+        if self
+            .ranges
+            .get(&start)
+            .is_some_and(|e| e.allocation == allocation && e.held.is_none())
+        {
+            self.ranges.remove(&start);
+        }
+    }
+
     /// Forgets the value `allocation` wrote at `start`, which the leader freed: it is no longer
     /// held (its range stays fenced for its allocation). `false` if nothing of it was held there.
     pub fn forget(&mut self, start: u64, allocation: u64) -> bool {
@@ -421,6 +433,19 @@ mod tests {
         w.write(64, 64, 2).unwrap();
         assert_eq!(w.write(0, 64, 1), Ok(()));
         assert_eq!(w.read(64, 64, 2), Ok(()));
+    }
+
+    #[test]
+    fn a_discarded_load_reads_nothing_and_a_finished_value_is_never_discarded() {
+        let mut w = Written::default();
+        w.write(0, 64, 4).unwrap();
+        w.discard(0, 4);
+        assert_eq!(w.read(0, 64, 4), Err(Stale::NotWritten));
+        w.write(0, 64, 5).unwrap();
+        assert!(w.finish(0, 64, 5, tag("k"), 1, 1));
+        w.discard(0, 5);
+        w.discard(0, 6);
+        assert_eq!(w.read(0, 64, 5), Ok(()), "finished: it stays");
     }
 
     fn tag(k: &str) -> Arc<[u8]> {

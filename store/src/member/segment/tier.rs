@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::Segment;
+use crate::member::mmap::WriteRange;
 
 /// A sealed value of the current mount as the disk tier copies it.
 #[derive(Debug)]
@@ -62,22 +63,81 @@ impl Segment {
         checksum: u64,
         seal: [u8; crate::grant::MAC_LEN],
     ) -> bool {
-        let len = value.len() as u64;
+        let fill = |range: &mut WriteRange<'_>| range.copy_from(value).map(|()| checksum);
+        let placed = LoadAt {
+            mount_id,
+            offset,
+            allocation,
+            len: value.len() as u64,
+        };
+        self.load_with(placed, tag, checksum, seal, fill).unwrap_or(false)
+    }
+
+    /// [`Segment::load`] with the bytes written by `fill` (the disk tier reads them straight
+    /// into the range), which returns their checksum: kept only when it is `checksum`. `fill`'s
+    /// error, or a checksum that differs, leaves nothing readable there under `allocation` (nor
+    /// held, so never handed over) and is returned as `Err`.
+    pub fn load_with<E>(
+        &self,
+        at: LoadAt,
+        tag: Arc<[u8]>,
+        checksum: u64,
+        seal: [u8; crate::grant::MAC_LEN],
+        fill: impl FnOnce(&mut WriteRange<'_>) -> Result<u64, E>,
+    ) -> Result<bool, Mismatch<E>> {
+        let LoadAt {
+            mount_id,
+            offset,
+            allocation,
+            len,
+        } = at;
         {
             let mut written = self.written.lock();
             if self.mount_id() != mount_id || written.write(offset, len, allocation).is_err() {
-                return false;
+                return Ok(false);
             }
         }
-        if self.map.copy_in(offset, value).is_err() {
-            return false;
+        let Ok(mut range) = self.map.write_range(offset, len) else {
+            // a transfer still holds (part of) the range: the load fails, leaving nothing there
+            self.written.lock().discard(offset, allocation);
+            return Ok(false);
+        };
+        let filled = fill(&mut range);
+        drop(range);
+        let outcome = match filled {
+            Ok(got) if got == checksum => Ok(()),
+            Ok(_) => Err(Mismatch::Checksum),
+            Err(e) => Err(Mismatch::Fill(e)),
+        };
+        if let Err(e) = outcome {
+            // the range holds bytes that are not the value: never readable as it
+            self.written.lock().discard(offset, allocation);
+            return Err(e);
         }
         let epoch = self.epoch();
         let mut written = self.written.lock();
-        self.mount_id() == mount_id
+        Ok(self.mount_id() == mount_id
             && written.finish(offset, len, allocation, tag, checksum, epoch)
-            && written.seal(offset, allocation, seal)
+            && written.seal(offset, allocation, seal))
     }
+}
+
+/// Where a load goes: the mount, range and allocation of its notice.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadAt {
+    pub mount_id: u64,
+    pub offset: u64,
+    pub allocation: u64,
+    pub len: u64,
+}
+
+/// Why [`Segment::load_with`] kept nothing of what it was given.
+#[derive(Debug)]
+pub enum Mismatch<E> {
+    /// the fill failed
+    Fill(E),
+    /// the bytes written are not the value's
+    Checksum,
 }
 
 #[cfg(test)]

@@ -25,6 +25,9 @@
 //! Every call here is blocking file I/O: run it off the async workers (`spawn_blocking`).
 
 pub mod format;
+mod read;
+
+pub use read::Located;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
@@ -385,43 +388,6 @@ impl Tier {
             .checked_add(1)
             .ok_or_else(|| TierError::Config("the tier's file numbers are used up".into()))?;
         Ok(())
-    }
-
-    /// The value at `id`, if its record is live, carries `tag` and its bytes match their
-    /// checksum. [`ReadError::Damaged`] means the bytes on disk are not the value's: drop it
-    /// ([`Tier::kill`]) and count it.
-    pub fn read(&self, id: DiskId, tag: &[u8]) -> Result<Vec<u8>, ReadError> {
-        let live = self.live.get(&id).ok_or(ReadError::Missing(id))?;
-        let f = self.files.get(&id.file()).ok_or(ReadError::Missing(id))?;
-        let path = self.path_of(id.file());
-        let damaged = |why: String| ReadError::Damaged { id, why };
-        let h = match read_header(&f.file, id.offset(), f.len) {
-            Ok(h) => h,
-            Err(HeaderError::Damage(d)) => return Err(damaged(format!("header: {d}"))),
-            Err(HeaderError::Io(e)) => return Err(io_err("reading", &path, e).into()),
-        };
-        if h.dead {
-            return Err(damaged("the record is marked dead".into()));
-        }
-        if h.tag != tag {
-            return Err(damaged("the record holds another value (its tag differs)".into()));
-        }
-        if h.len != live.len {
-            return Err(damaged(format!("the record's length {} is not {}", h.len, live.len)));
-        }
-        let len = usize::try_from(h.len).map_err(|_| damaged("the record's length is too large".into()))?;
-        let mut value = vec![0u8; len];
-        f.file
-            .read_exact_at(&mut value, id.offset() + h.payload_at())
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::UnexpectedEof => damaged("the file ends inside the value".into()),
-                _ => io_err("reading", &path, e).into(),
-            })?;
-        if format::value_checksum(&value) != h.checksum {
-            return Err(damaged("its bytes do not match their checksum".into()));
-        }
-        f.touched.store(self.clock.fetch_add(1, Relaxed), Relaxed);
-        Ok(value)
     }
 
     /// Removes the value at `id`: its record is marked dead, and its file deleted once no record
