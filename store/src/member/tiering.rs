@@ -304,19 +304,26 @@ impl Tiering {
                     len: value.len,
                 };
                 let fill = |range: &mut WriteRange<'_>| value.read_into(range);
-                segment
-                    .load_with(at, l.tag.clone(), value.checksum, l.seal, fill)
-                    .map_err(|e| match e {
-                        Mismatch::Fill(e) => e,
-                        Mismatch::Checksum => ReadError::Damaged {
-                            id,
-                            why: "its bytes do not match their checksum".into(),
-                        },
-                    })
+                match segment.load_with(at, l.tag.clone(), value.checksum, l.seal, fill) {
+                    Ok(done) => Ok(Some(done)),
+                    Err(Mismatch::Fill(e)) => Err(e),
+                    Err(Mismatch::Checksum) => Err(ReadError::Damaged {
+                        id,
+                        why: "its bytes do not match their checksum".into(),
+                    }),
+                    Err(Mismatch::Busy) => Ok(None),
+                }
             });
             match loaded {
-                Ok(true) => counts.loaded += 1,
-                Ok(false) => counts.failed += 1,
+                Ok(Some(true)) => counts.loaded += 1,
+                Ok(Some(false)) => counts.failed += 1,
+                Ok(None) => {
+                    // reported lost: the leader drops the value (a miss) rather than tell readers
+                    // of a range that holds nothing
+                    tracing::warn!(disk_id = l.disk_id, "a load's range stayed busy: the value is dropped");
+                    counts.failed += 1;
+                    lost.push(l.disk_id);
+                }
                 Err(ReadError::Missing(_)) => {
                     counts.failed += 1;
                     lost.push(l.disk_id);

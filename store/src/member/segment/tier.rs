@@ -3,8 +3,10 @@
 //! back from the tier written into a range as its allocation, sealed ([`Segment::load`]).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::Segment;
+use crate::error::ErrorCode;
 use crate::member::mmap::WriteRange;
 
 /// A sealed value of the current mount as the disk tier copies it.
@@ -97,10 +99,9 @@ impl Segment {
                 return Ok(false);
             }
         }
-        let Ok(mut range) = self.map.write_range(offset, len) else {
-            // a transfer still holds (part of) the range: the load fails, leaving nothing there
+        let Some(mut range) = self.claim_for_load(offset, len) else {
             self.written.lock().discard(offset, allocation);
-            return Ok(false);
+            return Err(Mismatch::Busy);
         };
         let filled = fill(&mut range);
         drop(range);
@@ -122,6 +123,27 @@ impl Segment {
     }
 }
 
+impl Segment {
+    /// The write claim on a load's range, waiting up to [`BUSY_WAIT`] for a transfer that still
+    /// holds part of it: only a reader of the value the range held before can (the leader placed
+    /// the load there), and its lease bounds it. `None` if it is still held then.
+    fn claim_for_load(&self, offset: u64, len: u64) -> Option<WriteRange<'_>> {
+        let until = Instant::now() + BUSY_WAIT;
+        loop {
+            match self.map.write_range(offset, len) {
+                Ok(range) => return Some(range),
+                Err(e) if e.code == ErrorCode::RangeBusy && Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
+/// How long a load waits for a transfer still holding part of its range.
+const BUSY_WAIT: Duration = Duration::from_millis(200);
+
 /// Where a load goes: the mount, range and allocation of its notice.
 #[derive(Debug, Clone, Copy)]
 pub struct LoadAt {
@@ -138,6 +160,8 @@ pub enum Mismatch<E> {
     Fill(E),
     /// the bytes written are not the value's
     Checksum,
+    /// a transfer held part of the range for longer than a load waits
+    Busy,
 }
 
 #[cfg(test)]
@@ -187,5 +211,37 @@ mod tests {
             !seg.load(11, (1 << 16) - 100, 11, tag.into(), &value, copy.checksum, seal),
             "out of bounds"
         );
+    }
+
+    #[test]
+    fn a_load_whose_range_stays_busy_fails_and_leaves_nothing_readable() {
+        use super::{LoadAt, Mismatch};
+        use crate::member::mmap::WriteRange;
+        use std::sync::Arc;
+
+        let (seg, key, _dir) = mounted();
+        let value = vec![7u8; 300];
+        let tag: Arc<[u8]> = Arc::from(&b"tenant/key"[..]);
+        // a reader of what the range held before, still reading
+        let reader = seg.map.read_range(8192, 300).unwrap();
+        let at = LoadAt {
+            mount_id: 11,
+            offset: 8192,
+            allocation: 9,
+            len: 300,
+        };
+        let fill = |r: &mut WriteRange<'_>| r.copy_from(&value).map(|()| 1u64);
+        let loaded = seg.load_with(at, tag.clone(), 1, [4; MAC_LEN], fill);
+        assert!(matches!(loaded, Err(Mismatch::Busy)), "{loaded:?}");
+        drop(reader);
+        let read = allocated(&key, Access::Read, 11, 3, 8192, 300, 9);
+        assert!(
+            seg.begin_read(read, 300).is_err(),
+            "nothing readable under the load's allocation"
+        );
+        // once the reader is gone the same load goes through
+        assert!(seg.load(11, 8192, 9, tag, &value, 1, [4; MAC_LEN]));
+        let read = allocated(&key, Access::Read, 11, 3, 8192, 300, 9);
+        assert_eq!(seg.begin_read(read, 300).unwrap().to_vec(), value);
     }
 }
