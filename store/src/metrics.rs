@@ -182,6 +182,45 @@ mod tests {
         out
     }
 
+    /// The endpoint serving on a port of its own until [`Running::stop`].
+    struct Running {
+        addr: std::net::SocketAddr,
+        cancel: CancellationToken,
+        server: tokio::task::JoinHandle<std::io::Result<()>>,
+    }
+
+    impl Running {
+        async fn start(
+            registry: Registry,
+            private: Option<Private>,
+            readiness: ReadinessHandle,
+            flushed: Option<Flushed>,
+        ) -> Running {
+            let cancel = CancellationToken::new();
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let server = tokio::spawn(serve(
+                l,
+                Arc::new(registry),
+                private,
+                readiness,
+                flushed,
+                cancel.clone(),
+            ));
+            Running { addr, cancel, server }
+        }
+
+        /// Cancels the endpoint and waits until it stopped.
+        async fn stop(self) {
+            self.cancel.cancel();
+            tokio::time::timeout(Duration::from_secs(5), self.server)
+                .await
+                .expect("the endpoint stops when cancelled")
+                .unwrap()
+                .unwrap();
+        }
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn serves_metrics_health_and_readiness_and_refuses_the_rest() {
         let mut registry = Registry::default();
@@ -189,17 +228,8 @@ mod tests {
         c.inc_by(3);
         registry.register("test_things", "things counted", c);
         let readiness = ReadinessHandle::new();
-        let cancel = CancellationToken::new();
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let server = tokio::spawn(serve(
-            l,
-            Arc::new(registry),
-            None,
-            readiness.clone(),
-            None,
-            cancel.clone(),
-        ));
+        let running = Running::start(registry, None, readiness.clone(), None).await;
+        let addr = running.addr;
 
         let m = request(addr, "GET", "/metrics").await;
         assert!(m.starts_with("HTTP/1.1 200"), "{m}");
@@ -224,12 +254,7 @@ mod tests {
         assert!(r.starts_with("HTTP/1.1 404") && r.contains("no disk tier"), "{r}");
         assert!(request(addr, "POST", "/metrics").await.starts_with("HTTP/1.1 405"));
 
-        cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .expect("the endpoint stops when cancelled")
-            .unwrap()
-            .unwrap();
+        running.stop().await;
         assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "port closed");
     }
 
@@ -246,18 +271,8 @@ mod tests {
             registry: counted("secret_things"),
             token: Some(Expected::new("the-token", "the metrics", "--control-token-file")),
         };
-        let cancel = CancellationToken::new();
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let readiness = ReadinessHandle::new();
-        let server = tokio::spawn(serve(
-            l,
-            Arc::new(counted("open_things")),
-            Some(private),
-            readiness,
-            None,
-            cancel.clone(),
-        ));
+        let running = Running::start(counted("open_things"), Some(private), ReadinessHandle::new(), None).await;
+        let addr = running.addr;
         for (who, headers) in [
             ("no token", ""),
             ("a wrong token", "Authorization: Bearer guess\r\n"),
@@ -278,12 +293,7 @@ mod tests {
         );
         assert_eq!(m.matches("# EOF").count(), 1, "{m}");
         assert!(m.trim_end().ends_with("# EOF"), "{m}");
-        cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        running.stop().await;
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -304,17 +314,8 @@ mod tests {
                 }
             })
         });
-        let cancel = CancellationToken::new();
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let server = tokio::spawn(serve(
-            l,
-            Arc::new(Registry::default()),
-            None,
-            ReadinessHandle::new(),
-            Some(wait),
-            cancel.clone(),
-        ));
+        let running = Running::start(Registry::default(), None, ReadinessHandle::new(), Some(wait)).await;
+        let addr = running.addr;
         let waiting: Vec<_> = (0..FLUSH_WAITERS)
             .map(|_| tokio::spawn(request(addr, "GET", "/flushed")))
             .collect();
@@ -345,11 +346,6 @@ mod tests {
             r.starts_with("HTTP/1.1 503") && r.ends_with("2 values still queued\n"),
             "{r}"
         );
-        cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        running.stop().await;
     }
 }

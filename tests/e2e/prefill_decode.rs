@@ -100,16 +100,7 @@ fn body(model: &str, prompt: &str, stream: bool) -> String {
 /// fails.
 fn complete(url: &str, model: &str, prompt: &str, stream: bool) -> Result<Vec<u64>, String> {
     let b = body(model, prompt, stream);
-    let out = try_curl(&[
-        "-N",
-        "-X",
-        "POST",
-        &format!("{url}/v1/completions"),
-        "-H",
-        "content-type: application/json",
-        "-d",
-        &b,
-    ])?;
+    let out = try_post_json(&format!("{url}/v1/completions"), &b)?;
     let ids = |v: &Value| -> Vec<u64> {
         v["choices"][0]["token_ids"]
             .as_array()
@@ -158,15 +149,10 @@ fn prompt(seed: u64, words: usize) -> String {
 
 /// The prompt's tokens, as the monolithic replica counts them.
 fn prompt_tokens(url: &str, model: &str, prompt: &str) -> u64 {
-    let out = try_curl(&[
-        "-X",
-        "POST",
+    let out = try_post_json(
         &format!("{url}/tokenize"),
-        "-H",
-        "content-type: application/json",
-        "-d",
         &json!({"model": model, "prompt": prompt}).to_string(),
-    ])
+    )
     .expect("tokenize");
     let v: Value = serde_json::from_str(&out).expect("tokenize answers JSON");
     v["count"].as_u64().expect("a count")
@@ -227,16 +213,8 @@ impl Asked {
         let b = json!({
             "model": model, "prompt": read, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1,
         });
-        let out = try_curl(&[
-            "-X",
-            "POST",
-            &format!("{plain}/v1/completions"),
-            "-H",
-            "content-type: application/json",
-            "-d",
-            &b.to_string(),
-        ])
-        .expect("the monolithic replica reads an answer");
+        let out = try_post_json(&format!("{plain}/v1/completions"), &b.to_string())
+            .expect("the monolithic replica reads an answer");
         let v: Value = serde_json::from_str(&out).expect("JSON");
         let places = v["choices"][0]["prompt_logprobs"]
             .as_array()
@@ -280,16 +258,8 @@ fn ask(plain: &str, model: &str, seed: u64, words: usize) -> Asked {
     let text = prompt(seed, words);
     let mut b: Value = serde_json::from_str(&body(model, &text, false)).expect("a body");
     b["logprobs"] = json!(2);
-    let answer = try_curl(&[
-        "-X",
-        "POST",
-        &format!("{plain}/v1/completions"),
-        "-H",
-        "content-type: application/json",
-        "-d",
-        &b.to_string(),
-    ])
-    .expect("the monolithic replica answers");
+    let answer =
+        try_post_json(&format!("{plain}/v1/completions"), &b.to_string()).expect("the monolithic replica answers");
     let v: Value = serde_json::from_str(&answer).expect("JSON");
     let logprobs = &v["choices"][0]["logprobs"];
     let tops = logprobs["top_logprobs"].as_array().expect("top logprobs");

@@ -59,15 +59,8 @@ fn complete(url: &str, model: &str, prompt: &str) -> Vec<u64> {
         "model": model, "prompt": prompt, "max_tokens": 12, "temperature": 0,
         "ignore_eos": true, "return_token_ids": true,
     });
-    let out = curl(&[
-        "-X",
-        "POST",
-        &format!("{url}/v1/completions"),
-        "-H",
-        "content-type: application/json",
-        "-d",
-        &body.to_string(),
-    ]);
+    let out =
+        try_post_json(&format!("{url}/v1/completions"), &body.to_string()).unwrap_or_else(|e| panic!("{url}: {e}"));
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{url}: {e}: {out}"));
     let ids = v["choices"][0]["token_ids"]
         .as_array()

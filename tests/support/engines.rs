@@ -107,6 +107,21 @@ pub fn try_curl(args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// curl's answer to the JSON `body` POSTed to `url` (`-N`: server-sent events as they come),
+/// or its error.
+pub fn try_post_json(url: &str, body: &str) -> Result<String, String> {
+    try_curl(&[
+        "-N",
+        "-X",
+        "POST",
+        url,
+        "-H",
+        "content-type: application/json",
+        "-d",
+        body,
+    ])
+}
+
 /// curl's output; a failed request fails the test.
 pub fn curl(args: &[&str]) -> String {
     try_curl(args).unwrap_or_else(|e| panic!("curl {args:?}: {e}"))

@@ -325,11 +325,8 @@ impl WriteRange<'_> {
     /// cache and the next piece is on its way (copied out first, rule 1), instead of in a second
     /// pass over the whole range.
     pub async fn recv_from(&mut self, s: &TcpStream) -> io::Result<u64> {
-        const PIECE: usize = 64 * 1024;
         let len = self.len as usize;
-        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        let mut copy = vec![0u8; PIECE.min(len)];
-        let mut hashed = 0;
+        let mut hashing = Hashing::new(64 * 1024, len);
         let mut done = 0;
         while done < len {
             s.readable().await?;
@@ -357,16 +354,9 @@ impl WriteRange<'_> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
-            while hashed < done {
-                let n = PIECE.min(done - hashed);
-                self.map
-                    .copy_out(self.offset + hashed as u64, &mut copy[..n])
-                    .map_err(|e| io::Error::other(e.to_string()))?;
-                hasher.update(&copy[..n]);
-                hashed += n;
-            }
+            hashing.up_to(self, done)?;
         }
-        Ok(hasher.digest())
+        Ok(hashing.digest())
     }
 
     /// Fills the range with `file`'s bytes from `at`, read straight into the mapping (`pread`
@@ -376,8 +366,7 @@ impl WriteRange<'_> {
     pub fn read_from_file(&mut self, file: &File, at: u64) -> io::Result<u64> {
         const PIECE: usize = 256 * 1024;
         let len = self.len as usize;
-        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        let mut copy = vec![0u8; PIECE.min(len)];
+        let mut hashing = Hashing::new(PIECE, len);
         let mut done = 0;
         while done < len {
             let n = PIECE.min(len - done);
@@ -401,16 +390,49 @@ impl WriteRange<'_> {
                     }
                 }
                 n => {
-                    let n = n as usize;
-                    self.map
-                        .copy_out(self.offset + done as u64, &mut copy[..n])
-                        .map_err(|e| io::Error::other(e.to_string()))?;
-                    hasher.update(&copy[..n]);
-                    done += n;
+                    done += n as usize;
+                    hashing.up_to(self, done)?;
                 }
             }
         }
-        Ok(hasher.digest())
+        Ok(hashing.digest())
+    }
+}
+
+/// XXH3-64 of a range's bytes as they land in it, piece by piece (each copied out first, rule 1),
+/// while they are still in the cache.
+struct Hashing {
+    hasher: xxhash_rust::xxh3::Xxh3,
+    copy: Vec<u8>,
+    /// bytes from the range's start hashed so far
+    hashed: usize,
+}
+
+impl Hashing {
+    fn new(piece: usize, len: usize) -> Self {
+        Hashing {
+            hasher: xxhash_rust::xxh3::Xxh3::new(),
+            copy: vec![0u8; piece.min(len)],
+            hashed: 0,
+        }
+    }
+
+    /// Hashes `range`'s bytes from where it stopped up to `done`.
+    fn up_to(&mut self, range: &WriteRange<'_>, done: usize) -> io::Result<()> {
+        while self.hashed < done {
+            let n = self.copy.len().min(done - self.hashed);
+            range
+                .map
+                .copy_out(range.offset + self.hashed as u64, &mut self.copy[..n])
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            self.hasher.update(&self.copy[..n]);
+            self.hashed += n;
+        }
+        Ok(())
+    }
+
+    fn digest(&self) -> u64 {
+        self.hasher.digest()
     }
 }
 
@@ -511,94 +533,4 @@ impl Drop for ReadRange<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranges_exclude_writers() {
-        let dir = tempfile::tempdir().unwrap();
-        let m = SharedMap::create(dir.path(), 1 << 16, true).unwrap();
-        assert_eq!(
-            std::fs::read_dir(dir.path()).unwrap().count(),
-            0,
-            "a memfd leaves nothing in the directory"
-        );
-        let mut w = m.write_range(0, 100).unwrap();
-        w.copy_from(&[7u8; 100]).unwrap();
-        assert_eq!(w.copy_from(&[7u8; 99]).unwrap_err().code, ErrorCode::InvalidArgument);
-        assert_eq!(m.write_range(50, 100).unwrap_err().code, ErrorCode::RangeBusy);
-        assert_eq!(m.read_range(99, 1).unwrap_err().code, ErrorCode::RangeBusy);
-        let r2 = m.read_range(100, 10).unwrap();
-        // pieces stay inside their claim
-        w.copy_part(90, &[8u8; 10]).unwrap();
-        assert_eq!(w.copy_part(91, &[8u8; 10]).unwrap_err().code, ErrorCode::OutOfRange);
-        assert_eq!(
-            w.copy_part(u64::MAX, &[8u8; 1]).unwrap_err().code,
-            ErrorCode::OutOfRange
-        );
-        w.copy_part(90, &[7u8; 10]).unwrap();
-        let mut piece = [0u8; 10];
-        assert_eq!(r2.copy_part(1, &mut piece).unwrap_err().code, ErrorCode::OutOfRange);
-        drop(w);
-        let r = m.read_range(0, 100).unwrap();
-        let r3 = m.read_range(0, 100).unwrap();
-        assert!(r.to_vec().iter().all(|b| *b == 7));
-        r.copy_part(95, &mut piece[..5]).unwrap();
-        assert_eq!(piece[..5], [7u8; 5]);
-        assert_eq!(m.write_range(0, 1).unwrap_err().code, ErrorCode::RangeBusy);
-        drop((r, r2, r3));
-        assert!(m.write_range(0, 1 << 16).is_ok());
-        assert_eq!(m.write_range(1, 1 << 16).unwrap_err().code, ErrorCode::OutOfRange);
-        assert_eq!(m.write_range(u64::MAX, 2).unwrap_err().code, ErrorCode::OutOfRange);
-        assert_eq!(m.read_range(0, 0).unwrap_err().code, ErrorCode::OutOfRange);
-        assert_eq!(m.copy_in(u64::MAX, &[1]).unwrap_err().code, ErrorCode::OutOfRange);
-        assert_eq!(
-            m.copy_out(1 << 16, &mut [0u8; 1]).unwrap_err().code,
-            ErrorCode::OutOfRange
-        );
-    }
-
-    #[test]
-    fn a_segment_is_sealed_at_its_size() {
-        let dir = tempfile::tempdir().unwrap();
-        let m = SharedMap::create(dir.path(), 1 << 16, false).unwrap();
-        assert!(m.is_sealed());
-        let fd = m.fd().try_clone_to_owned().unwrap();
-        let other = File::from(fd);
-        assert_eq!(other.set_len(0).unwrap_err().raw_os_error(), Some(libc::EPERM));
-        assert_eq!(other.set_len(1 << 17).unwrap_err().raw_os_error(), Some(libc::EPERM));
-        m.copy_in(100, b"still here").unwrap();
-        let mut back = [0u8; 10];
-        m.copy_out(100, &mut back).unwrap();
-        assert_eq!(&back, b"still here");
-    }
-
-    #[test]
-    fn the_file_fallback_is_unlinked() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = SharedMap::unlinked_file(dir.path()).unwrap();
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-        f.set_len(4096).unwrap();
-        let m = SharedMap::map(f, 4096, false).unwrap();
-        m.copy_in(4000, &[9u8; 96]).unwrap();
-        let mut back = [0u8; 96];
-        m.copy_out(4000, &mut back).unwrap();
-        assert_eq!(back, [9u8; 96]);
-    }
-
-    #[test]
-    fn an_attached_mapping_sees_the_same_bytes_and_no_further() {
-        let dir = tempfile::tempdir().unwrap();
-        let m = SharedMap::create(dir.path(), 1 << 16, false).unwrap();
-        let fd = m.fd().try_clone_to_owned().unwrap();
-        let too_long = SharedMap::attach(fd.try_clone().unwrap(), 1 << 17, false);
-        assert_eq!(too_long.unwrap_err().kind(), io::ErrorKind::InvalidData);
-        let peer = SharedMap::attach(fd, 1 << 16, true).unwrap();
-        m.write_range(512, 4).unwrap().copy_from(b"abcd").unwrap();
-        let mut got = [0u8; 4];
-        peer.copy_out(512, &mut got).unwrap();
-        assert_eq!(&got, b"abcd");
-        peer.copy_in(1024, b"wxyz").unwrap();
-        assert_eq!(m.read_range(1024, 4).unwrap().to_vec(), b"wxyz");
-    }
-}
+mod tests;

@@ -54,6 +54,8 @@ impl Segment {
     /// Writes a value the disk tier held into `offset` as `allocation` (a leader's load notice),
     /// recorded as finished and sealed, as a write through a grant and its commit would have left
     /// it. `false` if the mount changed or a newer allocation took the range meanwhile.
+    /// (The tests load from a slice; the disk tier loads with [`Segment::load_with`].)
+    #[cfg(test)]
     #[allow(clippy::too_many_arguments)] // each is a different fact of the load notice
     pub fn load(
         &self,

@@ -1,17 +1,16 @@
 //! Reading values back from the tier, each checked against its record (live, the tag asked for,
-//! its length, its checksum): into memory this process owns ([`Tier::read`]), or straight into a
-//! segment's range ([`Located::read_into`], a load: no copy in between); and telling the kernel
+//! its length, its checksum): straight into a segment's range ([`Located::read_into`], a load: no
+//! copy in between), or into memory this process owns in tests; and telling the kernel
 //! which records a batch of loads is about to read ([`Tier::will_read`]), so the device reads
 //! the next while the first is checked and sent.
 
 use std::fs::File;
 use std::io;
 use std::num::NonZeroU64;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::format::{self, payload_at};
+use super::format::payload_at;
 use super::{DiskId, HeaderError, ReadError, Tier, io_err, read_header};
 use crate::member::mmap::WriteRange;
 
@@ -61,8 +60,14 @@ impl Tier {
         })
     }
 
-    /// The value at `id` ([`Tier::locate`]), read into memory and checked against its checksum.
+    /// The value at `id` ([`Tier::locate`]), read into memory and checked against its checksum
+    /// (what the tests read back; a load reads straight into the segment, [`Located::read_into`]).
+    #[cfg(test)]
     pub fn read(&self, id: DiskId, tag: &[u8]) -> Result<Vec<u8>, ReadError> {
+        use std::os::unix::fs::FileExt;
+
+        use super::format;
+
         let at = self.locate(id, tag)?;
         let len = usize::try_from(at.len).map_err(|_| at.damaged("the record's length is too large"))?;
         let mut value = vec![0u8; len];
