@@ -11,6 +11,7 @@
 //! - [`upstream`]: the pooled client every engine call goes through;
 //! - [`workers`]: the worker sets, their sources (`--workers-file`, `--workers-dns`) and the
 //!   choice of a worker; [`health`]: the periodic check that takes workers out and back in;
+//! - [`store_index`]: what the store holds for the router's tenant, followed from its leader;
 //! - [`metrics`]: the `kvrouter_*` series; [`error`]: OpenAI-style errors.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -24,6 +25,7 @@ pub mod proxy;
 pub mod relay;
 pub mod request;
 pub mod server;
+pub mod store_index;
 pub mod upstream;
 pub mod workers;
 
@@ -42,11 +44,18 @@ use crate::workers::file::FileWatch;
 /// How long open requests may take to finish after a stop before the router exits anyway.
 const DRAIN: Duration = Duration::from_secs(10);
 
-/// Serves on `listener` until `cancel` fires: reads the worker sources once, then keeps them
-/// and the workers' health current in the background.
+/// Serves on `listener` until `cancel` fires: reads the worker sources once, then keeps them,
+/// the workers' health and, when the environment names a store (`store_index.rs`), what it holds
+/// current in the background.
 pub async fn run(config: Config, listener: TcpListener, cancel: CancellationToken) -> std::io::Result<()> {
+    let store = store_index::Source::from_env(|k| std::env::var(k).ok()).map_err(std::io::Error::other)?;
     let app = Arc::new(App::new(config));
     let tasks = cancel.child_token();
+    if let Some(source) = store {
+        tracing::info!(leader = %source.leader, tenant = %source.scope.tenant, "following the store's blocks");
+        let follow = store_index::follow(source, app.store.clone(), app.metrics.clone(), tasks.clone());
+        tokio::spawn(follow);
+    }
     if let Some(path) = &app.config.workers_file {
         let mut watch = FileWatch::new(path.clone());
         watch.poll(&app.pool).await;

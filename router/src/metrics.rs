@@ -102,6 +102,12 @@ pub struct Metrics {
     pub retries: Family<KindLabels, Counter>,
     pub fallbacks: Family<ReasonLabels, Counter>,
     pub workers: Family<StateLabels, Gauge>,
+    /// blocks the store holds for the router's tenant, as its events told (`store_index.rs`)
+    pub store_blocks: Gauge,
+    /// 1 while an event stream from the store's leader is open
+    pub store_connected: Gauge,
+    /// event streams opened (the first, then one per failover, restart of the leader or gap)
+    pub store_streams: Counter,
 }
 
 impl Metrics {
@@ -119,6 +125,9 @@ impl Metrics {
             retries: Family::default(),
             fallbacks: Family::default(),
             workers: Family::default(),
+            store_blocks: Gauge::default(),
+            store_connected: Gauge::default(),
+            store_streams: Counter::default(),
         };
         registry.register(
             "kvrouter_requests",
@@ -161,6 +170,21 @@ impl Metrics {
             m.fallbacks.clone(),
         );
         registry.register("kvrouter_workers", "Workers by kind and state", m.workers.clone());
+        registry.register(
+            "kvrouter_store_blocks",
+            "Blocks the store holds for the router's tenant, as its leader's events told",
+            m.store_blocks.clone(),
+        );
+        registry.register(
+            "kvrouter_store_connected",
+            "1 while an event stream from the store's leader is open",
+            m.store_connected.clone(),
+        );
+        registry.register(
+            "kvrouter_store_streams",
+            "Event streams opened to the store's leader (one more per failover, leader restart or gap)",
+            m.store_streams.clone(),
+        );
         m
     }
 
@@ -219,6 +243,9 @@ mod tests {
                 state: "healthy",
             })
             .set(1);
+        m.store_blocks.set(3);
+        m.store_connected.set(1);
+        m.store_streams.inc();
         let text = encode(&registry);
         for line in [
             "kvrouter_requests_total{endpoint=\"completions\",outcome=\"ok\"} 1",
@@ -230,6 +257,9 @@ mod tests {
             "kvrouter_time_per_output_token_seconds_count 1",
             "kvrouter_inflight{kind=\"decode\",worker=\"http://10.0.0.1:8000\"} 1",
             "kvrouter_workers{kind=\"decode\",state=\"healthy\"} 1",
+            "kvrouter_store_blocks 3",
+            "kvrouter_store_connected 1",
+            "kvrouter_store_streams_total 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
         }

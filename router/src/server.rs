@@ -32,6 +32,8 @@ pub struct App {
     pub upstream: Upstream,
     pub metrics: Metrics,
     pub registry: Registry,
+    /// what the store holds for the router's tenant (empty when no store is configured)
+    pub store: crate::store_index::Shared,
 }
 
 impl App {
@@ -45,6 +47,7 @@ impl App {
             upstream: Upstream::new(),
             metrics,
             registry,
+            store: Default::default(),
         }
     }
 }

@@ -22,6 +22,11 @@ impl Router {
     /// Starts kv-router with `workers` in its workers file, a 100 ms health interval, and `extra`
     /// flags.
     pub fn start(workers: Value, extra: &[&str]) -> Router {
+        Self::start_with_env(workers, extra, &[])
+    }
+
+    /// [`start`](Self::start) with `env` added to the router's environment.
+    pub fn start_with_env(workers: Value, extra: &[&str], env: &[(&str, &str)]) -> Router {
         let dir = tempfile::tempdir().unwrap();
         let workers_file = dir.path().join("router-workers.json");
         std::fs::write(&workers_file, workers.to_string()).unwrap();
@@ -37,6 +42,7 @@ impl Router {
             .arg("--workers-file")
             .arg(&workers_file)
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

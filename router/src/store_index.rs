@@ -1,0 +1,361 @@
+//! What the store holds for the router's tenant, followed from its leader's KV events
+//! (`Store.WatchBlocks`, store/README.md "KV events for routers"), so a routing decision asks
+//! memory, not the leader: [`Index`] applies the events (a pure state machine, table-tested);
+//! [`follow`] keeps a stream open through leader failovers and restarts and feeds it.
+//!
+//! The store is configured as an engine's connector is, from the environment the controllers
+//! inject ([`Source::from_env`]): `KVSTORE_LEADER`, `KVSTORE_TENANT`, `KVSTORE_BLOCK_SIZE`,
+//! `KVSTORE_DTYPE`, `KVSTORE_CREDENTIAL`, `KVSTORE_TLS_CA`. Without `KVSTORE_LEADER` the router
+//! follows no store.
+//!
+//! Warmth: a router that starts (or restarts) gets every block the store holds in the stream's
+//! snapshot; after a leader failover the new leader's stream starts with what it adopted, and
+//! each member that remounts adds its blocks as live events. While no stream is open the index
+//! keeps what it last knew (`kvrouter_store_connected` reads 0).
+
+use std::collections::HashSet;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use kvcache_store::client::Client;
+use kvcache_store::engine_sim::SimConfig;
+use kvcache_store::proto::block_event::Event;
+use kvcache_store::proto::{BlockEvent, Scope};
+use kvcache_store::tls::{ClientTls, DialFlags};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// One tenant's blocks as its leader last told them.
+#[derive(Debug, Default)]
+pub struct Index {
+    /// the leader's epoch the keys came from (0: no stream yet)
+    epoch: u64,
+    /// the id of the last live event applied (snapshot events carry the last one they include)
+    last: u64,
+    keys: HashSet<String>,
+}
+
+/// A live event that does not follow the last one applied: the index may have missed a change,
+/// so the stream must start over (its snapshot makes the index whole again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the store's events jumped from {epoch}/{last} to {got_epoch}/{got}: following them again")]
+pub struct Gap {
+    pub epoch: u64,
+    pub last: u64,
+    pub got_epoch: u64,
+    pub got: u64,
+}
+
+impl Index {
+    /// Applies one event of a stream, in the order the stream sent it.
+    pub fn apply(&mut self, e: &BlockEvent) -> Result<(), Gap> {
+        if !e.snapshot && (e.epoch != self.epoch || e.id != self.last + 1) {
+            return Err(Gap {
+                epoch: self.epoch,
+                last: self.last,
+                got_epoch: e.epoch,
+                got: e.id,
+            });
+        }
+        match &e.event {
+            Some(Event::Cleared(_)) => {
+                self.keys.clear();
+                self.epoch = e.epoch;
+            }
+            Some(Event::Stored(s)) => self.keys.extend(s.keys.iter().cloned()),
+            Some(Event::Removed(r)) => {
+                for k in &r.keys {
+                    self.keys.remove(k);
+                }
+            }
+            // an event this build does not know: nothing to change
+            None => {}
+        }
+        self.last = e.id;
+        Ok(())
+    }
+
+    /// How many of `chain`'s keys, from the first, the store holds: each key of a chain names
+    /// its whole prefix, so the first one missing ends what an engine can load.
+    pub fn present_prefix<K: AsRef<str>>(&self, chain: &[K]) -> usize {
+        chain.iter().take_while(|k| self.keys.contains(k.as_ref())).count()
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.keys.contains(key)
+    }
+
+    /// Blocks known.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The leader's epoch the keys came from (0 before the first stream).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+/// An [`Index`] shared between its follower and the routing.
+pub type Shared = Arc<RwLock<Index>>;
+
+/// Reads `index` (a poisoned lock still holds a consistent index: every change is one call).
+pub fn read<T>(index: &Shared, f: impl FnOnce(&Index) -> T) -> T {
+    f(&index.read().unwrap_or_else(PoisonError::into_inner))
+}
+
+fn write<T>(index: &Shared, f: impl FnOnce(&mut Index) -> T) -> T {
+    f(&mut index.write().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// Which store to follow, as a replica's connector finds it.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub leader: String,
+    pub scope: Scope,
+    pub tls: Option<ClientTls>,
+}
+
+impl Source {
+    /// The store the environment names (see the module's doc), `None` without `KVSTORE_LEADER`.
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Option<Source>, String> {
+        let cfg = SimConfig::from_env(&get).map_err(|e| e.message)?;
+        let Some(leader) = cfg.leader else {
+            return Ok(None);
+        };
+        let tls = DialFlags::from_env(&get).client_from_env()?;
+        Ok(Some(Source {
+            leader,
+            scope: cfg.scope,
+            tls,
+        }))
+    }
+}
+
+/// Waits between attempts to open a stream: from the first, doubling to the last.
+const RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+
+/// Keeps `index` following `source`'s tenant until `cancel` fires: opens a stream, applies its
+/// events, and opens another when it ends (a leader failover ends it with `NOT_SERVING`), fails
+/// or skips an event.
+pub async fn follow(source: Source, index: Shared, metrics: Metrics, cancel: CancellationToken) {
+    let mut wait = RETRY.0;
+    let mut last_error = String::new();
+    loop {
+        let ended = tokio::select! {
+            () = cancel.cancelled() => return,
+            r = stream(&source, &index, &metrics) => r,
+        };
+        metrics.store_connected.set(0);
+        match ended {
+            Ok(applied) => {
+                tracing::info!(applied, "the store's event stream ended; following again");
+                if applied > 0 {
+                    wait = RETRY.0;
+                }
+            }
+            Err(e) if e != last_error => {
+                tracing::warn!(leader = %source.leader, error = %e, "cannot follow the store's blocks; retrying");
+                last_error = e;
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(RETRY.1);
+    }
+}
+
+/// One stream, applied until it ends (`Ok` with the events applied) or fails.
+async fn stream(source: &Source, index: &Shared, metrics: &Metrics) -> Result<u64, String> {
+    let client = Client::connect_tls(&source.leader, source.scope.clone(), source.tls.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut events = client.watch_blocks().await.map_err(|e| e.to_string())?;
+    metrics.store_connected.set(1);
+    metrics.store_streams.inc();
+    let mut applied = 0u64;
+    loop {
+        let e = match events.message().await {
+            Ok(Some(e)) => e,
+            Ok(None) => return Ok(applied),
+            Err(status) if applied > 0 => {
+                tracing::info!(code = ?status.code(), message = status.message(), "the store's event stream ended");
+                return Ok(applied);
+            }
+            Err(status) => return Err(format!("{:?}: {}", status.code(), status.message())),
+        };
+        let blocks = write(index, |i| i.apply(&e).map(|()| i.len())).map_err(|gap| gap.to_string())?;
+        metrics.store_blocks.set(blocks as i64);
+        applied += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvcache_store::proto::{AllBlocksCleared, BlockRemoved, BlockStored};
+
+    use super::*;
+
+    fn ev(epoch: u64, id: u64, snapshot: bool, event: Event) -> BlockEvent {
+        BlockEvent {
+            epoch,
+            id,
+            snapshot,
+            event: Some(event),
+        }
+    }
+
+    fn cleared(epoch: u64, id: u64) -> BlockEvent {
+        ev(epoch, id, true, Event::Cleared(AllBlocksCleared {}))
+    }
+
+    fn stored(epoch: u64, id: u64, snapshot: bool, keys: &[&str]) -> BlockEvent {
+        let keys = keys.iter().map(|k| k.to_string()).collect();
+        ev(epoch, id, snapshot, Event::Stored(BlockStored { keys, size: 64 }))
+    }
+
+    fn removed(epoch: u64, id: u64, keys: &[&str]) -> BlockEvent {
+        let keys = keys.iter().map(|k| k.to_string()).collect();
+        let reason = "evicted".into();
+        ev(epoch, id, false, Event::Removed(BlockRemoved { keys, reason }))
+    }
+
+    fn run(events: &[BlockEvent]) -> (Index, Option<Gap>) {
+        let mut i = Index::default();
+        for e in events {
+            if let Err(g) = i.apply(e) {
+                return (i, Some(g));
+            }
+        }
+        (i, None)
+    }
+
+    fn keys(i: &Index) -> Vec<&str> {
+        let mut k: Vec<&str> = i.keys.iter().map(String::as_str).collect();
+        k.sort_unstable();
+        k
+    }
+
+    /// A stream, the keys it leaves, and the gap (last id, id got) it stops at.
+    type Case = (
+        &'static str,
+        Vec<BlockEvent>,
+        &'static [&'static str],
+        Option<(u64, u64)>,
+    );
+
+    /// Each stream as the leader sends it, and the index it leaves.
+    #[test]
+    fn streams_leave_the_index_the_leader_holds() {
+        let cases: &[Case] = &[
+            ("an empty tenant", vec![cleared(1, 0)], &[], None),
+            (
+                "a snapshot, then live puts and a removal",
+                vec![
+                    cleared(1, 7),
+                    stored(1, 7, true, &["a", "b"]),
+                    stored(1, 8, false, &["c"]),
+                    removed(1, 9, &["a"]),
+                ],
+                &["b", "c"],
+                None,
+            ),
+            (
+                "a stream that starts over replaces what the first told",
+                vec![
+                    cleared(1, 0),
+                    stored(1, 1, false, &["a"]),
+                    cleared(1, 40),
+                    stored(1, 40, true, &["z"]),
+                    stored(1, 41, false, &["y"]),
+                ],
+                &["y", "z"],
+                None,
+            ),
+            (
+                "a new leader's stream starts from what it adopted",
+                vec![
+                    cleared(1, 0),
+                    stored(1, 1, false, &["a", "b"]),
+                    cleared(2, 0),
+                    stored(2, 0, true, &["b"]),
+                    stored(2, 1, false, &["a"]),
+                ],
+                &["a", "b"],
+                None,
+            ),
+            (
+                "a skipped live event is a gap",
+                vec![cleared(1, 3), stored(1, 5, false, &["a"])],
+                &[],
+                Some((3, 5)),
+            ),
+            (
+                "a live event of another epoch is a gap",
+                vec![cleared(1, 3), stored(2, 4, false, &["a"])],
+                &[],
+                Some((3, 4)),
+            ),
+            (
+                "live events before any snapshot are a gap",
+                vec![stored(1, 1, false, &["a"])],
+                &[],
+                Some((0, 1)),
+            ),
+        ];
+        for (name, events, want, gap) in cases {
+            let (i, got) = run(events);
+            assert_eq!(keys(&i), *want, "{name}");
+            assert_eq!(got.map(|g| (g.last, g.got)), *gap, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_present_prefix_ends_at_the_first_missing_key() {
+        let (i, _) = run(&[cleared(1, 0), stored(1, 0, true, &["k0", "k1", "k3"])]);
+        assert_eq!(i.present_prefix(&["k0", "k1", "k2", "k3"]), 2);
+        assert_eq!(i.present_prefix(&["k1", "k0"]), 2);
+        assert_eq!(i.present_prefix(&["k2", "k0"]), 0);
+        assert_eq!(i.present_prefix::<&str>(&[]), 0);
+    }
+
+    #[test]
+    fn the_environment_names_the_store_or_nothing() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        assert!(Source::from_env(env(&[])).unwrap().is_none());
+        let s = Source::from_env(env(&[
+            ("KVSTORE_LEADER", "127.0.0.1:1"),
+            ("KVSTORE_TENANT", "team-a"),
+            ("KVSTORE_BLOCK_SIZE", "16"),
+            ("KVSTORE_DTYPE", "bfloat16"),
+            ("KVSTORE_CREDENTIAL", "secret"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (s.leader.as_str(), s.scope.tenant.as_str(), s.scope.credential.as_str()),
+            ("127.0.0.1:1", "team-a", "secret")
+        );
+        assert!(s.tls.is_none());
+        let e = Source::from_env(env(&[("KVSTORE_LEADER", "127.0.0.1:1")])).unwrap_err();
+        assert!(e.contains("KVSTORE_BLOCK_SIZE"), "{e}");
+        let e = Source::from_env(env(&[
+            ("KVSTORE_LEADER", "127.0.0.1:1"),
+            ("KVSTORE_BLOCK_SIZE", "16"),
+            ("KVSTORE_DTYPE", "bfloat16"),
+            ("KVSTORE_TLS_CA", "/nonexistent/ca.pem"),
+        ]))
+        .unwrap_err();
+        assert!(e.contains("KVSTORE_TLS_CA"), "{e}");
+    }
+}
