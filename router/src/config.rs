@@ -41,8 +41,9 @@ pub struct Config {
     #[arg(long, default_value_t = 600, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub request_timeout_seconds: u64,
 
-    /// Prompts with fewer tokens go straight to decode; 0: every prompt goes through prefill
-    /// when there are prefill workers.
+    /// Prompts with fewer tokens go straight to decode, and so do prompts of which the store
+    /// (when the environment names one) lacks fewer tokens; 0: every prompt goes through
+    /// prefill when there are prefill workers.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub disaggregation_threshold_tokens: u64,
 

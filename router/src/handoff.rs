@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::metrics::FallbackReason;
 use crate::request::{ClientRequest, PromptSize};
 use crate::server::App;
+use crate::store_index;
 use crate::upstream::{self, UpstreamError};
 use crate::workers::{Kind, Worker};
 
@@ -20,28 +21,95 @@ const PREFILL_ANSWER_LIMIT: usize = 64 << 20;
 /// How long counting a prompt's tokens may take.
 const TOKENIZE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Whether `req` goes through prefill, given that prefill workers exist.
-pub async fn wanted(app: &App, req: &ClientRequest, headers: &HeaderMap) -> bool {
-    let size = req.prompt_size();
-    if size == PromptSize::Batch {
-        return false;
-    }
-    let threshold = app.config.disaggregation_threshold_tokens;
-    if threshold == 0 {
-        return true;
-    }
-    match size {
-        PromptSize::Tokens(n) => n >= threshold,
-        // tokens <= bytes (+ the bounded special tokens): a prompt this short is short
-        PromptSize::AtMost(n) if n < threshold => false,
-        // a tokenizer that does not answer leaves the prompt long: prefill judges it
-        PromptSize::AtMost(_) => count_tokens(app, req, headers).await.is_none_or(|n| n >= threshold),
-        PromptSize::Batch | PromptSize::Unknown => true,
+/// Where a request goes first, given that prefill workers exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Prefill,
+    /// Straight to decode, which computes what the store does not hold.
+    Decode(Skip),
+}
+
+/// Why a request skips prefill (`kvrouter_prefill_skipped_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// Several prompts in one request: one handoff cannot describe them.
+    Batch,
+    /// The prompt has fewer tokens than `--disaggregation-threshold-tokens`.
+    Short,
+    /// The store holds the prompt's blocks but for fewer tokens than the threshold: decode
+    /// loads them (its connector looks every prompt up) and computes the rest.
+    Stored,
+}
+
+impl Skip {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Batch => "batch",
+            Self::Short => "short",
+            Self::Stored => "stored",
+        }
     }
 }
 
-/// The prompt's token count from a decode worker's vLLM `POST /tokenize`.
-async fn count_tokens(app: &App, req: &ClientRequest, headers: &HeaderMap) -> Option<u64> {
+/// Where `req` goes first, given that prefill workers exist: prefill, unless it is a batch, its
+/// prompt is shorter than the threshold, or the tokens the store does not hold for it (as the
+/// router's index of the store says, `store_index.rs`) are fewer than the threshold. A
+/// threshold of 0 sends every single prompt through prefill; a prompt the router cannot read or
+/// count goes through prefill, which judges it.
+pub async fn route(app: &App, req: &ClientRequest, headers: &HeaderMap) -> Route {
+    let size = req.prompt_size();
+    let threshold = app.config.disaggregation_threshold_tokens;
+    match size {
+        PromptSize::Batch => return Route::Decode(Skip::Batch),
+        _ if threshold == 0 => return Route::Prefill,
+        PromptSize::Unknown => return Route::Prefill,
+        // tokens <= bytes (+ the bounded special tokens): a prompt this short is short
+        PromptSize::AtMost(n) | PromptSize::Tokens(n) if n < threshold => return Route::Decode(Skip::Short),
+        _ => {}
+    }
+    let predicts = store_index::read(&app.store, |i| i.block_size() > 0 && i.has_namespaces());
+    let tokens = match size {
+        PromptSize::Tokens(_) if !predicts => return Route::Prefill,
+        PromptSize::Tokens(_) => req.prompt_token_ids(),
+        _ => match tokenize(app, req, headers).await {
+            // a tokenizer that does not answer leaves the prompt long: prefill judges it
+            None => return Route::Prefill,
+            Some(t) if t.count < threshold => return Route::Decode(Skip::Short),
+            Some(t) => t.tokens,
+        },
+    };
+    match tokens {
+        Some(tokens) if predicts => stored_route(app, req, &tokens, threshold),
+        _ => Route::Prefill,
+    }
+}
+
+/// [`route`] for a long prompt of `tokens`, by what the store holds of it.
+fn stored_route(app: &App, req: &ClientRequest, tokens: &[i64], threshold: u64) -> Route {
+    let (blocks, block_size) = store_index::read(&app.store, |i| {
+        (i.stored_blocks(&req.model, req.cache_salt(), tokens), i.block_size())
+    });
+    // the engine computes at least the prompt's last token itself (as the connector counts)
+    let loadable = tokens.len().saturating_sub(1) / block_size;
+    let held = (blocks.min(loadable) * block_size) as u64;
+    let missing = tokens.len() as u64 - held;
+    tracing::debug!(tokens = tokens.len(), held, missing, "the store's part of the prompt");
+    if missing < threshold {
+        Route::Decode(Skip::Stored)
+    } else {
+        Route::Prefill
+    }
+}
+
+/// A prompt as a decode worker's vLLM `POST /tokenize` reads it.
+struct Tokenized {
+    count: u64,
+    /// the token ids, when the answer carries them (vLLM's does)
+    tokens: Option<Vec<i64>>,
+}
+
+/// The prompt's tokens from a decode worker's vLLM `POST /tokenize`.
+async fn tokenize(app: &App, req: &ClientRequest, headers: &HeaderMap) -> Option<Tokenized> {
     let body = req.tokenize_body()?;
     let worker = app.pool.pick(&[Kind::Decode, Kind::Server], &[])?;
     let call = async {
@@ -55,12 +123,17 @@ async fn count_tokens(app: &App, req: &ClientRequest, headers: &HeaderMap) -> Op
             return Err(format!("answered {status}"));
         }
         let v: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-        v.get("count").and_then(Value::as_u64).ok_or("no count".to_string())
+        let count = v.get("count").and_then(Value::as_u64).ok_or("no count".to_string())?;
+        let tokens = v.get("tokens").and_then(Value::as_array).and_then(|a| {
+            let ids: Option<Vec<i64>> = a.iter().map(Value::as_i64).collect();
+            ids.filter(|ids| ids.len() as u64 == count)
+        });
+        Ok(Tokenized { count, tokens })
     };
     match tokio::time::timeout(TOKENIZE_TIMEOUT, call).await {
-        Ok(Ok(n)) => {
-            tracing::debug!(tokens = n, "counted the prompt");
-            Some(n)
+        Ok(Ok(t)) => {
+            tracing::debug!(tokens = t.count, "counted the prompt");
+            Some(t)
         }
         Ok(Err(why)) => {
             tracing::debug!(worker = %worker.url, error = %why, "counting the prompt failed");

@@ -12,6 +12,7 @@
 //! - [`workers`]: the worker sets, their sources (`--workers-file`, `--workers-dns`) and the
 //!   choice of a worker; [`health`]: the periodic check that takes workers out and back in;
 //! - [`store_index`]: what the store holds for the router's tenant, followed from its leader;
+//!   [`keys`]: the block keys a replica's connector saves a prompt under;
 //! - [`metrics`]: the `kvrouter_*` series; [`error`]: OpenAI-style errors.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -20,6 +21,7 @@ pub mod config;
 pub mod error;
 pub mod handoff;
 pub mod health;
+pub mod keys;
 pub mod metrics;
 pub mod proxy;
 pub mod relay;
@@ -52,6 +54,8 @@ pub async fn run(config: Config, listener: TcpListener, cancel: CancellationToke
     let app = Arc::new(App::new(config));
     let tasks = cancel.child_token();
     if let Some(source) = store {
+        let block_size = source.scope.block_size as usize;
+        store_index::write(&app.store, |i| i.set_block_size(block_size));
         tracing::info!(leader = %source.leader, tenant = %source.scope.tenant, "following the store's blocks");
         let follow = store_index::follow(source, app.store.clone(), app.metrics.clone(), tasks.clone());
         tokio::spawn(follow);

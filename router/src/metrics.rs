@@ -101,6 +101,7 @@ pub struct Metrics {
     pub handoff_bytes: Counter,
     pub retries: Family<KindLabels, Counter>,
     pub fallbacks: Family<ReasonLabels, Counter>,
+    pub prefill_skipped: Family<ReasonLabels, Counter>,
     pub workers: Family<StateLabels, Gauge>,
     /// blocks the store holds for the router's tenant, as its events told (`store_index.rs`)
     pub store_blocks: Gauge,
@@ -124,6 +125,7 @@ impl Metrics {
             handoff_bytes: Counter::default(),
             retries: Family::default(),
             fallbacks: Family::default(),
+            prefill_skipped: Family::default(),
             workers: Family::default(),
             store_blocks: Gauge::default(),
             store_connected: Gauge::default(),
@@ -169,6 +171,11 @@ impl Metrics {
             "Requests sent to decode without a handoff although prefill workers exist",
             m.fallbacks.clone(),
         );
+        registry.register(
+            "kvrouter_prefill_skipped",
+            "Requests sent straight to decode although prefill workers exist, by why: batch, short, stored",
+            m.prefill_skipped.clone(),
+        );
         registry.register("kvrouter_workers", "Workers by kind and state", m.workers.clone());
         registry.register(
             "kvrouter_store_blocks",
@@ -201,6 +208,12 @@ impl Metrics {
         self.retries.get_or_create(&KindLabels { kind }).inc();
     }
 
+    pub fn prefill_skipped(&self, skip: crate::handoff::Skip) {
+        self.prefill_skipped
+            .get_or_create(&ReasonLabels { reason: skip.label() })
+            .inc();
+    }
+
     pub fn fallback(&self, reason: FallbackReason) {
         self.fallbacks
             .get_or_create(&ReasonLabels { reason: reason.label() })
@@ -227,6 +240,7 @@ mod tests {
         m.request("completions", Outcome::Ok);
         m.retry("prefill");
         m.fallback(FallbackReason::PrefillFailed);
+        m.prefill_skipped(crate::handoff::Skip::Stored);
         m.handoffs.inc();
         m.handoff_bytes.inc_by(10);
         m.time_to_first_token.observe(0.1);
@@ -251,6 +265,7 @@ mod tests {
             "kvrouter_requests_total{endpoint=\"completions\",outcome=\"ok\"} 1",
             "kvrouter_retries_total{kind=\"prefill\"} 1",
             "kvrouter_fallbacks_total{reason=\"prefill_failed\"} 1",
+            "kvrouter_prefill_skipped_total{reason=\"stored\"} 1",
             "kvrouter_handoffs_total 1",
             "kvrouter_handoff_bytes_total 10",
             "kvrouter_time_to_first_token_seconds_count 1",

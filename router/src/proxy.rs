@@ -107,8 +107,14 @@ async fn route(app: &Arc<App>, req: ClientRequest, headers: HeaderMap) -> Result
     if !ANSWERING.iter().any(|k| app.pool.has(*k)) {
         return Err(ApiError::NoWorker("decode or server"));
     }
-    let params = if app.pool.has(Kind::Prefill) && handoff::wanted(app, &req, &headers).await {
-        handoff::prefill(app, &req, &headers).await
+    let params = if app.pool.has(Kind::Prefill) {
+        match handoff::route(app, &req, &headers).await {
+            handoff::Route::Prefill => handoff::prefill(app, &req, &headers).await,
+            handoff::Route::Decode(skip) => {
+                app.metrics.prefill_skipped(skip);
+                None
+            }
+        }
     } else {
         None
     };

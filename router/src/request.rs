@@ -122,6 +122,27 @@ impl ClientRequest {
         }
     }
 
+    /// The prompt's token ids, when the client sent them (one completion prompt).
+    pub fn prompt_token_ids(&self) -> Option<Vec<i64>> {
+        if self.endpoint != Endpoint::Completions {
+            return None;
+        }
+        let ids = match self.body.get("prompt")? {
+            Value::Array(a) if a.len() == 1 && a[0].is_array() => a[0].as_array()?,
+            Value::Array(a) => a,
+            _ => return None,
+        };
+        ids.iter()
+            .map(|v| v.as_u64().and_then(|t| i64::try_from(t).ok()))
+            .collect()
+    }
+
+    /// The request's `cache_salt` (vLLM's: a prefix is shared only among requests with the
+    /// same one), empty when it has none.
+    pub fn cache_salt(&self) -> &str {
+        self.body.get("cache_salt").and_then(Value::as_str).unwrap_or("")
+    }
+
     /// The body of vLLM's `POST /tokenize` for this prompt, when it is text.
     pub fn tokenize_body(&self) -> Option<Bytes> {
         let mut body = Map::new();

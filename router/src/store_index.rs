@@ -13,7 +13,7 @@
 //! each member that remounts adds its blocks as live events. While no stream is open the index
 //! keeps what it last knew (`kvrouter_store_connected` reads 0).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ use kvcache_store::proto::{BlockEvent, Scope};
 use kvcache_store::tls::{ClientTls, DialFlags};
 use tokio_util::sync::CancellationToken;
 
+use crate::keys::{self, Namespace};
 use crate::metrics::Metrics;
 
 /// One tenant's blocks as its leader last told them.
@@ -34,6 +35,11 @@ pub struct Index {
     /// the id of the last live event applied (snapshot events carry the last one they include)
     last: u64,
     keys: HashSet<String>,
+    /// the namespaces a vLLM connector made among `keys` (`keys.rs`), each with its keys held
+    namespaces: BTreeMap<String, (Namespace, usize)>,
+    /// tokens per block (the domain's `KVSTORE_BLOCK_SIZE`, which the connector makes its
+    /// engine's); 0 before it is known
+    block_size: usize,
 }
 
 /// A live event that does not follow the last one applied: the index may have missed a change,
@@ -61,12 +67,17 @@ impl Index {
         match &e.event {
             Some(Event::Cleared(_)) => {
                 self.keys.clear();
+                self.namespaces.clear();
                 self.epoch = e.epoch;
             }
-            Some(Event::Stored(s)) => self.keys.extend(s.keys.iter().cloned()),
+            Some(Event::Stored(s)) => {
+                for k in &s.keys {
+                    self.insert(k);
+                }
+            }
             Some(Event::Removed(r)) => {
                 for k in &r.keys {
-                    self.keys.remove(k);
+                    self.remove(k);
                 }
             }
             // an event this build does not know: nothing to change
@@ -76,10 +87,83 @@ impl Index {
         Ok(())
     }
 
+    fn insert(&mut self, key: &str) {
+        if !self.keys.insert(key.to_owned()) {
+            return;
+        }
+        if let Some(ns) = Namespace::of_key(key) {
+            self.namespaces.entry(ns.name.clone()).or_insert((ns, 0)).1 += 1;
+        }
+    }
+
+    fn remove(&mut self, key: &str) {
+        if !self.keys.remove(key) {
+            return;
+        }
+        let Some(ns) = Namespace::of_key(key) else {
+            return;
+        };
+        if let Some((_, n)) = self.namespaces.get_mut(&ns.name) {
+            *n -= 1;
+            if *n == 0 {
+                self.namespaces.remove(&ns.name);
+            }
+        }
+    }
+
     /// How many of `chain`'s keys, from the first, the store holds: each key of a chain names
     /// its whole prefix, so the first one missing ends what an engine can load.
     pub fn present_prefix<K: AsRef<str>>(&self, chain: &[K]) -> usize {
         chain.iter().take_while(|k| self.keys.contains(k.as_ref())).count()
+    }
+
+    /// How many full blocks of `tokens`, from the first, the store holds for a request naming
+    /// `model` with cache salt `salt`, as a vLLM connector would look them up: for each layout
+    /// the store holds blocks of, with every one of its shards (a block counts only when each
+    /// shard holds it), the connector's chain in those namespaces; the most any layout holds.
+    /// A request naming another model than a namespace's is taken for a LoRA adapter of it
+    /// (vLLM names the adapter in `model`). 0 while the block size is not known.
+    pub fn stored_blocks(&self, model: &str, salt: &str, tokens: &[i64]) -> usize {
+        if self.block_size == 0 {
+            return 0;
+        }
+        let mut layouts: BTreeMap<(&str, &str), Vec<&Namespace>> = BTreeMap::new();
+        for (ns, _) in self.namespaces.values() {
+            layouts.entry((&ns.model, &ns.layout)).or_default().push(ns);
+        }
+        let mut chains: HashMap<(&str, &str), Vec<String>> = HashMap::new();
+        let mut best = 0;
+        for ((ns_model, _), shards) in layouts {
+            if shards.iter().any(|ns| ns.shards as usize != shards.len()) {
+                // a shard holds nothing: no block of this layout is whole
+                continue;
+            }
+            let lora = if model == ns_model { "" } else { model };
+            let chain = chains
+                .entry((ns_model, lora))
+                .or_insert_with(|| keys::chain(&keys::seed(ns_model, salt, lora), tokens, self.block_size));
+            let held = chain
+                .iter()
+                .take_while(|h| shards.iter().all(|ns| self.keys.contains(&ns.key(h))))
+                .count();
+            best = best.max(held);
+        }
+        best
+    }
+
+    /// Whether the store holds blocks a vLLM connector saved (else [`Index::stored_blocks`] is
+    /// 0 for any prompt).
+    pub fn has_namespaces(&self) -> bool {
+        !self.namespaces.is_empty()
+    }
+
+    /// Tokens per block, as the store's domain says (`KVSTORE_BLOCK_SIZE`).
+    pub fn set_block_size(&mut self, block_size: usize) {
+        self.block_size = block_size;
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
     }
 
     pub fn contains(&self, key: &str) -> bool {
@@ -109,7 +193,7 @@ pub fn read<T>(index: &Shared, f: impl FnOnce(&Index) -> T) -> T {
     f(&index.read().unwrap_or_else(PoisonError::into_inner))
 }
 
-fn write<T>(index: &Shared, f: impl FnOnce(&mut Index) -> T) -> T {
+pub fn write<T>(index: &Shared, f: impl FnOnce(&mut Index) -> T) -> T {
     f(&mut index.write().unwrap_or_else(PoisonError::into_inner))
 }
 
@@ -325,6 +409,78 @@ mod tests {
         assert_eq!(i.present_prefix(&["k1", "k0"]), 2);
         assert_eq!(i.present_prefix(&["k2", "k0"]), 0);
         assert_eq!(i.present_prefix::<&str>(&[]), 0);
+    }
+
+    const LAYOUT: &str = "0123456789abcdef";
+
+    /// The keys a replica of `model` with `shards` shards saves for `tokens` (blocks of 4).
+    fn saved(model: &str, shards: u32, salt: &str, lora: &str, tokens: &[i64]) -> Vec<String> {
+        let hashes = keys::chain(&keys::seed(model, salt, lora), tokens, 4);
+        (0..shards)
+            .flat_map(|s| {
+                let ns = format!("vllm/{model}/{LAYOUT}/tp{s}of{shards}");
+                hashes.iter().map(move |h| format!("{ns}/{h}"))
+            })
+            .collect()
+    }
+
+    fn holding(keys: &[String]) -> Index {
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let (mut i, gap) = run(&[cleared(1, 0), stored(1, 0, true, &keys)]);
+        assert_eq!(gap, None);
+        i.set_block_size(4);
+        i
+    }
+
+    #[test]
+    fn stored_blocks_follow_the_connectors_chain() {
+        let prompt: Vec<i64> = (0..18).collect();
+        let i = holding(&saved("m", 1, "", "", &prompt[..12]));
+        assert_eq!(i.stored_blocks("m", "", &prompt), 3, "12 of 18 tokens: 3 blocks");
+        assert_eq!(
+            i.stored_blocks("m", "", &prompt[..6]),
+            1,
+            "a shorter prompt: its 1 full block"
+        );
+        let mut other = prompt.clone();
+        other[5] = 99;
+        assert_eq!(i.stored_blocks("m", "", &other), 1, "a prompt that parts in block 1");
+        assert_eq!(i.stored_blocks("m", "tenant-b", &prompt), 0, "another cache salt");
+        assert_eq!(i.stored_blocks("sql-lora", "", &prompt), 0, "a LoRA adapter's request");
+        let lora = holding(&saved("m", 1, "", "sql-lora", &prompt));
+        assert_eq!(
+            lora.stored_blocks("sql-lora", "", &prompt),
+            4,
+            "the adapter's own blocks"
+        );
+        assert_eq!(lora.stored_blocks("m", "", &prompt), 0, "not the base model's");
+        let mut unknown = holding(&saved("m", 1, "", "", &prompt));
+        unknown.set_block_size(0);
+        assert_eq!(
+            unknown.stored_blocks("m", "", &prompt),
+            0,
+            "no block size, no prediction"
+        );
+    }
+
+    #[test]
+    fn a_block_counts_when_every_shard_holds_it() {
+        let prompt: Vec<i64> = (0..16).collect();
+        let mut both = saved("m", 2, "", "", &prompt);
+        assert_eq!(holding(&both).stored_blocks("m", "", &prompt), 4);
+        // shard 1 lacks block 2 (its keys come second): blocks 0 and 1 are whole
+        let shard1_block2 = both.remove(4 + 2);
+        assert_eq!(holding(&both).stored_blocks("m", "", &prompt), 2);
+        both.push(shard1_block2);
+        // a layout of which one shard holds nothing is no help
+        let only_shard0: Vec<String> = both.iter().filter(|k| k.contains("/tp0of2/")).cloned().collect();
+        assert_eq!(holding(&only_shard0).stored_blocks("m", "", &prompt), 0);
+        // removing a namespace's last key forgets it
+        let mut i = holding(&saved("m", 1, "", "", &prompt[..4]));
+        let last = saved("m", 1, "", "", &prompt[..4]);
+        let last: Vec<&str> = last.iter().map(String::as_str).collect();
+        i.apply(&removed(1, 1, &last)).unwrap();
+        assert!(i.namespaces.is_empty());
     }
 
     #[test]

@@ -572,5 +572,30 @@ class NoStoreTest(unittest.TestCase):
             kv.Pages.of(LAYER_NAMES, [*tensors[:2], tensors[2].float()], BLOCK, page)
 
 
+class KeysTest(unittest.TestCase):
+    """The key scheme, pinned: kv-router's ``keys.rs`` pins the same vector, so a router computes
+    the keys a replica saves under (a change here is a change there, and a new KEY_SCHEME)."""
+
+    TOKENS = [*range(-3, 37), 151643, 2**40]
+
+    def test_a_chain_is_the_routers(self):
+        plain = kv.chain(kv.seed("Qwen/Qwen2.5-0.5B-Instruct"), self.TOKENS, 16, 2)
+        self.assertEqual(plain, ["9bfcbae53e9d0ddc6ce6c83cede95c1f", "0c3f6bc208308c53ff0950b1d31837cf"])
+        salted = kv.chain(kv.seed("Qwen/Qwen2.5-0.5B-Instruct", "tenant-a", "sql-lora"), self.TOKENS, 16, 2)
+        self.assertEqual(salted, ["bf697588ff2f804c88fa754545d6a22c", "f1e666bb50d91c5911ae9ae565d06e5f"])
+
+    def test_a_requests_seed_names_its_salt_and_lora(self):
+        request = SimpleNamespace(
+            mm_features=None,
+            prompt_token_ids=[1, 2],
+            prompt_embeds=None,
+            cache_salt="tenant-a",
+            lora_request=SimpleNamespace(lora_name="sql-lora"),
+        )
+        self.assertEqual(kv.request_seed(request, "m"), kv.seed("m", "tenant-a", "sql-lora"))
+        request.mm_features = ["an image"]
+        self.assertIsNone(kv.request_seed(request, "m"))
+
+
 if __name__ == "__main__":
     unittest.main()

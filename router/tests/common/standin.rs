@@ -1,5 +1,5 @@
 //! A stand-in vLLM worker on 127.0.0.1: `/health`, `/v1/models`, `/tokenize` (one token per
-//! whitespace-separated word), and `/v1/completions` and `/v1/chat/completions` answering JSON
+//! whitespace-separated word: the number it is, else 0), and `/v1/completions` and `/v1/chat/completions` answering JSON
 //! or server-sent events. A request with `kv_transfer_params.do_remote_decode` is a prefill: it
 //! answers with a handoff. Streams can be gated (each chunk after the first waits for
 //! [`StandIn::release`]) and count the clients that left before their end. It can be stopped
@@ -221,9 +221,10 @@ async fn answer(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         ),
         "/tokenize" => {
             let text = body["prompt"].as_str().unwrap_or_default();
+            let tokens: Vec<i64> = text.split_whitespace().map(|w| w.parse().unwrap_or(0)).collect();
             full(
                 200,
-                json!({"count": text.split_whitespace().count(), "max_model_len": 4096}),
+                json!({"count": tokens.len(), "max_model_len": 4096, "tokens": tokens}),
             )
         }
         "/v1/completions" | "/v1/chat/completions" => complete(&state, &body).await,

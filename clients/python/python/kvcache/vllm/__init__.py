@@ -38,7 +38,7 @@ Multimodal requests and prompts given as embeddings are served without the cache
 """
 
 from .connector import KVCacheStoreConnector
-from .keys import KEY_SCHEME, Layout, block_key, chain, request_seed
+from .keys import KEY_SCHEME, Layout, block_key, chain, request_seed, seed
 from .metadata import KVCacheStoreHandshake, KVCacheStoreMetadata, Transfer
 from .pages import Pages
 from .scheduler import SchedulerSide
@@ -63,4 +63,5 @@ __all__ = [
     "block_key",
     "chain",
     "request_seed",
+    "seed",
 ]

@@ -1,6 +1,6 @@
 """The keys blocks are stored under, the same on the scheduler and every worker.
 
-A prompt's full blocks are chained: ``h0 = sha256(namespace, cache salt, LoRA)``,
+A prompt's full blocks are chained: ``h0 = sha256(scheme, model, cache salt, LoRA)``,
 ``h(i) = sha256(h(i-1), tokens of block i)``, so a block's key names its whole prefix. The
 namespace names the model, the KV layout and the shard of tensor-parallel ranks, so shards and
 layouts never read each other's bytes. The layout has two halves: what the engine's
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 #: bumped when the key scheme or the value format changes: old values are then never read
-KEY_SCHEME = "kvcache-vllm-2"
+KEY_SCHEME = "kvcache-vllm-3"
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -202,22 +202,23 @@ def chain(seed: bytes, tokens: list[int], block_size: int, blocks: int) -> list[
     return out
 
 
-def request_seed(request: Request, model: str, layout: Layout) -> bytes | None:
-    """What a request's chain starts from (model, configured layout, cache salt, LoRA); ``None``
-    when the request cannot be served from the cache (multimodal inputs, prompt embeddings)."""
+def seed(model: str, cache_salt: str = "", lora_name: str = "") -> bytes:
+    """What a chain starts from: the key scheme, the model, the cache salt and the LoRA. The
+    layout is not in it: the namespace every key starts with separates layouts already, so a
+    router that reads the namespaces from the store's keys computes the same chain from the
+    same tokens (kv-router's ``keys.rs``, pinned by the same vector as ``test_vllm``)."""
+    return "\x00".join([KEY_SCHEME, model, f"salt={cache_salt}", f"lora={lora_name}"]).encode()
+
+
+def request_seed(request: Request, model: str) -> bytes | None:
+    """What a request's chain starts from (:func:`seed`); ``None`` when the request cannot be
+    served from the cache (multimodal inputs, prompt embeddings)."""
     if getattr(request, "mm_features", None) or request.prompt_token_ids is None:
         return None
     if getattr(request, "prompt_embeds", None) is not None:
         return None
     lora = getattr(request, "lora_request", None)
-    parts = [
-        KEY_SCHEME,
-        model,
-        layout.describe,
-        f"salt={getattr(request, 'cache_salt', None) or ''}",
-        f"lora={getattr(lora, 'lora_name', '') if lora else ''}",
-    ]
-    return "\x00".join(parts).encode()
+    return seed(model, getattr(request, "cache_salt", None) or "", getattr(lora, "lora_name", "") if lora else "")
 
 
 def block_key(namespace: str, block_hash: str) -> str:

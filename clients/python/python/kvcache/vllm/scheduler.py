@@ -124,7 +124,7 @@ class SchedulerSide:
         return external, external > 0
 
     def _lookup(self, request: Request) -> _Tracked | None:
-        seed = request_seed(request, self.model, self.layout)
+        seed = request_seed(request, self.model)
         if seed is None:
             self.counters.add(uncacheable=1)
             return None
