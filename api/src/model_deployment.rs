@@ -365,8 +365,10 @@ pub struct Router {
     /// default (600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_timeout_seconds: Option<i32>,
-    /// Prompts with fewer tokens than this skip prefill and go straight to a `Decode` replica;
-    /// at least 0. Unset or 0: every prompt goes through a `Prefill` replica.
+    /// Prompts with fewer tokens than this skip prefill and go straight to a `Decode` replica,
+    /// and so do prompts of which the store lacks fewer tokens than this (the router follows
+    /// what the store holds; decode loads it); at least 0. Unset or 0: every prompt goes
+    /// through a `Prefill` replica.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disaggregation_threshold_tokens: Option<i32>,
 }

@@ -238,6 +238,13 @@ pub struct RouterPlan {
     pub args: Vec<String>,
     /// Each role it sends requests to, in spec order.
     pub roles: Vec<RouterRole>,
+    /// The store it follows to skip prefill for what the store holds (`KVSTORE_LEADER`,
+    /// `KVSTORE_TENANT`, `KVSTORE_BLOCK_SIZE`, `KVSTORE_DTYPE` and, where the store serves TLS,
+    /// its CA and name), as the deployment's replicas of our store receive it; empty without a
+    /// cache or with a store of the reference's protocol, which has no block events.
+    pub store_env: Vec<(String, String)>,
+    /// The tenant credential it shows the store, the replicas' ([`credentials::ENV`]).
+    pub credential: Option<credentials::ReplicaCredential>,
 }
 
 /// One role behind the router.

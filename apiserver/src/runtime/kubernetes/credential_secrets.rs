@@ -191,12 +191,13 @@ impl Keeper for SecretKeeper {
     }
 }
 
-/// Whether an engine Pod in `namespace` that has not ended runs with the credential `fingerprint`.
+/// Whether an engine or router Pod in `namespace` that has not ended runs with the credential
+/// `fingerprint`.
 pub async fn in_use(client: &kube::Client, namespace: &str, fingerprint: &str) -> Result<bool, String> {
     let pods = Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels("app.kubernetes.io/name=model-deployment"))
+        .list(&ListParams::default().labels("app.kubernetes.io/name in (model-deployment,kvcache-router)"))
         .await
-        .map_err(|e| format!("listing engine Pods in {namespace}: {e}"))?;
+        .map_err(|e| format!("listing engine and router Pods in {namespace}: {e}"))?;
     Ok(pods.items.iter().any(|p| {
         let ended = p
             .status

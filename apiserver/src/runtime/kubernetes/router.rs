@@ -10,7 +10,10 @@
 //!   replica is ready;
 //! - the Deployment `<md>-router`: `kv-router` from the store's image (or `spec.router.image`),
 //!   no service account token, non-root with nothing to escalate, ready while `GET /health`
-//!   answers (a healthy decode or server worker behind it), alive while its port accepts.
+//!   answers (a healthy decode or server worker behind it), alive while its port accepts. Its
+//!   environment names the store the engines use, with their credential from the Binding's
+//!   Secret (never its value in the spec; its fingerprint annotates the Pods, so a rotation rolls
+//!   them and the old credential is retired only once no router Pod runs with it).
 //!
 //! Router Pods are labelled `app.kubernetes.io/name=kvcache-router`, not `model-deployment`, so
 //! no engine selector (a role's Service, the engine Pods' pruning) ever picks them up; the
@@ -22,7 +25,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::{Value, json};
 
 use super::engine_pod::{DEPLOYMENT_NOTE, engine_labels};
-use super::render::{TYPE_LABEL, http_probe, owner_reference, pull_policy};
+use super::render::{TYPE_LABEL, http_probe, owner_reference, plain_env, pull_policy};
 use super::{FIELD_MANAGER, KubernetesRuntime, observe, refused, tenant_namespaces};
 use crate::runtime::{ReplicaPlan, RouterObservation, RouterPlan, WorkloadState, worker_kind};
 
@@ -132,15 +135,35 @@ pub fn args(plan: &ReplicaPlan, r: &RouterPlan) -> Vec<String> {
     args
 }
 
+/// The router's environment in a Pod: the store it follows, then the credential from the
+/// Binding's Secret.
+fn env(r: &RouterPlan) -> Vec<Value> {
+    let mut env = plain_env(&r.store_env);
+    if let Some(c) = &r.credential {
+        env.push(
+            json!({"name": crate::runtime::credentials::ENV, "valueFrom": {"secretKeyRef": {
+                "name": super::credential_secrets::SECRET,
+                "key": super::credential_secrets::credential_key(&c.binding),
+            }}}),
+        );
+    }
+    env
+}
+
 /// The Deployment `<md>-router`.
 fn router_deployment(plan: &ReplicaPlan, r: &RouterPlan, image: &str) -> Value {
     let deployment = plan.owner.split_once('/').map_or(plan.owner.as_str(), |(_, d)| d);
+    let mut template_meta = json!({"labels": pod_labels(deployment)});
+    if let Some(c) = &r.credential {
+        template_meta["annotations"] = json!({super::credential_secrets::FINGERPRINT_ANNOTATION: c.fingerprint});
+    }
     let container = json!({
         "name": "router",
         "image": image,
         "imagePullPolicy": pull_policy(image, r.pull_policy.as_deref()),
         "command": ["kv-router"],
         "args": args(plan, r),
+        "env": env(r),
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
         // ready while a decode or server worker behind it is healthy (its /health says so)
         "readinessProbe": http_probe("/health", ROUTER_PORT, 2, 2),
@@ -165,7 +188,7 @@ fn router_deployment(plan: &ReplicaPlan, r: &RouterPlan, image: &str) -> Value {
             "replicas": r.replicas,
             "selector": {"matchLabels": pod_labels(deployment)},
             "template": {
-                "metadata": {"labels": pod_labels(deployment)},
+                "metadata": template_meta,
                 "spec": {
                     // its workers come from DNS: it needs no API access at all
                     "automountServiceAccountToken": false,
@@ -344,6 +367,8 @@ mod tests {
                 pull_policy: None,
                 pull_secrets: vec!["regcred".into()],
                 args: vec!["--model".into(), "m".into(), "--log-level=debug".into()],
+                store_env: vec![("KVSTORE_LEADER".into(), "cache-leader.kvcache-system.svc:7000".into())],
+                credential: Some(crate::runtime::credentials::ReplicaCredential::new("cache", "minted")),
                 roles: vec![
                     RouterRole {
                         role: "prefill".into(),
@@ -409,6 +434,22 @@ mod tests {
         );
         assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/health");
         assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+        // the store the engines use, and their credential from the Binding's Secret, never its
+        // value; its fingerprint on the Pods, so a rotation rolls them
+        assert_eq!(
+            c["env"],
+            json!([
+                {"name": "KVSTORE_LEADER", "value": "cache-leader.kvcache-system.svc:7000"},
+                {"name": "KVSTORE_CREDENTIAL", "valueFrom": {"secretKeyRef": {
+                    "name": "kvcache-credentials", "key": "cache.credential"}}},
+            ])
+        );
+        assert!(!d.to_string().contains("minted"));
+        let fingerprint = crate::runtime::credentials::fingerprint("minted");
+        assert_eq!(
+            d["spec"]["template"]["metadata"]["annotations"][super::super::credential_secrets::FINGERPRINT_ANNOTATION],
+            fingerprint.as_str()
+        );
         assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
         // router Pods are not engine Pods: no engine selector picks them up
         assert_eq!(

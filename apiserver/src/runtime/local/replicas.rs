@@ -69,21 +69,26 @@ impl LocalRuntime {
         }
     }
 
-    /// Whether a replica in `namespace` runs with the credential of `fingerprint`.
+    /// Whether a replica or a router in `namespace` runs with the credential of `fingerprint`.
     pub(super) async fn runs_credential(&self, namespace: &str, fingerprint: &str) -> bool {
         let state = self.state.lock().await;
         let prefix = format!("{namespace}/");
-        state
+        let replicas = state
             .replicas
             .iter()
             .filter(|(owner, _)| owner.starts_with(&prefix))
-            .flat_map(|(_, r)| r.values())
-            .any(|s| {
-                s.spec
-                    .env
-                    .iter()
-                    .any(|(k, v)| k == credentials::ENV && credentials::fingerprint(v) == fingerprint)
-            })
+            .flat_map(|(_, r)| r.values());
+        let routers = state
+            .routers
+            .iter()
+            .filter(|(owner, _)| owner.starts_with(&prefix))
+            .map(|(_, r)| r);
+        replicas.chain(routers).any(|s| {
+            s.spec
+                .env
+                .iter()
+                .any(|(k, v)| k == credentials::ENV && credentials::fingerprint(v) == fingerprint)
+        })
     }
 
     /// `<data-dir>/logs/_deployments/<namespace>/<name>/<replica>.log` (`_` is never in a name).

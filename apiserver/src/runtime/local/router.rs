@@ -9,7 +9,8 @@
 //! READY replica of each kind, which the runtime rewrites (a temporary file renamed over it, so
 //! the router never reads half a file) at every pass whose replicas changed; the router re-reads
 //! it when it changes. The router is ready while its `GET /health` answers 200, which it does once
-//! a decode or server worker behind it is healthy.
+//! a decode or server worker behind it is healthy. Its environment names the store the replicas
+//! use, with their credential, so it follows what the store holds (`RouterPlan::store_env`).
 
 use std::path::{Path, PathBuf};
 
@@ -52,7 +53,7 @@ impl LocalRuntime {
         let spec = ProcessSpec {
             program: self.opts.store_binary.clone(),
             args: self.router_args(r, port, &file),
-            env: Self::store_env(),
+            env: router_env(r),
             log: self.log(&router_log(&plan.owner)),
             health: Some(format!("{url}/health")),
         };
@@ -134,6 +135,17 @@ impl LocalRuntime {
     }
 }
 
+/// The router's environment: the runtime's own for store processes, then the store it follows
+/// and the credential it shows it (as a replica's, the credential last).
+fn router_env(r: &RouterPlan) -> Vec<(String, String)> {
+    let mut env = LocalRuntime::store_env();
+    env.extend(r.store_env.iter().cloned());
+    if let Some(c) = &r.credential {
+        env.push((crate::runtime::credentials::ENV.to_owned(), c.value.clone()));
+    }
+    env
+}
+
 /// The key of the router's port among the engine ports (`_` is never in a replica's name).
 pub(super) fn port_key(owner: &str) -> String {
     format!("{owner}/_router")
@@ -193,6 +205,8 @@ mod tests {
             pull_policy: None,
             pull_secrets: vec![],
             args: vec!["--model".into(), "m".into()],
+            store_env: vec![("KVSTORE_LEADER".into(), "127.0.0.1:7000".into())],
+            credential: Some(crate::runtime::credentials::ReplicaCredential::new("b", "minted")),
             roles: vec![
                 RouterRole {
                     role: "prefill".into(),
@@ -220,6 +234,15 @@ mod tests {
             url: Some(format!("http://127.0.0.1:{}", 9000 + i)),
             ..ReplicaObservation::default()
         }
+    }
+
+    #[test]
+    fn the_router_is_told_the_store_and_its_credential() {
+        let env = router_env(&plan());
+        let at = |name: &str| env.iter().position(|(k, _)| k == name);
+        assert_eq!(env[at("KVSTORE_LEADER").unwrap()].1, "127.0.0.1:7000");
+        let credential = at(crate::runtime::credentials::ENV).unwrap();
+        assert_eq!((credential, env[credential].1.as_str()), (env.len() - 1, "minted"));
     }
 
     #[test]

@@ -95,7 +95,8 @@ pub(super) fn router_ready_of(obj: &ModelDeployment, router: Option<&RouterObser
 
 /// The router `spec.router` asks for, in front of `replicas` (each role's serving port is its
 /// replicas'); `None` without `spec.router`. The image is the router's own, else the store's
-/// image setting, which ships `kv-router` next to `kv-store`.
+/// image setting, which ships `kv-router` next to `kv-store`. With replicas of our store, the
+/// router follows that store ([`store_env`]).
 pub fn router(obj: &ModelDeployment, replicas: &[Replica], config: &crate::config::Config) -> Option<RouterPlan> {
     let r = obj.spec.router.as_ref()?;
     let engine = obj
@@ -152,7 +153,34 @@ pub fn router(obj: &ModelDeployment, replicas: &[Replica], config: &crate::confi
         pull_secrets: r.image_pull_secrets.iter().map(|s| s.name.clone()).collect(),
         args,
         roles,
+        store_env: store_env(replicas),
+        credential: replicas
+            .iter()
+            .find(|x| x.package_image.is_some())
+            .and_then(|x| x.credential.clone()),
     })
+}
+
+/// What names our store to a replica, which the router reads the same way (its
+/// `store_index.rs`): taken from the first replica of our store (the one that loads our
+/// `kvcache` package); every replica of a deployment has the same cache.
+pub const STORE_ENV: [&str; 6] = [
+    "KVSTORE_LEADER",
+    "KVSTORE_TENANT",
+    "KVSTORE_BLOCK_SIZE",
+    "KVSTORE_DTYPE",
+    crate::controller::injection::STORE_CA_ENV,
+    crate::controller::injection::STORE_SERVER_NAME_ENV,
+];
+
+fn store_env(replicas: &[Replica]) -> Vec<(String, String)> {
+    let Some(r) = replicas.iter().find(|x| x.package_image.is_some()) else {
+        return Vec::new();
+    };
+    STORE_ENV
+        .iter()
+        .filter_map(|name| r.env.iter().find(|(k, _)| k == name).cloned())
+        .collect()
 }
 
 #[cfg(test)]

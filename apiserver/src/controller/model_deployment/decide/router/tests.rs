@@ -220,6 +220,53 @@ fn the_router_conditions_say_why() {
     assert_eq!(m, "1 of 1 router replicas are ready at http://127.0.0.1:8800");
 }
 
+/// The router follows the store the replicas of our store use, with their credential; a store
+/// of the reference's protocol (no block events) gives it nothing.
+#[test]
+fn the_router_follows_our_store_as_the_replicas_do() {
+    use crate::controller::injection::{Connection, StoreKind, StoreTrust};
+    use crate::runtime::credentials::ReplicaCredential;
+
+    let md = deployment(PD, true);
+    let config = crate::config::Config::default();
+    let ours = Connection {
+        endpoint: "cache-leader.kvcache-system.svc:7000".into(),
+        store: StoreKind::Ours {
+            package_image: "ghcr.io/gpustack/kvcache-store:v0.1.0".into(),
+        },
+        tenant: Some("team-a-cache".into()),
+        block_size: 16,
+        dtype: "bfloat16".into(),
+        protocol: "tcp".into(),
+        credential: Some(ReplicaCredential::new("cache", "minted")),
+        tls: Some(StoreTrust {
+            ca_pem: "-----BEGIN CERTIFICATE-----".into(),
+            server_name: "cache".into(),
+        }),
+    };
+    let plan = super::router(&md, &replicas(&md, Some(&ours), &config), &config).unwrap();
+    let env: Vec<(&str, &str)> = plan.store_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(
+        env,
+        [
+            ("KVSTORE_LEADER", "cache-leader.kvcache-system.svc:7000"),
+            ("KVSTORE_TENANT", "team-a-cache"),
+            ("KVSTORE_BLOCK_SIZE", "16"),
+            ("KVSTORE_DTYPE", "bfloat16"),
+            ("KVSTORE_TLS_CA_PEM", "-----BEGIN CERTIFICATE-----"),
+            ("KVSTORE_TLS_SERVER_NAME", "cache"),
+        ]
+    );
+    assert_eq!(plan.credential, ours.credential);
+    let reference = Connection {
+        store: StoreKind::Mooncake,
+        tls: None,
+        ..ours
+    };
+    let plan = super::router(&md, &replicas(&md, Some(&reference), &config), &config).unwrap();
+    assert!(plan.store_env.is_empty() && plan.credential.is_none());
+}
+
 #[test]
 fn the_router_the_spec_plans() {
     let mut md = deployment(PD, true);
@@ -263,6 +310,8 @@ fn the_router_the_spec_plans() {
         super::router(&md, &replicas, &config).unwrap().image.as_deref(),
         Ok("example.com/router:1")
     );
+    // no cache: no store to follow
+    assert!(plan.store_env.is_empty() && plan.credential.is_none());
     md.spec.router = None;
     assert!(super::router(&md, &replicas, &config).is_none());
     // a blank setting and no image: the plan says why
