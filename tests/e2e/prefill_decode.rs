@@ -9,7 +9,14 @@
 //! hit (it did not prefill them) and answers the monolithic replica's greedy tokens. Then requests
 //! are in flight while the prefill replica is killed (`kill -9`): each still completes with the
 //! same tokens (the router retries, then falls back to decode prefilling itself, and counts it);
-//! then while the serving store leader is killed: the same.
+//! then while the serving store leader is killed: the same, and the router rides the failover
+//! (not restarted) and follows the new term's blocks.
+//!
+//! A prompt the store already holds skips prefill: three prompts are first answered by the
+//! prefill replica alone (its connector saves their blocks), then sent through the router, which
+//! follows the store's blocks and sends each straight to decode (`--disaggregation-threshold-tokens
+//! 128`: fewer tokens than that are missing), counted; decode loads every full block from the
+//! store and answers as the monolithic replica does.
 //!
 //! Which tokens must be equal: the local model has random weights, so its greedy choice is
 //! often an exact tie in bf16 (the top two log-probabilities equal), which vLLM on this CPU may
@@ -59,6 +66,9 @@ const DRIFT: f64 = 1.0;
 /// process dies (about 1,450: they only need to be in flight).
 const LONG: usize = 950;
 const SHORT: usize = 450;
+/// The router's `disaggregationThresholdTokens`: above a block (64 tokens), so a prompt the store
+/// holds whole (all but its last partial block) skips prefill; below every prompt here.
+const THRESHOLD: u64 = 128;
 
 const ENGINE_ARGS: &str = "      extraArgs: [\"--max-model-len\", \"4096\", \"--enforce-eager\", \"--dtype\", \"bfloat16\"]\n      env:\n        - name: VLLM_CPU_KVCACHE_SPACE\n          value: \"1\"\n        - name: HF_HUB_OFFLINE\n          value: \"1\"\n        - name: VLLM_NO_USAGE_STATS\n          value: \"1\"\n";
 
@@ -71,7 +81,7 @@ fn head(name: &str, model: &str) -> String {
 /// One Prefill and one Decode replica on the team's Binding, behind our router.
 fn disaggregated(model: &str) -> String {
     format!(
-        "{}  kvCache:\n    poolRef:\n      name: team-a\n  router:\n    name: kvcache-router\n    requestTimeoutSeconds: 600\n  roles:\n    - name: prefill\n      kind: Prefill\n      instanceType: local-cpu\n{ENGINE_ARGS}    - name: decode\n      kind: Decode\n      instanceType: local-cpu\n{ENGINE_ARGS}",
+        "{}  kvCache:\n    poolRef:\n      name: team-a\n  router:\n    name: kvcache-router\n    requestTimeoutSeconds: 600\n    disaggregationThresholdTokens: {THRESHOLD}\n  roles:\n    - name: prefill\n      kind: Prefill\n      instanceType: local-cpu\n{ENGINE_ARGS}    - name: decode\n      kind: Decode\n      instanceType: local-cpu\n{ENGINE_ARGS}",
         head("pd", model)
     )
 }
@@ -368,6 +378,41 @@ fn in_flight(router: &str, decode: &str, plain: &str, model: &str, prompts: &[As
     });
 }
 
+/// Prompts the prefill replica alone answered (so the store holds their blocks) go through the
+/// router straight to decode, which loads them and answers as the monolithic replica does.
+fn stored_prompts_skip_prefill(router: &str, prefill: &str, decode: &str, plain: &str, model: &str) {
+    for seed in 150..153 {
+        let a = ask(plain, model, seed, LONG);
+        let tokens = prompt_tokens(plain, model, &a.text);
+        let full = ((tokens - 1) / 64 * 64) as f64;
+        let known = counter(router, "kvrouter_store_blocks");
+        complete(prefill, model, &a.text, false).expect("the prefill replica answers");
+        eventually_within(
+            Duration::from_secs(60),
+            &format!("prompt {seed}: the router knows its {} stored blocks", full / 64.0),
+            || (counter(router, "kvrouter_store_blocks") - known >= full / 64.0).then_some(()),
+        );
+        let (skipped, handoffs) = (
+            counter(router, "kvrouter_prefill_skipped_total{reason=\"stored\"}"),
+            counter(router, "kvrouter_handoffs_total"),
+        );
+        let hits = counter(decode, "vllm:external_prefix_cache_hits_total");
+        let got = complete(router, model, &a.text, seed % 2 == 1).unwrap_or_else(|e| panic!("prompt {seed}: {e}"));
+        a.check_read(&format!("prompt {seed} from the store"), plain, model, &got);
+        assert_eq!(
+            counter(router, "kvrouter_prefill_skipped_total{reason=\"stored\"}"),
+            skipped + 1.0,
+            "prompt {seed} ({tokens} tokens) skipped prefill"
+        );
+        assert_eq!(counter(router, "kvrouter_handoffs_total"), handoffs, "no handoff");
+        eventually_within(
+            Duration::from_secs(30),
+            &format!("prompt {seed}: decode's vLLM counts {full} tokens from the store"),
+            || (counter(decode, "vllm:external_prefix_cache_hits_total") - hits >= full).then_some(()),
+        );
+    }
+}
+
 #[test]
 fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_failing() {
     let e = engines();
@@ -453,6 +498,9 @@ fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_fai
         phase.elapsed()
     );
     let phase = Instant::now();
+    stored_prompts_skip_prefill(&router, &prefill, &decode, &plain, &model);
+    eprintln!("prompts the store holds, straight to decode: {:.0?}", phase.elapsed());
+    let phase = Instant::now();
 
     // The prefill replica dies with requests in flight: each completes with the same tokens.
     let batch: Vec<Asked> = (200..204).map(|seed| ask(&plain, &model, seed, SHORT)).collect();
@@ -487,10 +535,25 @@ fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_fai
         .unwrap_or_else(|| panic!("no leader process listens on {h}"))
         .0;
     let batch: Vec<Asked> = (300..304).map(|seed| ask(&plain, &model, seed, SHORT)).collect();
+    let (handoffs, streams) = (
+        counter(&router, "kvrouter_handoffs_total"),
+        counter(&router, "kvrouter_store_streams_total"),
+    );
     in_flight(&router, &decode, &plain, &model, &batch, || kill9(leader));
     eventually_within(Duration::from_secs(60), "another term serves", || {
         holder(&k).filter(|(_, t)| *t > term)
     });
+    // the router rode the failover (the same process: its counts go on) and follows the new
+    // term's blocks
+    eventually_within(Duration::from_secs(60), "the router follows the new term", || {
+        (counter(&router, "kvrouter_store_streams_total") > streams
+            && counter(&router, "kvrouter_store_connected") == 1.0)
+            .then_some(())
+    });
+    assert!(
+        counter(&router, "kvrouter_handoffs_total") >= handoffs,
+        "the router was not restarted by the failover"
+    );
 
     eprintln!("the serving leader killed: {:.0?}", phase.elapsed());
 

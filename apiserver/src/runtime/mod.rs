@@ -211,8 +211,8 @@ pub struct ReplicaPlan {
     /// The deployment's UID, for owner references.
     pub uid: String,
     pub replicas: Vec<Replica>,
-    /// Keep replicas that run with another environment instead of rolling them (the cache
-    /// connection did not resolve in this pass; new replicas are still started).
+    /// Keep replicas, and the router, that run with another environment instead of rolling them
+    /// (the cache connection did not resolve in this pass; new replicas are still started).
     pub hold_rollout: bool,
     /// The router in front of the replicas (`spec.router`); `None`: no router runs (one that ran
     /// is stopped).

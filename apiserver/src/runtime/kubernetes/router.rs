@@ -240,7 +240,12 @@ impl KubernetesRuntime {
         let objects = objects(plan, r, &image);
         let mut applied_deployment = None;
         for object in &objects {
-            match self.apply_for(namespace, deployment, object).await {
+            let applied = if plan.hold_rollout && object["kind"] == "Deployment" {
+                self.hold_for(namespace, deployment, object).await
+            } else {
+                self.apply_for(namespace, deployment, object).await
+            };
+            match applied {
                 Ok(applied) if object["kind"] == "Deployment" => applied_deployment = Some(applied),
                 Ok(_) => {}
                 Err(why) => return Some(observed(refused(why))),
@@ -280,6 +285,19 @@ impl KubernetesRuntime {
                 tracing::debug!(deployment, "listing router Pods: {e}");
                 WorkloadState::default()
             }
+        }
+    }
+
+    /// The deployment's router Deployment as it runs, left as it is: while the cache connection
+    /// does not resolve (a store failover), the router keeps the store it follows instead of
+    /// rolling to a spec without one and back. Applied when none runs yet.
+    async fn hold_for(&self, namespace: &str, deployment: &str, object: &Value) -> Result<DynamicObject, String> {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let r = super::store::resource("Deployment").ok_or("Deployment is not a kind this runtime renders")?;
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &r);
+        match api.get_opt(name).await {
+            Ok(Some(live)) if noted(&live, deployment) => Ok(live),
+            _ => self.apply_for(namespace, deployment, object).await,
         }
     }
 

@@ -79,8 +79,15 @@ impl LocalRuntime {
                 format!("writing the router's workers file {}: {why}", file.display()),
             )
         } else {
-            let hooks = self.notify(Changed::Replicas(plan.owner.clone()));
-            converge(old, spec, self.opts.grace, hooks).await
+            match old {
+                // the cache connection did not resolve (a store failover): the router keeps the
+                // store it follows rather than restart without one and again with it
+                Some(old) if plan.hold_rollout && old.state().refused.is_none() => old,
+                old => {
+                    let hooks = self.notify(Changed::Replicas(plan.owner.clone()));
+                    converge(old, spec, self.opts.grace, hooks).await
+                }
+            }
         };
         let st = s.state();
         state.routers.insert(plan.owner.clone(), s);
