@@ -1,0 +1,126 @@
+//! What the router's store-aware decision costs (issue 42): the index of a store holding 10,000
+//! distinct prompts of 3,000 tokens (blocks of 64: 46 blocks each, 460,000 keys, as the leader's
+//! snapshot delivers them), then requests at 1,000 a second, each a prompt the store holds whole
+//! or one that parts from a held prompt at a random block, while the store's events keep arriving
+//! (a put of a new prompt's blocks between requests). Each decision is the work the router does
+//! for a prompt whose tokens it has: the connector's chain over the prompt's blocks and the
+//! lookups of every key (`Index::stored_blocks`), under the index's lock. Prints p50 and p99;
+//! the goal is a p99 of at most 2 ms.
+//!
+//! `cargo bench -p kvcache-router --bench decision` (REQUESTS to change the default 10,000).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use kvcache_router::keys;
+use kvcache_router::store_index::{self, Index};
+use kvcache_store::proto::block_event::Event;
+use kvcache_store::proto::{AllBlocksCleared, BlockEvent, BlockStored};
+
+const PROMPTS: usize = 10_000;
+const TOKENS: usize = 3_000;
+const BLOCK: usize = 64;
+const NAMESPACE: &str = "vllm/Qwen/Qwen2.5-0.5B-Instruct/0123456789abcdef/tp0of1";
+const MODEL: &str = "Qwen/Qwen2.5-0.5B-Instruct";
+
+/// A deterministic prompt: token ids drawn from `seed`.
+fn prompt(seed: u64) -> Vec<i64> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..TOKENS)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 150_000) as i64
+        })
+        .collect()
+}
+
+fn keys_of(tokens: &[i64]) -> Vec<String> {
+    keys::chain(&keys::seed(MODEL, "", ""), tokens, BLOCK)
+        .iter()
+        .map(|h| format!("{NAMESPACE}/{h}"))
+        .collect()
+}
+
+fn stored(id: u64, keys: Vec<String>, snapshot: bool) -> BlockEvent {
+    BlockEvent {
+        epoch: 1,
+        id,
+        snapshot,
+        event: Some(Event::Stored(BlockStored { keys, size: 3 << 20 })),
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() {
+    let requests: usize = std::env::var("REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let index: store_index::Shared = Arc::new(RwLock::new(Index::default()));
+    let filling = Instant::now();
+    store_index::write(&index, |i| {
+        i.set_block_size(BLOCK);
+        let cleared = BlockEvent {
+            epoch: 1,
+            id: 0,
+            snapshot: true,
+            event: Some(Event::Cleared(AllBlocksCleared {})),
+        };
+        i.apply(&cleared).unwrap();
+        for p in 0..PROMPTS as u64 {
+            i.apply(&stored(0, keys_of(&prompt(p)), true)).unwrap();
+        }
+    });
+    let held = store_index::read(&index, Index::len);
+    println!(
+        "index of {PROMPTS} prompts of {TOKENS} tokens: {held} keys, filled in {:.1?}",
+        filling.elapsed()
+    );
+
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut took = Vec::with_capacity(requests);
+    let started = Instant::now();
+    for n in 0..requests {
+        // paced at 1,000 a second
+        let due = started + Duration::from_millis(n as u64);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        // the store's events go on between requests: a new prompt's blocks
+        let event_id = n as u64 + 1;
+        let new = keys_of(&prompt((PROMPTS + n) as u64));
+        store_index::write(&index, |i| i.apply(&stored(event_id, new, false)).unwrap());
+        let mut tokens = prompt(next() % PROMPTS as u64);
+        let whole = n % 2 == 0;
+        if !whole {
+            let at = (next() as usize) % TOKENS;
+            tokens[at] = -1;
+        }
+        let t = Instant::now();
+        let blocks = store_index::read(&index, |i| i.stored_blocks(MODEL, "", &tokens));
+        took.push(t.elapsed());
+        if whole {
+            assert_eq!(blocks, TOKENS / BLOCK, "a prompt the store holds whole");
+        }
+    }
+    took.sort_unstable();
+    println!(
+        "{requests} decisions at 1,000/s over {PROMPTS} distinct prefixes: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms (goal: p99 <= 2 ms)",
+        percentile(&took, 0.5).as_secs_f64() * 1e3,
+        percentile(&took, 0.99).as_secs_f64() * 1e3,
+        took.last().unwrap().as_secs_f64() * 1e3,
+    );
+}
