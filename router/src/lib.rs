@@ -13,16 +13,20 @@
 //!   choice of a worker; [`health`]: the periodic check that takes workers out and back in;
 //! - [`store_index`]: what the store holds for the router's tenant, followed from its leader;
 //!   [`keys`]: the block keys a replica's connector saves a prompt under;
+//! - [`engine_events`]: vLLM's KV events (what each replica holds in its own memory), read with
+//!   [`msgpack`];
 //! - [`metrics`]: the `kvrouter_*` series; [`error`]: OpenAI-style errors.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod config;
+pub mod engine_events;
 pub mod error;
 pub mod handoff;
 pub mod health;
 pub mod keys;
 pub mod metrics;
+pub mod msgpack;
 pub mod proxy;
 pub mod relay;
 pub mod request;
