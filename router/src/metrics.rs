@@ -131,68 +131,78 @@ impl Metrics {
             store_connected: Gauge::default(),
             store_streams: Counter::default(),
         };
+        m.register_routing(registry);
+        m.register_store(registry);
+        m
+    }
+
+    /// The series of requests, handoffs and workers.
+    fn register_routing(&self, registry: &mut Registry) {
         registry.register(
             "kvrouter_requests",
             "Client requests by endpoint and how they ended",
-            m.requests.clone(),
+            self.requests.clone(),
         );
         registry.register(
             "kvrouter_time_to_first_token_seconds",
             "From a streamed request's arrival to its first chunk leaving for the client",
-            m.time_to_first_token.clone(),
+            self.time_to_first_token.clone(),
         );
         registry.register(
             "kvrouter_time_per_output_token_seconds",
             "Mean time between a streamed answer's chunks after the first, one sample per request",
-            m.time_per_output_token.clone(),
+            self.time_per_output_token.clone(),
         );
         registry.register(
             "kvrouter_inflight",
             "Requests sent to a worker and not yet finished",
-            m.inflight.clone(),
+            self.inflight.clone(),
         );
         registry.register(
             "kvrouter_handoffs",
             "Prefill answers whose kv_transfer_params were handed to decode",
-            m.handoffs.clone(),
+            self.handoffs.clone(),
         );
         registry.register(
             "kvrouter_handoff_bytes",
             "Bytes of KV prefill reported saved for decode (kvcache_handoff.bytes)",
-            m.handoff_bytes.clone(),
+            self.handoff_bytes.clone(),
         );
         registry.register(
             "kvrouter_retries",
             "Attempts on another worker after one failed, by the failed worker's kind",
-            m.retries.clone(),
+            self.retries.clone(),
         );
         registry.register(
             "kvrouter_fallbacks",
             "Requests sent to decode without a handoff although prefill workers exist",
-            m.fallbacks.clone(),
+            self.fallbacks.clone(),
         );
         registry.register(
             "kvrouter_prefill_skipped",
             "Requests sent straight to decode although prefill workers exist, by why: batch, short, stored",
-            m.prefill_skipped.clone(),
+            self.prefill_skipped.clone(),
         );
-        registry.register("kvrouter_workers", "Workers by kind and state", m.workers.clone());
+        registry.register("kvrouter_workers", "Workers by kind and state", self.workers.clone());
+    }
+
+    /// The series of the store the router follows (`store_index.rs`).
+    fn register_store(&self, registry: &mut Registry) {
         registry.register(
             "kvrouter_store_blocks",
             "Blocks the store holds for the router's tenant, as its leader's events told",
-            m.store_blocks.clone(),
+            self.store_blocks.clone(),
         );
         registry.register(
             "kvrouter_store_connected",
             "1 while an event stream from the store's leader is open",
-            m.store_connected.clone(),
+            self.store_connected.clone(),
         );
         registry.register(
             "kvrouter_store_streams",
             "Event streams opened to the store's leader (one more per failover, leader restart or gap)",
-            m.store_streams.clone(),
+            self.store_streams.clone(),
         );
-        m
     }
 
     pub fn request(&self, endpoint: &'static str, outcome: Outcome) {

@@ -184,11 +184,6 @@ impl Index {
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
-
-    /// The leader's epoch the keys came from (0 before the first stream).
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
 }
 
 /// What the index keeps of a key (see the module's doc, "Size").

@@ -15,7 +15,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::tenant_namespaces::{Entered, TenantNamespaces};
-use crate::runtime::credentials::{BindingKey, Keeper, KeeperError, TenantCredentials};
+use crate::runtime::credentials::{BindingKey, Keeper, KeeperError, ReplicaCredential, TenantCredentials};
 
 /// The Secret of each tenant namespace that holds its Bindings' credentials.
 pub const SECRET: &str = "kvcache-credentials";
@@ -189,6 +189,15 @@ impl Keeper for SecretKeeper {
             Err(e) => Err(self.failed(binding, "removing its keys of the Secret", e)),
         }
     }
+}
+
+/// The credential's variable in a Pod's container, from the Binding's Secret: its value never
+/// enters the Pod spec.
+pub fn credential_env(c: &ReplicaCredential) -> serde_json::Value {
+    json!({"name": crate::runtime::credentials::ENV, "valueFrom": {"secretKeyRef": {
+        "name": SECRET,
+        "key": credential_key(&c.binding),
+    }}})
 }
 
 /// Whether an engine or router Pod in `namespace` that has not ended runs with the credential

@@ -91,12 +91,7 @@ fn engine_container(r: &crate::runtime::Replica, image: &str) -> Value {
     env.extend(e.pod_ip_env.iter().map(|n| field_env(n, "status.podIP")));
     // The credential comes from the Binding's Secret: its value never enters the Pod spec.
     if let Some(c) = &r.credential {
-        env.push(
-            json!({"name": crate::runtime::credentials::ENV, "valueFrom": {"secretKeyRef": {
-                "name": super::credential_secrets::SECRET,
-                "key": super::credential_secrets::credential_key(&c.binding),
-            }}}),
-        );
+        env.push(super::credential_secrets::credential_env(c));
     }
     let health = |period: u32, failures: u32| http_probe("/health", e.port, period, failures);
     json!({

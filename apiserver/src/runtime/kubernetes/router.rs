@@ -139,14 +139,7 @@ pub fn args(plan: &ReplicaPlan, r: &RouterPlan) -> Vec<String> {
 /// Binding's Secret.
 fn env(r: &RouterPlan) -> Vec<Value> {
     let mut env = plain_env(&r.store_env);
-    if let Some(c) = &r.credential {
-        env.push(
-            json!({"name": crate::runtime::credentials::ENV, "valueFrom": {"secretKeyRef": {
-                "name": super::credential_secrets::SECRET,
-                "key": super::credential_secrets::credential_key(&c.binding),
-            }}}),
-        );
-    }
+    env.extend(r.credential.as_ref().map(super::credential_secrets::credential_env));
     env
 }
 

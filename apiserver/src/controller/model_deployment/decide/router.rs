@@ -143,6 +143,9 @@ pub fn router(obj: &ModelDeployment, replicas: &[Replica], config: &crate::confi
         args.extend(["--disaggregation-threshold-tokens".to_owned(), n.to_string()]);
     }
     args.extend(r.extra_args.iter().cloned());
+    // the first replica of our store (the one that loads our `kvcache` package): every replica
+    // of a deployment has the same cache
+    let ours = replicas.iter().find(|x| x.package_image.is_some());
     Some(RouterPlan {
         name: r.name.clone().unwrap_or_default(),
         replicas: r.replicas.unwrap_or(1).max(1),
@@ -153,17 +156,13 @@ pub fn router(obj: &ModelDeployment, replicas: &[Replica], config: &crate::confi
         pull_secrets: r.image_pull_secrets.iter().map(|s| s.name.clone()).collect(),
         args,
         roles,
-        store_env: store_env(replicas),
-        credential: replicas
-            .iter()
-            .find(|x| x.package_image.is_some())
-            .and_then(|x| x.credential.clone()),
+        store_env: ours.map(store_env).unwrap_or_default(),
+        credential: ours.and_then(|x| x.credential.clone()),
     })
 }
 
 /// What names our store to a replica, which the router reads the same way (its
-/// `store_index.rs`): taken from the first replica of our store (the one that loads our
-/// `kvcache` package); every replica of a deployment has the same cache.
+/// `store_index.rs`).
 pub const STORE_ENV: [&str; 6] = [
     "KVSTORE_LEADER",
     "KVSTORE_TENANT",
@@ -173,10 +172,8 @@ pub const STORE_ENV: [&str; 6] = [
     crate::controller::injection::STORE_SERVER_NAME_ENV,
 ];
 
-fn store_env(replicas: &[Replica]) -> Vec<(String, String)> {
-    let Some(r) = replicas.iter().find(|x| x.package_image.is_some()) else {
-        return Vec::new();
-    };
+/// [`STORE_ENV`] as replica `r` of our store receives it.
+fn store_env(r: &Replica) -> Vec<(String, String)> {
     STORE_ENV
         .iter()
         .filter_map(|name| r.env.iter().find(|(k, _)| k == name).cloned())
