@@ -36,6 +36,18 @@ pub struct Config {
     #[arg(long = "workers-dns", value_name = "KIND=HOST:PORT", value_parser = parse_dns)]
     pub workers_dns: Vec<DnsSource>,
 
+    /// PUB[,REPLAY]: the ports every `--workers-dns` worker publishes its vLLM KV events on
+    /// (`--kv-events-config` endpoint and replay_endpoint), followed to route by what each
+    /// engine holds in memory.
+    #[arg(long, value_name = "PUB[,REPLAY]", value_parser = parse_event_ports)]
+    pub engine_events_ports: Option<EventPorts>,
+
+    /// Prompt tokens one outstanding request on a worker weighs against the prompt tokens its
+    /// memory would spare: a worker is chosen for the fewest `tokens to compute + weight ×
+    /// outstanding requests`.
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    pub load_weight_tokens: u64,
+
     /// Bounds each client request end to end, streamed answers included (504 before the first
     /// byte, the stream cut after it).
     #[arg(long, default_value_t = 600, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -90,6 +102,27 @@ pub struct DnsSource {
     pub target: String,
 }
 
+/// `--engine-events-ports`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventPorts {
+    pub events: u16,
+    pub replay: Option<u16>,
+}
+
+fn parse_event_ports(s: &str) -> Result<EventPorts, String> {
+    let port = |p: &str| {
+        p.parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("{p:?}: expected a port 1-65535"))
+    };
+    let (events, replay) = match s.split_once(',') {
+        Some((e, r)) => (port(e)?, Some(port(r)?)),
+        None => (port(s)?, None),
+    };
+    Ok(EventPorts { events, replay })
+}
+
 fn parse_dns(s: &str) -> Result<DnsSource, String> {
     let (kind, target) = s
         .split_once('=')
@@ -121,6 +154,17 @@ mod tests {
         assert!(parse_dns("decode=md").is_err());
         assert!(parse_dns("decode=:8000").is_err());
         assert!(parse_dns("decode=md:99999").is_err());
+        assert_eq!(
+            parse_event_ports("5557,5558"),
+            Ok(EventPorts {
+                events: 5557,
+                replay: Some(5558)
+            })
+        );
+        assert_eq!(parse_event_ports("5557").map(|p| p.replay), Ok(None));
+        for bad in ["", "0", "5557,", "a,1", "1,2,3"] {
+            assert!(parse_event_ports(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -134,6 +178,8 @@ mod tests {
         assert_eq!(c.unhealthy_after, 2);
         assert_eq!(c.prefill_timeout_seconds, 120);
         assert_eq!(c.max_body_bytes, 8 << 20);
+        assert_eq!(c.engine_events_ports, None);
+        assert_eq!(c.load_weight_tokens, 512);
         assert!(Config::try_parse_from(["kv-router", "--request-timeout-seconds", "0"]).is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! vLLM's KV events (`--kv-events-config`, published over ZMQ): what one replica's engine holds
 //! in its own memory, block by block, as it stores and evicts. This module reads one published
-//! batch into [`EngineEvent`]s; following a replica's publisher, and the per-replica index of
-//! our keys the router builds from them, come next (issue 42).
+//! batch into [`EngineEvent`]s; `engine_memory` follows a replica's publisher and keeps the
+//! index the router places requests by.
 //!
 //! The wire form, as vLLM 0.32's encoder writes it (pinned by its own bytes in the tests): a
 //! message `[ts, events, data_parallel_rank]`; each event a map tagged `"type"`, with the fields

@@ -4,22 +4,20 @@
 //! decode needs, retried once on each other healthy prefill worker. With none left the request
 //! goes to decode without a handoff (decode prefills itself): a counted fallback.
 
-use std::time::Duration;
-
 use axum::http::{HeaderMap, Method};
 use serde_json::Value;
 
 use crate::metrics::FallbackReason;
+use crate::placement;
 use crate::request::{ClientRequest, PromptSize};
 use crate::server::App;
 use crate::store_index;
+use crate::tokens::PromptTokens;
 use crate::upstream::{self, UpstreamError};
 use crate::workers::{Kind, Worker};
 
 /// The largest prefill answer read (it carries the prompt's token ids).
 const PREFILL_ANSWER_LIMIT: usize = 64 << 20;
-/// How long counting a prompt's tokens may take.
-const TOKENIZE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a request goes first, given that prefill workers exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,8 +34,9 @@ pub enum Skip {
     Batch,
     /// The prompt has fewer tokens than `--disaggregation-threshold-tokens`.
     Short,
-    /// The store holds the prompt's blocks but for fewer tokens than the threshold: decode
-    /// loads them (its connector looks every prompt up) and computes the rest.
+    /// The store (or a decode worker's memory) holds the prompt's blocks but for fewer tokens
+    /// than the threshold: decode loads them (its connector looks every prompt up) and
+    /// computes the rest.
     Stored,
 }
 
@@ -56,7 +55,7 @@ impl Skip {
 /// router's index of the store says, `store_index.rs`) are fewer than the threshold. A
 /// threshold of 0 sends every single prompt through prefill; a prompt the router cannot read or
 /// count goes through prefill, which judges it.
-pub async fn route(app: &App, req: &ClientRequest, headers: &HeaderMap) -> Route {
+pub async fn route(app: &App, req: &ClientRequest, headers: &HeaderMap, prompt: &PromptTokens) -> Route {
     let size = req.prompt_size();
     let threshold = app.config.disaggregation_threshold_tokens;
     match size {
@@ -67,79 +66,47 @@ pub async fn route(app: &App, req: &ClientRequest, headers: &HeaderMap) -> Route
         PromptSize::AtMost(n) | PromptSize::Tokens(n) if n < threshold => return Route::Decode(Skip::Short),
         _ => {}
     }
-    let predicts = store_index::read(&app.store, |i| i.block_size() > 0 && i.has_namespaces());
-    let tokens = match size {
-        PromptSize::Tokens(_) if !predicts => return Route::Prefill,
-        PromptSize::Tokens(_) => req.prompt_token_ids(),
-        _ => match tokenize(app, req, headers).await {
-            // a tokenizer that does not answer leaves the prompt long: prefill judges it
-            None => return Route::Prefill,
-            Some(t) if t.count < threshold => return Route::Decode(Skip::Short),
-            Some(t) => t.tokens,
-        },
+    let predicts = store_index::read(&app.store, |i| i.block_size() > 0 && i.has_namespaces())
+        || placement::any_memory(app, &[Kind::Decode]);
+    if matches!(size, PromptSize::Tokens(_)) && !predicts {
+        return Route::Prefill;
+    }
+    let tokens = match prompt.get(app, req, headers).await {
+        // a tokenizer that does not answer leaves the prompt long: prefill judges it
+        None => return Route::Prefill,
+        Some(t) if t.count < threshold => return Route::Decode(Skip::Short),
+        Some(t) => t.tokens.as_deref(),
     };
     match tokens {
-        Some(tokens) if predicts => stored_route(app, req, &tokens, threshold),
+        Some(tokens) if predicts => held_route(app, req, tokens, threshold),
         _ => Route::Prefill,
     }
 }
 
-/// [`route`] for a long prompt of `tokens`, by what the store holds of it.
-fn stored_route(app: &App, req: &ClientRequest, tokens: &[i64], threshold: u64) -> Route {
-    let (blocks, block_size) = store_index::read(&app.store, |i| {
-        (i.stored_blocks(&req.model, req.cache_salt(), tokens), i.block_size())
-    });
-    // the engine computes at least the prompt's last token itself (as the connector counts)
-    let loadable = tokens.len().saturating_sub(1) / block_size;
-    let held = (blocks.min(loadable) * block_size) as u64;
-    let missing = tokens.len() as u64 - held;
-    tracing::debug!(tokens = tokens.len(), held, missing, "the store's part of the prompt");
+/// [`route`] for a long prompt of `tokens`, by what the store and the decode workers' memory
+/// hold of it.
+fn held_route(app: &App, req: &ClientRequest, tokens: &[i64], threshold: u64) -> Route {
+    let stored = placement::store_hit_tokens(app, req, tokens);
+    let remembered = app
+        .pool
+        .workers(Kind::Decode)
+        .iter()
+        .filter(|w| w.is_healthy())
+        .map(|w| placement::engine_hit_tokens(app, req, w, tokens))
+        .max()
+        .unwrap_or(0);
+    let missing = tokens.len() as u64 - stored.max(remembered);
+    tracing::debug!(
+        tokens = tokens.len(),
+        stored,
+        remembered,
+        missing,
+        "what is held of the prompt"
+    );
     if missing < threshold {
         Route::Decode(Skip::Stored)
     } else {
         Route::Prefill
-    }
-}
-
-/// A prompt as a decode worker's vLLM `POST /tokenize` reads it.
-struct Tokenized {
-    count: u64,
-    /// the token ids, when the answer carries them (vLLM's does)
-    tokens: Option<Vec<i64>>,
-}
-
-/// The prompt's tokens from a decode worker's vLLM `POST /tokenize`.
-async fn tokenize(app: &App, req: &ClientRequest, headers: &HeaderMap) -> Option<Tokenized> {
-    let body = req.tokenize_body()?;
-    let worker = app.pool.pick(&[Kind::Decode, Kind::Server], &[])?;
-    let call = async {
-        let response = app
-            .upstream
-            .send(Method::POST, &worker.url, "/tokenize", headers, body)
-            .await
-            .map_err(|e| e.to_string())?;
-        let (status, bytes) = upstream::read_body(response, 16 << 20).await?;
-        if !status.is_success() {
-            return Err(format!("answered {status}"));
-        }
-        let v: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-        let count = v.get("count").and_then(Value::as_u64).ok_or("no count".to_string())?;
-        let tokens = v.get("tokens").and_then(Value::as_array).and_then(|a| {
-            let ids: Option<Vec<i64>> = a.iter().map(Value::as_i64).collect();
-            ids.filter(|ids| ids.len() as u64 == count)
-        });
-        Ok(Tokenized { count, tokens })
-    };
-    match tokio::time::timeout(TOKENIZE_TIMEOUT, call).await {
-        Ok(Ok(t)) => {
-            tracing::debug!(tokens = t.count, "counted the prompt");
-            Some(t)
-        }
-        Ok(Err(why)) => {
-            tracing::debug!(worker = %worker.url, error = %why, "counting the prompt failed");
-            None
-        }
-        Err(_) => None,
     }
 }
 

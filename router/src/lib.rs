@@ -14,26 +14,33 @@
 //! - [`store_index`]: what the store holds for the router's tenant, followed from its leader;
 //!   [`keys`]: the block keys a replica's connector saves a prompt under;
 //! - [`engine_events`]: vLLM's KV events (what each replica holds in its own memory), read with
-//!   [`msgpack`];
+//!   [`msgpack`], received over [`zmtp`] and kept per replica by [`engine_memory`];
+//! - [`placement`]: the answering worker for a prompt, by what it holds and its load;
+//!   [`tokens`]: the prompt's tokens, found once; [`hits`]: what vLLM reports it reused;
 //! - [`metrics`]: the `kvrouter_*` series; [`error`]: OpenAI-style errors.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod config;
 pub mod engine_events;
+pub mod engine_memory;
 pub mod error;
 pub mod handoff;
 pub mod health;
+pub mod hits;
 pub mod keys;
 pub mod metrics;
 pub mod msgpack;
+pub mod placement;
 pub mod proxy;
 pub mod relay;
 pub mod request;
 pub mod server;
 pub mod store_index;
+pub mod tokens;
 pub mod upstream;
 pub mod workers;
+pub mod zmtp;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,7 +77,7 @@ pub async fn run(config: Config, listener: TcpListener, cancel: CancellationToke
         tokio::spawn(watch.run(app.pool.clone(), tasks.clone()));
     }
     for (i, source) in app.config.workers_dns.iter().enumerate() {
-        let mut watch = DnsWatch::new(i, source.clone());
+        let mut watch = DnsWatch::new(i, source.clone(), app.config.engine_events_ports);
         watch.poll(&app.pool).await;
         tokio::spawn(watch.run(app.pool.clone(), tasks.clone()));
     }

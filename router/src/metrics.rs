@@ -75,6 +75,17 @@ pub struct WorkerLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EngineLabels {
+    pub worker: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub kind: &'static str,
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     pub kind: &'static str,
 }
@@ -109,6 +120,22 @@ pub struct Metrics {
     pub store_connected: Gauge,
     /// event streams opened (the first, then one per failover, restart of the leader or gap)
     pub store_streams: Counter,
+    /// blocks each replica's engine holds in its memory, as its KV events told (`engine_memory`)
+    pub engine_blocks: Family<EngineLabels, Gauge>,
+    /// 1 while the router follows a replica's KV events
+    pub engine_connected: Family<EngineLabels, Gauge>,
+    /// sessions opened to replicas' KV event publishers
+    pub engine_streams: Counter,
+    /// the choice of an answering worker, by kind and why (`placement.rs`)
+    pub decisions: Family<DecisionLabels, Counter>,
+    /// prompt tokens the router predicted the chosen worker would not compute
+    pub predicted_hit_tokens: Counter,
+    /// prompt tokens vLLM reported it did not compute (`cached_tokens`), for answers that said
+    pub reported_hit_tokens: Counter,
+    /// of the predicted tokens, those the report confirmed (the smaller of the two, per answer)
+    pub confirmed_hit_tokens: Counter,
+    /// answers that carried vLLM's `cached_tokens`
+    pub hit_reports: Counter,
 }
 
 impl Metrics {
@@ -130,9 +157,18 @@ impl Metrics {
             store_blocks: Gauge::default(),
             store_connected: Gauge::default(),
             store_streams: Counter::default(),
+            engine_blocks: Family::default(),
+            engine_connected: Family::default(),
+            engine_streams: Counter::default(),
+            decisions: Family::default(),
+            predicted_hit_tokens: Counter::default(),
+            reported_hit_tokens: Counter::default(),
+            confirmed_hit_tokens: Counter::default(),
+            hit_reports: Counter::default(),
         };
         m.register_routing(registry);
         m.register_store(registry);
+        m.register_placement(registry);
         m
     }
 
@@ -205,6 +241,81 @@ impl Metrics {
         );
     }
 
+    /// The series of engine memory and placement (`engine_memory`, `placement.rs`).
+    fn register_placement(&self, registry: &mut Registry) {
+        registry.register(
+            "kvrouter_engine_blocks",
+            "Blocks a replica's engine holds in its own memory, as its KV events told",
+            self.engine_blocks.clone(),
+        );
+        registry.register(
+            "kvrouter_engine_connected",
+            "1 while the router follows a replica's KV events",
+            self.engine_connected.clone(),
+        );
+        registry.register(
+            "kvrouter_engine_event_streams",
+            "Sessions opened to replicas' KV event publishers (one more per reconnection or gap)",
+            self.engine_streams.clone(),
+        );
+        registry.register(
+            "kvrouter_decisions",
+            "Answering workers chosen, by kind and why: engine_memory (most of the prompt in its memory), load (no memory advantage)",
+            self.decisions.clone(),
+        );
+        registry.register(
+            "kvrouter_predicted_hit_tokens",
+            "Prompt tokens the router predicted the chosen worker would not compute (its memory, or the store)",
+            self.predicted_hit_tokens.clone(),
+        );
+        registry.register(
+            "kvrouter_reported_hit_tokens",
+            "Prompt tokens vLLM reported cached (usage.prompt_tokens_details.cached_tokens)",
+            self.reported_hit_tokens.clone(),
+        );
+        registry.register(
+            "kvrouter_confirmed_hit_tokens",
+            "Predicted hit tokens vLLM's report confirmed; over kvrouter_predicted_hit_tokens, the routing precision",
+            self.confirmed_hit_tokens.clone(),
+        );
+        registry.register(
+            "kvrouter_hit_reports",
+            "Answers that reported their cached tokens",
+            self.hit_reports.clone(),
+        );
+    }
+
+    pub fn engine_connected(&self, worker: &str, connected: bool) {
+        let labels = EngineLabels {
+            worker: worker.to_owned(),
+        };
+        self.engine_connected.get_or_create(&labels).set(i64::from(connected));
+    }
+
+    pub fn engine_blocks(&self, worker: &str, blocks: usize) {
+        let labels = EngineLabels {
+            worker: worker.to_owned(),
+        };
+        self.engine_blocks.get_or_create(&labels).set(blocks as i64);
+    }
+
+    /// Removes a worker's engine series (it left the sets).
+    pub fn engine_gone(&self, worker: &str) {
+        let labels = EngineLabels {
+            worker: worker.to_owned(),
+        };
+        self.engine_blocks.remove(&labels);
+        self.engine_connected.remove(&labels);
+    }
+
+    /// Counts what vLLM reported cached for an answer whose worker was predicted to hold
+    /// `predicted` tokens.
+    pub fn hits_reported(&self, predicted: u64, reported: u64) {
+        self.hit_reports.inc();
+        self.reported_hit_tokens.inc_by(reported);
+        self.confirmed_hit_tokens.inc_by(predicted.min(reported));
+    }
+
     pub fn request(&self, endpoint: &'static str, outcome: Outcome) {
         self.requests
             .get_or_create(&RequestLabels {
@@ -270,6 +381,17 @@ mod tests {
         m.store_blocks.set(3);
         m.store_connected.set(1);
         m.store_streams.inc();
+        m.engine_blocks("http://10.0.0.1:8000", 5);
+        m.engine_connected("http://10.0.0.1:8000", true);
+        m.engine_streams.inc();
+        m.decisions
+            .get_or_create(&DecisionLabels {
+                kind: "server",
+                reason: "engine_memory",
+            })
+            .inc();
+        m.predicted_hit_tokens.inc_by(64);
+        m.hits_reported(64, 48);
         let text = encode(&registry);
         for line in [
             "kvrouter_requests_total{endpoint=\"completions\",outcome=\"ok\"} 1",
@@ -285,6 +407,14 @@ mod tests {
             "kvrouter_store_blocks 3",
             "kvrouter_store_connected 1",
             "kvrouter_store_streams_total 1",
+            "kvrouter_engine_blocks{worker=\"http://10.0.0.1:8000\"} 5",
+            "kvrouter_engine_connected{worker=\"http://10.0.0.1:8000\"} 1",
+            "kvrouter_engine_event_streams_total 1",
+            "kvrouter_decisions_total{kind=\"server\",reason=\"engine_memory\"} 1",
+            "kvrouter_predicted_hit_tokens_total 64",
+            "kvrouter_reported_hit_tokens_total 48",
+            "kvrouter_confirmed_hit_tokens_total 48",
+            "kvrouter_hit_reports_total 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
         }

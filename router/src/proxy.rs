@@ -19,9 +19,11 @@ use tracing::Instrument;
 use crate::error::ApiError;
 use crate::handoff;
 use crate::metrics::Outcome;
+use crate::placement;
 use crate::relay::{Relay, RelayParts, Tally};
 use crate::request::{ClientRequest, Endpoint};
 use crate::server::App;
+use crate::tokens::PromptTokens;
 use crate::upstream;
 use crate::workers::{InFlight, Kind};
 
@@ -55,6 +57,7 @@ pub async fn handle(app: Arc<App>, endpoint: Endpoint, request: Request) -> Resp
                 streamed,
                 start,
                 success,
+                predicted_hit_tokens: answer.predicted_hit_tokens,
             };
             let relay = Relay::new(answer.first, answer.rest, parts);
             Response::from_parts(answer.head, Body::new(relay))
@@ -82,6 +85,8 @@ struct Answer {
     first: Option<http_body::Frame<Bytes>>,
     rest: hyper::body::Incoming,
     inflight: InFlight,
+    /// prompt tokens the worker was expected not to compute
+    predicted_hit_tokens: Option<u64>,
 }
 
 /// Reads the client's body: 413 past `limit` (at once when Content-Length says so).
@@ -107,8 +112,9 @@ async fn route(app: &Arc<App>, req: ClientRequest, headers: HeaderMap) -> Result
     if !ANSWERING.iter().any(|k| app.pool.has(*k)) {
         return Err(ApiError::NoWorker("decode or server"));
     }
+    let prompt = PromptTokens::default();
     let params = if app.pool.has(Kind::Prefill) {
-        match handoff::route(app, &req, &headers).await {
+        match handoff::route(app, &req, &headers, &prompt).await {
             handoff::Route::Prefill => handoff::prefill(app, &req, &headers).await,
             handoff::Route::Decode(skip) => {
                 app.metrics.prefill_skipped(skip);
@@ -118,10 +124,18 @@ async fn route(app: &Arc<App>, req: ClientRequest, headers: HeaderMap) -> Result
     } else {
         None
     };
-    decode(app, &req, params.as_ref(), &headers).await
+    // the prompt's tokens let the choice count what each worker's engine holds
+    let tokens = match prompt.known() {
+        Some(t) => Some(t),
+        None if placement::any_memory(app, &ANSWERING) => {
+            prompt.get(app, &req, &headers).await.and_then(|t| t.tokens.as_deref())
+        }
+        None => None,
+    };
+    decode(app, &req, params.as_ref(), &headers, tokens).await
 }
 
-/// Sends the request to the least-loaded answering worker; one that fails before the first byte
+/// Sends the request to the answering worker [`placement::choose`] picks; one that fails before the first byte
 /// of its answer (no connection, a 5xx while another worker is left, a body that breaks at once)
 /// is replaced by the next.
 async fn decode(
@@ -129,6 +143,7 @@ async fn decode(
     req: &ClientRequest,
     params: Option<&Value>,
     headers: &HeaderMap,
+    tokens: Option<&[i64]>,
 ) -> Result<Answer, ApiError> {
     let body = req.decode_body(params);
     let mut tried: Vec<Arc<str>> = Vec::new();
@@ -136,13 +151,14 @@ async fn decode(
     // the kind of the worker that failed last: the retry's label
     let mut failed_kind: Option<Kind> = None;
     loop {
-        let Some(worker) = app.pool.pick(&ANSWERING, &tried) else {
+        let Some(placement) = placement::choose(app, req, &ANSWERING, &tried, tokens) else {
             return Err(if tried.is_empty() {
                 ApiError::NoWorker("decode or server")
             } else {
                 ApiError::Upstream(last_failure)
             });
         };
+        let worker = placement.worker;
         if let Some((previous, kind)) = tried.last().zip(failed_kind) {
             tracing::info!(failed = %previous, next = %worker.url, "retrying on another worker");
             app.metrics.retry(kind.label());
@@ -187,6 +203,7 @@ async fn decode(
             first,
             rest,
             inflight,
+            predicted_hit_tokens: placement.predicted_hit_tokens,
         });
     }
 }

@@ -14,6 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
+use crate::hits::HitScan;
 use crate::metrics::{Metrics, Outcome};
 use crate::workers::InFlight;
 
@@ -72,6 +73,8 @@ pub struct Relay {
     timing: Option<Timing>,
     metrics: Metrics,
     finished: bool,
+    /// the prediction and the scan for vLLM's report of it
+    hits: Option<(u64, HitScan)>,
     _inflight: InFlight,
 }
 
@@ -87,6 +90,9 @@ pub struct RelayParts {
     pub start: Instant,
     /// The engine's status was 2xx.
     pub success: bool,
+    /// Prompt tokens the worker was predicted not to compute (`placement.rs`): checked against
+    /// what vLLM reports.
+    pub predicted_hit_tokens: Option<u64>,
 }
 
 impl Relay {
@@ -111,6 +117,10 @@ impl Relay {
             }),
             metrics: parts.metrics,
             finished: false,
+            hits: parts
+                .predicted_hit_tokens
+                .filter(|_| parts.success)
+                .map(|p| (p, HitScan::default())),
             _inflight: parts.inflight,
         };
         if let Some(f) = &first {
@@ -121,6 +131,9 @@ impl Relay {
     }
 
     fn observe(&mut self, frame: &Frame<Bytes>) {
+        if let (Some((_, scan)), Some(data)) = (self.hits.as_mut(), frame.data_ref()) {
+            scan.feed(data);
+        }
         let (Some(t), Some(data)) = (self.timing.as_mut(), frame.data_ref()) else {
             return;
         };
@@ -147,6 +160,13 @@ impl Relay {
 
     fn end(&mut self, outcome: Outcome) {
         self.finished = true;
+        if outcome == Outcome::Ok
+            && let Some((predicted, scan)) = &self.hits
+            && let Some(reported) = scan.cached_tokens()
+        {
+            tracing::debug!(predicted, reported, "hit tokens");
+            self.metrics.hits_reported(*predicted, reported);
+        }
         if outcome == Outcome::Ok
             && let Some(Timing {
                 first: Some(first),

@@ -9,7 +9,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{Pool, Source, WorkerSets};
-use crate::config::DnsSource;
+use crate::config::{DnsSource, EventPorts};
+use crate::engine_memory::follow::Publisher;
 
 /// How often the names are resolved.
 pub const POLL: Duration = Duration::from_secs(1);
@@ -19,14 +20,17 @@ pub const POLL: Duration = Duration::from_secs(1);
 pub struct DnsWatch {
     index: usize,
     source: DnsSource,
+    /// `--engine-events-ports`: where every resolved worker publishes its KV events
+    events: Option<EventPorts>,
     last_error: Option<String>,
 }
 
 impl DnsWatch {
-    pub fn new(index: usize, source: DnsSource) -> Self {
+    pub fn new(index: usize, source: DnsSource, events: Option<EventPorts>) -> Self {
         Self {
             index,
             source,
+            events,
             last_error: None,
         }
     }
@@ -38,7 +42,7 @@ impl DnsWatch {
         match lookup {
             Ok(Ok(addrs)) => {
                 self.last_error = None;
-                pool.set_source(Source::Dns(self.index), sets(&self.source, addrs));
+                pool.set_source(Source::Dns(self.index), sets(&self.source, self.events, addrs));
             }
             Ok(Err(e)) => self.refused(e.to_string()),
             Err(_) => self.refused("no answer within 5 s".into()),
@@ -65,11 +69,23 @@ impl DnsWatch {
 }
 
 /// The workers a resolution names, sorted so that the same answer is the same set.
-fn sets(source: &DnsSource, addrs: impl Iterator<Item = SocketAddr>) -> WorkerSets {
-    let mut urls: Vec<String> = addrs.map(|a| format!("http://{a}")).collect();
-    urls.sort();
-    urls.dedup();
+fn sets(source: &DnsSource, events: Option<EventPorts>, addrs: impl Iterator<Item = SocketAddr>) -> WorkerSets {
+    let mut addrs: Vec<SocketAddr> = addrs.collect();
+    addrs.sort();
+    addrs.dedup();
     let mut s = WorkerSets::default();
+    let at = |a: &SocketAddr, port: u16| format!("tcp://{}", SocketAddr::new(a.ip(), port));
+    for a in &addrs {
+        if let Some(ports) = events {
+            let publisher = Publisher {
+                events: at(a, ports.events),
+                replay: ports.replay.map(|p| at(a, p)),
+            };
+            s.set_publisher(format!("http://{a}"), publisher);
+        }
+    }
+    let mut urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+    urls.sort();
     s.set(source.kind, urls);
     s
 }
@@ -90,9 +106,22 @@ mod tests {
             "[fd00::1]:8000".parse().unwrap(),
             "10.0.0.2:8000".parse().unwrap(),
         ];
-        let s = sets(&src, addrs.into_iter());
+        let s = sets(&src, None, addrs.clone().into_iter());
         assert_eq!(s.get(Kind::Decode), ["http://10.0.0.2:8000", "http://[fd00::1]:8000"]);
         assert!(s.get(Kind::Prefill).is_empty());
+        assert_eq!(s.publisher("http://10.0.0.2:8000"), None);
+        let ports = EventPorts {
+            events: 5557,
+            replay: Some(5558),
+        };
+        let s = sets(&src, Some(ports), addrs.into_iter());
+        assert_eq!(
+            s.publisher("http://[fd00::1]:8000"),
+            Some(&Publisher {
+                events: "tcp://[fd00::1]:5557".into(),
+                replay: Some("tcp://[fd00::1]:5558".into())
+            })
+        );
     }
 
     #[tokio::test]
@@ -104,6 +133,7 @@ mod tests {
                 kind: Kind::Prefill,
                 target: "127.0.0.1:9".into(),
             },
+            None,
         );
         w.poll(&pool).await;
         let ws = pool.workers(Kind::Prefill);

@@ -1,5 +1,7 @@
-//! `--workers-file`: `{"server":[url...],"prefill":[url...],"decode":[url...]}` (a missing kind
-//! has no workers), written atomically by the local runtime. Read every 250 ms and applied when
+//! `--workers-file`: `{"server":[worker...],"prefill":[worker...],"decode":[worker...]}` (a
+//! missing kind has no workers), each worker its base URL, or `{"url": URL, "events":
+//! "tcp://HOST:PORT", "replay": "tcp://HOST:PORT"}` for one that publishes its KV events
+//! (`ipc:///PATH` too; `replay` optional); written atomically by the local runtime. Read every 250 ms and applied when
 //! its bytes change; a file that cannot be read or parsed keeps the last good set, and says why
 //! once per distinct problem.
 
@@ -12,6 +14,8 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
 use super::{Kind, Pool, Source, WorkerSets};
+use crate::engine_memory::follow::Publisher;
+use crate::zmtp::address;
 
 /// How often the file is read.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -31,11 +35,23 @@ pub enum FileError {
 #[derive(Debug, Deserialize)]
 struct Format {
     #[serde(default)]
-    server: Vec<String>,
+    server: Vec<Entry>,
     #[serde(default)]
-    prefill: Vec<String>,
+    prefill: Vec<Entry>,
     #[serde(default)]
-    decode: Vec<String>,
+    decode: Vec<Entry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Entry {
+    Url(String),
+    Publishing {
+        url: String,
+        events: String,
+        #[serde(default)]
+        replay: Option<String>,
+    },
 }
 
 /// Reads a workers file's content.
@@ -48,12 +64,23 @@ pub fn parse(bytes: &[u8]) -> Result<WorkerSets, FileError> {
         (Kind::Decode, f.decode),
     ] {
         let mut out: Vec<String> = Vec::with_capacity(urls.len());
-        for url in urls {
-            let n = normalize_url(&url).map_err(|why| FileError::Url {
+        for entry in urls {
+            let (url, publisher) = match entry {
+                Entry::Url(url) => (url, None),
+                Entry::Publishing { url, events, replay } => (url, Some(Publisher { events, replay })),
+            };
+            let refuse = |why: String| FileError::Url {
                 kind: kind.label(),
                 url: url.clone(),
                 why,
-            })?;
+            };
+            let n = normalize_url(&url).map_err(refuse)?;
+            if let Some(p) = publisher {
+                for e in std::iter::once(&p.events).chain(&p.replay) {
+                    address(e).map_err(|e| refuse(e.to_string()))?;
+                }
+                sets.set_publisher(n.clone(), p);
+            }
             if !out.contains(&n) {
                 out.push(n);
             }
@@ -148,6 +175,16 @@ mod tests {
         assert_eq!(s.get(Kind::Prefill), ["http://10.0.0.1:8000"]);
         assert_eq!(s.get(Kind::Decode), ["http://10.0.0.2:8000"], "duplicates collapse");
         assert_eq!(parse(b"{}").unwrap(), WorkerSets::default());
+        let s = parse(br#"{"server":[{"url":"http://a:1","events":"tcp://a:2","replay":"tcp://a:3"},{"url":"http://b:1","events":"tcp://b:2"},"http://c:1"]}"#)
+            .unwrap();
+        assert_eq!(s.get(Kind::Server), ["http://a:1", "http://b:1", "http://c:1"]);
+        let p = |e: &str, r: Option<&str>| Publisher {
+            events: e.into(),
+            replay: r.map(Into::into),
+        };
+        assert_eq!(s.publisher("http://a:1"), Some(&p("tcp://a:2", Some("tcp://a:3"))));
+        assert_eq!(s.publisher("http://b:1"), Some(&p("tcp://b:2", None)));
+        assert_eq!(s.publisher("http://c:1"), None);
     }
 
     #[test]
@@ -161,6 +198,9 @@ mod tests {
             br#"{"server":["a:1"]}"#,
             br#"{"server":["http://a:1/v1"]}"#,
             br#"{"server":["http://u:p@a:1"]}"#,
+            br#"{"server":[{"url":"http://a:1"}]}"#,
+            br#"{"server":[{"url":"http://a:1","events":"http://a:2"}]}"#,
+            br#"{"server":[{"url":"http://a:1","events":"tcp://a:2","replay":"tcp://a"}]}"#,
             b"",
         ] {
             assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));

@@ -13,7 +13,9 @@ use std::sync::{Arc, RwLock};
 
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::engine_memory::{self, follow::Publisher};
 use crate::metrics::{Metrics, StateLabels, WorkerLabels};
 
 /// A worker's role.
@@ -44,17 +46,29 @@ impl Kind {
     }
 }
 
-/// Worker URLs per kind, as one source gives them.
+/// Worker URLs per kind, as one source gives them, with where each publishes its KV events.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WorkerSets([Vec<String>; 3]);
+pub struct WorkerSets {
+    urls: [Vec<String>; 3],
+    publishers: BTreeMap<String, Publisher>,
+}
 
 impl WorkerSets {
     pub fn get(&self, kind: Kind) -> &[String] {
-        &self.0[kind.index()]
+        &self.urls[kind.index()]
     }
 
     pub fn set(&mut self, kind: Kind, urls: Vec<String>) {
-        self.0[kind.index()] = urls;
+        self.urls[kind.index()] = urls;
+    }
+
+    /// Where the worker at `url` publishes its KV events.
+    pub fn publisher(&self, url: &str) -> Option<&Publisher> {
+        self.publishers.get(url)
+    }
+
+    pub fn set_publisher(&mut self, url: String, publisher: Publisher) {
+        self.publishers.insert(url, publisher);
     }
 }
 
@@ -66,15 +80,20 @@ pub enum Source {
     Dns(usize),
 }
 
-/// One worker: an engine's base URL (`http://host:port`), its health and its load.
+/// One worker: an engine's base URL (`http://host:port`), its health, its load and, when it
+/// publishes KV events, what its engine holds in memory (followed while the worker lives).
 #[derive(Debug)]
 pub struct Worker {
     pub kind: Kind,
     pub url: Arc<str>,
+    pub publisher: Option<Publisher>,
+    pub memory: engine_memory::follow::Shared,
     healthy: AtomicBool,
     failures: AtomicU32,
     inflight: AtomicUsize,
     gauge: Gauge,
+    /// stops following the publisher when the worker is dropped
+    _follow: Option<DropGuard>,
 }
 
 impl Worker {
@@ -173,32 +192,37 @@ impl Pool {
             }
             state.sources.insert(source, sets);
             for kind in Kind::ALL {
-                let mut urls: Vec<&String> = Vec::new();
+                let mut urls: Vec<(&String, Option<&Publisher>)> = Vec::new();
                 for s in state.sources.values() {
                     for u in s.get(kind) {
-                        if !urls.contains(&u) {
-                            urls.push(u);
+                        if !urls.iter().any(|(v, _)| *v == u) {
+                            let publisher = state.sources.values().find_map(|s| s.publisher(u));
+                            urls.push((u, publisher));
                         }
                     }
                 }
                 let old = &state.workers[kind.index()];
                 let mut next = Vec::with_capacity(urls.len());
                 let mut added = Vec::new();
-                for url in urls {
-                    match old.iter().find(|w| &*w.url == url.as_str()) {
+                for (url, publisher) in urls {
+                    match old
+                        .iter()
+                        .find(|w| &*w.url == url.as_str() && w.publisher.as_ref() == publisher)
+                    {
                         Some(w) => next.push(w.clone()),
                         None => {
                             added.push(url.clone());
-                            next.push(Arc::new(self.new_worker(kind, url)));
+                            next.push(Arc::new(self.new_worker(kind, url, publisher.cloned())));
                         }
                     }
                 }
                 let removed: Vec<Arc<Worker>> = old
                     .iter()
-                    .filter(|w| !next.iter().any(|n| n.url == w.url))
+                    .filter(|w| !next.iter().any(|n| Arc::ptr_eq(n, w)))
                     .cloned()
                     .collect();
-                for w in &removed {
+                // a worker replaced under its URL (its publisher changed) keeps its series
+                for w in removed.iter().filter(|w| !next.iter().any(|n| n.url == w.url)) {
                     self.metrics.inflight.remove(&WorkerLabels {
                         kind: kind.label(),
                         worker: w.url.to_string(),
@@ -224,7 +248,7 @@ impl Pool {
         }
     }
 
-    fn new_worker(&self, kind: Kind, url: &str) -> Worker {
+    fn new_worker(&self, kind: Kind, url: &str, publisher: Option<Publisher>) -> Worker {
         let gauge = self
             .metrics
             .inflight
@@ -233,13 +257,33 @@ impl Pool {
                 worker: url.to_string(),
             })
             .clone();
+        let url: Arc<str> = Arc::from(url);
+        let memory = engine_memory::follow::Shared::default();
+        let follow = match (&publisher, tokio::runtime::Handle::try_current()) {
+            (Some(p), Ok(runtime)) => {
+                let cancel = CancellationToken::new();
+                let task = engine_memory::follow::follow(
+                    p.clone(),
+                    url.clone(),
+                    memory.clone(),
+                    self.metrics.clone(),
+                    cancel.clone(),
+                );
+                runtime.spawn(task);
+                Some(cancel.drop_guard())
+            }
+            _ => None,
+        };
         Worker {
             kind,
-            url: Arc::from(url),
+            url,
+            publisher,
+            memory,
             healthy: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             inflight: AtomicUsize::new(0),
             gauge,
+            _follow: follow,
         }
     }
 

@@ -25,6 +25,13 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// Where the round robin among `kind`'s workers stands.
+    pub fn next(&self, kind: Kind) -> &std::sync::atomic::AtomicUsize {
+        &self.next[kind.index()]
+    }
+}
+
 /// The first worker with the fewest outstanding requests, looking from `start` (mod the length)
 /// round the list.
 fn least_loaded(candidates: &[Arc<Worker>], start: usize) -> Option<&Arc<Worker>> {
