@@ -158,6 +158,16 @@ impl Relay {
         }
     }
 
+    /// Ends the relay with the frame just passed when the engine's body says it was the last:
+    /// an answer of known length (a JSON one) is not polled again once whole, so its end would
+    /// otherwise never be seen and the request counted as cancelled.
+    fn end_if_whole(&mut self) {
+        if self.rest.is_end_stream() {
+            let outcome = self.end_outcome;
+            self.end(outcome);
+        }
+    }
+
     fn end(&mut self, outcome: Outcome) {
         self.finished = true;
         if outcome == Outcome::Ok
@@ -200,6 +210,7 @@ impl Body for Relay {
             return Poll::Ready(None);
         }
         if let Some(frame) = this.first.take() {
+            this.end_if_whole();
             return Poll::Ready(Some(Ok(frame)));
         }
         if this.deadline.as_mut().poll(cx).is_ready() {
@@ -210,6 +221,7 @@ impl Body for Relay {
         match ready!(Pin::new(&mut this.rest).poll_frame(cx)) {
             Some(Ok(frame)) => {
                 this.observe(&frame);
+                this.end_if_whole();
                 Poll::Ready(Some(Ok(frame)))
             }
             Some(Err(e)) => {

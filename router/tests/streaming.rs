@@ -60,6 +60,18 @@ async fn json_answers_and_models_pass_through() {
         json!(null),
         "no prefill workers: no handoff"
     );
+    // an answer of known length, read whole: counted as completed, not as cancelled
+    let ok = "kvrouter_requests_total{endpoint=\"completions\",outcome=\"ok\"}";
+    eventually_async(Duration::from_secs(5), "the JSON answer counted ok", || async {
+        router.metric(ok).await == 1.0
+    })
+    .await;
+    assert_eq!(
+        router
+            .metric("kvrouter_requests_total{endpoint=\"completions\",outcome=\"cancelled\"}")
+            .await,
+        0.0
+    );
     let (status, body) = common::call(router.addr, "GET", "/v1/models", "").await;
     assert_eq!(status, 200);
     let models: serde_json::Value = serde_json::from_slice(&body).unwrap();
