@@ -1,15 +1,20 @@
 //! Choosing the answering worker for a prompt (issue 42): the healthy worker with the least to
-//! do, counted in prompt tokens,
+//! do, counted in eighths of a prompt token computed,
 //!
 //! ```text
-//! cost(w) = prompt tokens − hit(w) + --load-weight-tokens × outstanding(w)
-//! hit(w)  = max(what w's engine holds in memory, what the store holds)   (leading tokens)
+//! cost(w) = 8 × (prompt tokens − hit(w))              the tokens it computes
+//!         + (hit(w) − memory(w))                      the tokens it loads from the store
+//!         + 8 × --load-weight-tokens × outstanding(w)
+//! memory(w) = leading prompt tokens w's engine holds in memory
+//! hit(w)    = max(memory(w), leading prompt tokens the store holds)
 //! ```
 //!
-//! ties going round robin. A worker's memory is what its KV events told (`engine_memory`); the
-//! store's part is the same for every worker (each replica's connector loads it), so it only
-//! shapes the prediction. Without the prompt's tokens, or when no candidate's engine holds
-//! anything, the choice is by load alone (`kvrouter_decisions_total{reason="load"}`).
+//! ties going round robin. A token already in an engine's memory costs nothing; one loaded from
+//! the store costs an eighth of computing it (our vLLM replicas load a shared prefix at 3% of
+//! recomputing it on this machine's CPUs; a GPU computes faster next to the same transfer, so
+//! the weight is kept conservative). A worker's memory is what its KV events told
+//! (`engine_memory`). Without the prompt's tokens, or when no candidate's engine holds anything,
+//! the choice is by load alone (`kvrouter_decisions_total{reason="load"}`).
 //!
 //! Hits are counted as vLLM counts them: whole blocks, and never the prompt's last token (the
 //! engine computes at least that one).
@@ -59,20 +64,31 @@ pub struct Candidate {
     pub outstanding: u64,
 }
 
+/// What a loaded token costs against a computed one, as its denominator.
+const COMPUTED_OVER_LOADED: u64 = 8;
+
 /// The index of the candidate to choose among `candidates` (non-empty), looking from `start`
 /// round the list for ties, and why.
 pub fn decide(candidates: &[Candidate], prompt: u64, stored: u64, weight: u64, start: usize) -> (usize, Reason) {
     let n = candidates.len();
     let cost = |c: &Candidate| {
-        prompt
-            .saturating_sub(c.memory.max(stored))
-            .saturating_add(weight.saturating_mul(c.outstanding))
+        let hit = c.memory.max(stored).min(prompt);
+        let computed = prompt - hit;
+        let loaded = hit - c.memory.min(hit);
+        computed
+            .saturating_mul(COMPUTED_OVER_LOADED)
+            .saturating_add(loaded)
+            .saturating_add(
+                weight
+                    .saturating_mul(c.outstanding)
+                    .saturating_mul(COMPUTED_OVER_LOADED),
+            )
     };
     let chosen = (0..n)
         .map(|i| (start + i) % n.max(1))
         .min_by_key(|i| cost(&candidates[*i]))
         .unwrap_or(0);
-    let reason = if candidates.get(chosen).is_some_and(|c| c.memory > stored) {
+    let reason = if candidates.get(chosen).is_some_and(|c| c.memory > 0) {
         Reason::EngineMemory
     } else {
         Reason::Load

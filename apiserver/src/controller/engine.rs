@@ -1,7 +1,8 @@
 //! The real engine's container for a role's replicas:
 //! its image (the role's, else the runner image of the engine, version and instance type), the
 //! engine's base command, and the command line in this order: the model, the injected
-//! connector flags and `--kv-cache-dtype`, the role's `extraArgs`, then `--host 0.0.0.0` and
+//! connector flags and `--kv-cache-dtype`, for vLLM behind a router its KV events and its
+//! report of cached tokens ([`routed_args`]), the role's `extraArgs`, then `--host 0.0.0.0` and
 //! `--port` unless the role passed them. A Kubernetes runtime renders it; the local runtime runs
 //! the engine simulator instead.
 
@@ -11,7 +12,7 @@ use kvcache_api::model_deployment::{EngineName, ModelDeployment, PortProtocol, R
 
 use super::injection::Injected;
 use crate::config::InstanceType;
-use crate::runtime::EngineContainer;
+use crate::runtime::{ENGINE_EVENTS_PORT, ENGINE_REPLAY_PORT, EngineContainer};
 
 /// The port each engine serves on when the role declares none.
 pub fn default_port(engine: EngineName) -> u16 {
@@ -72,13 +73,39 @@ fn image(obj: &ModelDeployment, role: &Role, engine: EngineName, it: Option<&Ins
     }
 }
 
-/// The container of `role`'s replicas with `injected`.
+/// What a vLLM replica behind the router runs with, so that the router can place requests by
+/// what its engine holds: its KV events published on [`ENGINE_EVENTS_PORT`] with a replay on
+/// [`ENGINE_REPLAY_PORT`] (the local runtime moves both to Unix sockets of its own), and
+/// `usage.prompt_tokens_details.cached_tokens` in its answers, which the router checks its
+/// predictions against.
+pub fn routed_args(engine: EngineName) -> Vec<String> {
+    match engine {
+        EngineName::Vllm => vec![
+            KV_EVENTS_FLAG.to_owned(),
+            serde_json::json!({
+                "enable_kv_cache_events": true,
+                "publisher": "zmq",
+                "endpoint": format!("tcp://*:{ENGINE_EVENTS_PORT}"),
+                "replay_endpoint": format!("tcp://*:{ENGINE_REPLAY_PORT}"),
+            })
+            .to_string(),
+            "--enable-prompt-tokens-details".to_owned(),
+        ],
+        EngineName::Sglang => Vec::new(),
+    }
+}
+
+/// vLLM's flag of its KV event publisher.
+pub const KV_EVENTS_FLAG: &str = "--kv-events-config";
+
+/// The container of `role`'s replicas with `injected`; `routed`: behind the deployment's router.
 pub fn container(
     obj: &ModelDeployment,
     role: &Role,
     engine: EngineName,
     injected: &Injected,
     instance_types: &[InstanceType],
+    routed: bool,
 ) -> EngineContainer {
     let it = role
         .instance_type
@@ -99,6 +126,9 @@ pub fn container(
         ),
     };
     args.extend(injected.args.iter().cloned());
+    if routed {
+        args.extend(routed_args(engine));
+    }
     args.extend(role.extra_args.iter().cloned());
     let passed = |flag: &str| {
         role.extra_args
@@ -183,6 +213,7 @@ mod tests {
             EngineName::Vllm,
             &injected,
             &types(Some("nvidia")),
+            false,
         );
         assert_eq!(c.image.as_deref(), Ok("gpustack/runner:cuda12.9-vllm0.29.0"));
         assert_eq!(c.command, ["vllm", "serve"]);
@@ -205,6 +236,28 @@ mod tests {
             BTreeMap::from([("nvidia.com/gpu".to_owned(), "2".to_owned())])
         );
         assert_eq!(c.grace_seconds, 30);
+
+        // behind a router: the KV events and the cached-token report, before extraArgs
+        let routed = container(
+            &obj,
+            &obj.spec.roles[0],
+            EngineName::Vllm,
+            &injected,
+            &types(Some("nvidia")),
+            true,
+        );
+        assert_eq!(&routed.args[3], KV_EVENTS_FLAG);
+        let events: serde_json::Value = serde_json::from_str(&routed.args[4]).unwrap();
+        assert_eq!(
+            events,
+            serde_json::json!({"enable_kv_cache_events": true, "publisher": "zmq",
+                "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"})
+        );
+        assert_eq!(
+            &routed.args[5..7],
+            ["--enable-prompt-tokens-details", "--max-model-len"]
+        );
+        assert!(routed_args(EngineName::Sglang).is_empty());
     }
 
     #[test]
@@ -222,6 +275,7 @@ mod tests {
             EngineName::Sglang,
             &injected,
             &types(Some("nvidia")),
+            false,
         );
         assert_eq!(c.command, ["python3", "-m", "sglang.launch_server"]);
         assert_eq!(&c.args[..2], ["--model-path", "Qwen/Qwen2.5-7B-Instruct"]);
@@ -239,6 +293,7 @@ mod tests {
             EngineName::Vllm,
             &Injected::default(),
             &types(None),
+            false,
         );
         let why = c.image.unwrap_err();
         assert!(why.contains("set roles[].image"), "{why}");
@@ -256,6 +311,7 @@ mod tests {
             EngineName::Vllm,
             &Injected::default(),
             &types(None),
+            false,
         );
         assert_eq!(c.image.as_deref(), Ok("my/vllm:1"));
     }

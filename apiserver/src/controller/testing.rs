@@ -97,6 +97,7 @@ impl Runtime for FakeRuntime {
                 cache: None,
                 runs: None,
                 url: None,
+                events: None,
             })
             .collect()
     }

@@ -234,7 +234,8 @@ pub struct RouterPlan {
     pub pull_policy: Option<String>,
     pub pull_secrets: Vec<String>,
     /// The flags from the spec: `--model`, `--request-timeout-seconds`,
-    /// `--disaggregation-threshold-tokens` when set, then `extraArgs`.
+    /// `--disaggregation-threshold-tokens` when set, `--engine-events-ports` for vLLM replicas,
+    /// then `extraArgs`.
     pub args: Vec<String>,
     /// Each role it sends requests to, in spec order.
     pub roles: Vec<RouterRole>,
@@ -327,6 +328,21 @@ pub struct EngineContainer {
     pub grace_seconds: i64,
 }
 
+/// Where a routed vLLM replica publishes its KV events in a cluster (`--kv-events-config`'s
+/// `endpoint` and `replay_endpoint` on every interface of its Pod); the router follows them at
+/// each Pod's address (`kv-router --engine-events-ports`).
+pub const ENGINE_EVENTS_PORT: u16 = 5557;
+pub const ENGINE_REPLAY_PORT: u16 = 5558;
+
+/// Where a replica publishes its KV events, when the runtime serves it at addresses of its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventEndpoints {
+    /// the `PUB` socket (`ipc:///path` on one machine)
+    pub events: String,
+    /// the replay socket
+    pub replay: String,
+}
+
 /// What runs of one replica, and the last account it gave of its cache.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReplicaObservation {
@@ -342,6 +358,8 @@ pub struct ReplicaObservation {
     /// local runtime: `http://127.0.0.1:<port>`); `None` in a cluster, where no Service fronts
     /// the replicas yet.
     pub url: Option<String>,
+    /// Where the replica publishes its KV events, when the runtime chose it (the local runtime).
+    pub events: Option<EventEndpoints>,
 }
 
 /// An engine's account of one round of requests.

@@ -331,7 +331,9 @@ pub fn replicas(
     for role in &obj.spec.roles {
         let kind = role.kind.unwrap_or(RoleKind::Server);
         let injected = injection::inject(engine, kind, connection, dtype_owned);
-        let container = crate::controller::engine::container(obj, role, engine, &injected, &config.instance_types);
+        let routed = obj.spec.router.is_some();
+        let container =
+            crate::controller::engine::container(obj, role, engine, &injected, &config.instance_types, routed);
         for i in 0..role.replicas.unwrap_or(1).max(0) {
             let name = format!("{}-{i}", role.name);
             let (mut env, mut engine) = (injected.env.clone(), container.clone());

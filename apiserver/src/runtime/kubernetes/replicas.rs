@@ -146,6 +146,7 @@ fn observation(r: &Replica, state: WorkloadState) -> ReplicaObservation {
         cache: None,
         runs: None,
         url: None,
+        events: None,
     }
 }
 

@@ -17,8 +17,9 @@ use std::path::{Path, PathBuf};
 use kvcache_api::model_deployment::EngineName;
 
 use crate::config::{EngineMode, LocalRuntimeConfig};
-use crate::runtime::PACKAGE_DIR;
+use crate::controller::engine::KV_EVENTS_FLAG;
 use crate::runtime::{EngineContainer, Replica};
+use crate::runtime::{EventEndpoints, PACKAGE_DIR};
 
 /// The simulated engine's workload: a few rounds of prompts, then idle (an engine with no
 /// traffic), so that a settled walkthrough settles.
@@ -48,6 +49,8 @@ pub struct Launch {
     /// Where the replica answers on this machine, `http://127.0.0.1:<port>`: the real engine's
     /// API, or the simulator's `GET /health` (`KVSTORE_LISTEN`). The deployment's endpoint.
     pub url: String,
+    /// Where a real vLLM behind a router publishes its KV events ([`on_unix_sockets`]).
+    pub events: Option<EventEndpoints>,
 }
 
 /// What the server's environment offers a launch (read once per pass; a table test gives its own).
@@ -74,7 +77,8 @@ impl Host {
 }
 
 /// The launch of replica `r`, whose environment so far (injection, role, credential) is `env`;
-/// a real engine listens on `port`.
+/// a real engine listens on `port`, and publishes its KV events (behind a router) in
+/// `events_dir`.
 pub fn launch(
     store_binary: &Path,
     cfg: &LocalRuntimeConfig,
@@ -82,6 +86,7 @@ pub fn launch(
     r: &Replica,
     env: Vec<(String, String)>,
     port: u16,
+    events_dir: &Path,
 ) -> Launch {
     if cfg.engines == EngineMode::Simulated {
         return simulated(store_binary, env, None, port);
@@ -100,7 +105,8 @@ pub fn launch(
     let mut args = vec!["--exit-with-stdin".into(), "exec".into(), "--".into()];
     args.push(program.display().to_string());
     args.extend(e.command.iter().skip(1).cloned());
-    args.extend(on_loopback(&e.args, port));
+    let (engine_args, events) = on_unix_sockets(on_loopback(&e.args, port), events_dir, port);
+    args.extend(engine_args);
     let name = match engine {
         EngineName::Vllm => "vLLM",
         EngineName::Sglang => "SGLang",
@@ -113,6 +119,7 @@ pub fn launch(
         health: Some(format!("{url}/health")),
         note: Some(format!("{name} ({}) at {url}", e.command.join(" "))),
         url,
+        events,
     }
 }
 
@@ -138,6 +145,7 @@ fn simulated(store_binary: &Path, env: Vec<(String, String)>, note: Option<Strin
         health: None,
         note,
         url: format!("http://{listen}"),
+        events: None,
     }
 }
 
@@ -211,6 +219,38 @@ fn on_loopback(args: &[String], port: u16) -> Vec<String> {
     }
     out.extend(["--host".into(), "127.0.0.1".into(), "--port".into(), port.to_string()]);
     out
+}
+
+/// `args` with vLLM's KV event publisher (`--kv-events-config`, [`KV_EVENTS_FLAG`]) moved to
+/// Unix sockets in `dir` named by the replica's `port` (one machine's replicas cannot all bind
+/// the same TCP ports, and vLLM binds its events on every interface, where a Unix socket is
+/// reachable by this machine's processes alone), and where they are. A path too long for a
+/// Unix socket drops the publisher: the router then places that replica by load.
+fn on_unix_sockets(args: Vec<String>, dir: &Path, port: u16) -> (Vec<String>, Option<EventEndpoints>) {
+    let Some(at) = args.iter().position(|a| a == KV_EVENTS_FLAG) else {
+        return (args, None);
+    };
+    let Some(mut config) = args
+        .get(at + 1)
+        .and_then(|v| serde_json::from_str::<serde_json::Value>(v).ok())
+    else {
+        return (args, None);
+    };
+    let socket = |what: &str| format!("ipc://{}", dir.join(format!("{port}.{what}")).display());
+    let events = EventEndpoints {
+        events: socket("events"),
+        replay: socket("replay"),
+    };
+    let mut args = args;
+    // sun_path holds 108 bytes with its terminating zero
+    if events.replay.len() - "ipc://".len() >= 108 {
+        args.drain(at..at + 2);
+        return (args, None);
+    }
+    config["endpoint"] = serde_json::json!(events.events);
+    config["replay_endpoint"] = serde_json::json!(events.replay);
+    args[at + 1] = config.to_string();
+    (args, Some(events))
 }
 
 /// `command` itself when it names a file, else the first executable of that name in `dirs`.
@@ -299,6 +339,7 @@ mod tests {
             &r,
             r.env.clone(),
             9,
+            Path::new("/run/ev"),
         );
         assert_eq!(l.args, ["--exit-with-stdin", "engine-sim"]);
         assert_eq!(env_of(&l, "KVSTORE_ROUNDS").as_deref(), Some("3"));
@@ -319,7 +360,15 @@ mod tests {
             path: vec!["/usr/bin".into()],
             passed: vec![("HOME".into(), "/root".into())],
         };
-        let l = launch(Path::new("/kv-store"), &real(&w), &host, &r, r.env.clone(), 41234);
+        let l = launch(
+            Path::new("/kv-store"),
+            &real(&w),
+            &host,
+            &r,
+            r.env.clone(),
+            41234,
+            Path::new("/run/ev"),
+        );
         let vllm = w.bin.join("vllm").display().to_string();
         assert_eq!(
             l.args,
@@ -345,6 +394,52 @@ mod tests {
         assert!(env_of(&l, "KVSTORE_ROUNDS").is_none(), "no simulated workload");
         assert_eq!(l.health.as_deref(), Some("http://127.0.0.1:41234/health"));
         assert_eq!(l.note.as_deref(), Some("vLLM (vllm serve) at http://127.0.0.1:41234"));
+        assert_eq!(l.events, None);
+    }
+
+    #[test]
+    fn a_routed_vllm_publishes_its_kv_events_on_unix_sockets_of_its_own() {
+        let w = world();
+        let model = w.model.to_str().unwrap();
+        let mut args = vec![model.to_owned()];
+        args.extend(crate::controller::engine::routed_args(EngineName::Vllm));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let r = replica(&["vllm", "serve"], &args);
+        let l = launch(
+            Path::new("/kv-store"),
+            &real(&w),
+            &Host::default(),
+            &r,
+            r.env.clone(),
+            41234,
+            Path::new("/run/ev"),
+        );
+        let want = EventEndpoints {
+            events: "ipc:///run/ev/41234.events".into(),
+            replay: "ipc:///run/ev/41234.replay".into(),
+        };
+        assert_eq!(l.events.as_ref(), Some(&want));
+        let at = l.args.iter().position(|a| a == KV_EVENTS_FLAG).unwrap();
+        let config: serde_json::Value = serde_json::from_str(&l.args[at + 1]).unwrap();
+        assert_eq!(config["endpoint"], want.events.as_str());
+        assert_eq!(config["replay_endpoint"], want.replay.as_str());
+        assert_eq!(config["enable_kv_cache_events"], true);
+        assert!(l.args.contains(&"--enable-prompt-tokens-details".to_owned()));
+
+        // a directory too deep for a Unix socket: no publisher, and nothing else lost
+        let deep = format!("/{}", "d".repeat(120));
+        let l = launch(
+            Path::new("/kv-store"),
+            &real(&w),
+            &Host::default(),
+            &r,
+            r.env.clone(),
+            41234,
+            Path::new(&deep),
+        );
+        assert_eq!(l.events, None);
+        assert!(!l.args.iter().any(|a| a == KV_EVENTS_FLAG), "{:?}", l.args);
+        assert!(l.args.contains(&"--enable-prompt-tokens-details".to_owned()));
     }
 
     #[test]
@@ -358,6 +453,7 @@ mod tests {
             &named,
             named.env.clone(),
             9,
+            Path::new("/run/ev"),
         );
         assert_eq!(l.args, ["--exit-with-stdin", "engine-sim"]);
         assert!(l.note.unwrap().contains("is not a local directory"));
@@ -372,6 +468,7 @@ mod tests {
             &sglang,
             sglang.env.clone(),
             9,
+            Path::new("/run/ev"),
         );
         assert!(l.note.unwrap().contains("\"python3\" is not installed"));
     }

@@ -24,7 +24,16 @@ impl LocalRuntime {
                 .entry(format!("{}/{}", plan.owner, r.name))
                 .or_insert_with(|| free_port().port());
             let env = self.replica_env(&plan.owner, r);
-            let launch = engines::launch(&self.opts.store_binary, &config.local_runtime, &host, r, env, port);
+            let events_dir = self.events_dir();
+            let launch = engines::launch(
+                &self.opts.store_binary,
+                &config.local_runtime,
+                &host,
+                r,
+                env,
+                port,
+                &events_dir,
+            );
             let spec = ProcessSpec {
                 program: launch.program,
                 args: launch.args,
@@ -44,6 +53,7 @@ impl LocalRuntime {
                 cache: s.report(),
                 runs: launch.note,
                 url: Some(launch.url),
+                events: launch.events,
             });
             state
                 .replicas
@@ -54,6 +64,16 @@ impl LocalRuntime {
         futures::future::join_all(running.into_values().map(Supervised::stop)).await;
         forget_ports(&mut state, plan);
         out
+    }
+
+    /// Where real engines publish their KV events (Unix sockets named by their ports), made
+    /// when missing.
+    fn events_dir(&self) -> std::path::PathBuf {
+        let dir = self.opts.data_dir.join("runtime").join("kv-events");
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot make the KV events directory");
+        }
+        dir
     }
 
     /// Stops the owner's replicas and forgets their ports.

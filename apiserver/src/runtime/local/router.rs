@@ -6,7 +6,7 @@
 //!
 //! Its workers come from `<data-dir>/runtime/_deployments/<namespace>/<name>/router-workers.json`
 //! (`--workers-file`), `{"server": [...], "prefill": [...], "decode": [...]}` with the URL of every
-//! READY replica of each kind, which the runtime rewrites (a temporary file renamed over it, so
+//! READY replica of each kind (with where it publishes its KV events, when it does), which the runtime rewrites (a temporary file renamed over it, so
 //! the router never reads half a file) at every pass whose replicas changed; the router re-reads
 //! it when it changes. The router is ready while its `GET /health` answers 200, which it does once
 //! a decode or server worker behind it is healthy. Its environment names the store the replicas
@@ -171,12 +171,18 @@ fn router_log(owner: &str) -> Vec<&str> {
 pub fn workers(r: &RouterPlan, replicas: &[ReplicaObservation]) -> serde_json::Value {
     let mut out = serde_json::json!({"server": [], "prefill": [], "decode": []});
     for role in &r.roles {
-        let urls = replicas
+        let entries = replicas
             .iter()
             .filter(|o| o.role == role.role && o.state.running && o.state.ready)
-            .filter_map(|o| o.url.clone());
+            .filter_map(|o| {
+                let url = o.url.clone()?;
+                Some(match &o.events {
+                    Some(e) => serde_json::json!({"url": url, "events": e.events, "replay": e.replay}),
+                    None => serde_json::Value::String(url),
+                })
+            });
         if let Some(list) = out[worker_kind(role.kind)].as_array_mut() {
-            list.extend(urls.map(serde_json::Value::String));
+            list.extend(entries);
         }
     }
     out

@@ -95,6 +95,7 @@ fn a_replica_gets_the_injection_then_its_roles_env_then_its_credential() {
         &replica,
         env,
         8000,
+        std::path::Path::new("/run/ev"),
     );
     let last = |k: &str| launch.env.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     assert_eq!(

@@ -7,7 +7,7 @@ use kvcache_api::conditions::model_deployment::router_ready;
 use kvcache_api::conditions::{self, ConditionStatus, Observation};
 use kvcache_api::model_deployment::{EngineName, RoleKind, RoleStatus};
 
-use crate::runtime::{Replica, RouterObservation, RouterPlan, RouterRole};
+use crate::runtime::{ENGINE_EVENTS_PORT, ENGINE_REPLAY_PORT, Replica, RouterObservation, RouterPlan, RouterRole};
 
 /// The ROLES column: `<n>R` ready router replicas first when a router is declared, then the
 /// ready replicas of each kind in the order the kinds first appear, roles of one kind summed
@@ -141,6 +141,13 @@ pub fn router(obj: &ModelDeployment, replicas: &[Replica], config: &crate::confi
     }
     if let Some(n) = r.disaggregation_threshold_tokens {
         args.extend(["--disaggregation-threshold-tokens".to_owned(), n.to_string()]);
+    }
+    if engine == EngineName::Vllm {
+        // where each replica publishes its KV events (`engine::routed_args`)
+        args.extend([
+            "--engine-events-ports".to_owned(),
+            format!("{ENGINE_EVENTS_PORT},{ENGINE_REPLAY_PORT}"),
+        ]);
     }
     args.extend(r.extra_args.iter().cloned());
     // the first replica of our store (the one that loads our `kvcache` package): every replica

@@ -256,6 +256,7 @@ fn replica(ready: bool, cache: Option<CacheReport>) -> ReplicaObservation {
         cache,
         runs: None,
         url: None,
+        events: None,
     }
 }
 

@@ -296,6 +296,8 @@ fn the_router_the_spec_plans() {
             "30",
             "--disaggregation-threshold-tokens",
             "256",
+            "--engine-events-ports",
+            "5557,5558",
             "--log-level=debug"
         ]
     );
