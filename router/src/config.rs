@@ -42,6 +42,12 @@ pub struct Config {
     #[arg(long, value_name = "PUB[,REPLAY]", value_parser = parse_event_ports)]
     pub engine_events_ports: Option<EventPorts>,
 
+    /// How an answering worker is chosen: `memory` (what its engine holds, then its load; see
+    /// `--load-weight-tokens`), `least-loaded` (the fewest outstanding requests), or
+    /// `round-robin` (in turn, whatever the load): the last two to compare with.
+    #[arg(long, value_enum, default_value_t = Placement::Memory, value_name = "POLICY")]
+    pub placement: Placement,
+
     /// Prompt tokens one outstanding request on a worker weighs against the prompt tokens its
     /// memory would spare: a worker is chosen for the fewest `tokens to compute + weight ×
     /// outstanding requests`.
@@ -100,6 +106,14 @@ pub struct DnsSource {
     pub kind: Kind,
     /// `HOST:PORT`, as `tokio::net::lookup_host` takes it.
     pub target: String,
+}
+
+/// `--placement`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Placement {
+    Memory,
+    LeastLoaded,
+    RoundRobin,
 }
 
 /// `--engine-events-ports`.
@@ -180,6 +194,10 @@ mod tests {
         assert_eq!(c.max_body_bytes, 8 << 20);
         assert_eq!(c.engine_events_ports, None);
         assert_eq!(c.load_weight_tokens, 512);
+        assert_eq!(c.placement, Placement::Memory);
+        let rr = Config::try_parse_from(["kv-router", "--placement", "round-robin"]).unwrap();
+        assert_eq!(rr.placement, Placement::RoundRobin);
+        assert!(Config::try_parse_from(["kv-router", "--placement", "random"]).is_err());
         assert!(Config::try_parse_from(["kv-router", "--request-timeout-seconds", "0"]).is_err());
     }
 }

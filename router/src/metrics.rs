@@ -260,7 +260,7 @@ impl Metrics {
         );
         registry.register(
             "kvrouter_decisions",
-            "Answering workers chosen, by kind and why: engine_memory (most of the prompt in its memory), load (no memory advantage)",
+            "Answering workers chosen, by kind and why: engine_memory (its engine holds part of the prompt), load (no memory advantage), round_robin (--placement round-robin)",
             self.decisions.clone(),
         );
         registry.register(

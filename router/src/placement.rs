@@ -17,11 +17,13 @@
 //! the choice is by load alone (`kvrouter_decisions_total{reason="load"}`).
 //!
 //! Hits are counted as vLLM counts them: whole blocks, and never the prompt's last token (the
-//! engine computes at least that one).
+//! engine computes at least that one). `--placement least-loaded` and `round-robin` choose
+//! without memory (to compare with); what they choose is still predicted and checked.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use crate::config::Placement as Policy;
 use crate::engine_memory::{self, follow};
 use crate::metrics::DecisionLabels;
 use crate::request::ClientRequest;
@@ -36,6 +38,8 @@ pub enum Reason {
     EngineMemory,
     /// No memory advantage: the least loaded.
     Load,
+    /// `--placement round-robin`: in turn.
+    RoundRobin,
 }
 
 impl Reason {
@@ -43,6 +47,7 @@ impl Reason {
         match self {
             Self::EngineMemory => "engine_memory",
             Self::Load => "load",
+            Self::RoundRobin => "round_robin",
         }
     }
 }
@@ -177,7 +182,14 @@ pub fn choose(
         })
         .collect();
     let prompt = tokens.map_or(0, |t| t.len() as u64);
-    let (i, reason) = decide(&candidates, prompt, stored, app.config.load_weight_tokens, start);
+    let (i, reason) = match app.config.placement {
+        Policy::Memory => decide(&candidates, prompt, stored, app.config.load_weight_tokens, start),
+        Policy::LeastLoaded => {
+            let blind: Vec<Candidate> = candidates.iter().map(|c| Candidate { memory: 0, ..*c }).collect();
+            decide(&blind, 0, 0, 1, start)
+        }
+        Policy::RoundRobin => (start % candidates.len(), Reason::RoundRobin),
+    };
     let worker = workers[i].clone();
     let predicted = tokens.map(|_| memory[i].max(stored));
     app.metrics

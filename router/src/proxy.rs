@@ -16,6 +16,7 @@ use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
 use tracing::Instrument;
 
+use crate::config::Placement;
 use crate::error::ApiError;
 use crate::handoff;
 use crate::metrics::Outcome;
@@ -127,7 +128,7 @@ async fn route(app: &Arc<App>, req: ClientRequest, headers: HeaderMap) -> Result
     // the prompt's tokens let the choice count what each worker's engine holds
     let tokens = match prompt.known() {
         Some(t) => Some(t),
-        None if placement::any_memory(app, &ANSWERING) => {
+        None if app.config.placement == Placement::Memory && placement::any_memory(app, &ANSWERING) => {
             prompt.get(app, &req, &headers).await.and_then(|t| t.tokens.as_deref())
         }
         None => None,
