@@ -12,7 +12,7 @@ use kvcache_api::model_deployment::{EngineName, ModelDeployment, PortProtocol, R
 
 use super::injection::Injected;
 use crate::config::InstanceType;
-use crate::runtime::{ENGINE_EVENTS_PORT, ENGINE_REPLAY_PORT, EngineContainer};
+use crate::runtime::{ENGINE_EVENTS_PORT, ENGINE_REPLAY_PORT, EngineContainer, KV_EVENTS_FLAG};
 
 /// The port each engine serves on when the role declares none.
 pub fn default_port(engine: EngineName) -> u16 {
@@ -95,29 +95,16 @@ pub fn routed_args(engine: EngineName) -> Vec<String> {
     }
 }
 
-/// vLLM's flag of its KV event publisher.
-pub const KV_EVENTS_FLAG: &str = "--kv-events-config";
-
-/// The container of `role`'s replicas with `injected`; `routed`: behind the deployment's router.
-pub fn container(
+/// The engine's command and its arguments, in the order the module's doc gives.
+fn command_line(
     obj: &ModelDeployment,
     role: &Role,
     engine: EngineName,
     injected: &Injected,
-    instance_types: &[InstanceType],
+    port: u16,
     routed: bool,
-) -> EngineContainer {
-    let it = role
-        .instance_type
-        .as_deref()
-        .and_then(|n| instance_types.iter().find(|t| t.name == n));
+) -> (Vec<String>, Vec<String>) {
     let model = obj.spec.model.as_ref().map(|m| m.name.clone()).unwrap_or_default();
-    let port = role
-        .ports
-        .iter()
-        .find(|p| p.protocol.unwrap_or(PortProtocol::Tcp) == PortProtocol::Tcp)
-        .and_then(|p| u16::try_from(p.port).ok())
-        .unwrap_or_else(|| default_port(engine));
     let (command, mut args): (Vec<String>, Vec<String>) = match engine {
         EngineName::Vllm => (vec!["vllm".into(), "serve".into()], vec![model]),
         EngineName::Sglang => (
@@ -141,6 +128,29 @@ pub fn container(
     if !passed("--port") {
         args.extend(["--port".into(), port.to_string()]);
     }
+    (command, args)
+}
+
+/// The container of `role`'s replicas with `injected`; `routed`: behind the deployment's router.
+pub fn container(
+    obj: &ModelDeployment,
+    role: &Role,
+    engine: EngineName,
+    injected: &Injected,
+    instance_types: &[InstanceType],
+    routed: bool,
+) -> EngineContainer {
+    let it = role
+        .instance_type
+        .as_deref()
+        .and_then(|n| instance_types.iter().find(|t| t.name == n));
+    let port = role
+        .ports
+        .iter()
+        .find(|p| p.protocol.unwrap_or(PortProtocol::Tcp) == PortProtocol::Tcp)
+        .and_then(|p| u16::try_from(p.port).ok())
+        .unwrap_or_else(|| default_port(engine));
+    let (command, args) = command_line(obj, role, engine, injected, port, routed);
     let mut env = injected.env.clone();
     env.extend(
         role.env
@@ -246,7 +256,7 @@ mod tests {
             &types(Some("nvidia")),
             true,
         );
-        assert_eq!(&routed.args[3], KV_EVENTS_FLAG);
+        assert_eq!(routed.args[3], KV_EVENTS_FLAG);
         let events: serde_json::Value = serde_json::from_str(&routed.args[4]).unwrap();
         assert_eq!(
             events,

@@ -333,6 +333,8 @@ pub struct EngineContainer {
 /// each Pod's address (`kv-router --engine-events-ports`).
 pub const ENGINE_EVENTS_PORT: u16 = 5557;
 pub const ENGINE_REPLAY_PORT: u16 = 5558;
+/// vLLM's flag of its KV event publisher.
+pub const KV_EVENTS_FLAG: &str = "--kv-events-config";
 
 /// Where a replica publishes its KV events, when the runtime serves it at addresses of its own.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,9 +17,8 @@ use std::path::{Path, PathBuf};
 use kvcache_api::model_deployment::EngineName;
 
 use crate::config::{EngineMode, LocalRuntimeConfig};
-use crate::controller::engine::KV_EVENTS_FLAG;
 use crate::runtime::{EngineContainer, Replica};
-use crate::runtime::{EventEndpoints, PACKAGE_DIR};
+use crate::runtime::{EventEndpoints, KV_EVENTS_FLAG, PACKAGE_DIR};
 
 /// The simulated engine's workload: a few rounds of prompts, then idle (an engine with no
 /// traffic), so that a settled walkthrough settles.
@@ -401,10 +400,12 @@ mod tests {
     fn a_routed_vllm_publishes_its_kv_events_on_unix_sockets_of_its_own() {
         let w = world();
         let model = w.model.to_str().unwrap();
-        let mut args = vec![model.to_owned()];
-        args.extend(crate::controller::engine::routed_args(EngineName::Vllm));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let r = replica(&["vllm", "serve"], &args);
+        // as the controllers render a routed replica (`controller::engine::routed_args`)
+        let events = r#"{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}"#;
+        let r = replica(
+            &["vllm", "serve"],
+            &[model, KV_EVENTS_FLAG, events, "--enable-prompt-tokens-details"],
+        );
         let l = launch(
             Path::new("/kv-store"),
             &real(&w),
