@@ -1,11 +1,13 @@
-//! What the router's store-aware decision costs (issue 42): the index of a store holding 10,000
+//! What the router's placement decision costs (issue 42): the index of a store holding 10,000
 //! distinct prompts of 3,000 tokens (blocks of 64: 46 blocks each, 460,000 keys, as the leader's
-//! snapshot delivers them), then requests at 1,000 a second, each a prompt the store holds whole
+//! snapshot delivers them) and three replicas' engine memories holding a third of them each (as
+//! their KV events tell), then requests at 1,000 a second, each a prompt the store holds whole
 //! or one that parts from a held prompt at a random block, while the store's events keep arriving
 //! (a put of a new prompt's blocks between requests). Each decision is the work the router does
 //! for a prompt whose tokens it has: the connector's chain over the prompt's blocks and the
-//! lookups of every key (`Index::stored_blocks`), under the index's lock. Prints p50 and p99;
-//! the goal is a p99 of at most 2 ms.
+//! lookups of every key (`Index::stored_blocks`), under the index's lock, then each replica's
+//! engine chain and lookups, and the choice (`placement::decide`). Prints p50 and p99; the goal
+//! is a p99 of at most 2 ms. `benches/placement.rs` prints it too, before its TTFT runs.
 //!
 //! `cargo bench -p kvcache-router --bench decision` (REQUESTS to change the default 10,000).
 
@@ -14,7 +16,10 @@
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use kvcache_router::engine_events::{BlockHash, EngineEvent};
+use kvcache_router::engine_memory::{self, Memory};
 use kvcache_router::keys;
+use kvcache_router::placement::{self, Candidate};
 use kvcache_router::store_index::{self, Index};
 use kvcache_store::proto::block_event::Event;
 use kvcache_store::proto::{AllBlocksCleared, BlockEvent, BlockStored};
@@ -59,6 +64,32 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 fn main() {
+    measure();
+}
+
+/// Three replicas' engine memories, prompt `p` held by replica `p % 3`.
+fn memories() -> Vec<RwLock<Memory>> {
+    let memories: Vec<RwLock<Memory>> = (0..3).map(|_| RwLock::default()).collect();
+    for p in 0..PROMPTS as u64 {
+        let tokens = prompt(p);
+        let blocks = tokens.len() / BLOCK;
+        let stored = EngineEvent::Stored {
+            hashes: (0..blocks as i128)
+                .map(|b| BlockHash::Int(i128::from(p) * 100 + b))
+                .collect(),
+            parent: None,
+            tokens: tokens[..blocks * BLOCK].to_vec(),
+            block_size: BLOCK,
+            lora_name: None,
+            salt: None,
+        };
+        memories[p as usize % 3].write().unwrap().apply(&stored);
+    }
+    memories
+}
+
+/// Fills the indexes, then times the decisions; prints both.
+pub fn measure() {
     let requests: usize = std::env::var("REQUESTS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -78,9 +109,11 @@ fn main() {
             i.apply(&stored(0, keys_of(&prompt(p)), true)).unwrap();
         }
     });
+    let memories = memories();
     let held = store_index::read(&index, Index::len);
+    let remembered: usize = memories.iter().map(|m| m.read().unwrap().len()).sum();
     println!(
-        "index of {PROMPTS} prompts of {TOKENS} tokens: {held} keys, filled in {:.1?}",
+        "index of {PROMPTS} prompts of {TOKENS} tokens: {held} keys, and {remembered} blocks in 3 engines' memories, filled in {:.1?}",
         filling.elapsed()
     );
 
@@ -111,9 +144,24 @@ fn main() {
         }
         let t = Instant::now();
         let blocks = store_index::read(&index, |i| i.stored_blocks(MODEL, "", &tokens));
+        let seed = engine_memory::chain_seed("", "");
+        let candidates: Vec<Candidate> = memories
+            .iter()
+            .map(|m| {
+                let m = m.read().unwrap();
+                let chain = engine_memory::chain_from(seed, &tokens, m.block_size());
+                Candidate {
+                    memory: (m.held_prefix(&chain) * BLOCK) as u64,
+                    outstanding: 0,
+                }
+            })
+            .collect();
+        let stored_tokens = (blocks * BLOCK) as u64;
+        let (chosen, _) = placement::decide(&candidates, tokens.len() as u64, stored_tokens, 512, n);
         took.push(t.elapsed());
         if whole {
             assert_eq!(blocks, TOKENS / BLOCK, "a prompt the store holds whole");
+            assert_eq!(candidates[chosen].memory, (TOKENS / BLOCK * BLOCK) as u64, "its holder");
         }
     }
     took.sort_unstable();

@@ -10,6 +10,8 @@
 //! p50/p99 of every request and of the repeats alone, and the share of prompt tokens vLLM served
 //! from cache (`cached_tokens`).
 //!
+//! First it prints the decision's own cost (`benches/decision.rs`), so one run gives both.
+//!
 //! `cargo bench -p kvcache-router --bench placement` (about 5 minutes on this 2-vCPU VM).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -21,6 +23,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+#[allow(dead_code, reason = "its main is the decision bench's own")]
+#[path = "decision.rs"]
+mod decision;
 
 const POLICIES: [&str; 3] = ["memory", "least-loaded", "round-robin"];
 const REPLICAS: usize = 3;
@@ -254,6 +260,7 @@ fn run(policy: &str, seed: u64, urls: &[String], events: &Path, model: &str) {
 }
 
 fn main() {
+    decision::measure();
     let venv = setting("KVCACHE_VLLM_VENV", home(".cache/kvcache-vllm-venv"));
     let model = setting("KVCACHE_VLLM_MODEL", home(".cache/kvcache-vllm-model"));
     let events = tempfile::tempdir().unwrap();
