@@ -87,6 +87,37 @@ async fn random_values_round_trip_under_16_concurrent_clients() {
     assert_eq!(c.get("w0/k0").await.unwrap().unwrap()[..], random_bytes(0, 1)[..]);
 }
 
+/// A batch of more small values than a member accepts connections from one host (512): they
+/// move a bounded number at a time, and every one round-trips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_thousands_of_small_values_round_trips() {
+    let l = leader(&["--tenant", "t=256Mi:64:bfloat16"]);
+    let addr = l.field("grpc");
+    let _m = member(&addr, "m", "64Mi");
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    let keys: Vec<String> = (0..2_000).map(|i| format!("many/{i:05}")).collect();
+    let values: Vec<Vec<u8>> = (0..2_000u64).map(|i| random_bytes(i, 16)).collect();
+    let items: Vec<(&str, &[u8])> = keys
+        .iter()
+        .zip(&values)
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect();
+    for (k, r) in keys.iter().zip(c.batch_put(&items).await.unwrap()) {
+        assert_eq!(r.unwrap_or_else(|e| panic!("{k}: {e}")), PutOutcome::Stored);
+    }
+    let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; 16]; 2_000];
+    let mut reads: Vec<(&str, &mut [u8])> = keys
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(k, b)| (k.as_str(), b.as_mut_slice()))
+        .collect();
+    for (i, r) in c.batch_get_into(&mut reads).await.unwrap().into_iter().enumerate() {
+        assert_eq!(r.unwrap_or_else(|e| panic!("{}: {e}", keys[i])), Some(16));
+    }
+    assert!(bufs == values, "every value round-trips");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_evicts_the_tenants_own_objects_then_refuses_when_all_are_leased() {
     let l = leader(&[

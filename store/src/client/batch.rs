@@ -1,14 +1,21 @@
-//! Batch puts and gets: one leader round trip reserves (or locates) every key, the bytes of all
-//! keys move at once (each on its own pooled data connection, straight from and into the
-//! caller's memory), and one more round trip commits the puts. Answers come key by key, in
+//! Batch puts and gets: one leader round trip reserves (or locates) every key, the bytes of the
+//! keys move [`MAX_TRANSFERS`] at a time (each on its own pooled data connection, straight from
+//! and into the caller's memory), and one more round trip commits the puts. Answers come key by key, in
 //! order; only a refusal of the whole batch (a bad scope, the leader unreachable) is an `Err`.
 
 use std::time::Instant;
+
+use futures::StreamExt;
 
 use super::{Client, PutOutcome, status};
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::leader::fastport::Method;
 use crate::proto::*;
+
+/// Values of one batch moving at once, each on a data connection of its own: well under what a
+/// member accepts from one host (`net::MAX_PER_SOURCE`, 512), which a batch of thousands of
+/// small values used to pass, its connections beyond refused.
+pub const MAX_TRANSFERS: usize = 64;
 
 /// A per-key refusal the leader sent as "CODE: message".
 fn refused(text: &str) -> StoreError {
@@ -90,7 +97,10 @@ impl Client {
                 },
             }
         }
-        let written = futures::future::join_all(writes).await;
+        let written: Vec<_> = futures::stream::iter(writes)
+            .buffer_unordered(MAX_TRANSFERS)
+            .collect()
+            .await;
         let mut commit = BatchPutCommitRequest {
             scope: Some(self.scope.clone()),
             keys: Vec::with_capacity(written.len()),
@@ -181,7 +191,11 @@ impl Client {
                 (i, read.and_then(|()| super::check_lease(began, r)))
             });
         }
-        for (i, r) in futures::future::join_all(reads).await {
+        let read: Vec<_> = futures::stream::iter(reads)
+            .buffer_unordered(MAX_TRANSFERS)
+            .collect()
+            .await;
+        for (i, r) in read {
             if let Err(e) = r {
                 out[i] = Err(e);
             }
@@ -236,7 +250,11 @@ impl Client {
                 (i, read.and_then(|()| super::check_lease(began, r)))
             });
         }
-        for (i, r) in futures::future::join_all(reads).await {
+        let read: Vec<_> = futures::stream::iter(reads)
+            .buffer_unordered(MAX_TRANSFERS)
+            .collect()
+            .await;
+        for (i, r) in read {
             if let Err(e) = r {
                 out[i] = Err(e);
             }

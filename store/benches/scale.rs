@@ -1,0 +1,151 @@
+//! The store at scale (issue 43), first part: a leader filled with N small objects through a real
+//! member and client (64-byte keys, as the vLLM connector's are about; 16-byte values), then, at
+//! that size, the leader's resident memory per object and put, get and `exists` latency (p50,
+//! p99, one call at a time). Each size in `SIZES` (default `1000000`) gets a store of its own,
+//! so the figures at two sizes come from one run; e.g. `SIZES=1000000,20000000`.
+//!
+//! Not measured yet (issue 43's harness goes on): a `kill -9` of the serving leader at that size
+//! and the time until the next term serves and adopts 95% of the objects.
+//!
+//! `cargo bench -p kvcache-store --bench scale`. Real processes on loopback, the release build.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use kvcache_store::client::Client;
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::{Proc, leader, member_with};
+
+/// Items per batch put while filling, and batches in flight.
+const BATCH: usize = 1_000;
+const IN_FLIGHT: usize = 4;
+/// Calls timed per operation at a size.
+const SAMPLES: usize = 2_000;
+const VALUE: [u8; 16] = *b"0123456789abcdef";
+
+/// Object `i`'s key: 64 bytes.
+fn key(i: u64) -> String {
+    format!("vllm/Qwen2.5-7B/0123456789abcdef/tp0of1/{i:024x}")
+}
+
+/// The leader's resident set, in bytes.
+fn rss(p: &Proc) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", p.child.id())).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
+}
+
+/// Fills `c` with objects `0..n`.
+async fn fill(c: &Client, n: u64) {
+    let batches: Vec<u64> = (0..n.div_ceil(BATCH as u64)).collect();
+    for group in batches.chunks(IN_FLIGHT) {
+        let puts = group.iter().map(|b| async move {
+            let keys: Vec<String> = (b * BATCH as u64..((b + 1) * BATCH as u64).min(n)).map(key).collect();
+            let items: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &VALUE[..])).collect();
+            for r in c.batch_put(&items).await.expect("a batch put") {
+                r.expect("a put");
+            }
+        });
+        futures::future::join_all(puts).await;
+    }
+}
+
+/// p50 and p99 of `SAMPLES` calls of `op(i)`.
+async fn timed<F, Fut>(mut op: F) -> (f64, f64)
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut took = Vec::with_capacity(SAMPLES);
+    for i in 0..SAMPLES as u64 {
+        let t = Instant::now();
+        op(i).await;
+        took.push(t.elapsed());
+    }
+    took.sort_unstable();
+    (pct(&took, 0.5), pct(&took, 0.99))
+}
+
+async fn at_size(n: u64) {
+    // quota and memory to spare: the leader's own index is what is measured
+    let quota = format!("t={}Gi:64:bfloat16", (n / 1_000_000 + 1) * 2);
+    let l = leader(&["--tenant", &quota]);
+    let addr = l.field("grpc");
+    let memory = format!("{}Mi", n * 64 / (1 << 20) + 512);
+    let _m = member_with(&addr, "m", &memory, &[]);
+    let c = common::client(&addr, "t").await;
+    common::wait_members(&c, 1).await;
+    let before = rss(&l);
+    let started = Instant::now();
+    fill(&c, n).await;
+    let filled = started.elapsed();
+    let after = rss(&l);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let picks: Vec<u64> = (0..SAMPLES).map(|_| next()).collect();
+    let put = timed(|i| {
+        let c = c.clone();
+        async move {
+            c.put(&key(n + i), bytes::Bytes::from_static(&VALUE)).await.unwrap();
+        }
+    })
+    .await;
+    let get = timed(|i| {
+        let (c, k) = (c.clone(), key(picks[i as usize]));
+        async move {
+            assert!(c.get(&k).await.unwrap().is_some(), "{k} is held");
+        }
+    })
+    .await;
+    let exists = timed(|i| {
+        let (c, k) = (c.clone(), key(picks[i as usize]));
+        async move {
+            assert!(c.exists(&k).await.unwrap(), "{k} exists");
+        }
+    })
+    .await;
+    println!(
+        "{n:>10} objects (filled in {filled:.1?}, {:.0}/s): leader RSS {:.0} MiB, {:.0} bytes/object; put p50 {:.3} ms p99 {:.3} ms; get p50 {:.3} ms p99 {:.3} ms; exists p50 {:.3} ms p99 {:.3} ms",
+        n as f64 / filled.as_secs_f64(),
+        after as f64 / (1 << 20) as f64,
+        (after.saturating_sub(before)) as f64 / n as f64,
+        put.0,
+        put.1,
+        get.0,
+        get.1,
+        exists.0,
+        exists.1
+    );
+}
+
+fn main() {
+    let sizes: Vec<u64> = std::env::var("SIZES")
+        .unwrap_or_else(|_| "1000000".into())
+        .split(',')
+        .map(|s| s.trim().parse().expect("SIZES: numbers"))
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for n in sizes {
+        rt.block_on(at_size(n));
+    }
+}
