@@ -128,9 +128,15 @@ impl Client {
                 }
             }
         }
-        if committed.is_empty() {
-            return Ok(out);
+        if !committed.is_empty() {
+            self.commit_batch(commit, committed, &mut out).await;
         }
+        Ok(out)
+    }
+
+    /// Commits the written keys of a batch, the `committed` positions of `out`, and sets each
+    /// one the leader refused (or all of them, when the commit itself failed).
+    async fn commit_batch(&self, commit: BatchPutCommitRequest, committed: Vec<usize>, out: &mut [Result<PutOutcome>]) {
         match self.batch_put_commit(commit).await {
             Ok(r) => {
                 for (i, e) in committed.into_iter().zip(r.errors) {
@@ -145,7 +151,6 @@ impl Client {
                 }
             }
         }
-        Ok(out)
     }
 
     /// Reads each key's value into its buffer; per key the value's length, `None` for a miss, or
