@@ -46,12 +46,22 @@ fn setting(name: &str, default: PathBuf) -> PathBuf {
     p
 }
 
-/// A child process killed when dropped.
+/// A child process killed when dropped, with every process it started: it leads a process
+/// group of its own (`vllm serve` starts its engine core and workers as children, which a kill
+/// of the server alone leaves running).
 struct Proc(Child);
+
+impl Proc {
+    fn spawn(mut command: Command) -> Proc {
+        use std::os::unix::process::CommandExt;
+        Proc(command.process_group(0).spawn().unwrap())
+    }
+}
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        let group = format!("-{}", self.0.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.0.wait();
     }
 }
@@ -86,7 +96,8 @@ fn vllm(venv: &Path, model: &Path, port: u16, events: &Path) -> Proc {
         "endpoint": format!("ipc://{}/{port}.events", events.display()),
         "replay_endpoint": format!("ipc://{}/{port}.replay", events.display()),
     });
-    let child = Command::new(venv.join("bin/vllm"))
+    let mut command = Command::new(venv.join("bin/vllm"));
+    command
         .arg("serve")
         .arg(model)
         .args(["--max-model-len", "4096", "--enforce-eager", "--dtype", "bfloat16"])
@@ -104,10 +115,8 @@ fn vllm(venv: &Path, model: &Path, port: u16, events: &Path) -> Proc {
             ("VLLM_NO_USAGE_STATS", "1"),
         ])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Proc(child)
+        .stderr(Stdio::null());
+    Proc::spawn(command)
 }
 
 fn get(url: &str) -> Option<String> {
@@ -191,22 +200,13 @@ fn run(policy: &str, seed: u64, urls: &[String], events: &Path, model: &str) {
     std::fs::write(&file, json!({ "server": workers }).to_string()).unwrap();
     let port = free_port();
     let router = format!("http://127.0.0.1:{port}");
-    let _router = Proc(
-        Command::new(env!("CARGO_BIN_EXE_kv-router"))
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--placement",
-                policy,
-                "--model",
-                model,
-            ])
-            .arg("--workers-file")
-            .arg(&file)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kv-router"));
+    command
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--placement", policy])
+        .args(["--model", model, "--workers-file"])
+        .arg(&file)
+        .stderr(Stdio::null());
+    let _router = Proc::spawn(command);
     wait_for("the router", Duration::from_secs(30), || {
         get(&format!("{router}/metrics")).is_some_and(|m| {
             m.lines()
