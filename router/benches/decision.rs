@@ -88,14 +88,9 @@ fn memories() -> Vec<RwLock<Memory>> {
     memories
 }
 
-/// Fills the indexes, then times the decisions; prints both.
-pub fn measure() {
-    let requests: usize = std::env::var("REQUESTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
+/// The store's index holding prompts `0..PROMPTS`, as the leader's snapshot delivers them.
+fn store() -> store_index::Shared {
     let index: store_index::Shared = Arc::new(RwLock::new(Index::default()));
-    let filling = Instant::now();
     store_index::write(&index, |i| {
         i.set_block_size(BLOCK);
         let cleared = BlockEvent {
@@ -109,6 +104,38 @@ pub fn measure() {
             i.apply(&stored(0, keys_of(&prompt(p)), true)).unwrap();
         }
     });
+    index
+}
+
+/// One decision for `tokens`, as the router makes it: the store's part, each engine's, the
+/// choice; the blocks the store holds and the chosen engine's tokens.
+fn decide(index: &store_index::Shared, memories: &[RwLock<Memory>], tokens: &[i64], n: usize) -> (usize, u64) {
+    let blocks = store_index::read(index, |i| i.stored_blocks(MODEL, "", tokens));
+    let seed = engine_memory::chain_seed("", "");
+    let candidates: Vec<Candidate> = memories
+        .iter()
+        .map(|m| {
+            let m = m.read().unwrap();
+            let chain = engine_memory::chain_from(seed, tokens, m.block_size());
+            Candidate {
+                memory: (m.held_prefix(&chain) * BLOCK) as u64,
+                outstanding: 0,
+            }
+        })
+        .collect();
+    let stored_tokens = (blocks * BLOCK) as u64;
+    let (chosen, _) = placement::decide(&candidates, tokens.len() as u64, stored_tokens, 512, n);
+    (blocks, candidates[chosen].memory)
+}
+
+/// Fills the indexes, then times the decisions; prints both.
+pub fn measure() {
+    let requests: usize = std::env::var("REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let filling = Instant::now();
+    let index = store();
     let memories = memories();
     let held = store_index::read(&index, Index::len);
     let remembered: usize = memories.iter().map(|m| m.read().unwrap().len()).sum();
@@ -133,9 +160,8 @@ pub fn measure() {
             std::thread::sleep(wait);
         }
         // the store's events go on between requests: a new prompt's blocks
-        let event_id = n as u64 + 1;
         let new = keys_of(&prompt((PROMPTS + n) as u64));
-        store_index::write(&index, |i| i.apply(&stored(event_id, new, false)).unwrap());
+        store_index::write(&index, |i| i.apply(&stored(n as u64 + 1, new, false)).unwrap());
         let mut tokens = prompt(next() % PROMPTS as u64);
         let whole = n % 2 == 0;
         if !whole {
@@ -143,27 +169,18 @@ pub fn measure() {
             tokens[at] = -1;
         }
         let t = Instant::now();
-        let blocks = store_index::read(&index, |i| i.stored_blocks(MODEL, "", &tokens));
-        let seed = engine_memory::chain_seed("", "");
-        let candidates: Vec<Candidate> = memories
-            .iter()
-            .map(|m| {
-                let m = m.read().unwrap();
-                let chain = engine_memory::chain_from(seed, &tokens, m.block_size());
-                Candidate {
-                    memory: (m.held_prefix(&chain) * BLOCK) as u64,
-                    outstanding: 0,
-                }
-            })
-            .collect();
-        let stored_tokens = (blocks * BLOCK) as u64;
-        let (chosen, _) = placement::decide(&candidates, tokens.len() as u64, stored_tokens, 512, n);
+        let (blocks, chosen_memory) = decide(&index, &memories, &tokens, n);
         took.push(t.elapsed());
         if whole {
             assert_eq!(blocks, TOKENS / BLOCK, "a prompt the store holds whole");
-            assert_eq!(candidates[chosen].memory, (TOKENS / BLOCK * BLOCK) as u64, "its holder");
+            assert_eq!(chosen_memory, (TOKENS / BLOCK * BLOCK) as u64, "its holder");
         }
     }
+    report(requests, took);
+}
+
+/// Prints the decisions' percentiles.
+fn report(requests: usize, mut took: Vec<Duration>) {
     took.sort_unstable();
     println!(
         "{requests} decisions at 1,000/s over {PROMPTS} distinct prefixes: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms (goal: p99 <= 2 ms)",

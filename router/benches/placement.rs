@@ -24,6 +24,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+/// The e2e tests' prompt words.
+#[path = "../../tests/support/words.rs"]
+mod words;
+use words::generated_words;
+
 #[allow(dead_code, reason = "its main is the decision bench's own")]
 #[path = "decision.rs"]
 mod decision;
@@ -72,22 +77,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// `n` words of a 400-word vocabulary of five-letter words, from `seed`.
-fn words(seed: u64, n: usize) -> String {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = move || {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (x >> 33) as usize
-    };
-    let vocabulary: Vec<String> = (0..400)
-        .map(|_| (0..5).map(|_| (b'a' + (next() % 10) as u8) as char).collect())
-        .collect();
-    (0..n)
-        .map(|_| vocabulary[next() % 400].clone())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn vllm(venv: &Path, model: &Path, port: u16, events: &Path) -> Proc {
@@ -233,8 +222,8 @@ fn run(policy: &str, seed: u64, urls: &[String], events: &Path, model: &str) {
                 while let Some((p, r)) = queue.lock().unwrap().pop_front() {
                     let prompt = format!(
                         "{} {} what next?",
-                        words(seed * 1000 + p, 300),
-                        words(seed * 7 + p * 100 + r, 6)
+                        generated_words(seed * 1000 + p, 300).join(" "),
+                        generated_words(seed * 7 + p * 100 + r, 6).join(" ")
                     );
                     let (ttft, tokens, cached) = ask(&router, model, &prompt);
                     results.lock().unwrap().push((r > 0, ttft, tokens, cached));

@@ -23,12 +23,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::engines::*;
+use support::eventually_within;
 use support::walkthrough::*;
-use support::{Kubectl, Server, eventually_within};
 
 const KUBECTL: &str = "1.33";
 const STARTUP: Duration = Duration::from_secs(900);
-const LEASE: &[&str] = &["-n", "kvcache-system", "lease", "mooncake-dram-leader"];
 const TRIO: &[&str] = &["-n", "team-a", "md", "trio"];
 const TENANTS: [&str; 2] = ["tenant-a", "tenant-b"];
 /// Distinct prefixes, and the words of each (about 3.2 tokens a word).
@@ -116,36 +115,14 @@ fn repeats(router: &str, replicas: &[String], model: &str, round: u64) -> (usize
     (landed, sent)
 }
 
-fn kill9(pid: u32) {
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .status()
-            .expect("kill runs")
-            .success()
-    );
-}
-
 /// The `kv-router` process listening on `router`'s port.
 fn router_pid(router: &str) -> u32 {
     let listen = format!("--listen 127.0.0.1:{}", router.rsplit(':').next().unwrap_or_default());
-    std::fs::read_dir("/proc")
+    processes(|cmd| cmd.contains("kv-router") && cmd.contains(&listen) && !cmd.contains("exec"))
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
-            let cmd = String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).ok()?).replace('\0', " ");
-            (cmd.contains("kv-router") && cmd.contains(&listen) && !cmd.contains("exec")).then_some(pid)
-        })
+        .map(|(pid, _)| pid)
         .min()
         .unwrap_or_else(|| panic!("no kv-router listens at {router}"))
-}
-
-fn holder(k: &Kubectl) -> Option<(String, u64)> {
-    let out = jp(k, LEASE, "{.spec.holderIdentity} {.spec.leaseTransitions}");
-    let (h, t) = out.split_once(' ')?;
-    Some((h.to_owned(), t.parse().unwrap_or(0))).filter(|(h, _)| !h.is_empty())
 }
 
 /// The router follows every replica's KV events.
@@ -160,15 +137,8 @@ fn requests_land_where_their_prefix_is_and_the_router_is_warm_after_restarts_and
     let e = engines();
     let model = e.model();
     let dir = tempfile::tempdir().unwrap();
-    let config = e.config(dir.path());
     let started = Instant::now();
-    let mut s = Server::start_with(&["--requeue-interval", "2s", "--config", config.to_str().unwrap()]);
-    let k = s.kubectl(KUBECTL);
-    k.must_apply(&manifest("01-backend.yaml"));
-    k.must_apply(&manifest("02-pool-binding.yaml"));
-    k.must_apply(&manifest("04-high-availability.yaml"));
-    wait_ready_backend(&k, "2Gi");
-    wait_granted(&k, "1Gi");
+    let (mut s, k) = serve_on_ha_backend(&e, dir.path(), KUBECTL);
     k.must_apply(&trio(&model));
     eventually_within(STARTUP, "trio: the router and three servers ready", || {
         let row = k.ok(&["get", "-n", "team-a", "md", "trio", "--no-headers"]);
@@ -233,7 +203,7 @@ fn requests_land_where_their_prefix_is_and_the_router_is_warm_after_restarts_and
     assert!(precision(&router, since, "the first 100 after the router's restart") >= 0.95);
 
     // kill -9 the serving leader: within 10 s the router's predictions still hold.
-    let (h, term) = eventually_within(Duration::from_secs(60), "a Lease holder", || holder(&k));
+    let (h, term) = eventually_within(Duration::from_secs(60), "a Lease holder", || lease_holder(&k));
     let port = leader_port(&k);
     let leader = store_processes(&s, &port)
         .into_iter()
@@ -250,7 +220,7 @@ fn requests_land_where_their_prefix_is_and_the_router_is_warm_after_restarts_and
     }
     assert!(precision(&router, since, "within 10 s of the leader's kill") >= 0.95);
     eventually_within(Duration::from_secs(60), "another term serves", || {
-        holder(&k).filter(|(_, t)| *t > term)
+        lease_holder(&k).filter(|(_, t)| *t > term)
     });
 
     k.ok(&["delete", "-n", "team-a", "md", "trio", "--wait=false"]);

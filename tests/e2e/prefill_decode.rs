@@ -41,18 +41,16 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::engines::*;
+use support::eventually_within;
 use support::walkthrough::*;
-use support::{Kubectl, Server, eventually_within};
 
 const KUBECTL: &str = "1.33";
 /// Three vLLM processes start at once on two cores: allow minutes, not seconds.
 const STARTUP: Duration = Duration::from_secs(900);
-const LEASE: &[&str] = &["-n", "kvcache-system", "lease", "mooncake-dram-leader"];
 const PD: &[&str] = &["-n", "team-a", "md", "pd"];
 /// Tokens each answer is compared on.
 const ANSWER: usize = 12;
@@ -178,23 +176,6 @@ fn engine_pid(url: &str) -> u32 {
         .map(|(pid, _)| pid)
         .min()
         .unwrap_or_else(|| panic!("no vllm serve listens on {url}"))
-}
-
-fn kill9(pid: u32) {
-    assert!(
-        Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .status()
-            .expect("kill runs")
-            .success()
-    );
-}
-
-/// The Lease's holder (the serving leader's listen address) and term.
-fn holder(k: &Kubectl) -> Option<(String, u64)> {
-    let out = jp(k, LEASE, "{.spec.holderIdentity} {.spec.leaseTransitions}");
-    let (h, t) = out.split_once(' ')?;
-    Some((h.to_owned(), t.parse().unwrap_or(0))).filter(|(h, _)| !h.is_empty())
 }
 
 /// A prompt and the monolithic replica's answer to it, up to its first near tie.
@@ -418,15 +399,8 @@ fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_fai
     let e = engines();
     let model = e.model();
     let dir = tempfile::tempdir().unwrap();
-    let config = e.config(dir.path());
     let started = Instant::now();
-    let mut s = Server::start_with(&["--requeue-interval", "2s", "--config", config.to_str().unwrap()]);
-    let k = s.kubectl(KUBECTL);
-    k.must_apply(&manifest("01-backend.yaml"));
-    k.must_apply(&manifest("02-pool-binding.yaml"));
-    k.must_apply(&manifest("04-high-availability.yaml"));
-    wait_ready_backend(&k, "2Gi");
-    wait_granted(&k, "1Gi");
+    let (mut s, k) = serve_on_ha_backend(&e, dir.path(), KUBECTL);
     k.must_apply(&disaggregated(&model));
     k.must_apply(&monolithic(&model));
 
@@ -527,7 +501,7 @@ fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_fai
             .contains("1R1P1D")
             .then_some(())
     });
-    let (h, term) = eventually_within(Duration::from_secs(60), "a Lease holder", || holder(&k));
+    let (h, term) = eventually_within(Duration::from_secs(60), "a Lease holder", || lease_holder(&k));
     let port = leader_port(&k);
     let leader = store_processes(&s, &port)
         .into_iter()
@@ -541,7 +515,7 @@ fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_fai
     );
     in_flight(&router, &decode, &plain, &model, &batch, || kill9(leader));
     eventually_within(Duration::from_secs(60), "another term serves", || {
-        holder(&k).filter(|(_, t)| *t > term)
+        lease_holder(&k).filter(|(_, t)| *t > term)
     });
     // the router rode the failover (the same process: its counts go on) and follows the new
     // term's blocks

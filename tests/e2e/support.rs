@@ -440,6 +440,9 @@ pub fn binding(ns: &str, name: &str, pool: &str, ceiling: &str) -> String {
 #[path = "../support/engines.rs"]
 pub mod engines;
 
+#[path = "../support/words.rs"]
+pub mod words;
+
 /// The walkthrough's manifests and what tests read of its objects.
 pub mod walkthrough {
     use std::collections::BTreeSet;

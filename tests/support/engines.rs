@@ -1,4 +1,4 @@
-//! What the real-engine tests (`real_engines.rs`, `prefill_decode.rs`) share: where the vLLM
+//! What the real-engine tests (`real_engines.rs`, `prefill_decode.rs`, `placement.rs`) share: where the vLLM
 //! environment, the local model and this build's `kvcache` package are, the server
 //! configuration that runs real `vllm serve` replicas, and how a test reaches and watches them
 //! (their URLs from a deployment's status, curl, counters from `/metrics`, their processes), and
@@ -7,8 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::Kubectl;
-use super::walkthrough::{alive, jp};
+use super::walkthrough::{alive, jp, manifest, wait_granted, wait_ready_backend};
+#[allow(
+    unused_imports,
+    reason = "the real-engine tests use it; other tests include this file too"
+)]
+pub use super::words::generated_words;
+use super::{Kubectl, Server};
 
 /// What `./scripts/setup` makes and `./scripts/test` names for the real engines.
 pub struct Engines {
@@ -137,9 +142,8 @@ pub fn counter(url: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// Every live process running `vllm serve` (the engines and their `kv-store exec` wrappers),
-/// with its command line.
-pub fn vllm_serve() -> Vec<(u32, String)> {
+/// Every live process whose command line (arguments joined by spaces) `matches`, with it.
+pub fn processes(matches: impl Fn(&str) -> bool) -> Vec<(u32, String)> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -147,9 +151,55 @@ pub fn vllm_serve() -> Vec<(u32, String)> {
         .filter_map(|e| {
             let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
             let cmd = String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).ok()?).replace('\0', " ");
-            (cmd.contains(" serve ") && alive(pid)).then_some((pid, cmd))
+            (matches(&cmd) && alive(pid)).then_some((pid, cmd))
         })
         .collect()
+}
+
+/// Every live process running `vllm serve` (the engines and their `kv-store exec` wrappers),
+/// with its command line.
+pub fn vllm_serve() -> Vec<(u32, String)> {
+    processes(|cmd| cmd.contains(" serve "))
+}
+
+pub fn kill9(pid: u32) {
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .expect("kill runs")
+            .success()
+    );
+}
+
+/// The walkthrough's store Lease.
+const LEASE: &[&str] = &["-n", "kvcache-system", "lease", "mooncake-dram-leader"];
+
+/// The Lease's holder (the serving leader's listen address) and term.
+pub fn lease_holder(k: &Kubectl) -> Option<(String, u64)> {
+    let out = jp(k, LEASE, "{.spec.holderIdentity} {.spec.leaseTransitions}");
+    let (h, t) = out.split_once(' ')?;
+    Some((h.to_owned(), t.parse().unwrap_or(0))).filter(|(h, _)| !h.is_empty())
+}
+
+/// `kv-apiserver serve` running real engines from `e` (its data and configuration in `dir`),
+/// with the walkthrough's backend of three leader replicas and team-a's Binding granted: where
+/// the real-engine deployments go.
+pub fn serve_on_ha_backend(e: &Engines, dir: &Path, kubectl: &str) -> (Server, Kubectl) {
+    let config = e.config(dir);
+    let s = Server::start_with(&[
+        "--requeue-interval",
+        "2s",
+        "--config",
+        config.to_str().expect("a UTF-8 path"),
+    ]);
+    let k = s.kubectl(kubectl);
+    k.must_apply(&manifest("01-backend.yaml"));
+    k.must_apply(&manifest("02-pool-binding.yaml"));
+    k.must_apply(&manifest("04-high-availability.yaml"));
+    wait_ready_backend(&k, "2Gi");
+    wait_granted(&k, "1Gi");
+    (s, k)
 }
 
 /// The `vllm serve` processes of `model` that still run.
@@ -159,19 +209,4 @@ pub fn vllm_processes(model: &str) -> Vec<u32> {
         .filter(|(_, cmd)| cmd.contains(model))
         .map(|(pid, _)| pid)
         .collect()
-}
-
-/// `n` words drawn from a vocabulary of 400 five-letter words the model's tokenizer splits into
-/// about 3.2 tokens each, vocabulary and draws both from one stream seeded by `seed`: the same
-/// seed gives the same words.
-pub fn generated_words(seed: u64, n: usize) -> Vec<String> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = move || {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (x >> 33) as usize
-    };
-    let vocabulary: Vec<String> = (0..400)
-        .map(|_| (0..5).map(|_| (b'a' + (next() % 10) as u8) as char).collect())
-        .collect();
-    (0..n).map(|_| vocabulary[next() % vocabulary.len()].clone()).collect()
 }

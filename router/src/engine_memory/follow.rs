@@ -58,9 +58,8 @@ pub async fn follow(
     metrics: Metrics,
     cancel: CancellationToken,
 ) {
-    let stop = cancel.clone();
     tokio::select! {
-        () = stop.cancelled() => {}
+        () = cancel.cancelled() => {}
         () = follow_until(&publisher, &worker, &memory, &metrics) => {}
     }
     metrics.engine_gone(&worker);
@@ -91,14 +90,13 @@ async fn follow_until(publisher: &Publisher, worker: &str, memory: &Shared, metr
 
 /// One session; ends with the batches it applied and why.
 async fn session(publisher: &Publisher, worker: &str, memory: &Shared, metrics: &Metrics) -> Result<(), (u64, String)> {
-    let fail = |applied: u64| move |e: String| (applied, e);
     let mut sub = Connection::connect(&publisher.events, SocketType::Sub, Limits::default(), CONNECT)
         .await
         .map_err(|e| (0, format!("events {}: {e}", publisher.events)))?;
     sub.subscribe(b"").await.map_err(|e| (0, e.to_string()))?;
     write(memory, Memory::clear);
     let mut last = match &publisher.replay {
-        Some(replay) => replay_all(replay, memory).await.map_err(fail(0))?,
+        Some(replay) => replay_all(replay, memory).await.map_err(|e| (0, e))?,
         None => None,
     };
     metrics.engine_connected(worker, true);
