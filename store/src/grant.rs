@@ -44,6 +44,9 @@ pub const KEY_LEN: usize = 32;
 pub enum Access {
     Write = 1,
     Read = 2,
+    /// a read of a value's copy on its member's disk tier: the range's offset is the copy's disk
+    /// id, and the MAC covers the value's tag, which the member checks against the record's
+    ReadDisk = 3,
 }
 
 /// The fields a MAC covers.

@@ -6,15 +6,18 @@
 //! `magic u32 | op u16 | tag_len u16 | mount_id u64 | offset u64 | len u64 | deadline_unix_ms u64 | epoch u64 |
 //! allocation u64 | grant_mac [u8; 32]` (the Location's allocation and its MAC over the range,
 //! `grant.rs`; ops 1, 2, 4 and 5),
-//! op 1 write and 2 read on the data port; on the same-host socket 3 map (the answer carries the
+//! op 1 write, 2 read and 7 read from the disk tier on the data port; on the same-host socket 3 map (the answer carries the
 //! segment's descriptor, SCM_RIGHTS, and its length in `len`), 4 claim a range to write, 5 claim a
 //! range to read, 6 release the claim (ops 4 and 5 carry the grant, as 1 and 2 do)
 //! (`epoch`: the leader's, from the Location; a member refuses an epoch older than its newest),
-//! followed, for ops 1 and 4 (and 3 when its grant is a write's), by `tag_len` bytes of the
-//! value's tag (the Location's `tag`, which the write's MAC covers: `grant.rs`), then, for a
-//! write, `len` value bytes.
+//! followed, for ops 1, 4 and 7 (and 3 when its grant is a write's), by `tag_len` bytes of the
+//! value's tag (the Location's `tag`, which the MAC covers: `grant.rs`), then, for a
+//! write, `len` value bytes. Op 7 reads a value only on the member's disk tier (a Location with
+//! `on_disk`: its `offset` is the copy's disk id).
 //! Response header, 16 bytes: `magic u32 | status u32 (0 ok, 1 refused) | len u64`, followed by
-//! `len` value bytes (a read that succeeded) or a UTF-8 "CODE: message" (a refusal).
+//! `len` value bytes (a read that succeeded) or a UTF-8 "CODE: message" (a refusal). An op 7
+//! answer streams the bytes as they come off the disk, then an 8-byte [`Verdict`]: whether they
+//! matched their checksum (if not, they are not the value: a miss).
 
 use crate::error::{ErrorCode, StoreError};
 use crate::grant::MAC_LEN;
@@ -36,6 +39,34 @@ pub enum Op {
     ClaimWrite = 4,
     ClaimRead = 5,
     Release = 6,
+    ReadDisk = 7,
+}
+
+/// What follows an op 7 answer's bytes, as a little-endian u64: the member hashes a disk copy as
+/// it sends it, and only this says whether the bytes were the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// the bytes matched the checksum the record carries
+    Intact = 0,
+    /// they did not (flipped on disk, or the file changed behind the member): not the value;
+    /// the member dropped the copy and told the leader
+    Damaged = 1,
+}
+
+pub const VERDICT_LEN: usize = 8;
+
+impl Verdict {
+    pub fn encode(self) -> [u8; VERDICT_LEN] {
+        (self as u64).to_le_bytes()
+    }
+
+    /// Anything but [`Verdict::Intact`]'s bytes is damage.
+    pub fn decode(b: &[u8; VERDICT_LEN]) -> Verdict {
+        match u64::from_le_bytes(*b) {
+            0 => Verdict::Intact,
+            _ => Verdict::Damaged,
+        }
+    }
 }
 
 /// A decoded request header.
@@ -123,9 +154,10 @@ impl Request {
             4 => Op::ClaimWrite,
             5 => Op::ClaimRead,
             6 => Op::Release,
+            7 => Op::ReadDisk,
             _ => {
                 return Err(bad(
-                    "unknown data op; this member speaks ops 1 to 6 (store/src/wire.rs)",
+                    "unknown data op; this member speaks ops 1 to 7 (store/src/wire.rs)",
                 ));
             }
         };
@@ -236,8 +268,21 @@ mod tests {
             tag_len: 300,
         };
         assert_eq!(Request::decode(&r.encode()), Ok(r));
+        let disk = Request { op: Op::ReadDisk, ..r };
+        assert_eq!(Request::decode(&disk.encode()), Ok(disk));
+        assert_eq!(disk.encode()[4..6], [7, 0], "op 7, as WIRE.md section 2 says");
         let s = Response { ok: false, len: 9 };
         assert_eq!(Response::decode(&s.encode()), Ok(s));
+    }
+
+    #[test]
+    fn a_disk_read_ends_with_its_verdict_and_only_zero_is_intact() {
+        assert_eq!(Verdict::Intact.encode(), [0; VERDICT_LEN]);
+        assert_eq!(Verdict::Damaged.encode(), [1, 0, 0, 0, 0, 0, 0, 0]);
+        for v in [Verdict::Intact, Verdict::Damaged] {
+            assert_eq!(Verdict::decode(&v.encode()), v);
+        }
+        assert_eq!(Verdict::decode(&[0, 0, 0, 0, 0, 0, 0, 0x80]), Verdict::Damaged);
     }
 
     #[test]

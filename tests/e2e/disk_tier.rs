@@ -312,7 +312,13 @@ fn a_backend_with_a_disk_tier_holds_four_times_its_memory_across_restarts() {
     rt.block_on(async {
         let c = client(&s, &endpoint).await;
         let (exact, misses) = read_all(&c, true).await;
-        let t = tenant(&s, &endpoint).await;
+        // the member tells the leader of each damaged copy in its next heartbeat
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut t = tenant(&s, &endpoint).await;
+        while t.load_failures == 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            t = tenant(&s, &endpoint).await;
+        }
         eprintln!(
             "{flipped} bytes flipped: {exact} exact, {misses} misses, {} load failures",
             t.load_failures

@@ -193,7 +193,7 @@ impl Client {
                 let read = self
                     .read(loc, r.lease_deadline_unix_ms, super::data::Sink::Slice(sink))
                     .await;
-                (i, read.and_then(|()| super::check_lease(began, r)))
+                (i, read.and_then(|found| super::check_lease(began, r).map(|()| found)))
             });
         }
         let read: Vec<_> = futures::stream::iter(reads)
@@ -201,8 +201,11 @@ impl Client {
             .collect()
             .await;
         for (i, r) in read {
-            if let Err(e) = r {
-                out[i] = Err(e);
+            match r {
+                Ok(true) => {}
+                // a copy on disk found damaged: a miss
+                Ok(false) => out[i] = Ok(None),
+                Err(e) => out[i] = Err(e),
             }
         }
         Ok(out)
@@ -252,7 +255,7 @@ impl Client {
                 let read = self
                     .read(loc, r.lease_deadline_unix_ms, super::data::Sink::Parts(parts))
                     .await;
-                (i, read.and_then(|()| super::check_lease(began, r)))
+                (i, read.and_then(|found| super::check_lease(began, r).map(|()| found)))
             });
         }
         let read: Vec<_> = futures::stream::iter(reads)
@@ -260,8 +263,11 @@ impl Client {
             .collect()
             .await;
         for (i, r) in read {
-            if let Err(e) = r {
-                out[i] = Err(e);
+            match r {
+                Ok(true) => {}
+                // a copy on disk found damaged: a miss
+                Ok(false) => out[i] = Ok(None),
+                Err(e) => out[i] = Err(e),
             }
         }
         Ok(out)

@@ -95,7 +95,16 @@ impl Client {
         Err(err)
     }
 
-    pub(super) async fn read(&self, loc: &Location, deadline: u64, mut sink: Sink<'_, '_>) -> Result<()> {
+    /// Reads the value `loc` names into `sink`: `false` when it was on its member's disk tier and
+    /// the member found its copy damaged or gone (a miss; whatever `sink` holds is not the value).
+    pub(super) async fn read(&self, loc: &Location, deadline: u64, sink: Sink<'_, '_>) -> Result<bool> {
+        if loc.on_disk {
+            return self.read_disk(loc, deadline, sink).await;
+        }
+        self.read_memory(loc, deadline, sink).await.map(|()| true)
+    }
+
+    async fn read_memory(&self, loc: &Location, deadline: u64, mut sink: Sink<'_, '_>) -> Result<()> {
         let same_host = match &mut sink {
             Sink::Slice(out) => local::Bytes::Into(out),
             Sink::Parts(parts) => local::Bytes::IntoParts(parts),
@@ -121,25 +130,66 @@ impl Client {
                 "the member sent a value of the wrong length",
             ));
         }
-        match sink {
-            Sink::Slice(out) => read_exactly(&mut s, out, until).await?,
-            Sink::Parts(parts) => {
-                for out in parts.iter_mut() {
-                    read_exactly(&mut s, out, until).await?;
-                }
-            }
-            Sink::Fresh(out) => {
-                let mut limited = (&mut s).take(resp.len);
-                while (out.len() as u64) < resp.len {
-                    until_readable(limited.get_mut(), until);
-                    if limited.read_buf(out).await.map_err(transport)? == 0 {
-                        return Err(transport("the member closed the connection mid-value"));
-                    }
-                }
-            }
-        }
+        receive(&mut s, sink, resp.len, until).await?;
         self.give_back(&loc.data_addr, s);
         Ok(())
+    }
+
+    /// A value only on its member's disk tier (op 7), streamed from disk: the bytes count only
+    /// if the verdict after them says they matched their checksum.
+    async fn read_disk(&self, loc: &Location, deadline: u64, sink: Sink<'_, '_>) -> Result<bool> {
+        let mut s = self.conn(&loc.data_addr).await?;
+        // no polling: the bytes come off a disk over milliseconds, and a polling reader would
+        // take a core from the member that hashes and sends them
+        let until = Instant::now();
+        let mut head = wire::Request::granted(Op::ReadDisk, loc, loc.len, deadline, loc.tag.len() as u16)
+            .encode()
+            .to_vec();
+        head.extend_from_slice(&loc.tag);
+        s.write_all(&head).await.map_err(transport)?;
+        s.flush().await.map_err(transport)?;
+        let resp = read_response(&mut s, until).await?;
+        if !resp.ok {
+            let err = read_refusal(&mut s, resp.len).await?;
+            self.give_back(&loc.data_addr, s);
+            return Err(err);
+        }
+        if resp.len != 0 && resp.len != loc.len {
+            return Err(StoreError::new(
+                ErrorCode::Transport,
+                "the member sent a value of the wrong length",
+            ));
+        }
+        if resp.len != 0 {
+            receive(&mut s, sink, resp.len, until).await?;
+        }
+        let mut verdict = [0u8; wire::VERDICT_LEN];
+        s.read_exact(&mut verdict).await.map_err(transport)?;
+        self.give_back(&loc.data_addr, s);
+        Ok(resp.len != 0 && wire::Verdict::decode(&verdict) == wire::Verdict::Intact)
+    }
+}
+
+/// Receives a value's `len` bytes into `sink`.
+async fn receive(s: &mut Conn, sink: Sink<'_, '_>, len: u64, until: Instant) -> Result<()> {
+    match sink {
+        Sink::Slice(out) => read_exactly(s, out, until).await,
+        Sink::Parts(parts) => {
+            for out in parts.iter_mut() {
+                read_exactly(s, out, until).await?;
+            }
+            Ok(())
+        }
+        Sink::Fresh(out) => {
+            let mut limited = s.take(len);
+            while (out.len() as u64) < len {
+                until_readable(limited.get_mut(), until);
+                if limited.read_buf(out).await.map_err(transport)? == 0 {
+                    return Err(transport("the member closed the connection mid-value"));
+                }
+            }
+            Ok(())
+        }
     }
 }
 

@@ -286,7 +286,9 @@ impl Client {
             return Ok(None);
         };
         let mut buf = BytesMut::with_capacity(loc.len as usize);
-        self.read(&loc, r.lease_deadline_unix_ms, Sink::Fresh(&mut buf)).await?;
+        if !self.read(&loc, r.lease_deadline_unix_ms, Sink::Fresh(&mut buf)).await? {
+            return Ok(None);
+        }
         check_lease(started, &r)?;
         Ok(Some(buf.freeze()))
     }
@@ -298,8 +300,12 @@ impl Client {
             return Ok(false);
         };
         buf.resize(loc.len as usize, 0);
-        self.read(&loc, r.lease_deadline_unix_ms, Sink::Slice(buf.as_mut_slice()))
-            .await?;
+        if !self
+            .read(&loc, r.lease_deadline_unix_ms, Sink::Slice(buf.as_mut_slice()))
+            .await?
+        {
+            return Ok(false);
+        }
         check_lease(started, &r)?;
         Ok(true)
     }

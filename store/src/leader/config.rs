@@ -58,6 +58,12 @@ pub struct LeaderConfig {
     /// Largest value accepted.
     #[arg(long, default_value = "64Mi", value_parser = flags::parse_size)]
     pub max_value_size: u64,
+    /// How a get reads a value only on a member's disk tier: `direct` (the member streams it
+    /// from disk to the reader, checked as it goes; the value stays on disk) or `load` (the member
+    /// loads it back into memory first, and the reader reads it from there). store/README.md,
+    /// "Disk tier", has what each costs.
+    #[arg(long, value_enum, default_value = "direct")]
+    pub tier_reads: TierReads,
     /// Evict when usage passes this share of capacity.
     #[arg(long, default_value_t = 0.90)]
     pub high_watermark: f64,
@@ -131,6 +137,18 @@ pub struct LeaderConfig {
 
 const DEFAULT_EVICTION_INTERVAL: Duration = Duration::from_millis(100);
 
+/// How a get reads a value only on a member's disk tier (`--tier-reads`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TierReads {
+    /// The member streams the value from disk to the reader, hashing it as it goes, and ends with
+    /// whether it matched (`wire.rs`, op 7): the disk read overlaps the transfer, and nothing is
+    /// evicted from memory for it.
+    Direct,
+    /// The member reads the value back into memory (evicting there if it must), and the get
+    /// answers once it is there: a second read is a memory hit.
+    Load,
+}
+
 /// How the serving leader is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Election {
@@ -160,6 +178,7 @@ impl Default for LeaderConfig {
             default_block_size: None,
             default_dtype: None,
             allocation_strategy: AllocationStrategy::FreeRatioFirst,
+            tier_reads: TierReads::Direct,
             read_lease_ttl: Duration::from_secs(10),
             member_ttl: Duration::from_secs(10),
             put_ttl: Duration::from_secs(30),
@@ -257,6 +276,9 @@ impl LeaderConfig {
         if let Some(v) = self.allocation_strategy.to_possible_value() {
             push(&mut a, "allocation-strategy", v.get_name());
         }
+        if let Some(v) = self.tier_reads.to_possible_value() {
+            push(&mut a, "tier-reads", v.get_name());
+        }
         push(&mut a, "lease-ttl", format_time(self.read_lease_ttl));
         push(&mut a, "member-ttl", format_time(self.member_ttl));
         push(&mut a, "put-ttl", format_time(self.put_ttl));
@@ -350,6 +372,7 @@ mod tests {
                 fast_listen: Some(FastListen::Off),
                 metrics_listen: Some("127.0.0.1:9100".parse().unwrap()),
                 allocation_strategy: AllocationStrategy::Random,
+                tier_reads: TierReads::Load,
                 read_lease_ttl: Duration::from_millis(1500),
                 member_ttl: Duration::from_secs(120),
                 put_ttl: Duration::from_micros(7),
@@ -401,7 +424,7 @@ mod tests {
             !names.iter().any(|f| f == "eviction-interval" || f == "tenants"),
             "{names:?}"
         );
-        assert_eq!(names.len(), 31, "{names:?}");
+        assert_eq!(names.len(), 32, "{names:?}");
         // every name is a flag the parser knows
         for n in &names {
             let err = LeaderConfig::parse_args([format!("--{n}=x")]).err();

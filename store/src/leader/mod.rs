@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use parking_lot::Mutex;
 
 pub use adoption::LEDGER_WAIT;
-pub use config::{ELECTION_TIMINGS, Election, LeaderConfig};
+pub use config::{ELECTION_TIMINGS, Election, LeaderConfig, TierReads};
 pub use placement::AllocationStrategy;
 pub use serve::{LeaderAddrs, LeaderListeners};
 pub use state::State;

@@ -6,9 +6,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use super::LeaderConfig;
 use super::blocks::Removal;
 use super::clients::Use;
+use super::config::{LeaderConfig, TierReads};
 use super::ledger::DEFAULT_TENANT;
 pub use super::mounted::Mounted;
 use super::notices::Applied;
@@ -185,6 +185,7 @@ impl State {
             grant_mac: grant_mac.into(),
             allocation: r.allocation,
             tag: tag.into(),
+            on_disk: false,
         })
     }
 
@@ -224,10 +225,11 @@ impl State {
             .get_mut(&tenant)
             .ok_or_else(|| internal("tenant vanished"))?;
         t.counters.gets += 1;
+        let direct = self.cfg.tier_reads == TierReads::Direct;
         let Some(o) = t
             .objects
             .get_mut(key)
-            .filter(|o| o.state == ObjectState::Committed && o.readable_in_memory())
+            .filter(|o| o.state == ObjectState::Committed && (o.readable_in_memory() || (direct && o.disk.is_some())))
         else {
             t.counters.misses += 1;
             t.clients.count(client(scope), tick, Use::Get { hit: false });
@@ -239,7 +241,11 @@ impl State {
         o.last_used = tick;
         let o = o.clone();
         let lease_deadline_unix_ms = now_unix_ms().saturating_add(ttl.as_millis() as u64);
-        let location = self.location(&o, crate::grant::Access::Read, lease_deadline_unix_ms, Vec::new());
+        let location = if o.readable_in_memory() {
+            self.location(&o, crate::grant::Access::Read, lease_deadline_unix_ms, Vec::new())
+        } else {
+            self.disk_location(&tenant, key, &o, lease_deadline_unix_ms)
+        };
         Ok(GetResponse {
             found: location.is_some(),
             location,
@@ -248,13 +254,18 @@ impl State {
         })
     }
 
-    /// Starts loading into memory those of `keys` that are committed but only on their member's
-    /// disk tier (or finds their loads on the way), each leased meanwhile: what a get waits for
-    /// before it looks (`calls.rs`). Empty when every one is in memory or absent.
+    /// With `--tier-reads load`: starts loading into memory those of `keys` that are committed but
+    /// only on their member's disk tier (or finds their loads on the way), each leased meanwhile:
+    /// what a get waits for before it looks (`calls.rs`). Empty when every one is in memory or
+    /// absent, and always with `--tier-reads direct` (the get reads them from disk).
     pub fn start_loads(&mut self, scope: Option<&Scope>, keys: &[String], now: Instant) -> Result<Vec<Applied>> {
         let tenant = self.tenant_name(scope)?;
         let ttl = self.cfg.read_lease_ttl;
         let mut waits = Vec::new();
+        if self.cfg.tier_reads == TierReads::Direct {
+            // read from disk where they are (`get`)
+            return Ok(waits);
+        }
         for key in keys {
             let Some(o) = self
                 .tenants

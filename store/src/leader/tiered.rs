@@ -31,8 +31,8 @@ use super::notices::Applied;
 use super::objects::{Object, ObjectState, Resident, charge};
 use super::placement::aligned;
 use super::state::State;
-use crate::grant::{Placed, Tag};
-use crate::proto::{DiskHolding, HeartbeatRequest};
+use crate::grant::{Access, Placed, Tag};
+use crate::proto::{DiskHolding, HeartbeatRequest, Location};
 
 impl State {
     /// Takes in what a member's heartbeat says of its tier: the copies it made, those it lost,
@@ -52,6 +52,9 @@ impl State {
             {
                 m.notices.disk_freed(h.disk_id);
             }
+        }
+        for &disk_id in &hb.failed_read_disk_ids {
+            self.count_failed_read(hb.member_id, disk_id);
         }
         for &disk_id in &hb.lost_disk_ids {
             self.forget_copy(hb.member_id, disk_id);
@@ -112,6 +115,17 @@ impl State {
 
     /// Forgets a copy the member's tier lost; the value goes with it when it was only there, or
     /// when a load from it was on its way (the load failed: its range holds nothing readable).
+    /// Counts against its tenant a copy a read straight from disk could not serve (its loss comes
+    /// in the same heartbeat).
+    fn count_failed_read(&mut self, member_id: u64, disk_id: u64) {
+        let Some((tenant, _)) = self.members.get(&member_id).and_then(|m| m.disk.get(&disk_id)) else {
+            return;
+        };
+        if let Some(t) = self.tenants.get_mut(tenant) {
+            t.counters.load_failures += 1;
+        }
+    }
+
     fn forget_copy(&mut self, member_id: u64, disk_id: u64) {
         let Some(m) = self.members.get_mut(&member_id) else {
             return;
@@ -135,6 +149,48 @@ impl State {
                 self.drop_object(&tenant, &key, Removal::Evicted);
             }
         }
+    }
+
+    /// Where a get reads a committed value only on its member's disk tier straight from disk
+    /// (`--tier-reads direct`): its copy's disk id, under a grant for op 7 that covers the value's
+    /// tag (`wire.rs`), until `deadline_unix_ms`. Counted among the tenant's loads.
+    pub(super) fn disk_location(
+        &mut self,
+        tenant: &str,
+        key: &str,
+        o: &Object,
+        deadline_unix_ms: u64,
+    ) -> Option<Location> {
+        let disk_id = o.disk?;
+        let tag = self.tag(tenant, key);
+        let m = self.members.get(&o.member)?;
+        let range = crate::grant::Range {
+            access: Access::ReadDisk,
+            mount_id: o.mount_id,
+            epoch: self.epoch,
+            allocation: 0,
+            offset: disk_id,
+            len: o.size,
+            deadline_unix_ms,
+        };
+        let location = Location {
+            member_id: o.member,
+            data_addr: m.data_addr.clone(),
+            grpc_addr: m.grpc_addr.clone(),
+            mount_id: o.mount_id,
+            offset: disk_id,
+            len: o.size,
+            epoch: self.epoch,
+            local_addr: String::new(),
+            grant_mac: m.grant_key.sign(&range, &tag).into(),
+            allocation: 0,
+            tag: tag.into(),
+            on_disk: true,
+        };
+        if let Some(t) = self.tenants.get_mut(tenant) {
+            t.counters.loads += 1;
+        }
+        Some(location)
     }
 
     /// Starts loading a committed value that is only on its member's disk tier into a range of

@@ -22,12 +22,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::mmap::{ReadRange, WriteRange};
 use super::segment::{Grant, Segment};
+use super::tiering::Tiering;
 use crate::error::StoreError;
 use crate::grant::Access;
 use crate::spin::HotWindow;
 use crate::time::now_unix_ms;
 use crate::tls::{Conn, Sealed, ServerTls};
 use crate::wire::{Op, REQUEST_LEN, Request, Response};
+
+mod disk;
 
 /// How long past its deadline a write that already started may take. The leader reuses an
 /// abandoned reservation only after its own grace (`--put-grace`, 30 s), which is longer.
@@ -37,12 +40,28 @@ pub const IDLE: Duration = Duration::from_secs(120);
 /// How long a request header may take once its first byte arrived.
 pub const HEADER: Duration = Duration::from_secs(10);
 
+/// What the data port serves bytes from: the segment, and the disk tier when there is one.
+#[derive(Debug, Clone)]
+pub struct Stores {
+    pub segment: Arc<Segment>,
+    pub tiering: Option<Arc<Tiering>>,
+}
+
+impl Stores {
+    pub fn new(segment: &Arc<Segment>, tiering: Option<&Arc<Tiering>>) -> Stores {
+        Stores {
+            segment: segment.clone(),
+            tiering: tiering.cloned(),
+        }
+    }
+}
+
 /// Serves the data port until `cancel` fires, then closes every connection (a transfer cut off
 /// mid-way is refused by its client's checks, and its range is released with the task).
 pub async fn serve(
     listener: TcpListener,
     tls: Option<ServerTls>,
-    segment: Arc<Segment>,
+    stores: Stores,
     hot: Arc<HotWindow>,
     cancel: CancellationToken,
 ) {
@@ -53,12 +72,12 @@ pub async fn serve(
         if let Ok(peer) = &peer {
             crate::net::tune_data_connection(socket2::SockRef::from(&stream), peer);
         }
-        let segment = segment.clone();
+        let stores = stores.clone();
         let hot = hot.clone();
         let tls = tls.clone();
         async move {
             let served = match crate::tls::accept(tls.as_ref(), stream).await {
-                Ok(s) => connection(s, &segment, &hot).await,
+                Ok(s) => connection(s, &stores, &hot).await,
                 Err(e) => Err(e),
             };
             if let Err(e) = served {
@@ -69,7 +88,8 @@ pub async fn serve(
     .await;
 }
 
-async fn connection(mut s: Conn, segment: &Segment, hot: &HotWindow) -> std::io::Result<()> {
+async fn connection(mut s: Conn, stores: &Stores, hot: &HotWindow) -> std::io::Result<()> {
+    let segment = &*stores.segment;
     let mut head = [0u8; REQUEST_LEN];
     loop {
         // the whole header usually arrives at once
@@ -108,10 +128,16 @@ async fn connection(mut s: Conn, segment: &Segment, hot: &HotWindow) -> std::io:
                     return Ok(());
                 }
             }
+            Op::ReadDisk => {
+                if !disk::read(&mut s, stores, req).await? {
+                    return Ok(());
+                }
+            }
             Op::Map | Op::ClaimWrite | Op::ClaimRead | Op::Release => {
                 let e = StoreError::new(
                     crate::error::ErrorCode::InvalidArgument,
-                    "ops 3 to 6 are served on the member's same-host socket only; send 1 (write) or 2 (read) here",
+                    "ops 3 to 6 are served on the member's same-host socket only; send 1 (write), 2 (read) or 7 (read \
+                     from the disk tier) here",
                 );
                 return refuse(&mut s, &e).await;
             }
@@ -121,9 +147,9 @@ async fn connection(mut s: Conn, segment: &Segment, hot: &HotWindow) -> std::io:
     }
 }
 
-/// Reads the value's tag that follows a write's header (within [`HEADER`]); `None` when the
-/// connection must close.
-async fn read_tag(s: &mut Conn, req: &Request) -> std::io::Result<Option<Vec<u8>>> {
+/// Reads the value's tag that follows a write's or disk read's header (within [`HEADER`]); `None`
+/// when the connection must close.
+pub(super) async fn read_tag(s: &mut Conn, req: &Request) -> std::io::Result<Option<Vec<u8>>> {
     let n = usize::from(req.tag_len);
     if n > crate::grant::MAX_TAG_LEN {
         let e = StoreError::new(
@@ -290,7 +316,7 @@ async fn send_encrypted(tls: &mut Sealed, range: &ReadRange<'_>, head: &[u8]) ->
     .await
 }
 
-async fn refuse(s: &mut Conn, e: &StoreError) -> std::io::Result<()> {
+pub(super) async fn refuse(s: &mut Conn, e: &StoreError) -> std::io::Result<()> {
     let msg = e.to_string();
     let head = Response {
         ok: false,

@@ -144,9 +144,9 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
                 release(std::mem::replace(&mut claim, Claim::None), segment);
                 Ok(())
             }
-            Op::Write | Op::Read => Err(StoreError::new(
+            Op::Write | Op::Read | Op::ReadDisk => Err(StoreError::new(
                 ErrorCode::InvalidArgument,
-                "ops 1 and 2 carry bytes: send them to the member's data port; this socket serves ops 3 to 6",
+                "ops 1, 2 and 7 carry bytes: send them to the member's data port; this socket serves ops 3 to 6",
             )),
         };
         match answer {
@@ -222,7 +222,7 @@ fn claim_deadline(deadline_unix_ms: u64, access: Access) -> tokio::time::Instant
     let left = Duration::from_millis(deadline_unix_ms.saturating_sub(now_unix_ms()));
     let grace = match access {
         Access::Write => WRITE_GRACE,
-        Access::Read => Duration::ZERO,
+        Access::Read | Access::ReadDisk => Duration::ZERO,
     };
     tokio::time::Instant::now() + left + grace
 }

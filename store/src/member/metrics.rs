@@ -60,10 +60,14 @@ fn encode_tier(t: &Tiering, e: &mut DescriptorEncoder) -> Result<(), std::fmt::E
             "copies dropped with the tier's oldest file to make room",
             c.dropped_full,
         ),
-        ("kvstore_member_tier_loads", "values loaded back into memory", c.loaded),
+        (
+            "kvstore_member_tier_loads",
+            "values read back from the tier: loaded into memory, or streamed to a reader",
+            c.loaded,
+        ),
         (
             "kvstore_member_tier_damaged",
-            "copies found damaged on a load (checksum or tag): dropped, never served",
+            "copies found damaged on a read back (checksum or tag): dropped, never taken",
             c.damaged,
         ),
         (

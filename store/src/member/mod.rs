@@ -202,13 +202,9 @@ impl Member {
         let endpoint = metrics_listener.map(|l| spawn_metrics(l, registry, &readiness, flushed, &stop));
         tracing::info!(name = %req.name, grpc = %req.grpc_addr, data = %req.data_addr, capacity = cfg.capacity, "member serving");
         let hot = crate::spin::HotWindow::start(cfg.spin);
-        let dataport = Task::spawn(dataport::serve(
-            data,
-            tls.server.clone(),
-            segment.clone(),
-            hot.clone(),
-            stop.clone(),
-        ));
+        let stores = dataport::Stores::new(&segment, tiering.as_ref());
+        let port = dataport::serve(data, tls.server.clone(), stores, hot.clone(), stop.clone());
+        let dataport = Task::spawn(port);
         let same_host = local_listener.map(|(l, _)| {
             Task::spawn(local::serve(
                 l,

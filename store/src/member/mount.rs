@@ -480,6 +480,7 @@ fn heartbeat_request(
         hb.spilled = report.spilled.iter().map(|(h, _)| h.clone()).collect();
         hb.spilled_allocations = report.spilled.iter().map(|(_, a)| *a).collect();
         hb.lost_disk_ids = report.lost.clone();
+        hb.failed_read_disk_ids = report.failed_reads.clone();
     }
     let mut hb = tonic::Request::new(hb);
     if let Some(t) = token {

@@ -229,6 +229,7 @@ impl Segment {
         let what = match access {
             Access::Write => "write",
             Access::Read => "read lease",
+            Access::ReadDisk => "disk read",
         };
         let Grant {
             mount_id,

@@ -73,6 +73,8 @@ pub struct Report {
     pub spilled: Vec<(DiskHolding, u64)>,
     /// copies gone
     pub lost: Vec<u64>,
+    /// of those, the ones a direct read could not serve
+    pub failed_reads: Vec<u64>,
 }
 
 /// Counters for `/metrics`.
@@ -100,6 +102,8 @@ pub struct Tiering {
     /// every live record, as a mount hands it over (oldest first: by file, then position)
     records: parking_lot::Mutex<BTreeMap<u64, DiskHolding>>,
     policy: Policy,
+    /// buffers of direct reads' pieces, kept for the next (`direct.rs`)
+    buffers: parking_lot::Mutex<Vec<Vec<u8>>>,
 }
 
 /// One load the leader asked for.
@@ -128,6 +132,7 @@ impl Tiering {
             counts: parking_lot::Mutex::default(),
             records: parking_lot::Mutex::new(records),
             policy,
+            buffers: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -161,6 +166,7 @@ impl Tiering {
         let mut r = self.report.lock();
         report.spilled.append(&mut r.spilled);
         report.lost.append(&mut r.lost);
+        report.failed_reads.append(&mut r.failed_reads);
         *r = report;
     }
 
@@ -360,7 +366,10 @@ impl Tiering {
     /// Whether copies are queued or made and not yet reported: the leader should hear soon (a
     /// value it evicts from memory before it knows of its copy is dropped, not kept).
     pub fn busy(&self) -> bool {
-        !self.queue.lock().is_empty() || self.copying.load(Ordering::SeqCst) || !self.report.lock().spilled.is_empty()
+        !self.queue.lock().is_empty() || self.copying.load(Ordering::SeqCst) || {
+            let r = self.report.lock();
+            !r.spilled.is_empty() || !r.lost.is_empty()
+        }
     }
 
     /// Waits until the tier is not [`busy`](Self::busy), up to `wait`: what it copied, or what is
@@ -450,5 +459,6 @@ fn holding(id: DiskId, h: &Header, size: u64) -> DiskHolding {
     }
 }
 
+mod direct;
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::super::LeaderConfig;
+use super::super::config::{LeaderConfig, TierReads};
 use super::super::objects::OBJECT_OVERHEAD;
 use super::super::state::State;
 use super::super::tests::{MIB, entry, hb, mount_req, put, scope, state};
@@ -61,9 +61,21 @@ fn tenant(s: &State, t: &str) -> crate::proto::TenantStatus {
     s.tenant_statuses().into_iter().find(|x| x.name == t).unwrap()
 }
 
-/// Two 1 MiB values copied to disk in a grant of two: (state, now, member).
-fn two_copied() -> (State, Instant, (u64, u64)) {
-    let (mut s, t0) = state(LeaderConfig::default());
+/// A leader that loads values on disk back into memory for a get (`--tier-reads load`).
+fn loading() -> LeaderConfig {
+    LeaderConfig {
+        tier_reads: TierReads::Load,
+        ..Default::default()
+    }
+}
+
+/// Two 1 MiB values copied to disk in a grant of two, on a leader that reads values on disk as
+/// `reads` says: (state, now, member).
+fn two_copied_with(reads: TierReads) -> (State, Instant, (u64, u64)) {
+    let (mut s, t0) = state(LeaderConfig {
+        tier_reads: reads,
+        ..Default::default()
+    });
     s.set_tenants(&[entry("t", 2 * MIB + SLACK)], &[]).unwrap();
     let m = mount_tiered(&mut s, "m", 8 * MIB, t0);
     put(&mut s, "t", "a", MIB, t0).unwrap();
@@ -72,6 +84,65 @@ fn two_copied() -> (State, Instant, (u64, u64)) {
     let report = copies(&s, "t", &["a", "b"], &sealed, MIB);
     send(&mut s, m, report, sealed.through, t0);
     (s, t0, m)
+}
+
+/// [`two_copied_with`] a leader that loads values on disk into memory for a get.
+fn two_copied() -> (State, Instant, (u64, u64)) {
+    two_copied_with(TierReads::Load)
+}
+
+#[test]
+fn a_get_of_a_value_only_on_disk_reads_it_from_disk_under_a_grant_for_that_copy() {
+    let (mut s, t0, m) = two_copied_with(TierReads::Direct);
+    put(&mut s, "t", "c", MIB, t0).unwrap();
+    assert_eq!(s.tenants["t"].objects["a"].memory, None, "a left memory for c");
+    assert!(
+        s.start_loads(Some(&scope("t")), &["a".into()], t0).unwrap().is_empty(),
+        "nothing is loaded into memory"
+    );
+    let got = s.get(Some(&scope("t")), "a", t0).unwrap();
+    let loc = got.location.unwrap();
+    assert!(got.found && loc.on_disk);
+    assert_eq!((loc.offset, loc.len, loc.mount_id), (1, MIB, m.1), "its copy's disk id");
+    assert_eq!(&loc.tag[..], &s.tag("t", "a")[..]);
+    // the grant is for a disk read of that copy of that value, on that mount, and nothing else
+    let key = s.grant_key.for_mount(m.1);
+    let range = crate::grant::Range {
+        access: crate::grant::Access::ReadDisk,
+        mount_id: m.1,
+        epoch: s.epoch(),
+        allocation: 0,
+        offset: 1,
+        len: MIB,
+        deadline_unix_ms: got.lease_deadline_unix_ms,
+    };
+    assert!(key.verify(&range, &loc.tag, &loc.grant_mac).is_ok());
+    let read = crate::grant::Range {
+        access: crate::grant::Access::Read,
+        ..range
+    };
+    assert!(key.verify(&read, &[], &loc.grant_mac).is_err(), "not a memory read");
+    assert!(
+        key.verify(&range, &s.tag("t", "b"), &loc.grant_mac).is_err(),
+        "not b's copy"
+    );
+    // b is in memory: read from there
+    let b = s.get(Some(&scope("t")), "b", t0).unwrap().location.unwrap();
+    assert!(!b.on_disk);
+    let t = tenant(&s, "t");
+    assert_eq!((t.loads, t.hits, t.on_disk_only), (1, 2, 1));
+
+    // the member found the copy damaged on a read: counted, forgotten, and a get misses
+    let damaged = HeartbeatRequest {
+        lost_disk_ids: vec![1],
+        failed_read_disk_ids: vec![1],
+        ..Default::default()
+    };
+    let answer = send(&mut s, m, damaged, 0, t0);
+    assert!(answer.disk_freed.is_empty(), "the copy is gone already");
+    assert!(!s.get(Some(&scope("t")), "a", t0).unwrap().found);
+    let t = tenant(&s, "t");
+    assert_eq!((t.load_failures, t.disk_used, t.on_disk_only), (1, MIB, 0));
 }
 
 #[test]
@@ -249,7 +320,7 @@ fn a_mount_hands_over_its_tier_and_what_verifies_is_adopted() {
     stranger.tag = s.tag("nobody", "b").into();
 
     // a new term, same backend (the seal key is the backend's), the member's memory gone
-    let mut next = State::new(LeaderConfig::default(), s.seal_key.clone());
+    let mut next = State::new(loading(), s.seal_key.clone());
     next.set_tenants(&[entry("t", 2 * MIB + SLACK)], &[]).unwrap();
     let req = crate::proto::MountRequest {
         tier_capacity: 64 * MIB,
@@ -271,7 +342,7 @@ fn a_mount_hands_over_its_tier_and_what_verifies_is_adopted() {
     assert!(next.get(Some(&scope("t")), "b", t0).unwrap().found);
 
     // the same member mounting with the value in memory as well: one value, both places
-    let mut third = State::new(LeaderConfig::default(), s.seal_key.clone());
+    let mut third = State::new(loading(), s.seal_key.clone());
     third.set_tenants(&[entry("t", 8 * MIB)], &[]).unwrap();
     let a = s.tenants["t"].objects["a"].memory.unwrap();
     let tag = s.tag("t", "a");

@@ -26,8 +26,10 @@
 
 pub mod format;
 mod read;
+mod stream;
 
 pub use read::Located;
+pub use stream::{Piece, Stream};
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
@@ -167,10 +169,23 @@ struct TierFile {
     touched: AtomicU64,
 }
 
-/// A live record: its value's length.
+/// A live record: its value's length and checksum and where the value starts in it, as its
+/// header said when it was written or found (a direct read needs no header read: `read.rs`).
 #[derive(Debug, Clone, Copy)]
 struct Live {
     len: u64,
+    checksum: u64,
+    payload_at: u64,
+}
+
+impl Live {
+    fn of(h: &format::Header) -> Live {
+        Live {
+            len: h.len,
+            checksum: h.checksum,
+            payload_at: h.payload_at(),
+        }
+    }
 }
 
 /// An open tier directory (see the module's doc).
@@ -263,7 +278,7 @@ impl Tier {
                         scan.dead += 1;
                     } else {
                         let id = DiskId::new(n, off);
-                        self.live.insert(id, Live { len: h.len });
+                        self.live.insert(id, Live::of(&h));
                         scan.found.push(Found { id, header: h });
                         live += 1;
                     }
@@ -363,7 +378,7 @@ impl Tier {
         self.used += record_len;
         self.unsynced = true;
         let id = DiskId::new(n, off);
-        self.live.insert(id, Live { len: header.len });
+        self.live.insert(id, Live::of(&header));
         Ok(id)
     }
 

@@ -1,8 +1,9 @@
 //! Reading values back from the tier, each checked against its record (live, the tag asked for,
 //! its length, its checksum): straight into a segment's range ([`Located::read_into`], a load: no
-//! copy in between), or into memory this process owns in tests; and telling the kernel
-//! which records a batch of loads is about to read ([`Tier::will_read`]), so the device reads
-//! the next while the first is checked and sent.
+//! copy in between), piece by piece to a reader ([`Located::stream`], a direct read: the
+//! checksum is known only after the last piece), or into memory this process owns in tests; and
+//! telling the kernel which records a batch of loads is about to read ([`Tier::will_read`]), so
+//! the device reads the next while the first is checked and sent.
 
 use std::fs::File;
 use std::io;
@@ -11,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::format::payload_at;
+use super::stream::Stream;
 use super::{DiskId, HeaderError, ReadError, Tier, io_err, read_header};
 use crate::member::mmap::WriteRange;
 
@@ -78,6 +80,25 @@ impl Tier {
         Ok(value)
     }
 
+    /// The live value at `id` opened to be read piece by piece ([`Located::stream`]) as the
+    /// tier knows it (its length and checksum as written or found at open), without reading its
+    /// header: for a caller that checked the value's tag against what the tier holds. Bytes
+    /// changed on disk since are still caught, by the checksum at the end.
+    pub fn stream_known(&self, id: DiskId) -> Result<Stream, ReadError> {
+        let live = self.live.get(&id).ok_or(ReadError::Missing(id))?;
+        let f = self.files.get(&id.file()).ok_or(ReadError::Missing(id))?;
+        f.touched.store(self.clock.fetch_add(1, Relaxed), Relaxed);
+        Located {
+            id,
+            file: &f.file,
+            path: self.path_of(id.file()),
+            at: id.offset() + live.payload_at,
+            len: live.len,
+            checksum: live.checksum,
+        }
+        .stream()
+    }
+
     /// Asks the kernel to start reading the records of `ids` (each with a tag of its length),
     /// which a batch of loads reads next; advice only: what it cannot do changes nothing.
     pub fn will_read(&self, ids: impl IntoIterator<Item = (DiskId, usize)>) {
@@ -100,6 +121,12 @@ impl Located<'_> {
             return Err(self.damaged("its bytes do not match their checksum"));
         }
         Ok(got)
+    }
+
+    /// The value opened to be read piece by piece outside the tier's lock ([`Stream`]).
+    pub fn stream(&self) -> Result<Stream, ReadError> {
+        Stream::open(self.id, self.file, &self.path, self.at, self.len, self.checksum)
+            .map_err(|e| io_err("opening", &self.path, e).into())
     }
 
     fn damaged(&self, why: &str) -> ReadError {

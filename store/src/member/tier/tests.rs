@@ -289,3 +289,99 @@ fn the_least_recently_used_file_is_the_one_neither_appended_to_nor_read_from_las
     assert_eq!(t.least_recent().unwrap().0, ids[3].file());
     assert_ne!(ids[3].file(), first);
 }
+
+/// Reads `id` as a direct read does, in pieces of `piece` bytes taken in order (`O_DIRECT` when
+/// `direct` and the file system allows it): the bytes, and whether they were the value.
+fn streamed(tier: &Tier, id: DiskId, piece: u64, direct: bool) -> (Vec<u8>, Result<(), ReadError>) {
+    let mut s = tier.stream_known(id).unwrap();
+    if !direct {
+        s = s.through_page_cache();
+    }
+    let mut bytes = Vec::new();
+    for i in 0..s.pieces(piece) {
+        let p = s.read_piece(i, piece, Vec::new())().unwrap();
+        bytes.extend_from_slice(p.bytes());
+        s.take(&p);
+    }
+    (bytes, s.finish())
+}
+
+/// Whether `dir`'s file system takes `O_DIRECT` (tmpfs does not).
+fn takes_o_direct(dir: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    let probe = dir.join("probe");
+    fs::write(&probe, b"x").unwrap();
+    let ok = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&probe)
+        .is_ok();
+    fs::remove_file(probe).unwrap();
+    ok
+}
+
+#[test]
+fn a_direct_read_streams_a_value_in_pieces_whatever_its_length_and_alignment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut tier, _) = Tier::open(&TierConfig {
+        file_size: 8 * MIB,
+        ..config(dir.path())
+    })
+    .unwrap();
+    // values that end inside a block, on one, and at the file's end (the last record)
+    let lens = [1usize, 4095, 4096, 100_000, MIB as usize + 3, 2 * MIB as usize];
+    let ids: Vec<DiskId> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, len)| tier.append(&header(&format!("k{i}")), &value(i as u8, *len)).unwrap())
+        .collect();
+    assert_eq!(
+        tier.stream_known(ids[0]).unwrap().is_direct(),
+        takes_o_direct(dir.path())
+    );
+    for (i, (id, len)) in ids.iter().zip(lens).enumerate() {
+        for piece in [4096 * 3 + 512, 1 << 20, 4 << 20] {
+            for direct in [true, false] {
+                let (bytes, verdict) = streamed(&tier, *id, piece, direct);
+                assert!(
+                    bytes == value(i as u8, len),
+                    "value {i}, pieces of {piece}, direct {direct}"
+                );
+                assert!(verdict.is_ok(), "value {i}: {verdict:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_flipped_byte_is_sent_but_the_verdict_after_the_last_piece_says_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut tier, _) = Tier::open(&config(dir.path())).unwrap();
+    let a = tier.append(&header("a"), &value(1, 300_000)).unwrap();
+    tier.sync().unwrap();
+    flip(dir.path(), a, format::payload_at(tag("a").len()) + 250_000);
+    for direct in [true, false] {
+        let (bytes, verdict) = streamed(&tier, a, 64 * 1024, direct);
+        assert_eq!(bytes.len(), 300_000);
+        assert!(bytes != value(1, 300_000));
+        assert!(
+            matches!(&verdict, Err(ReadError::Damaged { why, .. }) if why.contains("checksum")),
+            "{verdict:?}"
+        );
+    }
+}
+
+#[test]
+fn a_stream_reads_on_what_its_record_held_after_the_record_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut tier, _) = Tier::open(&config(dir.path())).unwrap();
+    let a = tier.append(&header("a"), &value(3, 50_000)).unwrap();
+    let s = tier.stream_known(a).unwrap();
+    assert!(tier.kill(a).unwrap());
+    assert!(
+        matches!(tier.stream_known(a), Err(ReadError::Missing(_))),
+        "no new read of it"
+    );
+    let p = s.read_piece(0, 1 << 20, Vec::new())().unwrap();
+    assert!(p.bytes() == value(3, 50_000));
+}

@@ -217,3 +217,60 @@ fn a_key_limit_a_tier_that_keeps_what_it_has_and_a_watermark_bound_what_it_holds
     assert!(used * 2 <= capacity, "{used} of {capacity}");
     assert!(t.counts().dropped_full > 0);
 }
+
+/// Reads a direct read's pieces in order (as the data port does): the bytes, and the count.
+fn read_direct(t: &Tiering, s: crate::member::tier::Stream) -> Vec<u8> {
+    let id = s.id();
+    let mut s = s;
+    let mut bytes = Vec::new();
+    for i in 0..s.pieces(1024) {
+        let p = s.read_piece(i, 1024, t.buffer())().unwrap();
+        bytes.extend_from_slice(p.bytes());
+        s.take(&p);
+        t.give_back(p.into_buffer());
+    }
+    t.read_done(id, s.finish());
+    bytes
+}
+
+#[test]
+fn a_direct_read_is_of_the_copy_the_grant_names_and_damage_is_reported_and_dropped() {
+    let (seg, key, _seg_dir) = mounted();
+    let dir = tempfile::tempdir().unwrap();
+    let t = tier(dir.path(), 64 << 20);
+    let v = value(2, 5000);
+    committed(&seg, &key, 4096, 5, &v);
+    t.copy(&seg, &[(11, 4096, 5)]);
+    let id = t.take_report().spilled[0].0.disk_id;
+
+    // another value's tag or another length: no read, the leader is told this value's copy is
+    // not there, and the record stays (it is not this one's)
+    assert!(t.open_read(id, b"tenant-b/key", 5000).is_none());
+    assert!(t.open_read(id, TAG, 4999).is_none());
+    let r = t.take_report();
+    assert_eq!((r.lost, r.failed_reads), (vec![id, id], vec![id, id]));
+    assert_eq!((t.counts().failed, t.counts().damaged), (2, 0));
+    assert!(read_direct(&t, t.open_read(id, TAG, 5000).unwrap()) == v);
+    assert_eq!(t.counts().loaded, 1);
+    assert!(t.take_report().lost.is_empty());
+
+    // a byte flipped on disk: the bytes are read, the verdict is damage, and the copy goes
+    let file = crate::member::tier::DiskId(id).file();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.path().join(format!("{file:08x}.kvt")))
+        .unwrap();
+    let at = crate::member::tier::DiskId(id).offset() + 4000;
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x20], at).unwrap();
+    assert!(
+        read_direct(&t, t.open_read(id, TAG, 5000).unwrap()) != v,
+        "the flipped byte is sent"
+    );
+    let r = t.take_report();
+    assert_eq!((r.lost, r.failed_reads), (vec![id], vec![id]));
+    assert_eq!((t.counts().loaded, t.counts().damaged), (1, 1));
+    assert!(t.open_read(id, TAG, 5000).is_none(), "killed: never read again");
+}

@@ -1,0 +1,201 @@
+//! A value read from the tier to a reader piece by piece (a direct read, op 7), each piece read
+//! on the blocking pool so several are in flight while the ones before are hashed and sent.
+//!
+//! Pieces are read with `O_DIRECT` where the file system allows it: the device writes them
+//! straight into the buffer (no page-cache copy, no page allocation per read), as `dd
+//! iflag=direct` reads. `O_DIRECT` needs offsets, lengths and buffers aligned to the device's
+//! block, and a value starts 64 bytes into its record ([`super::format`]): each piece reads the
+//! [`BLOCK`]-aligned span around its bytes into a buffer aligned within a larger `Vec` (found
+//! with `align_offset`, no `unsafe`), and only its bytes are hashed and sent. Where `O_DIRECT` is
+//! refused (tmpfs, some overlay file systems), pieces are read through the page cache.
+//!
+//! The descriptor is the stream's own: records are only ever appended and their flags rewritten,
+//! so a value's bytes stay what they were even if the tier drops or kills the record meanwhile.
+//! Until [`Stream::finish`] says so, the pieces are not known to be the value.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::{DiskId, ReadError, io_err};
+
+/// The alignment of `O_DIRECT` reads: a page, a multiple of every usual logical block.
+pub const BLOCK: u64 = 4096;
+
+/// A value being read piece by piece (see the module's doc).
+pub struct Stream {
+    id: DiskId,
+    file: Arc<File>,
+    /// `file` was opened with `O_DIRECT`
+    direct: bool,
+    path: Arc<PathBuf>,
+    /// where the value's bytes start in the file
+    at: u64,
+    pub len: u64,
+    /// bytes hashed so far (pieces are taken in order)
+    taken: u64,
+    checksum: u64,
+    hasher: Xxh3,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("id", &self.id)
+            .field("path", &self.path)
+            .field("direct", &self.direct)
+            .field("at", &self.at)
+            .field("len", &self.len)
+            .field("taken", &self.taken)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One piece as read: its bytes are `buf[start..start + n]`.
+#[derive(Debug)]
+pub struct Piece {
+    buf: Vec<u8>,
+    start: usize,
+    n: usize,
+}
+
+impl Piece {
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.n]
+    }
+
+    /// Its buffer, for the next piece.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buf
+    }
+}
+
+impl Stream {
+    /// The value of `len` bytes at `at` in `file` (at `path`), which must hash to `checksum`.
+    pub(super) fn open(id: DiskId, file: &File, path: &Path, at: u64, len: u64, checksum: u64) -> io::Result<Stream> {
+        let direct = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path);
+        let (file, direct) = match direct {
+            Ok(f) => (f, true),
+            Err(_) => (file.try_clone()?, false),
+        };
+        Ok(Stream {
+            id,
+            file: Arc::new(file),
+            direct,
+            path: Arc::new(path.to_path_buf()),
+            at,
+            len,
+            taken: 0,
+            checksum,
+            hasher: Xxh3::new(),
+        })
+    }
+
+    pub fn id(&self) -> DiskId {
+        self.id
+    }
+
+    /// Whether pieces are read with `O_DIRECT`.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// The same stream read through the page cache (the path where `O_DIRECT` is refused).
+    #[cfg(test)]
+    pub fn through_page_cache(mut self) -> Stream {
+        self.file = Arc::new(File::open(&*self.path).unwrap());
+        self.direct = false;
+        self
+    }
+
+    /// How many pieces of `piece` bytes the value takes.
+    pub fn pieces(&self, piece: u64) -> u64 {
+        self.len.div_ceil(piece.max(1))
+    }
+
+    /// The read of piece `i` (of `piece` bytes each) into `buf` (grown as it must be: a buffer
+    /// of an earlier piece needs no new pages), to run on the blocking pool.
+    pub fn read_piece(
+        &self,
+        i: u64,
+        piece: u64,
+        mut buf: Vec<u8>,
+    ) -> impl FnOnce() -> Result<Piece, ReadError> + Send + 'static {
+        let (file, path, direct, id) = (self.file.clone(), self.path.clone(), self.direct, self.id);
+        let from = self.at + i * piece;
+        let n = piece.min(self.len.saturating_sub(i * piece));
+        move || {
+            let failed = |e: io::Error| match e.kind() {
+                io::ErrorKind::UnexpectedEof => ReadError::Damaged {
+                    id,
+                    why: "the file ends inside the value".into(),
+                },
+                _ => io_err("reading", &path, e).into(),
+            };
+            if !direct {
+                buf.resize(n as usize, 0);
+                file.read_exact_at(&mut buf, from).map_err(failed)?;
+                return Ok(Piece {
+                    buf,
+                    start: 0,
+                    n: n as usize,
+                });
+            }
+            let lo = from - from % BLOCK;
+            let hi = (from + n).next_multiple_of(BLOCK);
+            let span = (hi - lo) as usize;
+            buf.resize(span + BLOCK as usize, 0);
+            let align = buf.as_ptr().align_offset(BLOCK as usize);
+            let got = read_to_end(&file, &mut buf[align..align + span], lo).map_err(failed)?;
+            let start = (from - lo) as usize;
+            if got < start + n as usize {
+                return Err(failed(io::ErrorKind::UnexpectedEof.into()));
+            }
+            Ok(Piece {
+                buf,
+                start: align + start,
+                n: n as usize,
+            })
+        }
+    }
+
+    /// Hashes the next piece (they must come in order; a piece may be sent before it is hashed:
+    /// the verdict after the last says whether they were the value).
+    pub fn take(&mut self, p: &Piece) {
+        let bytes = p.bytes();
+        self.hasher.update(bytes);
+        self.taken += bytes.len() as u64;
+    }
+
+    /// Whether the bytes taken were the value: all of it, matching its checksum.
+    pub fn finish(&self) -> Result<(), ReadError> {
+        if self.taken == self.len && self.hasher.digest() == self.checksum {
+            return Ok(());
+        }
+        Err(ReadError::Damaged {
+            id: self.id,
+            why: "its bytes do not match their checksum".into(),
+        })
+    }
+}
+
+/// Reads into `buf` (aligned, as `at` is) until it is full or the file ends: how many bytes. A
+/// read that stops short of a block's end has met the end of the file (reading on from there
+/// would be unaligned).
+fn read_to_end(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], at + got as u64) {
+            Ok(0) => break,
+            Ok(n) if !(n as u64).is_multiple_of(BLOCK) => return Ok(got + n),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}

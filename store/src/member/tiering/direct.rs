@@ -1,0 +1,97 @@
+//! Reads straight from the tier to a reader (op 7 on the data port, `dataport.rs`; the leader's
+//! `--tier-reads direct`): a copy is opened under the tier's lock and read outside it, piece by
+//! piece, hashed as it goes. A copy found missing, unreadable, damaged or another value's is
+//! reported lost in the next heartbeat, and as a failed read (the leader counts it against its
+//! tenant), as a failed load is, so the leader stops handing it out.
+
+use super::super::tier::{DiskId, ReadError, Stream};
+use super::{TierCounts, Tiering};
+
+/// Piece buffers kept between direct reads (each about a piece, 1 MiB: `dataport/disk.rs`).
+pub const KEPT_BUFFERS: usize = 16;
+
+impl Tiering {
+    /// Opens the copy `disk_id` for a direct read, if its record is live, carries `tag` and holds
+    /// `len` bytes (what the leader's grant says). `None` (reported and counted) otherwise: a
+    /// record of another value stays (the leader is told only that this value's copy is not
+    /// there).
+    pub fn open_read(&self, disk_id: u64, tag: &[u8], len: u64) -> Option<Stream> {
+        let id = DiskId(disk_id);
+        // the tag and length as the record's header had them (the records are the tier's, kept
+        // since its scan and each copy)
+        let this_value = self.records.lock().get(&disk_id).map(|h| h.tag == tag && h.size == len);
+        let opened = match this_value {
+            Some(true) => self.tier.lock().stream_known(id),
+            Some(false) => {
+                self.add(TierCounts {
+                    failed: 1,
+                    ..TierCounts::default()
+                });
+                let mut r = self.report.lock();
+                r.lost.push(disk_id);
+                r.failed_reads.push(disk_id);
+                return None;
+            }
+            None => Err(ReadError::Missing(id)),
+        };
+        match opened {
+            Ok(s) => Some(s),
+            Err(e) => {
+                self.read_failed(id, e);
+                None
+            }
+        }
+    }
+
+    /// A buffer for a piece of a direct read: one an earlier read gave back, or a new one.
+    pub fn buffer(&self) -> Vec<u8> {
+        self.buffers.lock().pop().unwrap_or_default()
+    }
+
+    /// Keeps a piece's buffer for the next read (at most [`KEPT_BUFFERS`]).
+    pub fn give_back(&self, buf: Vec<u8>) {
+        let mut kept = self.buffers.lock();
+        if kept.len() < KEPT_BUFFERS {
+            kept.push(buf);
+        }
+    }
+
+    /// Counts a direct read of `id` that ended: intact, or what went wrong (reported).
+    pub fn read_done(&self, id: DiskId, outcome: Result<(), ReadError>) {
+        match outcome {
+            Ok(()) => self.add(TierCounts {
+                loaded: 1,
+                ..TierCounts::default()
+            }),
+            Err(e) => self.read_failed(id, e),
+        }
+    }
+
+    fn read_failed(&self, id: DiskId, e: ReadError) {
+        let mut counts = TierCounts::default();
+        let damaged = match e {
+            ReadError::Missing(_) => false,
+            ReadError::Damaged { why, .. } => {
+                tracing::warn!(disk_id = id.0, %why, "a value on the disk tier is damaged: dropped");
+                if let Err(e) = self.tier.lock().kill(id) {
+                    tracing::warn!(error = %e, "a damaged copy could not be marked dead");
+                }
+                true
+            }
+            ReadError::Tier(e) => {
+                tracing::warn!(disk_id = id.0, error = %e, "a value could not be read from the disk tier");
+                false
+            }
+        };
+        if damaged {
+            counts.damaged += 1;
+        } else {
+            counts.failed += 1;
+        }
+        self.add(counts);
+        self.records.lock().remove(&id.0);
+        let mut r = self.report.lock();
+        r.lost.push(id.0);
+        r.failed_reads.push(id.0);
+    }
+}
