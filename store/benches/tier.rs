@@ -2,14 +2,15 @@
 //!
 //! 1. Hit ratio for a working set four times memory, read back in a shuffled order, on the same
 //!    member memory without a tier and with one (goal: at least 90% with, at most 30% without).
-//! 2. The tier's write and read throughput for 4 MiB values through a 256 MiB member (writes:
-//!    from the first put until the leader knows every copy; reads: gets of values only on disk,
-//!    each loaded back into memory and then read by the client into buffers it reuses: one at
-//!    a time and eight to a batch, timing the gets only, and by four readers at once, timing
-//!    the whole), against the
-//!    disk's own sequential limit measured with `dd` in the same directory (4 MiB blocks; written
-//!    with `fdatasync`, read with `O_DIRECT`; the page cache is dropped before each read). Goal:
-//!    at least 80%.
+//! 2. For each way a leader reads values on disk (`--tier-reads direct`: the member streams them
+//!    from disk to the reader; `load`: it loads them into memory first), the tier's write and
+//!    read throughput for 4 MiB values through a 256 MiB member. Writes: from the first put until
+//!    the leader knows every copy, against `dd` writing 1 GiB with `fdatasync`. Reads, of values
+//!    only on disk, into buffers the reader reuses: one get at a time and eight to a batch
+//!    (timing the gets only), and four readers at once (timing the whole), each against `dd`
+//!    reading as much with `O_DIRECT` in 4 MiB blocks in the same directory, the two taking turns
+//!    128 MiB at a time (this VM's disk changes speed from second to second; the page cache is
+//!    dropped before each part). Goal: at least 80%.
 //!
 //! `cargo bench -p kvcache-store --bench tier` (`TIER_DIR`: where the tiers and `dd` write; by
 //! default a directory under `$TMPDIR`). Real processes on loopback, the release build.
@@ -29,9 +30,10 @@ use common::{Proc, leader, member_with, random_bytes, tenant};
 
 const MIB: u64 = 1 << 20;
 
-/// A leader and one member of `memory`, with a tier in `tier` when given: (leader, member, a
-/// client of the tenant `t` once the member is mounted).
-async fn store(memory: &str, tier: Option<&Path>) -> (Proc, Proc, Client) {
+/// A leader (reading values on disk as `reads` says: `--tier-reads`) and one member of `memory`,
+/// with a tier in `tier` when given: (leader, member, a client of the tenant `t` once the member
+/// is mounted).
+async fn store(memory: &str, tier: Option<&Path>, reads: &str) -> (Proc, Proc, Client) {
     let l = leader(&[
         "--fast-listen",
         "127.0.0.1:0",
@@ -40,6 +42,8 @@ async fn store(memory: &str, tier: Option<&Path>) -> (Proc, Proc, Client) {
         // a read holds its value in memory only while it reads it
         "--lease-ttl",
         "200ms",
+        "--tier-reads",
+        reads,
     ]);
     let addr = l.field("grpc");
     let dir = tier.map(|d| d.display().to_string());
@@ -70,7 +74,7 @@ async fn on_disk(c: &Client, bytes: u64) {
 async fn hit_ratio(dir: Option<&Path>) -> (f64, usize) {
     const LEN: usize = 256 << 10;
     let values = 4 * 64 * MIB as usize / LEN;
-    let (_l, _m, c) = store("64Mi", dir).await;
+    let (_l, _m, c) = store("64Mi", dir, "direct").await;
     for batch in 0..values / 16 {
         for i in batch * 16..(batch + 1) * 16 {
             c.put(&format!("k{i}"), value(i, LEN)).await.unwrap();
@@ -105,43 +109,87 @@ fn drop_caches() {
     }
 }
 
-/// `dd`'s sequential write (`fdatasync`) and `O_DIRECT` read of `bytes` in 4 MiB blocks, MB/s.
-fn dd(dir: &Path, bytes: u64) -> (f64, f64) {
-    let file = dir.join("dd.bin");
+/// `dd`'s sequential write of `bytes` to `file` in 4 MiB blocks (`fdatasync`), MB/s.
+fn dd_write(file: &Path, bytes: u64) -> f64 {
     let count = (bytes / (4 * MIB)).to_string();
-    let run = |args: &[String]| {
-        let started = Instant::now();
-        let out = Command::new("dd").args(args).output().expect("dd runs");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        bytes as f64 / started.elapsed().as_secs_f64() / 1e6
-    };
-    let write = run(&[
-        "if=/dev/zero".into(),
-        format!("of={}", file.display()),
-        "bs=4M".into(),
-        format!("count={count}"),
-        "conv=fdatasync".into(),
-    ]);
-    drop_caches();
-    let read = run(&[
-        format!("if={}", file.display()),
-        "of=/dev/null".into(),
-        "bs=4M".into(),
-        "iflag=direct".into(),
-    ]);
-    let _ = std::fs::remove_file(file);
-    (write, read)
+    dd(
+        &[
+            "if=/dev/zero".into(),
+            format!("of={}", file.display()),
+            "bs=4M".into(),
+            format!("count={count}"),
+            "conv=fdatasync".into(),
+        ],
+        bytes,
+    )
 }
 
-/// Part 2: the tier's write and read throughput for 4 MiB values, MB/s: written, read one get
-/// at a time, eight to a batch (a batch's loads go to the member together), and by four readers
-/// at once.
-async fn throughput(dir: &Path, bytes: u64) -> (f64, f64, f64, f64) {
-    const LEN: usize = 4 << 20;
+/// `dd`'s sequential `O_DIRECT` read of `bytes` of `file` from `at` in 4 MiB blocks, MB/s.
+fn dd_read(file: &Path, bytes: u64, at: u64) -> f64 {
+    dd(
+        &[
+            format!("if={}", file.display()),
+            "of=/dev/null".into(),
+            "bs=4M".into(),
+            format!("skip={}", at / (4 * MIB)),
+            format!("count={}", bytes / (4 * MIB)),
+            "iflag=direct".into(),
+        ],
+        bytes,
+    )
+}
+
+fn dd(args: &[String], bytes: u64) -> f64 {
+    let started = Instant::now();
+    let out = Command::new("dd").args(args).output().expect("dd runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    bytes as f64 / started.elapsed().as_secs_f64() / 1e6
+}
+
+const LEN: usize = 4 << 20;
+
+/// A read figure of the tier's and `dd`'s, MB/s, measured taking turns (`beside_dd`).
+struct Measured {
+    tier: f64,
+    dd: f64,
+}
+
+/// Values each turn reads: 128 MiB.
+const TURN: usize = 32;
+
+/// Reads `values` with `read` (given a range of them, it returns the seconds it counts) in turns
+/// with `dd` reading as many bytes of `dd_file` (`O_DIRECT`, 4 MiB blocks, one `dd` per turn, its
+/// start included): this VM's disk changes speed from second to second, and taking turns lets
+/// both see the same disk.
+async fn beside_dd<F, R>(dd_file: &Path, values: std::ops::Range<usize>, read: R) -> Measured
+where
+    R: Fn(std::ops::Range<usize>) -> F,
+    F: std::future::Future<Output = f64>,
+{
+    drop_caches();
+    let (mut tier, mut dd) = (0.0, 0.0);
+    let mut bytes = 0;
+    for (turn, from) in values.clone().step_by(TURN).enumerate() {
+        let to = (from + TURN).min(values.end);
+        let n = ((to - from) * LEN) as u64;
+        dd += n as f64 / 1e6 / dd_read(dd_file, n, turn as u64 * n);
+        tier += read(from..to).await;
+        bytes += n;
+    }
+    Measured {
+        tier: bytes as f64 / tier / 1e6,
+        dd: bytes as f64 / dd / 1e6,
+    }
+}
+
+/// Part 2, for one `--tier-reads`: the tier's write throughput for 4 MiB values (MB/s), and its
+/// reads: one get at a time, eight to a batch, and four readers at once, each of 128 values only
+/// on disk, beside `dd`.
+async fn throughput(dir: &Path, dd_file: &Path, bytes: u64, reads: &str) -> (f64, [Measured; 3]) {
     let values = (bytes / LEN as u64) as usize;
-    // 64 values of memory: reads lease what they read for 200 ms, and loading the next value
-    // needs an unleased one to make room
-    let (_l, _m, c) = store("256Mi", Some(dir)).await;
+    // 64 values of memory: with `load`, reads lease what they read for 200 ms, and loading the
+    // next value needs an unleased one to make room
+    let (_l, _m, c) = store("256Mi", Some(dir), reads).await;
     let payloads: Vec<Bytes> = (0..values).map(|i| value(i, LEN)).collect();
     let started = Instant::now();
     for (i, v) in payloads.iter().enumerate() {
@@ -155,26 +203,37 @@ async fn throughput(dir: &Path, bytes: u64) -> (f64, f64, f64, f64) {
     }
     on_disk(&c, bytes).await;
     let write = bytes as f64 / started.elapsed().as_secs_f64() / 1e6;
-    drop_caches();
-    // the first values are only on disk now (memory holds the last 64 at most)
-    let on_disk_only = values - 64;
-    // the time in gets only: each value is checked outside it, from a buffer the reader reuses
+    // the first values are only on disk (memory holds the last 64 at most); with `load`, memory
+    // holds the last 64 read after each part, so each part reads values none before it read
+    let part = 128;
+    assert!(3 * part + 64 <= values, "room for three parts");
+    let payloads = std::sync::Arc::new(payloads);
+    let one = beside_dd(dd_file, 0..part, |r| one_at_a_time(&c, &payloads, r)).await;
+    let batched = beside_dd(dd_file, part..2 * part, |r| eight_to_a_batch(&c, &payloads, r)).await;
+    let readers = beside_dd(dd_file, 2 * part..3 * part, |r| four_readers(&c, &payloads, r)).await;
+    (write, [one, batched, readers])
+}
+
+/// Gets of `range` one at a time, into a buffer the reader reuses: the seconds in gets only
+/// (each value is checked outside them).
+async fn one_at_a_time(c: &Client, payloads: &[Bytes], range: std::ops::Range<usize>) -> f64 {
     let mut reading = Duration::ZERO;
     let mut buf = Vec::with_capacity(LEN);
-    for (i, v) in payloads.iter().enumerate().take(on_disk_only) {
+    for i in range {
         let started = Instant::now();
         let found = c.get_into(&format!("v{i}"), &mut buf).await.unwrap();
         reading += started.elapsed();
-        assert!(found, "v{i} missed: {:?}", tenant(&c, "t").await);
-        assert!(buf[..] == v[..], "v{i}: other bytes");
+        assert!(found, "v{i} missed: {:?}", tenant(c, "t").await);
+        assert!(buf[..] == payloads[i][..], "v{i}: other bytes");
     }
-    let read = (on_disk_only * LEN) as f64 / reading.as_secs_f64() / 1e6;
-    // memory now holds the last 64 read: the ones before are only on disk again
-    drop_caches();
-    let batched = on_disk_only - 64;
+    reading.as_secs_f64()
+}
+
+/// Batch gets of eight values of `range` each: the seconds in the batch gets only.
+async fn eight_to_a_batch(c: &Client, payloads: &[Bytes], range: std::ops::Range<usize>) -> f64 {
     let mut reading = Duration::ZERO;
     let mut bufs = vec![vec![0u8; LEN]; 8];
-    for chunk in (0..batched).collect::<Vec<_>>().chunks(8) {
+    for chunk in range.collect::<Vec<_>>().chunks(8) {
         let keys: Vec<String> = chunk.iter().map(|i| format!("v{i}")).collect();
         let mut items: Vec<(&str, &mut [u8])> = keys
             .iter()
@@ -189,20 +248,19 @@ async fn throughput(dir: &Path, bytes: u64) -> (f64, f64, f64, f64) {
             assert!(b[..] == payloads[*i][..], "v{i}: other bytes");
         }
     }
-    let read_batched = (batched * LEN) as f64 / reading.as_secs_f64() / 1e6;
-    // memory holds the last 64 of those: the ones before are only on disk again, read by four
-    // readers at once, each one get at a time (the wall time, checks included)
-    drop_caches();
+    reading.as_secs_f64()
+}
+
+/// Four readers at once over `range`, each one get at a time: the wall time, checks included.
+async fn four_readers(c: &Client, payloads: &std::sync::Arc<Vec<Bytes>>, range: std::ops::Range<usize>) -> f64 {
     const READERS: usize = 4;
-    let spread = batched - 64;
-    let payloads = std::sync::Arc::new(payloads);
     let started = Instant::now();
     let readers: Vec<_> = (0..READERS)
         .map(|r| {
-            let (c, payloads) = (c.clone(), payloads.clone());
+            let (c, payloads, range) = (c.clone(), payloads.clone(), range.clone());
             tokio::spawn(async move {
                 let mut buf = Vec::with_capacity(LEN);
-                for i in (r..spread).step_by(READERS) {
+                for i in range.skip(r).step_by(READERS) {
                     assert!(c.get_into(&format!("v{i}"), &mut buf).await.unwrap(), "v{i} missed");
                     assert!(buf[..] == payloads[i][..], "v{i}: other bytes");
                 }
@@ -212,8 +270,7 @@ async fn throughput(dir: &Path, bytes: u64) -> (f64, f64, f64, f64) {
     for r in readers {
         r.await.unwrap();
     }
-    let read_concurrent = (spread * LEN) as f64 / started.elapsed().as_secs_f64() / 1e6;
-    (write, read, read_batched, read_concurrent)
+    started.elapsed().as_secs_f64()
 }
 
 fn main() {
@@ -232,29 +289,37 @@ fn main() {
             without * 100.0,
             with * 100.0
         );
-        let bytes = 1 << 30;
-        let (dd_write, dd_read) = dd(dir.path(), bytes);
-        let tier_dir = dir.path().join("throughput");
-        std::fs::create_dir(&tier_dir).unwrap();
-        let (write, read, read_batched, read_concurrent) = throughput(&tier_dir, bytes).await;
-        println!("4 MiB values, 1 GiB, in {}:", dir.path().display());
-        println!("| | tier | dd (sequential, 4 MiB blocks) | ratio |");
-        println!("|---|---|---|---|");
+        let dd_file = dir.path().join("dd.bin");
+        let dd_write = dd_write(&dd_file, 1 << 30);
+        let bytes = 2 << 30;
         println!(
-            "| write | {write:.0} MB/s | {dd_write:.0} MB/s (fdatasync) | {:.0}% |",
-            write / dd_write * 100.0
+            "4 MiB values, 2 GiB written, in {}; 512 MiB read each way, taking turns with dd, 128 MiB each:",
+            dir.path().display()
         );
-        println!(
-            "| read, one get at a time | {read:.0} MB/s | {dd_read:.0} MB/s (O_DIRECT) | {:.0}% |",
-            read / dd_read * 100.0
-        );
-        println!(
-            "| read, 8 to a batch | {read_batched:.0} MB/s | {dd_read:.0} MB/s (O_DIRECT) | {:.0}% |",
-            read_batched / dd_read * 100.0
-        );
-        println!(
-            "| read, 4 readers one get at a time each | {read_concurrent:.0} MB/s | {dd_read:.0} MB/s (O_DIRECT) | {:.0}% |",
-            read_concurrent / dd_read * 100.0
-        );
+        println!("| --tier-reads | | tier | dd (4 MiB blocks) | ratio |");
+        println!("|---|---|---|---|---|");
+        for reads in ["direct", "load"] {
+            let tier_dir = dir.path().join(reads);
+            std::fs::create_dir(&tier_dir).unwrap();
+            let (write, [one, batched, readers]) = throughput(&tier_dir, &dd_file, bytes, reads).await;
+            println!(
+                "| {reads} | write | {write:.0} MB/s | {dd_write:.0} MB/s (fdatasync) | {:.0}% |",
+                write / dd_write * 100.0
+            );
+            for (what, m) in [
+                ("read, one get at a time", one),
+                ("read, 8 to a batch", batched),
+                ("read, 4 readers one get at a time each", readers),
+            ] {
+                println!(
+                    "| {reads} | {what} | {:.0} MB/s | {:.0} MB/s (O_DIRECT, taking turns) | {:.0}% |",
+                    m.tier,
+                    m.dd,
+                    m.tier / m.dd * 100.0
+                );
+            }
+            let _ = std::fs::remove_dir_all(&tier_dir);
+        }
+        let _ = std::fs::remove_file(dd_file);
     });
 }

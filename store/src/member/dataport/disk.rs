@@ -87,15 +87,15 @@ async fn send(s: &mut Conn, tiering: &Tiering, mut stream: Stream) -> std::io::R
     let piece = PIECE as u64;
     let len = stream.len;
     s.write_all(&Response { ok: true, len }.encode()).await?;
-    let pieces = stream.pieces(piece);
+    let mut pieces = stream.pieces(piece).into_iter();
     let mut reading = VecDeque::new();
-    let mut next = 0;
     let mut sent = 0u64;
     loop {
-        while next < pieces && reading.len() < IN_FLIGHT {
-            let read = stream.read_piece(next, piece, tiering.buffer());
+        while reading.len() < IN_FLIGHT
+            && let Some(p) = pieces.next()
+        {
+            let read = stream.read_piece(p, tiering.buffer());
             reading.push_back(tokio::task::spawn_blocking(read));
-            next += 1;
         }
         let Some(first) = reading.pop_front() else {
             return Ok(stream.finish());

@@ -298,8 +298,8 @@ fn streamed(tier: &Tier, id: DiskId, piece: u64, direct: bool) -> (Vec<u8>, Resu
         s = s.through_page_cache();
     }
     let mut bytes = Vec::new();
-    for i in 0..s.pieces(piece) {
-        let p = s.read_piece(i, piece, Vec::new())().unwrap();
+    for piece in s.pieces(piece) {
+        let p = s.read_piece(piece, Vec::new())().unwrap();
         bytes.extend_from_slice(p.bytes());
         s.take(&p);
     }
@@ -382,6 +382,25 @@ fn a_stream_reads_on_what_its_record_held_after_the_record_is_killed() {
         matches!(tier.stream_known(a), Err(ReadError::Missing(_))),
         "no new read of it"
     );
-    let p = s.read_piece(0, 1 << 20, Vec::new())().unwrap();
+    let p = s.read_piece((0, 50_000), Vec::new())().unwrap();
     assert!(p.bytes() == value(3, 50_000));
+}
+
+#[test]
+fn a_value_is_read_in_pieces_of_the_size_asked_the_last_what_is_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut tier, _) = Tier::open(&TierConfig {
+        file_size: 8 * MIB,
+        ..config(dir.path())
+    })
+    .unwrap();
+    let four = tier.append(&header("four"), &value(1, 4 * MIB as usize)).unwrap();
+    let odd = tier.append(&header("odd"), &value(2, MIB as usize + 3)).unwrap();
+    let empty = tier.append(&header("empty"), &[]).unwrap();
+    let pieces = |id| tier.stream_known(id).unwrap().pieces(MIB);
+    assert_eq!(pieces(four), [(0, MIB), (MIB, MIB), (2 * MIB, MIB), (3 * MIB, MIB)]);
+    assert_eq!(pieces(odd), [(0, MIB), (MIB, 3)]);
+    assert!(pieces(empty).is_empty());
+    let s = tier.stream_known(empty).unwrap();
+    assert!(s.finish().is_ok(), "an empty value is whole with no piece");
 }

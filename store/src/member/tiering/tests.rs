@@ -223,8 +223,8 @@ fn read_direct(t: &Tiering, s: crate::member::tier::Stream) -> Vec<u8> {
     let id = s.id();
     let mut s = s;
     let mut bytes = Vec::new();
-    for i in 0..s.pieces(1024) {
-        let p = s.read_piece(i, 1024, t.buffer())().unwrap();
+    for piece in s.pieces(1024) {
+        let p = s.read_piece(piece, t.buffer())().unwrap();
         bytes.extend_from_slice(p.bytes());
         s.take(&p);
         t.give_back(p.into_buffer());
