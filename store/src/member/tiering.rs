@@ -102,8 +102,9 @@ pub struct Tiering {
     /// every live record, as a mount hands it over (oldest first: by file, then position)
     records: parking_lot::Mutex<BTreeMap<u64, DiskHolding>>,
     policy: Policy,
-    /// buffers of direct reads' pieces, kept for the next (`direct.rs`)
+    /// buffers of direct reads' pieces, kept for the next, and the pieces held (`direct.rs`)
     buffers: parking_lot::Mutex<Vec<Vec<u8>>>,
+    pieces: Arc<tokio::sync::Semaphore>,
 }
 
 /// One load the leader asked for.
@@ -133,6 +134,7 @@ impl Tiering {
             records: parking_lot::Mutex::new(records),
             policy,
             buffers: parking_lot::Mutex::new(Vec::new()),
+            pieces: Arc::new(tokio::sync::Semaphore::new(direct::MAX_PIECES)),
         })
     }
 

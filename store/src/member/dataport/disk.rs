@@ -1,9 +1,10 @@
 //! Op 7: a value only on the member's disk tier, streamed from disk to the reader (the leader's
 //! `--tier-reads direct`). The grant (for [`Access::ReadDisk`], over the value's tag) is checked
 //! first; the copy is then read in [`PIECE`]s on the blocking pool, [`IN_FLIGHT`] at once while
-//! the ones before are sent, each hashed once sent, and the answer ends with the [`Verdict`]:
-//! whether the bytes matched their checksum. A copy that cannot be opened is answered with no bytes and
-//! [`Verdict::Damaged`] (a miss); either way the tier reports the copy lost (`tiering/direct.rs`).
+//! the ones before are sent (and at most `tiering::direct::MAX_PIECES` on all connections), each
+//! hashed once sent, and the answer ends with the [`Verdict`]: whether the bytes matched their
+//! checksum. A copy that cannot be opened is answered with no bytes and [`Verdict::Damaged`] (a
+//! miss); either way the tier reports the copy lost (`tiering/direct.rs`).
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -94,10 +95,11 @@ async fn send(s: &mut Conn, tiering: &Tiering, mut stream: Stream) -> std::io::R
         while reading.len() < IN_FLIGHT
             && let Some(p) = pieces.next()
         {
-            let read = stream.read_piece(p, tiering.buffer());
-            reading.push_back(tokio::task::spawn_blocking(read));
+            let (buf, held) = tiering.buffer().await;
+            let read = stream.read_piece(p, buf);
+            reading.push_back((tokio::task::spawn_blocking(read), held));
         }
-        let Some(first) = reading.pop_front() else {
+        let Some((first, _held)) = reading.pop_front() else {
             return Ok(stream.finish());
         };
         match first.await.map_err(std::io::Error::other)? {

@@ -9,6 +9,10 @@ use super::{TierCounts, Tiering};
 
 /// Piece buffers kept between direct reads (each about a piece, 1 MiB: `dataport/disk.rs`).
 pub const KEPT_BUFFERS: usize = 16;
+/// Most pieces of direct reads in memory at once, on all connections together (read, or waiting
+/// to be sent): what readers that do not read can pin is bounded (64 MiB with 1 MiB pieces); past
+/// it, reads wait for pieces to be sent.
+pub const MAX_PIECES: usize = 64;
 
 impl Tiering {
     /// Opens the copy `disk_id` for a direct read, if its record is live, carries `tag` and holds
@@ -43,9 +47,16 @@ impl Tiering {
         }
     }
 
-    /// A buffer for a piece of a direct read: one an earlier read gave back, or a new one.
-    pub fn buffer(&self) -> Vec<u8> {
-        self.buffers.lock().pop().unwrap_or_default()
+    /// A buffer for a piece of a direct read (one an earlier read gave back, or a new one), once
+    /// fewer than [`MAX_PIECES`] are held: keep the permit until the piece is sent.
+    pub async fn buffer(&self) -> (Vec<u8>, tokio::sync::OwnedSemaphorePermit) {
+        let permit = self
+            .pieces
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        (self.buffers.lock().pop().unwrap_or_default(), permit)
     }
 
     /// Keeps a piece's buffer for the next read (at most [`KEPT_BUFFERS`]).

@@ -224,7 +224,8 @@ fn read_direct(t: &Tiering, s: crate::member::tier::Stream) -> Vec<u8> {
     let mut s = s;
     let mut bytes = Vec::new();
     for piece in s.pieces(1024) {
-        let p = s.read_piece(piece, t.buffer())().unwrap();
+        let (buf, _held) = futures::executor::block_on(t.buffer());
+        let p = s.read_piece(piece, buf)().unwrap();
         bytes.extend_from_slice(p.bytes());
         s.take(&p);
         t.give_back(p.into_buffer());
@@ -273,4 +274,22 @@ fn a_direct_read_is_of_the_copy_the_grant_names_and_damage_is_reported_and_dropp
     assert_eq!((r.lost, r.failed_reads), (vec![id], vec![id]));
     assert_eq!((t.counts().loaded, t.counts().damaged), (1, 1));
     assert!(t.open_read(id, TAG, 5000).is_none(), "killed: never read again");
+}
+
+#[tokio::test]
+async fn direct_reads_hold_at_most_max_pieces_in_memory_and_wait_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tier(dir.path(), 64 << 20);
+    let mut held = Vec::new();
+    for _ in 0..direct::MAX_PIECES {
+        held.push(t.buffer().await);
+    }
+    let next = tokio::time::timeout(std::time::Duration::from_millis(50), t.buffer()).await;
+    assert!(next.is_err(), "one piece past the bound waits");
+    let (buf, permit) = held.pop().unwrap();
+    drop(permit);
+    t.give_back(buf);
+    let (_buf, _permit) = tokio::time::timeout(std::time::Duration::from_secs(5), t.buffer())
+        .await
+        .expect("a piece sent makes room");
 }
