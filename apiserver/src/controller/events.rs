@@ -85,14 +85,16 @@ fn is_fault(c: &Condition) -> bool {
         && !NOT_FAULT_REASONS.contains(&(c.type_.as_str(), c.reason.as_str()))
 }
 
-/// The conditions whose status changed from `before` to `after`, as events (`warning`, reason,
-/// message): a first observation is not a transition, so a new object records only what
+/// The conditions whose status changed from `before` to `after`, or that stayed `False` for
+/// another reason (a member first missing, then known to have crashed), as events (`warning`,
+/// reason, message): a first observation is not a transition, so a new object records only what
 /// changes after it (the leader starting to serve, members mounting, a grant, an attachment).
 /// `False` is a Warning unless the condition's `False` (or this reason of it) is no fault.
 pub fn transitions(before: &[Condition], after: &[Condition]) -> Vec<(bool, String, String)> {
+    let changed = |b: &Condition, c: &Condition| b.status != c.status || (c.status == "False" && b.reason != c.reason);
     after
         .iter()
-        .filter(|c| before.iter().any(|b| b.type_ == c.type_ && b.status != c.status))
+        .filter(|c| before.iter().any(|b| b.type_ == c.type_ && changed(b, c)))
         .map(|c| {
             (
                 is_fault(c),
@@ -160,5 +162,22 @@ mod tests {
             &[cond("Deletable", "False", "InUse")],
         );
         assert!(!held[0].0, "a held deletion is no fault");
+    }
+
+    #[test]
+    fn a_fault_that_changes_its_reason_is_an_event_again() {
+        // the first pass after a kill sees the member gone; a later one knows it crashed
+        let missing = [cond("MembersMounted", "False", "SegmentsShort")];
+        let crashed = [cond("MembersMounted", "False", "MemberCrashLooping")];
+        let t = transitions(&missing, &crashed);
+        assert_eq!(t.len(), 1, "{t:?}");
+        assert_eq!((t[0].0, t[0].1.as_str()), (true, "MemberCrashLooping"));
+        let settled = [cond("MembersMounted", "True", "Mounted")];
+        let other = [cond("MembersMounted", "True", "MountedAgain")];
+        assert!(
+            transitions(&settled, &other).is_empty(),
+            "a True that rewords itself is no news"
+        );
+        assert!(transitions(&crashed, &crashed).is_empty());
     }
 }
