@@ -5,12 +5,12 @@
 //! 2. For each way a leader reads values on disk (`--tier-reads direct`: the member streams them
 //!    from disk to the reader; `load`: it loads them into memory first), the tier's write and
 //!    read throughput for 4 MiB values through a 256 MiB member. Writes: from the first put until
-//!    the leader knows every copy, against `dd` writing 1 GiB with `fdatasync`. Reads, of values
-//!    only on disk, into buffers the reader reuses: one get at a time and eight to a batch
-//!    (timing the gets only), and four readers at once (timing the whole), each against `dd`
-//!    reading as much with `O_DIRECT` in 4 MiB blocks in the same directory, the two taking turns
-//!    128 MiB at a time (this VM's disk changes speed from second to second; the page cache is
-//!    dropped before each part). Goal: at least 80%.
+//!    the leader knows every copy, against `dd` writing 1 GiB with `fdatasync` just before.
+//!    Reads, of values only on disk, into buffers the reader reuses: one get at a time and eight
+//!    to a batch (timing the gets only), and four readers at once (timing the whole), each
+//!    against `dd` reading as much with `O_DIRECT` in 4 MiB blocks in the same directory, the two
+//!    taking turns 128 MiB at a time (this VM's disk changes speed from second to second; the
+//!    page cache is dropped before each part). Goal: at least 80%.
 //!
 //! `cargo bench -p kvcache-store --bench tier` (`TIER_DIR`: where the tiers and `dd` write; by
 //! default a directory under `$TMPDIR`). Real processes on loopback, the release build.
@@ -290,10 +290,9 @@ fn main() {
             with * 100.0
         );
         let dd_file = dir.path().join("dd.bin");
-        let dd_write = dd_write(&dd_file, 1 << 30);
         let bytes = 2 << 30;
         println!(
-            "4 MiB values, 2 GiB written, in {}; 512 MiB read each way, taking turns with dd, 128 MiB each:",
+            "4 MiB values, 2 GiB written each way just after dd wrote 1 GiB; 512 MiB read each way, taking turns with dd, 128 MiB each; in {}:",
             dir.path().display()
         );
         println!("| --tier-reads | | tier | dd (4 MiB blocks) | ratio |");
@@ -301,6 +300,7 @@ fn main() {
         for reads in ["direct", "load"] {
             let tier_dir = dir.path().join(reads);
             std::fs::create_dir(&tier_dir).unwrap();
+            let dd_write = dd_write(&dd_file, 1 << 30);
             let (write, [one, batched, readers]) = throughput(&tier_dir, &dd_file, bytes, reads).await;
             println!(
                 "| {reads} | write | {write:.0} MB/s | {dd_write:.0} MB/s (fdatasync) | {:.0}% |",
