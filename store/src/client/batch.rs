@@ -196,18 +196,7 @@ impl Client {
                 (i, read.and_then(|found| super::check_lease(began, r).map(|()| found)))
             });
         }
-        let read: Vec<_> = futures::stream::iter(reads)
-            .buffer_unordered(MAX_TRANSFERS)
-            .collect()
-            .await;
-        for (i, r) in read {
-            match r {
-                Ok(true) => {}
-                // a copy on disk found damaged: a miss
-                Ok(false) => out[i] = Ok(None),
-                Err(e) => out[i] = Err(e),
-            }
-        }
+        settle(&mut out, reads).await;
         Ok(out)
     }
 
@@ -258,18 +247,26 @@ impl Client {
                 (i, read.and_then(|found| super::check_lease(began, r).map(|()| found)))
             });
         }
-        let read: Vec<_> = futures::stream::iter(reads)
-            .buffer_unordered(MAX_TRANSFERS)
-            .collect()
-            .await;
-        for (i, r) in read {
-            match r {
-                Ok(true) => {}
-                // a copy on disk found damaged: a miss
-                Ok(false) => out[i] = Ok(None),
-                Err(e) => out[i] = Err(e),
-            }
-        }
+        settle(&mut out, reads).await;
         Ok(out)
+    }
+}
+
+/// Runs a batch's reads, [`MAX_TRANSFERS`] at a time, each `(i, found)` settling `out[i]`: kept
+/// when found, a miss when its copy on disk was damaged, or the error.
+async fn settle(
+    out: &mut [Result<Option<usize>>],
+    reads: Vec<impl std::future::Future<Output = (usize, Result<bool>)>>,
+) {
+    let read: Vec<_> = futures::stream::iter(reads)
+        .buffer_unordered(MAX_TRANSFERS)
+        .collect()
+        .await;
+    for (i, r) in read {
+        match r {
+            Ok(true) => {}
+            Ok(false) => out[i] = Ok(None),
+            Err(e) => out[i] = Err(e),
+        }
     }
 }

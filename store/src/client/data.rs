@@ -85,13 +85,20 @@ impl Client {
             }
         }
         s.flush().await.map_err(transport)?;
+        let (s, _) = self.answer(s, &loc.data_addr, until).await?;
+        self.give_back(&loc.data_addr, s);
+        Ok(())
+    }
+
+    /// The member's answer to the request just sent on `s`: its header when it accepted, or its
+    /// refusal as the error (the connection pooled again).
+    async fn answer(&self, mut s: Conn, addr: &str, until: Instant) -> Result<(Conn, wire::Response)> {
         let resp = read_response(&mut s, until).await?;
         if resp.ok {
-            self.give_back(&loc.data_addr, s);
-            return Ok(());
+            return Ok((s, resp));
         }
         let err = read_refusal(&mut s, resp.len).await?;
-        self.give_back(&loc.data_addr, s);
+        self.give_back(addr, s);
         Err(err)
     }
 
@@ -118,17 +125,9 @@ impl Client {
         let head = wire::Request::granted(Op::Read, loc, loc.len, deadline, 0).encode();
         s.write_all(&head).await.map_err(transport)?;
         s.flush().await.map_err(transport)?;
-        let resp = read_response(&mut s, until).await?;
-        if !resp.ok {
-            let err = read_refusal(&mut s, resp.len).await?;
-            self.give_back(&loc.data_addr, s);
-            return Err(err);
-        }
+        let (mut s, resp) = self.answer(s, &loc.data_addr, until).await?;
         if resp.len != loc.len {
-            return Err(StoreError::new(
-                ErrorCode::Transport,
-                "the member sent a value of the wrong length",
-            ));
+            return Err(wrong_length());
         }
         receive(&mut s, sink, resp.len, until).await?;
         self.give_back(&loc.data_addr, s);
@@ -148,17 +147,9 @@ impl Client {
         head.extend_from_slice(&loc.tag);
         s.write_all(&head).await.map_err(transport)?;
         s.flush().await.map_err(transport)?;
-        let resp = read_response(&mut s, until).await?;
-        if !resp.ok {
-            let err = read_refusal(&mut s, resp.len).await?;
-            self.give_back(&loc.data_addr, s);
-            return Err(err);
-        }
+        let (mut s, resp) = self.answer(s, &loc.data_addr, until).await?;
         if resp.len != 0 && resp.len != loc.len {
-            return Err(StoreError::new(
-                ErrorCode::Transport,
-                "the member sent a value of the wrong length",
-            ));
+            return Err(wrong_length());
         }
         if resp.len != 0 {
             receive(&mut s, sink, resp.len, until).await?;
@@ -168,6 +159,10 @@ impl Client {
         self.give_back(&loc.data_addr, s);
         Ok(resp.len != 0 && wire::Verdict::decode(&verdict) == wire::Verdict::Intact)
     }
+}
+
+fn wrong_length() -> StoreError {
+    StoreError::new(ErrorCode::Transport, "the member sent a value of the wrong length")
 }
 
 /// Receives a value's `len` bytes into `sink`.

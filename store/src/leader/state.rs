@@ -160,32 +160,45 @@ impl State {
         tag: Vec<u8>,
     ) -> Option<Location> {
         let r = o.memory?;
+        self.granted(o, access, (r.offset, r.allocation), deadline_unix_ms, tag)
+    }
+
+    /// `o` at `(offset, allocation)` (in memory; for [`Access::ReadDisk`](crate::grant::Access),
+    /// its copy's disk id and 0) on its member, granted for `access` until `deadline_unix_ms`
+    /// over `tag`. `None` when its member is gone.
+    pub(super) fn granted(
+        &self,
+        o: &Object,
+        access: crate::grant::Access,
+        (offset, allocation): (u64, u64),
+        deadline_unix_ms: u64,
+        tag: Vec<u8>,
+    ) -> Option<Location> {
         let m = self.members.get(&o.member)?;
-        let grant_mac = m.grant_key.sign(
-            &crate::grant::Range {
-                access,
-                mount_id: o.mount_id,
-                epoch: self.epoch,
-                allocation: r.allocation,
-                offset: r.offset,
-                len: o.size,
-                deadline_unix_ms,
-            },
-            &tag,
-        );
+        let range = crate::grant::Range {
+            access,
+            mount_id: o.mount_id,
+            epoch: self.epoch,
+            allocation,
+            offset,
+            len: o.size,
+            deadline_unix_ms,
+        };
+        let on_disk = access == crate::grant::Access::ReadDisk;
         Some(Location {
             member_id: o.member,
             data_addr: m.data_addr.clone(),
             grpc_addr: m.grpc_addr.clone(),
             mount_id: o.mount_id,
-            offset: r.offset,
+            offset,
             len: o.size,
             epoch: self.epoch,
-            local_addr: m.local_addr.clone(),
-            grant_mac: grant_mac.into(),
-            allocation: r.allocation,
+            // a disk read has no range to map: it goes to the data port
+            local_addr: if on_disk { String::new() } else { m.local_addr.clone() },
+            grant_mac: m.grant_key.sign(&range, &tag).into(),
+            allocation,
             tag: tag.into(),
-            on_disk: false,
+            on_disk,
         })
     }
 

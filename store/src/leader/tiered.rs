@@ -163,30 +163,7 @@ impl State {
     ) -> Option<Location> {
         let disk_id = o.disk?;
         let tag = self.tag(tenant, key);
-        let m = self.members.get(&o.member)?;
-        let range = crate::grant::Range {
-            access: Access::ReadDisk,
-            mount_id: o.mount_id,
-            epoch: self.epoch,
-            allocation: 0,
-            offset: disk_id,
-            len: o.size,
-            deadline_unix_ms,
-        };
-        let location = Location {
-            member_id: o.member,
-            data_addr: m.data_addr.clone(),
-            grpc_addr: m.grpc_addr.clone(),
-            mount_id: o.mount_id,
-            offset: disk_id,
-            len: o.size,
-            epoch: self.epoch,
-            local_addr: String::new(),
-            grant_mac: m.grant_key.sign(&range, &tag).into(),
-            allocation: 0,
-            tag: tag.into(),
-            on_disk: true,
-        };
+        let location = self.granted(o, Access::ReadDisk, (disk_id, 0), deadline_unix_ms, tag)?;
         if let Some(t) = self.tenants.get_mut(tenant) {
             t.counters.loads += 1;
         }

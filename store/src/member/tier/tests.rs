@@ -306,6 +306,15 @@ fn streamed(tier: &Tier, id: DiskId, piece: u64, direct: bool) -> (Vec<u8>, Resu
     (bytes, s.finish())
 }
 
+/// A tier in `dir` whose files hold values of several MiB.
+fn tier_of_large_files(dir: &Path) -> Tier {
+    let cfg = TierConfig {
+        file_size: 8 * MIB,
+        ..config(dir)
+    };
+    Tier::open(&cfg).unwrap().0
+}
+
 /// Whether `dir`'s file system takes `O_DIRECT` (tmpfs does not).
 fn takes_o_direct(dir: &Path) -> bool {
     use std::os::unix::fs::OpenOptionsExt;
@@ -323,11 +332,7 @@ fn takes_o_direct(dir: &Path) -> bool {
 #[test]
 fn a_direct_read_streams_a_value_in_pieces_whatever_its_length_and_alignment() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut tier, _) = Tier::open(&TierConfig {
-        file_size: 8 * MIB,
-        ..config(dir.path())
-    })
-    .unwrap();
+    let mut tier = tier_of_large_files(dir.path());
     // values that end inside a block, on one, and at the file's end (the last record)
     let lens = [1usize, 4095, 4096, 100_000, MIB as usize + 3, 2 * MIB as usize];
     let ids: Vec<DiskId> = lens
@@ -389,11 +394,7 @@ fn a_stream_reads_on_what_its_record_held_after_the_record_is_killed() {
 #[test]
 fn a_value_is_read_in_pieces_of_the_size_asked_the_last_what_is_left() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut tier, _) = Tier::open(&TierConfig {
-        file_size: 8 * MIB,
-        ..config(dir.path())
-    })
-    .unwrap();
+    let mut tier = tier_of_large_files(dir.path());
     let four = tier.append(&header("four"), &value(1, 4 * MIB as usize)).unwrap();
     let odd = tier.append(&header("odd"), &value(2, MIB as usize + 3)).unwrap();
     let empty = tier.append(&header("empty"), &[]).unwrap();

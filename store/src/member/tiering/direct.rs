@@ -27,13 +27,12 @@ impl Tiering {
         let opened = match this_value {
             Some(true) => self.tier.lock().stream_known(id),
             Some(false) => {
-                self.add(TierCounts {
+                // another value's record: the leader's copy is not here, and the record stays
+                let failed = TierCounts {
                     failed: 1,
                     ..TierCounts::default()
-                });
-                let mut r = self.report.lock();
-                r.lost.push(disk_id);
-                r.failed_reads.push(disk_id);
+                };
+                self.report_failed(id, failed, false);
                 return None;
             }
             None => Err(ReadError::Missing(id)),
@@ -99,8 +98,16 @@ impl Tiering {
         } else {
             counts.failed += 1;
         }
+        self.report_failed(id, counts, true);
+    }
+
+    /// Counts a read of `id` that failed and tells the leader in the next heartbeat (lost, and a
+    /// failed read), the record forgotten with it when it was this value's.
+    fn report_failed(&self, id: DiskId, counts: TierCounts, forget: bool) {
         self.add(counts);
-        self.records.lock().remove(&id.0);
+        if forget {
+            self.records.lock().remove(&id.0);
+        }
         let mut r = self.report.lock();
         r.lost.push(id.0);
         r.failed_reads.push(id.0);
