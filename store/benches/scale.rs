@@ -4,8 +4,11 @@
 //! p99, one call at a time). Each size in `SIZES` (default `1000000`) gets a store of its own,
 //! so the figures at two sizes come from one run; e.g. `SIZES=1000000,20000000`.
 //!
-//! Not measured yet (issue 43's harness goes on): a `kill -9` of the serving leader at that size
-//! and the time until the next term serves and adopts 95% of the objects.
+//! Then the serving leader is killed (`kill -9`) with every value sealed at the member, and a
+//! new leader started on its address: the time until it serves, until it adopted 95% of the
+//! objects and until it adopted all it will, and a sample read back (exact, missing or wrong).
+//! The new leader is started at once, as a standby that already holds the Lease would take over:
+//! a real takeover adds the Lease's expiry.
 //!
 //! `cargo bench -p kvcache-store --bench scale`. Real processes on loopback, the release build.
 
@@ -24,11 +27,15 @@ const BATCH: usize = 1_000;
 const IN_FLIGHT: usize = 4;
 /// Calls timed per operation at a size.
 const SAMPLES: usize = 2_000;
-const VALUE: [u8; 16] = *b"0123456789abcdef";
 
 /// Object `i`'s key: 64 bytes.
 fn key(i: u64) -> String {
     format!("vllm/Qwen2.5-7B/0123456789abcdef/tp0of1/{i:024x}")
+}
+
+/// Object `i`'s value: 16 bytes of its own.
+fn value(i: u64) -> bytes::Bytes {
+    bytes::Bytes::from(format!("{i:016x}"))
 }
 
 /// The leader's resident set, in bytes.
@@ -51,8 +58,14 @@ async fn fill(c: &Client, n: u64) {
     let batches: Vec<u64> = (0..n.div_ceil(BATCH as u64)).collect();
     for group in batches.chunks(IN_FLIGHT) {
         let puts = group.iter().map(|b| async move {
-            let keys: Vec<String> = (b * BATCH as u64..((b + 1) * BATCH as u64).min(n)).map(key).collect();
-            let items: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &VALUE[..])).collect();
+            let range = b * BATCH as u64..((b + 1) * BATCH as u64).min(n);
+            let keys: Vec<String> = range.clone().map(key).collect();
+            let values: Vec<bytes::Bytes> = range.map(value).collect();
+            let items: Vec<(&str, &[u8])> = keys
+                .iter()
+                .map(|k| k.as_str())
+                .zip(values.iter().map(|v| &v[..]))
+                .collect();
             for r in c.batch_put(&items).await.expect("a batch put") {
                 r.expect("a put");
             }
@@ -80,10 +93,11 @@ where
 async fn at_size(n: u64) {
     // quota and memory to spare: the leader's own index is what is measured
     let quota = format!("t={}Gi:64:bfloat16", (n / 1_000_000 + 1) * 2);
-    let l = leader(&["--tenant", &quota]);
+    let flags = ["--tenant", quota.as_str()];
+    let mut l = leader(&flags);
     let addr = l.field("grpc");
     let memory = format!("{}Mi", n * 64 / (1 << 20) + 512);
-    let _m = member_with(&addr, "m", &memory, &[]);
+    let m = member_with(&addr, "m", &memory, &["--metrics-listen", "127.0.0.1:0"]);
     let c = common::client(&addr, "t").await;
     common::wait_members(&c, 1).await;
     let before = rss(&l);
@@ -102,7 +116,7 @@ async fn at_size(n: u64) {
     let put = timed(|i| {
         let c = c.clone();
         async move {
-            c.put(&key(n + i), bytes::Bytes::from_static(&VALUE)).await.unwrap();
+            c.put(&key(n + i), value(n + i)).await.unwrap();
         }
     })
     .await;
@@ -132,6 +146,90 @@ async fn at_size(n: u64) {
         exists.0,
         exists.1
     );
+    let held = n + SAMPLES as u64;
+    common::wait_sealed(&c, &[&m]).await;
+    l.kill();
+    let killed = Instant::now();
+    let _l = common::leader_at(&addr, &flags);
+    let took = adoption(&addr, held, killed).await;
+    let c = common::client(&addr, "t").await;
+    let (exact, missing, wrong) = read_back(&c, &picks).await;
+    println!(
+        "{:>10} objects, leader killed: serving after {:.2} s, 95% adopted after {}, {} of {held} adopted after {:.2} s; \
+         {SAMPLES} read back: {exact} exact, {missing} missing, {wrong} wrong",
+        "",
+        took.serving.as_secs_f64(),
+        took.most
+            .map_or("never".into(), |d| format!("{:.2} s", d.as_secs_f64())),
+        took.adopted,
+        took.last.as_secs_f64(),
+    );
+}
+
+/// What a new term's adoption took, from the old leader's kill.
+struct Adoption {
+    serving: Duration,
+    /// until 95% of the objects were adopted
+    most: Option<Duration>,
+    adopted: u64,
+    /// until the last adoption seen
+    last: Duration,
+}
+
+/// Polls the new leader's health every 10 ms until it adopted `held` objects, or adopted no more
+/// for 10 s.
+async fn adoption(addr: &str, held: u64, killed: Instant) -> Adoption {
+    let mut control = loop {
+        if let Ok(c) = kvcache_store::proto::control_client::ControlClient::connect(format!("http://{addr}")).await {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let mut took = Adoption {
+        serving: Duration::ZERO,
+        most: None,
+        adopted: 0,
+        last: Duration::ZERO,
+    };
+    let mut changed = Instant::now();
+    loop {
+        if let Ok(h) = control.health(kvcache_store::proto::HealthRequest {}).await {
+            let h = h.into_inner();
+            if h.serving && took.serving.is_zero() {
+                took.serving = killed.elapsed();
+            }
+            if h.adopted_objects > took.adopted {
+                took.adopted = h.adopted_objects;
+                took.last = killed.elapsed();
+                changed = Instant::now();
+            }
+            if took.most.is_none() && took.adopted * 100 >= held * 95 {
+                took.most = Some(killed.elapsed());
+            }
+        }
+        if took.adopted >= held || changed.elapsed() > Duration::from_secs(10) {
+            return took;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Reads objects `picks` back: how many came back exact, missing (or refused), or with other
+/// bytes.
+async fn read_back(c: &Client, picks: &[u64]) -> (u64, u64, u64) {
+    let (mut exact, mut missing, mut wrong) = (0, 0, 0);
+    for &i in picks {
+        match c.get(&key(i)).await {
+            Ok(Some(v)) if v == value(i) => exact += 1,
+            Ok(Some(_)) => wrong += 1,
+            Ok(None) => missing += 1,
+            Err(e) => {
+                eprintln!("reading {} back: {e}", key(i));
+                missing += 1;
+            }
+        }
+    }
+    (exact, missing, wrong)
 }
 
 fn main() {

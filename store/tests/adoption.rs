@@ -5,7 +5,8 @@
 //! next heartbeat answer) before the kill hits with exactly its bytes, and every other read is a
 //! miss or exactly its key's bytes. And a writer that names its bytes as
 //! another tenant's value (or another key) is refused before a byte lands, so nothing forged is
-//! ever handed over; and what the leader removed or evicted before it failed stays gone.
+//! ever handed over; and what the leader removed or evicted before it failed stays gone. A member
+//! whose report takes many pages hands over every value.
 
 // Helpers outside #[test] fns state expectations with unwrap too (see clippy.toml).
 #![allow(clippy::unwrap_used)]
@@ -486,5 +487,56 @@ async fn a_value_removed_just_before_a_kill_stays_gone() {
             None,
             "round {round}: the removed value came back"
         );
+    }
+}
+
+/// A member that holds more values than one page of its report carries (about 29,000 here)
+/// hands every one of them to the next term, page after page: all adopted, all read back exact.
+/// (A report used to be one message, cut at 48 MiB, whose answer a member could not even read
+/// past about 100,000 values.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_of_many_pages_is_adopted_whole() {
+    const VALUES: usize = 70_000;
+    let flags = ["--tenant", "t=256Mi:64:bfloat16"];
+    let mut l = leader(&flags);
+    let addr = l.field("grpc");
+    let m = member(&addr, "m1", "64Mi");
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    let keys: Vec<String> = (0..VALUES).map(|i| format!("paged/{i:08}")).collect();
+    let values: Vec<Vec<u8>> = keys.iter().map(|k| value_of(k, 64)).collect();
+    for (keys, values) in keys.chunks(1000).zip(values.chunks(1000)) {
+        let items: Vec<(&str, &[u8])> = keys
+            .iter()
+            .map(String::as_str)
+            .zip(values.iter().map(Vec::as_slice))
+            .collect();
+        for r in c.batch_put(&items).await.unwrap() {
+            r.unwrap();
+        }
+    }
+    wait_sealed(&c, &[&m]).await;
+    l.kill();
+    let _l = leader_at(&addr, &flags);
+    let c = client(&addr, "t").await;
+    eventually("every value adopted", || async {
+        c.control()
+            .health(kvcache_store::proto::HealthRequest {})
+            .await
+            .is_ok_and(|h| h.into_inner().adopted_objects == VALUES as u64)
+    })
+    .await;
+    for (keys, values) in keys.chunks(1000).zip(values.chunks(1000)) {
+        let mut bufs = vec![vec![0u8; 64]; keys.len()];
+        let mut items: Vec<(&str, &mut [u8])> = keys
+            .iter()
+            .map(String::as_str)
+            .zip(bufs.iter_mut().map(Vec::as_mut_slice))
+            .collect();
+        let got = c.batch_get_into(&mut items).await.unwrap();
+        for ((k, r), (b, want)) in keys.iter().zip(got).zip(bufs.iter().zip(values)) {
+            assert_eq!(r.unwrap(), Some(64), "{k} misses after the restart");
+            assert!(b == want, "{k} holds other bytes");
+        }
     }
 }

@@ -18,6 +18,13 @@
 //! allocation numbers of this term and seals of this term's epoch, which the answer tells the
 //! member. Everything else is free space.
 //!
+//! A large report comes in pages (`member/mount.rs`): the mount carries the first and says more
+//! follow (`MountRequest.more_holdings`), and each further page is a `Handover` call adopted the
+//! same way. Until the last page the leader places nothing new in that segment: a free range
+//! there may be what a later page holds, and a put's bytes written over a held value would let
+//! a later page hand over bytes its seal no longer covers. No page is larger than the member
+//! makes it, so no report is cut short, however many values a member holds.
+//!
 //! A member's report waits for the ledger ([`LEDGER_WAIT`]): a leader that has none yet this term
 //! refuses the mount with `LEDGER_PENDING`, which the member retries within 100 ms, so no tenant's
 //! values are dropped only because the controllers had not yet sent the ledger.
@@ -30,7 +37,7 @@ use super::placement::aligned;
 use super::state::State;
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::grant::{Placed, Tag};
-use crate::proto::Holding;
+use crate::proto::{HandoverRequest, HandoverResponse, Holding};
 
 /// How long into a term a member's report waits for a ledger before the leader adopts against
 /// whatever ledger it has (possibly none: everything is freed).
@@ -56,12 +63,61 @@ impl State {
         ))
     }
 
-    /// Adopts what a freshly mounted member holds; returns, per holding, the allocation it is
-    /// adopted under (0: not adopted) and its new seal (empty: not adopted).
+    /// Adopts a further page of a mount's report; the last page lets the segment's free space be
+    /// placed in again. The report of a member that fell behind on what it was told adopts
+    /// nothing (`Handover::trusted`); a page after the last is refused.
+    pub fn handover(&mut self, req: &HandoverRequest, now: Instant) -> Result<HandoverResponse> {
+        let m = match self.members.get_mut(&req.member_id) {
+            Some(m) if m.mount_id == req.mount_id && (req.instance_id == 0 || m.instance_id == req.instance_id) => m,
+            _ => {
+                return Err(StoreError::new(
+                    ErrorCode::StaleMount,
+                    "this leader does not know this mount (it restarted, or the member was silent past its TTL); \
+                     mount again and report from the start",
+                ));
+            }
+        };
+        m.last_seen = now;
+        let most = m.alloc.capacity() / super::placement::ALIGN;
+        let Some(report) = m.handing_over else {
+            return Err(StoreError::new(
+                ErrorCode::InvalidArgument,
+                "this mount's report has ended (its mount said no more pages follow, or a page said it was the last)",
+            ));
+        };
+        let before = report.reported;
+        let reported = before + req.holdings.len() as u64;
+        if reported > most {
+            return Err(StoreError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "this mount's report has reached {reported} holdings, and its segment holds at most {most} values"
+                ),
+            ));
+        }
+        m.handing_over = (!req.last).then_some(super::mounted::Handover { reported, ..report });
+        let holdings = if report.trusted { &req.holdings[..] } else { &[][..] };
+        let (mut adopted, mut seals) = self.adopt(req.member_id, holdings, before, now);
+        adopted.resize(req.holdings.len(), 0);
+        seals.resize(req.holdings.len(), bytes::Bytes::new());
+        tracing::debug!(
+            member_id = req.member_id,
+            held = req.holdings.len(),
+            adopted = adopted.iter().filter(|a| **a != 0).count(),
+            last = req.last,
+            "a page of a member's report adopted"
+        );
+        Ok(HandoverResponse { adopted, seals })
+    }
+
+    /// Adopts what a freshly mounted member holds (one page of its report, `before` holdings
+    /// after its start); returns, per holding, the allocation it is adopted under (0: not
+    /// adopted) and its new seal (empty: not adopted).
     pub(super) fn adopt(
         &mut self,
         member_id: u64,
         holdings: &[Holding],
+        before: u64,
         now: Instant,
     ) -> (Vec<u64>, Vec<bytes::Bytes>) {
         let mut answer = Vec::with_capacity(holdings.len());
@@ -69,7 +125,7 @@ impl State {
         // per tenant and value size, the keys adopted, for the block logs
         let mut stored: BTreeMap<(String, u64), Vec<String>> = BTreeMap::new();
         for (i, h) in holdings.iter().enumerate() {
-            match self.adopt_one(member_id, h, i as u64, now) {
+            match self.adopt_one(member_id, h, before + i as u64, now) {
                 Some((allocation, tag)) => {
                     answer.push(allocation);
                     let placed = Placed {
@@ -167,3 +223,6 @@ impl State {
         (same_layout && t.uid == tag.uid).then_some(tag)
     }
 }
+
+#[cfg(test)]
+mod tests;

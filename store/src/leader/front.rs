@@ -4,7 +4,7 @@
 //! | service | shown in the metadata | body at most |
 //! |---|---|---|
 //! | `Store` | `x-kvstore-protocol` (`protocol.rs`), then a tenant's credential in `x-kvstore-credential` (`State::admits`) | 16 KiB; the batch calls [`MAX_REQUEST`](super::fastport::MAX_REQUEST) |
-//! | `Membership` | the member token (`authorization: Bearer …`) | `Mount` [`MAX_MOUNT_MESSAGE`](crate::member::MAX_MOUNT_MESSAGE), `Heartbeat` 16 KiB |
+//! | `Membership` | the member token (`authorization: Bearer …`) | `Mount` and `Handover` [`MAX_MOUNT_MESSAGE`](crate::member::MAX_MOUNT_MESSAGE), `Heartbeat` 16 KiB |
 //! | `Control` | the controllers' token, except `Health` | `SetTenants` 4 MiB, the rest 16 KiB |
 //!
 //! A call that shows too little is answered at once from its headers (`UNAUTHENTICATED`,
@@ -63,6 +63,7 @@ fn rule(path: &str) -> (Caller, usize, &'static str) {
         ("Store", "BatchRemove") => (Caller::Engine, BATCH, "Store.BatchRemove"),
         ("Store", _) => (Caller::Engine, SMALL_BODY, "a Store call"),
         ("Membership", "Mount") => (Caller::Member, MOUNT, "Membership.Mount"),
+        ("Membership", "Handover") => (Caller::Member, MOUNT, "Membership.Handover"),
         ("Membership", _) => (Caller::Member, SMALL_BODY, "a Membership call"),
         ("Control", "Health") => (Caller::Anyone, SMALL_BODY, "Control.Health"),
         ("Control", "SetTenants") => (Caller::Controller, LEDGER_BODY + FRAME_HEADER, "Control.SetTenants"),
@@ -158,6 +159,8 @@ mod tests {
         assert!(rule("/kvstore.v1.Store/BatchPutStart").1 > super::super::fastport::MAX_REQUEST);
         assert_eq!(rule("/kvstore.v1.Membership/Mount").0, Caller::Member);
         assert_eq!(rule("/kvstore.v1.Membership/Heartbeat").1, SMALL_BODY);
+        assert_eq!(rule("/kvstore.v1.Membership/Handover").0, Caller::Member);
+        assert!(rule("/kvstore.v1.Membership/Handover").1 > crate::member::MAX_MOUNT_MESSAGE);
         assert_eq!(rule("/kvstore.v1.Control/SetTenants").0, Caller::Controller);
         assert_eq!(rule("/kvstore.v1.Control/GetTenants").0, Caller::Controller);
         assert_eq!(rule("/kvstore.v1.Control/Health").0, Caller::Anyone);

@@ -133,6 +133,12 @@ impl Membership for Leader {
         Ok(Response::new(self.serving(|s| s.mount(&r, Instant::now()))?))
     }
 
+    async fn handover(&self, req: Request<HandoverRequest>) -> Reply<HandoverResponse> {
+        self.check_member(req.metadata())?;
+        let r = req.into_inner();
+        Ok(Response::new(self.serving(|s| s.handover(&r, Instant::now()))?))
+    }
+
     /// Held while there is nothing to tell the member, at most its `wait_ms` and the heartbeat
     /// interval (`notices.rs`).
     async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Reply<HeartbeatResponse> {

@@ -32,7 +32,11 @@ impl State {
         let id = self.next_member_id;
         self.next_member_id += 1;
         let mount_id = self.mount_id_for(req.mount_id);
-        let member = new_member(req, mount_id, self.grant_key.for_mount(mount_id), now);
+        let mut member = new_member(req, mount_id, self.grant_key.for_mount(mount_id), now);
+        member.handing_over = req.more_holdings.then_some(super::mounted::Handover {
+            reported: req.holdings.len() as u64,
+            trusted,
+        });
         self.members.insert(id, member);
         self.recompute_grants();
         let (holdings, disk_holdings) = if trusted {
@@ -40,7 +44,7 @@ impl State {
         } else {
             (&[][..], &[][..])
         };
-        let (mut adopted, mut seals) = self.adopt(id, holdings, now);
+        let (mut adopted, mut seals) = self.adopt(id, holdings, 0, now);
         adopted.resize(req.holdings.len(), 0);
         seals.resize(req.holdings.len(), bytes::Bytes::new());
         let mut disk_adopted = self.adopt_disk(id, disk_holdings, now);
@@ -56,6 +60,7 @@ impl State {
             name = %req.name,
             capacity = req.capacity,
             held = req.holdings.len(),
+            more_to_come = req.more_holdings,
             adopted = kept.len(),
             tier_capacity = req.tier_capacity,
             on_disk = req.disk_holdings.len(),
@@ -305,5 +310,6 @@ fn new_member(req: &MountRequest, mount_id: u64, grant_key: crate::grant::GrantK
         last_seen: now,
         notices: Default::default(),
         grant_key,
+        handing_over: None,
     }
 }

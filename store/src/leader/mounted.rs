@@ -38,6 +38,19 @@ pub struct Mounted {
     /// this mount's grant key, derived from the term's (`grant.rs`): every range of it is signed
     /// with it, and it signs nothing another member accepts
     pub grant_key: crate::grant::GrantKey,
+    /// while further pages of its mount's report are to come (`adoption.rs`): nothing new is
+    /// placed in its segment meanwhile, whose free ranges may be what a later page holds
+    pub handing_over: Option<Handover>,
+}
+
+/// A mount's report still coming in pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handover {
+    /// holdings in the pages so far
+    pub reported: u64,
+    /// `false`: the member was unmounted for falling behind on what it was told, so its report may
+    /// hold values this leader freed, and nothing of it is adopted
+    pub trusted: bool,
 }
 
 /// A value on its way from a member's disk tier into its memory.

@@ -64,11 +64,20 @@ impl State {
 
     /// The refusal of a put that no mounted segment has `len` free bytes for, eviction included.
     fn no_space(&self, len: u64) -> StoreError {
+        let handing_over = self.members.values().filter(|m| m.handing_over.is_some()).count();
+        let waiting = if handing_over > 0 {
+            format!(
+                "; {handing_over} of them still hand over what they held to this term, and take no new values \
+                 until they are done: retry in a moment"
+            )
+        } else {
+            String::new()
+        };
         StoreError::new(
             ErrorCode::NoSpace,
             format!(
                 "no mounted segment has {len} free bytes and nothing evictable is left ({} members, {} of {} \
-                 bytes used); add members, raise their capacity, or retry after leases expire",
+                 bytes used); add members, raise their capacity, or retry after leases expire{waiting}",
                 self.members.len(),
                 self.used(),
                 self.capacity()
@@ -178,12 +187,16 @@ impl State {
             let candidates: Vec<(u64, u64, u64)> = self
                 .members
                 .iter()
-                .filter(|(_, m)| m.alloc.fits(len))
+                .filter(|(_, m)| m.handing_over.is_none() && m.alloc.fits(len))
                 .map(|(id, m)| (*id, m.alloc.free(), m.alloc.capacity()))
                 .collect();
             if let Some(id) = placement::choose(self.cfg.allocation_strategy, &candidates, &mut self.seed) {
                 let m = self.members.get_mut(&id)?;
                 return m.alloc.allocate(len).map(|off| (id, off));
+            }
+            // evicting helps only a segment that takes new values
+            if self.members.values().all(|m| m.handing_over.is_some()) {
+                return None;
             }
             if !self.evict_one_global(now) {
                 return None;

@@ -412,7 +412,7 @@ fn each_named_caller_is_counted_within_its_tenant() {
 }
 
 /// A holding sealed as `s`'s leaders seal (a value one of them committed).
-fn holding(
+pub(super) fn holding(
     s: &State,
     tenant: &str,
     key: &str,

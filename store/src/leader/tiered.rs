@@ -227,9 +227,10 @@ impl State {
     }
 
     /// A free range of `len` bytes on `member`, evicting from its memory until there is one.
+    /// `None` too while the member hands over its report (`adoption.rs`).
     fn room_on(&mut self, member: u64, len: u64, now: Instant) -> Option<u64> {
         loop {
-            let m = self.members.get_mut(&member)?;
+            let m = self.members.get_mut(&member).filter(|m| m.handing_over.is_none())?;
             if let Some(offset) = m.alloc.allocate(len) {
                 return Some(offset);
             }

@@ -21,6 +21,7 @@ pub mod local;
 pub mod metrics;
 pub mod mmap;
 mod mount;
+mod report;
 pub mod segment;
 pub mod tier;
 pub mod tiering;
@@ -34,7 +35,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{LEASE_SCHEME, MemberConfig};
-pub use mount::{MAX_MOUNT_MESSAGE, MAX_REPORT};
+pub use mount::MAX_MOUNT_MESSAGE;
 use segment::Segment;
 
 use crate::error::{ErrorCode, StoreError};

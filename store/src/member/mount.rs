@@ -12,9 +12,10 @@
 //!   old one may lead to a leader that stopped, or hangs); a leader that answers `need_remount`
 //!   (it restarted, or a standby took over) gets a new mount at once.
 //! - **Handing over**: every mount reports the values this member finished writing and still
-//!   holds whole (`segment/handover.rs`, [`MAX_REPORT`] of tags at most); the answer says
-//!   which the leader adopted, and those are readable again under the new mount before its
-//!   grant key is taken, so no range of the new term is served before the table is right. A leader with no ledger
+//!   holds whole (`segment/handover.rs`), the first page of it, the rest in pages after
+//!   (`report.rs`); the answer says which the leader adopted, and those are readable again
+//!   under the new mount before its grant key is taken, so no range of the new term is served
+//!   before the table is right. A leader with no ledger
 //!   yet answers `LEDGER_PENDING`, retried every 100 ms. Heartbeat answers hand over the seals of
 //!   values the leader committed since the last one (only a sealed value is held for a next
 //!   leader), and name the ranges it freed, which this member then no longer holds; the next
@@ -52,10 +53,6 @@ const MAX_BACKOFF: Duration = Duration::from_millis(500);
 const DEFAULT_MEMBER_TTL: Duration = Duration::from_secs(10);
 /// How long a connection attempt or a heartbeat may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(1);
-/// The most a mount's report of holdings may carry (tags and their ranges); past it the least
-/// recently used values are left out (freed). The leader takes Mount messages of
-/// [`MAX_MOUNT_MESSAGE`].
-pub const MAX_REPORT: usize = 48 << 20;
 /// The longest a leader may hold a heartbeat while the disk tier has copies to report.
 const REPORT_WAIT: Duration = Duration::from_millis(50);
 /// The largest Mount message a leader reads.
@@ -174,6 +171,10 @@ pub(super) async fn stay_mounted(
                 continue;
             }
         };
+        if let Err(e) = super::report::hand_over_rest(&mut client, &mounted, req.instance_id, token, segment).await {
+            tracing::warn!(%addr, error = %e, "handing over the rest of this member's report failed; mounting again");
+            continue;
+        }
         refused = None;
         backoff = MIN_BACKOFF;
         readiness.set(Readiness::Serving);
@@ -244,19 +245,14 @@ async fn mount(
     let mount_id = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
     let _in_flight = segment.mounting();
     segment.set_mount(mount_id);
-    let (holdings, counts) = segment.report(MAX_REPORT);
-    if counts.damaged > 0 || counts.left_out > 0 {
-        tracing::warn!(
-            damaged = counts.damaged,
-            left_out = counts.left_out,
-            "some held values are not reported: their bytes changed since their write finished, or the report was full"
-        );
-    }
+    let (holdings, more_holdings) = super::report::first_page(segment);
     let disk_holdings = tiering.map(|t| t.holdings()).unwrap_or_default();
+    let page = holdings.len();
     let asked = MountRequest {
         mount_id,
         holdings,
         disk_holdings: disk_holdings.clone(),
+        more_holdings,
         ..req.clone()
     };
     let mut asked = tonic::Request::new(asked);
@@ -264,9 +260,9 @@ async fn mount(
         crate::auth::attach(&mut asked, t)?;
     }
     // a large report takes longer to send and to adopt
-    let timeout = CALL_TIMEOUT + Duration::from_millis((counts.reported + disk_holdings.len() as u64) / 50);
+    let timeout = super::report::timeout_for(page + disk_holdings.len());
     match tokio::time::timeout(timeout, client.mount(asked)).await {
-        Ok(Ok(r)) => take_mount(segment, tiering, r.into_inner(), counts.reported, &disk_holdings),
+        Ok(Ok(r)) => take_mount(segment, tiering, r.into_inner(), page, &disk_holdings),
         Ok(Err(status)) => {
             segment.set_mount(0);
             Err(StoreError::from_status(&status))
@@ -288,7 +284,7 @@ fn take_mount(
     segment: &Segment,
     tiering: Option<&Arc<Tiering>>,
     r: MountResponse,
-    reported: u64,
+    page: usize,
     disk_holdings: &[crate::proto::DiskHolding],
 ) -> Result<MountResponse, StoreError> {
     if !segment.see_epoch(r.epoch) {
@@ -312,11 +308,11 @@ fn take_mount(
     // the leader keeps the member's choice unless it clashes with another mount
     segment.set_mount(r.mount_id);
     // what was adopted is readable before any grant of the new term verifies
-    let adopted = segment.adopt(&r.adopted, &r.seals, r.epoch);
+    let adopted = segment.adopt(page, &r.adopted, &r.seals, r.epoch);
     segment.set_grant_key(key);
-    if reported > 0 {
+    if page > 0 {
         tracing::info!(
-            reported,
+            reported = page,
             adopted,
             epoch = r.epoch,
             "the leader adopted what this member held"

@@ -1,18 +1,21 @@
 //! A segment's handover to the next leader: the finished values of ended mounts wait
 //! ([`Waiting`]) until a leader mounts the segment again; the member reports those whose bytes
 //! still match their checksum ([`Segment::report`], checked ahead of time by
-//! [`Segment::precheck`] when the leader stops answering), and the leader's answer says which it
-//! adopted and under which allocations of its term ([`Segment::adopt`]). What is not adopted is
-//! free space.
+//! [`Segment::precheck`] when the leader stops answering), in pages ([`Segment::page`]) however
+//! many there are, and each page's answer says which the leader adopted and under which
+//! allocations of its term ([`Segment::adopt`]). What is not adopted is free space.
+
+use std::collections::VecDeque;
 
 use super::Segment;
 use crate::member::written::{Count, Retired};
 
-/// Values of ended mounts, waiting for a leader: after a report, exactly those it sent, in its
-/// order.
+/// Values of ended mounts, waiting for a leader: once reported, least recently used first, the
+/// first `sent` of them in pages whose answers have not come.
 #[derive(Debug, Default)]
 pub(super) struct Waiting {
-    values: Vec<Retired>,
+    values: VecDeque<Retired>,
+    sent: usize,
 }
 
 impl Waiting {
@@ -29,22 +32,20 @@ pub struct ReportCounts {
     pub bytes: u64,
     /// values whose bytes changed since their write finished
     pub damaged: u64,
-    /// values left out because the report was full
-    pub left_out: u64,
 }
 
 impl Segment {
-    /// What this member holds for the next leader: the finished values of ended mounts whose
-    /// bytes still match their checksum, least recently used first, at most `max_bytes` of tags
-    /// (the most recently used kept). Values that fail the check are freed; the list reported is
-    /// the one [`Segment::adopt`] reads the leader's answer against. Once the memory was handed
-    /// to a same-host client, every value is hashed here again: the client may have changed it
-    /// after any earlier check.
-    pub fn report(&self, max_bytes: usize) -> (Vec<crate::proto::Holding>, ReportCounts) {
+    /// Starts a report for the next leader: of the finished values of ended mounts, those whose
+    /// bytes still match their checksum, least recently used first (pages sent to an earlier
+    /// leader and not answered are sent again). Values that fail the check are freed. Once the
+    /// memory was handed to a same-host client, every value is hashed here again: the client may
+    /// have changed it after any earlier check.
+    pub fn report(&self) -> ReportCounts {
         let _checking = self.checking.lock();
         let mut retired = self.retired.lock();
         let mut counts = ReportCounts::default();
         let values = std::mem::take(&mut retired.values);
+        retired.sent = 0;
         let trust_checks = !self.handed_out.load(std::sync::atomic::Ordering::Acquire);
         for mut r in values {
             if !(r.held.checked && trust_checks) {
@@ -56,25 +57,27 @@ impl Segment {
                     }
                 }
             }
-            retired.values.push(r);
+            counts.reported += 1;
+            counts.bytes += r.len;
+            retired.values.push_back(r);
         }
-        retired.values.sort_by_key(|r| r.held.used);
+        retired.values.make_contiguous().sort_by_key(|r| r.held.used);
+        counts
+    }
+
+    /// The report's next page: the values not sent yet, in order, at most `max_bytes` of tags
+    /// and seals (at least one value, if any is left).
+    pub fn page(&self, max_bytes: usize) -> Vec<crate::proto::Holding> {
+        let mut retired = self.retired.lock();
         let mut room = max_bytes;
-        let mut keep = retired.values.len();
-        for (i, r) in retired.values.iter().enumerate().rev() {
+        let mut page = Vec::new();
+        for r in retired.values.iter().skip(retired.sent) {
             let cost = r.held.tag.len() + 32;
-            if cost > room {
+            if cost > room && !page.is_empty() {
                 break;
             }
-            room -= cost;
-            keep = i;
-        }
-        counts.left_out = keep as u64;
-        retired.values.drain(..keep);
-        let report: Vec<crate::proto::Holding> = retired
-            .values
-            .iter()
-            .map(|r| crate::proto::Holding {
+            room = room.saturating_sub(cost);
+            page.push(crate::proto::Holding {
                 tag: bytes::Bytes::copy_from_slice(&r.held.tag),
                 offset: r.offset,
                 size: r.len,
@@ -84,11 +87,26 @@ impl Segment {
                     .held
                     .seal
                     .map_or_else(bytes::Bytes::new, |s| bytes::Bytes::copy_from_slice(&s)),
-            })
-            .collect();
-        counts.reported = report.len() as u64;
-        counts.bytes = retired.values.iter().map(|r| r.len).sum();
-        (report, counts)
+            });
+        }
+        retired.sent += page.len();
+        page
+    }
+
+    /// Ends the report: the values not answered yet are no longer held (the leader may place
+    /// new values over them). Returns how many.
+    pub fn end_report(&self) -> usize {
+        let mut retired = self.retired.lock();
+        retired.sent = 0;
+        let dropped = retired.values.len();
+        retired.values.clear();
+        dropped
+    }
+
+    /// Values of the report not sent in a page yet.
+    pub fn unsent(&self) -> usize {
+        let retired = self.retired.lock();
+        retired.values.len() - retired.sent
     }
 
     /// Checks the checksums of the values the current mount finished, ahead of the report that
@@ -146,19 +164,24 @@ impl Segment {
         self.written.lock().held()
     }
 
-    /// Applies a leader's answer to the last [`Segment::report`]: `allocations[i]` is the
-    /// allocation the i-th reported value is adopted under in the new mount, 0 where it was not
-    /// adopted (its range is free), and `seals[i]` its new seal under the leader's `epoch`. An
-    /// answer of another length (a leader that adopts nothing) adopts nothing. Returns how many
-    /// values were adopted.
-    pub fn adopt(&self, allocations: &[u64], seals: &[bytes::Bytes], epoch: u64) -> u64 {
-        let values = std::mem::take(&mut *self.retired.lock());
-        if allocations.len() != values.values.len() || seals.len() != allocations.len() {
+    /// Applies a leader's answer to the report's oldest unanswered page, of `page` values:
+    /// `allocations[i]` is the allocation its i-th value is adopted under in the new mount, 0
+    /// where it was not adopted (its range is free), and `seals[i]` its new seal under the
+    /// leader's `epoch`. An answer of another length (a leader that adopts nothing) adopts none of
+    /// the page. Returns how many values were adopted.
+    pub fn adopt(&self, page: usize, allocations: &[u64], seals: &[bytes::Bytes], epoch: u64) -> u64 {
+        let values: Vec<Retired> = {
+            let mut retired = self.retired.lock();
+            let page = page.min(retired.sent);
+            retired.sent -= page;
+            retired.values.drain(..page).collect()
+        };
+        if allocations.len() != values.len() || seals.len() != allocations.len() {
             return 0;
         }
         let mut written = self.written.lock();
         let mut adopted = 0;
-        for ((r, &a), s) in values.values.into_iter().zip(allocations).zip(seals) {
+        for ((r, &a), s) in values.into_iter().zip(allocations).zip(seals) {
             if a != 0
                 && let Ok(seal) = <[u8; crate::grant::MAC_LEN]>::try_from(&s[..])
             {
@@ -206,7 +229,8 @@ mod tests {
         // a same-host client scribbles over value 2 after its write finished
         seg.map.copy_in(130, &[9]).unwrap();
         seg.set_mount(12);
-        let (report, counts) = seg.report(1 << 20);
+        let counts = seg.report();
+        let report = seg.page(1 << 20);
         let tags: Vec<&[u8]> = report.iter().map(|h| &h.tag[..]).collect();
         assert_eq!(tags, [&b"k1"[..], &b"k4"[..]]);
         assert_eq!(
@@ -215,7 +239,6 @@ mod tests {
                 reported: 2,
                 bytes: 200,
                 damaged: 1,
-                left_out: 0
             }
         );
         assert_eq!((report[1].offset, report[1].size, report[1].epoch), (384, 100, 3));
@@ -224,18 +247,97 @@ mod tests {
         let read = |mount_id, allocation, offset| allocated(&key, Access::Read, mount_id, 3, offset, 100, allocation);
         assert!(seg.begin_read(read(12, 1, 0), 100).is_err());
         // the leader adopts k4 as allocation 7, not k1
-        assert_eq!(seg.adopt(&[0, 7], &[bytes::Bytes::new(), seal(7)], 4), 1);
+        assert_eq!(seg.adopt(2, &[0, 7], &[bytes::Bytes::new(), seal(7)], 4), 1);
         assert_eq!(seg.begin_read(read(12, 7, 384), 100).unwrap().to_vec(), vec![4; 100]);
         assert!(seg.begin_read(read(12, 1, 0), 100).is_err(), "k1 was not adopted");
-        // a report too small for everything keeps the most recently used
+        // k4, held under the new mount, is reported to the next; an answer that does not match
+        // its page adopts none of it
         seg.set_mount(13);
-        let (report, counts) = seg.report(2 + 32);
-        assert_eq!((report.len(), counts.left_out), (1, 0));
+        assert_eq!(seg.report().reported, 1);
+        assert_eq!(seg.page(1 << 20).len(), 1);
         assert_eq!(
-            seg.adopt(&[], &[], 4),
+            seg.adopt(1, &[], &[], 4),
             0,
-            "an answer that does not match the report adopts nothing"
+            "an answer that does not match the page adopts nothing"
         );
+        assert_eq!(seg.unsent(), 0);
+        seg.set_mount(14);
+        assert_eq!(seg.report().reported, 0, "what was not adopted is free");
+    }
+
+    /// However many values a segment holds, its report hands over every one, in pages no larger
+    /// than asked; a remount in the middle reports again the pages not answered, and what the
+    /// answered pages adopted is held by the new mount and reported too.
+    #[test]
+    fn a_report_comes_in_pages_and_a_remount_in_the_middle_leaves_nothing_out() {
+        let (seg, key, _dir) = mounted();
+        for a in 1..=500 {
+            write(&seg, &key, (a - 1) * 128, a, true);
+        }
+        seg.set_mount(12);
+        assert_eq!(seg.report().reported, 500);
+        let limit = 36 * 40;
+        let mut next = 1000;
+        for _ in 0..3 {
+            let page = seg.page(limit);
+            assert!(page.iter().map(|h| h.tag.len() + 32).sum::<usize>() <= limit);
+            let allocations: Vec<u64> = page.iter().map(|_| (next, next += 1).0).collect();
+            let seals: Vec<bytes::Bytes> = allocations.iter().map(|a| seal(*a)).collect();
+            assert_eq!(seg.adopt(page.len(), &allocations, &seals, 4), page.len() as u64);
+        }
+        let adopted = next - 1000;
+        assert_eq!(
+            seg.held().values,
+            adopted,
+            "the answered pages are held by the new mount"
+        );
+        // one more page is sent, and the leader stops answering
+        let unanswered = seg.page(limit).len();
+        assert!(unanswered > 0 && seg.unsent() > 0);
+        seg.set_mount(13);
+        assert_eq!(seg.report().reported, 500, "adopted and unanswered alike");
+        let mut tags = std::collections::BTreeSet::new();
+        let mut pages = 0;
+        while seg.unsent() > 0 {
+            let page = seg.page(limit);
+            assert!(!page.is_empty());
+            tags.extend(page.iter().map(|h| h.tag.clone()));
+            pages += 1;
+            assert_eq!(
+                seg.adopt(
+                    page.len(),
+                    &vec![0; page.len()],
+                    &vec![bytes::Bytes::new(); page.len()],
+                    5
+                ),
+                0
+            );
+        }
+        assert_eq!((tags.len(), pages), (500, 500usize.div_ceil(40)));
+        seg.set_mount(14);
+        assert_eq!(seg.report().reported, 0, "what no page adopted is free");
+    }
+
+    /// A report the leader refuses to go on with ends: what it did not answer is no longer held.
+    #[test]
+    fn an_ended_report_holds_nothing_it_did_not_answer() {
+        let (seg, key, _dir) = mounted();
+        for a in 1..=10 {
+            write(&seg, &key, (a - 1) * 128, a, true);
+        }
+        seg.set_mount(12);
+        seg.report();
+        let page = seg.page(36 * 4);
+        assert_eq!(page.len(), 4);
+        assert_eq!(
+            seg.adopt(4, &[21, 22, 23, 24], &[seal(21), seal(22), seal(23), seal(24)], 4),
+            4
+        );
+        seg.page(36 * 4);
+        assert_eq!(seg.end_report(), 6, "the page sent and the values not sent");
+        assert_eq!(seg.unsent(), 0);
+        seg.set_mount(13);
+        assert_eq!(seg.report().reported, 4, "only what was adopted");
     }
 
     /// Once the memory was handed to a same-host client, a value changed after the precheck is
@@ -250,7 +352,8 @@ mod tests {
         // a client writes into value 2 through its mapping after the check
         seg.map.copy_in(150, &[9]).unwrap();
         seg.set_mount(12);
-        let (report, counts) = seg.report(1 << 20);
+        let counts = seg.report();
+        let report = seg.page(1 << 20);
         let tags: Vec<&[u8]> = report.iter().map(|h| &h.tag[..]).collect();
         assert_eq!(tags, [&b"k1"[..]]);
         assert_eq!(counts.damaged, 1);
@@ -269,7 +372,8 @@ mod tests {
         let read = allocated(&key, Access::Read, 11, 3, 0, 100, 1);
         assert_eq!(seg.begin_read(read, 100).unwrap().to_vec(), vec![1; 100]);
         seg.set_mount(12);
-        let (report, counts) = seg.report(1 << 20);
+        let counts = seg.report();
+        let report = seg.page(1 << 20);
         assert_eq!(report.len(), 1);
         assert_eq!(&report[0].tag[..], b"k1");
         assert_eq!(counts.damaged, 0, "found by the precheck, not the report");
@@ -289,7 +393,8 @@ mod tests {
         assert_eq!(seg.held(), Count { values: 1, bytes: 100 });
         assert_eq!(seg.seal(10, &[128], &[2], &[seal(2)]), 0, "an earlier mount's answer");
         seg.set_mount(12);
-        let (report, _) = seg.report(1 << 20);
+        seg.report();
+        let report = seg.page(1 << 20);
         let tags: Vec<&[u8]> = report.iter().map(|h| &h.tag[..]).collect();
         assert_eq!(tags, [&b"k1"[..]]);
     }
@@ -310,7 +415,8 @@ mod tests {
         );
         assert_eq!(seg.held(), Count { values: 1, bytes: 100 });
         seg.set_mount(12);
-        let (report, _) = seg.report(1 << 20);
+        seg.report();
+        let report = seg.page(1 << 20);
         let tags: Vec<&[u8]> = report.iter().map(|h| &h.tag[..]).collect();
         assert_eq!(tags, [&b"k2"[..]]);
     }

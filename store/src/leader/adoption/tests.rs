@@ -1,0 +1,112 @@
+//! A report in pages: adopted whole however long, and the segment takes no new value until its
+//! last page.
+
+use std::time::Instant;
+
+use super::super::state::State;
+use super::super::tests::{MIB, entry, holding, mount_req, put, scope, state};
+use crate::error::ErrorCode;
+use crate::proto::{HandoverRequest, Holding, MountRequest, MountResponse};
+
+/// 3,000 values of 64 bytes, back to back from offset 0, of tenant `a`.
+fn held(s: &State) -> Vec<Holding> {
+    (0..3000u64)
+        .map(|i| holding(s, "a", &format!("k{i}"), 64, i * 64, 64, 0))
+        .collect()
+}
+
+fn page(r: &MountResponse, holdings: &[Holding], last: bool) -> HandoverRequest {
+    HandoverRequest {
+        member_id: r.member_id,
+        mount_id: r.mount_id,
+        instance_id: 1,
+        holdings: holdings.to_vec(),
+        last,
+    }
+}
+
+fn adopted(allocations: &[u64]) -> usize {
+    allocations.iter().filter(|a| **a != 0).count()
+}
+
+/// The refusal of a put while the only member hands over.
+fn refusal(s: &mut State, now: Instant) -> String {
+    let e = s.put_start(Some(&scope("a")), "new", 100, now).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoSpace);
+    e.message
+}
+
+#[test]
+fn a_report_in_pages_is_adopted_whole_and_the_segment_takes_new_values_after_its_last_page() {
+    let (mut s, now) = state(Default::default());
+    s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
+    let held = held(&s);
+    let first = MountRequest {
+        holdings: held[..1000].to_vec(),
+        more_holdings: true,
+        ..mount_req("m", MIB, 1)
+    };
+    let r = s.mount(&first, now).unwrap();
+    assert_eq!(adopted(&r.adopted), 1000);
+    // the free space may be what a later page holds: nothing new goes there, and nothing adopted
+    // is evicted to make room
+    assert!(refusal(&mut s, now).contains("hand over"), "{}", refusal(&mut s, now));
+    assert_eq!(s.tenants["a"].objects.len(), 1000);
+    let second = s.handover(&page(&r, &held[1000..2000], false), now).unwrap();
+    assert_eq!((adopted(&second.adopted), second.seals.len()), (1000, 1000));
+    assert!(refusal(&mut s, now).contains("hand over"));
+    let third = s.handover(&page(&r, &held[2000..], true), now).unwrap();
+    assert_eq!(adopted(&third.adopted), 1000);
+    assert_eq!((s.tenants["a"].objects.len(), s.adopted.objects), (3000, 3000));
+    put(&mut s, "a", "new", 100, now).expect("placed once the report ended");
+    // a page after the last is refused, and so is a page of a mount the leader does not know
+    assert_eq!(
+        s.handover(&page(&r, &[], true), now).unwrap_err().code,
+        ErrorCode::InvalidArgument
+    );
+    let stale = HandoverRequest {
+        mount_id: r.mount_id ^ 2,
+        ..page(&r, &[], true)
+    };
+    assert_eq!(s.handover(&stale, now).unwrap_err().code, ErrorCode::StaleMount);
+}
+
+/// A member unmounted for falling behind on what it was told hands over nothing, in any page, and
+/// still takes no new value until its last page: its report may name ranges it never freed.
+#[test]
+fn a_distrusted_members_pages_adopt_nothing() {
+    let (mut s, now) = state(Default::default());
+    s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
+    let held = held(&s);
+    s.distrusted.insert(1);
+    let first = MountRequest {
+        holdings: held[..1000].to_vec(),
+        more_holdings: true,
+        ..mount_req("m", MIB, 1)
+    };
+    let r = s.mount(&first, now).unwrap();
+    assert_eq!((adopted(&r.adopted), r.adopted.len()), (0, 1000));
+    refusal(&mut s, now);
+    let last = s.handover(&page(&r, &held[1000..], true), now).unwrap();
+    assert_eq!((adopted(&last.adopted), last.adopted.len()), (0, 2000));
+    assert!(s.tenants["a"].objects.is_empty());
+    put(&mut s, "a", "new", 100, now).unwrap();
+}
+
+/// A page that would take the report past what its segment can hold is refused.
+#[test]
+fn a_report_longer_than_its_segment_holds_is_refused() {
+    let (mut s, now) = state(Default::default());
+    s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
+    let held = held(&s);
+    let first = MountRequest {
+        holdings: held[..2000].to_vec(),
+        more_holdings: true,
+        // 2,048 places of 64 bytes
+        ..mount_req("m", 128 * 1024, 1)
+    };
+    let r = s.mount(&first, now).unwrap();
+    let e = s.handover(&page(&r, &held[2000..2100], false), now).unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidArgument);
+    assert!(e.message.contains("at most 2048"), "{}", e.message);
+}

@@ -1,0 +1,103 @@
+//! Handing a new leader what this member holds, in pages: the mount carries the report's first
+//! page ([`first_page`]), and each further page is a `Handover` call whose answer is applied
+//! before the next is sent ([`hand_over_rest`]). However many values the segment holds, none
+//! is left out, and no message or answer grows past a page's worth.
+//!
+//! Until the last page is answered the leader places nothing new in the segment, so the values
+//! not answered yet keep their bytes: a remount in the middle (the leader stopped answering)
+//! reports them again to whichever leader serves. A leader that refuses a page outright (one
+//! that has no `Handover`, or that ended the report) may place values over them, so they are no
+//! longer held ([`Segment::end_report`]).
+
+use std::time::Duration;
+
+use tonic::transport::Channel;
+
+use super::segment::Segment;
+use crate::error::{ErrorCode, StoreError};
+use crate::proto::membership_client::MembershipClient;
+use crate::proto::{HandoverRequest, Holding, MountResponse};
+
+/// The most tags and seals a page carries: about 14,000 values of 64-byte keys, adopted by the
+/// leader in a few milliseconds, so the leader's other calls wait no longer than that.
+pub const PAGE: usize = 2 << 20;
+/// How long a page may take besides its values' share (one millisecond per 50 values).
+const PAGE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Starts a report to a new leader: its first page, and whether more follow.
+pub(super) fn first_page(segment: &Segment) -> (Vec<Holding>, bool) {
+    let counts = segment.report();
+    if counts.damaged > 0 {
+        tracing::warn!(
+            damaged = counts.damaged,
+            "some held values are not reported: their bytes changed since their write finished"
+        );
+    }
+    let page = segment.page(PAGE);
+    (page, segment.unsent() > 0)
+}
+
+/// How long a call carrying `values` holdings may take.
+pub(super) fn timeout_for(values: usize) -> Duration {
+    PAGE_TIMEOUT + Duration::from_millis(values as u64 / 50)
+}
+
+/// Sends the report's further pages under `mounted`, applying each answer. `Err` means the mount
+/// must be made again (the leader stopped answering, or does not know the mount): the pages not
+/// answered are reported again then. A page refused otherwise ends the report.
+pub(super) async fn hand_over_rest(
+    client: &mut MembershipClient<Channel>,
+    mounted: &MountResponse,
+    instance_id: u64,
+    token: Option<&str>,
+    segment: &Segment,
+) -> Result<(), StoreError> {
+    let mut pages = 0u64;
+    let mut adopted = 0u64;
+    while segment.unsent() > 0 {
+        let holdings = segment.page(PAGE);
+        let sent = holdings.len();
+        let mut asked = tonic::Request::new(HandoverRequest {
+            member_id: mounted.member_id,
+            mount_id: mounted.mount_id,
+            instance_id,
+            holdings,
+            last: segment.unsent() == 0,
+        });
+        if let Some(t) = token {
+            crate::auth::attach(&mut asked, t)?;
+        }
+        let answer = match tokio::time::timeout(timeout_for(sent), client.handover(asked)).await {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(status)) => {
+                let e = StoreError::from_status(&status);
+                if matches!(
+                    e.code,
+                    ErrorCode::StaleMount | ErrorCode::Transport | ErrorCode::NotServing
+                ) {
+                    return Err(e);
+                }
+                let dropped = segment.end_report();
+                tracing::warn!(error = %e, dropped, "the leader refused a page of this member's report; the rest is not held");
+                return Ok(());
+            }
+            Err(_) => {
+                return Err(StoreError::new(
+                    ErrorCode::Transport,
+                    "a page of the report was not answered in time",
+                ));
+            }
+        };
+        adopted += segment.adopt(sent, &answer.adopted, &answer.seals, mounted.epoch);
+        pages += 1;
+    }
+    if pages > 0 {
+        tracing::info!(
+            pages,
+            adopted,
+            epoch = mounted.epoch,
+            "the leader adopted the rest of what this member held"
+        );
+    }
+    Ok(())
+}
