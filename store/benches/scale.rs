@@ -1,6 +1,6 @@
 //! The store at scale (issue 43), first part: a leader filled with N small objects through a real
 //! member and client (64-byte keys, as the vLLM connector's are about; 16-byte values), then, at
-//! that size, the leader's resident memory per object and put, get and `exists` latency (p50,
+//! that size, the leader's and the member's resident memory per object and put, get and `exists` latency (p50,
 //! p99, one call at a time). Each size in `SIZES` (default `1000000`) gets a store of its own,
 //! so the figures at two sizes come from one run; e.g. `SIZES=1000000,20000000`.
 //!
@@ -92,19 +92,22 @@ where
 
 async fn at_size(n: u64) {
     // quota and memory to spare: the leader's own index is what is measured
-    let quota = format!("t={}Gi:64:bfloat16", (n / 1_000_000 + 1) * 2);
+    let quota = format!("t={}Gi:64:bfloat16", n * 640 / (1 << 30) + 2);
     let flags = ["--tenant", quota.as_str()];
     let mut l = leader(&flags);
     let addr = l.field("grpc");
-    let memory = format!("{}Mi", n * 64 / (1 << 20) + 512);
+    // a grant counts the leader's memory for each object too (`objects::charge`: 512 bytes for
+    // these), and no grant is larger than the members' capacity: room for all of them, so nothing
+    // is evicted (the segment's pages are touched only where values are written)
+    let memory = format!("{}Mi", n * 640 / (1 << 20) + 512);
     let m = member_with(&addr, "m", &memory, &["--metrics-listen", "127.0.0.1:0"]);
     let c = common::client(&addr, "t").await;
     common::wait_members(&c, 1).await;
-    let before = rss(&l);
+    let (before, member_before) = (rss(&l), rss(&m));
     let started = Instant::now();
     fill(&c, n).await;
     let filled = started.elapsed();
-    let after = rss(&l);
+    let (after, member_after) = (rss(&l), rss(&m));
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
         x ^= x << 13;
@@ -135,10 +138,11 @@ async fn at_size(n: u64) {
     })
     .await;
     println!(
-        "{n:>10} objects (filled in {filled:.1?}, {:.0}/s): leader RSS {:.0} MiB, {:.0} bytes/object; put p50 {:.3} ms p99 {:.3} ms; get p50 {:.3} ms p99 {:.3} ms; exists p50 {:.3} ms p99 {:.3} ms",
+        "{n:>10} objects (filled in {filled:.1?}, {:.0}/s): leader RSS {:.0} MiB, {:.0} bytes/object; member {:.0} bytes/object; put p50 {:.3} ms p99 {:.3} ms; get p50 {:.3} ms p99 {:.3} ms; exists p50 {:.3} ms p99 {:.3} ms",
         n as f64 / filled.as_secs_f64(),
         after as f64 / (1 << 20) as f64,
         (after.saturating_sub(before)) as f64 / n as f64,
+        (member_after.saturating_sub(member_before)) as f64 / n as f64,
         put.0,
         put.1,
         get.0,
@@ -155,10 +159,12 @@ async fn at_size(n: u64) {
     let c = common::client(&addr, "t").await;
     let (exact, missing, wrong) = read_back(&c, &picks).await;
     println!(
-        "{:>10} objects, leader killed: serving after {:.2} s, 95% adopted after {}, {} of {held} adopted after {:.2} s; \
+        "{:>10} objects, leader killed: serving after {:.2} s, first adopted after {}, 95% after {}, {} of {held} after {:.2} s; \
          {SAMPLES} read back: {exact} exact, {missing} missing, {wrong} wrong",
         "",
         took.serving.as_secs_f64(),
+        took.first
+            .map_or("never".into(), |d| format!("{:.2} s", d.as_secs_f64())),
         took.most
             .map_or("never".into(), |d| format!("{:.2} s", d.as_secs_f64())),
         took.adopted,
@@ -169,6 +175,8 @@ async fn at_size(n: u64) {
 /// What a new term's adoption took, from the old leader's kill.
 struct Adoption {
     serving: Duration,
+    /// until the first object was adopted
+    first: Option<Duration>,
     /// until 95% of the objects were adopted
     most: Option<Duration>,
     adopted: u64,
@@ -187,6 +195,7 @@ async fn adoption(addr: &str, held: u64, killed: Instant) -> Adoption {
     };
     let mut took = Adoption {
         serving: Duration::ZERO,
+        first: None,
         most: None,
         adopted: 0,
         last: Duration::ZERO,
@@ -197,6 +206,9 @@ async fn adoption(addr: &str, held: u64, killed: Instant) -> Adoption {
             let h = h.into_inner();
             if h.serving && took.serving.is_zero() {
                 took.serving = killed.elapsed();
+            }
+            if h.adopted_objects > 0 && took.first.is_none() {
+                took.first = Some(killed.elapsed());
             }
             if h.adopted_objects > took.adopted {
                 took.adopted = h.adopted_objects;

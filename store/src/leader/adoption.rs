@@ -196,7 +196,7 @@ impl State {
         };
         let t = self.tenants.get_mut(&tag.tenant)?;
         t.used += object.charge;
-        t.objects.insert(tag.key.clone(), object);
+        t.objects.insert(&tag.key, object);
         self.adopted.objects += 1;
         self.adopted.bytes += h.size;
         Some((allocation, tag))

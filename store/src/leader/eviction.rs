@@ -5,10 +5,9 @@
 //! loads it back); values only on disk go when their tenant passes its share of the disk tiers
 //! ([`State::trim_disk`]), or when a tier drops them (`tiered.rs`).
 //!
-//! Choosing what goes copies no keys but those of the objects that go: the order is decided on
-//! numbers (how deserving, last use, bytes), which gives the last use that must go; then one pass
-//! takes the keys at or before it. Under the one state lock that is a sort of 24-byte entries,
-//! not of every key the store holds.
+//! Choosing what goes walks each tenant's objects in the order of their last use (`index.rs`),
+//! from the least recently used, and stops once enough is found: it looks at what goes and at
+//! the leased or unfinished values it passes, never at every object the store holds.
 
 use std::time::Instant;
 
@@ -16,20 +15,24 @@ use super::blocks::Removal;
 use super::objects::Object;
 use super::state::State;
 
-/// The newest rank that must go for `need` bytes to be freed, from `(rank, bytes)` entries;
-/// `None` when nothing need go or nothing can.
-fn cutoff<R: Ord + Copy>(mut entries: Vec<(R, u64)>, need: u64) -> Option<R> {
-    entries.sort_unstable_by_key(|e| e.0);
+/// The keys of the evictable values of `order` (least recently used first) that free at least
+/// `need` bytes as `frees` counts them, or all the evictable values when they do not.
+fn least_recent<'a>(
+    order: impl Iterator<Item = (&'a str, &'a Object)>,
+    need: u64,
+    now: Instant,
+    frees: impl Fn(&Object) -> u64,
+) -> Vec<String> {
     let mut freed = 0;
-    let mut last = None;
-    for (rank, bytes) in entries {
+    let mut going = Vec::new();
+    for (key, o) in order.filter(|(_, o)| o.evictable(now)) {
         if freed >= need {
             break;
         }
-        freed += bytes;
-        last = Some(rank);
+        freed += frees(o);
+        going.push(key.to_owned());
     }
-    last
+    going
 }
 
 impl State {
@@ -38,7 +41,8 @@ impl State {
     /// `need` bytes of its charge are freed (or nothing evictable is left). Returns the charge
     /// freed.
     pub(super) fn evict_tenant(&mut self, tenant: &str, need: u64, now: Instant) -> u64 {
-        let going = self.least_recent(tenant, need, now, |o| o.memory.is_some().then_some(o.charge));
+        let Some(t) = self.tenants.get(tenant) else { return 0 };
+        let going = least_recent(t.objects.in_memory_by_last_use(), need, now, |o| o.charge);
         going.iter().map(|key| self.evict(tenant, key).charge).sum()
     }
 
@@ -49,39 +53,11 @@ impl State {
         let Some(need) = t.disk_used.checked_sub(share).filter(|n| *n > 0) else {
             return 0;
         };
-        let going = self.least_recent(tenant, need, now, |o| o.memory.is_none().then_some(o.len));
+        let going = least_recent(t.objects.on_disk_by_last_use(), need, now, |o| o.len);
         for key in &going {
             self.evict(tenant, key);
         }
         going.len()
-    }
-
-    /// The keys of the tenant's least recently used evictable values that `frees` counts (with
-    /// the bytes evicting each frees), enough of them for `need` bytes.
-    fn least_recent(
-        &self,
-        tenant: &str,
-        need: u64,
-        now: Instant,
-        frees: impl Fn(&Object) -> Option<u64>,
-    ) -> Vec<String> {
-        let Some(t) = self.tenants.get(tenant) else {
-            return Vec::new();
-        };
-        let counted = |o: &Object| frees(o).filter(|_| o.evictable(now));
-        let ranks = t
-            .objects
-            .values()
-            .filter_map(|o| counted(o).map(|bytes| (o.last_used, bytes)))
-            .collect();
-        let Some(last) = cutoff(ranks, need) else {
-            return Vec::new();
-        };
-        t.objects
-            .iter()
-            .filter(|(_, o)| counted(o).is_some() && o.last_used <= last)
-            .map(|(k, _)| k.clone())
-            .collect()
     }
 
     /// How deserving of eviction an object of a tenant is: first those of tenants within their
@@ -96,14 +72,19 @@ impl State {
         self.evict_one_in_memory(now, |_| true)
     }
 
-    /// Evicts from memory the most deserving evictable value whose member `on` picks.
+    /// Evicts from memory the most deserving evictable value whose member `on` picks: of each
+    /// tenant, its least recently used such value; of those, the most deserving.
     pub(super) fn evict_one_in_memory(&mut self, now: Instant, on: impl Fn(u64) -> bool) -> bool {
         let mut best: Option<((bool, u64), &str, &str)> = None;
         for (name, t) in &self.tenants {
             let over = t.used > t.grant;
-            for (key, o) in &t.objects {
+            let first = t
+                .objects
+                .in_memory_by_last_use()
+                .find(|(_, o)| o.evictable(now) && on(o.member));
+            if let Some((key, o)) = first {
                 let rank = Self::rank(over, o.last_used);
-                if o.memory.is_some() && o.evictable(now) && on(o.member) && best.is_none_or(|(b, _, _)| rank < b) {
+                if best.is_none_or(|(b, _, _)| rank < b) {
                     best = Some((rank, name, key));
                 }
             }
@@ -142,7 +123,7 @@ impl State {
         let Some(t) = self.tenants.get_mut(tenant) else {
             return Freed::default();
         };
-        let Some(o) = t.objects.get_mut(key) else {
+        let Some(mut o) = t.objects.get_mut(key) else {
             return Freed::default();
         };
         let Some(r) = o.memory.take() else {
@@ -175,26 +156,33 @@ impl State {
             return 0;
         }
         let target = (self.cfg.eviction_ratio * capacity as f64) as u64;
-        let mut ranks = Vec::new();
-        for t in self.tenants.values() {
-            let over = t.used > t.grant;
-            ranks.extend(
-                t.objects
-                    .values()
-                    .filter(|o| o.memory.is_some() && o.evictable(now))
-                    .map(|o| (Self::rank(over, o.last_used), o.len)),
-            );
-        }
-        let Some(last) = cutoff(ranks, target) else { return 0 };
+        // each tenant's evictable values in memory, least recently used first, merged by rank
+        let mut heads: Vec<_> = self
+            .tenants
+            .iter()
+            .map(|(name, t)| {
+                let over = t.used > t.grant;
+                let order = t.objects.in_memory_by_last_use().filter(move |(_, o)| o.evictable(now));
+                (name, over, order.peekable())
+            })
+            .collect();
         let mut going = Vec::new();
-        for (name, t) in &self.tenants {
-            let over = t.used > t.grant;
-            for (key, o) in &t.objects {
-                if o.memory.is_some() && o.evictable(now) && Self::rank(over, o.last_used) <= last {
-                    going.push((name.clone(), key.clone()));
-                }
-            }
+        let mut found = 0;
+        while found < target {
+            let next = heads
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, (_, over, order))| order.peek().map(|(_, o)| (Self::rank(*over, o.last_used), i)))
+                .min();
+            let Some((_, i)) = next else { break };
+            let Some((name, _, order)) = heads.get_mut(i) else {
+                break;
+            };
+            let Some((key, o)) = order.next() else { break };
+            found += o.len;
+            going.push((name.to_string(), key.to_owned()));
         }
+        drop(heads);
         let freed: u64 = going.iter().map(|(tenant, key)| self.evict(tenant, key).memory).sum();
         if !going.is_empty() {
             tracing::debug!(evicted = going.len(), freed, "watermark eviction");
@@ -212,16 +200,94 @@ struct Freed {
 
 #[cfg(test)]
 mod tests {
-    use super::cutoff;
+    use std::time::Duration;
+
+    use super::super::LeaderConfig;
+    use super::super::tests::{MIB, entry, mount, put, scope, state};
+    use super::*;
+
+    fn held(s: &State, t: &str) -> Vec<String> {
+        let mut keys: Vec<String> = s.tenants[t].objects.keys().map(str::to_owned).collect();
+        keys.sort();
+        keys
+    }
 
     #[test]
-    fn the_cutoff_is_the_newest_rank_needed() {
-        let entries = vec![(5, 100), (1, 100), (3, 100), (9, 100)];
-        assert_eq!(cutoff(entries.clone(), 0), None, "nothing needed");
-        assert_eq!(cutoff(entries.clone(), 1), Some(1));
-        assert_eq!(cutoff(entries.clone(), 200), Some(3));
-        assert_eq!(cutoff(entries.clone(), 250), Some(5));
-        assert_eq!(cutoff(entries, 10_000), Some(9), "all of it, and still short");
-        assert_eq!(cutoff(Vec::<(u64, u64)>::new(), 10), None, "nothing evictable");
+    fn a_tenant_gives_up_its_least_recently_used_values_first_and_keeps_leased_ones() {
+        let (mut s, now) = state(LeaderConfig::default());
+        s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
+        mount(&mut s, "m", 64 * MIB, now);
+        for i in 0..6 {
+            put(&mut s, "a", &format!("k{i}"), 1000, now).unwrap();
+        }
+        // k0 is read: the most recently used now, and leased
+        s.get(Some(&scope("a")), "k0", now).unwrap();
+        let one = s.tenants["a"].objects["k1"].charge;
+        assert_eq!(s.evict_tenant("a", 2 * one, now), 2 * one);
+        assert_eq!(held(&s, "a"), ["k0", "k3", "k4", "k5"]);
+        assert_eq!(s.evict_tenant("a", 100 * one, now), 3 * one, "all but the leased one");
+        assert_eq!(held(&s, "a"), ["k0"]);
+        let later = now + Duration::from_secs(11);
+        assert_eq!(s.evict_tenant("a", 1, later), one, "its lease ran out");
+    }
+
+    #[test]
+    fn the_store_evicts_tenants_over_their_grant_first_then_by_last_use_across_tenants() {
+        let cfg = LeaderConfig {
+            high_watermark: 0.0,
+            // two 1,000-byte values (1 KiB allocated) a round
+            eviction_ratio: 2048.0 / (64 * MIB) as f64,
+            ..Default::default()
+        };
+        let (mut s, now) = state(cfg);
+        s.set_tenants(&[entry("a", 8 * MIB), entry("b", 8 * MIB)], &[]).unwrap();
+        mount(&mut s, "m", 64 * MIB, now);
+        for i in 0..4 {
+            put(&mut s, "a", &format!("a{i}"), 1000, now).unwrap();
+            put(&mut s, "b", &format!("b{i}"), 1000, now).unwrap();
+        }
+        assert!(s.evict_one_global(now));
+        assert_eq!(held(&s, "a"), ["a1", "a2", "a3"], "the least recently used of all");
+        assert_eq!(s.watermark_round(now), 2);
+        assert_eq!(
+            (held(&s, "a"), held(&s, "b")),
+            (
+                vec!["a2".into(), "a3".into()],
+                vec!["b1".into(), "b2".into(), "b3".into()]
+            )
+        );
+        // a's grant falls below what it holds: its values go before b's older ones
+        s.set_tenants(&[entry("a", 1024), entry("b", 8 * MIB)], &[]).unwrap();
+        assert!(s.evict_one_global(now));
+        assert_eq!((held(&s, "a"), held(&s, "b").len()), (vec!["a3".to_owned()], 3));
+        assert_eq!(s.watermark_round(now), 2);
+        assert_eq!(
+            (held(&s, "a").len(), held(&s, "b")),
+            (0, vec!["b2".to_owned(), "b3".to_owned()])
+        );
+    }
+
+    #[test]
+    fn room_on_one_member_is_made_from_that_members_values_only() {
+        let (mut s, now) = state(LeaderConfig::default());
+        s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
+        mount(&mut s, "m", 64 * MIB, now);
+        let n = mount(&mut s, "n", 64 * MIB, now);
+        for i in 0..8 {
+            put(&mut s, "a", &format!("k{i}"), 1000, now).unwrap();
+        }
+        let on_n: Vec<String> = s.tenants["a"]
+            .objects
+            .in_memory_by_last_use()
+            .filter(|(_, o)| o.member == n)
+            .map(|(k, _)| k.to_owned())
+            .collect();
+        assert!(on_n.len() > 1 && on_n.len() < 8, "placed on both members: {on_n:?}");
+        assert!(s.evict_one_in_memory(now, |id| id == n));
+        assert!(
+            !s.tenants["a"].objects.contains_key(&on_n[0]),
+            "n's least recently used went"
+        );
+        assert_eq!(s.tenants["a"].objects.len(), 7);
     }
 }

@@ -229,21 +229,22 @@ impl State {
                 .objects
                 .iter()
                 .filter(|(_, o)| o.member == id && o.mount_id == member.mount_id)
-                .map(|(k, _)| k.clone())
+                .map(|(k, _)| k.to_owned())
                 .collect();
             if lost.is_empty() {
                 continue;
             }
             let mut readable = Vec::new();
             for k in lost {
-                if let Some(o) = t.objects.remove(&k)
-                    && o.state == super::objects::ObjectState::Committed
-                {
+                let Some(o) = t.objects.remove(&k) else { continue };
+                t.used = t.used.saturating_sub(o.charge);
+                if o.disk.is_some() {
+                    t.disk_used = t.disk_used.saturating_sub(o.len);
+                }
+                if o.state == super::objects::ObjectState::Committed {
                     readable.push(k);
                 }
             }
-            t.used = t.objects.values().map(|o| o.charge).sum();
-            t.disk_used = t.objects.values().filter(|o| o.disk.is_some()).map(|o| o.len).sum();
             t.log.removed(epoch, readable, super::blocks::Removal::Member);
         }
         self.recompute_grants();

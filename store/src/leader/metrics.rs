@@ -18,8 +18,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::Leader;
-use super::objects::{Counters, Tenant};
 use super::state::State;
+use super::tenant::{Counters, Tenant};
 
 /// What one scrape reports, copied out under the lock so encoding happens without it.
 #[derive(Debug, Default)]

@@ -18,6 +18,7 @@ mod eviction;
 pub mod fastport;
 pub mod front;
 pub mod grpc;
+mod index;
 pub mod ledger;
 mod members;
 mod metrics;
@@ -29,6 +30,7 @@ mod put;
 mod serve;
 pub mod state;
 mod status;
+mod tenant;
 mod tenants;
 mod term;
 #[cfg(test)]

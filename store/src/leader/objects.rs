@@ -1,5 +1,5 @@
-//! What the leader knows about one stored value and one tenant: where the bytes are, whether the
-//! put is committed, until when a read lease protects it, and what the tenant is charged.
+//! What the leader knows about one stored value: where the bytes are, whether the put is
+//! committed, until when a read lease protects it, and what its tenant is charged.
 //!
 //! A tenant is charged for the leader's memory as well as the member's: each object costs its
 //! allocated length plus [`OBJECT_OVERHEAD`] plus its key's length ([`charge`]). So a grant
@@ -9,10 +9,7 @@
 //! bytes count against the tenant's share of the disk tiers instead (`tiered.rs`), and the tiers'
 //! record granularity (4 KiB) bounds how many such values the leader keeps.
 
-use std::collections::HashMap;
 use std::time::Instant;
-
-use super::ledger::Layout;
 
 /// The lifecycle of a value: reserved by `PutStart`, visible only once `PutCommit` made it
 /// `Committed`, so a reader never sees a partial value.
@@ -85,62 +82,5 @@ impl Object {
     /// Bytes of its member's segment it takes (0 only on disk).
     pub fn memory_len(&self) -> u64 {
         if self.memory.is_some() { self.len } else { 0 }
-    }
-}
-
-/// Counters kept per tenant (and, summed, for the whole store).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Counters {
-    pub puts: u64,
-    pub put_revokes: u64,
-    pub gets: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub evictions: u64,
-    pub quota_refusals: u64,
-    /// values whose memory was freed while their disk copy kept them
-    pub demotions: u64,
-    /// values read back from a disk tier for a get
-    pub loads: u64,
-    /// loads that found their disk copy missing or damaged (the value was dropped)
-    pub load_failures: u64,
-}
-
-/// One tenant: its ledger entry, grant, charge and key space.
-#[derive(Debug, Default)]
-pub struct Tenant {
-    /// `None` only for the default tenant with multi-tenancy off and no layout configured
-    pub layout: Option<Layout>,
-    /// SHA-256 of each credential a call may prove the tenant with; empty: none is needed
-    pub credentials: Vec<[u8; 32]>,
-    /// who holds the tenant (the Binding's UID; empty: none named): every value's tag names it
-    pub uid: String,
-    pub ceiling: u64,
-    /// the pool whose total its grant counts against (empty: none)
-    pub pool: String,
-    pub grant: u64,
-    /// what cut `grant` below `ceiling`
-    pub limited_by: crate::proto::GrantLimit,
-    /// bytes charged: every reserved and committed object's `charge`
-    pub used: u64,
-    /// bytes of its values' disk copies (their allocated lengths), counted apart from `used`
-    /// against its share of the disk tiers
-    pub disk_used: u64,
-    pub objects: HashMap<String, Object>,
-    pub counters: Counters,
-    /// the same counters per caller that names itself
-    pub clients: super::clients::Clients,
-    /// what its blocks do, for `WatchBlocks` (`blocks.rs`)
-    pub log: super::blocks::BlockLog,
-}
-
-impl Tenant {
-    /// The blocks it holds readable now: each committed value's key and size.
-    pub fn committed_blocks(&self) -> Vec<(String, u64)> {
-        self.objects
-            .iter()
-            .filter(|(_, o)| o.state == ObjectState::Committed)
-            .map(|(k, o)| (k.clone(), o.size))
-            .collect()
     }
 }

@@ -22,7 +22,7 @@ impl State {
         self.check_value_size(size)?;
         let tick = self.next_tick();
         if let Some(t) = self.tenants.get_mut(&tenant)
-            && let Some(o) = t.objects.get_mut(key)
+            && let Some(mut o) = t.objects.get_mut(key)
         {
             // values are immutable and keys content-derived: an existing key means the same bytes
             o.last_used = tick;
@@ -133,7 +133,7 @@ impl State {
             .get_mut(tenant)
             .ok_or_else(|| internal("tenant vanished during put"))?;
         t.used += object.charge;
-        t.objects.insert(key.to_string(), object);
+        t.objects.insert(key, object);
         Ok(())
     }
 
@@ -216,7 +216,7 @@ impl State {
             .ok_or_else(|| internal("tenant vanished"))?;
         let placed = match t.objects.get_mut(key) {
             Some(o) if o.state == ObjectState::Committed => return Ok(()),
-            Some(o) if matches!(o.state, ObjectState::Reserved { put_id: p, .. } if p == put_id) => {
+            Some(mut o) if matches!(o.state, ObjectState::Reserved { put_id: p, .. } if p == put_id) => {
                 let Some(r) = o.memory else {
                     return Err(internal("a reserved value without memory"));
                 };

@@ -12,7 +12,8 @@ use super::config::{LeaderConfig, TierReads};
 use super::ledger::DEFAULT_TENANT;
 pub use super::mounted::Mounted;
 use super::notices::Applied;
-use super::objects::{Counters, Object, ObjectState, Tenant};
+use super::objects::{Object, ObjectState};
+use super::tenant::{Counters, Tenant};
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::proto::{GetResponse, Location, Scope};
 use crate::time::now_unix_ms;
@@ -239,7 +240,7 @@ impl State {
             .ok_or_else(|| internal("tenant vanished"))?;
         t.counters.gets += 1;
         let direct = self.cfg.tier_reads == TierReads::Direct;
-        let Some(o) = t
+        let Some(mut held) = t
             .objects
             .get_mut(key)
             .filter(|o| o.state == ObjectState::Committed && (o.readable_in_memory() || (direct && o.disk.is_some())))
@@ -250,9 +251,10 @@ impl State {
         };
         t.counters.hits += 1;
         t.clients.count(client(scope), tick, Use::Get { hit: true });
-        o.lease_until = o.lease_until.max(now + ttl);
-        o.last_used = tick;
-        let o = o.clone();
+        held.lease_until = held.lease_until.max(now + ttl);
+        held.last_used = tick;
+        let o = held.clone();
+        drop(held);
         let lease_deadline_unix_ms = now_unix_ms().saturating_add(ttl.as_millis() as u64);
         let location = if o.readable_in_memory() {
             self.location(&o, crate::grant::Access::Read, lease_deadline_unix_ms, Vec::new())
@@ -280,7 +282,7 @@ impl State {
             return Ok(waits);
         }
         for key in keys {
-            let Some(o) = self
+            let Some(mut o) = self
                 .tenants
                 .get_mut(&tenant)
                 .and_then(|t| t.objects.get_mut(key))
@@ -289,6 +291,7 @@ impl State {
                 continue;
             };
             o.lease_until = o.lease_until.max(now + ttl);
+            drop(o);
             waits.extend(self.load_from_disk(&tenant, key, now));
         }
         Ok(waits)
@@ -304,7 +307,7 @@ impl State {
             .ok_or_else(|| internal("tenant vanished"))?;
         Ok(
             match t.objects.get_mut(key).filter(|o| o.state == ObjectState::Committed) {
-                Some(o) => {
+                Some(mut o) => {
                     o.lease_until = o.lease_until.max(now + ttl);
                     true
                 }
@@ -389,13 +392,7 @@ impl State {
     pub fn reap_reservations(&mut self, now: Instant) -> u64 {
         let mut stale = Vec::new();
         for (name, t) in &self.tenants {
-            for (key, o) in &t.objects {
-                if let ObjectState::Reserved { reclaim_at, .. } = o.state
-                    && reclaim_at <= now
-                {
-                    stale.push((name.clone(), key.clone()));
-                }
-            }
+            stale.extend(t.objects.reclaimable(now).map(|key| (name.clone(), key.to_owned())));
         }
         for (name, key) in &stale {
             self.drop_object(name, key, Removal::Unpublished);

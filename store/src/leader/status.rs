@@ -2,8 +2,8 @@
 
 use std::time::Instant;
 
-use super::objects::Counters;
 use super::state::State;
+use super::tenant::Counters;
 use crate::proto::{MemberStatus, PoolEntry, TenantStatus};
 
 impl State {
@@ -31,7 +31,7 @@ impl State {
                 limited_by: t.limited_by.into(),
                 clients: t.clients.statuses(),
                 disk_used: t.disk_used,
-                on_disk_only: t.objects.values().filter(|o| o.memory.is_none()).count() as u64,
+                on_disk_only: t.objects.on_disk_only() as u64,
                 demotions: t.counters.demotions,
                 loads: t.counters.loads,
                 load_failures: t.counters.load_failures,

@@ -94,7 +94,7 @@ impl State {
         let Some(t) = self.tenants.get_mut(&tag.tenant) else {
             return false;
         };
-        let Some(o) = t.objects.get_mut(&tag.key) else {
+        let Some(mut o) = t.objects.get_mut(&tag.key) else {
             return false;
         };
         let same = o.member == member_id
@@ -134,12 +134,14 @@ impl State {
             return;
         };
         let Some(t) = self.tenants.get_mut(&tenant) else { return };
-        let Some(o) = t.objects.get_mut(&key).filter(|o| o.disk == Some(disk_id)) else {
+        let Some(mut o) = t.objects.get_mut(&key).filter(|o| o.disk == Some(disk_id)) else {
             return;
         };
         o.disk = None;
         t.disk_used = t.disk_used.saturating_sub(o.len);
-        match o.memory {
+        let memory = o.memory;
+        drop(o);
+        match memory {
             Some(r) if r.ready => {}
             loading => {
                 if loading.is_some() {
@@ -204,7 +206,7 @@ impl State {
         };
         let seal = self.seal_key.seal(&tag, &placed);
         let t = self.tenants.get_mut(tenant)?;
-        let obj = t.objects.get_mut(key)?;
+        let mut obj = t.objects.get_mut(key)?;
         obj.memory = Some(Resident {
             offset,
             allocation,
@@ -257,7 +259,8 @@ impl State {
                 .get_mut(&l.tenant)
                 .and_then(|t| t.objects.get_mut(&l.key))
                 .filter(|o| o.member == member_id);
-            if let Some(Object { memory: Some(r), .. }) = o
+            if let Some(mut o) = o
+                && let Some(r) = o.memory.as_mut()
                 && r.allocation == l.allocation
             {
                 r.ready = true;
@@ -307,38 +310,35 @@ impl State {
         let mount_id = m.mount_id;
         let t = self.tenants.get_mut(&tag.tenant)?;
         let len = aligned(h.size);
-        let outcome = match t.objects.get_mut(&tag.key) {
+        let outcome = if let Some(mut o) = t.objects.get_mut(&tag.key) {
             // the same value, adopted from the member's memory a moment ago
-            Some(o) => {
-                let same =
-                    o.member == member_id && o.state == ObjectState::Committed && o.size == h.size && o.disk.is_none();
-                if !same {
-                    return None;
-                }
-                o.disk = Some(h.disk_id);
-                Adopted::WithMemory
+            let same =
+                o.member == member_id && o.state == ObjectState::Committed && o.size == h.size && o.disk.is_none();
+            if !same {
+                return None;
             }
-            None => {
-                // as old as its copy: eviction orders it with what the members last used
-                let last_used = super::state::tick_at(h.written_unix_ms).min(self.tick);
-                let object = Object {
-                    member: member_id,
-                    mount_id,
-                    memory: None,
-                    disk: Some(h.disk_id),
-                    size: h.size,
-                    len,
-                    charge: 0,
-                    state: ObjectState::Committed,
-                    lease_until: now,
-                    last_used,
-                };
-                t.used += object.charge;
-                t.objects.insert(tag.key.clone(), object);
-                self.adopted.objects += 1;
-                self.adopted.bytes += h.size;
-                Adopted::OnlyOnDisk(tag.clone())
-            }
+            o.disk = Some(h.disk_id);
+            Adopted::WithMemory
+        } else {
+            // as old as its copy: eviction orders it with what the members last used
+            let last_used = super::state::tick_at(h.written_unix_ms).min(self.tick);
+            let object = Object {
+                member: member_id,
+                mount_id,
+                memory: None,
+                disk: Some(h.disk_id),
+                size: h.size,
+                len,
+                charge: 0,
+                state: ObjectState::Committed,
+                lease_until: now,
+                last_used,
+            };
+            t.used += object.charge;
+            t.objects.insert(&tag.key, object);
+            self.adopted.objects += 1;
+            self.adopted.bytes += h.size;
+            Adopted::OnlyOnDisk(tag.clone())
         };
         let t = self.tenants.get_mut(&tag.tenant)?;
         t.disk_used += len;

@@ -28,7 +28,11 @@ impl Proc {
     pub fn start_with_stderr(args: &[&str], stderr: impl Into<Stdio>) -> Proc {
         let mut child = Command::new(BIN)
             .args(args)
-            .env("RUST_LOG", "warn")
+            // KVSTORE_TEST_LOG (e.g. `info`) lets a reader see what the processes did
+            .env(
+                "RUST_LOG",
+                std::env::var("KVSTORE_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)

@@ -1,0 +1,360 @@
+//! A tenant's objects: found by key, and walked in the orders that eviction and reclaiming take
+//! them in, so that a path which takes a few objects looks at those, not at every object the
+//! tenant holds.
+//!
+//! - **By key**: a hash table of slot numbers (SipHash, keyed per process, as the standard map);
+//!   each key's bytes are kept once, in its slot.
+//! - **By last use**, apart for values with bytes in memory and values only on a disk tier: the
+//!   least recently used comes first, which is what eviction takes first (`eviction.rs`).
+//! - **Reservations by when they are reclaimed** (`State::reap_reservations`).
+//!
+//! Every change to an object goes through [`ObjectMut`], which puts the object back in its place
+//! in those orders when it is dropped: the orders cannot drift from the objects.
+
+use std::collections::BTreeSet;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::ops::{Deref, DerefMut};
+use std::time::Instant;
+
+use hashbrown::HashTable;
+
+use super::objects::{Object, ObjectState};
+
+type Id = usize;
+
+#[derive(Debug)]
+struct Slot {
+    key: Box<str>,
+    object: Object,
+}
+
+/// Where an object stands in the orders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Places {
+    last_used: u64,
+    in_memory: bool,
+    reclaim_at: Option<Instant>,
+}
+
+impl Places {
+    fn of(o: &Object) -> Places {
+        Places {
+            last_used: o.last_used,
+            in_memory: o.memory.is_some(),
+            reclaim_at: match o.state {
+                ObjectState::Reserved { reclaim_at, .. } => Some(reclaim_at),
+                ObjectState::Committed => None,
+            },
+        }
+    }
+}
+
+/// A tenant's objects by key, by last use, and by reclaim time.
+#[derive(Debug, Default)]
+pub struct Objects {
+    slots: Vec<Option<Slot>>,
+    /// slots free for the next insert
+    free: Vec<Id>,
+    by_key: HashTable<Id>,
+    hasher: RandomState,
+    /// objects with bytes in memory, least recently used first
+    in_memory: BTreeSet<(u64, Id)>,
+    /// objects only on a disk tier, least recently used first
+    on_disk: BTreeSet<(u64, Id)>,
+    /// reserved objects, by when an abandoned put gives its space back
+    reserved: BTreeSet<(Instant, Id)>,
+}
+
+impl Objects {
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    fn slot(&self, id: Id) -> Option<&Slot> {
+        self.slots.get(id).and_then(Option::as_ref)
+    }
+
+    fn find(&self, key: &str) -> Option<Id> {
+        let slots = &self.slots;
+        let same = |id: &Id| slots.get(*id).and_then(Option::as_ref).is_some_and(|s| &*s.key == key);
+        self.by_key.find(self.hasher.hash_one(key), same).copied()
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Object> {
+        self.slot(self.find(key)?).map(|s| &s.object)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.find(key).is_some()
+    }
+
+    /// The object under `key`, to change: its places in the orders follow when the handle drops.
+    pub fn get_mut(&mut self, key: &str) -> Option<ObjectMut<'_>> {
+        let id = self.find(key)?;
+        let before = Places::of(&self.slot(id)?.object);
+        Some(ObjectMut {
+            objects: self,
+            id,
+            before,
+        })
+    }
+
+    /// Holds `object` under `key`; returns the object it replaces.
+    pub fn insert(&mut self, key: &str, object: Object) -> Option<Object> {
+        let replaced = self.remove(key);
+        let id = self.free.pop().unwrap_or(self.slots.len());
+        self.place(id, Places::of(&object));
+        let slot = Some(Slot {
+            key: key.into(),
+            object,
+        });
+        match self.slots.get_mut(id) {
+            Some(s) => *s = slot,
+            None => self.slots.push(slot),
+        }
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        let rehash = |id: &Id| {
+            let key = slots.get(*id).and_then(Option::as_ref).map_or("", |s| &*s.key);
+            hasher.hash_one(key)
+        };
+        self.by_key.insert_unique(self.hasher.hash_one(key), id, rehash);
+        replaced
+    }
+
+    pub fn remove(&mut self, key: &str) -> Option<Object> {
+        let slots = &self.slots;
+        let same = |id: &Id| slots.get(*id).and_then(Option::as_ref).is_some_and(|s| &*s.key == key);
+        let (id, _) = self.by_key.find_entry(self.hasher.hash_one(key), same).ok()?.remove();
+        let slot = self.slots.get_mut(id)?.take()?;
+        self.unplace(id, Places::of(&slot.object));
+        self.free.push(id);
+        Some(slot.object)
+    }
+
+    fn place(&mut self, id: Id, p: Places) {
+        if p.in_memory {
+            self.in_memory.insert((p.last_used, id));
+        } else {
+            self.on_disk.insert((p.last_used, id));
+        }
+        if let Some(at) = p.reclaim_at {
+            self.reserved.insert((at, id));
+        }
+    }
+
+    fn unplace(&mut self, id: Id, p: Places) {
+        if p.in_memory {
+            self.in_memory.remove(&(p.last_used, id));
+        } else {
+            self.on_disk.remove(&(p.last_used, id));
+        }
+        if let Some(at) = p.reclaim_at {
+            self.reserved.remove(&(at, id));
+        }
+    }
+
+    /// Every object with its key, in no order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Object)> {
+        self.slots.iter().flatten().map(|s| (&*s.key, &s.object))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.iter().map(|(k, _)| k)
+    }
+
+    fn entries<'a>(
+        &'a self,
+        ids: impl Iterator<Item = &'a (u64, Id)> + 'a,
+    ) -> impl Iterator<Item = (&'a str, &'a Object)> {
+        ids.filter_map(|(_, id)| self.slot(*id)).map(|s| (&*s.key, &s.object))
+    }
+
+    /// The objects with bytes in memory, least recently used first.
+    pub fn in_memory_by_last_use(&self) -> impl Iterator<Item = (&str, &Object)> {
+        self.entries(self.in_memory.iter())
+    }
+
+    /// The objects only on a disk tier, least recently used first.
+    pub fn on_disk_by_last_use(&self) -> impl Iterator<Item = (&str, &Object)> {
+        self.entries(self.on_disk.iter())
+    }
+
+    /// How many objects are only on a disk tier.
+    pub fn on_disk_only(&self) -> usize {
+        self.on_disk.len()
+    }
+
+    /// The keys of reservations due to be reclaimed at `now`, the longest due first.
+    pub fn reclaimable(&self, now: Instant) -> impl Iterator<Item = &str> {
+        self.reserved
+            .iter()
+            .take_while(move |(at, _)| *at <= now)
+            .filter_map(|(_, id)| self.slot(*id))
+            .map(|s| &*s.key)
+    }
+}
+
+/// For tests: `objects["key"]`.
+#[cfg(test)]
+impl std::ops::Index<&str> for Objects {
+    type Output = Object;
+
+    fn index(&self, key: &str) -> &Object {
+        self.get(key).unwrap_or_else(|| panic!("no object {key:?}"))
+    }
+}
+
+/// An object being changed: when dropped, it takes its places in the orders by what it became.
+#[derive(Debug)]
+pub struct ObjectMut<'a> {
+    objects: &'a mut Objects,
+    id: Id,
+    before: Places,
+}
+
+impl ObjectMut<'_> {
+    fn slot(&self) -> &Slot {
+        self.objects
+            .slot(self.id)
+            .expect("a handle is made for a live slot, which lives as long as the handle")
+    }
+}
+
+impl Deref for ObjectMut<'_> {
+    type Target = Object;
+
+    fn deref(&self) -> &Object {
+        &self.slot().object
+    }
+}
+
+impl DerefMut for ObjectMut<'_> {
+    fn deref_mut(&mut self) -> &mut Object {
+        let slot = self.objects.slots.get_mut(self.id).and_then(Option::as_mut);
+        &mut slot
+            .expect("a handle is made for a live slot, which lives as long as the handle")
+            .object
+    }
+}
+
+impl Drop for ObjectMut<'_> {
+    fn drop(&mut self) {
+        let after = Places::of(&self.slot().object);
+        if after != self.before {
+            self.objects.unplace(self.id, self.before);
+            self.objects.place(self.id, after);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::leader::objects::Resident;
+
+    fn object(last_used: u64, in_memory: bool, state: ObjectState) -> Object {
+        Object {
+            member: 1,
+            mount_id: 1,
+            memory: in_memory.then_some(Resident {
+                offset: 0,
+                allocation: 1,
+                ready: true,
+            }),
+            disk: (!in_memory).then_some(7),
+            size: 10,
+            len: 64,
+            charge: 0,
+            state,
+            lease_until: Instant::now(),
+            last_used,
+        }
+    }
+
+    fn order<'a>(it: impl Iterator<Item = (&'a str, &'a Object)>) -> Vec<&'a str> {
+        it.map(|(k, _)| k).collect()
+    }
+
+    #[test]
+    fn objects_are_walked_least_recently_used_first_in_memory_and_on_disk_apart() {
+        let mut o = Objects::default();
+        o.insert("c", object(30, true, ObjectState::Committed));
+        o.insert("a", object(10, true, ObjectState::Committed));
+        o.insert("d", object(5, false, ObjectState::Committed));
+        o.insert("b", object(20, true, ObjectState::Committed));
+        assert_eq!(order(o.in_memory_by_last_use()), ["a", "b", "c"]);
+        assert_eq!(order(o.on_disk_by_last_use()), ["d"]);
+        // a read of a moves it last; c leaves memory for its disk copy
+        o.get_mut("a").unwrap().last_used = 40;
+        o.get_mut("c").unwrap().memory = None;
+        assert_eq!(order(o.in_memory_by_last_use()), ["b", "a"]);
+        assert_eq!(order(o.on_disk_by_last_use()), ["d", "c"]);
+        assert_eq!(o.on_disk_only(), 2);
+        // removed and replaced objects leave their places; a freed slot is taken again
+        assert_eq!(o.remove("b").unwrap().last_used, 20);
+        assert!(o.insert("a", object(1, false, ObjectState::Committed)).is_some());
+        o.insert("e", object(50, true, ObjectState::Committed));
+        assert_eq!(order(o.in_memory_by_last_use()), ["e"]);
+        assert_eq!(order(o.on_disk_by_last_use()), ["a", "d", "c"]);
+        assert_eq!((o.len(), o.slots.len()), (4, 4));
+        let mut keys: Vec<&str> = o.keys().collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["a", "c", "d", "e"]);
+        assert_eq!(o["e"].last_used, 50);
+        assert!(o.get("b").is_none() && !o.contains_key("b"));
+    }
+
+    #[test]
+    fn reservations_are_found_by_when_they_are_due_until_committed() {
+        let t0 = Instant::now();
+        let reserved = |put_id, secs| ObjectState::Reserved {
+            put_id,
+            reclaim_at: t0 + Duration::from_secs(secs),
+        };
+        let mut o = Objects::default();
+        o.insert("late", object(1, true, reserved(1, 9)));
+        o.insert("soon", object(2, true, reserved(2, 3)));
+        o.insert("kept", object(3, true, reserved(3, 1)));
+        o.get_mut("kept").unwrap().state = ObjectState::Committed;
+        assert_eq!(o.reclaimable(t0).count(), 0);
+        assert_eq!(o.reclaimable(t0 + Duration::from_secs(5)).collect::<Vec<_>>(), ["soon"]);
+        assert_eq!(
+            o.reclaimable(t0 + Duration::from_secs(9)).collect::<Vec<_>>(),
+            ["soon", "late"]
+        );
+        o.remove("soon");
+        assert_eq!(o.reclaimable(t0 + Duration::from_secs(9)).collect::<Vec<_>>(), ["late"]);
+    }
+
+    /// Many objects in and out keep the table and the orders in step.
+    #[test]
+    fn the_orders_follow_every_change() {
+        let mut o = Objects::default();
+        for i in 0..2000u64 {
+            o.insert(&format!("k{i}"), object(i, i % 3 != 0, ObjectState::Committed));
+        }
+        for i in (0..2000u64).step_by(2) {
+            assert!(o.remove(&format!("k{i}")).is_some());
+        }
+        for i in (1..2000u64).step_by(4) {
+            o.get_mut(&format!("k{i}")).unwrap().last_used = 10_000 - i;
+        }
+        assert_eq!(o.len(), 1000);
+        assert_eq!(
+            o.in_memory_by_last_use().count() + o.on_disk_by_last_use().count(),
+            1000
+        );
+        let uses: Vec<u64> = o.in_memory_by_last_use().map(|(_, o)| o.last_used).collect();
+        assert!(uses.is_sorted(), "least recently used first");
+        for (k, ob) in o.iter() {
+            assert_eq!(o.get(k).unwrap().last_used, ob.last_used);
+        }
+    }
+}
