@@ -223,3 +223,68 @@ async fn a_tenant_may_hold_only_so_many_watches_at_once() {
     })
     .await;
 }
+
+/// A tenant's blocks come in a snapshot of many pages (more than one page of the index's slots
+/// here), none left out, while puts go on: applying the snapshot, then the live events, gives
+/// exactly what the tenant holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_many_pages_holds_every_block_while_puts_go_on() {
+    const HELD: usize = 10_000;
+    let l = leader(&["--tenant", "t=256Mi:64:bfloat16"]);
+    let addr = l.field("grpc");
+    let _m = member(&addr, "m1", "64Mi");
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    let all: Vec<String> = (0..HELD).map(|i| format!("snap/{i:06}")).collect();
+    for chunk in all.chunks(1000) {
+        let items: Vec<(&str, &[u8])> = chunk.iter().map(|k| (k.as_str(), &b"v"[..])).collect();
+        for r in c.batch_put(&items).await.unwrap() {
+            r.unwrap();
+        }
+    }
+    let mut s = c.watch_blocks().await.unwrap();
+    // puts and removals race the snapshot's pages
+    let writer = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            for i in 0..200 {
+                c.put(&format!("late/{i}"), Bytes::from_static(b"w")).await.unwrap();
+                assert!(c.remove(&format!("snap/{:06}", i * 7)).await.unwrap());
+            }
+        })
+    };
+    let mut view = std::collections::BTreeSet::new();
+    let mut snapshot_events = 0;
+    let mut live = 0;
+    // 200 puts and 200 removals follow the snapshot as live events (some may be in it already)
+    while live < 400 {
+        let e = next(&mut s).await;
+        let (kind, ks) = keys(&e);
+        if e.snapshot {
+            snapshot_events += 1;
+        } else {
+            live += 1;
+        }
+        match kind {
+            "cleared" => view.clear(),
+            "stored" => view.extend(ks),
+            "removed" => {
+                for k in ks {
+                    view.remove(&k);
+                }
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    writer.await.unwrap();
+    let want: std::collections::BTreeSet<String> = all
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 7 != 0 || *i / 7 >= 200)
+        .map(|(_, k)| k.clone())
+        .chain((0..200).map(|i| format!("late/{i}")))
+        .collect();
+    assert_eq!(view.len(), want.len());
+    assert!(view == want, "the view is what the tenant holds");
+    assert!(snapshot_events > HELD / 512, "{snapshot_events} snapshot events");
+}

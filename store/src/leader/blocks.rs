@@ -4,9 +4,10 @@
 //! Every tenant has a log ([`BlockLog`]): a committed put is `BlockStored`, a value that stops
 //! being readable is `BlockRemoved` with why ("removed", "evicted", "ledger", "member"). Live
 //! events are numbered per tenant from 1 within the leader's epoch. A stream starts with
-//! `AllBlocksCleared` and the blocks held at that moment (`snapshot` set, carrying the id of the
-//! last live event they include), then the live events; a stream that falls behind the log starts
-//! over the same way. A new term replaces the leader's whole state, which closes every log: the
+//! `AllBlocksCleared` and the blocks held (`snapshot` set, carrying the id of the last live event
+//! before them), read from the tenant's index a page at a time, then the live events; a page may
+//! already show what a live event after it says, and applying both in order leaves each key as
+//! the log does. A stream that falls behind the log starts over the same way. A new term replaces the leader's whole state, which closes every log: the
 //! streams end with `NOT_SERVING`, and a router that reconnects to the new leader receives
 //! `AllBlocksCleared` and the blocks adopted so far, then each member's adopted blocks as a live
 //! `BlockStored` when it mounts (`adoption.rs`).
@@ -30,8 +31,12 @@ use crate::readiness::Readiness;
 const LOG_CAPACITY: usize = 4096;
 /// Keys per snapshot event.
 const SNAPSHOT_BATCH: usize = 512;
-/// Streams one tenant may have open at once: each starts with a copy of every key the tenant
-/// holds, so their number is what bounds the memory a watcher can make the leader spend.
+/// Slots of a tenant's objects a snapshot page looks at (`index.rs`): the state lock is taken
+/// once a page, so a tenant's millions of blocks never hold it for long, nor are all copied at
+/// once.
+pub const PAGE_SLOTS: usize = 4096;
+/// Streams one tenant may have open at once: each holds a page of keys while it sends it, and a
+/// log receiver, so their number bounds what a watcher can make the leader spend.
 pub const MAX_WATCHES: usize = 16;
 
 /// Why blocks stopped being readable.
@@ -132,22 +137,19 @@ pub struct Subscription {
     rx: broadcast::Receiver<BlockEvent>,
     epoch: u64,
     last_id: u64,
-    /// committed blocks held now: key and size
-    held: Vec<(String, u64)>,
     /// the ledger's generation: a change means the stream's access is checked again
     ledger: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Subscription {
-    /// A stream's start on `log`: its live events from now on, after `held` (the tenant's
-    /// committed blocks now, key and size), watching the ledger's generation `ledger`. A new
-    /// stream (`restart` false) is refused while the tenant has [`MAX_WATCHES`] open; a stream
-    /// starting over after falling behind keeps its place.
+    /// A stream's start on `log`: its live events from now on, after the snapshot ([`feed`]
+    /// sends it in pages), watching the ledger's generation `ledger`. A new stream (`restart`
+    /// false) is refused while the tenant has [`MAX_WATCHES`] open; a stream starting over after
+    /// falling behind keeps its place.
     pub fn start(
         tenant: &str,
         log: &BlockLog,
         epoch: u64,
-        held: Vec<(String, u64)>,
         mut ledger: tokio::sync::watch::Receiver<u64>,
         restart: bool,
     ) -> Result<Subscription> {
@@ -165,34 +167,66 @@ impl Subscription {
             rx: log.tx.subscribe(),
             epoch,
             last_id: log.last_id,
-            held,
             ledger,
         })
     }
 }
 
-/// `AllBlocksCleared`, then the held blocks grouped by size.
-fn snapshot(sub: &Subscription) -> Vec<BlockEvent> {
+/// `BlockStored` events of a page of blocks, grouped by size.
+fn stored(blocks: Vec<(String, u64)>) -> Vec<Event> {
+    let mut by_size: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for (k, size) in blocks {
+        by_size.entry(size).or_default().push(k);
+    }
+    let mut out = Vec::new();
+    for (size, keys) in by_size {
+        for chunk in keys.chunks(SNAPSHOT_BATCH) {
+            out.push(Event::Stored(BlockStored {
+                keys: chunk.to_vec(),
+                size,
+            }));
+        }
+    }
+    out
+}
+
+/// Sends `AllBlocksCleared`, then the tenant's blocks a page at a time ([`PAGE_SLOTS`]), all
+/// marked `snapshot` with the id of the last live event before them. A page is taken after the
+/// stream subscribed, so it may already show what a live event still to come says: applied in
+/// order after the snapshot, the live events leave each key as the log does. `false` when the
+/// stream ended.
+async fn send_snapshot(
+    leader: &Leader,
+    scope: Option<&Scope>,
+    sub: &Subscription,
+    tx: &mpsc::Sender<Result<BlockEvent, Status>>,
+) -> bool {
     let event = |e: Event| BlockEvent {
         epoch: sub.epoch,
         id: sub.last_id,
         snapshot: true,
         event: Some(e),
     };
-    let mut out = vec![event(Event::Cleared(AllBlocksCleared {}))];
-    let mut by_size: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-    for (k, size) in &sub.held {
-        by_size.entry(*size).or_default().push(k.clone());
+    if tx.send(Ok(event(Event::Cleared(AllBlocksCleared {})))).await.is_err() {
+        return false;
     }
-    for (size, keys) in by_size {
-        for chunk in keys.chunks(SNAPSHOT_BATCH) {
-            out.push(event(Event::Stored(BlockStored {
-                keys: chunk.to_vec(),
-                size,
-            })));
+    let mut from = Some(0);
+    while let Some(at) = from {
+        let page = match leader.serving(|s| s.blocks_page(scope, sub.epoch, at)) {
+            Ok(page) => page,
+            Err(e) => {
+                let _ = tx.send(Err(e.into())).await;
+                return false;
+            }
+        };
+        for e in stored(page.blocks) {
+            if tx.send(Ok(event(e))).await.is_err() {
+                return false;
+            }
         }
+        from = page.next;
     }
-    out
+    true
 }
 
 /// Feeds one stream until the client goes, the leader stops serving or the tenant's log closes.
@@ -204,12 +238,9 @@ pub(super) async fn feed(
 ) {
     let mut readiness = leader.readiness().subscribe();
     loop {
-        for e in snapshot(&sub) {
-            if tx.send(Ok(e)).await.is_err() {
-                return;
-            }
+        if !send_snapshot(&leader, scope.as_ref(), &sub, &tx).await {
+            return;
         }
-        sub.held = Vec::new();
         loop {
             // the ledger first: an event sent after a ledger change never reaches a caller that
             // change shut out

@@ -158,6 +158,22 @@ impl Objects {
         }
     }
 
+    /// The objects in slots `from..` (at most `slots` of them, free ones included), and the slot
+    /// the next page starts at (`None`: this page reached the end). An object that keeps its slot
+    /// is in exactly one page of a walk, however the others change meanwhile.
+    pub fn page(&self, from: usize, slots: usize) -> (Vec<(&str, &Object)>, Option<usize>) {
+        let end = from.saturating_add(slots).min(self.slots.len());
+        let page = self
+            .slots
+            .get(from..end)
+            .unwrap_or_default()
+            .iter()
+            .flatten()
+            .map(|s| (&*s.key, &s.object))
+            .collect();
+        (page, (end < self.slots.len()).then_some(end))
+    }
+
     /// Every object with its key, in no order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Object)> {
         self.slots.iter().flatten().map(|s| (&*s.key, &s.object))
@@ -331,6 +347,42 @@ mod tests {
         );
         o.remove("soon");
         assert_eq!(o.reclaimable(t0 + Duration::from_secs(9)).collect::<Vec<_>>(), ["late"]);
+    }
+
+    /// A walk in pages sees every object that keeps its slot exactly once, however others come
+    /// and go meanwhile, and no page looks at more slots than asked.
+    #[test]
+    fn a_walk_in_pages_sees_each_object_that_stays_once() {
+        let mut o = Objects::default();
+        for i in 0..10_000u64 {
+            o.insert(&format!("k{i}"), object(i, true, ObjectState::Committed));
+        }
+        let mut seen = std::collections::BTreeMap::new();
+        let (mut from, mut pages, mut n) = (Some(0), 0, 0u64);
+        while let Some(at) = from {
+            let (page, next) = o.page(at, 1000);
+            assert!(page.len() <= 1000);
+            for (k, _) in page {
+                *seen.entry(k.to_owned()).or_insert(0) += 1;
+            }
+            from = next;
+            pages += 1;
+            // between pages: 50 go, 50 come (in the freed slots, behind or ahead of the walk)
+            for _ in 0..50 {
+                o.remove(&format!("k{}", (n * 97) % 10_000));
+                o.insert(&format!("new{n}"), object(n, true, ObjectState::Committed));
+                n += 1;
+            }
+        }
+        assert!(pages >= 10);
+        let gone: std::collections::BTreeSet<String> = (0..n).map(|i| format!("k{}", (i * 97) % 10_000)).collect();
+        for i in 0..10_000u64 {
+            let k = format!("k{i}");
+            if !gone.contains(&k) {
+                assert_eq!(seen.get(&k), Some(&1), "{k} stayed, and is seen once");
+            }
+        }
+        assert!(seen.values().all(|n| *n == 1));
     }
 
     /// Many objects in and out keep the table and the orders in step.

@@ -51,13 +51,26 @@ pub struct Tenant {
     pub log: super::blocks::BlockLog,
 }
 
+/// A page of a tenant's readable blocks (`WatchBlocks` snapshots).
+#[derive(Debug)]
+pub struct BlocksPage {
+    /// each block's key and size
+    pub blocks: Vec<(String, u64)>,
+    /// the slot the next page starts at (`None`: this was the last)
+    pub next: Option<usize>,
+}
+
 impl Tenant {
-    /// The blocks it holds readable now: each committed value's key and size.
-    pub fn committed_blocks(&self) -> Vec<(String, u64)> {
-        self.objects
-            .iter()
+    /// A page of the blocks it holds readable now (each committed value's key and size): those
+    /// of `slots` of its objects' slots from `from`, and where the next page starts (`None`: the
+    /// last page).
+    pub fn committed_blocks(&self, from: usize, slots: usize) -> BlocksPage {
+        let (page, next) = self.objects.page(from, slots);
+        let blocks = page
+            .into_iter()
             .filter(|(_, o)| o.state == ObjectState::Committed)
             .map(|(k, o)| (k.to_owned(), o.size))
-            .collect()
+            .collect();
+        BlocksPage { blocks, next }
     }
 }

@@ -164,7 +164,7 @@ impl State {
 }
 
 impl State {
-    /// Subscribes to the tenant's block log and takes the blocks it holds, in one step
+    /// Subscribes to the tenant's block log; the stream then takes the blocks it holds in pages
     /// (`blocks.rs`).
     pub fn watch_blocks(&mut self, scope: Option<&Scope>, restart: bool) -> Result<Subscription> {
         let tenant = self.tenant_name(scope)?;
@@ -173,6 +173,23 @@ impl State {
             .get(&tenant)
             .ok_or_else(|| StoreError::new(ErrorCode::Internal, "tenant vanished"))?;
         let ledger = self.ledger_generation.subscribe();
-        Subscription::start(&tenant, &t.log, self.epoch, t.committed_blocks(), ledger, restart)
+        Subscription::start(&tenant, &t.log, self.epoch, ledger, restart)
+    }
+
+    /// A page of the tenant's readable blocks from slot `from` for a stream started in `epoch`
+    /// (`blocks.rs`), and where the next page starts.
+    pub fn blocks_page(&self, scope: Option<&Scope>, epoch: u64, from: usize) -> Result<super::tenant::BlocksPage> {
+        if epoch != self.epoch {
+            return Err(StoreError::new(
+                ErrorCode::NotServing,
+                "a new term started while this stream's snapshot was sent; watch again",
+            ));
+        }
+        let tenant = self.tenant_name(scope)?;
+        let t = self
+            .tenants
+            .get(&tenant)
+            .ok_or_else(|| StoreError::new(ErrorCode::NotServing, "the tenant left the ledger; watch again"))?;
+        Ok(t.committed_blocks(from, super::blocks::PAGE_SLOTS))
     }
 }
