@@ -12,13 +12,14 @@
 use std::time::Instant;
 
 use super::blocks::Removal;
+use super::index::Name;
 use super::objects::Object;
 use super::state::State;
 
 /// The keys of the evictable values of `order` (least recently used first) that free at least
 /// `need` bytes as `frees` counts them, or all the evictable values when they do not.
 fn least_recent<'a>(
-    order: impl Iterator<Item = (&'a str, &'a Object)>,
+    order: impl Iterator<Item = (Name<'a>, &'a Object)>,
     need: u64,
     now: Instant,
     frees: impl Fn(&Object) -> u64,
@@ -30,7 +31,7 @@ fn least_recent<'a>(
             break;
         }
         freed += frees(o);
-        going.push(key.to_owned());
+        going.push(key.to_string());
     }
     going
 }
@@ -75,7 +76,7 @@ impl State {
     /// Evicts from memory the most deserving evictable value whose member `on` picks: of each
     /// tenant, its least recently used such value; of those, the most deserving.
     pub(super) fn evict_one_in_memory(&mut self, now: Instant, on: impl Fn(u64) -> bool) -> bool {
-        let mut best: Option<((bool, u64), &str, &str)> = None;
+        let mut best: Option<((bool, u64), &str, Name<'_>)> = None;
         for (name, t) in &self.tenants {
             let over = t.used > t.grant;
             let first = t
@@ -90,7 +91,7 @@ impl State {
             }
         }
         let Some((_, tenant, key)) = best else { return false };
-        let (tenant, key) = (tenant.to_owned(), key.to_owned());
+        let (tenant, key) = (tenant.to_owned(), key.to_string());
         self.evict(&tenant, &key);
         true
     }
@@ -180,7 +181,7 @@ impl State {
             };
             let Some((key, o)) = order.next() else { break };
             found += o.len;
-            going.push((name.to_string(), key.to_owned()));
+            going.push((name.to_string(), key.to_string()));
         }
         drop(heads);
         let freed: u64 = going.iter().map(|(tenant, key)| self.evict(tenant, key).memory).sum();
@@ -207,7 +208,7 @@ mod tests {
     use super::*;
 
     fn held(s: &State, t: &str) -> Vec<String> {
-        let mut keys: Vec<String> = s.tenants[t].objects.keys().map(str::to_owned).collect();
+        let mut keys: Vec<String> = s.tenants[t].objects.keys().map(|k| k.to_string()).collect();
         keys.sort();
         keys
     }
@@ -280,7 +281,7 @@ mod tests {
             .objects
             .in_memory_by_last_use()
             .filter(|(_, o)| o.member == n)
-            .map(|(k, _)| k.to_owned())
+            .map(|(k, _)| k.to_string())
             .collect();
         assert!(on_n.len() > 1 && on_n.len() < 8, "placed on both members: {on_n:?}");
         assert!(s.evict_one_in_memory(now, |id| id == n));

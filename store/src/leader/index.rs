@@ -3,7 +3,7 @@
 //! tenant holds.
 //!
 //! - **By key**: a hash table of slot numbers (SipHash, keyed per process, as the standard map);
-//!   each key's bytes are kept once, in its slot.
+//!   each key is kept once, in its slot, a connector's key packed to 20 bytes (`index/keys.rs`).
 //! - **By last use**, apart for values with bytes in memory and values only on a disk tier: the
 //!   least recently used comes first, which is what eviction takes first (`eviction.rs`).
 //! - **Reservations by when they are reclaimed** (`State::reap_reservations`).
@@ -21,11 +21,15 @@ use hashbrown::HashTable;
 
 use super::objects::{Object, ObjectState};
 
+mod keys;
+pub use keys::Name;
+use keys::{Key, Prefixes};
+
 type Id = usize;
 
 #[derive(Debug)]
 struct Slot {
-    key: Box<str>,
+    key: Key,
     object: Object,
 }
 
@@ -58,6 +62,8 @@ pub struct Objects {
     free: Vec<Id>,
     by_key: HashTable<Id>,
     hasher: RandomState,
+    /// the namespaces of its packed keys
+    prefixes: Prefixes,
     /// objects with bytes in memory, least recently used first
     in_memory: BTreeSet<(u64, Id)>,
     /// objects only on a disk tier, least recently used first
@@ -80,9 +86,19 @@ impl Objects {
     }
 
     fn find(&self, key: &str) -> Option<Id> {
+        let form = self.prefixes.form(key)?;
         let slots = &self.slots;
-        let same = |id: &Id| slots.get(*id).and_then(Option::as_ref).is_some_and(|s| &*s.key == key);
-        self.by_key.find(self.hasher.hash_one(key), same).copied()
+        let same = |id: &Id| {
+            slots
+                .get(*id)
+                .and_then(Option::as_ref)
+                .is_some_and(|s| s.key.form() == form)
+        };
+        self.by_key.find(self.hasher.hash_one(form), same).copied()
+    }
+
+    fn name<'a>(&'a self, slot: &'a Slot) -> Name<'a> {
+        self.prefixes.name(&slot.key)
     }
 
     pub fn get(&self, key: &str) -> Option<&Object> {
@@ -109,29 +125,35 @@ impl Objects {
         let replaced = self.remove(key);
         let id = self.free.pop().unwrap_or(self.slots.len());
         self.place(id, Places::of(&object));
-        let slot = Some(Slot {
-            key: key.into(),
-            object,
-        });
+        let key = self.prefixes.keep(key);
+        let hash = self.hasher.hash_one(key.form());
+        let slot = Some(Slot { key, object });
         match self.slots.get_mut(id) {
             Some(s) => *s = slot,
             None => self.slots.push(slot),
         }
         let (slots, hasher) = (&self.slots, &self.hasher);
-        let rehash = |id: &Id| {
-            let key = slots.get(*id).and_then(Option::as_ref).map_or("", |s| &*s.key);
-            hasher.hash_one(key)
+        let rehash = |id: &Id| match slots.get(*id).and_then(Option::as_ref) {
+            Some(s) => hasher.hash_one(s.key.form()),
+            None => 0,
         };
-        self.by_key.insert_unique(self.hasher.hash_one(key), id, rehash);
+        self.by_key.insert_unique(hash, id, rehash);
         replaced
     }
 
     pub fn remove(&mut self, key: &str) -> Option<Object> {
+        let form = self.prefixes.form(key)?;
         let slots = &self.slots;
-        let same = |id: &Id| slots.get(*id).and_then(Option::as_ref).is_some_and(|s| &*s.key == key);
-        let (id, _) = self.by_key.find_entry(self.hasher.hash_one(key), same).ok()?.remove();
+        let same = |id: &Id| {
+            slots
+                .get(*id)
+                .and_then(Option::as_ref)
+                .is_some_and(|s| s.key.form() == form)
+        };
+        let (id, _) = self.by_key.find_entry(self.hasher.hash_one(form), same).ok()?.remove();
         let slot = self.slots.get_mut(id)?.take()?;
         self.unplace(id, Places::of(&slot.object));
+        self.prefixes.release(&slot.key);
         self.free.push(id);
         Some(slot.object)
     }
@@ -161,7 +183,7 @@ impl Objects {
     /// The objects in slots `from..` (at most `slots` of them, free ones included), and the slot
     /// the next page starts at (`None`: this page reached the end). An object that keeps its slot
     /// is in exactly one page of a walk, however the others change meanwhile.
-    pub fn page(&self, from: usize, slots: usize) -> (Vec<(&str, &Object)>, Option<usize>) {
+    pub fn page(&self, from: usize, slots: usize) -> (Vec<(Name<'_>, &Object)>, Option<usize>) {
         let end = from.saturating_add(slots).min(self.slots.len());
         let page = self
             .slots
@@ -169,34 +191,35 @@ impl Objects {
             .unwrap_or_default()
             .iter()
             .flatten()
-            .map(|s| (&*s.key, &s.object))
+            .map(|s| (self.name(s), &s.object))
             .collect();
         (page, (end < self.slots.len()).then_some(end))
     }
 
     /// Every object with its key, in no order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Object)> {
-        self.slots.iter().flatten().map(|s| (&*s.key, &s.object))
+    pub fn iter(&self) -> impl Iterator<Item = (Name<'_>, &Object)> {
+        self.slots.iter().flatten().map(|s| (self.name(s), &s.object))
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = &str> {
+    pub fn keys(&self) -> impl Iterator<Item = Name<'_>> {
         self.iter().map(|(k, _)| k)
     }
 
     fn entries<'a>(
         &'a self,
         ids: impl Iterator<Item = &'a (u64, Id)> + 'a,
-    ) -> impl Iterator<Item = (&'a str, &'a Object)> {
-        ids.filter_map(|(_, id)| self.slot(*id)).map(|s| (&*s.key, &s.object))
+    ) -> impl Iterator<Item = (Name<'a>, &'a Object)> {
+        ids.filter_map(|(_, id)| self.slot(*id))
+            .map(|s| (self.name(s), &s.object))
     }
 
     /// The objects with bytes in memory, least recently used first.
-    pub fn in_memory_by_last_use(&self) -> impl Iterator<Item = (&str, &Object)> {
+    pub fn in_memory_by_last_use(&self) -> impl Iterator<Item = (Name<'_>, &Object)> {
         self.entries(self.in_memory.iter())
     }
 
     /// The objects only on a disk tier, least recently used first.
-    pub fn on_disk_by_last_use(&self) -> impl Iterator<Item = (&str, &Object)> {
+    pub fn on_disk_by_last_use(&self) -> impl Iterator<Item = (Name<'_>, &Object)> {
         self.entries(self.on_disk.iter())
     }
 
@@ -206,12 +229,12 @@ impl Objects {
     }
 
     /// The keys of reservations due to be reclaimed at `now`, the longest due first.
-    pub fn reclaimable(&self, now: Instant) -> impl Iterator<Item = &str> {
+    pub fn reclaimable(&self, now: Instant) -> impl Iterator<Item = Name<'_>> {
         self.reserved
             .iter()
             .take_while(move |(at, _)| *at <= now)
             .filter_map(|(_, id)| self.slot(*id))
-            .map(|s| &*s.key)
+            .map(|s| self.name(s))
     }
 }
 
@@ -294,8 +317,8 @@ mod tests {
         }
     }
 
-    fn order<'a>(it: impl Iterator<Item = (&'a str, &'a Object)>) -> Vec<&'a str> {
-        it.map(|(k, _)| k).collect()
+    fn order<'a>(it: impl Iterator<Item = (Name<'a>, &'a Object)>) -> Vec<String> {
+        it.map(|(k, _)| k.to_string()).collect()
     }
 
     #[test]
@@ -320,7 +343,7 @@ mod tests {
         assert_eq!(order(o.in_memory_by_last_use()), ["e"]);
         assert_eq!(order(o.on_disk_by_last_use()), ["a", "d", "c"]);
         assert_eq!((o.len(), o.slots.len()), (4, 4));
-        let mut keys: Vec<&str> = o.keys().collect();
+        let mut keys: Vec<String> = o.keys().map(|k| k.to_string()).collect();
         keys.sort_unstable();
         assert_eq!(keys, ["a", "c", "d", "e"]);
         assert_eq!(o["e"].last_used, 50);
@@ -340,13 +363,15 @@ mod tests {
         o.insert("kept", object(3, true, reserved(3, 1)));
         o.get_mut("kept").unwrap().state = ObjectState::Committed;
         assert_eq!(o.reclaimable(t0).count(), 0);
-        assert_eq!(o.reclaimable(t0 + Duration::from_secs(5)).collect::<Vec<_>>(), ["soon"]);
-        assert_eq!(
-            o.reclaimable(t0 + Duration::from_secs(9)).collect::<Vec<_>>(),
-            ["soon", "late"]
-        );
+        let due = |o: &Objects, secs| -> Vec<String> {
+            o.reclaimable(t0 + Duration::from_secs(secs))
+                .map(|k| k.to_string())
+                .collect()
+        };
+        assert_eq!(due(&o, 5), ["soon"]);
+        assert_eq!(due(&o, 9), ["soon", "late"]);
         o.remove("soon");
-        assert_eq!(o.reclaimable(t0 + Duration::from_secs(9)).collect::<Vec<_>>(), ["late"]);
+        assert_eq!(due(&o, 9), ["late"]);
     }
 
     /// A walk in pages sees every object that keeps its slot exactly once, however others come
@@ -363,7 +388,7 @@ mod tests {
             let (page, next) = o.page(at, 1000);
             assert!(page.len() <= 1000);
             for (k, _) in page {
-                *seen.entry(k.to_owned()).or_insert(0) += 1;
+                *seen.entry(k.to_string()).or_insert(0) += 1;
             }
             from = next;
             pages += 1;
@@ -383,6 +408,44 @@ mod tests {
             }
         }
         assert!(seen.values().all(|n| *n == 1));
+    }
+
+    /// Connector keys (packed) and other keys live side by side, found, written out and removed
+    /// exactly; a namespace is forgotten with its last key.
+    #[test]
+    fn connector_keys_are_found_and_written_back_exactly() {
+        let mut o = Objects::default();
+        let ns = "vllm/Qwen/Qwen2.5-0.5B/0123456789abcdef/tp0of1";
+        let keys: Vec<String> = (0..100u64).map(|i| format!("{ns}/{i:032x}")).collect();
+        for (i, k) in keys.iter().enumerate() {
+            o.insert(k, object(i as u64, true, ObjectState::Committed));
+        }
+        o.insert("plain", object(500, true, ObjectState::Committed));
+        o.insert(
+            &format!("{ns}/{:032X}", 0xabc),
+            object(501, true, ObjectState::Committed),
+        );
+        assert_eq!(o.len(), 102);
+        assert_eq!(o.prefixes.len(), 1);
+        assert_eq!(o.get(&keys[42]).unwrap().last_used, 42);
+        assert!(o.get(&format!("{ns}/{:032x}", 100)).is_none());
+        assert!(o.get(&format!("vllm/other/{:032x}", 1)).is_none());
+        assert_eq!(
+            o.get(&format!("{ns}/{:032X}", 0xabc)).unwrap().last_used,
+            501,
+            "uppercase is another key"
+        );
+        let mut written: Vec<String> = o.keys().map(|k| k.to_string()).collect();
+        written.sort();
+        let mut want = keys.clone();
+        want.extend(["plain".to_owned(), format!("{ns}/{:032X}", 0xabc)]);
+        want.sort();
+        assert_eq!(written, want);
+        for k in &keys {
+            assert!(o.remove(k).is_some());
+        }
+        assert_eq!((o.len(), o.prefixes.len()), (2, 0));
+        assert!(o.get(&keys[0]).is_none());
     }
 
     /// Many objects in and out keep the table and the orders in step.
@@ -406,7 +469,7 @@ mod tests {
         let uses: Vec<u64> = o.in_memory_by_last_use().map(|(_, o)| o.last_used).collect();
         assert!(uses.is_sorted(), "least recently used first");
         for (k, ob) in o.iter() {
-            assert_eq!(o.get(k).unwrap().last_used, ob.last_used);
+            assert_eq!(o.get(&k.to_string()).unwrap().last_used, ob.last_used);
         }
     }
 }

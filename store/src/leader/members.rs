@@ -229,7 +229,7 @@ impl State {
                 .objects
                 .iter()
                 .filter(|(_, o)| o.member == id && o.mount_id == member.mount_id)
-                .map(|(k, _)| k.to_owned())
+                .map(|(k, _)| k.to_string())
                 .collect();
             if lost.is_empty() {
                 continue;

@@ -392,7 +392,7 @@ impl State {
     pub fn reap_reservations(&mut self, now: Instant) -> u64 {
         let mut stale = Vec::new();
         for (name, t) in &self.tenants {
-            stale.extend(t.objects.reclaimable(now).map(|key| (name.clone(), key.to_owned())));
+            stale.extend(t.objects.reclaimable(now).map(|key| (name.clone(), key.to_string())));
         }
         for (name, key) in &stale {
             self.drop_object(name, key, Removal::Unpublished);

@@ -69,7 +69,7 @@ impl Tenant {
         let blocks = page
             .into_iter()
             .filter(|(_, o)| o.state == ObjectState::Committed)
-            .map(|(k, o)| (k.to_owned(), o.size))
+            .map(|(k, o)| (k.to_string(), o.size))
             .collect();
         BlocksPage { blocks, next }
     }

@@ -91,7 +91,7 @@ impl State {
             .collect();
         let mut dropped = 0;
         for name in removed {
-            let keys: Vec<String> = self.tenants[&name].objects.keys().map(str::to_owned).collect();
+            let keys: Vec<String> = self.tenants[&name].objects.keys().map(|k| k.to_string()).collect();
             dropped += keys.len() as u64;
             for k in keys {
                 self.drop_object(&name, &k, super::blocks::Removal::Ledger);

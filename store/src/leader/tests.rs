@@ -591,8 +591,12 @@ fn adopted_values_are_evicted_least_recently_used_first_across_members() {
     s.mount(&m2, now).unwrap();
     let one = super::objects::charge(4096, "cold");
     assert_eq!(s.evict_tenant("a", one, now), one);
-    let held: std::collections::BTreeSet<&str> = s.tenants["a"].objects.keys().collect();
-    assert_eq!(held, ["hot", "warm"].into(), "the coldest went first");
+    let held: std::collections::BTreeSet<String> = s.tenants["a"].objects.keys().map(|k| k.to_string()).collect();
+    assert_eq!(
+        held,
+        ["hot".to_owned(), "warm".to_owned()].into(),
+        "the coldest went first"
+    );
     s.evict_tenant("a", 1, now);
     assert!(
         s.tenants["a"].objects.contains_key("hot"),
