@@ -3,9 +3,11 @@
 //! evicted, dropped, reclaimed: no longer to be handed over), and for a member with a disk tier
 //! each disk copy to remove and each to load into memory (a get of a value only on disk waits
 //! for the member to have applied its load). Each notice is numbered; a heartbeat
-//! answer carries the oldest ones (at most [`PER_ANSWER`]) and the number of the last
-//! (`HeartbeatResponse.through`), and the member's next heartbeat says how far it applied them
-//! (`HeartbeatRequest.applied_through`).
+//! answer carries the oldest ones the member has not said it applied (at most [`PER_ANSWER`]) and
+//! the number of the last (`HeartbeatResponse.through`), and the member's next heartbeat says how
+//! far it applied them (`HeartbeatRequest.applied_through`). A notice is kept until then: an
+//! answer lost on the way (the member's call timed out while the leader was slow) is sent again,
+//! so no seal, free or load is ever skipped.
 //!
 //! Members ask with `wait_ms` (long polling): a leader holds a heartbeat with nothing to tell until
 //! a notice is queued ([`Notices::news`], then [`GATHER`] for more, unless a removal waits for it:
@@ -63,9 +65,12 @@ pub enum Notice {
 /// One member's notices.
 #[derive(Debug)]
 pub struct Notices {
+    /// the notices the member has not said it applied, the oldest first
     queue: VecDeque<Notice>,
     /// the number of the last notice queued (the first is 1)
     queued: u64,
+    /// the number of the last notice an answer carried
+    sent: u64,
     /// fires when a notice is queued: a held heartbeat answers
     news: Arc<tokio::sync::Notify>,
     /// how far the member applied them, as its heartbeats say
@@ -81,6 +86,7 @@ impl Default for Notices {
         Notices {
             queue: VecDeque::new(),
             queued: 0,
+            sent: 0,
             news: Arc::default(),
             applied: tokio::sync::watch::Sender::new(0),
             overflowed: false,
@@ -193,24 +199,26 @@ impl Notices {
     }
 
     /// Records how far the member says it applied them (never backwards, never past what was
-    /// sent).
+    /// sent), and forgets those.
     pub fn acknowledge(&mut self, through: u64) {
-        let sent = self.queued - self.queue.len() as u64;
-        let through = through.min(sent);
-        self.applied.send_if_modified(|n| {
-            let moved = through > *n;
-            if moved {
-                *n = through;
-            }
-            moved
-        });
+        let applied = *self.applied.borrow();
+        let through = through.min(self.sent);
+        if through <= applied {
+            return;
+        }
+        let done = usize::try_from(through - applied)
+            .unwrap_or(usize::MAX)
+            .min(self.queue.len());
+        self.queue.drain(..done);
+        self.applied.send_replace(through);
     }
 
-    /// Fills a heartbeat answer with the oldest notices (at most [`PER_ANSWER`]).
+    /// Fills a heartbeat answer with the oldest notices the member has not said it applied (at
+    /// most [`PER_ANSWER`]); they stay until it does.
     pub fn answer(&mut self, answer: &mut HeartbeatResponse) {
         self.urgent = false;
         let n = self.queue.len().min(PER_ANSWER);
-        for notice in self.queue.drain(..n) {
+        for notice in self.queue.iter().take(n).cloned() {
             match notice {
                 Notice::Sealed {
                     offset,
@@ -241,10 +249,17 @@ impl Notices {
                 }
             }
         }
-        answer.through = self.queued - self.queue.len() as u64;
+        answer.through = *self.applied.borrow() + n as u64;
+        self.sent = self.sent.max(answer.through);
     }
 
-    /// How many wait to be sent.
+    /// The number of the last notice an answer carried.
+    #[cfg(test)]
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    /// How many the member has not said it applied.
     #[cfg(test)]
     pub fn queued(&self) -> usize {
         self.queue.len()
@@ -267,13 +282,58 @@ mod tests {
         let mut a = HeartbeatResponse::default();
         n.answer(&mut a);
         assert_eq!((a.sealed_offsets.len(), a.freed_offsets.len(), a.through), (1, 1, 2));
-        assert!(!n.pending(), "told once");
         assert!(!waiter.done(), "sent is not applied");
         n.acknowledge(99);
         assert!(waiter.done(), "the member applied both (never past what was sent)");
+        assert!(!n.pending(), "nothing left to tell");
         assert_eq!(*n.applied.borrow(), 2);
         n.acknowledge(1);
         assert_eq!(*n.applied.borrow(), 2, "never backwards");
+        let mut a = HeartbeatResponse::default();
+        n.answer(&mut a);
+        assert_eq!((a.sealed_offsets.len(), a.freed_offsets.len(), a.through), (0, 0, 2));
+    }
+
+    /// An answer the member never got (its call timed out while the leader was slow) is sent
+    /// again: the member's next heartbeat says it applied none of it.
+    #[test]
+    fn an_answer_lost_on_the_way_is_sent_again() {
+        let mut n = Notices::default();
+        n.sealed(0, 1, [1; 32]);
+        n.freed(64, 2);
+        let removal = n.applied();
+        let mut lost = HeartbeatResponse::default();
+        n.answer(&mut lost);
+        n.sealed(128, 3, [3; 32]);
+        // the member's next heartbeat: it applied nothing since
+        n.acknowledge(0);
+        assert!(!removal.done(), "the free was never applied");
+        let mut again = HeartbeatResponse::default();
+        n.answer(&mut again);
+        assert_eq!(again.sealed_offsets, [0, 128]);
+        assert_eq!(again.freed_offsets, [64]);
+        assert_eq!(again.through, 3);
+        n.acknowledge(3);
+        assert!(removal.done());
+        // an answer of at most PER_ANSWER, then the rest from where the member got to
+        for i in 0..PER_ANSWER as u64 + 10 {
+            n.freed(i, i);
+        }
+        let mut first = HeartbeatResponse::default();
+        n.answer(&mut first);
+        assert_eq!(
+            (first.freed_offsets.len(), first.through),
+            (PER_ANSWER, 3 + PER_ANSWER as u64)
+        );
+        n.acknowledge(3 + 100);
+        let mut rest = HeartbeatResponse::default();
+        n.answer(&mut rest);
+        assert_eq!(rest.freed_offsets.first(), Some(&100));
+        assert_eq!(
+            rest.through,
+            3 + PER_ANSWER as u64 + 10,
+            "the rest, from where the member got to"
+        );
     }
 
     #[test]

@@ -60,6 +60,17 @@ pub(super) fn hb(member_id: u64, mount_id: u64) -> HeartbeatRequest {
     }
 }
 
+/// A heartbeat of a member that applied every answer before this one: its answer carries what
+/// the member has not been sent.
+pub(super) fn told(s: &mut State, req: &HeartbeatRequest, now: Instant) -> crate::proto::HeartbeatResponse {
+    let sent = s.members.get(&req.member_id).map_or(0, |m| m.notices.sent());
+    let req = HeartbeatRequest {
+        applied_through: req.applied_through.max(sent),
+        ..req.clone()
+    };
+    s.answer_heartbeat(&req, now)
+}
+
 pub(super) fn state(cfg: LeaderConfig) -> (State, Instant) {
     (
         State::new(cfg, std::sync::Arc::new(crate::grant::SealKey::generate())),
@@ -656,11 +667,11 @@ fn heartbeat_answers_seal_each_value_committed_since_the_last_once() {
         (n, s.members[&n].mount_id)
     };
     assert!(
-        s.answer_heartbeat(&hb(member, member_mount), t0).seals.is_empty(),
+        told(&mut s, &hb(member, member_mount), t0).seals.is_empty(),
         "not committed yet: nothing sealed"
     );
     s.put_commit(Some(&scope("t")), "k", p.put_id).unwrap();
-    let answer = s.answer_heartbeat(&hb(member, member_mount), t0);
+    let answer = told(&mut s, &hb(member, member_mount), t0);
     assert_eq!(answer.sealed_offsets, [loc.offset]);
     assert_eq!(answer.sealed_allocations, [loc.allocation]);
     let at = crate::grant::Placed {
@@ -670,7 +681,7 @@ fn heartbeat_answers_seal_each_value_committed_since_the_last_once() {
     };
     assert!(s.seal_key.verifies(&loc.tag, &at, &answer.seals[0]));
     assert!(
-        s.answer_heartbeat(&hb(member, member_mount), t0).seals.is_empty(),
+        told(&mut s, &hb(member, member_mount), t0).seals.is_empty(),
         "told once"
     );
 }
@@ -693,14 +704,14 @@ fn heartbeat_answers_name_each_range_freed_since_the_last_once() {
         (r.offset, r.allocation)
     };
     let (a, abandoned) = (at(&s, "a"), at(&s, "abandoned"));
-    let answer = s.answer_heartbeat(&hb(m, mount_id), t0);
+    let answer = told(&mut s, &hb(m, mount_id), t0);
     assert!(
         !answer.need_remount && answer.freed_offsets.is_empty(),
         "nothing freed yet"
     );
     assert!(s.remove(Some(&scope("t")), "a", t0).unwrap());
     assert_eq!(s.reap_reservations(t0 + Duration::from_secs(2)), 1);
-    let answer = s.answer_heartbeat(&hb(m, mount_id), t0);
+    let answer = told(&mut s, &hb(m, mount_id), t0);
     let freed: Vec<(u64, u64)> = answer
         .freed_offsets
         .iter()
@@ -708,29 +719,26 @@ fn heartbeat_answers_name_each_range_freed_since_the_last_once() {
         .zip(answer.freed_allocations.iter().copied())
         .collect();
     assert_eq!(freed, [a, abandoned], "the removed value and the reclaimed reservation");
-    assert!(
-        s.answer_heartbeat(&hb(m, mount_id), t0).freed_offsets.is_empty(),
-        "told once"
-    );
+    assert!(told(&mut s, &hb(m, mount_id), t0).freed_offsets.is_empty(), "told once");
     // another mount is told to remount, and nothing of this one
     s.members.get_mut(&m).unwrap().notices.freed(1, 1);
-    let other = s.answer_heartbeat(&hb(m, mount_id + 1), t0);
+    let other = told(&mut s, &hb(m, mount_id + 1), t0);
     assert!(other.need_remount && other.freed_offsets.is_empty());
     // a long queue goes out in bounded answers
     for i in 0..PER_ANSWER as u64 {
         s.members.get_mut(&m).unwrap().notices.freed(i + 2, i + 2);
     }
-    let answer = s.answer_heartbeat(&hb(m, mount_id), t0);
+    let answer = told(&mut s, &hb(m, mount_id), t0);
     assert_eq!(answer.freed_offsets.len(), PER_ANSWER);
     assert_eq!(answer.freed_allocations.len(), PER_ANSWER);
     assert_eq!(answer.freed_offsets[0], 1);
-    assert_eq!(s.answer_heartbeat(&hb(m, mount_id), t0).freed_offsets.len(), 1);
+    assert_eq!(told(&mut s, &hb(m, mount_id), t0).freed_offsets.len(), 1);
     // a member that falls too far behind is unmounted, and its next mount hands over nothing
     let instance = s.members[&m].instance_id;
     for i in 0..=QUEUED as u64 {
         s.members.get_mut(&m).unwrap().notices.freed(i, i);
     }
-    assert!(s.answer_heartbeat(&hb(m, mount_id), t0).need_remount);
+    assert!(told(&mut s, &hb(m, mount_id), t0).need_remount);
     assert_eq!(s.expire_members(t0), 1);
     let again = crate::proto::MountRequest {
         holdings: vec![holding(&s, "t", "b", 64, 0, 100, 0)],

@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::super::config::{LeaderConfig, TierReads};
 use super::super::objects::OBJECT_OVERHEAD;
 use super::super::state::State;
-use super::super::tests::{MIB, entry, hb, mount_req, put, scope, state};
+use super::super::tests::{MIB, entry, hb, mount_req, put, scope, state, told};
 use crate::proto::{DiskHolding, HeartbeatRequest, HeartbeatResponse};
 
 /// Room in a ceiling for the leader's own charge per value (its key and overhead).
@@ -80,7 +80,7 @@ fn two_copied_with(reads: TierReads) -> (State, Instant, (u64, u64)) {
     let m = mount_tiered(&mut s, "m", 8 * MIB, t0);
     put(&mut s, "t", "a", MIB, t0).unwrap();
     put(&mut s, "t", "b", MIB, t0).unwrap();
-    let sealed = s.answer_heartbeat(&hb(m.0, m.1), t0);
+    let sealed = told(&mut s, &hb(m.0, m.1), t0);
     let report = copies(&s, "t", &["a", "b"], &sealed, MIB);
     send(&mut s, m, report, sealed.through, t0);
     (s, t0, m)
@@ -163,7 +163,7 @@ fn a_value_copied_to_disk_leaves_memory_when_evicted_and_a_get_loads_it_back() {
     let t = tenant(&s, "t");
     assert_eq!((t.on_disk_only, t.demotions, t.evictions), (1, 1, 0));
     assert!(s.exists(Some(&scope("t")), "a", t0).unwrap(), "still in the store");
-    let freed = s.answer_heartbeat(&hb(m.0, m.1), t0);
+    let freed = told(&mut s, &hb(m.0, m.1), t0);
     assert_eq!(freed.freed_offsets.len(), 1, "its memory is freed on the member");
     assert!(freed.disk_freed.is_empty(), "its copy stays");
 
@@ -172,7 +172,7 @@ fn a_value_copied_to_disk_leaves_memory_when_evicted_and_a_get_loads_it_back() {
     let waits = s.start_loads(Some(&scope("t")), &["a".into(), "c".into()], t0).unwrap();
     assert_eq!(waits.len(), 1, "only a is on disk");
     assert!(!waits[0].done());
-    let told = s.answer_heartbeat(&hb(m.0, m.1), t0);
+    let told = told(&mut s, &hb(m.0, m.1), t0);
     assert_eq!(told.load_disk_ids, [1]);
     let (offset, allocation) = (told.load_offsets[0], told.load_allocations[0]);
     assert_eq!(&told.load_tags[0][..], &s.tag("t", "a")[..]);
@@ -205,9 +205,9 @@ fn a_value_copied_to_disk_leaves_memory_when_evicted_and_a_get_loads_it_back() {
 fn a_load_that_finds_its_copy_damaged_is_a_miss_and_the_value_is_dropped() {
     let (mut s, t0, m) = two_copied();
     put(&mut s, "t", "c", MIB, t0).unwrap();
-    s.answer_heartbeat(&hb(m.0, m.1), t0);
+    told(&mut s, &hb(m.0, m.1), t0);
     let waits = s.start_loads(Some(&scope("t")), &["a".into()], t0).unwrap();
-    let told = s.answer_heartbeat(&hb(m.0, m.1), t0);
+    let told = told(&mut s, &hb(m.0, m.1), t0);
     assert_eq!(told.load_disk_ids, [1]);
     // the member read it back, and its checksum did not match: lost, in the heartbeat that
     // acknowledges the load
@@ -263,7 +263,7 @@ fn copies_of_values_gone_or_replaced_are_told_to_go_and_a_removal_frees_both() {
     let m = mount_tiered(&mut s, "m", 8 * MIB, t0);
     put(&mut s, "t", "a", 100, t0).unwrap();
     put(&mut s, "t", "b", 100, t0).unwrap();
-    let sealed = s.answer_heartbeat(&hb(m.0, m.1), t0);
+    let sealed = told(&mut s, &hb(m.0, m.1), t0);
     // a is removed before its copy is reported; b's report names another allocation
     assert!(s.remove(Some(&scope("t")), "a", t0).unwrap());
     let mut report = copies(&s, "t", &["a", "b"], &sealed, 100);
@@ -273,12 +273,12 @@ fn copies_of_values_gone_or_replaced_are_told_to_go_and_a_removal_frees_both() {
     assert_eq!(tenant(&s, "t").disk_used, 0);
 
     put(&mut s, "t", "c", 100, t0).unwrap();
-    let sealed = s.answer_heartbeat(&hb(m.0, m.1), t0);
+    let sealed = told(&mut s, &hb(m.0, m.1), t0);
     let report = copies(&s, "t", &["c"], &sealed, 100);
     send(&mut s, m, report, sealed.through, t0);
     assert_eq!(tenant(&s, "t").disk_used, 128, "its allocated length");
     assert!(s.remove(Some(&scope("t")), "c", t0).unwrap());
-    let answer = s.answer_heartbeat(&hb(m.0, m.1), t0);
+    let answer = told(&mut s, &hb(m.0, m.1), t0);
     assert_eq!((answer.freed_offsets.len(), answer.disk_freed.clone()), (1, vec![1]));
     assert_eq!(tenant(&s, "t").disk_used, 0);
 }
@@ -290,7 +290,7 @@ fn copies_of_values_gone_or_replaced_are_told_to_go_and_a_removal_frees_both() {
 fn a_mount_hands_over_its_tier_and_what_verifies_is_adopted() {
     let (mut s, t0, m) = two_copied();
     // the records as the member's tier holds them (its copies of a and b)
-    let sealed_a = s.answer_heartbeat(&hb(m.0, m.1), t0);
+    let sealed_a = told(&mut s, &hb(m.0, m.1), t0);
     assert!(sealed_a.seals.is_empty());
     let mut records: Vec<DiskHolding> = Vec::new();
     for (i, key) in ["a", "b"].iter().enumerate() {
