@@ -1,5 +1,5 @@
 //! The store at scale (issue 43), first part: a leader filled with N small objects through a real
-//! member and client (64-byte keys, as the vLLM connector's are about; 16-byte values), then, at
+//! member and client (73-byte keys as the vLLM connector makes them; 16-byte values), then, at
 //! that size, the leader's and the member's resident memory per object and put, get and `exists` latency (p50,
 //! p99, one call at a time). Each size in `SIZES` (default `1000000`) gets a store of its own,
 //! so the figures at two sizes come from one run; e.g. `SIZES=1000000,20000000`.
@@ -28,9 +28,13 @@ const IN_FLIGHT: usize = 4;
 /// Calls timed per operation at a size.
 const SAMPLES: usize = 2_000;
 
-/// Object `i`'s key: 64 bytes.
+/// Object `i`'s key, as the vLLM connector makes it for Qwen2.5-7B: its namespace, then 32
+/// hex digits of the block's hash (73 bytes).
 fn key(i: u64) -> String {
-    format!("vllm/Qwen2.5-7B/0123456789abcdef/tp0of1/{i:024x}")
+    format!(
+        "vllm/Qwen2.5-7B/0123456789abcdef/tp0of1/{:032x}",
+        u128::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
+    )
 }
 
 /// Object `i`'s value: 16 bytes of its own.
@@ -53,11 +57,13 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
 }
 
-/// Fills `c` with objects `0..n`.
-async fn fill(c: &Client, n: u64) {
+/// Fills `c` with objects `0..n`; returns the longest a batch put took.
+async fn fill(c: &Client, n: u64) -> Duration {
     let batches: Vec<u64> = (0..n.div_ceil(BATCH as u64)).collect();
+    let mut longest = Duration::ZERO;
     for group in batches.chunks(IN_FLIGHT) {
         let puts = group.iter().map(|b| async move {
+            let began = Instant::now();
             let range = b * BATCH as u64..((b + 1) * BATCH as u64).min(n);
             let keys: Vec<String> = range.clone().map(key).collect();
             let values: Vec<bytes::Bytes> = range.map(value).collect();
@@ -69,9 +75,13 @@ async fn fill(c: &Client, n: u64) {
             for r in c.batch_put(&items).await.expect("a batch put") {
                 r.expect("a put");
             }
+            began.elapsed()
         });
-        futures::future::join_all(puts).await;
+        for took in futures::future::join_all(puts).await {
+            longest = longest.max(took);
+        }
     }
+    longest
 }
 
 /// p50 and p99 of `SAMPLES` calls of `op(i)`.
@@ -105,7 +115,7 @@ async fn at_size(n: u64) {
     common::wait_members(&c, 1).await;
     let (before, member_before) = (rss(&l), rss(&m));
     let started = Instant::now();
-    fill(&c, n).await;
+    let longest = fill(&c, n).await;
     let filled = started.elapsed();
     let (after, member_after) = (rss(&l), rss(&m));
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
@@ -138,7 +148,7 @@ async fn at_size(n: u64) {
     })
     .await;
     println!(
-        "{n:>10} objects (filled in {filled:.1?}, {:.0}/s): leader RSS {:.0} MiB, {:.0} bytes/object; member {:.0} bytes/object; put p50 {:.3} ms p99 {:.3} ms; get p50 {:.3} ms p99 {:.3} ms; exists p50 {:.3} ms p99 {:.3} ms",
+        "{n:>10} objects (filled in {filled:.1?}, {:.0}/s, longest batch {longest:.2?}): leader RSS {:.0} MiB, {:.0} bytes/object; member {:.0} bytes/object; put p50 {:.3} ms p99 {:.3} ms; get p50 {:.3} ms p99 {:.3} ms; exists p50 {:.3} ms p99 {:.3} ms",
         n as f64 / filled.as_secs_f64(),
         after as f64 / (1 << 20) as f64,
         (after.saturating_sub(before)) as f64 / n as f64,

@@ -21,8 +21,10 @@ use crate::proto::{HandoverRequest, Holding, MountResponse};
 /// The most tags and seals a page carries: about 14,000 values of 64-byte keys, adopted by the
 /// leader in a few milliseconds, so the leader's other calls wait no longer than that.
 pub const PAGE: usize = 2 << 20;
-/// How long a page may take besides its values' share (one millisecond per 50 values).
-const PAGE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a page may take besides its values' share (one millisecond per 50 values): a leader
+/// that does not answer within it is taken for gone, and the member mounts again, which costs the
+/// leader dropping and adopting everything again, so it is generous.
+const PAGE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Starts a report to a new leader: its first page, and whether more follow.
 pub(super) fn first_page(segment: &Segment) -> (Vec<Holding>, bool) {
@@ -37,8 +39,12 @@ pub(super) fn first_page(segment: &Segment) -> (Vec<Holding>, bool) {
     (page, segment.unsent() > 0)
 }
 
-/// How long a call carrying `values` holdings may take.
+/// How long a call carrying `values` holdings may take (the mount's too: one that carries none
+/// is answered at once by a leader that serves).
 pub(super) fn timeout_for(values: usize) -> Duration {
+    if values == 0 {
+        return Duration::from_secs(1);
+    }
     PAGE_TIMEOUT + Duration::from_millis(values as u64 / 50)
 }
 
