@@ -18,7 +18,7 @@ use crate::error::{ErrorCode, StoreError};
 use crate::proto::membership_client::MembershipClient;
 use crate::proto::{HandoverRequest, Holding, MountResponse};
 
-/// The most tags and seals a page carries: about 14,000 values of 64-byte keys, adopted by the
+/// The most tags and seals a page carries: about 16,000 values of the connector's 73-byte keys, adopted by the
 /// leader in a few milliseconds, so the leader's other calls wait no longer than that.
 pub const PAGE: usize = 2 << 20;
 /// How long a page may take besides its values' share (one millisecond per 50 values): a leader
