@@ -18,8 +18,9 @@ use crate::error::{ErrorCode, StoreError};
 use crate::proto::membership_client::MembershipClient;
 use crate::proto::{HandoverRequest, Holding, MountResponse};
 
-/// The most tags and seals a page carries: about 16,000 values of the connector's 73-byte keys, adopted by the
-/// leader in a few milliseconds, so the leader's other calls wait no longer than that.
+/// The most tags and seals a page carries: about 16,000 values of the connector's 73-byte keys,
+/// which the leader adopts in about 35 ms under its state lock (its other calls wait that long
+/// at most).
 pub const PAGE: usize = 2 << 20;
 /// How long a page may take besides its values' share (one millisecond per 50 values): a leader
 /// that does not answer within it is taken for gone, and the member mounts again, which costs the
