@@ -103,7 +103,7 @@ where
 async fn at_size(n: u64) {
     // quota and memory to spare: the leader's own index is what is measured
     let quota = format!("t={}Gi:64:bfloat16", n * 640 / (1 << 30) + 2);
-    let flags = ["--tenant", quota.as_str()];
+    let flags = ["--tenant", quota.as_str(), "--metrics-listen", "127.0.0.1:0"];
     let mut l = leader(&flags);
     let addr = l.field("grpc");
     // a grant counts the leader's memory for each object too (`objects::charge`: 512 bytes for
@@ -118,6 +118,7 @@ async fn at_size(n: u64) {
     let longest = fill(&c, n).await;
     let filled = started.elapsed();
     let (after, member_after) = (rss(&l), rss(&m));
+    let index = common::gauge(&l.field("metrics"), "kvstore_leader_index_bytes").await;
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
         x ^= x << 13;
@@ -148,10 +149,11 @@ async fn at_size(n: u64) {
     })
     .await;
     println!(
-        "{n:>10} objects (filled in {filled:.1?}, {:.0}/s, longest batch {longest:.2?}): leader RSS {:.0} MiB, {:.0} bytes/object; member {:.0} bytes/object; put p50 {:.3} ms p99 {:.3} ms; get p50 {:.3} ms p99 {:.3} ms; exists p50 {:.3} ms p99 {:.3} ms",
+        "{n:>10} objects (filled in {filled:.1?}, {:.0}/s, longest batch {longest:.2?}): leader RSS {:.0} MiB, {:.0} bytes/object (index {:.0} by its own count); member {:.0} bytes/object; put p50 {:.3} ms p99 {:.3} ms; get p50 {:.3} ms p99 {:.3} ms; exists p50 {:.3} ms p99 {:.3} ms",
         n as f64 / filled.as_secs_f64(),
         after as f64 / (1 << 20) as f64,
         (after.saturating_sub(before)) as f64 / n as f64,
+        index as f64 / n as f64,
         (member_after.saturating_sub(member_before)) as f64 / n as f64,
         put.0,
         put.1,

@@ -395,6 +395,7 @@ async fn metrics_and_readiness_are_served() {
         "kvstore_capacity_bytes 8388608",
         "kvstore_used_bytes 64",
         "kvstore_objects 1",
+        "kvstore_leader_index_bytes ",
         "kvstore_puts_total 1",
         "kvstore_gets_total 2",
         "kvstore_misses_total 1",

@@ -131,6 +131,8 @@ pub struct Objects {
     on_disk: BTreeSet<(u64, Id)>,
     /// reserved objects, by when an abandoned put gives its space back
     reserved: BTreeSet<(Instant, Id)>,
+    /// heap bytes of the keys kept as their bytes
+    raw_key_bytes: usize,
 }
 
 impl Objects {
@@ -182,6 +184,7 @@ impl Objects {
         let replaced = self.remove(key);
         let places = Places::of(&object);
         let key = self.prefixes.keep(key);
+        self.raw_key_bytes += key.heap_bytes();
         let h = short(self.hasher.hash_one(key.form()));
         let slot = Slot { key, object };
         let id = match self.free.pop() {
@@ -207,6 +210,7 @@ impl Objects {
         let slot = self.slots.entry(id)?.take()?;
         self.unplace(id, Places::of(&slot.object));
         self.prefixes.release(&slot.key);
+        self.raw_key_bytes = self.raw_key_bytes.saturating_sub(slot.key.heap_bytes());
         self.free.push(id);
         Some(slot.object)
     }
@@ -267,6 +271,18 @@ impl Objects {
     /// The objects only on a disk tier, least recently used first.
     pub fn on_disk_by_last_use(&self) -> impl Iterator<Item = (Name<'_>, &Object)> {
         self.entries(self.on_disk.iter())
+    }
+
+    /// About the bytes it takes (`kvstore_leader_index_bytes`): the slots in use, the key table's
+    /// buckets, the orders' entries (a B-tree's nodes half again their size), the free list,
+    /// the namespaces, and the keys kept as their bytes.
+    pub fn bytes(&self) -> u64 {
+        let slots = self.slots.len() * std::mem::size_of::<Option<Slot>>();
+        let table = self.by_key.capacity() * (std::mem::size_of::<(Id, u32)>() + 1);
+        let entries = self.in_memory.len() + self.on_disk.len() + self.reserved.len();
+        let orders = entries * std::mem::size_of::<(Instant, Id)>() * 3 / 2;
+        let free = self.free.capacity() * std::mem::size_of::<Id>();
+        (slots + table + orders + free + self.prefixes.bytes() + self.raw_key_bytes) as u64
     }
 
     /// How many objects are only on a disk tier.
@@ -514,6 +530,32 @@ mod tests {
             o.in_memory_by_last_use().last().map(|(k, _)| k.to_string()),
             Some("again".into())
         );
+    }
+
+    /// The index's size follows what it holds, a connector's key costing no heap bytes.
+    #[test]
+    fn its_size_follows_what_it_holds() {
+        let mut o = Objects::default();
+        let empty = o.bytes();
+        let ns = "vllm/m/0123456789abcdef/tp0of1";
+        for i in 0..1000u64 {
+            o.insert(&format!("{ns}/{i:032x}"), object(i, true, ObjectState::Committed));
+        }
+        let packed = o.bytes();
+        assert!(packed > empty + 1000 * 150, "{packed}");
+        for i in 0..1000u64 {
+            o.insert(&format!("raw-key-{i:064}"), object(i, true, ObjectState::Committed));
+        }
+        let both = o.bytes();
+        assert!(
+            both - packed > 1000 * (150 + 72),
+            "a raw key's bytes count: {both} after {packed}"
+        );
+        for i in 0..1000u64 {
+            o.remove(&format!("raw-key-{i:064}"));
+        }
+        assert!(o.bytes() < both, "its keys' bytes are given back");
+        assert_eq!(o.raw_key_bytes, 0);
     }
 
     /// Many objects in and out keep the table and the orders in step.

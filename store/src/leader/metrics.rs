@@ -29,6 +29,7 @@ struct Snapshot {
     used: u64,
     members: u64,
     objects: u64,
+    index_bytes: u64,
     totals: Counters,
     /// (name, capacity, used)
     segments: Vec<(String, u64, u64)>,
@@ -67,6 +68,7 @@ impl Snapshot {
             used: s.used(),
             members: s.members.len() as u64,
             objects: s.object_count(),
+            index_bytes: s.index_bytes(),
             totals: s.totals(),
             segments: s
                 .members
@@ -245,6 +247,13 @@ impl Collector for LeaderCollector {
             "objects (reserved and committed)",
             None,
             s.objects,
+        )?;
+        gauge(
+            &mut e,
+            "kvstore_leader_index",
+            "about the memory the leader's object index takes",
+            bytes,
+            s.index_bytes,
         )?;
         let t = &s.totals;
         counter(&mut e, "kvstore_puts", "committed puts", t.puts)?;

@@ -132,6 +132,11 @@ impl State {
         self.tenants.values().map(|t| t.objects.len() as u64).sum()
     }
 
+    /// About the bytes the tenants' object indexes take (`index.rs`).
+    pub fn index_bytes(&self) -> u64 {
+        self.tenants.values().map(|t| t.objects.bytes()).sum()
+    }
+
     pub(super) fn check_key(key: &str) -> Result<()> {
         if key.is_empty() || key.len() > MAX_KEY_LEN {
             return Err(StoreError::new(

@@ -22,6 +22,14 @@ pub(super) enum Form<'a> {
 }
 
 impl Key {
+    /// Bytes it keeps on the heap (a key kept as its bytes, with the allocator's 16).
+    pub(super) fn heap_bytes(&self) -> usize {
+        match self {
+            Key::Packed { .. } => 0,
+            Key::Raw(k) => k.len() + 16,
+        }
+    }
+
     pub(super) fn form(&self) -> Form<'_> {
         match self {
             Key::Packed { prefix, hash } => Form::Packed(*prefix, *hash),
@@ -133,6 +141,15 @@ impl Prefixes {
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.ids.len()
+    }
+
+    /// About the bytes it takes: each namespace twice (the map's key and the list's), with the
+    /// allocator's 16 each, and the map's and the list's entries.
+    pub(super) fn bytes(&self) -> usize {
+        let names: usize = self.ids.keys().map(|n| 2 * (n.len() + 16)).sum();
+        names
+            + self.ids.capacity() * (16 + 4 + 1)
+            + self.names.capacity() * std::mem::size_of::<Option<(Box<str>, u64)>>()
     }
 }
 
