@@ -119,6 +119,29 @@ async fn at_size(n: u64) {
     let filled = started.elapsed();
     let (after, member_after) = (rss(&l), rss(&m));
     let index = common::gauge(&l.field("metrics"), "kvstore_leader_index_bytes").await;
+    let picks = picks(n);
+    let (put, get, exists) = latencies(&c, n, &picks).await;
+    println!(
+        "{n:>10} objects (filled in {filled:.1?}, {:.0}/s, longest batch {longest:.2?}): leader RSS {:.0} MiB, {:.0} bytes/object (index {:.0} by its own count); member {:.0} bytes/object; put p50 {:.3} ms p99 {:.3} ms; get p50 {:.3} ms p99 {:.3} ms; exists p50 {:.3} ms p99 {:.3} ms",
+        n as f64 / filled.as_secs_f64(),
+        after as f64 / (1 << 20) as f64,
+        (after.saturating_sub(before)) as f64 / n as f64,
+        index as f64 / n as f64,
+        (member_after.saturating_sub(member_before)) as f64 / n as f64,
+        put.0,
+        put.1,
+        get.0,
+        get.1,
+        exists.0,
+        exists.1
+    );
+    common::wait_sealed(&c, &[&m]).await;
+    l.kill();
+    failover(&addr, &flags, n + SAMPLES as u64, &picks).await;
+}
+
+/// `SAMPLES` objects of `0..n`, spread by a xorshift.
+fn picks(n: u64) -> Vec<u64> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
         x ^= x << 13;
@@ -126,7 +149,11 @@ async fn at_size(n: u64) {
         x ^= x << 17;
         x % n
     };
-    let picks: Vec<u64> = (0..SAMPLES).map(|_| next()).collect();
+    (0..SAMPLES).map(|_| next()).collect()
+}
+
+/// Put (new objects after `n`), get and `exists` (of `picks`) p50 and p99, in ms.
+async fn latencies(c: &Client, n: u64, picks: &[u64]) -> ((f64, f64), (f64, f64), (f64, f64)) {
     let put = timed(|i| {
         let c = c.clone();
         async move {
@@ -148,37 +175,25 @@ async fn at_size(n: u64) {
         }
     })
     .await;
-    println!(
-        "{n:>10} objects (filled in {filled:.1?}, {:.0}/s, longest batch {longest:.2?}): leader RSS {:.0} MiB, {:.0} bytes/object (index {:.0} by its own count); member {:.0} bytes/object; put p50 {:.3} ms p99 {:.3} ms; get p50 {:.3} ms p99 {:.3} ms; exists p50 {:.3} ms p99 {:.3} ms",
-        n as f64 / filled.as_secs_f64(),
-        after as f64 / (1 << 20) as f64,
-        (after.saturating_sub(before)) as f64 / n as f64,
-        index as f64 / n as f64,
-        (member_after.saturating_sub(member_before)) as f64 / n as f64,
-        put.0,
-        put.1,
-        get.0,
-        get.1,
-        exists.0,
-        exists.1
-    );
-    let held = n + SAMPLES as u64;
-    common::wait_sealed(&c, &[&m]).await;
-    l.kill();
+    (put, get, exists)
+}
+
+/// Starts a new leader on `addr` (the serving one was just killed), times its adoption of the
+/// `held` objects, reads `picks` back, and prints what it found.
+async fn failover(addr: &str, flags: &[&str], held: u64, picks: &[u64]) {
     let killed = Instant::now();
-    let _l = common::leader_at(&addr, &flags);
-    let took = adoption(&addr, held, killed).await;
-    let c = common::client(&addr, "t").await;
-    let (exact, missing, wrong) = read_back(&c, &picks).await;
+    let _l = common::leader_at(addr, flags);
+    let took = adoption(addr, held, killed).await;
+    let c = common::client(addr, "t").await;
+    let (exact, missing, wrong) = read_back(&c, picks).await;
+    let secs = |d: Option<Duration>| d.map_or("never".into(), |d| format!("{:.2} s", d.as_secs_f64()));
     println!(
         "{:>10} objects, leader killed: serving after {:.2} s, first adopted after {}, 95% after {}, {} of {held} after {:.2} s; \
          {SAMPLES} read back: {exact} exact, {missing} missing, {wrong} wrong",
         "",
         took.serving.as_secs_f64(),
-        took.first
-            .map_or("never".into(), |d| format!("{:.2} s", d.as_secs_f64())),
-        took.most
-            .map_or("never".into(), |d| format!("{:.2} s", d.as_secs_f64())),
+        secs(took.first),
+        secs(took.most),
         took.adopted,
         took.last.as_secs_f64(),
     );

@@ -7,10 +7,11 @@
 //! `AllBlocksCleared` and the blocks held (`snapshot` set, carrying the id of the last live event
 //! before them), read from the tenant's index a page at a time, then the live events; a page may
 //! already show what a live event after it says, and applying both in order leaves each key as
-//! the log does. A stream that falls behind the log starts over the same way. A new term replaces the leader's whole state, which closes every log: the
-//! streams end with `NOT_SERVING`, and a router that reconnects to the new leader receives
-//! `AllBlocksCleared` and the blocks adopted so far, then each member's adopted blocks as a live
-//! `BlockStored` when it mounts (`adoption.rs`).
+//! the log does. A stream that falls behind the log starts over the same way. A new term
+//! replaces the leader's whole state, which closes every log: the streams end with
+//! `NOT_SERVING`, and a router that reconnects to the new leader receives `AllBlocksCleared` and
+//! the blocks adopted so far, then each member's adopted blocks as a live `BlockStored` when it
+//! mounts (`adoption.rs`).
 //!
 //! Access is checked again whenever the ledger is replaced: a stream whose credential is no
 //! longer its tenant's (rotated out, or the Binding gone) ends with the refusal a new call would

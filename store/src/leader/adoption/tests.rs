@@ -29,6 +29,23 @@ fn adopted(allocations: &[u64]) -> usize {
     allocations.iter().filter(|a| **a != 0).count()
 }
 
+/// A leader whose ledger holds tenant `a`, and 3,000 values of it a member holds.
+fn leader_and_holdings() -> (State, Instant, Vec<Holding>) {
+    let (mut s, now) = state(Default::default());
+    s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
+    let held = held(&s);
+    (s, now, held)
+}
+
+/// A mount of a segment of `capacity` bytes whose report starts with `holdings`, more to come.
+fn first_page(holdings: &[Holding], capacity: u64) -> MountRequest {
+    MountRequest {
+        holdings: holdings.to_vec(),
+        more_holdings: true,
+        ..mount_req("m", capacity, 1)
+    }
+}
+
 /// The refusal of a put while the only member hands over.
 fn refusal(s: &mut State, now: Instant) -> String {
     let e = s.put_start(Some(&scope("a")), "new", 100, now).unwrap_err();
@@ -38,15 +55,8 @@ fn refusal(s: &mut State, now: Instant) -> String {
 
 #[test]
 fn a_report_in_pages_is_adopted_whole_and_the_segment_takes_new_values_after_its_last_page() {
-    let (mut s, now) = state(Default::default());
-    s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
-    let held = held(&s);
-    let first = MountRequest {
-        holdings: held[..1000].to_vec(),
-        more_holdings: true,
-        ..mount_req("m", MIB, 1)
-    };
-    let r = s.mount(&first, now).unwrap();
+    let (mut s, now, held) = leader_and_holdings();
+    let r = s.mount(&first_page(&held[..1000], MIB), now).unwrap();
     assert_eq!(adopted(&r.adopted), 1000);
     // the free space may be what a later page holds: nothing new goes there, and nothing adopted
     // is evicted to make room
@@ -75,16 +85,9 @@ fn a_report_in_pages_is_adopted_whole_and_the_segment_takes_new_values_after_its
 /// still takes no new value until its last page: its report may name ranges it never freed.
 #[test]
 fn a_distrusted_members_pages_adopt_nothing() {
-    let (mut s, now) = state(Default::default());
-    s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
-    let held = held(&s);
+    let (mut s, now, held) = leader_and_holdings();
     s.distrusted.insert(1);
-    let first = MountRequest {
-        holdings: held[..1000].to_vec(),
-        more_holdings: true,
-        ..mount_req("m", MIB, 1)
-    };
-    let r = s.mount(&first, now).unwrap();
+    let r = s.mount(&first_page(&held[..1000], MIB), now).unwrap();
     assert_eq!((adopted(&r.adopted), r.adopted.len()), (0, 1000));
     refusal(&mut s, now);
     let last = s.handover(&page(&r, &held[1000..], true), now).unwrap();
@@ -96,16 +99,9 @@ fn a_distrusted_members_pages_adopt_nothing() {
 /// A page that would take the report past what its segment can hold is refused.
 #[test]
 fn a_report_longer_than_its_segment_holds_is_refused() {
-    let (mut s, now) = state(Default::default());
-    s.set_tenants(&[entry("a", 64 * MIB)], &[]).unwrap();
-    let held = held(&s);
-    let first = MountRequest {
-        holdings: held[..2000].to_vec(),
-        more_holdings: true,
-        // 2,048 places of 64 bytes
-        ..mount_req("m", 128 * 1024, 1)
-    };
-    let r = s.mount(&first, now).unwrap();
+    let (mut s, now, held) = leader_and_holdings();
+    // 2,048 places of 64 bytes
+    let r = s.mount(&first_page(&held[..2000], 128 * 1024), now).unwrap();
     let e = s.handover(&page(&r, &held[2000..2100], false), now).unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidArgument);
     assert!(e.message.contains("at most 2048"), "{}", e.message);

@@ -213,6 +213,17 @@ mod tests {
         }
     }
 
+    /// A segment holding values 1..=`n` (each at `(a - 1) * 128`), finished and sealed under
+    /// mount 11, then mounted anew as 12: they wait for the next leader.
+    fn remounted_holding(n: u64) -> (Segment, GrantKey, tempfile::TempDir) {
+        let (seg, key, dir) = mounted();
+        for a in 1..=n {
+            write(&seg, &key, (a - 1) * 128, a, true);
+        }
+        seg.set_mount(12);
+        (seg, key, dir)
+    }
+
     fn seal(allocation: u64) -> bytes::Bytes {
         bytes::Bytes::from(vec![allocation as u8; 32])
     }
@@ -270,11 +281,7 @@ mod tests {
     /// answered pages adopted is held by the new mount and reported too.
     #[test]
     fn a_report_comes_in_pages_and_a_remount_in_the_middle_leaves_nothing_out() {
-        let (seg, key, _dir) = mounted();
-        for a in 1..=500 {
-            write(&seg, &key, (a - 1) * 128, a, true);
-        }
-        seg.set_mount(12);
+        let (seg, _key, _dir) = remounted_holding(500);
         assert_eq!(seg.report().reported, 500);
         let limit = 36 * 40;
         let mut next = 1000;
@@ -321,11 +328,7 @@ mod tests {
     /// A report the leader refuses to go on with ends: what it did not answer is no longer held.
     #[test]
     fn an_ended_report_holds_nothing_it_did_not_answer() {
-        let (seg, key, _dir) = mounted();
-        for a in 1..=10 {
-            write(&seg, &key, (a - 1) * 128, a, true);
-        }
-        seg.set_mount(12);
+        let (seg, _key, _dir) = remounted_holding(10);
         seg.report();
         let page = seg.page(36 * 4);
         assert_eq!(page.len(), 4);
