@@ -76,7 +76,7 @@ async fn a_hundred_thousand_puts_under_4_kib_keys_stay_within_the_grant_on_the_l
     }
     let (_, after) = rss(pid);
     let rise = after.saturating_sub(before);
-    let per_object = kvcache_store::leader::objects::charge(64, &"k".repeat(4096));
+    let per_object = kvcache_store::leader::objects::charge(64, "k".repeat(4096).len());
     eprintln!(
         "{reserved} reserved, {refused} refused; {per_object} bytes charged per object; leader peak RSS rose {:.1} MiB \
          for a {} MiB grant",

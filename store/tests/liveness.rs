@@ -51,7 +51,7 @@ async fn a_killed_members_objects_miss_within_the_ttl() {
     assert_eq!(t.objects as usize, on_m2.len());
     let charged: u64 = on_m2
         .iter()
-        .map(|i| kvcache_store::leader::objects::charge(100_032, &format!("k{i}")))
+        .map(|i| kvcache_store::leader::objects::charge(100_032, format!("k{i}").len()))
         .sum();
     assert_eq!(t.used, charged, "charges of the lost objects are returned");
     // new puts land on the survivor

@@ -144,7 +144,7 @@ async fn quota_evicts_the_tenants_own_objects_then_refuses_when_all_are_leased()
     let t = tenant(&c, "q").await;
     assert_eq!(t.grant, 16 * MIB + 4096);
     assert_eq!(t.objects, 4, "four 4 MiB objects fit a 16 MiB grant");
-    let each = kvcache_store::leader::objects::charge(4 * MIB, "b0");
+    let each = kvcache_store::leader::objects::charge(4 * MIB, "b0".len());
     assert_eq!(each, 4 * MIB + 384 + 2, "the value, the leader's overhead and the key");
     assert_eq!(t.used, 4 * each, "exactly four objects charged");
     assert_eq!(t.evictions, 4);

@@ -97,7 +97,7 @@ impl State {
         }
         m.handing_over = (!req.last).then_some(super::mounted::Handover { reported, ..report });
         let holdings = if report.trusted { &req.holdings[..] } else { &[][..] };
-        let (mut adopted, mut seals) = self.adopt(req.member_id, holdings, before, now);
+        let (mut adopted, mut seals) = self.adopt(req.member_id, holdings, before);
         adopted.resize(req.holdings.len(), 0);
         seals.resize(req.holdings.len(), bytes::Bytes::new());
         tracing::debug!(
@@ -113,19 +113,13 @@ impl State {
     /// Adopts what a freshly mounted member holds (one page of its report, `before` holdings
     /// after its start); returns, per holding, the allocation it is adopted under (0: not
     /// adopted) and its new seal (empty: not adopted).
-    pub(super) fn adopt(
-        &mut self,
-        member_id: u64,
-        holdings: &[Holding],
-        before: u64,
-        now: Instant,
-    ) -> (Vec<u64>, Vec<bytes::Bytes>) {
+    pub(super) fn adopt(&mut self, member_id: u64, holdings: &[Holding], before: u64) -> (Vec<u64>, Vec<bytes::Bytes>) {
         let mut answer = Vec::with_capacity(holdings.len());
         let mut seals = Vec::with_capacity(holdings.len());
         // per tenant and value size, the keys adopted, for the block logs
         let mut stored: BTreeMap<(String, u64), Vec<String>> = BTreeMap::new();
         for (i, h) in holdings.iter().enumerate() {
-            match self.adopt_one(member_id, h, before + i as u64, now) {
+            match self.adopt_one(member_id, h, before + i as u64) {
                 Some((allocation, tag)) => {
                     answer.push(allocation);
                     let placed = Placed {
@@ -156,14 +150,15 @@ impl State {
 
     /// `place` is the holding's place in its report (least recently used first): it orders values
     /// last used within the same millisecond.
-    fn adopt_one(&mut self, member_id: u64, h: &Holding, place: u64, now: Instant) -> Option<(u64, Tag)> {
+    fn adopt_one(&mut self, member_id: u64, h: &Holding, place: u64) -> Option<(u64, Tag)> {
         let placed = Placed {
             offset: h.offset,
             size: h.size,
             epoch: h.epoch,
         };
         let tag = self.vouched(&h.tag, &placed, &h.seal)?;
-        if self.tenants.get(&tag.tenant)?.objects.contains_key(&tag.key) {
+        let objects = &self.tenants.get(&tag.tenant)?.objects;
+        if objects.contains_key(&tag.key) || !objects.has_room() {
             return None;
         }
         let len = aligned(h.size);
@@ -189,14 +184,14 @@ impl State {
             disk: None,
             size: h.size,
             len,
-            charge: charge(len, &tag.key),
+            charge: charge(len, tag.key.len()),
             state: ObjectState::Committed,
-            lease_until: now,
+            lease_until: None,
             last_used,
         };
         let t = self.tenants.get_mut(&tag.tenant)?;
         t.used += object.charge;
-        t.objects.insert(&tag.key, object);
+        t.objects.insert(&tag.key, object).ok()?;
         self.adopted.objects += 1;
         self.adopted.bytes += h.size;
         Some((allocation, tag))

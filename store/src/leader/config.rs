@@ -462,6 +462,15 @@ mod tests {
         );
         assert_eq!(
             bad(LeaderConfig {
+                max_value_size: 4 << 30,
+                ..Default::default()
+            })
+            .flag,
+            "max-value-size",
+            "a value's size is kept in 32 bits"
+        );
+        assert_eq!(
+            bad(LeaderConfig {
                 member_ttl: Duration::ZERO,
                 ..Default::default()
             })

@@ -19,7 +19,7 @@ use super::state::State;
 /// The keys of the evictable values of `order` (least recently used first) that free at least
 /// `need` bytes as `frees` counts them, or all the evictable values when they do not.
 fn least_recent<'a>(
-    order: impl Iterator<Item = (Name<'a>, &'a Object)>,
+    order: impl Iterator<Item = (Name<'a>, Object)>,
     need: u64,
     now: Instant,
     frees: impl Fn(&Object) -> u64,
@@ -30,7 +30,7 @@ fn least_recent<'a>(
         if freed >= need {
             break;
         }
-        freed += frees(o);
+        freed += frees(&o);
         going.push(key.to_string());
     }
     going
@@ -223,7 +223,7 @@ mod tests {
         }
         // k0 is read: the most recently used now, and leased
         s.get(Some(&scope("a")), "k0", now).unwrap();
-        let one = s.tenants["a"].objects["k1"].charge;
+        let one = s.tenants["a"].objects.of("k1").charge;
         assert_eq!(s.evict_tenant("a", 2 * one, now), 2 * one);
         assert_eq!(held(&s, "a"), ["k0", "k3", "k4", "k5"]);
         assert_eq!(s.evict_tenant("a", 100 * one, now), 3 * one, "all but the leased one");

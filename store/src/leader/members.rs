@@ -44,7 +44,7 @@ impl State {
         } else {
             (&[][..], &[][..])
         };
-        let (mut adopted, mut seals) = self.adopt(id, holdings, 0, now);
+        let (mut adopted, mut seals) = self.adopt(id, holdings, 0);
         adopted.resize(req.holdings.len(), 0);
         seals.resize(req.holdings.len(), bytes::Bytes::new());
         let mut disk_adopted = self.adopt_disk(id, disk_holdings, now);

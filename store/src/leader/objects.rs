@@ -23,14 +23,16 @@ pub enum ObjectState {
     Committed,
 }
 
-/// What the leader keeps per object besides its key's bytes, rounded up: the `Object` and the
-/// key's `String` in a map bucket (about 170 bytes), with room for the map's growth (up to twice
-/// the buckets it needs) and the allocator's rounding of the key.
+/// What the leader keeps per object besides its key's bytes, rounded up generously: a slot and
+/// its key table entry (about 90 bytes: `index.rs`), with room for the table's growth (up to
+/// twice the entries it needs), a lease or reservation kept beside the slot, and the allocator's
+/// rounding of a key kept as its bytes.
 pub const OBJECT_OVERHEAD: u64 = 384;
 
-/// What an object of allocated length `len` under `key` costs its tenant's grant.
-pub fn charge(len: u64, key: &str) -> u64 {
-    len + OBJECT_OVERHEAD + key.len() as u64
+/// What an object of allocated length `len` under a key of `key_len` bytes costs its tenant's
+/// grant.
+pub fn charge(len: u64, key_len: usize) -> u64 {
+    len + OBJECT_OVERHEAD + key_len as u64
 }
 
 /// Where a value's bytes are in its member's memory.
@@ -62,8 +64,9 @@ pub struct Object {
     /// (its disk bytes count against the tenant's share of the disk tiers: `tiered.rs`)
     pub charge: u64,
     pub state: ObjectState,
-    /// protected from eviction and removal until then
-    pub lease_until: Instant,
+    /// protected from eviction and removal until then (`None`: never leased, or the lease ended
+    /// and was forgotten)
+    pub lease_until: Option<Instant>,
     /// a global counter value at the last put or read, for least-recently-used ordering
     pub last_used: u64,
 }
@@ -71,7 +74,17 @@ pub struct Object {
 impl Object {
     /// Committed and not leased at `now`: eviction may take it.
     pub fn evictable(&self, now: Instant) -> bool {
-        self.state == ObjectState::Committed && self.lease_until <= now
+        self.state == ObjectState::Committed && !self.leased(now)
+    }
+
+    /// A read lease protects it at `now`.
+    pub fn leased(&self, now: Instant) -> bool {
+        self.lease_until.is_some_and(|until| until > now)
+    }
+
+    /// Leases it until `until` at least.
+    pub fn lease(&mut self, until: Instant) {
+        self.lease_until = Some(self.lease_until.map_or(until, |t| t.max(until)));
     }
 
     /// Its bytes are in memory, readable now.

@@ -31,8 +31,11 @@ impl State {
                 ..Default::default()
             });
         }
+        if self.tenants.get(&tenant).is_some_and(|t| !t.objects.has_room()) {
+            return Err(StoreError::new(ErrorCode::NoSpace, super::index::IndexFull.to_string()));
+        }
         let len = aligned(size);
-        let charge = super::objects::charge(len, key);
+        let charge = super::objects::charge(len, key.len());
         self.make_room_in_grant(&tenant, charge, now)?;
         let placed = self.allocate(len, now).ok_or_else(|| self.no_space(len))?;
         let (put_id, object) = self.reserve(placed, size, charge, tick, now);
@@ -117,7 +120,7 @@ impl State {
                 put_id,
                 reclaim_at: now + reclaim_after,
             },
-            lease_until: now,
+            lease_until: None,
             last_used: tick,
         };
         (put_id, object)
@@ -133,7 +136,7 @@ impl State {
             .get_mut(tenant)
             .ok_or_else(|| internal("tenant vanished during put"))?;
         t.used += object.charge;
-        t.objects.insert(key, object);
+        t.objects.insert(key, object).map_err(|e| internal(&e.to_string()))?;
         Ok(())
     }
 

@@ -184,6 +184,7 @@ impl Leader {
             self.with(|s| {
                 s.expire_members(now);
                 s.reap_reservations(now);
+                s.end_leases(now);
                 s.watermark_round(now);
             });
         }

@@ -134,7 +134,7 @@ impl State {
 
     /// About the bytes the tenants' object indexes take (`index.rs`).
     pub fn index_bytes(&self) -> u64 {
-        self.tenants.values().map(|t| t.objects.bytes()).sum()
+        self.tenants.values().map(|t| t.objects.bytes() as u64).sum()
     }
 
     pub(super) fn check_key(key: &str) -> Result<()> {
@@ -256,7 +256,7 @@ impl State {
         };
         t.counters.hits += 1;
         t.clients.count(client(scope), tick, Use::Get { hit: true });
-        held.lease_until = held.lease_until.max(now + ttl);
+        held.lease(now + ttl);
         held.last_used = tick;
         let o = held.clone();
         drop(held);
@@ -295,7 +295,7 @@ impl State {
             else {
                 continue;
             };
-            o.lease_until = o.lease_until.max(now + ttl);
+            o.lease(now + ttl);
             drop(o);
             waits.extend(self.load_from_disk(&tenant, key, now));
         }
@@ -313,7 +313,7 @@ impl State {
         Ok(
             match t.objects.get_mut(key).filter(|o| o.state == ObjectState::Committed) {
                 Some(mut o) => {
-                    o.lease_until = o.lease_until.max(now + ttl);
+                    o.lease(now + ttl);
                     true
                 }
                 None => false,
@@ -333,8 +333,8 @@ impl State {
                 format!("key {key:?} is still being written; remove it after its put commits or expires"),
             ));
         }
-        if o.lease_until > now {
-            let left = o.lease_until - now;
+        if let Some(until) = o.lease_until.filter(|until| *until > now) {
+            let left = until - now;
             return Err(StoreError::new(
                 ErrorCode::ObjectHasLease,
                 format!("key {key:?} is leased to a reader for another {left:?}; retry after the lease expires"),
@@ -391,6 +391,13 @@ impl State {
             }
         }
         Some(o)
+    }
+
+    /// Forgets the read leases that ended by `now` (`Objects::end_leases`).
+    pub fn end_leases(&mut self, now: Instant) {
+        for t in self.tenants.values_mut() {
+            t.objects.end_leases(now);
+        }
     }
 
     /// Gives back reservations whose writer never committed or revoked.

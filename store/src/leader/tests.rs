@@ -543,7 +543,7 @@ fn a_new_term_adopts_only_what_it_can_stand_behind() {
     let got = s.get(Some(&scope("a")), "k2", now).unwrap();
     let loc = got.location.unwrap();
     assert_eq!((loc.offset, loc.len, loc.allocation), (128, 4096, r.adopted[1]));
-    let charged = super::objects::charge(128, "k1") + super::objects::charge(4096, "k2");
+    let charged = super::objects::charge(128, "k1".len()) + super::objects::charge(4096, "k2".len());
     assert_eq!(s.tenants["a"].used, charged);
     for i in 0..20 {
         let p = s.put_start(Some(&scope("a")), &format!("new{i}"), 100, now).unwrap();
@@ -600,7 +600,7 @@ fn adopted_values_are_evicted_least_recently_used_first_across_members() {
     };
     s.mount(&m1, now).unwrap();
     s.mount(&m2, now).unwrap();
-    let one = super::objects::charge(4096, "cold");
+    let one = super::objects::charge(4096, "cold".len());
     assert_eq!(s.evict_tenant("a", one, now), one);
     let held: std::collections::BTreeSet<String> = s.tenants["a"].objects.keys().map(|k| k.to_string()).collect();
     assert_eq!(
@@ -631,7 +631,7 @@ fn a_full_tenant_is_evicted_ahead_of_need() {
         i += 1;
     }
     let evicted = s.tenants["a"].counters.evictions;
-    let each = super::objects::charge(1024, "k1000");
+    let each = super::objects::charge(1024, "k1000".len());
     assert!(
         evicted * each >= 4 * MIB / super::state::EVICTION_BATCH,
         "{evicted} evicted at once"
@@ -700,7 +700,7 @@ fn heartbeat_answers_name_each_range_freed_since_the_last_once() {
     }
     s.put_start(Some(&scope("t")), "abandoned", 100, t0).unwrap();
     let at = |s: &State, k: &str| {
-        let r = s.tenants["t"].objects[k].memory.unwrap();
+        let r = s.tenants["t"].objects.of(k).memory.unwrap();
         (r.offset, r.allocation)
     };
     let (a, abandoned) = (at(&s, "a"), at(&s, "abandoned"));

@@ -186,7 +186,7 @@ impl State {
         }
         let disk_id = o.disk?;
         // its tenant pays for its memory again: room in the grant first (leased, it stays)
-        let more = charge(o.len, key).saturating_sub(o.charge);
+        let more = charge(o.len, key.len()).saturating_sub(o.charge);
         let (grant, used) = self.tenants.get(tenant).map_or((0, 0), |t| (t.grant, t.used));
         if used + more > grant {
             self.evict_tenant(tenant, used + more - grant, now);
@@ -274,7 +274,7 @@ impl State {
         let mut adopted = Vec::with_capacity(holdings.len());
         let mut stored: std::collections::BTreeMap<(String, u64), Vec<String>> = Default::default();
         for h in holdings {
-            match self.adopt_disk_one(member_id, h, now) {
+            match self.adopt_disk_one(member_id, h) {
                 Some(Adopted::OnlyOnDisk(tag)) => {
                     stored.entry((tag.tenant, h.size)).or_default().push(tag.key);
                     adopted.push(true);
@@ -296,7 +296,7 @@ impl State {
         adopted
     }
 
-    fn adopt_disk_one(&mut self, member_id: u64, h: &DiskHolding, now: Instant) -> Option<Adopted> {
+    fn adopt_disk_one(&mut self, member_id: u64, h: &DiskHolding) -> Option<Adopted> {
         let placed = Placed {
             offset: h.seal_offset,
             size: h.size,
@@ -331,11 +331,14 @@ impl State {
                 len,
                 charge: 0,
                 state: ObjectState::Committed,
-                lease_until: now,
+                lease_until: None,
                 last_used,
             };
+            if !t.objects.has_room() {
+                return None;
+            }
             t.used += object.charge;
-            t.objects.insert(&tag.key, object);
+            t.objects.insert(&tag.key, object).ok()?;
             self.adopted.objects += 1;
             self.adopted.bytes += h.size;
             Adopted::OnlyOnDisk(tag.clone())

@@ -54,6 +54,10 @@ impl LeaderConfig {
         if self.max_value_size == 0 {
             return Err(ConfigError::new("max-value-size", "must be greater than 0, e.g. 64Mi"));
         }
+        // the index keeps a value's size in 32 bits (`index/slots.rs`)
+        if self.max_value_size > u64::from(u32::MAX) {
+            return Err(ConfigError::new("max-value-size", "must be less than 4Gi, e.g. 64Mi"));
+        }
         for (flag, d) in [("lease-ttl", self.read_lease_ttl), ("member-ttl", self.member_ttl)] {
             if d.is_zero() {
                 return Err(ConfigError::new(flag, "must be longer than 0, e.g. 10s"));

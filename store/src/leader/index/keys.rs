@@ -1,17 +1,23 @@
-//! How the index keeps a key (`index.rs`). A key as the vLLM connector makes it,
-//! `NAMESPACE/HASH` with HASH 32 lowercase hex digits, is kept as its namespace's number (each
-//! namespace kept once per tenant, while a key uses it) and the hash's 16 bytes: 20 bytes in the
-//! slot instead of the key's 70 to 100 bytes on the heap. Any other key is kept as its bytes.
-//! Either way the key is kept exactly: it is written back out byte for byte ([`Name`]).
+//! How the index keeps a key (`index.rs`): in 20 bytes of its slot. A key as the vLLM connector
+//! makes it, `NAMESPACE/HASH` with HASH 32 lowercase hex digits, is kept as its namespace's
+//! number (each namespace kept once per tenant, while a key uses it) and the hash's 16 bytes,
+//! instead of the key's 70 to 100 bytes on the heap. Any other key is kept as its bytes on the
+//! heap, under a number. Either way the key is kept exactly: it is written back out byte for byte
+//! ([`Name`]).
 
-use std::collections::HashMap;
 use std::fmt;
 
-/// A key as a slot keeps it.
-#[derive(Debug)]
-pub(super) enum Key {
-    Packed { prefix: u32, hash: [u8; 16] },
-    Raw(Box<str>),
+use super::numbered::{Numbered, Shared};
+
+/// The namespace number that marks a key kept as its bytes.
+const RAW: u32 = u32::MAX;
+
+/// A key as a slot keeps it: a namespace's number and a hash, or (`number` [`RAW`]) the number
+/// of a key kept as its bytes in the first four bytes of `hash`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Key {
+    number: u32,
+    hash: [u8; 16],
 }
 
 /// A key as it is compared and hashed: a kept [`Key`]'s, or a looked-up key's.
@@ -22,19 +28,16 @@ pub(super) enum Form<'a> {
 }
 
 impl Key {
-    /// Bytes it keeps on the heap (a key kept as its bytes, with the allocator's 16).
-    pub(super) fn heap_bytes(&self) -> usize {
-        match self {
-            Key::Packed { .. } => 0,
-            Key::Raw(k) => k.len() + 16,
-        }
+    fn raw(n: u32) -> Key {
+        let mut hash = [0; 16];
+        hash[..4].copy_from_slice(&n.to_le_bytes());
+        Key { number: RAW, hash }
     }
 
-    pub(super) fn form(&self) -> Form<'_> {
-        match self {
-            Key::Packed { prefix, hash } => Form::Packed(*prefix, *hash),
-            Key::Raw(k) => Form::Raw(k),
-        }
+    /// The number of a key kept as its bytes; `None` for a packed key.
+    fn raw_number(&self) -> Option<u32> {
+        let [a, b, c, d, ..] = self.hash;
+        (self.number == RAW).then_some(u32::from_le_bytes([a, b, c, d]))
     }
 }
 
@@ -61,95 +64,89 @@ fn digit(b: u8) -> Option<u8> {
     }
 }
 
-/// The namespaces of a tenant's packed keys, each kept once while a key uses it.
+/// The keys of a tenant's slots: the namespaces of its packed keys (each kept once while a key
+/// uses it) and the keys kept as their bytes.
 #[derive(Debug, Default)]
-pub(super) struct Prefixes {
-    ids: HashMap<Box<str>, u32>,
-    /// by number: the namespace and how many kept keys use it (`None`: a free number)
-    names: Vec<Option<(Box<str>, u64)>>,
-    free: Vec<u32>,
+pub(super) struct Keys {
+    names: Shared<Box<str>>,
+    raw: Numbered<Box<str>>,
+    /// heap bytes of the keys kept as their bytes, with the allocator's 16 each
+    raw_bytes: usize,
 }
 
-impl Prefixes {
+impl Keys {
     /// How `key` is looked up; `None` for a connector's key of a namespace no kept key uses (it
     /// is not held).
     pub(super) fn form<'a>(&self, key: &'a str) -> Option<Form<'a>> {
         match split(key) {
-            Some((prefix, hash)) => self.ids.get(prefix).map(|id| Form::Packed(*id, hash)),
+            Some((prefix, hash)) => self.names.number(prefix).map(|id| Form::Packed(id, hash)),
             None => Some(Form::Raw(key)),
         }
     }
 
-    /// How `key` is kept, its namespace counted once more.
-    pub(super) fn keep(&mut self, key: &str) -> Key {
-        let Some((prefix, hash)) = split(key) else {
-            return Key::Raw(key.into());
-        };
-        let id = match self.ids.get(prefix) {
-            Some(id) => *id,
-            None => {
-                let Some(id) = self.free.pop().or_else(|| u32::try_from(self.names.len()).ok()) else {
-                    return Key::Raw(key.into());
-                };
-                let entry = Some((Box::from(prefix), 0));
-                match self.names.get_mut(id as usize) {
-                    Some(free) => *free = entry,
-                    None => self.names.push(entry),
-                }
-                self.ids.insert(prefix.into(), id);
-                id
-            }
-        };
-        if let Some(Some((_, keys))) = self.names.get_mut(id as usize) {
-            *keys += 1;
+    /// How a kept key is compared and hashed.
+    pub(super) fn form_of(&self, key: &Key) -> Form<'_> {
+        match key.raw_number() {
+            Some(n) => Form::Raw(self.raw.get(n).map_or("", |k| k)),
+            None => Form::Packed(key.number, key.hash),
         }
-        Key::Packed { prefix: id, hash }
     }
 
-    /// Counts a kept key's namespace once less; a namespace no kept key uses is forgotten.
-    pub(super) fn release(&mut self, key: &Key) {
-        let Key::Packed { prefix, .. } = key else { return };
-        let Some(entry) = self.names.get_mut(*prefix as usize) else {
-            return;
+    /// Keeps `key`, its namespace counted once more; `None` when numbers ran out (four billion
+    /// namespaces or keys kept as bytes).
+    pub(super) fn keep(&mut self, key: &str) -> Option<Key> {
+        let Some((prefix, hash)) = split(key) else {
+            let n = self.raw.add(key.into())?;
+            self.raw_bytes += key.len() + 16;
+            return Some(Key::raw(n));
         };
-        if let Some((name, keys)) = entry {
-            *keys = keys.saturating_sub(1);
-            if *keys == 0 {
-                self.ids.remove(name);
-                *entry = None;
-                self.free.push(*prefix);
+        let number = self.names.keep(prefix, || prefix.into())?;
+        Some(Key { number, hash })
+    }
+
+    /// Forgets a kept key: a key kept as bytes gives them back, a namespace no kept key uses is
+    /// forgotten.
+    pub(super) fn release(&mut self, key: &Key) {
+        if let Some(n) = key.raw_number() {
+            if let Some(k) = self.raw.take(n) {
+                self.raw_bytes = self.raw_bytes.saturating_sub(k.len() + 16);
             }
+            return;
         }
+        self.names.release(key.number);
     }
 
     /// `key`, to write out.
-    pub(super) fn name<'a>(&'a self, key: &'a Key) -> Name<'a> {
-        match key {
-            Key::Raw(k) => Name { head: k, hash: None },
-            Key::Packed { prefix, hash } => {
-                let head = self
-                    .names
-                    .get(*prefix as usize)
-                    .and_then(Option::as_ref)
-                    .map_or("", |(n, _)| &**n);
-                Name { head, hash: Some(hash) }
-            }
+    pub(super) fn name(&self, key: &Key) -> Name<'_> {
+        match key.raw_number() {
+            Some(n) => Name {
+                head: self.raw.get(n).map_or("", |k| k),
+                hash: None,
+            },
+            None => Name {
+                head: self.names.get(key.number).map_or("", |n| n),
+                hash: Some(key.hash),
+            },
         }
     }
 
     /// Namespaces kept.
     #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
-        self.ids.len()
+    pub(super) fn namespaces(&self) -> usize {
+        self.names.len()
     }
 
     /// About the bytes it takes: each namespace twice (the map's key and the list's), with the
-    /// allocator's 16 each, and the map's and the list's entries.
+    /// allocator's 16 each, the map's and the lists' entries, and the keys kept as their bytes.
     pub(super) fn bytes(&self) -> usize {
-        let names: usize = self.ids.keys().map(|n| 2 * (n.len() + 16)).sum();
-        names
-            + self.ids.capacity() * (16 + 4 + 1)
-            + self.names.capacity() * std::mem::size_of::<Option<(Box<str>, u64)>>()
+        let names: usize = self.names.values().map(|n| 2 * (n.len() + 16)).sum();
+        names + self.names.bytes() + self.raw.bytes() + self.raw_bytes
+    }
+
+    /// Heap bytes of the keys kept as their bytes.
+    #[cfg(test)]
+    pub(super) fn raw_bytes(&self) -> usize {
+        self.raw_bytes
     }
 }
 
@@ -158,7 +155,14 @@ impl Prefixes {
 pub struct Name<'a> {
     /// the namespace of a packed key, or the whole of any other
     head: &'a str,
-    hash: Option<&'a [u8; 16]>,
+    hash: Option<[u8; 16]>,
+}
+
+impl Name<'_> {
+    /// Its length in bytes, written out.
+    pub fn byte_len(&self) -> usize {
+        self.head.len() + self.hash.map_or(0, |h| 1 + 2 * h.len())
+    }
 }
 
 impl fmt::Display for Name<'_> {
@@ -182,24 +186,25 @@ mod tests {
 
     #[test]
     fn a_connectors_key_is_packed_and_written_back_exactly() {
-        let mut p = Prefixes::default();
+        let mut p = Keys::default();
         let key = format!("vllm/Qwen/Qwen2.5-0.5B/0123456789abcdef/tp1of2/{HASH}");
-        let kept = p.keep(&key);
-        assert!(matches!(kept, Key::Packed { prefix: 0, .. }));
+        let kept = p.keep(&key).unwrap();
+        assert_eq!((kept.number, kept.raw_number()), (0, None));
         assert_eq!(p.name(&kept).to_string(), key);
-        assert_eq!(p.form(&key), Some(kept.form()));
+        assert_eq!(p.name(&kept).byte_len(), key.len());
+        assert_eq!(p.form(&key), Some(p.form_of(&kept)));
         // another namespace's key with the same hash is another key
         let other = format!("vllm/other/{HASH}");
         assert_eq!(p.form(&other), None, "no key of that namespace is kept");
-        let kept_other = p.keep(&other);
-        assert_ne!(kept_other.form(), kept.form());
-        assert_eq!(p.len(), 2);
+        let kept_other = p.keep(&other).unwrap();
+        assert_ne!(p.form_of(&kept_other), p.form_of(&kept));
+        assert_eq!((p.namespaces(), p.raw_bytes()), (2, 0));
     }
 
     #[test]
     fn any_other_key_is_kept_as_its_bytes() {
-        let mut p = Prefixes::default();
-        for key in [
+        let mut p = Keys::default();
+        let keys = [
             "plain",
             "a/short",
             "ns/9BFCBAE53E9D0DDC6CE6C83CEDE95C1F",
@@ -207,31 +212,45 @@ mod tests {
             "ns/9bfcbae53e9d0ddc6ce6c83cede95c1fa",
             "ns/9bfcbae53e9d0ddc6ce6c83cede95c1g",
             "ns/9bfcbae53e9d0ddc6ce6c83cede95c€",
-        ] {
-            let kept = p.keep(key);
-            assert!(matches!(kept, Key::Raw(_)), "{key}");
-            assert_eq!(p.name(&kept).to_string(), key);
+        ];
+        let kept: Vec<Key> = keys.iter().map(|k| p.keep(k).unwrap()).collect();
+        for (key, kept) in keys.iter().zip(&kept) {
+            assert!(kept.raw_number().is_some(), "{key}");
+            assert_eq!(p.name(kept).to_string(), *key);
+            assert_eq!(p.name(kept).byte_len(), key.len());
             assert_eq!(p.form(key), Some(Form::Raw(key)));
+            assert_eq!(p.form_of(kept), Form::Raw(key));
         }
-        assert_eq!(p.len(), 0);
+        assert_eq!(p.namespaces(), 0);
+        let bytes: usize = keys.iter().map(|k| k.len() + 16).sum();
+        assert_eq!(p.raw_bytes(), bytes);
+        for k in &kept {
+            p.release(k);
+        }
+        assert_eq!(p.raw_bytes(), 0, "released keys give their bytes back");
+        assert_eq!(
+            p.keep("again").unwrap().raw_number(),
+            kept[6].raw_number(),
+            "numbers are taken again"
+        );
         // an empty namespace is a namespace
-        let kept = p.keep(&format!("/{HASH}"));
+        let kept = p.keep(&format!("/{HASH}")).unwrap();
         assert_eq!(p.name(&kept).to_string(), format!("/{HASH}"));
     }
 
     #[test]
     fn a_namespace_is_forgotten_with_its_last_key_and_its_number_taken_again() {
-        let mut p = Prefixes::default();
-        let a = p.keep(&format!("a/{HASH}"));
-        let a2 = p.keep(&format!("a/{}", "0".repeat(32)));
-        let b = p.keep(&format!("b/{HASH}"));
+        let mut p = Keys::default();
+        let a = p.keep(&format!("a/{HASH}")).unwrap();
+        let a2 = p.keep(&format!("a/{}", "0".repeat(32))).unwrap();
+        let b = p.keep(&format!("b/{HASH}")).unwrap();
         p.release(&a);
-        assert_eq!(p.len(), 2, "a still has a key");
+        assert_eq!(p.namespaces(), 2, "a still has a key");
         p.release(&a2);
-        assert_eq!(p.len(), 1);
+        assert_eq!(p.namespaces(), 1);
         assert_eq!(p.form(&format!("a/{HASH}")), None);
-        let c = p.keep(&format!("c/{HASH}"));
-        assert!(matches!(c, Key::Packed { prefix: 0, .. }), "a's number is free again");
+        let c = p.keep(&format!("c/{HASH}")).unwrap();
+        assert_eq!(c.number, 0, "a's number is free again");
         assert_eq!(p.name(&c).to_string(), format!("c/{HASH}"));
         assert_eq!(p.name(&b).to_string(), format!("b/{HASH}"));
     }

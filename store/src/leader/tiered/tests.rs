@@ -95,7 +95,7 @@ fn two_copied() -> (State, Instant, (u64, u64)) {
 fn a_get_of_a_value_only_on_disk_reads_it_from_disk_under_a_grant_for_that_copy() {
     let (mut s, t0, m) = two_copied_with(TierReads::Direct);
     put(&mut s, "t", "c", MIB, t0).unwrap();
-    assert_eq!(s.tenants["t"].objects["a"].memory, None, "a left memory for c");
+    assert_eq!(s.tenants["t"].objects.of("a").memory, None, "a left memory for c");
     assert!(
         s.start_loads(Some(&scope("t")), &["a".into()], t0).unwrap().is_empty(),
         "nothing is loaded into memory"
@@ -158,7 +158,7 @@ fn a_value_copied_to_disk_leaves_memory_when_evicted_and_a_get_loads_it_back() {
 
     // a third value passes the grant: the least recently used one leaves memory, not the store
     put(&mut s, "t", "c", MIB, t0).unwrap();
-    let a = &s.tenants["t"].objects["a"];
+    let a = s.tenants["t"].objects.of("a");
     assert_eq!((a.memory, a.disk), (None, Some(1)));
     let t = tenant(&s, "t");
     assert_eq!((t.on_disk_only, t.demotions, t.evictions), (1, 1, 0));
@@ -186,7 +186,7 @@ fn a_value_copied_to_disk_leaves_memory_when_evicted_and_a_get_loads_it_back() {
         "the loaded value is sealed for its new range: a next leader adopts it"
     );
     // to load it within the grant, b (copied too) left memory
-    assert_eq!(s.tenants["t"].objects["b"].memory, None);
+    assert_eq!(s.tenants["t"].objects.of("b").memory, None);
     assert!(
         !s.get(Some(&scope("t")), "a", t0).unwrap().found,
         "not readable before the member applied the load"
@@ -236,7 +236,7 @@ fn a_load_that_finds_its_copy_damaged_is_a_miss_and_the_value_is_dropped() {
 fn copies_the_tier_drops_are_forgotten_and_a_value_only_there_goes() {
     let (mut s, t0, m) = two_copied();
     put(&mut s, "t", "c", MIB, t0).unwrap();
-    assert_eq!(s.tenants["t"].objects["a"].memory, None, "a only on disk");
+    assert_eq!(s.tenants["t"].objects.of("a").memory, None, "a only on disk");
     // the tier dropped its oldest file, both copies in it
     let lost = HeartbeatRequest {
         lost_disk_ids: vec![1, 2],
@@ -245,7 +245,7 @@ fn copies_the_tier_drops_are_forgotten_and_a_value_only_there_goes() {
     };
     send(&mut s, m, lost, 0, t0);
     assert!(!s.exists(Some(&scope("t")), "a", t0).unwrap(), "a went with its copy");
-    let b = &s.tenants["t"].objects["b"];
+    let b = &s.tenants["t"].objects.of("b");
     assert!(b.memory.is_some() && b.disk.is_none(), "b stays in memory");
     let t = tenant(&s, "t");
     assert_eq!((t.disk_used, t.evictions, t.on_disk_only), (0, 1, 0));
@@ -294,7 +294,7 @@ fn a_mount_hands_over_its_tier_and_what_verifies_is_adopted() {
     assert!(sealed_a.seals.is_empty());
     let mut records: Vec<DiskHolding> = Vec::new();
     for (i, key) in ["a", "b"].iter().enumerate() {
-        let o = &s.tenants["t"].objects[*key];
+        let o = s.tenants["t"].objects.of(key);
         let r = o.memory.unwrap();
         let tag = s.tag("t", key);
         let placed = crate::grant::Placed {
@@ -344,7 +344,7 @@ fn a_mount_hands_over_its_tier_and_what_verifies_is_adopted() {
     // the same member mounting with the value in memory as well: one value, both places
     let mut third = State::new(loading(), s.seal_key.clone());
     third.set_tenants(&[entry("t", 8 * MIB)], &[]).unwrap();
-    let a = s.tenants["t"].objects["a"].memory.unwrap();
+    let a = s.tenants["t"].objects.of("a").memory.unwrap();
     let tag = s.tag("t", "a");
     let placed = crate::grant::Placed {
         offset: a.offset,
@@ -368,7 +368,7 @@ fn a_mount_hands_over_its_tier_and_what_verifies_is_adopted() {
     let r = third.mount(&req, t0).unwrap();
     assert_ne!(r.adopted, [0]);
     assert_eq!(r.disk_adopted, [true]);
-    let o = &third.tenants["t"].objects["a"];
+    let o = &third.tenants["t"].objects.of("a");
     assert!(o.memory.is_some() && o.disk == Some(1));
     assert_eq!(tenant(&third, "t").disk_used, MIB);
 }
