@@ -205,25 +205,33 @@ impl SealKey {
         Self::from_secret(GrantKey::generate().raw.as_slice())
     }
 
-    fn message(tag: &[u8], at: &Placed) -> Vec<u8> {
-        let mut m = Vec::with_capacity(24 + tag.len());
-        for v in [at.offset, at.size, at.epoch] {
-            m.extend_from_slice(&v.to_le_bytes());
+    /// The MAC of `offset | size | epoch | tag` (little-endian), made without copying the tag: a
+    /// new leader makes and checks two per value it adopts.
+    fn mac(&self, tag: &[u8], at: &Placed) -> ring::hmac::Tag {
+        let mut head = [0u8; 24];
+        for (i, v) in [at.offset, at.size, at.epoch].into_iter().enumerate() {
+            head[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
         }
-        m.extend_from_slice(tag);
-        m
+        let mut ctx = ring::hmac::Context::with_key(&self.key);
+        ctx.update(&head);
+        ctx.update(tag);
+        ctx.sign()
     }
 
     /// The seal of the value `tag` names, placed `at`.
     pub fn seal(&self, tag: &[u8], at: &Placed) -> [u8; MAC_LEN] {
         let mut out = [0u8; MAC_LEN];
-        out.copy_from_slice(ring::hmac::sign(&self.key, &Self::message(tag, at)).as_ref());
+        out.copy_from_slice(self.mac(tag, at).as_ref());
         out
     }
 
-    /// Whether `seal` is this key's seal of the value `tag` names, placed `at`.
+    /// Whether `seal` is this key's seal of the value `tag` names, placed `at` (compared in
+    /// constant time).
     pub fn verifies(&self, tag: &[u8], at: &Placed, seal: &[u8]) -> bool {
-        ring::hmac::verify(&self.key, &Self::message(tag, at), seal).is_ok()
+        let mac = self.mac(tag, at);
+        let mac = mac.as_ref();
+        let differs = mac.iter().zip(seal).fold(0u8, |d, (a, b)| d | (a ^ b));
+        mac.len() == seal.len() && std::hint::black_box(differs) == 0
     }
 }
 
@@ -410,6 +418,15 @@ mod tests {
         }
         assert!(!SealKey::generate().verifies(b"tag", &at, &seal), "another key");
         assert!(!key.verifies(b"tag", &at, &[]), "no seal");
+        assert!(!key.verifies(b"tag", &at, &seal[..MAC_LEN - 1]), "a cut seal");
+        assert!(!key.verifies(b"tag", &at, &[&seal[..], &[0]].concat()), "a longer seal");
+        // what is sealed, as every leader version seals it: offset | size | epoch | tag
+        let mut message = Vec::new();
+        for v in [4096u64, 100, 3] {
+            message.extend_from_slice(&v.to_le_bytes());
+        }
+        message.extend_from_slice(b"tag");
+        assert_eq!(&seal[..], ring::hmac::sign(&key.key, &message).as_ref());
         // a member's grant key, or anything derived from the term's, is not the seal key
         let grant = GrantKey::generate();
         assert!(!key.verifies(b"tag", &at, &grant.sign(&range(), b"tag")));

@@ -157,8 +157,7 @@ impl State {
             epoch: h.epoch,
         };
         let tag = self.vouched(&h.tag, &placed, &h.seal)?;
-        let objects = &self.tenants.get(&tag.tenant)?.objects;
-        if objects.contains_key(&tag.key) || !objects.has_room() {
+        if !self.tenants.get(&tag.tenant)?.objects.has_room() {
             return None;
         }
         let len = aligned(h.size);
@@ -166,10 +165,8 @@ impl State {
         if !m.alloc.take(h.offset, len) {
             return None;
         }
-        m.objects += 1;
         let mount_id = m.mount_id;
         let allocation = self.next_allocation;
-        self.next_allocation += 1;
         // by the time of its last use on the member, never after this term's own operations
         let within_ms = place.min(super::state::TICKS_PER_MS - 1);
         let last_used = (super::state::tick_at(h.last_used_unix_ms) + within_ms).min(self.tick);
@@ -189,11 +186,22 @@ impl State {
             lease_until: None,
             last_used,
         };
+        let charged = object.charge;
         let t = self.tenants.get_mut(&tag.tenant)?;
-        t.used += object.charge;
-        t.objects.insert(&tag.key, object).ok()?;
+        if t.objects.insert_new(&tag.key, object) != Ok(true) {
+            // the key is held already (from another member, or twice in a report)
+            if let Some(m) = self.members.get_mut(&member_id) {
+                m.alloc.release(h.offset, len);
+            }
+            return None;
+        }
+        t.used += charged;
+        self.next_allocation += 1;
         self.adopted.objects += 1;
         self.adopted.bytes += h.size;
+        if let Some(m) = self.members.get_mut(&member_id) {
+            m.objects += 1;
+        }
         Some((allocation, tag))
     }
 

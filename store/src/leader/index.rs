@@ -157,6 +157,7 @@ impl Objects {
         self.object(self.find(key)?)
     }
 
+    #[cfg(test)]
     pub fn contains_key(&self, key: &str) -> bool {
         self.find(key).is_some()
     }
@@ -186,7 +187,25 @@ impl Objects {
             return Err(IndexFull);
         }
         let replaced = self.remove(key);
+        self.insert_new(key, object)?;
+        Ok(replaced)
+    }
+
+    /// Holds `object` under `key` unless the key is held already (`Ok(false)`: nothing changed).
+    /// One look-up where a check and an [`insert`](Self::insert) take three: adoption's way.
+    pub fn insert_new(&mut self, key: &str, object: Object) -> Result<bool, IndexFull> {
+        if !self.has_room() {
+            return Err(IndexFull);
+        }
         let kept = self.keys.keep(key).ok_or(IndexFull)?;
+        let form = self.keys.form_of(&kept);
+        let h = self.hash(form);
+        let (slots, keys) = (&self.slots, &self.keys);
+        let same = |(id, hh): &(Id, u32)| *hh == h && slots.get(*id).is_some_and(|s| keys.form_of(&s.key) == form);
+        if self.by_key.find(filed(h), same).is_some() {
+            self.keys.release(&kept);
+            return Ok(false);
+        }
         let Some(mount) = self
             .mounts
             .keep(&(object.member, object.mount_id), || (object.member, object.mount_id))
@@ -206,9 +225,8 @@ impl Objects {
         };
         self.place(id, Places::of(&object));
         self.file_lease(id, object.lease_until);
-        let h = self.hash(self.keys.form_of(&kept));
         self.by_key.insert_unique(filed(h), (id, h), |(_, h)| filed(*h));
-        Ok(replaced)
+        Ok(true)
     }
 
     pub fn remove(&mut self, key: &str) -> Option<Object> {

@@ -48,21 +48,32 @@ fn split(key: &str) -> Option<(&str, [u8; 16])> {
         return None;
     }
     let mut hash = [0u8; 16];
+    let mut any_bad = 0u8;
     for (byte, pair) in hash.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
-        let [high, low] = pair else { return None };
-        *byte = (digit(*high)? << 4) | digit(*low)?;
+        let (high, low) = (DIGITS[pair[0] as usize], DIGITS[pair[1] as usize]);
+        any_bad |= (high | low) & 0xf0;
+        *byte = (high << 4) | (low & 0x0f);
     }
-    Some((prefix, hash))
+    (any_bad == 0).then_some((prefix, hash))
 }
 
-/// A lowercase hex digit's value (an uppercase one would not be written back the same).
-fn digit(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        _ => None,
+/// Each byte's value as a lowercase hex digit, [`NOT_HEX`] for any other byte (an uppercase
+/// digit would not be written back the same).
+const DIGITS: [u8; 256] = {
+    let mut t = [NOT_HEX; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
     }
-}
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+const NOT_HEX: u8 = 0xff;
 
 /// The keys of a tenant's slots: the namespaces of its packed keys (each kept once while a key
 /// uses it) and the keys kept as their bytes.

@@ -287,3 +287,23 @@ fn leases_are_kept_until_they_end() {
     o.end_leases(t0 + Duration::from_secs(9));
     assert_eq!(o.of("c").lease_until, None);
 }
+
+/// `insert_new` holds a key once: a second object under it changes nothing, whatever its form.
+#[test]
+fn a_new_key_is_inserted_once() {
+    let mut o = Objects::default();
+    let ns = "vllm/m/0123456789abcdef/tp0of1";
+    for key in [format!("{ns}/{:032x}", 7), "plain".to_owned()] {
+        assert_eq!(o.insert_new(&key, object(1, true, ObjectState::Committed)), Ok(true));
+        assert_eq!(o.insert_new(&key, object(2, false, ObjectState::Committed)), Ok(false));
+        assert_eq!(o.of(&key).last_used, 1, "the first object stays");
+    }
+    assert_eq!((o.len(), o.keys.namespaces()), (2, 1));
+    assert_eq!(order(o.in_memory_by_last_use()).len(), 2);
+    assert_eq!(o.on_disk_only(), 0);
+    assert_eq!(
+        o.keys.raw_bytes(),
+        "plain".len() + 16,
+        "the refused key's bytes are not kept"
+    );
+}
