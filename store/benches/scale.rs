@@ -211,8 +211,11 @@ struct Adoption {
     last: Duration,
 }
 
-/// Polls the new leader's health every 10 ms until it adopted `held` objects, or adopted no more
-/// for 10 s.
+/// How long the bench waits for a new leader's first adoption.
+const FIRST_PAGE_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Polls the new leader's health every 10 ms until it adopted `held` objects, or adopted none
+/// for [`FIRST_PAGE_PATIENCE`], or no more for 10 s.
 async fn adoption(addr: &str, held: u64, killed: Instant) -> Adoption {
     let mut control = loop {
         if let Ok(c) = kvcache_store::proto::control_client::ControlClient::connect(format!("http://{addr}")).await {
@@ -246,7 +249,13 @@ async fn adoption(addr: &str, held: u64, killed: Instant) -> Adoption {
                 took.most = Some(killed.elapsed());
             }
         }
-        if took.adopted >= held || changed.elapsed() > Duration::from_secs(10) {
+        // the member prepares its report before the first page (seconds at tens of millions)
+        let patience = if took.adopted == 0 {
+            FIRST_PAGE_PATIENCE
+        } else {
+            Duration::from_secs(10)
+        };
+        if took.adopted >= held || changed.elapsed() > patience {
             return took;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -21,7 +21,12 @@ pub(super) struct Waiting {
 impl Waiting {
     /// Adds the finished values of a mount that just ended.
     pub(super) fn extend(&mut self, ended: Vec<Retired>) {
-        self.values.extend(ended);
+        if self.values.is_empty() {
+            // no copy: tens of millions of values move in at once
+            self.values = ended.into();
+        } else {
+            self.values.extend(ended);
+        }
     }
 }
 
@@ -44,24 +49,27 @@ impl Segment {
         let _checking = self.checking.lock();
         let mut retired = self.retired.lock();
         let mut counts = ReportCounts::default();
-        let values = std::mem::take(&mut retired.values);
         retired.sent = 0;
         let trust_checks = !self.handed_out.load(std::sync::atomic::Ordering::Acquire);
-        for mut r in values {
+        retired.values.retain_mut(|r| {
             if !(r.held.checked && trust_checks) {
                 match self.map.checksum(r.offset, r.len) {
                     Ok(sum) if sum == r.held.checksum => r.held.checked = true,
                     _ => {
                         counts.damaged += 1;
-                        continue;
+                        return false;
                     }
                 }
             }
             counts.reported += 1;
             counts.bytes += r.len;
-            retired.values.push_back(r);
+            true
+        });
+        // in place, and at once when already in order (one ended mount's values are)
+        let values = retired.values.make_contiguous();
+        if !values.is_sorted_by_key(|r| r.held.used) {
+            values.sort_unstable_by_key(|r| r.held.used);
         }
-        retired.values.make_contiguous().sort_by_key(|r| r.held.used);
         counts
     }
 
