@@ -65,6 +65,11 @@ fn counted(held: &Option<Held>) -> bool {
     held.as_ref().is_some_and(Held::sealed)
 }
 
+/// The most entries one [`Written::check_from`] looks at.
+pub const CHECK_ENTRIES: usize = 4096;
+/// The most bytes one [`Written::check_from`] hashes (past it by one value at most).
+pub const CHECK_BYTES: u64 = 16 << 20;
+
 #[derive(Debug, Clone)]
 struct Entry {
     end: u64,
@@ -231,35 +236,35 @@ impl Written {
         }
     }
 
-    /// The finished values not checked yet: `(offset, len, allocation, checksum)`.
-    pub fn unchecked(&self) -> Vec<(u64, u64, u64, u64)> {
-        self.ranges
-            .iter()
-            .filter_map(|(s, e)| {
-                let h = e.held.as_ref()?;
-                (!h.checked).then_some((*s, e.end - s, e.allocation, h.checksum))
-            })
-            .collect()
-    }
-
-    /// Marks a value checked (`ok`) or, when its bytes no longer match, forgets it as a value (its
-    /// range stays fenced for its allocation); nothing changes if it was replaced meanwhile.
-    pub fn checked(&mut self, start: u64, allocation: u64, checksum: u64, ok: bool) {
-        if let Some(e) = self.ranges.get_mut(&start)
-            && e.allocation == allocation
-            && e.held.as_ref().is_some_and(|h| h.checksum == checksum)
-        {
-            if ok {
-                if let Some(h) = &mut e.held {
-                    h.checked = true;
-                }
+    /// Checks the finished values starting at `from` or later that were not checked yet, until
+    /// [`CHECK_ENTRIES`] entries were looked at or [`CHECK_BYTES`] hashed: `checksum` gives the
+    /// checksum of a range's bytes now (`None`: unreadable). A value whose bytes no longer match
+    /// is forgotten as a value (its range stays fenced for its allocation). Returns where the
+    /// next call starts (`None`: the table's end), so a caller that takes the table's lock per
+    /// call lets transfers go on between calls.
+    pub fn check_from(&mut self, from: u64, checksum: impl Fn(u64, u64) -> Option<u64>) -> Option<u64> {
+        let (mut looked, mut hashed) = (0, 0);
+        let held = &mut self.held;
+        for (&start, e) in self.ranges.range_mut(from..) {
+            if looked == CHECK_ENTRIES || hashed >= CHECK_BYTES {
+                return Some(start);
+            }
+            looked += 1;
+            let len = e.end - start;
+            let Some(h) = e.held.as_mut().filter(|h| !h.checked) else {
+                continue;
+            };
+            hashed += len;
+            if checksum(start, len) == Some(h.checksum) {
+                h.checked = true;
             } else {
                 if counted(&e.held) {
-                    self.held.sub(e.end - start);
+                    held.sub(len);
                 }
                 e.held = None;
             }
         }
+        None
     }
 
     /// Ends the table's mount: every range is forgotten (a new mount's grants start a new count),
@@ -550,5 +555,47 @@ mod tests {
         assert_eq!(w.held(), Count::default());
         w.adopt(r[0].clone(), 7, [7; 32], 2);
         assert_eq!(w.held(), Count { values: 1, bytes: 50 });
+    }
+
+    /// A check in steps looks at every unchecked value once, however many steps it takes: those
+    /// whose bytes match are marked checked, the others stop being held.
+    #[test]
+    fn a_check_in_steps_covers_every_value_once() {
+        let mut w = Written::default();
+        let n = CHECK_ENTRIES as u64 * 2 + 10;
+        for i in 0..n {
+            let (start, allocation) = (i * 64, i + 1);
+            w.write(start, 64, allocation).unwrap();
+            assert!(w.finish(start, 64, allocation, tag("k"), i, 1));
+            assert!(w.seal(start, allocation, [1; 32]));
+        }
+        // every seventh value's bytes changed
+        let looked = std::cell::Cell::new(0u64);
+        let now = |start: u64, _len: u64| {
+            looked.set(looked.get() + 1);
+            let i = start / 64;
+            Some(if i.is_multiple_of(7) { u64::MAX } else { i })
+        };
+        let (mut from, mut steps) = (Some(0), 0);
+        while let Some(at) = from {
+            from = w.check_from(at, now);
+            steps += 1;
+        }
+        assert_eq!((steps, looked.get()), (3, n));
+        let changed = n.div_ceil(7);
+        assert_eq!(w.held().values, n - changed);
+        let retired = w.retire();
+        assert_eq!(retired.len() as u64, n - changed);
+        assert!(
+            retired
+                .iter()
+                .all(|r| r.held.checked && !(r.offset / 64).is_multiple_of(7))
+        );
+        // checked values are not hashed again
+        let mut again = Written::default();
+        again.write(0, 64, 1).unwrap();
+        assert!(again.finish(0, 64, 1, tag("k"), 5, 1));
+        assert_eq!(again.check_from(0, |_, _| Some(5)), None);
+        assert_eq!(again.check_from(0, |_, _| panic!("hashed again")), None);
     }
 }

@@ -120,13 +120,15 @@ impl Segment {
     /// Checks the checksums of the values the current mount finished, ahead of the report that
     /// will hand them over: called when the leader stops answering, so the check is done by the
     /// time a new leader serves instead of delaying the remount. Values whose bytes changed are no
-    /// longer held. The table is locked per value only; transfers go on meanwhile.
+    /// longer held. The table is locked a few thousand values at a time; transfers go on between.
     pub fn precheck(&self) {
         let _checking = self.checking.lock();
-        let todo = self.written.lock().unchecked();
-        for (offset, len, allocation, checksum) in todo {
-            let ok = self.map.checksum(offset, len).is_ok_and(|sum| sum == checksum);
-            self.written.lock().checked(offset, allocation, checksum, ok);
+        let mut from = Some(0);
+        while let Some(at) = from {
+            from = self
+                .written
+                .lock()
+                .check_from(at, |offset, len| self.map.checksum(offset, len).ok());
         }
     }
 
