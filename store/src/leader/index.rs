@@ -2,11 +2,11 @@
 //! them in, so that a path which takes a few objects looks at those, not at every object the
 //! tenant holds; in about 90 bytes an object (`store/README.md`, "Scale").
 //!
-//! - **Slots** (`index/slots.rs`): each object packed into 80 bytes, in chunks that never move.
-//! - **By key**: a hash table of slot numbers (SipHash, keyed per process, as the standard map)
-//!   with 32 bits of each key's hash beside them, so that when it doubles it re-files its
-//!   entries without reading a slot (at 7 million objects that had held the state lock for over
-//!   a second). A key is kept once, in its slot (`index/keys.rs`).
+//! - **Slots** (`index/slots.rs`): each object packed into 72 bytes, in chunks that never move.
+//! - **By key** (`index/table.rs`): slot numbers by the key's hash (SipHash, keyed per process,
+//!   as the standard map), in shards that grow apart and re-file entries without reading a
+//!   slot, so growing never holds the state lock long. A key is kept once, in its slot
+//!   (`index/keys.rs`).
 //! - **By last use** (`index/order.rs`), apart for values with bytes in memory and values only
 //!   on a disk tier: the least recently used comes first, which is what eviction takes first
 //!   (`eviction.rs`). Values still being written are not in these orders: nothing evicts them.
@@ -24,14 +24,13 @@ use std::hash::BuildHasher;
 use std::ops::{Deref, DerefMut};
 use std::time::Instant;
 
-use hashbrown::HashTable;
-
 use super::objects::{Object, ObjectState};
 
 mod keys;
 mod numbered;
 mod order;
 mod slots;
+mod table;
 #[cfg(test)]
 mod tests;
 
@@ -40,15 +39,11 @@ use keys::{Form, Keys};
 use numbered::Shared;
 use order::Order;
 use slots::{Id, NIL, Slot, Slots};
+use table::KeyTable;
 
-/// What the hash table keeps of a key's hash.
-fn short(hash: u64) -> u32 {
-    (hash ^ (hash >> 32)) as u32
-}
-
-/// The hash the table files an entry under, from its [`short`] hash alone.
-fn filed(short: u32) -> u64 {
-    u64::from(short) | (u64::from(short) << 32)
+/// Whether slot `id` holds the key of `form`.
+fn holds<'a>(slots: &'a Slots, keys: &'a Keys, form: Form<'a>) -> impl Fn(Id) -> bool + 'a {
+    move |id| slots.get(id).is_some_and(|s| keys.form_of(&s.key) == form)
 }
 
 /// The index holds as many objects as slot numbers go (about four billion); no grant comes near.
@@ -83,8 +78,8 @@ pub struct Objects {
     slots: Slots,
     /// slots free for the next insert
     free: Vec<Id>,
-    /// each object's slot, and the [`short`] hash of its key
-    by_key: HashTable<(Id, u32)>,
+    /// each object's slot, by its key's hash
+    by_key: KeyTable,
     hasher: RandomState,
     keys: Keys,
     /// the members and mounts its objects were placed in
@@ -109,19 +104,16 @@ impl Objects {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
+        self.by_key.len() == 0
     }
 
-    fn hash(&self, form: Form<'_>) -> u32 {
-        short(self.hasher.hash_one(form))
+    fn hash(&self, form: Form<'_>) -> u64 {
+        self.hasher.hash_one(form)
     }
 
     fn find(&self, key: &str) -> Option<Id> {
         let form = self.keys.form(key)?;
-        let h = self.hash(form);
-        let same =
-            |(id, hh): &(Id, u32)| *hh == h && self.slots.get(*id).is_some_and(|s| self.keys.form_of(&s.key) == form);
-        self.by_key.find(filed(h), same).map(|(id, _)| *id)
+        self.by_key.find(self.hash(form), holds(&self.slots, &self.keys, form))
     }
 
     /// The object in slot `id`.
@@ -132,12 +124,17 @@ impl Objects {
 
     fn unpack(&self, id: Id, slot: &Slot) -> Object {
         let mount = self.mounts.get(slot.mount).copied().unwrap_or_default();
-        let state = match self.reservations.get(&id) {
-            Some((put_id, reclaim_at)) if slot.reserved() => ObjectState::Reserved {
+        let reservation = if slot.reserved() {
+            self.reservations.get(&id)
+        } else {
+            None
+        };
+        let state = match reservation {
+            Some((put_id, reclaim_at)) => ObjectState::Reserved {
                 put_id: *put_id,
                 reclaim_at: *reclaim_at,
             },
-            _ => ObjectState::Committed,
+            None => ObjectState::Committed,
         };
         let lease_until = if slot.leased() {
             self.leases.get(&id).copied()
@@ -200,9 +197,7 @@ impl Objects {
         let kept = self.keys.keep(key).ok_or(IndexFull)?;
         let form = self.keys.form_of(&kept);
         let h = self.hash(form);
-        let (slots, keys) = (&self.slots, &self.keys);
-        let same = |(id, hh): &(Id, u32)| *hh == h && slots.get(*id).is_some_and(|s| keys.form_of(&s.key) == form);
-        if self.by_key.find(filed(h), same).is_some() {
+        if self.by_key.find(h, holds(&self.slots, &self.keys, form)).is_some() {
             self.keys.release(&kept);
             return Ok(false);
         }
@@ -225,16 +220,15 @@ impl Objects {
         };
         self.place(id, Places::of(&object));
         self.file_lease(id, object.lease_until);
-        self.by_key.insert_unique(filed(h), (id, h), |(_, h)| filed(*h));
+        self.by_key.insert(h, id);
         Ok(true)
     }
 
     pub fn remove(&mut self, key: &str) -> Option<Object> {
         let form = self.keys.form(key)?;
-        let h = self.hash(form);
-        let (slots, keys) = (&self.slots, &self.keys);
-        let same = |(id, hh): &(Id, u32)| *hh == h && slots.get(*id).is_some_and(|s| keys.form_of(&s.key) == form);
-        let ((id, _), _) = self.by_key.find_entry(filed(h), same).ok()?.remove();
+        let id = self
+            .by_key
+            .remove(self.hash(form), holds(&self.slots, &self.keys, form))?;
         let object = self.object(id)?;
         self.unplace(id, Places::of(&object));
         self.unfile_lease(id, object.lease_until);
@@ -350,7 +344,7 @@ impl Objects {
     /// table's buckets, the orders' spans, the reservations (a B-tree's nodes taken as half
     /// again their entries), the leases, the free list, the keys and the mounts.
     pub fn bytes(&self) -> usize {
-        let table = self.by_key.capacity() * (std::mem::size_of::<(Id, u32)>() + 1);
+        let table = self.by_key.bytes();
         let reservations = self.reservations.capacity() * (std::mem::size_of::<(Id, (u64, Instant))>() + 1)
             + self.reserved.len() * std::mem::size_of::<(Instant, Id)>() * 3 / 2;
         let leases = self.leases.capacity() * (std::mem::size_of::<(Id, Instant)>() + 1)
