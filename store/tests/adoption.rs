@@ -72,12 +72,15 @@ impl Pause {
         self.on.send_replace(false);
     }
 
-    async fn wait_while_held(&self) {
-        if *self.on.borrow() {
-            self.idle.send_replace(true);
-            let _ = self.on.subscribe().wait_for(|on| !on).await;
-            self.idle.send_replace(false);
+    /// Waits while the writer is held; whether it was.
+    async fn wait_while_held(&self) -> bool {
+        if !*self.on.borrow() {
+            return false;
         }
+        self.idle.send_replace(true);
+        let _ = self.on.subscribe().wait_for(|on| !on).await;
+        self.idle.send_replace(false);
+        true
     }
 }
 
@@ -91,8 +94,13 @@ async fn settle(c: &Client, members: &[&Proc], pause: &Pause, acked: &Mutex<Vec<
     settled
 }
 
-/// Writes batches of 8 values until the leader goes away; records what each batch acknowledged
-/// and the batch in flight.
+/// The most batches a writer puts between holds: however fast the build, twenty rounds of them
+/// fit the member (256 values of 16 KiB a round at most), so nothing acknowledged is evicted.
+const BATCHES_BETWEEN_HOLDS: usize = 16;
+
+/// Writes batches of 8 values until the leader goes away ([`BATCHES_BETWEEN_HOLDS`] at most
+/// between holds, then only checking that the leader answers); records what each batch
+/// acknowledged and the batch in flight.
 fn writer(
     c: Client,
     round: usize,
@@ -102,8 +110,19 @@ fn writer(
     pause: Pause,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let mut run = 0;
         for batch in 0.. {
-            pause.wait_while_held().await;
+            if pause.wait_while_held().await {
+                run = 0;
+            }
+            if run == BATCHES_BETWEEN_HOLDS {
+                if c.exists("no-such-key").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            run += 1;
             let keys: Vec<String> = (0..8).map(|i| format!("r{round}/b{batch}/{i}")).collect();
             let values: Vec<Vec<u8>> = keys.iter().map(|k| value_of(k, len)).collect();
             *in_flight.lock() = keys.clone();
