@@ -270,6 +270,24 @@ impl Tag {
 
     /// Reads a tag a member reports; `None` for anything a leader did not write.
     pub fn decode(b: &[u8]) -> Option<Tag> {
+        TagRef::decode(b).map(|t| t.to_owned())
+    }
+}
+
+/// A [`Tag`] read in place from its bytes: a new leader reads one per value it adopts, and copies
+/// only what it keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TagRef<'a> {
+    pub tenant: &'a str,
+    pub uid: &'a str,
+    pub block_size: u32,
+    pub dtype: &'a str,
+    pub key: &'a str,
+}
+
+impl<'a> TagRef<'a> {
+    /// Reads a tag a member reports; `None` for anything a leader did not write.
+    pub fn decode(b: &'a [u8]) -> Option<Self> {
         fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
             let (head, rest) = b.split_at_checked(n)?;
             *b = rest;
@@ -278,28 +296,39 @@ impl Tag {
         fn u16_of(b: &mut &[u8]) -> Option<usize> {
             Some(u16::from_le_bytes(take(b, 2)?.try_into().ok()?) as usize)
         }
+        fn str_of<'a>(b: &mut &'a [u8]) -> Option<&'a str> {
+            let n = u16_of(b)?;
+            std::str::from_utf8(take(b, n)?).ok()
+        }
         let mut b = b;
         if take(&mut b, 1)? != [TAG_VERSION] {
             return None;
         }
-        let n = u16_of(&mut b)?;
-        let tenant = std::str::from_utf8(take(&mut b, n)?).ok()?.to_owned();
-        let n = u16_of(&mut b)?;
-        let uid = std::str::from_utf8(take(&mut b, n)?).ok()?.to_owned();
+        let tenant = str_of(&mut b)?;
+        let uid = str_of(&mut b)?;
         let block_size = u32::from_le_bytes(take(&mut b, 4)?.try_into().ok()?);
-        let n = u16_of(&mut b)?;
-        let dtype = std::str::from_utf8(take(&mut b, n)?).ok()?.to_owned();
-        let key = std::str::from_utf8(b).ok()?.to_owned();
+        let dtype = str_of(&mut b)?;
+        let key = std::str::from_utf8(b).ok()?;
         if key.is_empty() {
             return None;
         }
-        Some(Tag {
+        Some(TagRef {
             tenant,
             uid,
             block_size,
             dtype,
             key,
         })
+    }
+
+    pub fn to_owned(self) -> Tag {
+        Tag {
+            tenant: self.tenant.to_owned(),
+            uid: self.uid.to_owned(),
+            block_size: self.block_size,
+            dtype: self.dtype.to_owned(),
+            key: self.key.to_owned(),
+        }
     }
 }
 

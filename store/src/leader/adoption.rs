@@ -25,18 +25,25 @@
 //! a later page hand over bytes its seal no longer covers. No page is larger than the member
 //! makes it, so no report is cut short, however many values a member holds.
 //!
+//! A page's seals are checked, and its new seals made, outside the state lock ([`Vouching`]):
+//! under it the leader only checks the ledger, takes the ranges and files the objects. A member
+//! may send its next page before the last is answered (`HandoverRequest.first` says where each
+//! starts), so one page is checked while the one before it is adopted; pages are adopted in the
+//! report's order, a page that came early waiting ([`PageTurn::Early`]).
+//!
 //! A member's report waits for the ledger ([`LEDGER_WAIT`]): a leader that has none yet this term
 //! refuses the mount with `LEDGER_PENDING`, which the member retries within 100 ms, so no tenant's
 //! values are dropped only because the controllers had not yet sent the ledger.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::objects::{Object, ObjectState, Resident, charge};
 use super::placement::aligned;
 use super::state::State;
 use crate::error::{ErrorCode, Result, StoreError};
-use crate::grant::{Placed, Tag};
+use crate::grant::{Placed, SealKey, Tag, TagRef};
 use crate::proto::{HandoverRequest, HandoverResponse, Holding};
 
 /// How long into a term a member's report waits for a ledger before the leader adopts against
@@ -63,12 +70,54 @@ impl State {
         ))
     }
 
-    /// Adopts a further page of a mount's report; the last page lets the segment's free space be
-    /// placed in again. The report of a member that fell behind on what it was told adopts
-    /// nothing (`Handover::trusted`); a page after the last is refused.
+    /// What this term checks a page's seals against, outside the state lock.
+    pub fn vouching(&self) -> Vouching {
+        Vouching {
+            key: Arc::clone(&self.seal_key),
+            epoch: self.epoch,
+            max_value_size: self.cfg.max_value_size,
+        }
+    }
+
+    /// Adopts a further page of a mount's report, checking and making its seals here (under the
+    /// state lock): the member-facing path checks them outside it (`grpc.rs`). A page that starts
+    /// past what was adopted so far is refused.
     pub fn handover(&mut self, req: &HandoverRequest, now: Instant) -> Result<HandoverResponse> {
+        let vouching = self.vouching();
+        let mut tags = vouching.sealed_all(&req.holdings);
+        match self.handover_sealed(req, &vouching, &mut tags, now)? {
+            PageTurn::Adopted(adopted) => Ok(HandoverResponse {
+                seals: vouching.seals(&req.holdings, &adopted),
+                adopted,
+            }),
+            PageTurn::Early => Err(StoreError::new(
+                ErrorCode::InvalidArgument,
+                "this page starts past what the leader adopted of the report so far",
+            )),
+        }
+    }
+
+    /// Adopts a further page of a mount's report whose seals were checked against `vouching`
+    /// (`tags[i]`: the tag of holding i if its seal verified; taken once the page is adopted);
+    /// the last page lets the segment's free space be placed in again. Answers, per holding, the
+    /// allocation it is adopted under (0: not adopted), or that the pages before it have not all
+    /// come. The report of a member that fell behind on what it was told adopts nothing
+    /// (`Handover::trusted`); a page after the last, or sent twice, is refused.
+    pub fn handover_sealed<'a>(
+        &mut self,
+        req: &'a HandoverRequest,
+        vouching: &Vouching,
+        tags: &mut Vec<Option<TagRef<'a>>>,
+        now: Instant,
+    ) -> Result<PageTurn> {
         let m = match self.members.get_mut(&req.member_id) {
-            Some(m) if m.mount_id == req.mount_id && (req.instance_id == 0 || m.instance_id == req.instance_id) => m,
+            Some(m)
+                if m.mount_id == req.mount_id
+                    && (req.instance_id == 0 || m.instance_id == req.instance_id)
+                    && vouching.epoch == self.epoch =>
+            {
+                m
+            }
             _ => {
                 return Err(StoreError::new(
                     ErrorCode::StaleMount,
@@ -86,6 +135,19 @@ impl State {
             ));
         };
         let before = report.reported;
+        match req.first {
+            Some(first) if first > before => return Ok(PageTurn::Early),
+            Some(first) if first < before => {
+                return Err(StoreError::new(
+                    ErrorCode::InvalidArgument,
+                    format!(
+                        "this page starts at holding {first} of the report, and the leader has adopted {before} \
+                         holdings of it already: each page is sent once"
+                    ),
+                ));
+            }
+            _ => {}
+        }
         let reported = before + req.holdings.len() as u64;
         if reported > most {
             return Err(StoreError::new(
@@ -96,10 +158,13 @@ impl State {
             ));
         }
         m.handing_over = (!req.last).then_some(super::mounted::Handover { reported, ..report });
-        let holdings = if report.trusted { &req.holdings[..] } else { &[][..] };
-        let (mut adopted, mut seals) = self.adopt(req.member_id, holdings, before);
+        let tags = if report.trusted {
+            std::mem::take(tags)
+        } else {
+            Vec::new()
+        };
+        let mut adopted = self.adopt_sealed(req.member_id, &req.holdings, tags, before);
         adopted.resize(req.holdings.len(), 0);
-        seals.resize(req.holdings.len(), bytes::Bytes::new());
         tracing::debug!(
             member_id = req.member_id,
             held = req.holdings.len(),
@@ -107,57 +172,58 @@ impl State {
             last = req.last,
             "a page of a member's report adopted"
         );
-        Ok(HandoverResponse { adopted, seals })
+        Ok(PageTurn::Adopted(adopted))
     }
 
     /// Adopts what a freshly mounted member holds (one page of its report, `before` holdings
     /// after its start); returns, per holding, the allocation it is adopted under (0: not
     /// adopted) and its new seal (empty: not adopted).
     pub(super) fn adopt(&mut self, member_id: u64, holdings: &[Holding], before: u64) -> (Vec<u64>, Vec<bytes::Bytes>) {
+        let vouching = self.vouching();
+        let tags = vouching.sealed_all(holdings);
+        let adopted = self.adopt_sealed(member_id, holdings, tags, before);
+        let seals = vouching.seals(holdings, &adopted);
+        (adopted, seals)
+    }
+
+    /// Adopts the holdings whose seals verified (`tags[i]`, one per holding, or none at all);
+    /// returns, per holding, the allocation it is adopted under (0: not adopted).
+    fn adopt_sealed<'a>(
+        &mut self,
+        member_id: u64,
+        holdings: &[Holding],
+        tags: Vec<Option<TagRef<'a>>>,
+        before: u64,
+    ) -> Vec<u64> {
         let mut answer = Vec::with_capacity(holdings.len());
-        let mut seals = Vec::with_capacity(holdings.len());
         // per tenant and value size, the keys adopted, for the block logs
-        let mut stored: BTreeMap<(String, u64), Vec<String>> = BTreeMap::new();
-        for (i, h) in holdings.iter().enumerate() {
-            match self.adopt_one(member_id, h, before + i as u64) {
-                Some((allocation, tag)) => {
+        let mut stored: BTreeMap<(&str, u64), Vec<&str>> = BTreeMap::new();
+        for (i, (h, tag)) in holdings.iter().zip(tags).enumerate() {
+            let adopted = tag.and_then(|tag| self.adopt_one(member_id, h, tag, before + i as u64));
+            match (adopted, tag) {
+                (Some(allocation), Some(tag)) => {
                     answer.push(allocation);
-                    let placed = Placed {
-                        offset: h.offset,
-                        size: h.size,
-                        epoch: self.epoch,
-                    };
-                    seals.push(bytes::Bytes::copy_from_slice(&self.seal_key.seal(&h.tag, &placed)));
                     stored.entry((tag.tenant, h.size)).or_default().push(tag.key);
                 }
-                None => {
-                    answer.push(0);
-                    seals.push(bytes::Bytes::new());
-                }
+                _ => answer.push(0),
             }
         }
         let epoch = self.epoch;
         for ((tenant, size), keys) in stored {
-            if let Some(t) = self.tenants.get_mut(&tenant) {
-                t.log.stored_keys(epoch, keys, size);
+            if let Some(t) = self.tenants.get_mut(tenant) {
+                t.log.stored_keys(epoch, &keys, size);
             }
         }
         if !holdings.is_empty() {
             self.recompute_grants();
         }
-        (answer, seals)
+        answer
     }
 
     /// `place` is the holding's place in its report (least recently used first): it orders values
-    /// last used within the same millisecond.
-    fn adopt_one(&mut self, member_id: u64, h: &Holding, place: u64) -> Option<(u64, Tag)> {
-        let placed = Placed {
-            offset: h.offset,
-            size: h.size,
-            epoch: h.epoch,
-        };
-        let tag = self.vouched(&h.tag, &placed, &h.seal)?;
-        if !self.tenants.get(&tag.tenant)?.objects.has_room() {
+    /// last used within the same millisecond. `tag` is what its seal names.
+    fn adopt_one(&mut self, member_id: u64, h: &Holding, tag: TagRef<'_>, place: u64) -> Option<u64> {
+        if !self.in_ledger(&tag) || !self.tenants.get(tag.tenant)?.objects.has_room() {
             return None;
         }
         let len = aligned(h.size);
@@ -187,8 +253,8 @@ impl State {
             last_used,
         };
         let charged = object.charge;
-        let t = self.tenants.get_mut(&tag.tenant)?;
-        if t.objects.insert_new(&tag.key, object) != Ok(true) {
+        let t = self.tenants.get_mut(tag.tenant)?;
+        if t.objects.insert_new(tag.key, object) != Ok(true) {
             // the key is held already (from another member, or twice in a report)
             if let Some(m) = self.members.get_mut(&member_id) {
                 m.alloc.release(h.offset, len);
@@ -202,28 +268,97 @@ impl State {
         if let Some(m) = self.members.get_mut(&member_id) {
             m.objects += 1;
         }
-        Some((allocation, tag))
+        Some(allocation)
     }
 
-    /// The tag of a value a member hands over, when this term can stand behind it: a size this
-    /// leader takes, an epoch not after its own, a seal of the backend's leaders over exactly this
-    /// tag and placement, a valid key, and a tenant of this term's ledger held by the same
+    /// The tag of a value a member hands over, when this term can stand behind it: its seal
+    /// verifies ([`Vouching::sealed`]), and its tenant is of this term's ledger, held by the same
     /// Binding with the same block layout (`placed` is what the seal names).
     pub(super) fn vouched(&self, tag: &[u8], placed: &Placed, seal: &[u8]) -> Option<Tag> {
-        if placed.size == 0 || placed.size > self.cfg.max_value_size || placed.epoch > self.epoch {
-            return None;
-        }
-        if !self.seal_key.verifies(tag, placed, seal) {
-            return None;
-        }
-        let tag = Tag::decode(tag)?;
-        Self::check_key(&tag.key).ok()?;
-        let t = self.tenants.get(&tag.tenant)?;
+        let tag = self.vouching().sealed(tag, placed, seal)?;
+        self.in_ledger(&tag).then(|| tag.to_owned())
+    }
+
+    /// Whether a tag's tenant is of this term's ledger, held by the same Binding (the tag's uid)
+    /// with the same block layout.
+    fn in_ledger(&self, tag: &TagRef<'_>) -> bool {
+        let Some(t) = self.tenants.get(tag.tenant) else {
+            return false;
+        };
         let same_layout = match &t.layout {
             Some(l) => l.block_size == tag.block_size && l.dtype == tag.dtype,
             None => tag.block_size == 0 && tag.dtype.is_empty(),
         };
-        (same_layout && t.uid == tag.uid).then_some(tag)
+        same_layout && t.uid == tag.uid
+    }
+}
+
+/// Where a page of a report stands: adopted (for a page of holdings, per holding, its
+/// allocation, 0 where not adopted), or come before a page that precedes it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PageTurn<R = Vec<u64>> {
+    Adopted(R),
+    Early,
+}
+
+/// What a term checks seals against and makes new ones with: its seal key, its epoch and the
+/// largest value it takes. A copy is taken under the state lock and used outside it, so the
+/// hashing of a page's seals does not hold up the leader's other calls.
+#[derive(Debug, Clone)]
+pub struct Vouching {
+    key: Arc<SealKey>,
+    epoch: u64,
+    max_value_size: u64,
+}
+
+impl Vouching {
+    /// The tag of a held value whose seal this term can stand behind: a size this leader takes,
+    /// an epoch not after its own, a seal of the backend's leaders over exactly this tag and
+    /// placement, and a valid key (the ledger's part is [`State::vouched`]'s).
+    pub fn sealed<'a>(&self, tag: &'a [u8], placed: &Placed, seal: &[u8]) -> Option<TagRef<'a>> {
+        if placed.size == 0 || placed.size > self.max_value_size || placed.epoch > self.epoch {
+            return None;
+        }
+        if !self.key.verifies(tag, placed, seal) {
+            return None;
+        }
+        let tag = TagRef::decode(tag)?;
+        State::check_key(tag.key).ok()?;
+        Some(tag)
+    }
+
+    /// [`Vouching::sealed`] of each holding.
+    pub fn sealed_all<'a>(&self, holdings: &'a [Holding]) -> Vec<Option<TagRef<'a>>> {
+        holdings
+            .iter()
+            .map(|h| {
+                let placed = Placed {
+                    offset: h.offset,
+                    size: h.size,
+                    epoch: h.epoch,
+                };
+                self.sealed(&h.tag, &placed, &h.seal)
+            })
+            .collect()
+    }
+
+    /// This term's seal of each holding adopted (`adopted[i] != 0`), empty for the rest.
+    pub fn seals(&self, holdings: &[Holding], adopted: &[u64]) -> Vec<bytes::Bytes> {
+        holdings
+            .iter()
+            .zip(adopted)
+            .map(|(h, &a)| {
+                if a == 0 {
+                    return bytes::Bytes::new();
+                }
+                let placed = Placed {
+                    offset: h.offset,
+                    size: h.size,
+                    epoch: self.epoch,
+                };
+                bytes::Bytes::copy_from_slice(&self.key.seal(&h.tag, &placed))
+            })
+            .collect()
     }
 }
 

@@ -107,11 +107,11 @@ impl BlockLog {
     }
 
     /// Blocks of one size that became readable at once (a member's values adopted by a new term).
-    pub fn stored_keys(&mut self, epoch: u64, keys: Vec<String>, size: u64) {
+    pub fn stored_keys(&mut self, epoch: u64, keys: &[&str], size: u64) {
         for chunk in keys.chunks(SNAPSHOT_BATCH) {
             self.emit(epoch, || {
                 Event::Stored(BlockStored {
-                    keys: chunk.to_vec(),
+                    keys: chunk.iter().map(|k| (*k).to_owned()).collect(),
                     size,
                 })
             });

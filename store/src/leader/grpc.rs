@@ -133,10 +133,18 @@ impl Membership for Leader {
         Ok(Response::new(self.serving(|s| s.mount(&r, Instant::now()))?))
     }
 
+    /// The page's seals are checked, and its new seals made, outside the state lock; pages are
+    /// adopted in the report's order (`adoption.rs`).
     async fn handover(&self, req: Request<HandoverRequest>) -> Reply<HandoverResponse> {
         self.check_member(req.metadata())?;
         let r = req.into_inner();
-        Ok(Response::new(self.serving(|s| s.handover(&r, Instant::now()))?))
+        let vouching = self.serving(|s| Ok(s.vouching()))?;
+        let mut tags = vouching.sealed_all(&r.holdings);
+        let adopted = self
+            .in_report_order(|s| s.handover_sealed(&r, &vouching, &mut tags, Instant::now()))
+            .await?;
+        let seals = vouching.seals(&r.holdings, &adopted);
+        Ok(Response::new(HandoverResponse { adopted, seals }))
     }
 
     /// Held while there is nothing to tell the member, at most its `wait_ms` and the heartbeat

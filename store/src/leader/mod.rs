@@ -42,7 +42,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
-pub use adoption::LEDGER_WAIT;
+pub use adoption::{LEDGER_WAIT, PageTurn, Vouching};
+
+/// The longest a page of a member's report that came before the pages preceding it waits for
+/// them.
+pub const EARLY_PAGE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 pub use config::{ELECTION_TIMINGS, Election, LeaderConfig, TierReads};
 pub use placement::AllocationStrategy;
 pub use serve::{LeaderAddrs, LeaderListeners};
@@ -64,6 +68,8 @@ pub struct Leader {
     bound: Arc<Mutex<Option<std::net::SocketAddr>>>,
     /// the tokens the Control and Membership APIs take (`auth.rs`), when configured
     tokens: Arc<Tokens>,
+    /// told each time a page of a member's report is adopted: a page that came early waits on it
+    pages: Arc<tokio::sync::Notify>,
 }
 
 /// What the leader's own APIs check callers with, and the key it seals committed values with.
@@ -129,6 +135,7 @@ impl Leader {
             gate: Arc::new(Gate::default()),
             bound: Arc::default(),
             tokens: Arc::new(tokens),
+            pages: Arc::default(),
         })
     }
 
@@ -153,6 +160,39 @@ impl Leader {
         let mut s = self.state.lock();
         self.gate.check()?;
         f(&mut s)
+    }
+
+    /// Runs `f`, a page of a member's report, under [`Leader::serving`] once the pages before it
+    /// are adopted: a page that came early waits for the leader to adopt another, at most
+    /// [`EARLY_PAGE_WAIT`] in all (its member mounts again when the pages before it are lost).
+    pub async fn in_report_order<R>(
+        &self,
+        mut f: impl FnMut(&mut State) -> crate::error::Result<adoption::PageTurn<R>>,
+    ) -> crate::error::Result<R> {
+        let deadline = tokio::time::Instant::now() + EARLY_PAGE_WAIT;
+        loop {
+            let adopted = self.pages.notified();
+            tokio::pin!(adopted);
+            adopted.as_mut().enable();
+            match self.serving(&mut f)? {
+                adoption::PageTurn::Adopted(r) => {
+                    self.pages.notify_waiters();
+                    return Ok(r);
+                }
+                adoption::PageTurn::Early => {
+                    if tokio::time::timeout_at(deadline, adopted).await.is_err() {
+                        return Err(crate::error::StoreError::new(
+                            crate::error::ErrorCode::StaleMount,
+                            format!(
+                                "the pages of the report before this one did not come within {} s; mount again \
+                                 and report from the start",
+                                EARLY_PAGE_WAIT.as_secs()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
     }
 
     /// Whether it serves now: ready, and (under an election) holding the Lease.

@@ -286,7 +286,8 @@ impl State {
         let epoch = self.epoch;
         for ((tenant, size), keys) in stored {
             if let Some(t) = self.tenants.get_mut(&tenant) {
-                t.log.stored_keys(epoch, keys, size);
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                t.log.stored_keys(epoch, &keys, size);
             }
         }
         if !holdings.is_empty() {

@@ -1,7 +1,7 @@
 //! Handing a new leader what this member holds, in pages: the mount carries the report's first
-//! page ([`first_page`]), and each further page is a `Handover` call whose answer is applied
-//! before the next is sent ([`hand_over_rest`]). However many values the segment holds, none
-//! is left out, and no message or answer grows past a page's worth.
+//! page ([`first_page`]), and each further page is a `Handover` call ([`hand_over_rest`]), two
+//! in flight, whose answers are applied in the report's order. However many values the segment
+//! holds, none is left out, and no message or answer grows past a page's worth.
 //!
 //! Until the last page is answered the leader places nothing new in the segment, so the values
 //! not answered yet keep their bytes: a remount in the middle (the leader stopped answering)
@@ -49,9 +49,14 @@ pub(super) fn timeout_for(values: usize) -> Duration {
     PAGE_TIMEOUT + Duration::from_millis(values as u64 / 50)
 }
 
-/// Sends the report's further pages under `mounted`, applying each answer. `Err` means the mount
-/// must be made again (the leader stopped answering, or does not know the mount): the pages not
-/// answered are reported again then. A page refused otherwise ends the report.
+/// Pages in flight at once: the next is checked by the leader while the one before it is
+/// adopted, and built here while both are under way.
+pub const IN_FLIGHT: usize = 2;
+
+/// Sends the report's further pages under `mounted`, [`IN_FLIGHT`] at a time, applying the
+/// answers in the report's order. `Err` means the mount must be made again (the leader stopped
+/// answering, or does not know the mount): the pages not answered are reported again then. A page
+/// refused otherwise ends the report.
 pub(super) async fn hand_over_rest(
     client: &mut MembershipClient<Channel>,
     mounted: &MountResponse,
@@ -61,20 +66,36 @@ pub(super) async fn hand_over_rest(
 ) -> Result<(), StoreError> {
     let mut pages = 0u64;
     let mut adopted = 0u64;
-    while segment.unsent() > 0 {
-        let holdings = segment.page(PAGE);
-        let sent = holdings.len();
-        let mut asked = tonic::Request::new(HandoverRequest {
-            member_id: mounted.member_id,
-            mount_id: mounted.mount_id,
-            instance_id,
-            holdings,
-            last: segment.unsent() == 0,
-        });
-        if let Some(t) = token {
-            crate::auth::attach(&mut asked, t)?;
+    // where the next page starts in the report: after the mount's page (its answer has one
+    // allocation per holding it carried)
+    let mut first = mounted.adopted.len() as u64;
+    let mut in_flight = futures::stream::FuturesOrdered::new();
+    loop {
+        while in_flight.len() < IN_FLIGHT && segment.unsent() > 0 {
+            let holdings = segment.page(PAGE);
+            let sent = holdings.len();
+            let mut asked = tonic::Request::new(HandoverRequest {
+                member_id: mounted.member_id,
+                mount_id: mounted.mount_id,
+                instance_id,
+                holdings,
+                last: segment.unsent() == 0,
+                first: Some(first),
+            });
+            first += sent as u64;
+            if let Some(t) = token {
+                crate::auth::attach(&mut asked, t)?;
+            }
+            let mut client = client.clone();
+            in_flight.push_back(async move {
+                let answer = tokio::time::timeout(timeout_for(sent), client.handover(asked)).await;
+                (sent, answer)
+            });
         }
-        let answer = match tokio::time::timeout(timeout_for(sent), client.handover(asked)).await {
+        let Some((sent, answer)) = futures::StreamExt::next(&mut in_flight).await else {
+            break;
+        };
+        let answer = match answer {
             Ok(Ok(r)) => r.into_inner(),
             Ok(Err(status)) => {
                 let e = StoreError::from_status(&status);

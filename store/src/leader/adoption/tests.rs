@@ -22,6 +22,7 @@ fn page(r: &MountResponse, holdings: &[Holding], last: bool) -> HandoverRequest 
         instance_id: 1,
         holdings: holdings.to_vec(),
         last,
+        first: None,
     }
 }
 
@@ -105,4 +106,47 @@ fn a_report_longer_than_its_segment_holds_is_refused() {
     let e = s.handover(&page(&r, &held[2000..2100], false), now).unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidArgument);
     assert!(e.message.contains("at most 2048"), "{}", e.message);
+}
+
+/// Pages sent ahead of their answers are adopted in the report's order: one that comes before
+/// the pages preceding it changes nothing and is told to wait, and a page sent twice is refused.
+#[test]
+fn pages_are_adopted_in_the_reports_order_whatever_order_they_come_in() {
+    use super::PageTurn;
+    let (mut s, now, held) = leader_and_holdings();
+    let r = s.mount(&first_page(&held[..1000], MIB), now).unwrap();
+    let numbered = |from: usize, to: usize, last: bool| HandoverRequest {
+        first: Some(from as u64),
+        ..page(&r, &held[from..to], last)
+    };
+    let vouching = s.vouching();
+    let (second, third) = (numbered(1000, 2000, false), numbered(2000, 3000, true));
+    let mut third_tags = vouching.sealed_all(&third.holdings);
+    let early = s.handover_sealed(&third, &vouching, &mut third_tags, now).unwrap();
+    assert_eq!(early, PageTurn::Early);
+    assert_eq!(s.tenants["a"].objects.len(), 1000, "an early page adopts nothing");
+    assert_eq!(third_tags.iter().flatten().count(), 1000, "and keeps its checked seals");
+    let mut tags = vouching.sealed_all(&second.holdings);
+    let PageTurn::Adopted(a) = s.handover_sealed(&second, &vouching, &mut tags, now).unwrap() else {
+        panic!("the second page's turn has come");
+    };
+    assert_eq!(adopted(&a), 1000);
+    let PageTurn::Adopted(a) = s.handover_sealed(&third, &vouching, &mut third_tags, now).unwrap() else {
+        panic!("the third page's turn has come");
+    };
+    assert_eq!(adopted(&a), 1000);
+    assert_eq!(s.tenants["a"].objects.len(), 3000);
+    put(&mut s, "a", "new", 100, now).expect("placed once the last page is adopted");
+
+    // a page sent again, to a report still going on, is refused
+    let r = s
+        .mount(&first_page(&held[..1000], MIB * 2), now)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let again = HandoverRequest {
+        first: Some(0),
+        ..page(&r, &held[..10], false)
+    };
+    let e = s.handover(&again, now).unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidArgument);
+    assert!(e.message.contains("sent once"), "{}", e.message);
 }
