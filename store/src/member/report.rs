@@ -30,12 +30,11 @@ const PAGE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Starts a report to a new leader: its first page, and whether more follow.
 pub(super) fn first_page(segment: &Segment) -> (Vec<Holding>, bool) {
     let counts = segment.report();
-    if counts.damaged > 0 {
-        tracing::warn!(
-            damaged = counts.damaged,
-            "some held values are not reported: their bytes changed since their write finished"
-        );
-    }
+    tracing::info!(
+        values = counts.values,
+        bytes = counts.bytes,
+        "reporting what this member holds to a new leader"
+    );
     let page = segment.page(PAGE);
     (page, segment.unsent() > 0)
 }

@@ -92,8 +92,8 @@ pub struct Segment {
     written: parking_lot::Mutex<Written>,
     /// the finished values of mounts that ended, until a leader's answer adopts them or not
     retired: parking_lot::Mutex<Waiting>,
-    /// held while values' checksums are checked ([`Segment::precheck`], [`Segment::report`]), so
-    /// a value is hashed once
+    /// held while the current mount's values are checked ([`Segment::precheck`]): one check at
+    /// a time
     checking: parking_lot::Mutex<()>,
     /// the memory's descriptor was handed to a same-host client, which may write any byte at any
     /// time: a report hashes every value again, whatever an earlier check found
