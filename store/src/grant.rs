@@ -27,7 +27,10 @@
 //! member, and no one holding the member token, can plant a value under any tenant's key, nor
 //! hand over a value that was never committed.
 
+mod hmac;
+
 use crate::error::{ErrorCode, Result, StoreError};
+use hmac::HmacKey;
 
 /// Bytes of a MAC.
 pub const MAC_LEN: usize = 32;
@@ -87,7 +90,7 @@ impl Range {
 #[derive(Clone)]
 pub struct GrantKey {
     raw: [u8; KEY_LEN],
-    key: ring::hmac::Key,
+    key: HmacKey,
 }
 
 impl std::fmt::Debug for GrantKey {
@@ -111,18 +114,13 @@ impl GrantKey {
     /// The key of one mount: what that member verifies its grants with, and all it learns of
     /// the term's key (an HMAC of the mount id under it, which no other key can be derived from).
     pub fn for_mount(&self, mount_id: u64) -> Self {
-        let mut ctx = ring::hmac::Context::with_key(&self.key);
-        ctx.update(b"kvstore grant key of mount ");
-        ctx.update(&mount_id.to_le_bytes());
-        let mut raw = [0u8; KEY_LEN];
-        raw.copy_from_slice(ctx.sign().as_ref());
-        Self::from_raw(raw)
+        Self::from_raw(self.key.mac(&[b"kvstore grant key of mount ", &mount_id.to_le_bytes()]))
     }
 
     fn from_raw(raw: [u8; KEY_LEN]) -> Self {
         GrantKey {
             raw,
-            key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &raw),
+            key: HmacKey::new(&raw),
         }
     }
 
@@ -147,33 +145,35 @@ impl GrantKey {
 
     /// The MAC of a range and, for a write, its value's tag (empty for a read).
     pub fn sign(&self, range: &Range, tag: &[u8]) -> Vec<u8> {
-        let mut ctx = ring::hmac::Context::with_key(&self.key);
-        ctx.update(&range.message());
-        ctx.update(tag);
-        ctx.sign().as_ref().to_vec()
+        self.key.mac(&[&range.message(), tag]).to_vec()
     }
 
     /// Refuses a range (and tag) whose MAC does not verify.
     pub fn verify(&self, range: &Range, tag: &[u8], mac: &[u8]) -> Result<()> {
         // the range's message is of fixed length, so the tag after it is unambiguous
-        let mut message = Vec::with_capacity(49 + tag.len());
-        message.extend_from_slice(&range.message());
-        message.extend_from_slice(tag);
-        ring::hmac::verify(&self.key, &message, mac).map_err(|_| {
-            StoreError::new(
+        if !same(&self.key.mac(&[&range.message(), tag]), mac) {
+            return Err(StoreError::new(
                 ErrorCode::Unauthenticated,
                 "this range's grant does not verify: a member serves only ranges the serving leader handed out, \
                  exactly as handed out; ask the leader for the key again",
-            )
-        })
+            ));
+        }
+        Ok(())
     }
+}
+
+/// Whether a MAC made here equals one that came off the wire, compared in constant time (a MAC
+/// of another length never does).
+fn same(mac: &[u8; MAC_LEN], given: &[u8]) -> bool {
+    let differs = mac.iter().zip(given).fold(0u8, |d, (a, b)| d | (a ^ b));
+    given.len() == MAC_LEN && std::hint::black_box(differs) == 0
 }
 
 /// The leader-only key values are sealed with once committed (module doc): a backend's leaders
 /// share it (`--seal-key-file`); members never see it.
 #[derive(Clone)]
 pub struct SealKey {
-    key: ring::hmac::Key,
+    key: HmacKey,
 }
 
 impl std::fmt::Debug for SealKey {
@@ -193,10 +193,8 @@ pub struct Placed {
 impl SealKey {
     /// The key a secret (the file's token) names.
     pub fn from_secret(secret: &[u8]) -> Self {
-        let mut ctx = ring::hmac::Context::with_key(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret));
-        ctx.update(b"kvstore seal key");
         SealKey {
-            key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, ctx.sign().as_ref()),
+            key: HmacKey::new(&HmacKey::new(secret).mac(&[b"kvstore seal key"])),
         }
     }
 
@@ -207,31 +205,23 @@ impl SealKey {
 
     /// The MAC of `offset | size | epoch | tag` (little-endian), made without copying the tag: a
     /// new leader makes and checks two per value it adopts.
-    fn mac(&self, tag: &[u8], at: &Placed) -> ring::hmac::Tag {
+    fn mac(&self, tag: &[u8], at: &Placed) -> [u8; MAC_LEN] {
         let mut head = [0u8; 24];
         for (i, v) in [at.offset, at.size, at.epoch].into_iter().enumerate() {
             head[8 * i..8 * i + 8].copy_from_slice(&v.to_le_bytes());
         }
-        let mut ctx = ring::hmac::Context::with_key(&self.key);
-        ctx.update(&head);
-        ctx.update(tag);
-        ctx.sign()
+        self.key.mac(&[&head, tag])
     }
 
     /// The seal of the value `tag` names, placed `at`.
     pub fn seal(&self, tag: &[u8], at: &Placed) -> [u8; MAC_LEN] {
-        let mut out = [0u8; MAC_LEN];
-        out.copy_from_slice(self.mac(tag, at).as_ref());
-        out
+        self.mac(tag, at)
     }
 
     /// Whether `seal` is this key's seal of the value `tag` names, placed `at` (compared in
     /// constant time).
     pub fn verifies(&self, tag: &[u8], at: &Placed, seal: &[u8]) -> bool {
-        let mac = self.mac(tag, at);
-        let mac = mac.as_ref();
-        let differs = mac.iter().zip(seal).fold(0u8, |d, (a, b)| d | (a ^ b));
-        mac.len() == seal.len() && std::hint::black_box(differs) == 0
+        same(&self.mac(tag, at), seal)
     }
 }
 
@@ -427,6 +417,16 @@ mod tests {
         assert_ne!(m7.to_bytes(), term.to_bytes());
     }
 
+    /// The seal key a secret names, derived with `ring` as every leader version derives it:
+    /// seals made by an older leader keep verifying.
+    pub(super) fn ring_seal_key(secret: &[u8]) -> ring::hmac::Key {
+        let derived = ring::hmac::sign(
+            &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret),
+            b"kvstore seal key",
+        );
+        ring::hmac::Key::new(ring::hmac::HMAC_SHA256, derived.as_ref())
+    }
+
     #[test]
     fn only_the_leaders_key_seals_and_a_seal_covers_tag_place_and_term() {
         let key = SealKey::from_secret(b"the backend's seal secret");
@@ -455,7 +455,10 @@ mod tests {
             message.extend_from_slice(&v.to_le_bytes());
         }
         message.extend_from_slice(b"tag");
-        assert_eq!(&seal[..], ring::hmac::sign(&key.key, &message).as_ref());
+        assert_eq!(
+            &seal[..],
+            ring::hmac::sign(&ring_seal_key(b"the backend's seal secret"), &message).as_ref()
+        );
         // a member's grant key, or anything derived from the term's, is not the seal key
         let grant = GrantKey::generate();
         assert!(!key.verifies(b"tag", &at, &grant.sign(&range(), b"tag")));
@@ -510,7 +513,8 @@ mod tag_tests {
             assert_eq!(&m[at..at + 8], want.as_slice(), "the u64 at {at}");
         }
         let key = GrantKey::generate();
-        let by_hand = ring::hmac::sign(&key.key, &[&m[..], b"tag"].concat());
+        let ring_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key.raw);
+        let by_hand = ring::hmac::sign(&ring_key, &[&m[..], b"tag"].concat());
         assert_eq!(key.sign(&r, b"tag"), by_hand.as_ref());
         let seal = SealKey::from_secret(b"secret");
         let at = Placed {
@@ -527,7 +531,7 @@ mod tag_tests {
         .concat();
         assert_eq!(
             &seal.seal(b"tag", &at)[..],
-            ring::hmac::sign(&seal.key, &message).as_ref()
+            ring::hmac::sign(&super::tests::ring_seal_key(b"secret"), &message).as_ref()
         );
     }
 
