@@ -95,8 +95,9 @@ async fn settle(c: &Client, members: &[&Proc], pause: &Pause, acked: &Mutex<Vec<
 }
 
 /// The most batches a writer puts between holds: however fast the build, twenty rounds of them
-/// fit the member (256 values of 16 KiB a round at most), so nothing acknowledged is evicted.
-const BATCHES_BETWEEN_HOLDS: usize = 16;
+/// fit the members (at most 128 values a round: 40 MiB of 16 KiB values against a 128 MiB
+/// member, 160 MiB of 64 KiB values against two of 160 MiB), so nothing acknowledged is evicted.
+const BATCHES_BETWEEN_HOLDS: usize = 8;
 
 /// Writes batches of 8 values until the leader goes away ([`BATCHES_BETWEEN_HOLDS`] at most
 /// between holds, then only checking that the leader answers); records what each batch
@@ -509,7 +510,7 @@ async fn a_value_removed_just_before_a_kill_stays_gone() {
     }
 }
 
-/// A member that holds more values than one page of its report carries (about 29,000 here)
+/// A member that holds more values than one page of its report carries (about 7,000 here)
 /// hands every one of them to the next term, page after page: all adopted, all read back exact.
 /// (A report used to be one message, cut at 48 MiB, whose answer a member could not even read
 /// past about 100,000 values.)
