@@ -84,8 +84,8 @@ impl State {
     /// past what was adopted so far is refused.
     pub fn handover(&mut self, req: &HandoverRequest, now: Instant) -> Result<HandoverResponse> {
         let vouching = self.vouching();
-        let mut tags = vouching.sealed_all(&req.holdings);
-        match self.handover_sealed(req, &vouching, &mut tags, now)? {
+        let sealed = vouching.sealed_all(&req.holdings);
+        match self.handover_sealed(req, &vouching, &sealed, now)? {
             PageTurn::Adopted(adopted) => Ok(HandoverResponse {
                 seals: vouching.seals(&req.holdings, &adopted),
                 adopted,
@@ -98,16 +98,16 @@ impl State {
     }
 
     /// Adopts a further page of a mount's report whose seals were checked against `vouching`
-    /// (`tags[i]`: the tag of holding i if its seal verified; taken once the page is adopted);
+    /// (`sealed[i]`: whether holding i's seal verified and its tag reads);
     /// the last page lets the segment's free space be placed in again. Answers, per holding, the
     /// allocation it is adopted under (0: not adopted), or that the pages before it have not all
     /// come. The report of a member that fell behind on what it was told adopts nothing
     /// (`Handover::trusted`); a page after the last, or sent twice, is refused.
-    pub fn handover_sealed<'a>(
+    pub fn handover_sealed(
         &mut self,
-        req: &'a HandoverRequest,
+        req: &HandoverRequest,
         vouching: &Vouching,
-        tags: &mut Vec<Option<TagRef<'a>>>,
+        sealed: &[bool],
         now: Instant,
     ) -> Result<PageTurn> {
         let m = match self.members.get_mut(&req.member_id) {
@@ -158,12 +158,8 @@ impl State {
             ));
         }
         m.handing_over = (!req.last).then_some(super::mounted::Handover { reported, ..report });
-        let tags = if report.trusted {
-            std::mem::take(tags)
-        } else {
-            Vec::new()
-        };
-        let mut adopted = self.adopt_sealed(req.member_id, &req.holdings, tags, before);
+        let sealed: &[bool] = if report.trusted { sealed } else { &[] };
+        let mut adopted = self.adopt_sealed(req.member_id, &req.holdings, sealed, before);
         adopted.resize(req.holdings.len(), 0);
         tracing::debug!(
             member_id = req.member_id,
@@ -180,25 +176,22 @@ impl State {
     /// adopted) and its new seal (empty: not adopted).
     pub(super) fn adopt(&mut self, member_id: u64, holdings: &[Holding], before: u64) -> (Vec<u64>, Vec<bytes::Bytes>) {
         let vouching = self.vouching();
-        let tags = vouching.sealed_all(holdings);
-        let adopted = self.adopt_sealed(member_id, holdings, tags, before);
+        let sealed = vouching.sealed_all(holdings);
+        let adopted = self.adopt_sealed(member_id, holdings, &sealed, before);
         let seals = vouching.seals(holdings, &adopted);
         (adopted, seals)
     }
 
-    /// Adopts the holdings whose seals verified (`tags[i]`, one per holding, or none at all);
+    /// Adopts the holdings whose seals verified (`sealed[i]`, one per holding, or none at all);
     /// returns, per holding, the allocation it is adopted under (0: not adopted).
-    fn adopt_sealed<'a>(
-        &mut self,
-        member_id: u64,
-        holdings: &[Holding],
-        tags: Vec<Option<TagRef<'a>>>,
-        before: u64,
-    ) -> Vec<u64> {
+    fn adopt_sealed(&mut self, member_id: u64, holdings: &[Holding], sealed: &[bool], before: u64) -> Vec<u64> {
         let mut answer = Vec::with_capacity(holdings.len());
         // per tenant and value size, the keys adopted, for the block logs
         let mut stored: BTreeMap<(&str, u64), Vec<&str>> = BTreeMap::new();
-        for (i, (h, tag)) in holdings.iter().zip(tags).enumerate() {
+        for (i, (h, &sealed)) in holdings.iter().zip(sealed).enumerate() {
+            // read again here: reading a tag is a few bounds checks, and the checked page could
+            // not hand over tags that borrow from it
+            let tag = sealed.then(|| TagRef::decode(&h.tag)).flatten();
             let adopted = tag.and_then(|tag| self.adopt_one(member_id, h, tag, before + i as u64));
             match (adopted, tag) {
                 (Some(allocation), Some(tag)) => {
@@ -327,8 +320,8 @@ impl Vouching {
         Some(tag)
     }
 
-    /// [`Vouching::sealed`] of each holding.
-    pub fn sealed_all<'a>(&self, holdings: &'a [Holding]) -> Vec<Option<TagRef<'a>>> {
+    /// Whether each holding's seal verifies and its tag reads ([`Vouching::sealed`]).
+    pub fn sealed_all(&self, holdings: &[Holding]) -> Vec<bool> {
         holdings
             .iter()
             .map(|h| {
@@ -337,7 +330,7 @@ impl Vouching {
                     size: h.size,
                     epoch: h.epoch,
                 };
-                self.sealed(&h.tag, &placed, &h.seal)
+                self.sealed(&h.tag, &placed, &h.seal).is_some()
             })
             .collect()
     }

@@ -7,6 +7,7 @@
 //! checked from the headers, before a body is read (`front.rs`); the handlers check the tokens
 //! again, and the scope's credential is checked against its own tenant once read.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use tonic::transport::server::Router;
@@ -133,17 +134,26 @@ impl Membership for Leader {
         Ok(Response::new(self.serving(|s| s.mount(&r, Instant::now()))?))
     }
 
-    /// The page's seals are checked, and its new seals made, outside the state lock; pages are
-    /// adopted in the report's order (`adoption.rs`).
+    /// The page's seals are checked, and its new seals made, outside the state lock and off the
+    /// runtime's thread (which goes on reading the next page meanwhile); pages are adopted in the
+    /// report's order (`adoption.rs`).
     async fn handover(&self, req: Request<HandoverRequest>) -> Reply<HandoverResponse> {
         self.check_member(req.metadata())?;
-        let r = req.into_inner();
-        let vouching = self.serving(|s| Ok(s.vouching()))?;
-        let mut tags = vouching.sealed_all(&r.holdings);
+        let r = Arc::new(req.into_inner());
+        let vouching = Arc::new(self.serving(|s| Ok(s.vouching()))?);
+        let sealed = off_thread({
+            let (r, vouching) = (Arc::clone(&r), Arc::clone(&vouching));
+            move || vouching.sealed_all(&r.holdings)
+        })
+        .await?;
         let adopted = self
-            .in_report_order(|s| s.handover_sealed(&r, &vouching, &mut tags, Instant::now()))
+            .in_report_order(|s| s.handover_sealed(&r, &vouching, &sealed, Instant::now()))
             .await?;
-        let seals = vouching.seals(&r.holdings, &adopted);
+        let seals = off_thread({
+            let adopted = adopted.clone();
+            move || vouching.seals(&r.holdings, &adopted)
+        })
+        .await?;
         Ok(Response::new(HandoverResponse { adopted, seals }))
     }
 
@@ -244,4 +254,11 @@ impl Control for Leader {
             tier_used: s.tier_usage().1,
         })))
     }
+}
+
+/// Runs `f`, hashing work of a page of a member's report, on the runtime's blocking threads.
+async fn off_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Result<R, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("a page's seal check stopped: {e}")))
 }
