@@ -86,8 +86,12 @@ pub struct Segment {
     /// set while a Mount call is in flight: the leader may hand out ranges of the new mount
     /// before this member has the answer (and the key that signs them)
     mounting: AtomicBool,
-    /// fires whenever the mount, the key or `mounting` changes
+    /// fires whenever the mount, the key or `mounting` changes, and when an answer to a page
+    /// of a report is applied
     mount_changed: tokio::sync::Notify,
+    /// set while pages of a report are sent and not answered: the leader may hand out reads of
+    /// the values it adopted from them before this member has applied its answer
+    answers_due: AtomicBool,
     /// which allocation last wrote each range of the current mount
     written: parking_lot::Mutex<Written>,
     /// the finished values of mounts that ended, until a leader's answer adopts them or not
@@ -113,6 +117,7 @@ impl Segment {
             grant_key: parking_lot::RwLock::new(None),
             mounting: AtomicBool::new(false),
             mount_changed: tokio::sync::Notify::new(),
+            answers_due: AtomicBool::new(false),
             written: parking_lot::Mutex::new(Written::default()),
             retired: parking_lot::Mutex::default(),
             checking: parking_lot::Mutex::new(()),
@@ -193,9 +198,33 @@ impl Segment {
     /// leader, whose answer may reach this member after the client's first transfer: that transfer
     /// waits for the leader's key instead of being refused. Call it before `begin_write` or
     /// `begin_read`, which decide.
+    /// A read of a range this member does not hold yet waits likewise while pages of its report
+    /// are unanswered: the leader answers a page once it adopted it, and may hand out reads of
+    /// its values before the answer is applied here.
     pub async fn settle(&self, at: &Grant, access: Access, len: u64, tag: &[u8]) {
         if self.mounting.load(Ordering::Acquire) {
             let _ = self.until_settled(|| self.verify(at, access, len, tag)).await;
+        }
+        if access == Access::Read && self.answers_due.load(Ordering::Acquire) {
+            self.until_answered(at, len).await;
+        }
+    }
+
+    /// Returns once the range `at` names is held under its allocation, no answer is due, or
+    /// [`MOUNT_WAIT`] passed.
+    async fn until_answered(&self, at: &Grant, len: u64) {
+        let until = tokio::time::Instant::now() + MOUNT_WAIT;
+        loop {
+            let changed = self.mount_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let held = self.written.lock().holds(at.offset, len, at.allocation);
+            if held
+                || !self.answers_due.load(Ordering::Acquire)
+                || tokio::time::timeout_at(until, changed).await.is_err()
+            {
+                return;
+            }
         }
     }
 

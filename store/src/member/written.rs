@@ -219,6 +219,14 @@ impl Written {
 
     /// Whether `[start, start + len)` is exactly what `allocation` wrote (a read of it counts as
     /// a use).
+    /// Whether `allocation`'s value of `len` bytes at `start` is here (finished or not), without
+    /// counting a use.
+    pub fn holds(&self, start: u64, len: u64, allocation: u64) -> bool {
+        self.ranges
+            .get(&start)
+            .is_some_and(|e| e.end == start.saturating_add(len) && e.allocation == allocation)
+    }
+
     pub fn read(&mut self, start: u64, len: u64, allocation: u64) -> Result<(), Stale> {
         let end = start.saturating_add(len);
         let used = self.now();

@@ -58,6 +58,8 @@ impl Segment {
         if !values.is_sorted_by_key(|r| r.held.used) {
             values.sort_unstable_by_key(|r| r.held.used);
         }
+        self.answers_due
+            .store(!waiting.sent.is_empty(), std::sync::atomic::Ordering::Release);
         ReportCounts {
             values: values.len() as u64,
             bytes: values.iter().map(|r| r.len).sum(),
@@ -105,6 +107,8 @@ impl Segment {
             });
             waiting.sent.push_back(r);
         }
+        self.answers_due
+            .store(!waiting.sent.is_empty(), std::sync::atomic::Ordering::Release);
         if damaged > 0 {
             tracing::warn!(
                 damaged,
@@ -121,6 +125,8 @@ impl Segment {
         let dropped = retired.values.len() + retired.sent.len();
         retired.values.clear();
         retired.sent.clear();
+        self.answers_due.store(false, std::sync::atomic::Ordering::Release);
+        self.mount_changed.notify_waiters();
         dropped
     }
 
@@ -197,19 +203,22 @@ impl Segment {
             let page = page.min(retired.sent.len());
             retired.sent.drain(..page).collect()
         };
-        if allocations.len() != values.len() || seals.len() != allocations.len() {
-            return 0;
-        }
-        let mut written = self.written.lock();
         let mut adopted = 0;
-        for ((r, &a), s) in values.into_iter().zip(allocations).zip(seals) {
-            if a != 0
-                && let Ok(seal) = <[u8; crate::grant::MAC_LEN]>::try_from(&s[..])
-            {
-                written.adopt(r, a, seal, epoch);
-                adopted += 1;
+        if allocations.len() == values.len() && seals.len() == allocations.len() {
+            let mut written = self.written.lock();
+            for ((r, &a), s) in values.into_iter().zip(allocations).zip(seals) {
+                if a != 0
+                    && let Ok(seal) = <[u8; crate::grant::MAC_LEN]>::try_from(&s[..])
+                {
+                    written.adopt(r, a, seal, epoch);
+                    adopted += 1;
+                }
             }
         }
+        // the reads of what this answer adopted, waiting since the leader adopted it, go on
+        let due = !self.retired.lock().sent.is_empty();
+        self.answers_due.store(due, std::sync::atomic::Ordering::Release);
+        self.mount_changed.notify_waiters();
         adopted
     }
 }
@@ -441,5 +450,30 @@ mod tests {
         let report = seg.page(1 << 20);
         let tags: Vec<&[u8]> = report.iter().map(|h| &h.tag[..]).collect();
         assert_eq!(tags, [&b"k2"[..]]);
+    }
+
+    /// A read the leader granted for a value of a page it adopted, arriving before this member
+    /// applied the page's answer, waits for the answer instead of missing.
+    #[tokio::test]
+    async fn a_read_of_a_value_whose_page_is_not_answered_yet_waits_for_the_answer() {
+        let (seg, key, _dir) = remounted_holding(2);
+        seg.report();
+        assert_eq!(seg.page(1 << 20).len(), 2);
+        let read = allocated(&key, Access::Read, 12, 3, 128, 100, 8);
+        let (served, ()) = tokio::join!(
+            async {
+                seg.settle(&read, Access::Read, 100, &[]).await;
+                seg.begin_read(read, 100).map(|r| r.to_vec())
+            },
+            async {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                assert_eq!(seg.adopt(2, &[7, 8], &[seal(7), seal(8)], 4), 2);
+            }
+        );
+        assert_eq!(served.unwrap(), vec![2; 100]);
+        // with no answer due, a read of what is not held is refused at once
+        let gone = allocated(&key, Access::Read, 12, 3, 512, 100, 9);
+        seg.settle(&gone, Access::Read, 100, &[]).await;
+        assert!(seg.begin_read(gone, 100).is_err());
     }
 }
