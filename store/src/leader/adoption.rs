@@ -136,8 +136,9 @@ impl State {
         };
         let before = report.reported;
         match req.first {
-            Some(first) if first > before => return Ok(PageTurn::Early),
-            Some(first) if first < before => {
+            0 => {}
+            first if first > before => return Ok(PageTurn::Early),
+            first if first < before => {
                 return Err(StoreError::new(
                     ErrorCode::InvalidArgument,
                     format!(

@@ -82,7 +82,7 @@ pub(super) async fn hand_over_rest(
                 instance_id,
                 holdings,
                 last: segment.unsent() == 0,
-                first: Some(first),
+                first,
             });
             first += sent as u64;
             if let Some(t) = token {

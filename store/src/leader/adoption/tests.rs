@@ -22,7 +22,7 @@ fn page(r: &MountResponse, holdings: &[Holding], last: bool) -> HandoverRequest 
         instance_id: 1,
         holdings: holdings.to_vec(),
         last,
-        first: None,
+        first: 0,
     }
 }
 
@@ -116,7 +116,7 @@ fn pages_are_adopted_in_the_reports_order_whatever_order_they_come_in() {
     let (mut s, now, held) = leader_and_holdings();
     let r = s.mount(&first_page(&held[..1000], MIB), now).unwrap();
     let numbered = |from: usize, to: usize, last: bool| HandoverRequest {
-        first: Some(from as u64),
+        first: from as u64,
         ..page(&r, &held[from..to], last)
     };
     let vouching = s.vouching();
@@ -143,8 +143,8 @@ fn pages_are_adopted_in_the_reports_order_whatever_order_they_come_in() {
         .mount(&first_page(&held[..1000], MIB * 2), now)
         .unwrap_or_else(|e| panic!("{e}"));
     let again = HandoverRequest {
-        first: Some(0),
-        ..page(&r, &held[..10], false)
+        first: 500,
+        ..page(&r, &held[500..510], false)
     };
     let e = s.handover(&again, now).unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidArgument);
