@@ -69,11 +69,14 @@ async fn sixteen_same_host_clients_never_read_another_keys_bytes_while_ranges_ar
         tasks.push(tokio::spawn(async move {
             let client = client(&addr, "t").await;
             assert!(client.uses_local());
-            let (mut hits, mut checked) = (0u64, HashMap::<&str, u64>::new());
+            let (mut hits, mut stored, mut checked) = (0u64, 0u64, HashMap::<&str, u64>::new());
             for i in 0..150u64 {
                 let key = format!("c{c}-k{i}");
                 match client.put(&key, Bytes::from(value_of(&key))).await {
-                    Ok(_) => written.lock().push(key.clone()),
+                    Ok(_) => {
+                        written.lock().push(key.clone());
+                        stored += 1;
+                    }
                     // every range may be leased or being written by the 15 others for a moment
                     Err(e) if e.code.as_str() == "TENANT_QUOTA_EXCEEDED" || e.code.as_str() == "NO_SPACE" => {}
                     Err(e) => panic!("put {key}: {e}"),
@@ -107,14 +110,22 @@ async fn sixteen_same_host_clients_never_read_another_keys_bytes_while_ranges_ar
                     }
                 }
             }
-            hits
+            (hits, stored)
         }));
     }
-    let mut hits = 0;
+    let (mut hits, mut stored) = (0, 0);
     for t in tasks {
-        hits += t.await.unwrap();
+        let (h, s) = t.await.unwrap();
+        hits += h;
+        stored += s;
     }
     assert!(hits > 100, "only {hits} reads hit; the test did not exercise reads");
+    // how many puts find room depends on how the 16 clients interleave (a busy machine refuses
+    // more of them), so the writes are checked against the puts that were acknowledged
+    assert!(
+        stored > 100,
+        "only {stored} puts were stored; the test did not exercise writes"
+    );
     let c = client(&addr, "t").await;
     let t = tenant(&c, "t").await;
     assert!(
@@ -125,8 +136,9 @@ async fn sixteen_same_host_clients_never_read_another_keys_bytes_while_ranges_ar
     let local_reads = member_counter(&metrics, "kvstore_member_local_reads").await;
     let local_writes = member_counter(&metrics, "kvstore_member_local_writes").await;
     assert!(
-        local_reads >= hits && local_writes > 1000,
-        "the bytes did not go through the mapped segment: {local_reads} local reads, {local_writes} local writes"
+        local_reads >= hits && local_writes >= stored,
+        "the bytes did not go through the mapped segment: {local_reads} local reads for {hits} hits, \
+         {local_writes} local writes for {stored} stored puts"
     );
     drop(m);
 }
