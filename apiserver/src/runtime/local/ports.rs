@@ -1,7 +1,8 @@
 //! Loopback ports for the processes the local runtime starts (and the tests start), which bind
 //! them themselves: free now, below the kernel's ephemeral range (`ip_local_port_range`), so no
 //! outgoing connection can take one before its process binds it, and never one this process
-//! handed out before.
+//! handed out before. Each port handed out is even and its odd neighbour is free too and never
+//! handed out: a leader started with only `--listen` serves its fast port on the next one.
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::OnceLock;
@@ -33,14 +34,14 @@ pub fn loopback_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let below = ephemeral_start();
     if below > LOWEST + 1_000 {
-        let span = below - LOWEST;
+        let pairs = (below - LOWEST) / 2;
         // processes (parallel tests, several servers) start at different places in the span
-        let start = std::process::id().wrapping_mul(7_919) % span + 1;
+        let start = std::process::id().wrapping_mul(7_919) % pairs + 1;
         let _ = NEXT.compare_exchange(0, start, Ordering::Relaxed, Ordering::Relaxed);
-        for _ in 0..span {
-            let offset = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        for _ in 0..pairs {
+            let offset = 2 * (NEXT.fetch_add(1, Ordering::Relaxed) % pairs);
             let port = u16::try_from(LOWEST + offset).unwrap_or(0);
-            if port != 0 && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            if port != 0 && free(port) && free(port + 1) {
                 return port;
             }
         }
@@ -48,4 +49,9 @@ pub fn loopback_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_or(0, |a| a.port())
+}
+
+/// Whether `port` can be bound on loopback now.
+fn free(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_ok()
 }

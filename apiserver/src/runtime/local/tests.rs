@@ -105,3 +105,13 @@ fn a_replica_gets_the_injection_then_its_roles_env_then_its_credential() {
     );
     assert_eq!(last("KVSTORE_ROUNDS").as_deref(), Some("0"), "and only that");
 }
+
+#[test]
+fn ports_handed_out_are_distinct_and_leave_the_next_one_alone() {
+    let ports: Vec<u16> = (0..50).map(|_| loopback_port()).collect();
+    let seen: std::collections::HashSet<u16> = ports.iter().copied().collect();
+    assert_eq!(seen.len(), ports.len(), "a port handed out twice: {ports:?}");
+    for p in &ports {
+        assert!(!seen.contains(&(p + 1)), "{} handed out next to {p}", p + 1);
+    }
+}
