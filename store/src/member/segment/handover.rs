@@ -76,10 +76,10 @@ impl Segment {
         let mut retired = self.retired.lock();
         let waiting = &mut *retired;
         let (mut room, mut hashed, mut damaged) = (max_bytes, 0u64, 0u64);
-        let mut page = Vec::new();
+        let (from, mut bytes) = (waiting.sent.len(), 0);
         while let Some(r) = waiting.values.front() {
             let cost = r.held.tag.len() + 32;
-            if (cost > room || hashed >= PAGE_CHECK_BYTES) && !page.is_empty() {
+            if (cost > room || hashed >= PAGE_CHECK_BYTES) && waiting.sent.len() > from {
                 break;
             }
             let Some(mut r) = waiting.values.pop_front() else { break };
@@ -94,19 +94,10 @@ impl Segment {
                 }
             }
             room = room.saturating_sub(cost);
-            page.push(crate::proto::Holding {
-                tag: bytes::Bytes::copy_from_slice(&r.held.tag),
-                offset: r.offset,
-                size: r.len,
-                epoch: r.held.epoch,
-                last_used_unix_ms: r.held.used,
-                seal: r
-                    .held
-                    .seal
-                    .map_or_else(bytes::Bytes::new, |s| bytes::Bytes::copy_from_slice(&s)),
-            });
+            bytes += r.held.tag.len() + r.held.seal.map_or(0, |s| s.len());
             waiting.sent.push_back(r);
         }
+        let page = holdings(waiting.sent.range(from..), bytes);
         self.answers_due
             .store(!waiting.sent.is_empty(), std::sync::atomic::Ordering::Release);
         if damaged > 0 {
@@ -221,6 +212,29 @@ impl Segment {
         self.mount_changed.notify_waiters();
         adopted
     }
+}
+
+/// The holdings of a page's values: their tags and seals copied into one buffer of `bytes`
+/// bytes, which each holding shares (one allocation a page, not two a value).
+fn holdings<'a>(values: impl Iterator<Item = &'a Retired> + Clone, bytes: usize) -> Vec<crate::proto::Holding> {
+    let mut buf = bytes::BytesMut::with_capacity(bytes);
+    for r in values.clone() {
+        buf.extend_from_slice(&r.held.tag);
+        if let Some(seal) = &r.held.seal {
+            buf.extend_from_slice(seal);
+        }
+    }
+    let mut buf = buf.freeze();
+    values
+        .map(|r| crate::proto::Holding {
+            tag: buf.split_to(r.held.tag.len()),
+            offset: r.offset,
+            size: r.len,
+            epoch: r.held.epoch,
+            last_used_unix_ms: r.held.used,
+            seal: r.held.seal.map_or_else(bytes::Bytes::new, |s| buf.split_to(s.len())),
+        })
+        .collect()
 }
 
 #[cfg(test)]
