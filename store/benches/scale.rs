@@ -2,7 +2,10 @@
 //! member and client (73-byte keys as the vLLM connector makes them; 16-byte values), then, at
 //! that size, the leader's and the member's resident memory per object and put, get and `exists` latency (p50,
 //! p99, one call at a time). Each size in `SIZES` (default `1000000`) gets a store of its own,
-//! so the figures at two sizes come from one run; e.g. `SIZES=1000000,20000000`.
+//! so the figures at two sizes come from one run; e.g. `SIZES=1000000,20000000`. Every store is
+//! kept until all are filled, and their latencies are then taken in turns ([`ROUNDS`] rounds, each
+//! store a share of the samples in each), so that a moment when the machine is slower weighs on
+//! every size alike; each size's p99 is printed against the first size's.
 //!
 //! Then the serving leader is killed (`kill -9`) with every value sealed at the member, and a
 //! new leader started on its address: the time until it serves, until it adopted 95% of the
@@ -20,13 +23,15 @@ use kvcache_store::client::Client;
 
 #[path = "../tests/common/mod.rs"]
 mod common;
-use common::{Proc, leader, member_with};
+use common::{Proc, member_with};
 
 /// Items per batch put while filling, and batches in flight.
 const BATCH: usize = 1_000;
 const IN_FLIGHT: usize = 4;
 /// Calls timed per operation at a size.
 const SAMPLES: usize = 2_000;
+/// Turns the stores take at being timed, [`SAMPLES`]` / ROUNDS` calls of each operation a turn.
+const ROUNDS: usize = 10;
 
 /// Object `i`'s key, as the vLLM connector makes it for Qwen2.5-7B: its namespace, then 32
 /// hex digits of the block's hash (73 bytes).
@@ -84,60 +89,81 @@ async fn fill(c: &Client, n: u64) -> Duration {
     longest
 }
 
-/// p50 and p99 of `SAMPLES` calls of `op(i)`.
-async fn timed<F, Fut>(mut op: F) -> (f64, f64)
-where
-    F: FnMut(u64) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    let mut took = Vec::with_capacity(SAMPLES);
-    for i in 0..SAMPLES as u64 {
-        let t = Instant::now();
-        op(i).await;
-        took.push(t.elapsed());
-    }
-    took.sort_unstable();
-    (pct(&took, 0.5), pct(&took, 0.99))
+/// Put, get and `exists` latencies of one store.
+#[derive(Debug, Default)]
+struct Latencies {
+    put: Vec<Duration>,
+    get: Vec<Duration>,
+    exists: Vec<Duration>,
 }
 
-async fn at_size(n: u64) {
+impl Latencies {
+    /// p50 and p99 of each, in ms.
+    fn percentiles(&mut self) -> [(f64, f64); 3] {
+        [&mut self.put, &mut self.get, &mut self.exists].map(|took| {
+            took.sort_unstable();
+            (pct(took, 0.5), pct(took, 0.99))
+        })
+    }
+}
+
+/// A store filled with `n` objects, kept until its failover is measured.
+struct Filled {
+    n: u64,
+    leader: Proc,
+    member: Proc,
+    client: Client,
+    addr: String,
+    quota: String,
+    /// the objects read back (and checked with `exists`)
+    picks: Vec<u64>,
+    timed: Latencies,
+}
+
+impl Filled {
+    fn flags(&self) -> [&str; 4] {
+        ["--tenant", self.quota.as_str(), "--metrics-listen", "127.0.0.1:0"]
+    }
+}
+
+/// Starts a store for `n` objects, fills it, and prints how long that took and the memory it
+/// holds.
+async fn fill_store(n: u64) -> Filled {
     // quota and memory to spare: the leader's own index is what is measured
     let quota = format!("t={}Gi:64:bfloat16", n * 640 / (1 << 30) + 2);
-    let flags = ["--tenant", quota.as_str(), "--metrics-listen", "127.0.0.1:0"];
-    let mut l = leader(&flags);
-    let addr = l.field("grpc");
+    let leader = common::leader(&["--tenant", quota.as_str(), "--metrics-listen", "127.0.0.1:0"]);
+    let addr = leader.field("grpc");
     // a grant counts the leader's memory for each object too (`objects::charge`: 512 bytes for
     // these), and no grant is larger than the members' capacity: room for all of them, so nothing
     // is evicted (the segment's pages are touched only where values are written)
     let memory = format!("{}Mi", n * 640 / (1 << 20) + 512);
-    let m = member_with(&addr, "m", &memory, &["--metrics-listen", "127.0.0.1:0"]);
-    let c = common::client(&addr, "t").await;
-    common::wait_members(&c, 1).await;
-    let (before, member_before) = (rss(&l), rss(&m));
+    let member = member_with(&addr, "m", &memory, &["--metrics-listen", "127.0.0.1:0"]);
+    let client = common::client(&addr, "t").await;
+    common::wait_members(&client, 1).await;
+    let (before, member_before) = (rss(&leader), rss(&member));
     let started = Instant::now();
-    let longest = fill(&c, n).await;
+    let longest = fill(&client, n).await;
     let filled = started.elapsed();
-    let (after, member_after) = (rss(&l), rss(&m));
-    let index = common::gauge(&l.field("metrics"), "kvstore_leader_index_bytes").await;
-    let picks = picks(n);
-    let (put, get, exists) = latencies(&c, n, &picks).await;
+    let (after, member_after) = (rss(&leader), rss(&member));
+    let index = common::gauge(&leader.field("metrics"), "kvstore_leader_index_bytes").await;
     println!(
-        "{n:>10} objects (filled in {filled:.1?}, {:.0}/s, longest batch {longest:.2?}): leader RSS {:.0} MiB, {:.0} bytes/object (index {:.0} by its own count); member {:.0} bytes/object; put p50 {:.3} ms p99 {:.3} ms; get p50 {:.3} ms p99 {:.3} ms; exists p50 {:.3} ms p99 {:.3} ms",
+        "{n:>10} objects (filled in {filled:.1?}, {:.0}/s, longest batch {longest:.2?}): leader RSS {:.0} MiB, {:.0} bytes/object (index {:.0} by its own count); member {:.0} bytes/object",
         n as f64 / filled.as_secs_f64(),
         after as f64 / (1 << 20) as f64,
         (after.saturating_sub(before)) as f64 / n as f64,
         index as f64 / n as f64,
         (member_after.saturating_sub(member_before)) as f64 / n as f64,
-        put.0,
-        put.1,
-        get.0,
-        get.1,
-        exists.0,
-        exists.1
     );
-    common::wait_sealed(&c, &[&m]).await;
-    l.kill();
-    failover(&addr, &flags, n + SAMPLES as u64, &picks).await;
+    Filled {
+        n,
+        leader,
+        member,
+        client,
+        addr,
+        quota,
+        picks: picks(n),
+        timed: Latencies::default(),
+    }
 }
 
 /// `SAMPLES` objects of `0..n`, spread by a xorshift.
@@ -152,37 +178,62 @@ fn picks(n: u64) -> Vec<u64> {
     (0..SAMPLES).map(|_| next()).collect()
 }
 
-/// Put (new objects after `n`), get and `exists` (of `picks`) p50 and p99, in ms.
-async fn latencies(c: &Client, n: u64, picks: &[u64]) -> ((f64, f64), (f64, f64), (f64, f64)) {
-    let put = timed(|i| {
-        let c = c.clone();
-        async move {
-            c.put(&key(n + i), value(n + i)).await.unwrap();
-        }
-    })
-    .await;
-    let get = timed(|i| {
-        let (c, k) = (c.clone(), key(picks[i as usize]));
-        async move {
-            assert!(c.get(&k).await.unwrap().is_some(), "{k} is held");
-        }
-    })
-    .await;
-    let exists = timed(|i| {
-        let (c, k) = (c.clone(), key(picks[i as usize]));
-        async move {
-            assert!(c.exists(&k).await.unwrap(), "{k} exists");
-        }
-    })
-    .await;
-    (put, get, exists)
+/// Times `round`'s share of the puts (new objects after `n`), gets and `exists` (of `picks`),
+/// one call at a time.
+async fn time_round(s: &mut Filled, round: usize) {
+    let (c, n) = (&s.client, s.n);
+    let share = round * SAMPLES / ROUNDS..(round + 1) * SAMPLES / ROUNDS;
+    for i in share.clone() {
+        let k = n + i as u64;
+        let t = Instant::now();
+        c.put(&key(k), value(k)).await.unwrap();
+        s.timed.put.push(t.elapsed());
+    }
+    for i in share.clone() {
+        let k = key(s.picks[i]);
+        let t = Instant::now();
+        assert!(c.get(&k).await.unwrap().is_some(), "{k} is held");
+        s.timed.get.push(t.elapsed());
+    }
+    for i in share {
+        let k = key(s.picks[i]);
+        let t = Instant::now();
+        assert!(c.exists(&k).await.unwrap(), "{k} exists");
+        s.timed.exists.push(t.elapsed());
+    }
 }
 
-/// Starts a new leader on `addr` (the serving one was just killed), times its adoption of the
-/// `held` objects, reads `picks` back, and prints what it found.
-async fn failover(addr: &str, flags: &[&str], held: u64, picks: &[u64]) {
+/// Prints each store's latencies, and each p99 against the first store's.
+fn print_latencies(stores: &mut [Filled]) {
+    let mut first: Option<(u64, [(f64, f64); 3])> = None;
+    for s in stores.iter_mut() {
+        let [put, get, exists] = s.timed.percentiles();
+        println!(
+            "{:>10} objects: put p50 {:.3} ms p99 {:.3} ms; get p50 {:.3} ms p99 {:.3} ms; exists p50 {:.3} ms p99 {:.3} ms",
+            s.n, put.0, put.1, get.0, get.1, exists.0, exists.1
+        );
+        match first {
+            None => first = Some((s.n, [put, get, exists])),
+            Some((n0, [p0, g0, e0])) => println!(
+                "{:>10} objects: p99 against {n0} objects: put {:.2}x, get {:.2}x, exists {:.2}x",
+                s.n,
+                put.1 / p0.1,
+                get.1 / g0.1,
+                exists.1 / e0.1
+            ),
+        }
+    }
+}
+
+/// Kills `s`'s leader once its member holds every value sealed, starts a new one on its address
+/// at once, times its adoption of every object, reads the picks back, and prints what it found.
+async fn failover(mut s: Filled) {
+    common::wait_sealed(&s.client, &[&s.member]).await;
+    s.leader.kill();
+    let (addr, flags, picks) = (s.addr.as_str(), s.flags(), &s.picks);
+    let held = s.n + SAMPLES as u64;
     let killed = Instant::now();
-    let _l = common::leader_at(addr, flags);
+    let _l = common::leader_at(addr, &flags);
     let took = adoption(addr, held, killed).await;
     let c = common::client(addr, "t").await;
     let (exact, missing, wrong) = read_back(&c, picks).await;
@@ -291,7 +342,19 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    for n in sizes {
-        rt.block_on(at_size(n));
-    }
+    rt.block_on(async {
+        let mut stores = Vec::new();
+        for n in sizes {
+            stores.push(fill_store(n).await);
+        }
+        for round in 0..ROUNDS {
+            for s in &mut stores {
+                time_round(s, round).await;
+            }
+        }
+        print_latencies(&mut stores);
+        for s in stores {
+            failover(s).await;
+        }
+    });
 }
