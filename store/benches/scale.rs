@@ -120,10 +120,9 @@ struct Filled {
     timed: Latencies,
 }
 
-impl Filled {
-    fn flags(&self) -> [&str; 4] {
-        ["--tenant", self.quota.as_str(), "--metrics-listen", "127.0.0.1:0"]
-    }
+/// The leader's flags for a store whose tenant has `quota` (`NAME=CEILING:…`).
+fn leader_flags(quota: &str) -> [&str; 4] {
+    ["--tenant", quota, "--metrics-listen", "127.0.0.1:0"]
 }
 
 /// Starts a store for `n` objects, fills it, and prints how long that took and the memory it
@@ -131,7 +130,7 @@ impl Filled {
 async fn fill_store(n: u64) -> Filled {
     // quota and memory to spare: the leader's own index is what is measured
     let quota = format!("t={}Gi:64:bfloat16", n * 640 / (1 << 30) + 2);
-    let leader = common::leader(&["--tenant", quota.as_str(), "--metrics-listen", "127.0.0.1:0"]);
+    let leader = common::leader(&leader_flags(&quota));
     let addr = leader.field("grpc");
     // a grant counts the leader's memory for each object too (`objects::charge`: 512 bytes for
     // these), and no grant is larger than the members' capacity: room for all of them, so nothing
@@ -230,7 +229,7 @@ fn print_latencies(stores: &mut [Filled]) {
 async fn failover(mut s: Filled) {
     common::wait_sealed(&s.client, &[&s.member]).await;
     s.leader.kill();
-    let (addr, flags, picks) = (s.addr.as_str(), s.flags(), &s.picks);
+    let (addr, flags, picks) = (s.addr.as_str(), leader_flags(&s.quota), &s.picks);
     let held = s.n + SAMPLES as u64;
     let killed = Instant::now();
     let _l = common::leader_at(addr, &flags);

@@ -149,12 +149,12 @@ impl Membership for Leader {
         let adopted = self
             .in_report_order(|s| s.handover_sealed(&r, &vouching, &sealed, Instant::now()))
             .await?;
-        let seals = off_thread({
-            let adopted = adopted.clone();
-            move || vouching.seals(&r.holdings, &adopted)
+        let answer = off_thread(move || HandoverResponse {
+            seals: vouching.seals(&r.holdings, &adopted),
+            adopted,
         })
         .await?;
-        Ok(Response::new(HandoverResponse { adopted, seals }))
+        Ok(Response::new(answer))
     }
 
     /// Held while there is nothing to tell the member, at most its `wait_ms` and the heartbeat

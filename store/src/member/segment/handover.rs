@@ -53,13 +53,12 @@ impl Segment {
         while let Some(r) = waiting.sent.pop_back() {
             waiting.values.push_front(r);
         }
+        self.note_answers_due(waiting);
         // in place, and at once when already in order (one ended mount's values are)
         let values = waiting.values.make_contiguous();
         if !values.is_sorted_by_key(|r| r.held.used) {
             values.sort_unstable_by_key(|r| r.held.used);
         }
-        self.answers_due
-            .store(!waiting.sent.is_empty(), std::sync::atomic::Ordering::Release);
         ReportCounts {
             values: values.len() as u64,
             bytes: values.iter().map(|r| r.len).sum(),
@@ -98,8 +97,7 @@ impl Segment {
             waiting.sent.push_back(r);
         }
         let page = holdings(waiting.sent.range(from..), bytes);
-        self.answers_due
-            .store(!waiting.sent.is_empty(), std::sync::atomic::Ordering::Release);
+        self.note_answers_due(waiting);
         if damaged > 0 {
             tracing::warn!(
                 damaged,
@@ -116,7 +114,7 @@ impl Segment {
         let dropped = retired.values.len() + retired.sent.len();
         retired.values.clear();
         retired.sent.clear();
-        self.answers_due.store(false, std::sync::atomic::Ordering::Release);
+        self.note_answers_due(&retired);
         self.mount_changed.notify_waiters();
         dropped
     }
@@ -207,10 +205,17 @@ impl Segment {
             }
         }
         // the reads of what this answer adopted, waiting since the leader adopted it, go on
-        let due = !self.retired.lock().sent.is_empty();
-        self.answers_due.store(due, std::sync::atomic::Ordering::Release);
+        self.note_answers_due(&self.retired.lock());
         self.mount_changed.notify_waiters();
         adopted
+    }
+
+    /// Records whether pages of the report are sent and not answered, for the reads that wait
+    /// on it ([`Segment::settle`]); called under the lock of `waiting`, so that two callers
+    /// cannot record their findings in the other order.
+    fn note_answers_due(&self, waiting: &Waiting) {
+        self.answers_due
+            .store(!waiting.sent.is_empty(), std::sync::atomic::Ordering::Release);
     }
 }
 
