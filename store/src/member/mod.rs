@@ -312,7 +312,13 @@ async fn open_tier(
             "the disk tier holds damaged or torn records (a crash mid-write, or a file changed behind the member's back): skipped, never served"
         );
     }
-    Ok(tiering::Tiering::new(tier, scan.found, policy))
+    let tiering = tiering::Tiering::new(tier, scan.found, policy).map_err(|e| {
+        StoreError::new(
+            ErrorCode::Internal,
+            format!("starting the disk tier's readers failed: {e}"),
+        )
+    })?;
+    Ok(tiering)
 }
 
 /// How the disk tier makes room, from `--tier-key-limit`, `--tier-keep-when-full`,

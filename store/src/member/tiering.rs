@@ -103,8 +103,10 @@ pub struct Tiering {
     records: parking_lot::Mutex<BTreeMap<u64, DiskHolding>>,
     policy: Policy,
     /// buffers of direct reads' pieces, kept for the next, and the pieces held (`direct.rs`)
-    buffers: parking_lot::Mutex<Vec<Vec<u8>>>,
+    buffers: Arc<parking_lot::Mutex<Vec<Vec<u8>>>>,
     pieces: Arc<tokio::sync::Semaphore>,
+    /// the threads that read those pieces (`readers.rs`)
+    readers: readers::Readers,
 }
 
 /// One load the leader asked for.
@@ -118,13 +120,14 @@ pub struct Load {
 }
 
 impl Tiering {
-    /// The work around an open `tier`, whose scan `found` these live records.
-    pub fn new(tier: Tier, found: Vec<Found>, policy: Policy) -> Arc<Self> {
+    /// The work around an open `tier`, whose scan `found` these live records (the error: its
+    /// reader threads could not be started).
+    pub fn new(tier: Tier, found: Vec<Found>, policy: Policy) -> std::io::Result<Arc<Self>> {
         let records = found
             .into_iter()
             .map(|f| (f.id.0, holding(f.id, &f.header, f.header.len)))
             .collect();
-        Arc::new(Tiering {
+        Ok(Arc::new(Tiering {
             tier: parking_lot::Mutex::new(tier),
             queue: parking_lot::Mutex::default(),
             copying: AtomicBool::new(false),
@@ -133,9 +136,10 @@ impl Tiering {
             counts: parking_lot::Mutex::default(),
             records: parking_lot::Mutex::new(records),
             policy,
-            buffers: parking_lot::Mutex::new(Vec::new()),
+            buffers: Arc::default(),
             pieces: Arc::new(tokio::sync::Semaphore::new(direct::MAX_PIECES)),
-        })
+            readers: readers::Readers::start(readers::READERS)?,
+        }))
     }
 
     /// What the tier holds, oldest first, as a mount hands it to the leader. What was to be
@@ -462,5 +466,6 @@ fn holding(id: DiskId, h: &Header, size: u64) -> DiskHolding {
 }
 
 mod direct;
+mod readers;
 #[cfg(test)]
 mod tests;

@@ -1,9 +1,10 @@
 //! Op 7: a value only on the member's disk tier, streamed from disk to the reader (the leader's
 //! `--tier-reads direct`). The grant (for [`Access::ReadDisk`], over the value's tag) is checked
-//! first; the copy is then read in [`PIECE`]s on the blocking pool, [`IN_FLIGHT`] at once while
-//! the ones before are sent (and at most `tiering::direct::MAX_PIECES` on all connections), each
-//! hashed once sent, and the answer ends with the [`Verdict`]: whether the bytes matched their
-//! checksum. A copy that cannot be opened is answered with no bytes and [`Verdict::Damaged`] (a
+//! first; the copy is then read in [`PIECE`]s on the tier's reader threads (`tiering/readers.rs`:
+//! a few for the whole member, taking pieces in the order asked), [`IN_FLIGHT`] asked for at once
+//! while the ones before are sent (and at most `tiering::direct::MAX_PIECES` held on all
+//! connections), each hashed once sent, and the answer ends with the [`Verdict`]: whether the
+//! bytes matched their checksum. A copy that cannot be opened is answered with no bytes and [`Verdict::Damaged`] (a
 //! miss); either way the tier reports the copy lost (`tiering/direct.rs`).
 
 use std::collections::VecDeque;
@@ -23,7 +24,7 @@ use crate::wire::{Request, Response, Verdict};
 
 /// Bytes read from disk at a time, each piece a request of its own to the device.
 pub const PIECE: usize = 1 << 20;
-/// Pieces read at once: the device works on the next while the first is sent.
+/// Pieces of one read asked for at once: the device works on the next while the first is sent.
 pub const IN_FLIGHT: usize = 4;
 
 /// Returns `false` when the connection must close.
@@ -80,8 +81,8 @@ pub async fn read(s: &mut Conn, stores: &Stores, req: Request) -> std::io::Resul
     }
 }
 
-/// Sends the answer's header and the value's bytes, [`IN_FLIGHT`] pieces read at once on the
-/// blocking pool while the ones before go out in order: the outer error ends the connection, the
+/// Sends the answer's header and the value's bytes, [`IN_FLIGHT`] pieces asked of the tier's
+/// readers at once while the ones before go out in order: the outer error ends the connection, the
 /// inner one says what was wrong with the copy (its bytes were then not all sent, or not the
 /// value).
 async fn send(s: &mut Conn, tiering: &Tiering, mut stream: Stream) -> std::io::Result<Result<(), ReadError>> {
@@ -95,9 +96,9 @@ async fn send(s: &mut Conn, tiering: &Tiering, mut stream: Stream) -> std::io::R
         while reading.len() < IN_FLIGHT
             && let Some(p) = pieces.next()
         {
-            let (buf, held) = tiering.buffer().await;
-            let read = stream.read_piece(p, buf);
-            reading.push_back((tokio::task::spawn_blocking(read), held));
+            let held = tiering.piece_room().await;
+            let read = tiering.read_piece(stream.read_piece(p));
+            reading.push_back((read, held));
         }
         let Some((first, _held)) = reading.pop_front() else {
             return Ok(stream.finish());

@@ -1,5 +1,6 @@
 //! A value read from the tier to a reader piece by piece (a direct read, op 7), each piece read
-//! on the blocking pool so several are in flight while the ones before are hashed and sent.
+//! off the runtime (by the member's tier readers) so several are in flight while the ones before
+//! are hashed and sent.
 //!
 //! Pieces are read with `O_DIRECT` where the file system allows it: the device writes them
 //! straight into the buffer (no page-cache copy, no page allocation per read), as `dd
@@ -122,18 +123,14 @@ impl Stream {
             .collect()
     }
 
-    /// The read of the piece of `n` bytes `at` into the value (one of [`Stream::pieces`]) into
-    /// `buf` (grown as it must be: a buffer of an earlier piece needs no new pages), to run on
-    /// the blocking pool.
-    pub fn read_piece(
-        &self,
-        (at, n): (u64, u64),
-        mut buf: Vec<u8>,
-    ) -> impl FnOnce() -> Result<Piece, ReadError> + Send + 'static {
+    /// The read of the piece of `n` bytes `at` into the value (one of [`Stream::pieces`]), to run
+    /// off the runtime, into the buffer it is given then (grown as it must be: a buffer of an
+    /// earlier piece needs no new pages).
+    pub fn read_piece(&self, (at, n): (u64, u64)) -> impl FnOnce(Vec<u8>) -> Result<Piece, ReadError> + Send + 'static {
         let (file, path, direct, id) = (self.file.clone(), self.path.clone(), self.direct, self.id);
         let from = self.at + at;
         let n = n.min(self.len.saturating_sub(at));
-        move || {
+        move |mut buf: Vec<u8>| {
             let failed = |e: io::Error| match e.kind() {
                 io::ErrorKind::UnexpectedEof => ReadError::Damaged {
                     id,

@@ -299,7 +299,7 @@ fn streamed(tier: &Tier, id: DiskId, piece: u64, direct: bool) -> (Vec<u8>, Resu
     }
     let mut bytes = Vec::new();
     for piece in s.pieces(piece) {
-        let p = s.read_piece(piece, Vec::new())().unwrap();
+        let p = s.read_piece(piece)(Vec::new()).unwrap();
         bytes.extend_from_slice(p.bytes());
         s.take(&p);
     }
@@ -387,7 +387,7 @@ fn a_stream_reads_on_what_its_record_held_after_the_record_is_killed() {
         matches!(tier.stream_known(a), Err(ReadError::Missing(_))),
         "no new read of it"
     );
-    let p = s.read_piece((0, 50_000), Vec::new())().unwrap();
+    let p = s.read_piece((0, 50_000))(Vec::new()).unwrap();
     assert!(p.bytes() == value(3, 50_000));
 }
 

@@ -4,14 +4,18 @@
 //! reported lost in the next heartbeat, and as a failed read (the leader counts it against its
 //! tenant), as a failed load is, so the leader stops handing it out.
 
-use super::super::tier::{DiskId, ReadError, Stream};
+use std::future::Future;
+
+use super::super::tier::{DiskId, Piece, ReadError, Stream};
+use super::readers::Stopped;
 use super::{TierCounts, Tiering};
 
-/// Piece buffers kept between direct reads (each about a piece, 1 MiB: `dataport/disk.rs`).
+/// Piece buffers kept between direct reads (each about a piece, 1 MiB: `dataport/disk.rs`): more
+/// than the pieces read at once (`readers::READERS`) and waiting to be sent in a busy moment.
 pub const KEPT_BUFFERS: usize = 16;
-/// Most pieces of direct reads in memory at once, on all connections together (read, or waiting
-/// to be sent): what readers that do not read can pin is bounded (64 MiB with 1 MiB pieces); past
-/// it, reads wait for pieces to be sent.
+/// Most pieces of direct reads asked for at once, on all connections together (waiting their
+/// turn, read, or waiting to be sent): what readers that do not read can pin is bounded (64 MiB
+/// with 1 MiB pieces); past it, reads wait for pieces to be sent.
 pub const MAX_PIECES: usize = 64;
 
 impl Tiering {
@@ -46,16 +50,28 @@ impl Tiering {
         }
     }
 
-    /// A buffer for a piece of a direct read (one an earlier read gave back, or a new one), once
-    /// fewer than [`MAX_PIECES`] are held: keep the permit until the piece is sent.
-    pub async fn buffer(&self) -> (Vec<u8>, tokio::sync::OwnedSemaphorePermit) {
-        let permit = self
-            .pieces
+    /// Room for one more piece of a direct read in memory, once fewer than [`MAX_PIECES`] are
+    /// held: keep it until the piece is sent.
+    pub async fn piece_room(&self) -> tokio::sync::OwnedSemaphorePermit {
+        self.pieces
             .clone()
             .acquire_owned()
             .await
-            .expect("the semaphore is never closed");
-        (self.buffers.lock().pop().unwrap_or_default(), permit)
+            .expect("the semaphore is never closed")
+    }
+
+    /// Reads a piece ([`Stream::read_piece`]) on the tier's reader threads, after the pieces
+    /// asked for before it (`readers.rs`), into a buffer an earlier read gave back (or a new one)
+    /// taken only then, so pieces waiting their turn hold none: asked for now, read when awaited.
+    pub fn read_piece<F>(&self, read: F) -> impl Future<Output = Result<Result<Piece, ReadError>, Stopped>> + use<F>
+    where
+        F: FnOnce(Vec<u8>) -> Result<Piece, ReadError> + Send + 'static,
+    {
+        let kept = self.buffers.clone();
+        self.readers.read(move || {
+            let buf = kept.lock().pop().unwrap_or_default();
+            read(buf)
+        })
     }
 
     /// Keeps a piece's buffer for the next read (at most [`KEPT_BUFFERS`]).

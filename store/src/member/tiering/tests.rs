@@ -16,7 +16,7 @@ fn tier(dir: &std::path::Path, capacity: u64) -> Arc<Tiering> {
         file_size: 1 << 20,
     };
     let (t, scan) = Tier::open(&cfg).unwrap();
-    Tiering::new(t, scan.found, super::Policy::default())
+    Tiering::new(t, scan.found, super::Policy::default()).unwrap()
 }
 
 fn value(seed: u8, len: usize) -> Vec<u8> {
@@ -176,7 +176,7 @@ fn tier_with(dir: &std::path::Path, capacity: u64, policy: super::Policy) -> Arc
         file_size: 1 << 20,
     };
     let (t, scan) = Tier::open(&cfg).unwrap();
-    Tiering::new(t, scan.found, policy)
+    Tiering::new(t, scan.found, policy).unwrap()
 }
 
 #[test]
@@ -224,8 +224,10 @@ fn read_direct(t: &Tiering, s: crate::member::tier::Stream) -> Vec<u8> {
     let mut s = s;
     let mut bytes = Vec::new();
     for piece in s.pieces(1024) {
-        let (buf, _held) = futures::executor::block_on(t.buffer());
-        let p = s.read_piece(piece, buf)().unwrap();
+        let _held = futures::executor::block_on(t.piece_room());
+        let p = futures::executor::block_on(t.read_piece(s.read_piece(piece)))
+            .unwrap()
+            .unwrap();
         bytes.extend_from_slice(p.bytes());
         s.take(&p);
         t.give_back(p.into_buffer());
@@ -282,14 +284,12 @@ async fn direct_reads_hold_at_most_max_pieces_in_memory_and_wait_past_it() {
     let t = tier(dir.path(), 64 << 20);
     let mut held = Vec::new();
     for _ in 0..direct::MAX_PIECES {
-        held.push(t.buffer().await);
+        held.push(t.piece_room().await);
     }
-    let next = tokio::time::timeout(std::time::Duration::from_millis(50), t.buffer()).await;
+    let next = tokio::time::timeout(std::time::Duration::from_millis(50), t.piece_room()).await;
     assert!(next.is_err(), "one piece past the bound waits");
-    let (buf, permit) = held.pop().unwrap();
-    drop(permit);
-    t.give_back(buf);
-    let (_buf, _permit) = tokio::time::timeout(std::time::Duration::from_secs(5), t.buffer())
+    drop(held.pop());
+    let _room = tokio::time::timeout(std::time::Duration::from_secs(5), t.piece_room())
         .await
         .expect("a piece sent makes room");
 }
