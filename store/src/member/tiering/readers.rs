@@ -26,7 +26,7 @@ type Job = Box<dyn FnOnce() + Send>;
 /// A member's disk readers (see the module's doc).
 #[derive(Debug)]
 pub struct Readers {
-    jobs: parking_lot::Mutex<mpsc::Sender<Job>>,
+    jobs: mpsc::Sender<Job>,
     /// each thread holds a clone until it returns
     #[cfg(test)]
     running: Weak<()>,
@@ -53,14 +53,18 @@ impl Readers {
                         // the lock is held only while waiting for the next piece
                         let job = rx.lock().recv();
                         match job {
-                            Ok(read) => read(),
+                            // a read that panics loses its answer (its reader sees
+                            // `Stopped`), not the thread
+                            Ok(read) => {
+                                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(read));
+                            }
                             Err(mpsc::RecvError) => return,
                         }
                     }
                 })?;
         }
         Ok(Readers {
-            jobs: parking_lot::Mutex::new(tx),
+            jobs: tx,
             #[cfg(test)]
             running: Arc::downgrade(&running),
         })
@@ -78,7 +82,7 @@ impl Readers {
             // a reader that gave up waiting does not want the piece
             let _ = tx.send(read());
         });
-        let queued = self.jobs.lock().send(job).map_err(|_| Stopped);
+        let queued = self.jobs.send(job).map_err(|_| Stopped);
         async move {
             queued?;
             rx.await.map_err(|_| Stopped)
@@ -131,6 +135,15 @@ mod tests {
         );
         let most = most.load(Ordering::SeqCst);
         assert!((1..=READERS).contains(&most), "{most} read at once");
+    }
+
+    #[tokio::test]
+    async fn a_read_that_panics_loses_its_answer_and_the_thread_reads_on() {
+        let readers = Readers::start(1).unwrap();
+        let failed = readers.read(|| -> u32 { panic!("a bug in a read") });
+        assert!(matches!(failed.await, Err(Stopped)));
+        assert_eq!(readers.read(|| 7).await.unwrap(), 7);
+        assert_eq!(readers.running.strong_count(), 1);
     }
 
     #[tokio::test]
