@@ -4,8 +4,8 @@
 //! a few for the whole member, taking pieces in the order asked), [`IN_FLIGHT`] asked for at once
 //! while the ones before are sent (and at most `tiering::direct::MAX_PIECES` held on all
 //! connections), each hashed once sent, and the answer ends with the [`Verdict`]: whether the
-//! bytes matched their checksum. A copy that cannot be opened is answered with no bytes and [`Verdict::Damaged`] (a
-//! miss); either way the tier reports the copy lost (`tiering/direct.rs`).
+//! bytes matched their checksum. A copy that cannot be opened is answered with no bytes and
+//! [`Verdict::Damaged`] (a miss); either way the tier reports the copy lost (`tiering/direct.rs`).
 
 use std::collections::VecDeque;
 use std::time::Duration;

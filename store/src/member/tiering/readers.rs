@@ -3,12 +3,12 @@
 //!
 //! Why a few threads of our own rather than one blocking task per piece: measured on this VM's
 //! disk (`O_DIRECT`, 1 MiB requests, 32 MiB at a time, three rounds), 2 to 4 requests in flight
-//! read 1.90 to 2.10 GB/s, 16 to 32 in flight 1.66 to 1.86. Eight readers of 4 MiB values each asking for their 4
-//! pieces at once put 32 in flight, all eight values finishing together at the end; through
-//! these threads the device sees at most [`READERS`], and the values come off it one after the
-//! other, each sent while the next is read. A single read still has all of its pieces (4 for a
-//! 4 MiB value, `dataport/disk.rs`) in flight at once. A piece takes its buffer only when its
-//! turn comes (`direct.rs`), so the pieces waiting hold none.
+//! read 1.90 to 2.10 GB/s, 16 to 32 in flight 1.66 to 1.86. Eight readers of 4 MiB values, each
+//! asking for its 4 pieces at once, put 32 in flight, all eight values finishing together at the
+//! end; through these threads the device sees at most [`READERS`], and the values come off it one
+//! after the other, each sent while the next is read. A single read still has all of its pieces
+//! (4 for a 4 MiB value, `dataport/disk.rs`) in flight at once. A piece takes its buffer only when
+//! its turn comes (`direct.rs`), so the pieces waiting hold none.
 //!
 //! The threads end once the [`Readers`] is dropped and the pieces asked for before are read.
 
@@ -32,9 +32,9 @@ pub struct Readers {
     running: Weak<()>,
 }
 
-/// The readers stopped before reading a piece (the member is stopping).
+/// A piece was not read: the readers have stopped (the member is stopping), or its read panicked.
 #[derive(Debug, thiserror::Error)]
-#[error("the disk tier's readers have stopped")]
+#[error("the disk tier's readers did not read the piece (stopping, or the read failed)")]
 pub struct Stopped;
 
 impl Readers {
