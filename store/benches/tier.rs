@@ -3,7 +3,8 @@
 //! 1. Hit ratio for a working set four times memory, read back in a shuffled order, on the same
 //!    member memory without a tier and with one (goal: at least 90% with, at most 30% without).
 //! 2. For each way a leader reads values on disk (`--tier-reads direct`: the member streams them
-//!    from disk to the reader; `load`: it loads them into memory first), the tier's write and
+//!    from disk to the reader over TCP, or, with `--same-host`, a reader on its host reads them
+//!    from the tier's files itself; `load`: it loads them into memory first), the tier's write and
 //!    read throughput for 4 MiB values through a 256 MiB member, each against `dd` in 4 MiB
 //!    blocks in the same directory, the two taking turns 128 MiB at a time (this VM's disk changes
 //!    speed from second to second, and slows after a burst of writes). Writes: 32 puts, timed
@@ -31,9 +32,10 @@ use common::{Proc, leader, member_with, random_bytes, tenant};
 const MIB: u64 = 1 << 20;
 
 /// A leader (reading values on disk as `reads` says: `--tier-reads`) and one member of `memory`,
-/// with a tier in `tier` when given: (leader, member, a client of the tenant `t` once the member
-/// is mounted).
-async fn store(memory: &str, tier: Option<&Path>, reads: &str) -> (Proc, Proc, Client) {
+/// with a tier in `tier` when given, serving its same-host socket when `same_host` (this client
+/// then reads copies on disk from the tier's files itself): (leader, member, a client of the
+/// tenant `t` once the member is mounted).
+async fn store(memory: &str, tier: Option<&Path>, reads: &str, same_host: bool) -> (Proc, Proc, Client) {
     let l = leader(&[
         "--fast-listen",
         "127.0.0.1:0",
@@ -50,6 +52,9 @@ async fn store(memory: &str, tier: Option<&Path>, reads: &str) -> (Proc, Proc, C
     let mut extra = Vec::new();
     if let Some(d) = &dir {
         extra.extend(["--tier-dir", d, "--tier-capacity", "8Gi", "--tier-file-size", "64Mi"]);
+    }
+    if same_host {
+        extra.push("--same-host");
     }
     let m = member_with(&addr, "m", memory, &extra);
     let c = common::client(&addr, "t").await;
@@ -74,7 +79,7 @@ async fn on_disk(c: &Client, bytes: u64) {
 async fn hit_ratio(dir: Option<&Path>) -> (f64, usize) {
     const LEN: usize = 256 << 10;
     let values = 4 * 64 * MIB as usize / LEN;
-    let (_l, _m, c) = store("64Mi", dir, "direct").await;
+    let (_l, _m, c) = store("64Mi", dir, "direct", false).await;
     for batch in 0..values / 16 {
         for i in batch * 16..(batch + 1) * 16 {
             c.put(&format!("k{i}"), value(i, LEN)).await.unwrap();
@@ -186,11 +191,11 @@ where
 /// Part 2, for one `--tier-reads`: the tier's writes of 4 MiB values, and its reads: one get at a
 /// time, eight to a batch, and four readers at once, each of 128 values only on disk, all in
 /// turns with `dd`.
-async fn throughput(dir: &Path, dd_file: &Path, bytes: u64, reads: &str) -> (Measured, [Measured; 3]) {
+async fn throughput(dir: &Path, dd_file: &Path, bytes: u64, reads: &str, same_host: bool) -> (Measured, [Measured; 3]) {
     let values = (bytes / LEN as u64) as usize;
     // 64 values of memory: with `load`, reads lease what they read for 200 ms, and loading the
     // next value needs an unleased one to make room
-    let (_l, _m, c) = store("256Mi", Some(dir), reads).await;
+    let (_l, _m, c) = store("256Mi", Some(dir), reads, same_host).await;
     let payloads: Vec<Bytes> = (0..values).map(|i| value(i, LEN)).collect();
     // in turns with dd writing as much to a file of its own; each turn's values are all on disk
     // before the next (half of memory: what memory evicts has its copy)
@@ -307,10 +312,11 @@ fn main() {
         );
         println!("| --tier-reads | | tier | dd (4 MiB blocks) | ratio |");
         println!("|---|---|---|---|---|");
-        for reads in ["direct", "load"] {
-            let tier_dir = dir.path().join(reads);
+        for (reads, same_host) in [("direct", false), ("direct", true), ("load", false)] {
+            let tier_dir = dir.path().join(format!("{reads}-{same_host}"));
             std::fs::create_dir(&tier_dir).unwrap();
-            let (write, [one, batched, readers]) = throughput(&tier_dir, &dd_file, bytes, reads).await;
+            let (write, [one, batched, readers]) = throughput(&tier_dir, &dd_file, bytes, reads, same_host).await;
+            let reads = if same_host { "direct, same host" } else { reads };
             println!(
                 "| {reads} | write | {:.0} MB/s | {:.0} MB/s (fdatasync, taking turns) | {:.0}% |",
                 write.tier,

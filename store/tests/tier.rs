@@ -3,7 +3,8 @@
 //! evicted from memory come back from disk), the leader reporting the split between the tiers;
 //! a member `kill -9` and restart, then a leader `kill -9` and restart, after which what was on
 //! disk is read back again; and bytes flipped in the tier's files behind the member's back are
-//! detected on read (a miss, counted), never returned.
+//! detected on read (a miss, counted), never returned, by the member and by a same-host client
+//! that reads the tier's files itself.
 
 // Helpers outside #[test] fns state expectations with unwrap too (see clippy.toml).
 #![allow(clippy::unwrap_used)]
@@ -48,21 +49,22 @@ const LEADER_FLAGS: [&str; 8] = [
 ];
 
 fn tiered_member(leader: &str, dir: &Path) -> Proc {
-    member_with(
-        leader,
-        "m1",
-        MEMORY,
-        &[
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--tier-dir",
-            dir.to_str().unwrap(),
-            "--tier-capacity",
-            "512Mi",
-            "--tier-file-size",
-            "8Mi",
-        ],
-    )
+    tiered_member_with(leader, dir, &[])
+}
+
+fn tiered_member_with(leader: &str, dir: &Path, extra: &[&str]) -> Proc {
+    let mut flags = vec![
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--tier-dir",
+        dir.to_str().unwrap(),
+        "--tier-capacity",
+        "512Mi",
+        "--tier-file-size",
+        "8Mi",
+    ];
+    flags.extend_from_slice(extra);
+    member_with(leader, "m1", MEMORY, &flags)
 }
 
 /// Writes the working set in batches of 16 (4 MiB), each let settle until the leader knows of
@@ -199,9 +201,27 @@ async fn bytes_flipped_in_the_tier_files_are_a_miss_never_returned() {
     wait_members(&c, 1).await;
     write_all(&c).await;
 
-    // every file's bytes flipped every 1 MiB, past its first record's header
+    let flipped = flip_bytes(dir.path());
+    assert!(flipped > 16, "{flipped} bytes flipped");
+    let (exact, misses) = read_all(&c, false).await;
+    assert_eq!(exact + misses, VALUES);
+    let damaged = gauge(&m.field("metrics"), "kvstore_member_tier_damaged_total").await;
+    assert!(misses > 0 && damaged > 0, "{misses} misses, {damaged} damaged");
+    // the member tells the leader in its next heartbeat
+    eventually("the leader counts each damaged copy as the member does", || async {
+        tenant(&c, "t").await.load_failures == damaged
+    })
+    .await;
+    eprintln!(
+        "{flipped} bytes flipped in the tier: {exact} values read back exact, {misses} misses, {damaged} load failures counted"
+    );
+    drop((m, l));
+}
+
+/// Flips a byte every 1 MiB of every tier file in `dir`, past its first record's header: how many.
+fn flip_bytes(dir: &Path) -> usize {
     let mut flipped = 0;
-    for entry in std::fs::read_dir(dir.path()).unwrap() {
+    for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().and_then(|e| e.to_str()) != Some("kvt") {
             continue;
@@ -215,18 +235,45 @@ async fn bytes_flipped_in_the_tier_files_are_a_miss_never_returned() {
         }
         std::fs::write(&path, &bytes).unwrap();
     }
+    flipped
+}
+
+/// A member with `--same-host`: this client, on its host, reads the copies on disk from the
+/// tier's files itself (op 8), every byte exact, and bytes flipped there are still a miss, never
+/// returned (a copy the client finds wrong is read again through the member, which drops it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_host_reader_reads_the_tier_files_itself_and_never_a_flipped_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = leader(&LEADER_FLAGS);
+    let addr = l.field("grpc");
+    let m = tiered_member_with(&addr, dir.path(), &["--same-host"]);
+    let metrics = m.field("metrics");
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    write_all(&c).await;
+
+    assert_eq!(read_all(&c, false).await, (VALUES, 0), "(exact, misses)");
+    let from_files = gauge(&metrics, "kvstore_member_local_disk_reads_total").await;
+    let loads = gauge(&metrics, "kvstore_member_tier_loads_total").await;
+    // the member's memory holds a quarter of the working set: the rest came off the disk
+    assert!(
+        from_files >= (VALUES / 2) as u64 && from_files == loads,
+        "{from_files} copies read from the tier's files here, of {loads} read from disk"
+    );
+
+    let flipped = flip_bytes(dir.path());
     assert!(flipped > 16, "{flipped} bytes flipped");
     let (exact, misses) = read_all(&c, false).await;
     assert_eq!(exact + misses, VALUES);
-    let damaged = gauge(&m.field("metrics"), "kvstore_member_tier_damaged_total").await;
+    let damaged = gauge(&metrics, "kvstore_member_tier_damaged_total").await;
     assert!(misses > 0 && damaged > 0, "{misses} misses, {damaged} damaged");
-    // the member tells the leader in its next heartbeat
     eventually("the leader counts each damaged copy as the member does", || async {
         tenant(&c, "t").await.load_failures == damaged
     })
     .await;
     eprintln!(
-        "{flipped} bytes flipped in the tier: {exact} values read back exact, {misses} misses, {damaged} load failures counted"
+        "same host: {from_files} copies read from the tier's files; after {flipped} bytes flipped, {exact} exact, \
+         {misses} misses, {damaged} damaged"
     );
     drop((m, l));
 }

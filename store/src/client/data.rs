@@ -135,8 +135,12 @@ impl Client {
     }
 
     /// A value only on its member's disk tier (op 7), streamed from disk: the bytes count only
-    /// if the verdict after them says they matched their checksum.
-    async fn read_disk(&self, loc: &Location, deadline: u64, sink: Sink<'_, '_>) -> Result<bool> {
+    /// if the verdict after them says they matched their checksum. A member on this host hands
+    /// the copy's file over instead, when it can (`local.rs`).
+    async fn read_disk(&self, loc: &Location, deadline: u64, mut sink: Sink<'_, '_>) -> Result<bool> {
+        if let Some(done) = self.local_disk_read(loc, deadline, &mut sink).await {
+            return done;
+        }
         let mut s = self.conn(&loc.data_addr).await?;
         // no polling: the bytes come off a disk over milliseconds, and a polling reader would
         // take a core from the member that hashes and sends them

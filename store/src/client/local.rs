@@ -8,6 +8,12 @@
 //! process cannot reach (another host, another network namespace), a member that refuses to
 //! map, or a same-host path turned off ([`Client::without_local`](super::Client::without_local)).
 //! A socket found unreachable is not tried again for [`RETRY_UNREACHABLE`].
+//!
+//! A value only on the member's disk tier is read from the tier's file here ([`Client::local_disk_read`]):
+//! the member checks the grant and hands over the copy's file (op 8), this process reads and
+//! hashes it (`disk.rs`) and releases the claim. A copy whose bytes are wrong, or that cannot be
+//! read, is read again through the data port (op 7), so that the member checks it itself and
+//! drops it if it is damaged.
 
 use std::collections::HashMap;
 use std::io;
@@ -20,12 +26,13 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 
+use super::data::Sink;
 use super::{Client, POOL_PER_MEMBER, transport};
 use crate::error::{Result, StoreError};
 use crate::member::local::{MAP_ANSWER_LEN, RESIDENT};
 use crate::member::mmap::SharedMap;
 use crate::proto::Location;
-use crate::wire::{self, Op, RESPONSE_LEN};
+use crate::wire::{self, DiskCopy, Op, RESPONSE_LEN};
 
 /// How long a member socket that could not be reached (or mapped) is left alone.
 pub const RETRY_UNREACHABLE: Duration = Duration::from_secs(10);
@@ -34,6 +41,8 @@ pub const RETRY_UNREACHABLE: Duration = Duration::from_secs(10);
 #[derive(Debug, Default)]
 pub(super) struct Local {
     peers: Mutex<HashMap<String, Peer>>,
+    /// piece buffers for reads of disk copies
+    buffers: super::disk::Buffers,
 }
 
 #[derive(Debug, Clone)]
@@ -94,31 +103,8 @@ async fn map(name: &str, grant: wire::Request, tag: &[u8]) -> io::Result<Mapped>
     s.write_all(&ask.encode()).await?;
     s.write_all(tag).await?;
     let mut answer = [0u8; RESPONSE_LEN + MAP_ANSWER_LEN];
-    let mut got = 0;
     let mut fd = None;
-    while got < answer.len() {
-        s.readable().await?;
-        let r = s.try_io(Interest::READABLE, || {
-            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-            let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-            let mut iov = [io::IoSliceMut::new(&mut answer[got..])];
-            let msg = rustix::net::recvmsg(&s, &mut iov, &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC)?;
-            for m in control.drain() {
-                if let rustix::net::RecvAncillaryMessage::ScmRights(fds) = m {
-                    for f in fds {
-                        fd.get_or_insert(f);
-                    }
-                }
-            }
-            Ok(msg.bytes)
-        });
-        match r {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
+    recv_with_fd(&s, &mut answer, &mut fd).await?;
     let mut head = [0u8; RESPONSE_LEN];
     head.copy_from_slice(&answer[..RESPONSE_LEN]);
     let resp = wire::Response::decode(&head).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
@@ -139,6 +125,36 @@ async fn map(name: &str, grant: wire::Request, tag: &[u8]) -> io::Result<Mapped>
         map,
         idle: Mutex::new(vec![s]),
     })
+}
+
+/// Fills `buf` from the socket, keeping the descriptor that rides on its bytes (the first one, if
+/// several came) in `fd`.
+async fn recv_with_fd(s: &UnixStream, buf: &mut [u8], fd: &mut Option<std::os::fd::OwnedFd>) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        s.readable().await?;
+        let r = s.try_io(Interest::READABLE, || {
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+            let mut iov = [io::IoSliceMut::new(&mut buf[got..])];
+            let msg = rustix::net::recvmsg(s, &mut iov, &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC)?;
+            for m in control.drain() {
+                if let rustix::net::RecvAncillaryMessage::ScmRights(fds) = m {
+                    for f in fds {
+                        fd.get_or_insert(f);
+                    }
+                }
+            }
+            Ok(msg.bytes)
+        });
+        match r {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 impl Local {
@@ -194,6 +210,29 @@ impl Local {
                     None
                 }
             },
+        }
+    }
+
+    /// A connection to the socket `name` for a disk claim, which needs no mapping: a pooled one
+    /// when the segment is mapped, else a new one; `None` when the socket was found unreachable
+    /// lately or is now.
+    fn disk_connection(&self, name: &str) -> Option<(Option<Arc<Mapped>>, UnixStream)> {
+        let peer = match self.peers.lock().get(name) {
+            Some(Peer::Mapped(m)) => Some(m.clone()),
+            Some(Peer::Unreachable(since)) if since.elapsed() < RETRY_UNREACHABLE => return None,
+            _ => None,
+        };
+        if let Some(p) = &peer {
+            return self.connection(p, name).map(|s| (peer, s));
+        }
+        match connect(name) {
+            Ok(s) => Some((None, s)),
+            Err(_) => {
+                self.peers
+                    .lock()
+                    .insert(name.to_string(), Peer::Unreachable(Instant::now()));
+                None
+            }
         }
     }
 
@@ -256,6 +295,94 @@ impl Client {
         }
         give_back(&peer, s);
         Some(copied)
+    }
+}
+
+impl Client {
+    /// A read of a value only on its member's disk tier from the tier's file (op 8, `disk.rs`):
+    /// `None` when it is not available for this Location, or the copy read here was not the value
+    /// or could not be read (the caller reads it through the data port, whose answer is the word
+    /// on it; `sink` is then as it was), else whether the value was there (`false`: a miss).
+    pub(super) async fn local_disk_read(
+        &self,
+        loc: &Location,
+        deadline: u64,
+        sink: &mut Sink<'_, '_>,
+    ) -> Option<Result<bool>> {
+        let local = self.local.as_ref()?;
+        if loc.local_addr.is_empty() {
+            return None;
+        }
+        let (peer, mut s) = local.disk_connection(&loc.local_addr)?;
+        let claim = wire::Request::granted(Op::ClaimDisk, loc, loc.len, deadline, loc.tag.len() as u16);
+        let (copy, file) = match claim_disk(&mut s, claim, &loc.tag).await {
+            Ok(Claimed::Copy(copy, file)) if copy.len == loc.len => (copy, file),
+            Ok(Claimed::Missing) => {
+                if let Some(p) = &peer {
+                    give_back(p, s);
+                }
+                return Some(Ok(false));
+            }
+            // refused (a member without op 8 too), failed, or not what the grant says: the data
+            // port's answer is the word on it
+            Ok(_) | Err(_) => return None,
+        };
+        let matched = super::disk::read_copy(file, &copy, sink, &local.buffers).await;
+        if !matches!(matched, Ok(true)) {
+            // closed unreleased, so the member does not count it; op 7 checks the copy there
+            tracing::debug!(disk_id = copy.disk_id, outcome = ?matched, "a disk copy read here was not the value; reading it through the member");
+            if let Sink::Fresh(out) = sink {
+                out.clear();
+            }
+            return None;
+        }
+        let release = wire::Request {
+            op: Op::Release,
+            tag_len: 0,
+            ..claim
+        };
+        match ask(&mut s, release, &[], Duration::ZERO).await {
+            Ok(r) if r.ok => {
+                if let Some(p) = &peer {
+                    give_back(p, s);
+                }
+            }
+            // the bytes are the value: a member that went away meanwhile changes nothing
+            Ok(_) | Err(_) => {}
+        }
+        Some(Ok(true))
+    }
+}
+
+/// What an op 8 claim was answered.
+enum Claimed {
+    /// the copy's file and where the value lies in it
+    Copy(DiskCopy, std::fs::File),
+    /// the copy is not there (a miss)
+    Missing,
+    /// refused, or answered with something else
+    Refused,
+}
+
+/// Sends an op 8 claim and reads its answer.
+async fn claim_disk(s: &mut UnixStream, claim: wire::Request, tag: &[u8]) -> io::Result<Claimed> {
+    s.write_all(&claim.encode()).await?;
+    s.write_all(tag).await?;
+    let mut head = [0u8; RESPONSE_LEN];
+    let mut fd = None;
+    recv_with_fd(s, &mut head, &mut fd).await?;
+    let resp = wire::Response::decode(&head).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    match (resp.ok, resp.len) {
+        (true, 0) => Ok(Claimed::Missing),
+        (true, len) if len == DiskCopy::LEN as u64 => {
+            let mut words = [0u8; DiskCopy::LEN];
+            recv_with_fd(s, &mut words, &mut fd).await?;
+            match fd {
+                Some(fd) => Ok(Claimed::Copy(DiskCopy::decode(&words), std::fs::File::from(fd))),
+                None => Ok(Claimed::Refused),
+            }
+        }
+        _ => Ok(Claimed::Refused),
     }
 }
 

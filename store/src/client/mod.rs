@@ -8,6 +8,7 @@
 
 mod batch;
 mod data;
+mod disk;
 mod fast;
 mod local;
 

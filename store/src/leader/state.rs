@@ -199,8 +199,8 @@ impl State {
             offset,
             len: o.size,
             epoch: self.epoch,
-            // a disk read has no range to map: it goes to the data port
-            local_addr: if on_disk { String::new() } else { m.local_addr.clone() },
+            // a disk read on the member's host is of the tier's file (op 8), elsewhere op 7
+            local_addr: m.local_addr.clone(),
             grant_mac: m.grant_key.sign(&range, &tag).into(),
             allocation,
             tag: tag.into(),

@@ -30,7 +30,7 @@ use crate::time::now_unix_ms;
 use crate::tls::{Conn, Sealed, ServerTls};
 use crate::wire::{Op, REQUEST_LEN, Request, Response};
 
-mod disk;
+pub mod disk;
 
 /// How long past its deadline a write that already started may take. The leader reuses an
 /// abandoned reservation only after its own grace (`--put-grace`, 30 s), which is longer.
@@ -133,10 +133,10 @@ async fn connection(mut s: Conn, stores: &Stores, hot: &HotWindow) -> std::io::R
                     return Ok(());
                 }
             }
-            Op::Map | Op::ClaimWrite | Op::ClaimRead | Op::Release => {
+            Op::Map | Op::ClaimWrite | Op::ClaimRead | Op::Release | Op::ClaimDisk => {
                 let e = StoreError::new(
                     crate::error::ErrorCode::InvalidArgument,
-                    "ops 3 to 6 are served on the member's same-host socket only; send 1 (write), 2 (read) or 7 (read \
+                    "ops 3 to 6 and 8 are served on the member's same-host socket only; send 1 (write), 2 (read) or 7 (read \
                      from the disk tier) here",
                 );
                 return refuse(&mut s, &e).await;

@@ -13,15 +13,27 @@
 //! - `ClaimWrite` / `ClaimRead` with the leader's grant: the same checks as the data port (mount,
 //!   epoch, deadline, bounds, and the range table, `mmap.rs`), then the claim is held for the
 //!   connection until
+//! - `ClaimDisk` with the leader's grant of a read of a value's copy on the disk tier (its tag
+//!   follows): the same checks as op 7 on the data port, and the copy's record must be live and
+//!   the granted value's; answered with a descriptor of the copy's file opened for this claim
+//!   (SCM_RIGHTS) and where the value lies in it (`wire::DiskCopy`), or, when the copy is not
+//!   there, with no descriptor and `len` 0 (a miss, reported to the leader as op 7 reports it).
+//!   The client reads and hashes the bytes itself: `Release` says they matched (the read is
+//!   counted); a client that found them wrong closes the connection and reads the value through
+//!   op 7, so that this member checks the copy itself before dropping it;
 //! - `Release`, answered once the claim is dropped; a closed connection drops it too.
 //!
 //! A read claim is held at most until its grant's deadline (the read lease: past it the leader may
 //! free the range and place another value there), a write claim until its deadline plus
 //! [`WRITE_GRACE`] (the leader reuses an abandoned reservation only after a longer grace); past
 //! that the connection is closed and the range is free again, so a client that stalls cannot pin
-//! a range.
+//! a range. A tier file's bytes never change once written (records are appended and only their
+//! flags rewritten), so a handed-out descriptor can read nothing but what its copy was: a disk
+//! claim pins no space, and lasts until its grant's deadline only so that a stalled client is cut
+//! off as for memory.
 
 use std::io;
+use std::os::fd::AsFd;
 use std::os::linux::net::SocketAddrExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,11 +45,13 @@ use tokio_util::sync::CancellationToken;
 use super::dataport::WRITE_GRACE;
 use super::mmap::ReadRange;
 use super::segment::{Grant, Segment, Writing};
+use super::tier::DiskId;
+use super::tiering::Tiering;
 use crate::error::{ErrorCode, StoreError};
 use crate::grant::Access;
 use crate::spin::HotWindow;
 use crate::time::now_unix_ms;
-use crate::wire::{Op, REQUEST_LEN, Request, Response};
+use crate::wire::{DiskCopy, Op, REQUEST_LEN, Request, Response};
 
 /// Bytes after the header of a `Map` answer.
 pub const MAP_ANSWER_LEN: usize = 16;
@@ -64,17 +78,18 @@ pub fn bind(name: &str) -> io::Result<UnixListener> {
 /// Serves the socket until `cancel` fires, then closes every connection (their claims drop).
 pub async fn serve(
     listener: UnixListener,
-    segment: Arc<Segment>,
+    stores: super::dataport::Stores,
     resident: bool,
     hot: Arc<HotWindow>,
     cancel: CancellationToken,
 ) {
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     crate::net::serve_connections(incoming, "same-host socket", cancel, move |stream: UnixStream| {
-        let segment = segment.clone();
+        let segment = stores.segment.clone();
+        let tiering = stores.tiering.clone();
         let hot = hot.clone();
         async move {
-            if let Err(e) = connection(stream, &segment, resident, &hot).await {
+            if let Err(e) = connection(stream, &segment, tiering.as_deref(), resident, &hot).await {
                 tracing::debug!(error = %e, "same-host connection closed");
             }
         }
@@ -87,11 +102,19 @@ enum Claim<'a> {
     None,
     Write(Writing<'a>),
     Read(ReadRange<'a>),
+    /// a copy on the disk tier, `len` bytes, whose file was handed out
+    Disk(DiskId, u64),
 }
 
 /// Serves one connection's requests in turn until it closes, fails, or holds a claim past its
 /// deadline.
-async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &HotWindow) -> io::Result<()> {
+async fn connection(
+    mut s: UnixStream,
+    segment: &Segment,
+    tiering: Option<&Tiering>,
+    resident: bool,
+    hot: &HotWindow,
+) -> io::Result<()> {
     let mut head = [0u8; REQUEST_LEN];
     let mut claim = Claim::None;
     // when the held claim must be given up
@@ -121,7 +144,7 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
                 }
                 Err(e) => Err(e),
             },
-            Op::ClaimWrite | Op::ClaimRead if !matches!(claim, Claim::None) => Err(StoreError::new(
+            Op::ClaimWrite | Op::ClaimRead | Op::ClaimDisk if !matches!(claim, Claim::None) => Err(StoreError::new(
                 ErrorCode::InvalidArgument,
                 "this connection holds a claim already; release it first",
             )),
@@ -139,14 +162,26 @@ async fn connection(mut s: UnixStream, segment: &Segment, resident: bool, hot: &
                     until = Some(claim_deadline(req.deadline_unix_ms, Access::Read));
                 })
             }
+            Op::ClaimDisk => match claim_disk(segment, tiering, grant, req.len, &tag).await {
+                Ok(Some((copy, file))) => {
+                    send_with_fd(&s, &ok_with(&copy.encode()), file.as_fd()).await?;
+                    claim = Claim::Disk(DiskId(copy.disk_id), copy.len);
+                    until = Some(claim_deadline(req.deadline_unix_ms, Access::ReadDisk));
+                    hot.touch();
+                    continue;
+                }
+                // no copy: a miss, reported to the leader by `open_read`
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            },
             Op::Release => {
                 until = None;
-                release(std::mem::replace(&mut claim, Claim::None), segment);
+                release(std::mem::replace(&mut claim, Claim::None), segment, tiering);
                 Ok(())
             }
             Op::Write | Op::Read | Op::ReadDisk => Err(StoreError::new(
                 ErrorCode::InvalidArgument,
-                "ops 1, 2 and 7 carry bytes: send them to the member's data port; this socket serves ops 3 to 6",
+                "ops 1, 2 and 7 carry bytes: send them to the member's data port; this socket serves ops 3 to 6 and 8",
             )),
         };
         match answer {
@@ -194,8 +229,46 @@ fn check_tag_len(req: &Request) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Drops a released claim: a write is finished and counted, a read counted.
-fn release(claim: Claim<'_>, segment: &Segment) {
+/// Checks a disk claim as op 7 does (`dataport/disk.rs`) and opens the copy: what the client is
+/// told of it, with the descriptor to hand out, or `None` when the copy is not there.
+async fn claim_disk(
+    segment: &Segment,
+    tiering: Option<&Tiering>,
+    grant: Grant,
+    len: u64,
+    tag: &[u8],
+) -> Result<Option<(DiskCopy, std::fs::File)>, StoreError> {
+    let Some(tiering) = tiering else {
+        return Err(StoreError::new(
+            ErrorCode::InvalidArgument,
+            "this member has no disk tier: op 8 claims only values a Location says are on disk",
+        ));
+    };
+    segment.admit(&grant, Access::ReadDisk, len, tag).await?;
+    let Some(stream) = tiering.open_read(grant.offset, tag, len) else {
+        return Ok(None);
+    };
+    // the descriptor opened for this read (with `O_DIRECT` where the file system allows it); the
+    // member keeps no use of it once it is sent
+    let file = stream.file().try_clone().map_err(|e| {
+        StoreError::new(
+            ErrorCode::Internal,
+            format!("the tier file could not be handed out: {e}"),
+        )
+    })?;
+    let copy = DiskCopy {
+        at: stream.at(),
+        len: stream.len,
+        checksum: stream.checksum(),
+        direct: stream.is_direct(),
+        disk_id: stream.id().0,
+    };
+    Ok(Some((copy, file)))
+}
+
+/// Drops a released claim: a write is finished and counted, a read counted (a disk read as one
+/// of the tier's reads too).
+fn release(claim: Claim<'_>, segment: &Segment, tiering: Option<&Tiering>) {
     match claim {
         Claim::Write(r) => {
             let len = r.len();
@@ -211,6 +284,16 @@ fn release(claim: Claim<'_>, segment: &Segment) {
             segment
                 .counters
                 .local_reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Claim::Disk(id, len) => {
+            if let Some(t) = tiering {
+                t.read_done(id, Ok(()));
+            }
+            segment.read(len);
+            segment
+                .counters
+                .local_disk_reads
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         Claim::None => {}
@@ -229,20 +312,30 @@ fn claim_deadline(deadline_unix_ms: u64, access: Access) -> tokio::time::Instant
 
 /// Answers `Map`: the header and the capacity and flags, with the segment's descriptor.
 async fn map(s: &UnixStream, segment: &Segment, resident: bool) -> io::Result<()> {
-    let mut answer = [0u8; crate::wire::RESPONSE_LEN + MAP_ANSWER_LEN];
-    answer[..crate::wire::RESPONSE_LEN].copy_from_slice(
-        &Response {
-            ok: true,
-            len: MAP_ANSWER_LEN as u64,
-        }
-        .encode(),
-    );
-    answer[crate::wire::RESPONSE_LEN..][..8].copy_from_slice(&segment.capacity().to_le_bytes());
+    let mut words = [0u8; MAP_ANSWER_LEN];
+    words[..8].copy_from_slice(&segment.capacity().to_le_bytes());
     let flags = if resident { RESIDENT } else { 0 };
-    answer[crate::wire::RESPONSE_LEN + 8..].copy_from_slice(&flags.to_le_bytes());
+    words[8..].copy_from_slice(&flags.to_le_bytes());
     let Some(fd) = segment.hand_out() else {
         return Err(io::Error::other("the segment is not sealed; it is not handed out"));
     };
+    send_with_fd(s, &ok_with(&words), fd).await
+}
+
+/// An accepting header followed by `words`.
+fn ok_with(words: &[u8]) -> Vec<u8> {
+    let mut answer = Response {
+        ok: true,
+        len: words.len() as u64,
+    }
+    .encode()
+    .to_vec();
+    answer.extend_from_slice(words);
+    answer
+}
+
+/// Sends `answer` with the descriptor `fd` riding on its first bytes (SCM_RIGHTS).
+async fn send_with_fd(s: &UnixStream, answer: &[u8], fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
     let fds = [fd];
     let mut sent = 0;
     while sent < answer.len() {

@@ -145,6 +145,12 @@ impl Collector for MemberCollector {
                 c.local_reads.load(Relaxed),
             ),
             (
+                "kvstore_member_local_disk_reads",
+                "copies on the disk tier same-host clients read from the tier's files (of kvstore_member_reads)",
+                None,
+                c.local_disk_reads.load(Relaxed),
+            ),
+            (
                 "kvstore_member_refusals",
                 "transfers refused (stale mount, deadline, range)",
                 None,

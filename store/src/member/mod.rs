@@ -209,7 +209,7 @@ impl Member {
         let same_host = local_listener.map(|(l, _)| {
             Task::spawn(local::serve(
                 l,
-                segment.clone(),
+                dataport::Stores::new(&segment, tiering.as_ref()),
                 !cfg.no_prefault,
                 hot.clone(),
                 stop.clone(),

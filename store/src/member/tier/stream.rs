@@ -130,39 +130,31 @@ impl Stream {
         let (file, path, direct, id) = (self.file.clone(), self.path.clone(), self.direct, self.id);
         let from = self.at + at;
         let n = n.min(self.len.saturating_sub(at));
-        move |mut buf: Vec<u8>| {
-            let failed = |e: io::Error| match e.kind() {
+        move |buf: Vec<u8>| {
+            read_span(&file, direct, from, n, buf).map_err(|e| match e.kind() {
                 io::ErrorKind::UnexpectedEof => ReadError::Damaged {
                     id,
                     why: "the file ends inside the value".into(),
                 },
                 _ => io_err("reading", &path, e).into(),
-            };
-            if !direct {
-                buf.resize(n as usize, 0);
-                file.read_exact_at(&mut buf, from).map_err(failed)?;
-                return Ok(Piece {
-                    buf,
-                    start: 0,
-                    n: n as usize,
-                });
-            }
-            let lo = from - from % BLOCK;
-            let hi = (from + n).next_multiple_of(BLOCK);
-            let span = (hi - lo) as usize;
-            buf.resize(span + BLOCK as usize, 0);
-            let align = buf.as_ptr().align_offset(BLOCK as usize);
-            let got = read_to_end(&file, &mut buf[align..align + span], lo).map_err(failed)?;
-            let start = (from - lo) as usize;
-            if got < start + n as usize {
-                return Err(failed(io::ErrorKind::UnexpectedEof.into()));
-            }
-            Ok(Piece {
-                buf,
-                start: align + start,
-                n: n as usize,
             })
         }
+    }
+
+    /// The descriptor the pieces are read from: a same-host reader is handed it
+    /// (`member/local.rs`), with [`Stream::at`] and [`Stream::checksum`].
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Where the value's bytes start in [`Stream::file`].
+    pub fn at(&self) -> u64 {
+        self.at
+    }
+
+    /// What the value's bytes must hash to (XXH3-64).
+    pub fn checksum(&self) -> u64 {
+        self.checksum
     }
 
     /// Hashes the next piece (they must come in order; a piece may be sent before it is hashed:
@@ -183,6 +175,37 @@ impl Stream {
             why: "its bytes do not match their checksum".into(),
         })
     }
+}
+
+/// Reads the `n` bytes at `from` in `file` into `buf` (grown as it must be), with `O_DIRECT`
+/// alignment when `direct` says the descriptor was opened with it: the [`BLOCK`]-aligned span
+/// around the bytes, into a part of `buf` aligned within it. The file ending before the bytes do
+/// is `UnexpectedEof`. Also what a same-host client reads a copy with (`client/disk.rs`).
+pub fn read_span(file: &File, direct: bool, from: u64, n: u64, mut buf: Vec<u8>) -> io::Result<Piece> {
+    if !direct {
+        buf.resize(n as usize, 0);
+        file.read_exact_at(&mut buf, from)?;
+        return Ok(Piece {
+            buf,
+            start: 0,
+            n: n as usize,
+        });
+    }
+    let lo = from - from % BLOCK;
+    let hi = (from + n).next_multiple_of(BLOCK);
+    let span = (hi - lo) as usize;
+    buf.resize(span + BLOCK as usize, 0);
+    let align = buf.as_ptr().align_offset(BLOCK as usize);
+    let got = read_to_end(file, &mut buf[align..align + span], lo)?;
+    let start = (from - lo) as usize;
+    if got < start + n as usize {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(Piece {
+        buf,
+        start: align + start,
+        n: n as usize,
+    })
 }
 
 /// Reads into `buf` (aligned, as `at` is) until it is full or the file ends: how many bytes. A
