@@ -8,10 +8,9 @@
 //! `grant.rs`; ops 1, 2, 4 and 5),
 //! op 1 write, 2 read and 7 read from the disk tier on the data port; on the same-host socket 3 map (the answer carries the
 //! segment's descriptor, SCM_RIGHTS, and its length in `len`), 4 claim a range to write, 5 claim a
-//! range to read, 6 release the claim (ops 4 and 5 carry the grant, as 1 and 2 do), 8 claim a
-//! value's copy on the disk tier to read it here (a grant as op 7's, with its tag; the answer
-//! carries the copy's file descriptor, SCM_RIGHTS, and where the value lies in it:
-//! [`DiskCopy`]; released with op 6)
+//! range to read, 6 release the claim (ops 4 and 5 carry the grant, as 1 and 2 do), 8 ask for
+//! the tier file that holds a value's copy on the disk tier, to read it here (a grant as op 7's,
+//! with its tag; the answer carries the file's descriptor, SCM_RIGHTS: [`TierFile`])
 //! (`epoch`: the leader's, from the Location; a member refuses an epoch older than its newest),
 //! followed, for ops 1, 4, 7 and 8 (and 3 when its grant is a write's), by `tag_len` bytes of the
 //! value's tag (the Location's `tag`, which the MAC covers: `grant.rs`), then, for a
@@ -43,46 +42,38 @@ pub enum Op {
     ClaimRead = 5,
     Release = 6,
     ReadDisk = 7,
-    ClaimDisk = 8,
+    TierFile = 8,
 }
 
-/// What follows an op 8 answer's header (`len` says [`DiskCopy::LEN`]), five little-endian u64:
-/// where the value's bytes start in the file whose descriptor rides on the answer, its length,
-/// the checksum they must hash to (XXH3-64), flags (bit 0: the descriptor was opened with
-/// `O_DIRECT`), and the copy's disk id.
+/// What follows an op 8 answer's header (`len` says [`TierFile::LEN`]), two little-endian u64:
+/// the number of the tier file whose descriptor rides on the answer, and flags (bit 0: the
+/// descriptor was opened with `O_DIRECT`). The value's record lies where its disk id says
+/// (`member/tier`: the file's number in its high 32 bits, the record's start in 4096-byte units
+/// in the low ones), and its header says what the value must hash to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DiskCopy {
-    pub at: u64,
-    pub len: u64,
-    pub checksum: u64,
+pub struct TierFile {
+    pub file: u32,
     pub direct: bool,
-    pub disk_id: u64,
 }
 
-impl DiskCopy {
-    pub const LEN: usize = 40;
+impl TierFile {
+    pub const LEN: usize = 16;
     const DIRECT: u64 = 1;
 
     pub fn encode(&self) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
+        b[..8].copy_from_slice(&u64::from(self.file).to_le_bytes());
         let flags = if self.direct { Self::DIRECT } else { 0 };
-        for (i, w) in [self.at, self.len, self.checksum, flags, self.disk_id]
-            .into_iter()
-            .enumerate()
-        {
-            b[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
-        }
+        b[8..].copy_from_slice(&flags.to_le_bytes());
         b
     }
 
-    pub fn decode(b: &[u8; Self::LEN]) -> DiskCopy {
-        DiskCopy {
-            at: u64_at(b, 0),
-            len: u64_at(b, 8),
-            checksum: u64_at(b, 16),
-            direct: u64_at(b, 24) & Self::DIRECT != 0,
-            disk_id: u64_at(b, 32),
-        }
+    /// `None` when the file's number is not one a tier gives (over 32 bits).
+    pub fn decode(b: &[u8; Self::LEN]) -> Option<TierFile> {
+        Some(TierFile {
+            file: u32::try_from(u64_at(b, 0)).ok()?,
+            direct: u64_at(b, 8) & Self::DIRECT != 0,
+        })
     }
 }
 
@@ -199,7 +190,7 @@ impl Request {
             5 => Op::ClaimRead,
             6 => Op::Release,
             7 => Op::ReadDisk,
-            8 => Op::ClaimDisk,
+            8 => Op::TierFile,
             _ => {
                 return Err(bad(
                     "unknown data op; this member speaks ops 1 to 8 (store/src/wire.rs)",
@@ -316,7 +307,7 @@ mod tests {
         let disk = Request { op: Op::ReadDisk, ..r };
         assert_eq!(Request::decode(&disk.encode()), Ok(disk));
         assert_eq!(disk.encode()[4..6], [7, 0], "op 7, as WIRE.md section 2 says");
-        let claim = Request { op: Op::ClaimDisk, ..r };
+        let claim = Request { op: Op::TierFile, ..r };
         assert_eq!(Request::decode(&claim.encode()), Ok(claim));
         assert_eq!(claim.encode()[4..6], [8, 0], "op 8, as WIRE.md section 2 says");
         let s = Response { ok: false, len: 9 };
@@ -325,23 +316,20 @@ mod tests {
 
     /// An op 8 answer's words, where WIRE.md section 2 puts them.
     #[test]
-    fn a_disk_claims_answer_lies_where_wire_md_says() {
-        let copy = DiskCopy {
-            at: 0x0807_0605_0403_0201,
-            len: 0x1817_1615_1413_1211,
-            checksum: 0x2827_2625_2423_2221,
+    fn a_tier_file_answer_lies_where_wire_md_says() {
+        let f = TierFile {
+            file: 0x0403_0201,
             direct: true,
-            disk_id: 0x4847_4645_4443_4241,
         };
-        let b = copy.encode();
-        for (at, first) in [(0, 0x01), (8, 0x11), (16, 0x21), (32, 0x41)] {
-            let want: Vec<u8> = (first..first + 8).collect();
-            assert_eq!(&b[at..at + 8], want.as_slice(), "the u64 at {at}");
-        }
-        assert_eq!(&b[24..32], &[1, 0, 0, 0, 0, 0, 0, 0], "flags: O_DIRECT");
-        assert_eq!(DiskCopy::decode(&b), copy);
-        let buffered = DiskCopy { direct: false, ..copy };
-        assert_eq!(DiskCopy::decode(&buffered.encode()), buffered);
+        let b = f.encode();
+        assert_eq!(&b[0..8], &[1, 2, 3, 4, 0, 0, 0, 0], "the file's number");
+        assert_eq!(&b[8..16], &[1, 0, 0, 0, 0, 0, 0, 0], "flags: O_DIRECT");
+        assert_eq!(TierFile::decode(&b), Some(f));
+        let buffered = TierFile { direct: false, ..f };
+        assert_eq!(TierFile::decode(&buffered.encode()), Some(buffered));
+        let mut past = b;
+        past[4] = 1;
+        assert_eq!(TierFile::decode(&past), None, "no tier numbers a file past 32 bits");
     }
 
     #[test]

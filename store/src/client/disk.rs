@@ -1,34 +1,128 @@
 //! A same-host client's read of a value's copy on its member's disk tier, from the tier file
-//! itself: the member checked the grant and handed over a descriptor of the copy's file and where
-//! the value lies in it (op 8, `member/local.rs`); the bytes go from the device into this
-//! process's buffers and are copied into the caller's, without crossing the member or a socket.
+//! itself: the member checked a grant and handed over the file's descriptor (op 8,
+//! `member/local.rs`), which this client keeps for later reads of that file ([`TierFiles`]); the
+//! record lies where the copy's disk id says, and its bytes go from the device into this
+//! process's buffers and are copied into the caller's, crossing neither the member nor a socket.
 //!
-//! Pieces of [`PIECE`] bytes are read on the runtime's blocking threads, [`IN_FLIGHT`] at once
-//! (as the member reads them for op 7: the device works on several while the ones before are
-//! copied), each into a buffer kept between reads, with the member's `O_DIRECT` alignment when the
-//! descriptor was opened with it (`member/tier/stream.rs`). They are copied into the caller's
-//! buffer and hashed in order; the bytes are the value only if they hash to the checksum the
-//! member gave. Until then the caller's buffer holds nothing it may use.
+//! The value's pieces of [`PIECE`] bytes (the first with the record's header and tag before it,
+//! so a read asks the device for no block twice) are read on the runtime's blocking threads,
+//! [`IN_FLIGHT`] at once (as the member reads them for op 7:
+//! the device works on several while the ones before are copied), each into a buffer kept between
+//! reads, with the member's `O_DIRECT` alignment when the descriptor was opened with it
+//! (`member/tier/stream.rs`). The bytes are the value only if the header reads (its own
+//! checksum), is live, carries the Location's tag and length, and the pieces, hashed in order,
+//! match its checksum. Until then the caller's buffer holds nothing it may use.
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
+use tokio::time::Instant;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use parking_lot::Mutex;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::data::Sink;
 use crate::member::dataport::disk::{IN_FLIGHT, PIECE};
-use crate::member::tier::{Piece, read_span};
-use crate::wire::DiskCopy;
+use crate::member::local::FILE_IDLE;
+use crate::member::tier::format::{self, Header};
+use crate::member::tier::{DiskId, Piece, read_span};
+use crate::proto::Location;
 
 /// Piece buffers kept between reads, for every member together.
 const KEPT_BUFFERS: usize = 2 * IN_FLIGHT;
+/// Most tier files kept open at once (the least recently read is closed first).
+pub const MOST_FILES: usize = 64;
+
+/// A tier file handed over by a member: its descriptor, and whether it was opened with `O_DIRECT`.
+#[derive(Debug, Clone)]
+pub(super) struct TierFile {
+    pub file: Arc<File>,
+    pub direct: bool,
+}
+
+#[derive(Debug)]
+struct Kept {
+    file: TierFile,
+    read: Instant,
+}
+
+/// The tier files this client keeps open, by the member's same-host socket and the file's number.
+/// A file not read for [`FILE_IDLE`] is closed by a task that runs while any is kept, so a file
+/// the member deleted gives its space back soon after; at most [`MOST_FILES`] are kept.
+#[derive(Debug, Default)]
+pub(super) struct TierFiles {
+    kept: Arc<Mutex<Files>>,
+}
+
+#[derive(Debug, Default)]
+struct Files {
+    open: HashMap<(String, u32), Kept>,
+    /// a task closes idle files
+    closing: bool,
+}
+
+impl TierFiles {
+    /// The file `number` of the member behind `socket`, if kept (and now read).
+    pub(super) fn get(&self, socket: &str, number: u32) -> Option<TierFile> {
+        let mut kept = self.kept.lock();
+        let k = kept.open.get_mut(&(socket.to_string(), number))?;
+        k.read = Instant::now();
+        Some(k.file.clone())
+    }
+
+    /// Keeps a file handed over, closing the least recently read past [`MOST_FILES`], and starts
+    /// the task that closes idle ones unless it runs.
+    pub(super) fn keep(&self, socket: &str, number: u32, file: TierFile) {
+        let mut kept = self.kept.lock();
+        if kept.open.len() >= MOST_FILES
+            && let Some(oldest) = kept.open.iter().min_by_key(|(_, k)| k.read).map(|(key, _)| key.clone())
+        {
+            kept.open.remove(&oldest);
+        }
+        let read = Instant::now();
+        kept.open.insert((socket.to_string(), number), Kept { file, read });
+        if !kept.closing {
+            kept.closing = true;
+            tokio::spawn(close_idle(Arc::downgrade(&self.kept)));
+        }
+    }
+
+    /// Forgets the files of the member behind `socket` (it went away).
+    pub(super) fn forget(&self, socket: &str) {
+        self.kept.lock().open.retain(|(s, _), _| s != socket);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.kept.lock().open.len()
+    }
+}
+
+/// Closes the files not read for [`FILE_IDLE`], every second, until none is kept (or the client
+/// is gone).
+async fn close_idle(kept: Weak<Mutex<Files>>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Some(kept) = kept.upgrade() else {
+            return;
+        };
+        let mut kept = kept.lock();
+        kept.open.retain(|_, k| k.read.elapsed() < FILE_IDLE);
+        if kept.open.is_empty() {
+            kept.closing = false;
+            return;
+        }
+    }
+}
 
 /// Buffers for pieces, kept between reads (each about [`PIECE`] and a block).
 #[derive(Debug, Default)]
-pub(super) struct Buffers(Arc<Mutex<Vec<Vec<u8>>>>);
+pub(super) struct Buffers(Mutex<Vec<Vec<u8>>>);
 
 impl Buffers {
     fn take(&self) -> Vec<u8> {
@@ -43,168 +137,132 @@ impl Buffers {
     }
 }
 
-/// Reads `copy` from `file` into `sink` (which holds exactly its length): whether the bytes hash
-/// to its checksum. `Err` when the file could not be read (it ends inside the value, or the
-/// device failed).
+/// Reads the value `loc` names (its `offset` the copy's disk id) from `file` into `sink` (which
+/// holds exactly its length): whether the bytes are the value (see the module's doc). `Err` when
+/// the file could not be read (it ends inside the record, or the device failed).
+///
+/// The device completes pieces read at once in any order: each is copied into the sink as soon
+/// as it is read, and the sink's bytes hashed as soon as all before them are in, so that once
+/// the device is done only the last piece's copy and what it completes of the hash are left.
 pub(super) async fn read_copy(
-    file: File,
-    copy: &DiskCopy,
+    file: &TierFile,
+    loc: &Location,
     sink: &mut Sink<'_, '_>,
     buffers: &Buffers,
 ) -> io::Result<bool> {
-    let file = Arc::new(file);
+    let record = DiskId(loc.offset).offset();
+    let header_len = format::payload_at(loc.tag.len());
+    let mut fill = Fill::new(sink, loc.len)?;
     let piece = PIECE as u64;
-    let mut pieces = (0..copy.len.div_ceil(piece)).map(|i| (copy.at + i * piece, piece.min(copy.len - i * piece)));
-    let mut reading = VecDeque::new();
-    let mut fill = Fill { sink, at: 0 };
+    let count = loc.len.div_ceil(piece);
+    let mut reading = FuturesUnordered::new();
+    let (mut asked, mut hashed) = (0, 0);
+    let mut copied = vec![false; count.max(1) as usize];
+    let mut header = None;
     let mut hasher = Xxh3::new();
     loop {
-        while reading.len() < IN_FLIGHT
-            && let Some((from, n)) = pieces.next()
-        {
-            let (file, direct, buf) = (file.clone(), copy.direct, buffers.take());
-            reading.push_back(tokio::task::spawn_blocking(move || {
-                read_span(&file, direct, from, n, buf)
-            }));
+        while reading.len() < IN_FLIGHT && asked < count.max(1) {
+            let (start, n) = (asked * piece, piece.min(loc.len - asked * piece));
+            // the first piece reads the record's header and tag with the value's first bytes
+            let (from, before) = if asked == 0 {
+                (record, header_len)
+            } else {
+                (record + header_len + start, 0)
+            };
+            let (f, direct, buf) = (file.file.clone(), file.direct, buffers.take());
+            let read = tokio::task::spawn_blocking(move || read_span(&f, direct, from, before + n, buf));
+            reading.push(async move { (start, before as usize, read.await) });
+            asked += 1;
         }
-        let Some(first) = reading.pop_front() else {
+        let Some((start, before, p)) = reading.next().await else {
             break;
         };
-        let p: Piece = first.await.map_err(io::Error::other)??;
-        hasher.update(p.bytes());
-        fill.put(p.bytes())?;
+        let p: Piece = p.map_err(io::Error::other)??;
+        let (head, value) = p.bytes().split_at(before);
+        if before > 0 {
+            header = Some(Header::decode(head));
+        }
+        fill.put(start as usize, value);
         buffers.give_back(p.into_buffer());
+        copied[(start / piece) as usize] = true;
+        while copied.get(hashed).copied().unwrap_or(false) {
+            let start = hashed as u64 * piece;
+            fill.hash(start as usize, piece.min(loc.len - start) as usize, &mut hasher);
+            hashed += 1;
+        }
     }
-    Ok(fill.at as u64 == copy.len && hasher.digest() == copy.checksum)
+    let this_value = match header {
+        Some(Ok(h)) => !h.dead && h.tag == loc.tag && h.len == loc.len && h.checksum == hasher.digest(),
+        _ => false,
+    };
+    Ok(this_value && hashed == copied.len())
 }
 
-/// Where the next bytes of a value go in a sink.
+/// A sink of a value's length, filled at any offset.
 struct Fill<'s, 'a, 'b> {
     sink: &'s mut Sink<'a, 'b>,
-    /// bytes put so far
-    at: usize,
 }
 
-impl Fill<'_, '_, '_> {
-    fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
-        let too_long = || io::Error::new(io::ErrorKind::InvalidData, "the copy is longer than its buffer");
+impl<'s, 'a, 'b> Fill<'s, 'a, 'b> {
+    /// `sink` made `len` bytes long (a fresh buffer grown to it, zeroed while the device reads);
+    /// a slice or parts of another length are refused.
+    fn new(sink: &'s mut Sink<'a, 'b>, len: u64) -> io::Result<Self> {
+        let len = len as usize;
+        let fits = match &mut *sink {
+            Sink::Slice(out) => out.len() == len,
+            Sink::Parts(parts) => parts.iter().map(|p| p.len()).sum::<usize>() == len,
+            Sink::Fresh(out) => {
+                out.clear();
+                out.resize(len, 0);
+                true
+            }
+        };
+        if !fits {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the buffer is not the copy's length",
+            ));
+        }
+        Ok(Fill { sink })
+    }
+
+    /// The slices of the sink that hold `n` bytes from `at` (within its length).
+    fn slices(&mut self, at: usize, n: usize, mut each: impl FnMut(&mut [u8])) {
         match &mut *self.sink {
-            Sink::Slice(out) => out
-                .get_mut(self.at..self.at + bytes.len())
-                .ok_or_else(too_long)?
-                .copy_from_slice(bytes),
+            Sink::Slice(out) => each(&mut out[at..at + n]),
+            Sink::Fresh(out) => each(&mut out[at..at + n]),
             Sink::Parts(parts) => {
-                // the parts, one after the other, from where the last bytes ended
-                let (mut skip, mut rest) = (self.at, bytes);
+                let (mut skip, mut left) = (at, n);
                 for part in parts.iter_mut() {
-                    if rest.is_empty() {
+                    if left == 0 {
                         break;
                     }
                     if skip >= part.len() {
                         skip -= part.len();
                         continue;
                     }
-                    let n = (part.len() - skip).min(rest.len());
-                    part[skip..skip + n].copy_from_slice(&rest[..n]);
-                    (skip, rest) = (0, &rest[n..]);
-                }
-                if !rest.is_empty() {
-                    return Err(too_long());
+                    let k = (part.len() - skip).min(left);
+                    each(&mut part[skip..skip + k]);
+                    (skip, left) = (0, left - k);
                 }
             }
-            Sink::Fresh(out) => out.extend_from_slice(bytes),
         }
-        self.at += bytes.len();
-        Ok(())
+    }
+
+    /// Copies `bytes` in at `at` (a piece of the value: within its length).
+    fn put(&mut self, at: usize, bytes: &[u8]) {
+        let mut from = 0;
+        self.slices(at, bytes.len(), |dst| {
+            dst.copy_from_slice(&bytes[from..from + dst.len()]);
+            from += dst.len();
+        });
+    }
+
+    /// Hashes the `n` bytes at `at`.
+    fn hash(&mut self, at: usize, n: usize, hasher: &mut Xxh3) {
+        self.slices(at, n, |b| hasher.update(b));
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Write;
-
-    fn copy_in_a_file(value: &[u8], at: usize) -> (tempfile::NamedTempFile, DiskCopy) {
-        let mut f = tempfile::NamedTempFile::new().unwrap();
-        f.write_all(&vec![7u8; at]).unwrap();
-        f.write_all(value).unwrap();
-        f.write_all(&[9u8; 100]).unwrap();
-        let copy = DiskCopy {
-            at: at as u64,
-            len: value.len() as u64,
-            checksum: xxhash_rust::xxh3::xxh3_64(value),
-            direct: false,
-            disk_id: 1,
-        };
-        (f, copy)
-    }
-
-    fn value(len: usize) -> Vec<u8> {
-        (0..len).map(|i| (i * 31 % 251) as u8).collect()
-    }
-
-    #[tokio::test]
-    async fn a_copy_of_several_pieces_lands_whole_in_each_kind_of_sink() {
-        let v = value(3 * PIECE + 4321);
-        let (f, copy) = copy_in_a_file(&v, 192);
-        let buffers = Buffers::default();
-        let mut slice = vec![0u8; v.len()];
-        let matched = read_copy(f.reopen().unwrap(), &copy, &mut Sink::Slice(&mut slice), &buffers).await;
-        assert!(matched.unwrap());
-        assert!(slice == v);
-        let (mut a, mut b, mut c) = (vec![0u8; 10], vec![0u8; PIECE + 5], vec![0u8; v.len() - PIECE - 15]);
-        let mut parts: Vec<&mut [u8]> = vec![&mut a, &mut b, &mut c];
-        let matched = read_copy(f.reopen().unwrap(), &copy, &mut Sink::Parts(&mut parts), &buffers).await;
-        assert!(matched.unwrap());
-        assert!([a, b, c].concat() == v);
-        let mut fresh = bytes::BytesMut::new();
-        let matched = read_copy(f.reopen().unwrap(), &copy, &mut Sink::Fresh(&mut fresh), &buffers).await;
-        assert!(matched.unwrap());
-        assert!(fresh[..] == v[..]);
-        assert!(buffers.0.lock().len() <= KEPT_BUFFERS);
-    }
-
-    #[tokio::test]
-    async fn bytes_that_do_not_hash_to_the_checksum_are_not_the_value() {
-        let v = value(PIECE + 100);
-        let (f, copy) = copy_in_a_file(&v, 4096);
-        let mut out = vec![0u8; v.len()];
-        let wrong = DiskCopy {
-            checksum: copy.checksum ^ 1,
-            ..copy
-        };
-        let matched = read_copy(
-            f.reopen().unwrap(),
-            &wrong,
-            &mut Sink::Slice(&mut out),
-            &Buffers::default(),
-        )
-        .await;
-        assert!(!matched.unwrap());
-    }
-
-    #[tokio::test]
-    async fn a_file_that_ends_inside_the_value_is_an_error_and_a_short_buffer_too() {
-        let v = value(5000);
-        let (f, copy) = copy_in_a_file(&v, 0);
-        let past_the_end = DiskCopy { len: 6000, ..copy };
-        let mut out = vec![0u8; 6000];
-        let read = read_copy(
-            f.reopen().unwrap(),
-            &past_the_end,
-            &mut Sink::Slice(&mut out),
-            &Buffers::default(),
-        )
-        .await;
-        assert_eq!(read.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
-        let mut short = vec![0u8; 4000];
-        let read = read_copy(
-            f.reopen().unwrap(),
-            &copy,
-            &mut Sink::Slice(&mut short),
-            &Buffers::default(),
-        )
-        .await;
-        assert_eq!(read.unwrap_err().kind(), io::ErrorKind::InvalidData);
-    }
-}
+mod tests;

@@ -9,11 +9,11 @@
 //! map, or a same-host path turned off ([`Client::without_local`](super::Client::without_local)).
 //! A socket found unreachable is not tried again for [`RETRY_UNREACHABLE`].
 //!
-//! A value only on the member's disk tier is read from the tier's file here ([`Client::local_disk_read`]):
-//! the member checks the grant and hands over the copy's file (op 8), this process reads and
-//! hashes it (`disk.rs`) and releases the claim. A copy whose bytes are wrong, or that cannot be
-//! read, is read again through the data port (op 7), so that the member checks it itself and
-//! drops it if it is damaged.
+//! A value only on the member's disk tier is read from the tier's file here
+//! ([`Client::local_disk_read`]): the member checks a grant and hands over the file (op 8), which
+//! is kept for the file's later reads, and this process reads and checks the record itself
+//! (`disk.rs`). A copy found wrong, or that cannot be read, is read again through the data port
+//! (op 7), whose answer is the word on it (the member drops a damaged copy).
 
 use std::collections::HashMap;
 use std::io;
@@ -27,12 +27,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 
 use super::data::Sink;
+use super::disk::{Buffers, TierFile, TierFiles};
 use super::{Client, POOL_PER_MEMBER, transport};
 use crate::error::{Result, StoreError};
 use crate::member::local::{MAP_ANSWER_LEN, RESIDENT};
 use crate::member::mmap::SharedMap;
+use crate::member::tier::DiskId;
 use crate::proto::Location;
-use crate::wire::{self, DiskCopy, Op, RESPONSE_LEN};
+use crate::wire::{self, Op, RESPONSE_LEN};
 
 /// How long a member socket that could not be reached (or mapped) is left alone.
 pub const RETRY_UNREACHABLE: Duration = Duration::from_secs(10);
@@ -41,8 +43,10 @@ pub const RETRY_UNREACHABLE: Duration = Duration::from_secs(10);
 #[derive(Debug, Default)]
 pub(super) struct Local {
     peers: Mutex<HashMap<String, Peer>>,
-    /// piece buffers for reads of disk copies
-    buffers: super::disk::Buffers,
+    /// tier files members handed over, for reads of values on their disk tiers
+    tier_files: TierFiles,
+    /// piece buffers for those reads
+    buffers: Buffers,
 }
 
 #[derive(Debug, Clone)]
@@ -213,10 +217,10 @@ impl Local {
         }
     }
 
-    /// A connection to the socket `name` for a disk claim, which needs no mapping: a pooled one
-    /// when the segment is mapped, else a new one; `None` when the socket was found unreachable
-    /// lately or is now.
-    fn disk_connection(&self, name: &str) -> Option<(Option<Arc<Mapped>>, UnixStream)> {
+    /// A connection to the socket `name` to ask for a tier file, which needs no mapping: a pooled
+    /// one when the segment is mapped, else a new one; `None` when the socket was found
+    /// unreachable lately, or is now.
+    fn plain_connection(&self, name: &str) -> Option<(Option<Arc<Mapped>>, UnixStream)> {
         let peer = match self.peers.lock().get(name) {
             Some(Peer::Mapped(m)) => Some(m.clone()),
             Some(Peer::Unreachable(since)) if since.elapsed() < RETRY_UNREACHABLE => return None,
@@ -240,6 +244,7 @@ impl Local {
     /// no transfer uses it, which returns the member's memory to the system.
     fn forget(&self, name: &str) {
         self.peers.lock().remove(name);
+        self.tier_files.forget(name);
     }
 }
 
@@ -299,10 +304,11 @@ impl Client {
 }
 
 impl Client {
-    /// A read of a value only on its member's disk tier from the tier's file (op 8, `disk.rs`):
-    /// `None` when it is not available for this Location, or the copy read here was not the value
-    /// or could not be read (the caller reads it through the data port, whose answer is the word
-    /// on it; `sink` is then as it was), else whether the value was there (`false`: a miss).
+    /// A read of a value only on its member's disk tier from the tier's file (`disk.rs`), asking
+    /// the member for the file (op 8) unless it is kept: `None` when that is not available for
+    /// this Location, or the record read here was not the value or could not be read (the caller
+    /// reads it through the data port, whose answer is the word on it; `sink` is then as it
+    /// was), else whether the value was there (`false`: a miss).
     pub(super) async fn local_disk_read(
         &self,
         loc: &Location,
@@ -313,76 +319,74 @@ impl Client {
         if loc.local_addr.is_empty() {
             return None;
         }
-        let (peer, mut s) = local.disk_connection(&loc.local_addr)?;
-        let claim = wire::Request::granted(Op::ClaimDisk, loc, loc.len, deadline, loc.tag.len() as u16);
-        let (copy, file) = match claim_disk(&mut s, claim, &loc.tag).await {
-            Ok(Claimed::Copy(copy, file)) if copy.len == loc.len => (copy, file),
-            Ok(Claimed::Missing) => {
-                if let Some(p) = &peer {
-                    give_back(p, s);
+        let number = DiskId(loc.offset).file();
+        let file = match local.tier_files.get(&loc.local_addr, number) {
+            Some(f) => f,
+            None => match local.ask_tier_file(loc, deadline).await? {
+                Some(f) => {
+                    local.tier_files.keep(&loc.local_addr, number, f.clone());
+                    f
                 }
-                return Some(Ok(false));
-            }
-            // refused (a member without op 8 too), failed, or not what the grant says: the data
-            // port's answer is the word on it
-            Ok(_) | Err(_) => return None,
+                None => return Some(Ok(false)),
+            },
         };
-        let matched = super::disk::read_copy(file, &copy, sink, &local.buffers).await;
-        if !matches!(matched, Ok(true)) {
-            // closed unreleased, so the member does not count it; op 7 checks the copy there
-            tracing::debug!(disk_id = copy.disk_id, outcome = ?matched, "a disk copy read here was not the value; reading it through the member");
-            if let Sink::Fresh(out) = sink {
-                out.clear();
-            }
-            return None;
-        }
-        let release = wire::Request {
-            op: Op::Release,
-            tag_len: 0,
-            ..claim
-        };
-        match ask(&mut s, release, &[], Duration::ZERO).await {
-            Ok(r) if r.ok => {
-                if let Some(p) = &peer {
-                    give_back(p, s);
+        match super::disk::read_copy(&file, loc, sink, &local.buffers).await {
+            Ok(true) => Some(Ok(true)),
+            outcome => {
+                tracing::debug!(
+                    disk_id = loc.offset,
+                    ?outcome,
+                    "a disk copy read here was not the value; reading it through the member"
+                );
+                if let Sink::Fresh(out) = sink {
+                    out.clear();
                 }
+                None
             }
-            // the bytes are the value: a member that went away meanwhile changes nothing
-            Ok(_) | Err(_) => {}
         }
-        Some(Ok(true))
     }
 }
 
-/// What an op 8 claim was answered.
-enum Claimed {
-    /// the copy's file and where the value lies in it
-    Copy(DiskCopy, std::fs::File),
-    /// the copy is not there (a miss)
-    Missing,
-    /// refused, or answered with something else
-    Refused,
-}
-
-/// Sends an op 8 claim and reads its answer.
-async fn claim_disk(s: &mut UnixStream, claim: wire::Request, tag: &[u8]) -> io::Result<Claimed> {
-    s.write_all(&claim.encode()).await?;
-    s.write_all(tag).await?;
-    let mut head = [0u8; RESPONSE_LEN];
-    let mut fd = None;
-    recv_with_fd(s, &mut head, &mut fd).await?;
-    let resp = wire::Response::decode(&head).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-    match (resp.ok, resp.len) {
-        (true, 0) => Ok(Claimed::Missing),
-        (true, len) if len == DiskCopy::LEN as u64 => {
-            let mut words = [0u8; DiskCopy::LEN];
-            recv_with_fd(s, &mut words, &mut fd).await?;
-            match fd {
-                Some(fd) => Ok(Claimed::Copy(DiskCopy::decode(&words), std::fs::File::from(fd))),
-                None => Ok(Claimed::Refused),
+impl Local {
+    /// Asks the member for the tier file that holds `loc`'s copy (op 8): `Some(None)` when the
+    /// copy is not there (a miss); `None` when it refused (a member without op 8 too) or failed.
+    async fn ask_tier_file(&self, loc: &Location, deadline: u64) -> Option<Option<TierFile>> {
+        let (peer, mut s) = self.plain_connection(&loc.local_addr)?;
+        let ask = wire::Request::granted(Op::TierFile, loc, loc.len, deadline, loc.tag.len() as u16);
+        let answered = async {
+            s.write_all(&ask.encode()).await?;
+            s.write_all(&loc.tag).await?;
+            let mut head = [0u8; RESPONSE_LEN];
+            let mut fd = None;
+            recv_with_fd(&s, &mut head, &mut fd).await?;
+            let resp =
+                wire::Response::decode(&head).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            io::Result::Ok(match (resp.ok, resp.len) {
+                (true, 0) => Some(None),
+                (true, len) if len == wire::TierFile::LEN as u64 => {
+                    let mut words = [0u8; wire::TierFile::LEN];
+                    recv_with_fd(&s, &mut words, &mut fd).await?;
+                    match (wire::TierFile::decode(&words), fd) {
+                        (Some(answer), Some(fd)) => Some(Some(TierFile {
+                            file: Arc::new(std::fs::File::from(fd)),
+                            direct: answer.direct,
+                        })),
+                        _ => None,
+                    }
+                }
+                // refused: the refusal's words stay unread, and the connection is dropped
+                _ => None,
+            })
+        };
+        match answered.await {
+            Ok(Some(answer)) => {
+                if let Some(p) = &peer {
+                    give_back(p, s);
+                }
+                Some(answer)
             }
+            Ok(None) | Err(_) => None,
         }
-        _ => Ok(Claimed::Refused),
     }
 }
 

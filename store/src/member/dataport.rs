@@ -133,7 +133,7 @@ async fn connection(mut s: Conn, stores: &Stores, hot: &HotWindow) -> std::io::R
                     return Ok(());
                 }
             }
-            Op::Map | Op::ClaimWrite | Op::ClaimRead | Op::Release | Op::ClaimDisk => {
+            Op::Map | Op::ClaimWrite | Op::ClaimRead | Op::Release | Op::TierFile => {
                 let e = StoreError::new(
                     crate::error::ErrorCode::InvalidArgument,
                     "ops 3 to 6 and 8 are served on the member's same-host socket only; send 1 (write), 2 (read) or 7 (read \

@@ -13,14 +13,13 @@
 //! - `ClaimWrite` / `ClaimRead` with the leader's grant: the same checks as the data port (mount,
 //!   epoch, deadline, bounds, and the range table, `mmap.rs`), then the claim is held for the
 //!   connection until
-//! - `ClaimDisk` with the leader's grant of a read of a value's copy on the disk tier (its tag
+//! - `TierFile` with the leader's grant of a read of a value's copy on the disk tier (its tag
 //!   follows): the same checks as op 7 on the data port, and the copy's record must be live and
-//!   the granted value's; answered with a descriptor of the copy's file opened for this claim
-//!   (SCM_RIGHTS) and where the value lies in it (`wire::DiskCopy`), or, when the copy is not
+//!   the granted value's; answered with a descriptor of the tier file that holds it, opened for
+//!   the answer (SCM_RIGHTS), and the file's number (`wire::TierFile`), or, when the copy is not
 //!   there, with no descriptor and `len` 0 (a miss, reported to the leader as op 7 reports it).
-//!   The client reads and hashes the bytes itself: `Release` says they matched (the read is
-//!   counted); a client that found them wrong closes the connection and reads the value through
-//!   op 7, so that this member checks the copy itself before dropping it;
+//!   Nothing is held: the client reads the record itself (`client/disk.rs`), and may keep the
+//!   descriptor for later reads of the same file;
 //! - `Release`, answered once the claim is dropped; a closed connection drops it too.
 //!
 //! A read claim is held at most until its grant's deadline (the read lease: past it the leader may
@@ -28,9 +27,9 @@
 //! [`WRITE_GRACE`] (the leader reuses an abandoned reservation only after a longer grace); past
 //! that the connection is closed and the range is free again, so a client that stalls cannot pin
 //! a range. A tier file's bytes never change once written (records are appended and only their
-//! flags rewritten), so a handed-out descriptor can read nothing but what its copy was: a disk
-//! claim pins no space, and lasts until its grant's deadline only so that a stalled client is cut
-//! off as for memory.
+//! flags rewritten, and a file's number is never reused), so a handed-out descriptor can read
+//! nothing but what the file's records were; what it keeps is a deleted file's space, until the
+//! client closes it (`client/disk.rs` closes a file it has not read for [`FILE_IDLE`]).
 
 use std::io;
 use std::os::fd::AsFd;
@@ -45,13 +44,16 @@ use tokio_util::sync::CancellationToken;
 use super::dataport::WRITE_GRACE;
 use super::mmap::ReadRange;
 use super::segment::{Grant, Segment, Writing};
-use super::tier::DiskId;
 use super::tiering::Tiering;
 use crate::error::{ErrorCode, StoreError};
 use crate::grant::Access;
 use crate::spin::HotWindow;
 use crate::time::now_unix_ms;
-use crate::wire::{DiskCopy, Op, REQUEST_LEN, Request, Response};
+use crate::wire::{Op, REQUEST_LEN, Request, Response, TierFile};
+
+/// How long a same-host client keeps a tier file's descriptor it has not read from: the longest
+/// a file the tier deleted (its records all dead) keeps its space on disk for such a client.
+pub const FILE_IDLE: Duration = Duration::from_secs(5);
 
 /// Bytes after the header of a `Map` answer.
 pub const MAP_ANSWER_LEN: usize = 16;
@@ -102,8 +104,6 @@ enum Claim<'a> {
     None,
     Write(Writing<'a>),
     Read(ReadRange<'a>),
-    /// a copy on the disk tier, `len` bytes, whose file was handed out
-    Disk(DiskId, u64),
 }
 
 /// Serves one connection's requests in turn until it closes, fails, or holds a claim past its
@@ -144,7 +144,7 @@ async fn connection(
                 }
                 Err(e) => Err(e),
             },
-            Op::ClaimWrite | Op::ClaimRead | Op::ClaimDisk if !matches!(claim, Claim::None) => Err(StoreError::new(
+            Op::ClaimWrite | Op::ClaimRead if !matches!(claim, Claim::None) => Err(StoreError::new(
                 ErrorCode::InvalidArgument,
                 "this connection holds a claim already; release it first",
             )),
@@ -162,11 +162,13 @@ async fn connection(
                     until = Some(claim_deadline(req.deadline_unix_ms, Access::Read));
                 })
             }
-            Op::ClaimDisk => match claim_disk(segment, tiering, grant, req.len, &tag).await {
-                Ok(Some((copy, file))) => {
-                    send_with_fd(&s, &ok_with(&copy.encode()), file.as_fd()).await?;
-                    claim = Claim::Disk(DiskId(copy.disk_id), copy.len);
-                    until = Some(claim_deadline(req.deadline_unix_ms, Access::ReadDisk));
+            Op::TierFile => match tier_file(segment, tiering, grant, req.len, &tag).await {
+                Ok(Some((answer, file))) => {
+                    send_with_fd(&s, &ok_with(&answer.encode()), file.as_fd()).await?;
+                    segment
+                        .counters
+                        .tier_files
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     hot.touch();
                     continue;
                 }
@@ -176,7 +178,7 @@ async fn connection(
             },
             Op::Release => {
                 until = None;
-                release(std::mem::replace(&mut claim, Claim::None), segment, tiering);
+                release(std::mem::replace(&mut claim, Claim::None), segment);
                 Ok(())
             }
             Op::Write | Op::Read | Op::ReadDisk => Err(StoreError::new(
@@ -229,46 +231,41 @@ fn check_tag_len(req: &Request) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Checks a disk claim as op 7 does (`dataport/disk.rs`) and opens the copy: what the client is
-/// told of it, with the descriptor to hand out, or `None` when the copy is not there.
-async fn claim_disk(
+/// Checks an op 8 request as op 7's (`dataport/disk.rs`) and opens the copy's file: the answer,
+/// with the descriptor to hand out, or `None` when the copy is not there.
+async fn tier_file(
     segment: &Segment,
     tiering: Option<&Tiering>,
     grant: Grant,
     len: u64,
     tag: &[u8],
-) -> Result<Option<(DiskCopy, std::fs::File)>, StoreError> {
+) -> Result<Option<(TierFile, std::fs::File)>, StoreError> {
     let Some(tiering) = tiering else {
         return Err(StoreError::new(
             ErrorCode::InvalidArgument,
-            "this member has no disk tier: op 8 claims only values a Location says are on disk",
+            "this member has no disk tier: op 8 asks only for values a Location says are on disk",
         ));
     };
     segment.admit(&grant, Access::ReadDisk, len, tag).await?;
     let Some(stream) = tiering.open_read(grant.offset, tag, len) else {
         return Ok(None);
     };
-    // the descriptor opened for this read (with `O_DIRECT` where the file system allows it); the
-    // member keeps no use of it once it is sent
+    // the descriptor opened for this read (with `O_DIRECT` where the file system allows it)
     let file = stream.file().try_clone().map_err(|e| {
         StoreError::new(
             ErrorCode::Internal,
             format!("the tier file could not be handed out: {e}"),
         )
     })?;
-    let copy = DiskCopy {
-        at: stream.at(),
-        len: stream.len,
-        checksum: stream.checksum(),
+    let answer = TierFile {
+        file: stream.id().file(),
         direct: stream.is_direct(),
-        disk_id: stream.id().0,
     };
-    Ok(Some((copy, file)))
+    Ok(Some((answer, file)))
 }
 
-/// Drops a released claim: a write is finished and counted, a read counted (a disk read as one
-/// of the tier's reads too).
-fn release(claim: Claim<'_>, segment: &Segment, tiering: Option<&Tiering>) {
+/// Drops a released claim: a write is finished and counted, a read counted.
+fn release(claim: Claim<'_>, segment: &Segment) {
     match claim {
         Claim::Write(r) => {
             let len = r.len();
@@ -284,16 +281,6 @@ fn release(claim: Claim<'_>, segment: &Segment, tiering: Option<&Tiering>) {
             segment
                 .counters
                 .local_reads
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        Claim::Disk(id, len) => {
-            if let Some(t) = tiering {
-                t.read_done(id, Ok(()));
-            }
-            segment.read(len);
-            segment
-                .counters
-                .local_disk_reads
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         Claim::None => {}

@@ -145,10 +145,10 @@ impl Collector for MemberCollector {
                 c.local_reads.load(Relaxed),
             ),
             (
-                "kvstore_member_local_disk_reads",
-                "copies on the disk tier same-host clients read from the tier's files (of kvstore_member_reads)",
+                "kvstore_member_local_tier_files",
+                "tier files handed to same-host clients, which read copies on the disk tier from them themselves",
                 None,
-                c.local_disk_reads.load(Relaxed),
+                c.tier_files.load(Relaxed),
             ),
             (
                 "kvstore_member_refusals",

@@ -43,8 +43,8 @@ pub struct DataCounters {
     /// of `writes` and `reads`: those a same-host client made through the mapped segment
     pub local_writes: AtomicU64,
     pub local_reads: AtomicU64,
-    /// of `reads`: copies on the disk tier a same-host client read from the tier's file (op 8)
-    pub local_disk_reads: AtomicU64,
+    /// tier files handed to same-host clients (op 8), which read copies from them themselves
+    pub tier_files: AtomicU64,
 }
 
 /// Where a transfer goes, as the leader granted it: the mount and epoch it was placed under, the
