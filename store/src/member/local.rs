@@ -162,19 +162,9 @@ async fn connection(
                     until = Some(claim_deadline(req.deadline_unix_ms, Access::Read));
                 })
             }
-            Op::TierFile => match tier_file(segment, tiering, grant, req.len, &tag).await {
-                Ok(Some((answer, file))) => {
-                    send_with_fd(&s, &ok_with(&answer.encode()), file.as_fd()).await?;
-                    segment
-                        .counters
-                        .tier_files
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    hot.touch();
-                    continue;
-                }
-                // no copy: a miss, reported to the leader by `open_read`
-                Ok(None) => Ok(()),
-                Err(e) => Err(e),
+            Op::TierFile => match hand_tier_file(&s, segment, tiering, grant, req.len, &tag).await? {
+                Some(answer) => answer,
+                None => continue,
             },
             Op::Release => {
                 until = None;
@@ -229,6 +219,31 @@ fn check_tag_len(req: &Request) -> Result<(), StoreError> {
         ));
     }
     Ok(())
+}
+
+/// Answers op 8 with the tier file that holds the copy (`None`: sent), or says what to answer:
+/// nothing more than the header when the copy is not there (a miss, reported to the leader by
+/// `open_read`), or the refusal.
+async fn hand_tier_file(
+    s: &UnixStream,
+    segment: &Segment,
+    tiering: Option<&Tiering>,
+    grant: Grant,
+    len: u64,
+    tag: &[u8],
+) -> io::Result<Option<Result<(), StoreError>>> {
+    match tier_file(segment, tiering, grant, len, tag).await {
+        Ok(Some((answer, file))) => {
+            send_with_fd(s, &ok_with(&answer.encode()), file.as_fd()).await?;
+            segment
+                .counters
+                .tier_files
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(None)
+        }
+        Ok(None) => Ok(Some(Ok(()))),
+        Err(e) => Ok(Some(Err(e))),
+    }
 }
 
 /// Checks an op 8 request as op 7's (`dataport/disk.rs`) and opens the copy's file: the answer,

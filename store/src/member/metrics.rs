@@ -82,6 +82,55 @@ fn encode_tier(t: &Tiering, e: &mut DescriptorEncoder) -> Result<(), std::fmt::E
     Ok(())
 }
 
+/// The data port's and the same-host socket's transfer counters.
+fn encode_transfers(c: &super::segment::DataCounters, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let counters = [
+        ("kvstore_member_writes", "values written", None, c.writes.load(Relaxed)),
+        ("kvstore_member_reads", "values read", None, c.reads.load(Relaxed)),
+        (
+            "kvstore_member_written",
+            "bytes written",
+            Some(Unit::Bytes),
+            c.bytes_written.load(Relaxed),
+        ),
+        (
+            "kvstore_member_read",
+            "bytes read",
+            Some(Unit::Bytes),
+            c.bytes_read.load(Relaxed),
+        ),
+        (
+            "kvstore_member_local_writes",
+            "values same-host clients wrote into the mapped segment (of kvstore_member_writes)",
+            None,
+            c.local_writes.load(Relaxed),
+        ),
+        (
+            "kvstore_member_local_reads",
+            "values same-host clients read from the mapped segment (of kvstore_member_reads)",
+            None,
+            c.local_reads.load(Relaxed),
+        ),
+        (
+            "kvstore_member_local_tier_files",
+            "tier files handed to same-host clients, which read copies on the disk tier from them themselves",
+            None,
+            c.tier_files.load(Relaxed),
+        ),
+        (
+            "kvstore_member_refusals",
+            "transfers refused (stale mount, deadline, range)",
+            None,
+            c.refusals.load(Relaxed),
+        ),
+    ];
+    for (name, help, unit, v) in &counters {
+        let m = ConstCounter::new(*v);
+        m.encode(e.encode_descriptor(name, help, unit.as_ref(), m.metric_type())?)?;
+    }
+    Ok(())
+}
+
 impl Collector for MemberCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let ready = ConstGauge::new(u64::from(self.readiness.is_serving()));
@@ -116,51 +165,7 @@ impl Collector for MemberCollector {
             let g = ConstGauge::new(v);
             g.encode(e.encode_descriptor(name, help, unit.as_ref(), g.metric_type())?)?;
         }
-        let c = &self.segment.counters;
-        let counters = [
-            ("kvstore_member_writes", "values written", None, c.writes.load(Relaxed)),
-            ("kvstore_member_reads", "values read", None, c.reads.load(Relaxed)),
-            (
-                "kvstore_member_written",
-                "bytes written",
-                Some(Unit::Bytes),
-                c.bytes_written.load(Relaxed),
-            ),
-            (
-                "kvstore_member_read",
-                "bytes read",
-                Some(Unit::Bytes),
-                c.bytes_read.load(Relaxed),
-            ),
-            (
-                "kvstore_member_local_writes",
-                "values same-host clients wrote into the mapped segment (of kvstore_member_writes)",
-                None,
-                c.local_writes.load(Relaxed),
-            ),
-            (
-                "kvstore_member_local_reads",
-                "values same-host clients read from the mapped segment (of kvstore_member_reads)",
-                None,
-                c.local_reads.load(Relaxed),
-            ),
-            (
-                "kvstore_member_local_tier_files",
-                "tier files handed to same-host clients, which read copies on the disk tier from them themselves",
-                None,
-                c.tier_files.load(Relaxed),
-            ),
-            (
-                "kvstore_member_refusals",
-                "transfers refused (stale mount, deadline, range)",
-                None,
-                c.refusals.load(Relaxed),
-            ),
-        ];
-        for (name, help, unit, v) in &counters {
-            let m = ConstCounter::new(*v);
-            m.encode(e.encode_descriptor(name, help, unit.as_ref(), m.metric_type())?)?;
-        }
+        encode_transfers(&self.segment.counters, &mut e)?;
         match &self.tiering {
             Some(t) => encode_tier(t, &mut e),
             None => Ok(()),
