@@ -214,8 +214,8 @@ impl State {
         answer
     }
 
-    /// `place` is the holding's place in its report (least recently used first): it orders values
-    /// last used within the same millisecond. `tag` is what its seal names.
+    /// `place` is the holding's place in its report: it orders values its member last used within
+    /// the same millisecond. `tag` is what its seal names.
     fn adopt_one(&mut self, member_id: u64, h: &Holding, tag: TagRef<'_>, place: u64) -> Option<u64> {
         if !self.in_ledger(&tag) || !self.tenants.get(tag.tenant)?.objects.has_room() {
             return None;

@@ -42,9 +42,9 @@ pub struct Held {
     pub checksum: u64,
     /// the leader epoch it was written under
     pub epoch: u64,
-    /// when it was last written or read (Unix milliseconds): reports list the least recent
-    /// first, and the next leader orders eviction by it across all its members, so the values
-    /// engines keep reading stay cached after a failover
+    /// when it was last written or read (Unix milliseconds): reports carry it, and the next
+    /// leader orders eviction by it across all its members, so the values engines keep reading
+    /// stay cached after a failover
     pub used: u64,
     /// its bytes were found to match `checksum` since the mount that holds it was lost (or since
     /// its leader stopped answering): a report need not hash them again
@@ -276,7 +276,9 @@ impl Written {
     }
 
     /// Ends the table's mount: every range is forgotten (a new mount's grants start a new count),
-    /// and the finished values the leader sealed are returned, least recently used first.
+    /// and the finished values the leader sealed are returned in the segment's order (by offset:
+    /// the table's own, so nothing is sorted however many there are, and the next leader takes
+    /// their ranges one after the other).
     pub fn retire(&mut self) -> Vec<Retired> {
         self.held = Count::default();
         let ranges = std::mem::take(&mut self.ranges);
@@ -289,9 +291,6 @@ impl Written {
                 held,
             })
         }));
-        // in place: a stable sort's scratch would be half the table again (a gigabyte at 20
-        // million values); values last used in the same millisecond come in no set order
-        out.sort_unstable_by_key(|r| r.held.used);
         out
     }
 

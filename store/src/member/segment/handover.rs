@@ -1,6 +1,7 @@
 //! A segment's handover to the next leader: the finished values of ended mounts wait
-//! ([`Waiting`]) until a leader mounts the segment again; the member reports them least recently
-//! used first ([`Segment::report`]), in pages ([`Segment::page`]) however many there are, each
+//! ([`Waiting`]) until a leader mounts the segment again; the member reports them in the
+//! segment's order ([`Segment::report`]: the leader files each by its last use, whatever the
+//! order, and takes the ranges one after the other), in pages ([`Segment::page`]) however many there are, each
 //! value only if its bytes still match their checksum (checked as its page is made, unless
 //! [`Segment::precheck`] did when the leader stopped answering), and each page's answer says
 //! which the leader adopted and under which allocations of its term ([`Segment::adopt`]). What
@@ -15,8 +16,8 @@ use crate::member::written::{Count, Retired};
 /// values is made in tens of milliseconds, and holds fewer values.
 const PAGE_CHECK_BYTES: u64 = 256 << 20;
 
-/// Values of ended mounts, waiting for a leader, least recently used first once reported: those
-/// not sent yet, and those sent in pages whose answers have not come.
+/// Values of ended mounts, waiting for a leader, in the segment's order once reported: those not
+/// sent yet, and those sent in pages whose answers have not come.
 #[derive(Debug, Default)]
 pub(super) struct Waiting {
     values: VecDeque<Retired>,
@@ -43,21 +44,22 @@ pub struct ReportCounts {
 }
 
 impl Segment {
-    /// Starts a report for the next leader: the finished values of ended mounts, least recently
-    /// used first (pages sent to an earlier leader and not answered are sent again). Their
+    /// Starts a report for the next leader: the finished values of ended mounts, in the
+    /// segment's order (pages sent to an earlier leader and not answered are sent again). Their
     /// checksums are checked as the pages are made, so the first page goes out at once.
     pub fn report(&self) -> ReportCounts {
         let mut retired = self.retired.lock();
         let waiting = &mut *retired;
-        // pages sent and not answered go first again: they were the least recently used
+        // pages sent and not answered go first again: they came first
         while let Some(r) = waiting.sent.pop_back() {
             waiting.values.push_front(r);
         }
         self.note_answers_due(waiting);
-        // in place, and at once when already in order (one ended mount's values are)
+        // in place, and not at all when in order already (one ended mount's values are: its
+        // table's order); a stable sort's scratch would be half the values again
         let values = waiting.values.make_contiguous();
-        if !values.is_sorted_by_key(|r| r.held.used) {
-            values.sort_unstable_by_key(|r| r.held.used);
+        if !values.is_sorted_by_key(|r| r.offset) {
+            values.sort_unstable_by_key(|r| r.offset);
         }
         ReportCounts {
             values: values.len() as u64,

@@ -77,7 +77,7 @@ fn tag(k: &str) -> Arc<[u8]> {
 }
 
 #[test]
-fn only_finished_whole_values_are_reported_least_recently_used_first() {
+fn only_finished_whole_values_are_reported_in_the_segments_order_with_their_last_use() {
     static NOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1000);
     fn tick() -> u64 {
         NOW.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -112,22 +112,23 @@ fn only_finished_whole_values_are_reported_least_recently_used_first() {
     let keys: Vec<&[u8]> = r.iter().map(|r| &*r.held.tag).collect();
     assert_eq!(
         keys,
-        [&b"b"[..], &b"a"[..]],
-        "b, then a (read last); c was cut, 4 unfinished, d never committed"
+        [&b"a"[..], &b"b"[..]],
+        "a, then b, as they lie; c was cut, 4 unfinished, d never committed"
     );
+    assert!(r[0].held.used > r[1].held.used, "a was used last: read after b was written");
     assert_eq!(
         (
-            r[1].offset,
-            r[1].len,
-            r[1].held.checksum,
-            r[1].held.epoch,
-            r[1].held.seal
+            r[0].offset,
+            r[0].len,
+            r[0].held.checksum,
+            r[0].held.epoch,
+            r[0].held.seal
         ),
         (0, 100, 11, 7, Some([1; 32]))
     );
     assert!(w.is_empty(), "retired: the next mount starts empty");
     // the leader adopted a under its new term's allocation 40, sealed anew in epoch 8
-    w.adopt(r[1].clone(), 40, [40; 32], 8);
+    w.adopt(r[0].clone(), 40, [40; 32], 8);
     assert_eq!(w.read(0, 100, 40), Ok(()));
     assert_eq!(
         w.read(0, 100, 1),
