@@ -28,14 +28,14 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::data::Sink;
 use crate::member::dataport::disk::{IN_FLIGHT, PIECE};
-use crate::member::local::FILE_IDLE;
+use crate::member::local::FILE_KEEP;
 use crate::member::tier::format::{self, Header};
 use crate::member::tier::{DiskId, Piece, read_span};
 use crate::proto::Location;
 
 /// Piece buffers kept between reads, for every member together.
 const KEPT_BUFFERS: usize = 2 * IN_FLIGHT;
-/// Most tier files kept open at once (the least recently read is closed first).
+/// Most tier files kept open at once (the one handed over first is closed first).
 pub const MOST_FILES: usize = 64;
 
 /// A tier file handed over by a member: its descriptor, and whether it was opened with `O_DIRECT`.
@@ -48,12 +48,14 @@ pub(super) struct TierFile {
 #[derive(Debug)]
 struct Kept {
     file: TierFile,
-    read: Instant,
+    handed: Instant,
 }
 
 /// The tier files this client keeps open, by the member's same-host socket and the file's number.
-/// A file not read for [`FILE_IDLE`] is closed by a task that runs while any is kept, so a file
-/// the member deleted gives its space back soon after; at most [`MOST_FILES`] are kept.
+/// A file is kept [`FILE_KEEP`] from when it was handed over, then asked for again (closed by a
+/// task that runs while any is kept): a file the member deleted gives its space back soon after,
+/// and the member sees each file a client reads in use (`--tier-lru`). At most [`MOST_FILES`]
+/// are kept.
 #[derive(Debug, Default)]
 pub(super) struct TierFiles {
     kept: Arc<Mutex<Files>>,
@@ -62,33 +64,33 @@ pub(super) struct TierFiles {
 #[derive(Debug, Default)]
 struct Files {
     open: HashMap<(String, u32), Kept>,
-    /// a task closes idle files
+    /// a task closes the expired files
     closing: bool,
 }
 
 impl TierFiles {
-    /// The file `number` of the member behind `socket`, if kept (and now read).
+    /// The file `number` of the member behind `socket`, if kept and handed over less than
+    /// [`FILE_KEEP`] ago.
     pub(super) fn get(&self, socket: &str, number: u32) -> Option<TierFile> {
-        let mut kept = self.kept.lock();
-        let k = kept.open.get_mut(&(socket.to_string(), number))?;
-        k.read = Instant::now();
-        Some(k.file.clone())
+        let kept = self.kept.lock();
+        let k = kept.open.get(&(socket.to_string(), number))?;
+        (k.handed.elapsed() < FILE_KEEP).then(|| k.file.clone())
     }
 
-    /// Keeps a file handed over, closing the least recently read past [`MOST_FILES`], and starts
-    /// the task that closes idle ones unless it runs.
+    /// Keeps a file handed over now, closing the one handed over first past [`MOST_FILES`], and
+    /// starts the task that closes them unless it runs.
     pub(super) fn keep(&self, socket: &str, number: u32, file: TierFile) {
         let mut kept = self.kept.lock();
         if kept.open.len() >= MOST_FILES
-            && let Some(oldest) = kept.open.iter().min_by_key(|(_, k)| k.read).map(|(key, _)| key.clone())
+            && let Some(oldest) = kept.open.iter().min_by_key(|(_, k)| k.handed).map(|(key, _)| key.clone())
         {
             kept.open.remove(&oldest);
         }
-        let read = Instant::now();
-        kept.open.insert((socket.to_string(), number), Kept { file, read });
+        let handed = Instant::now();
+        kept.open.insert((socket.to_string(), number), Kept { file, handed });
         if !kept.closing {
             kept.closing = true;
-            tokio::spawn(close_idle(Arc::downgrade(&self.kept)));
+            tokio::spawn(close_expired(Arc::downgrade(&self.kept)));
         }
     }
 
@@ -103,16 +105,16 @@ impl TierFiles {
     }
 }
 
-/// Closes the files not read for [`FILE_IDLE`], every second, until none is kept (or the client
-/// is gone).
-async fn close_idle(kept: Weak<Mutex<Files>>) {
+/// Closes the files handed over [`FILE_KEEP`] ago or more, every second, until none is kept (or
+/// the client is gone).
+async fn close_expired(kept: Weak<Mutex<Files>>) {
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let Some(kept) = kept.upgrade() else {
             return;
         };
         let mut kept = kept.lock();
-        kept.open.retain(|_, k| k.read.elapsed() < FILE_IDLE);
+        kept.open.retain(|_, k| k.handed.elapsed() < FILE_KEEP);
         if kept.open.is_empty() {
             kept.closing = false;
             return;

@@ -29,7 +29,8 @@
 //! a range. A tier file's bytes never change once written (records are appended and only their
 //! flags rewritten, and a file's number is never reused), so a handed-out descriptor can read
 //! nothing but what the file's records were; what it keeps is a deleted file's space, until the
-//! client closes it (`client/disk.rs` closes a file it has not read for [`FILE_IDLE`]).
+//! client closes it (`client/disk.rs` keeps a file at most [`FILE_KEEP`] after it was handed
+//! over, then asks again: each ask touches the file as a read does, for `--tier-lru`).
 
 use std::io;
 use std::os::fd::AsFd;
@@ -51,9 +52,10 @@ use crate::spin::HotWindow;
 use crate::time::now_unix_ms;
 use crate::wire::{Op, REQUEST_LEN, Request, Response, TierFile};
 
-/// How long a same-host client keeps a tier file's descriptor it has not read from: the longest
-/// a file the tier deleted (its records all dead) keeps its space on disk for such a client.
-pub const FILE_IDLE: Duration = Duration::from_secs(5);
+/// How long a same-host client keeps a tier file's descriptor after it was handed over: the
+/// longest a file the tier deleted (its records all dead) keeps its space on disk for such a
+/// client, and how long its reads of a file may go unseen by the tier's use order.
+pub const FILE_KEEP: Duration = Duration::from_secs(5);
 
 /// Bytes after the header of a `Map` answer.
 pub const MAP_ANSWER_LEN: usize = 16;

@@ -150,32 +150,33 @@ async fn a_file_that_ends_inside_the_record_is_an_error_and_a_short_buffer_too()
 }
 
 #[tokio::test(start_paused = true)]
-async fn files_not_read_for_a_while_are_closed_and_at_most_so_many_are_kept() {
+async fn files_are_kept_a_while_from_when_they_were_handed_over_and_at_most_so_many() {
     let f = tempfile::NamedTempFile::new().unwrap();
     let files = TierFiles::default();
     files.keep("@m", 1, opened(&f));
+    tokio::time::sleep(FILE_KEEP / 2).await;
     files.keep("@m", 2, opened(&f));
-    tokio::time::sleep(FILE_IDLE / 2).await;
-    assert!(files.get("@m", 1).is_some(), "read again now");
-    tokio::time::sleep(FILE_IDLE / 2 + Duration::from_secs(2)).await;
-    assert!(files.get("@m", 2).is_none(), "not read for FILE_IDLE: closed");
-    assert!(files.get("@m", 1).is_some());
-    tokio::time::sleep(FILE_IDLE + Duration::from_secs(2)).await;
-    assert_eq!(files.len(), 0);
+    assert!(files.get("@m", 1).is_some() && files.get("@m", 2).is_some());
+    assert!(files.get("@m", 3).is_none() && files.get("@n", 1).is_none());
+    tokio::time::sleep(FILE_KEEP / 2).await;
+    assert!(files.get("@m", 1).is_none(), "handed over FILE_KEEP ago: asked for again, however read");
+    assert!(files.get("@m", 2).is_some());
+    tokio::time::sleep(FILE_KEEP / 2 + Duration::from_secs(2)).await;
+    assert_eq!(files.len(), 0, "closed by the task");
 
     // the task ended with the last file, and starts again with the next
     files.keep("@m", 3, opened(&f));
-    tokio::time::sleep(FILE_IDLE + Duration::from_secs(2)).await;
+    tokio::time::sleep(FILE_KEEP + Duration::from_secs(2)).await;
     assert_eq!(files.len(), 0);
 
     for n in 0..MOST_FILES as u32 {
         files.keep("@m", n, opened(&f));
         tokio::time::advance(Duration::from_millis(1)).await;
     }
-    assert!(files.get("@m", 0).is_some(), "the least recently read is now 1");
     files.keep("@other", 0, opened(&f));
     assert_eq!(files.len(), MOST_FILES);
-    assert!(files.get("@m", 1).is_none());
+    assert!(files.get("@m", 0).is_none(), "the one handed over first is closed first");
+    assert!(files.get("@m", 1).is_some() && files.get("@other", 0).is_some());
     files.forget("@m");
     assert_eq!(files.len(), 1);
 }
