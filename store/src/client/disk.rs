@@ -82,7 +82,11 @@ impl TierFiles {
     pub(super) fn keep(&self, socket: &str, number: u32, file: TierFile) {
         let mut kept = self.kept.lock();
         if kept.open.len() >= MOST_FILES
-            && let Some(oldest) = kept.open.iter().min_by_key(|(_, k)| k.handed).map(|(key, _)| key.clone())
+            && let Some(oldest) = kept
+                .open
+                .iter()
+                .min_by_key(|(_, k)| k.handed)
+                .map(|(key, _)| key.clone())
         {
             kept.open.remove(&oldest);
         }

@@ -159,7 +159,10 @@ async fn files_are_kept_a_while_from_when_they_were_handed_over_and_at_most_so_m
     assert!(files.get("@m", 1).is_some() && files.get("@m", 2).is_some());
     assert!(files.get("@m", 3).is_none() && files.get("@n", 1).is_none());
     tokio::time::sleep(FILE_KEEP / 2).await;
-    assert!(files.get("@m", 1).is_none(), "handed over FILE_KEEP ago: asked for again, however read");
+    assert!(
+        files.get("@m", 1).is_none(),
+        "handed over FILE_KEEP ago: asked for again, however read"
+    );
     assert!(files.get("@m", 2).is_some());
     tokio::time::sleep(FILE_KEEP / 2 + Duration::from_secs(2)).await;
     assert_eq!(files.len(), 0, "closed by the task");
@@ -175,7 +178,10 @@ async fn files_are_kept_a_while_from_when_they_were_handed_over_and_at_most_so_m
     }
     files.keep("@other", 0, opened(&f));
     assert_eq!(files.len(), MOST_FILES);
-    assert!(files.get("@m", 0).is_none(), "the one handed over first is closed first");
+    assert!(
+        files.get("@m", 0).is_none(),
+        "the one handed over first is closed first"
+    );
     assert!(files.get("@m", 1).is_some() && files.get("@other", 0).is_some());
     files.forget("@m");
     assert_eq!(files.len(), 1);

@@ -115,7 +115,10 @@ fn only_finished_whole_values_are_reported_in_the_segments_order_with_their_last
         [&b"a"[..], &b"b"[..]],
         "a, then b, as they lie; c was cut, 4 unfinished, d never committed"
     );
-    assert!(r[0].held.used > r[1].held.used, "a was used last: read after b was written");
+    assert!(
+        r[0].held.used > r[1].held.used,
+        "a was used last: read after b was written"
+    );
     assert_eq!(
         (
             r[0].offset,
