@@ -30,10 +30,10 @@ use super::data::Sink;
 use crate::member::dataport::disk::{IN_FLIGHT, PIECE};
 use crate::member::local::FILE_KEEP;
 use crate::member::tier::format::{self, Header};
-use crate::member::tier::{DiskId, Piece, read_span};
+use crate::member::tier::{DiskId, Piece, PieceBuffers, read_span};
 use crate::proto::Location;
 
-/// Piece buffers kept between reads, for every member together.
+/// How many piece buffers are kept between reads, for every member together.
 const KEPT_BUFFERS: usize = 2 * IN_FLIGHT;
 /// Most tier files kept open at once (the one handed over first is closed first).
 pub const MOST_FILES: usize = 64;
@@ -126,22 +126,8 @@ async fn close_expired(kept: Weak<Mutex<Files>>) {
     }
 }
 
-/// Buffers for pieces, kept between reads (each about [`PIECE`] and a block).
-#[derive(Debug, Default)]
-pub(super) struct Buffers(Mutex<Vec<Vec<u8>>>);
-
-impl Buffers {
-    fn take(&self) -> Vec<u8> {
-        self.0.lock().pop().unwrap_or_default()
-    }
-
-    fn give_back(&self, buf: Vec<u8>) {
-        let mut kept = self.0.lock();
-        if kept.len() < KEPT_BUFFERS {
-            kept.push(buf);
-        }
-    }
-}
+/// Piece buffers kept between reads of tier files.
+pub(super) type Buffers = PieceBuffers<KEPT_BUFFERS>;
 
 /// Reads the value `loc` names (its `offset` the copy's disk id) from `file` into `sink` (which
 /// holds exactly its length): whether the bytes are the value (see the module's doc). `Err` when
@@ -160,14 +146,15 @@ pub(super) async fn read_copy(
     let header_len = format::payload_at(loc.tag.len());
     let mut fill = Fill::new(sink, loc.len)?;
     let piece = PIECE as u64;
-    let count = loc.len.div_ceil(piece);
+    // (a value of no bytes is one piece: the header's)
+    let count = loc.len.div_ceil(piece).max(1);
     let mut reading = FuturesUnordered::new();
     let (mut asked, mut hashed) = (0, 0);
-    let mut copied = vec![false; count.max(1) as usize];
+    let mut copied = vec![false; count as usize];
     let mut header = None;
     let mut hasher = Xxh3::new();
     loop {
-        while reading.len() < IN_FLIGHT && asked < count.max(1) {
+        while reading.len() < IN_FLIGHT && asked < count {
             let (start, n) = (asked * piece, piece.min(loc.len - asked * piece));
             // the first piece reads the record's header and tag with the value's first bytes
             let (from, before) = if asked == 0 {
@@ -197,11 +184,11 @@ pub(super) async fn read_copy(
             hashed += 1;
         }
     }
-    let this_value = match header {
+    // every piece came (a failed one returned above), so all were hashed
+    Ok(match header {
         Some(Ok(h)) => !h.dead && h.tag == loc.tag && h.len == loc.len && h.checksum == hasher.digest(),
         _ => false,
-    };
-    Ok(this_value && hashed == copied.len())
+    })
 }
 
 /// A sink of a value's length, filled at any offset.

@@ -103,7 +103,7 @@ pub struct Tiering {
     records: parking_lot::Mutex<BTreeMap<u64, DiskHolding>>,
     policy: Policy,
     /// buffers of direct reads' pieces, kept for the next, and the pieces held (`direct.rs`)
-    buffers: Arc<parking_lot::Mutex<Vec<Vec<u8>>>>,
+    buffers: Arc<super::tier::PieceBuffers<{ direct::KEPT_BUFFERS }>>,
     pieces: Arc<tokio::sync::Semaphore>,
     /// the threads that read those pieces (`readers.rs`)
     readers: readers::Readers,

@@ -71,7 +71,7 @@ async fn a_record_of_several_pieces_lands_whole_in_each_kind_of_sink() {
             .unwrap()
     );
     assert!(fresh[..] == v[..]);
-    assert!(buffers.0.lock().len() <= KEPT_BUFFERS);
+    assert!(buffers.kept() <= KEPT_BUFFERS);
 }
 
 #[tokio::test]

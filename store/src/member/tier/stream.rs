@@ -142,19 +142,9 @@ impl Stream {
     }
 
     /// The descriptor the pieces are read from: a same-host reader is handed it
-    /// (`member/local.rs`), with [`Stream::at`] and [`Stream::checksum`].
+    /// (`member/local.rs`) and finds the record by its disk id.
     pub fn file(&self) -> &File {
         &self.file
-    }
-
-    /// Where the value's bytes start in [`Stream::file`].
-    pub fn at(&self) -> u64 {
-        self.at
-    }
-
-    /// What the value's bytes must hash to (XXH3-64).
-    pub fn checksum(&self) -> u64 {
-        self.checksum
     }
 
     /// Hashes the next piece (they must come in order; a piece may be sent before it is hashed:
@@ -174,6 +164,31 @@ impl Stream {
             id: self.id,
             why: "its bytes do not match their checksum".into(),
         })
+    }
+}
+
+/// Buffers of pieces kept between reads, at most `MOST` (each about a piece and a block): a read
+/// takes one an earlier read gave back, or a new one. The member's direct reads and a same-host
+/// client's reads of the tier (`client/disk.rs`) keep them so.
+#[derive(Debug, Default)]
+pub struct PieceBuffers<const MOST: usize>(parking_lot::Mutex<Vec<Vec<u8>>>);
+
+impl<const MOST: usize> PieceBuffers<MOST> {
+    pub fn take(&self) -> Vec<u8> {
+        self.0.lock().pop().unwrap_or_default()
+    }
+
+    /// Keeps `buf` for a next read, unless `MOST` are kept.
+    pub fn give_back(&self, buf: Vec<u8>) {
+        let mut kept = self.0.lock();
+        if kept.len() < MOST {
+            kept.push(buf);
+        }
+    }
+
+    #[cfg(test)]
+    pub fn kept(&self) -> usize {
+        self.0.lock().len()
     }
 }
 

@@ -68,18 +68,12 @@ impl Tiering {
         F: FnOnce(Vec<u8>) -> Result<Piece, ReadError> + Send + 'static,
     {
         let kept = self.buffers.clone();
-        self.readers.read(move || {
-            let buf = kept.lock().pop().unwrap_or_default();
-            read(buf)
-        })
+        self.readers.read(move || read(kept.take()))
     }
 
     /// Keeps a piece's buffer for the next read (at most [`KEPT_BUFFERS`]).
     pub fn give_back(&self, buf: Vec<u8>) {
-        let mut kept = self.buffers.lock();
-        if kept.len() < KEPT_BUFFERS {
-            kept.push(buf);
-        }
+        self.buffers.give_back(buf);
     }
 
     /// Counts a direct read of `id` that ended: intact, or what went wrong (reported).
