@@ -144,33 +144,39 @@ pub(super) async fn read_copy(
 ) -> io::Result<bool> {
     let record = DiskId(loc.offset).offset();
     let header_len = format::payload_at(loc.tag.len());
-    let mut fill = Fill::new(sink, loc.len)?;
     let piece = PIECE as u64;
     // (a value of no bytes is one piece: the header's)
     let count = loc.len.div_ceil(piece).max(1);
-    let mut reading = FuturesUnordered::new();
-    let (mut asked, mut hashed) = (0, 0);
+    // the first piece reads the record's header and tag with the value's first bytes
+    let ask = |k: u64| {
+        let (start, n) = (k * piece, piece.min(loc.len - k * piece));
+        let (from, before) = if k == 0 {
+            (record, header_len)
+        } else {
+            (record + header_len + start, 0)
+        };
+        let (f, direct, buf) = (file.file.clone(), file.direct, buffers.take());
+        let read = tokio::task::spawn_blocking(move || read_span(&f, direct, from, before + n, buf));
+        async move { (start, before as usize, read.await) }
+    };
+    let mut reading: FuturesUnordered<_> = (0..count.min(IN_FLIGHT as u64)).map(ask).collect();
+    let mut asked = reading.len() as u64;
+    // after the first reads are asked for: a fresh buffer is zeroed while the device reads
+    let mut fill = Fill::new(sink, loc.len)?;
+    let mut hashed = 0;
     let mut copied = vec![false; count as usize];
     let mut header = None;
     let mut hasher = Xxh3::new();
     loop {
-        while reading.len() < IN_FLIGHT && asked < count {
-            let (start, n) = (asked * piece, piece.min(loc.len - asked * piece));
-            // the first piece reads the record's header and tag with the value's first bytes
-            let (from, before) = if asked == 0 {
-                (record, header_len)
-            } else {
-                (record + header_len + start, 0)
-            };
-            let (f, direct, buf) = (file.file.clone(), file.direct, buffers.take());
-            let read = tokio::task::spawn_blocking(move || read_span(&f, direct, from, before + n, buf));
-            reading.push(async move { (start, before as usize, read.await) });
-            asked += 1;
-        }
         let Some((start, before, p)) = reading.next().await else {
             break;
         };
         let p: Piece = p.map_err(io::Error::other)??;
+        // the device reads the next piece while this one is copied
+        if asked < count {
+            reading.push(ask(asked));
+            asked += 1;
+        }
         let (head, value) = p.bytes().split_at(before);
         if before > 0 {
             header = Some(Header::decode(head));
