@@ -14,9 +14,12 @@
 //!
 //! Adopted values are committed, unleased, charged to their tenant like a put (so a tenant whose
 //! new grant is smaller is over its grant, and eviction takes its least recently used values
-//! first, by the usual rules, in the order the members last used them, across members), and reported to `WatchBlocks` streams as `BlockStored`. They get
-//! allocation numbers of this term and seals of this term's epoch, which the answer tells the
-//! member. Everything else is free space.
+//! first, by the usual rules, in the order the members last used them, across members), and
+//! reported to `WatchBlocks` streams as `BlockStored`. They get allocation numbers of this term,
+//! which the answer tells the member. They keep their seals: a seal names the term that
+//! committed the value, any term of the backend verifies it, and one made anew would prove
+//! nothing more (the member could keep the old one anyway), so none is made. Everything else is
+//! free space.
 //!
 //! A large report comes in pages (`member/mount.rs`): the mount carries the first and says more
 //! follow (`MountRequest.more_holdings`), and each further page is a `Handover` call adopted the
@@ -25,7 +28,7 @@
 //! a later page hand over bytes its seal no longer covers. No page is larger than the member
 //! makes it, so no report is cut short, however many values a member holds.
 //!
-//! A page's seals are checked, and its new seals made, outside the state lock ([`Vouching`]):
+//! A page's seals are checked outside the state lock ([`Vouching`]):
 //! under it the leader only checks the ledger, takes the ranges and files the objects. A member
 //! may send its next page before the last is answered (`HandoverRequest.first` says where each
 //! starts), so one page is checked while the one before it is adopted; pages are adopted in the
@@ -79,17 +82,14 @@ impl State {
         }
     }
 
-    /// Adopts a further page of a mount's report, checking and making its seals here (under the
-    /// state lock): the member-facing path checks them outside it (`grpc.rs`). A page that starts
+    /// Adopts a further page of a mount's report, checking its seals here (under the state lock):
+    /// the member-facing path checks them outside it (`grpc.rs`). A page that starts
     /// past what was adopted so far is refused.
     pub fn handover(&mut self, req: &HandoverRequest, now: Instant) -> Result<HandoverResponse> {
         let vouching = self.vouching();
         let sealed = vouching.sealed_all(&req.holdings);
         match self.handover_sealed(req, &vouching, &sealed, now)? {
-            PageTurn::Adopted(adopted) => Ok(HandoverResponse {
-                seals: vouching.seals(&req.holdings, &adopted),
-                adopted,
-            }),
+            PageTurn::Adopted(adopted) => Ok(HandoverResponse { adopted }),
             PageTurn::Early => Err(StoreError::new(
                 ErrorCode::InvalidArgument,
                 "this page starts past what the leader adopted of the report so far",
@@ -174,13 +174,10 @@ impl State {
 
     /// Adopts what a freshly mounted member holds (one page of its report, `before` holdings
     /// after its start); returns, per holding, the allocation it is adopted under (0: not
-    /// adopted) and its new seal (empty: not adopted).
-    pub(super) fn adopt(&mut self, member_id: u64, holdings: &[Holding], before: u64) -> (Vec<u64>, Vec<bytes::Bytes>) {
-        let vouching = self.vouching();
-        let sealed = vouching.sealed_all(holdings);
-        let adopted = self.adopt_sealed(member_id, holdings, &sealed, before);
-        let seals = vouching.seals(holdings, &adopted);
-        (adopted, seals)
+    /// adopted).
+    pub(super) fn adopt(&mut self, member_id: u64, holdings: &[Holding], before: u64) -> Vec<u64> {
+        let sealed = self.vouching().sealed_all(holdings);
+        self.adopt_sealed(member_id, holdings, &sealed, before)
     }
 
     /// Adopts the holdings whose seals verified (`sealed[i]`, one per holding, or none at all);
@@ -295,8 +292,7 @@ pub enum PageTurn<R = Vec<u64>> {
     Early,
 }
 
-/// What a term checks seals against and makes new ones with: its seal key, its epoch and the
-/// largest value it takes. A copy is taken under the state lock and used outside it, so the
+/// What a term checks seals against: its seal key, its epoch and the largest value it takes. A copy is taken under the state lock and used outside it, so the
 /// hashing of a page's seals does not hold up the leader's other calls.
 #[derive(Debug, Clone)]
 pub struct Vouching {
@@ -332,25 +328,6 @@ impl Vouching {
                     epoch: h.epoch,
                 };
                 self.sealed(&h.tag, &placed, &h.seal).is_some()
-            })
-            .collect()
-    }
-
-    /// This term's seal of each holding adopted (`adopted[i] != 0`), empty for the rest.
-    pub fn seals(&self, holdings: &[Holding], adopted: &[u64]) -> Vec<bytes::Bytes> {
-        holdings
-            .iter()
-            .zip(adopted)
-            .map(|(h, &a)| {
-                if a == 0 {
-                    return bytes::Bytes::new();
-                }
-                let placed = Placed {
-                    offset: h.offset,
-                    size: h.size,
-                    epoch: self.epoch,
-                };
-                bytes::Bytes::copy_from_slice(&self.key.seal(&h.tag, &placed))
             })
             .collect()
     }

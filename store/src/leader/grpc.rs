@@ -134,9 +134,9 @@ impl Membership for Leader {
         Ok(Response::new(self.serving(|s| s.mount(&r, Instant::now()))?))
     }
 
-    /// The page's seals are checked, and its new seals made, outside the state lock and off the
-    /// runtime's thread (which goes on reading the next page meanwhile); pages are adopted in the
-    /// report's order (`adoption.rs`).
+    /// The page's seals are checked outside the state lock and off the runtime's thread (which
+    /// goes on reading the next page meanwhile); pages are adopted in the report's order
+    /// (`adoption.rs`).
     async fn handover(&self, req: Request<HandoverRequest>) -> Reply<HandoverResponse> {
         self.check_member(req.metadata())?;
         let r = Arc::new(req.into_inner());
@@ -149,12 +149,7 @@ impl Membership for Leader {
         let adopted = self
             .in_report_order(|s| s.handover_sealed(&r, &vouching, &sealed, Instant::now()))
             .await?;
-        let answer = off_thread(move || HandoverResponse {
-            seals: vouching.seals(&r.holdings, &adopted),
-            adopted,
-        })
-        .await?;
-        Ok(Response::new(answer))
+        Ok(Response::new(HandoverResponse { adopted }))
     }
 
     /// Held while there is nothing to tell the member, at most its `wait_ms` and the heartbeat

@@ -44,9 +44,8 @@ impl State {
         } else {
             (&[][..], &[][..])
         };
-        let (mut adopted, mut seals) = self.adopt(id, holdings, 0);
+        let mut adopted = self.adopt(id, holdings, 0);
         adopted.resize(req.holdings.len(), 0);
-        seals.resize(req.holdings.len(), bytes::Bytes::new());
         let mut disk_adopted = self.adopt_disk(id, disk_holdings, now);
         disk_adopted.resize(req.disk_holdings.len(), false);
         let kept: Vec<u64> = adopted.iter().copied().filter(|a| *a != 0).collect();
@@ -69,7 +68,6 @@ impl State {
         );
         Ok(MountResponse {
             adopted,
-            seals,
             member_id: id,
             mount_id,
             heartbeat_interval_ms: self.cfg.heartbeat_interval().as_millis() as u64,

@@ -523,15 +523,31 @@ fn a_new_term_adopts_only_what_it_can_stand_behind() {
     );
     let numbers: std::collections::BTreeSet<u64> = r.adopted.iter().copied().filter(|a| *a != 0).collect();
     assert_eq!(numbers.len(), 3, "each adopted value gets its own allocation number");
-    // each adopted value is sealed anew for this term, for its member to hand on
-    for (i, h) in req.holdings.iter().enumerate() {
-        let at = crate::grant::Placed {
-            offset: h.offset,
-            size: h.size,
-            epoch: 3,
-        };
-        assert_eq!(s.seal_key.verifies(&h.tag, &at, &r.seals[i]), adopted[i], "holding {i}");
-    }
+    // no seal is made anew: the seals they came with stay good for every later term of the
+    // backend, which adopts them again from the same report
+    let (mut later, _) = state(LeaderConfig::default());
+    later.seal_key = std::sync::Arc::clone(&s.seal_key);
+    later.epoch = 5;
+    later
+        .set_tenants(&[entry("a", 64 * MIB), entry("b", 64 * MIB)], &[])
+        .unwrap();
+    let kept: Vec<crate::proto::Holding> = req
+        .holdings
+        .iter()
+        .zip(&adopted)
+        .filter(|(_, a)| **a)
+        .map(|(h, _)| h.clone())
+        .collect();
+    let again = later
+        .mount(
+            &crate::proto::MountRequest {
+                holdings: kept,
+                ..mount_req("m", MIB, 7)
+            },
+            now,
+        )
+        .unwrap();
+    assert_eq!(again.adopted.iter().filter(|a| **a != 0).count(), 3);
     assert_eq!(
         s.adopted(),
         super::state::Adopted {

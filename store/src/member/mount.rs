@@ -308,7 +308,7 @@ fn take_mount(
     // the leader keeps the member's choice unless it clashes with another mount
     segment.set_mount(r.mount_id);
     // what was adopted is readable before any grant of the new term verifies
-    let adopted = segment.adopt(page, &r.adopted, &r.seals, r.epoch);
+    let adopted = segment.adopt(page, &r.adopted);
     segment.set_grant_key(key);
     if page > 0 {
         tracing::info!(

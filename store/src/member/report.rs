@@ -118,8 +118,7 @@ pub(super) async fn hand_over_rest(
                 ));
             }
         };
-        let epoch = mounted.epoch;
-        adopted += off_thread(segment, move |s| s.adopt(sent, &answer.adopted, &answer.seals, epoch)).await?;
+        adopted += off_thread(segment, move |s| s.adopt(sent, &answer.adopted)).await?;
         pages += 1;
     }
     if pages > 0 {

@@ -294,9 +294,9 @@ impl Written {
         out
     }
 
-    /// Starts the new mount's table with a value the leader adopted under `allocation`, sealed
-    /// anew by that leader under `epoch` (its last use kept; checked again before the next report).
-    pub fn adopt(&mut self, r: Retired, allocation: u64, seal: [u8; crate::grant::MAC_LEN], epoch: u64) {
+    /// Starts the new mount's table with a value the leader adopted under `allocation` (its tag,
+    /// seal and last use kept; checked again before the next report).
+    pub fn adopt(&mut self, r: Retired, allocation: u64) {
         self.held.add(r.len);
         let replaced = self.ranges.insert(
             r.offset,
@@ -305,8 +305,6 @@ impl Written {
                 allocation,
                 held: Some(Held {
                     checked: false,
-                    seal: Some(seal),
-                    epoch,
                     ..r.held
                 }),
             },

@@ -185,23 +185,21 @@ impl Segment {
 
     /// Applies a leader's answer to the report's oldest unanswered page, of `page` values:
     /// `allocations[i]` is the allocation its i-th value is adopted under in the new mount, 0
-    /// where it was not adopted (its range is free), and `seals[i]` its new seal under the
-    /// leader's `epoch`. An answer of another length (a leader that adopts nothing) adopts none of
-    /// the page. Returns how many values were adopted.
-    pub fn adopt(&self, page: usize, allocations: &[u64], seals: &[bytes::Bytes], epoch: u64) -> u64 {
+    /// where it was not adopted (its range is free). An adopted value keeps its seal. An answer
+    /// of another length (a leader that adopts nothing) adopts none of the page. Returns how many
+    /// values were adopted.
+    pub fn adopt(&self, page: usize, allocations: &[u64]) -> u64 {
         let values: Vec<Retired> = {
             let mut retired = self.retired.lock();
             let page = page.min(retired.sent.len());
             retired.sent.drain(..page).collect()
         };
         let mut adopted = 0;
-        if allocations.len() == values.len() && seals.len() == allocations.len() {
+        if allocations.len() == values.len() {
             let mut written = self.written.lock();
-            for ((r, &a), s) in values.into_iter().zip(allocations).zip(seals) {
-                if a != 0
-                    && let Ok(seal) = <[u8; crate::grant::MAC_LEN]>::try_from(&s[..])
-                {
-                    written.adopt(r, a, seal, epoch);
+            for (r, &a) in values.into_iter().zip(allocations) {
+                if a != 0 {
+                    written.adopt(r, a);
                     adopted += 1;
                 }
             }
@@ -304,16 +302,18 @@ mod tests {
         let read = |mount_id, allocation, offset| allocated(&key, Access::Read, mount_id, 3, offset, 100, allocation);
         assert!(seg.begin_read(read(12, 1, 0), 100).is_err());
         // the leader adopts k4 as allocation 7, not k1
-        assert_eq!(seg.adopt(2, &[0, 7], &[bytes::Bytes::new(), seal(7)], 4), 1);
+        assert_eq!(seg.adopt(2, &[0, 7]), 1);
         assert_eq!(seg.begin_read(read(12, 7, 384), 100).unwrap().to_vec(), vec![4; 100]);
         assert!(seg.begin_read(read(12, 1, 0), 100).is_err(), "k1 was not adopted");
-        // k4, held under the new mount, is reported to the next; an answer that does not match
-        // its page adopts none of it
+        // k4, held under the new mount, is reported to the next with the seal and epoch it was
+        // committed under; an answer that does not match its page adopts none of it
         seg.set_mount(13);
         assert_eq!(seg.report().values, 1);
-        assert_eq!(seg.page(1 << 20).len(), 1);
+        let again = seg.page(1 << 20);
+        assert_eq!((again.len(), again[0].epoch), (1, 3));
+        assert_eq!(again[0].seal, seal(4), "the seal it was reported with");
         assert_eq!(
-            seg.adopt(1, &[], &[], 4),
+            seg.adopt(1, &[]),
             0,
             "an answer that does not match the page adopts nothing"
         );
@@ -335,8 +335,7 @@ mod tests {
             let page = seg.page(limit);
             assert!(page.iter().map(|h| h.tag.len() + 32).sum::<usize>() <= limit);
             let allocations: Vec<u64> = page.iter().map(|_| (next, next += 1).0).collect();
-            let seals: Vec<bytes::Bytes> = allocations.iter().map(|a| seal(*a)).collect();
-            assert_eq!(seg.adopt(page.len(), &allocations, &seals, 4), page.len() as u64);
+            assert_eq!(seg.adopt(page.len(), &allocations), page.len() as u64);
         }
         let adopted = next - 1000;
         assert_eq!(
@@ -356,15 +355,7 @@ mod tests {
             assert!(!page.is_empty());
             tags.extend(page.iter().map(|h| h.tag.clone()));
             pages += 1;
-            assert_eq!(
-                seg.adopt(
-                    page.len(),
-                    &vec![0; page.len()],
-                    &vec![bytes::Bytes::new(); page.len()],
-                    5
-                ),
-                0
-            );
+            assert_eq!(seg.adopt(page.len(), &vec![0; page.len()]), 0);
         }
         assert_eq!((tags.len(), pages), (500, 500usize.div_ceil(40)));
         seg.set_mount(14);
@@ -378,10 +369,7 @@ mod tests {
         seg.report();
         let page = seg.page(36 * 4);
         assert_eq!(page.len(), 4);
-        assert_eq!(
-            seg.adopt(4, &[21, 22, 23, 24], &[seal(21), seal(22), seal(23), seal(24)], 4),
-            4
-        );
+        assert_eq!(seg.adopt(4, &[21, 22, 23, 24]), 4);
         seg.page(36 * 4);
         assert_eq!(seg.end_report(), 6, "the page sent and the values not sent");
         assert_eq!(seg.unsent(), 0);
@@ -488,7 +476,7 @@ mod tests {
             },
             async {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                assert_eq!(seg.adopt(2, &[7, 8], &[seal(7), seal(8)], 4), 2);
+                assert_eq!(seg.adopt(2, &[7, 8]), 2);
             }
         );
         assert_eq!(served.unwrap(), vec![2; 100]);

@@ -130,8 +130,8 @@ fn only_finished_whole_values_are_reported_in_the_segments_order_with_their_last
         (0, 100, 11, 7, Some([1; 32]))
     );
     assert!(w.is_empty(), "retired: the next mount starts empty");
-    // the leader adopted a under its new term's allocation 40, sealed anew in epoch 8
-    w.adopt(r[0].clone(), 40, [40; 32], 8);
+    // the leader adopted a under its new term's allocation 40; it keeps its seal and epoch
+    w.adopt(r[0].clone(), 40);
     assert_eq!(w.read(0, 100, 40), Ok(()));
     assert_eq!(
         w.read(0, 100, 1),
@@ -144,8 +144,8 @@ fn only_finished_whole_values_are_reported_in_the_segments_order_with_their_last
     assert_eq!(again.len(), 1, "an adopted value is reported again at the next mount");
     assert_eq!(
         (again[0].held.seal, again[0].held.epoch),
-        (Some([40; 32]), 8),
-        "with its new seal"
+        (Some([1; 32]), 7),
+        "with the seal and epoch it was committed under"
     );
 }
 
@@ -174,7 +174,7 @@ fn a_value_the_leader_freed_or_a_newer_placement_cut_is_no_longer_held() {
     let r = w.retire();
     assert_eq!(r.len(), 1, "only what is still held is reported");
     assert_eq!(w.held(), Count::default());
-    w.adopt(r[0].clone(), 7, [7; 32], 2);
+    w.adopt(r[0].clone(), 7);
     assert_eq!(w.held(), Count { values: 1, bytes: 50 });
 }
 
