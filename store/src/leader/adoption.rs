@@ -38,13 +38,14 @@
 //! refuses the mount with `LEDGER_PENDING`, which the member retries within 100 ms, so no tenant's
 //! values are dropped only because the controllers had not yet sent the ledger.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::mounted::Mounted;
 use super::objects::{Object, ObjectState, Resident, charge};
 use super::placement::aligned;
 use super::state::State;
+use super::tenant::Tenant;
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::grant::{Placed, SealKey, Tag, TagRef};
 use crate::proto::{HandoverRequest, HandoverResponse, Holding};
@@ -83,8 +84,8 @@ impl State {
     }
 
     /// Adopts a further page of a mount's report, checking its seals here (under the state lock):
-    /// the member-facing path checks them outside it (`grpc.rs`). A page that starts
-    /// past what was adopted so far is refused.
+    /// the member-facing path checks them outside it (`grpc.rs`). A page that starts past what
+    /// was adopted so far is refused.
     pub fn handover(&mut self, req: &HandoverRequest, now: Instant) -> Result<HandoverResponse> {
         let vouching = self.vouching();
         let sealed = vouching.sealed_all(&req.holdings);
@@ -181,22 +182,49 @@ impl State {
     }
 
     /// Adopts the holdings whose seals verified (`sealed[i]`, one per holding, or none at all);
-    /// returns, per holding, the allocation it is adopted under (0: not adopted).
+    /// returns, per holding, the allocation it is adopted under (0: not adopted). The member and
+    /// each run of holdings of one tenant are looked up once, not once a holding.
     fn adopt_sealed(&mut self, member_id: u64, holdings: &[Holding], sealed: &[bool], before: u64) -> Vec<u64> {
         let mut answer = Vec::with_capacity(holdings.len());
-        // per tenant and value size, the keys adopted, for the block logs
-        let mut stored: BTreeMap<(&str, u64), Vec<&str>> = BTreeMap::new();
+        // per tenant and value size, the keys adopted, for the block logs (a page is mostly runs
+        // of one tenant and size)
+        let mut stored: Vec<((&str, u64), Vec<&str>)> = Vec::new();
+        let State {
+            members,
+            tenants,
+            next_allocation,
+            adopted,
+            tick,
+            ..
+        } = self;
+        let mut taker = members.get_mut(&member_id).map(|m| Taker {
+            member_id,
+            member: m,
+            next_allocation,
+            adopted,
+            now: *tick,
+        });
+        let mut tenant: Option<(&str, &mut Tenant)> = None;
         for (i, (h, &sealed)) in holdings.iter().zip(sealed).enumerate() {
             // read again here: reading a tag is a few bounds checks, and the checked page could
             // not hand over tags that borrow from it
-            let tag = sealed.then(|| TagRef::decode(&h.tag)).flatten();
-            let adopted = tag.and_then(|tag| self.adopt_one(member_id, h, tag, before + i as u64));
-            match (adopted, tag) {
-                (Some(allocation), Some(tag)) => {
-                    answer.push(allocation);
-                    stored.entry((tag.tenant, h.size)).or_default().push(tag.key);
+            let (Some(tag), Some(taker)) = (sealed.then(|| TagRef::decode(&h.tag)).flatten(), taker.as_mut()) else {
+                answer.push(0);
+                continue;
+            };
+            if tenant.as_ref().is_none_or(|(name, _)| *name != tag.tenant) {
+                tenant = tenants.get_mut(tag.tenant).map(|t| (tag.tenant, t));
+            }
+            let adopted = match &mut tenant {
+                Some((_, t)) if holds(t, &tag) => taker.take(t, h, tag.key, before + i as u64),
+                _ => None,
+            };
+            answer.push(adopted.unwrap_or(0));
+            if adopted.is_some() {
+                match stored.last_mut() {
+                    Some((at, keys)) if *at == (tag.tenant, h.size) => keys.push(tag.key),
+                    _ => stored.push(((tag.tenant, h.size), vec![tag.key])),
                 }
-                _ => answer.push(0),
             }
         }
         let epoch = self.epoch;
@@ -211,57 +239,6 @@ impl State {
         answer
     }
 
-    /// `place` is the holding's place in its report: it orders values its member last used within
-    /// the same millisecond. `tag` is what its seal names.
-    fn adopt_one(&mut self, member_id: u64, h: &Holding, tag: TagRef<'_>, place: u64) -> Option<u64> {
-        if !self.in_ledger(&tag) || !self.tenants.get(tag.tenant)?.objects.has_room() {
-            return None;
-        }
-        let len = aligned(h.size);
-        let m = self.members.get_mut(&member_id)?;
-        if !m.alloc.take(h.offset, len) {
-            return None;
-        }
-        let mount_id = m.mount_id;
-        let allocation = self.next_allocation;
-        // by the time of its last use on the member, never after this term's own operations
-        let within_ms = place.min(super::state::TICKS_PER_MS - 1);
-        let last_used = (super::state::tick_at(h.last_used_unix_ms) + within_ms).min(self.tick);
-        let object = Object {
-            member: member_id,
-            mount_id,
-            memory: Some(Resident {
-                offset: h.offset,
-                allocation,
-                ready: true,
-            }),
-            disk: None,
-            size: h.size,
-            len,
-            charge: charge(len, tag.key.len()),
-            state: ObjectState::Committed,
-            lease_until: None,
-            last_used,
-        };
-        let charged = object.charge;
-        let t = self.tenants.get_mut(tag.tenant)?;
-        if t.objects.insert_new(tag.key, object) != Ok(true) {
-            // the key is held already (from another member, or twice in a report)
-            if let Some(m) = self.members.get_mut(&member_id) {
-                m.alloc.release(h.offset, len);
-            }
-            return None;
-        }
-        t.used += charged;
-        self.next_allocation += 1;
-        self.adopted.objects += 1;
-        self.adopted.bytes += h.size;
-        if let Some(m) = self.members.get_mut(&member_id) {
-            m.objects += 1;
-        }
-        Some(allocation)
-    }
-
     /// The tag of a value a member hands over, when this term can stand behind it: its seal
     /// verifies ([`Vouching::sealed`]), and its tenant is of this term's ledger, held by the same
     /// Binding with the same block layout (`placed` is what the seal names).
@@ -273,14 +250,75 @@ impl State {
     /// Whether a tag's tenant is of this term's ledger, held by the same Binding (the tag's uid)
     /// with the same block layout.
     fn in_ledger(&self, tag: &TagRef<'_>) -> bool {
-        let Some(t) = self.tenants.get(tag.tenant) else {
-            return false;
+        self.tenants.get(tag.tenant).is_some_and(|t| holds(t, tag))
+    }
+}
+
+/// Whether `t` is the tenant a tag names as this term's ledger has it: held by the same Binding
+/// (the tag's uid) with the same block layout.
+fn holds(t: &Tenant, tag: &TagRef<'_>) -> bool {
+    let same_layout = match &t.layout {
+        Some(l) => l.block_size == tag.block_size && l.dtype == tag.dtype,
+        None => tag.block_size == 0 && tag.dtype.is_empty(),
+    };
+    same_layout && t.uid == tag.uid
+}
+
+/// What adopting takes from the state besides a tenant: the member whose report it is, the
+/// term's next allocation number, the adoption's count, and the term's clock.
+struct Taker<'s> {
+    member_id: u64,
+    member: &'s mut Mounted,
+    next_allocation: &'s mut u64,
+    adopted: &'s mut super::state::Adopted,
+    now: u64,
+}
+
+impl Taker<'_> {
+    /// Files holding `h` under `key` in tenant `t` (a tenant of the ledger the holding's tag
+    /// names) when there is room and its range is free; returns its allocation. `place` is the
+    /// holding's place in its report: it orders values its member last used within the same
+    /// millisecond.
+    fn take(&mut self, t: &mut Tenant, h: &Holding, key: &str, place: u64) -> Option<u64> {
+        if !t.objects.has_room() {
+            return None;
+        }
+        let len = aligned(h.size);
+        if !self.member.alloc.take(h.offset, len) {
+            return None;
+        }
+        let allocation = *self.next_allocation;
+        // by the time of its last use on the member, never after this term's own operations
+        let within_ms = place.min(super::state::TICKS_PER_MS - 1);
+        let last_used = (super::state::tick_at(h.last_used_unix_ms) + within_ms).min(self.now);
+        let object = Object {
+            member: self.member_id,
+            mount_id: self.member.mount_id,
+            memory: Some(Resident {
+                offset: h.offset,
+                allocation,
+                ready: true,
+            }),
+            disk: None,
+            size: h.size,
+            len,
+            charge: charge(len, key.len()),
+            state: ObjectState::Committed,
+            lease_until: None,
+            last_used,
         };
-        let same_layout = match &t.layout {
-            Some(l) => l.block_size == tag.block_size && l.dtype == tag.dtype,
-            None => tag.block_size == 0 && tag.dtype.is_empty(),
-        };
-        same_layout && t.uid == tag.uid
+        let charged = object.charge;
+        if t.objects.insert_new(key, object) != Ok(true) {
+            // the key is held already (from another member, or twice in a report)
+            self.member.alloc.release(h.offset, len);
+            return None;
+        }
+        t.used += charged;
+        *self.next_allocation += 1;
+        self.adopted.objects += 1;
+        self.adopted.bytes += h.size;
+        self.member.objects += 1;
+        Some(allocation)
     }
 }
 
