@@ -31,6 +31,7 @@ pub mod error;
 pub mod flags;
 pub mod frame;
 pub mod grant;
+pub mod holdings;
 pub mod leader;
 pub mod lifecycle;
 pub mod member;

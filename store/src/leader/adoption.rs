@@ -83,13 +83,15 @@ impl State {
         }
     }
 
-    /// Adopts a further page of a mount's report, checking its seals here (under the state lock):
-    /// the member-facing path checks them outside it (`grpc.rs`). A page that starts past what
-    /// was adopted so far is refused.
+    /// Adopts a further page of a mount's report, reading it and checking its seals here (under
+    /// the state lock): the member-facing path does both outside it (`grpc.rs`). A page that
+    /// starts past what was adopted so far is refused.
     pub fn handover(&mut self, req: &HandoverRequest, now: Instant) -> Result<HandoverResponse> {
+        let mut req = req.clone();
+        unpack_page(&mut req)?;
         let vouching = self.vouching();
         let sealed = vouching.sealed_all(&req.holdings);
-        match self.handover_sealed(req, &vouching, &sealed, now)? {
+        match self.handover_sealed(&req, &vouching, &sealed, now)? {
             PageTurn::Adopted(adopted) => Ok(HandoverResponse { adopted }),
             PageTurn::Early => Err(StoreError::new(
                 ErrorCode::InvalidArgument,
@@ -320,6 +322,22 @@ impl Taker<'_> {
         self.member.objects += 1;
         Some(allocation)
     }
+}
+
+/// Reads a page's packed holdings (`crate::holdings`) into its messages; a page carries its
+/// holdings one way or the other, not both.
+pub fn unpack_page(req: &mut HandoverRequest) -> Result<()> {
+    if req.packed.is_empty() {
+        return Ok(());
+    }
+    if !req.holdings.is_empty() {
+        return Err(StoreError::new(
+            ErrorCode::InvalidArgument,
+            "this page carries its holdings both as messages and packed; send one or the other",
+        ));
+    }
+    req.holdings = crate::holdings::unpack(&std::mem::take(&mut req.packed))?;
+    Ok(())
 }
 
 /// Where a page of a report stands: adopted (for a page of holdings, per holding, its

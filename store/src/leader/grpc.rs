@@ -134,18 +134,21 @@ impl Membership for Leader {
         Ok(Response::new(self.serving(|s| s.mount(&r, Instant::now()))?))
     }
 
-    /// The page's seals are checked outside the state lock and off the runtime's thread (which
-    /// goes on reading the next page meanwhile); pages are adopted in the report's order
+    /// The page is read from its packed form, and its seals are checked, outside the state lock
+    /// and off the runtime's thread (which goes on reading the next page meanwhile); pages are adopted in the report's order
     /// (`adoption.rs`).
     async fn handover(&self, req: Request<HandoverRequest>) -> Reply<HandoverResponse> {
         self.check_member(req.metadata())?;
-        let r = Arc::new(req.into_inner());
         let vouching = Arc::new(self.serving(|s| Ok(s.vouching()))?);
-        let sealed = off_thread({
-            let (r, vouching) = (Arc::clone(&r), Arc::clone(&vouching));
-            move || vouching.sealed_all(&r.holdings)
+        let (r, sealed) = off_thread({
+            let (mut r, vouching) = (req.into_inner(), Arc::clone(&vouching));
+            move || {
+                super::adoption::unpack_page(&mut r)?;
+                let sealed = vouching.sealed_all(&r.holdings);
+                Ok::<_, crate::error::StoreError>((Arc::new(r), sealed))
+            }
         })
-        .await?;
+        .await??;
         let adopted = self
             .in_report_order(|s| s.handover_sealed(&r, &vouching, &sealed, Instant::now()))
             .await?;

@@ -1,6 +1,7 @@
 //! Handing a new leader what this member holds, in pages: the mount carries the report's first
-//! page ([`first_page`]), and each further page is a `Handover` call ([`hand_over_rest`]), four
-//! in flight, whose answers are applied in the report's order. However many values the segment
+//! page ([`first_page`]), and each further page is a `Handover` call ([`hand_over_rest`]), its
+//! values packed (`crate::holdings`), four in flight, whose answers are applied in the report's
+//! order. However many values the segment
 //! holds, none is left out, and no message or answer grows past a page's worth.
 //!
 //! Until the last page is answered the leader places nothing new in the segment, so the values
@@ -74,15 +75,19 @@ pub(super) async fn hand_over_rest(
     let mut in_flight = futures::stream::FuturesOrdered::new();
     loop {
         while in_flight.len() < IN_FLIGHT && segment.unsent() > 0 {
-            let holdings = off_thread(segment, |s| s.page(PAGE)).await?;
-            let sent = holdings.len();
+            let (sent, packed) = off_thread(segment, |s| {
+                let page = s.page(PAGE);
+                (page.len(), crate::holdings::pack(&page))
+            })
+            .await?;
             let mut asked = tonic::Request::new(HandoverRequest {
                 member_id: mounted.member_id,
                 mount_id: mounted.mount_id,
                 instance_id,
-                holdings,
+                holdings: Vec::new(),
                 last: segment.unsent() == 0,
                 first,
+                packed,
             });
             first += sent as u64;
             if let Some(t) = token {
