@@ -10,8 +10,8 @@
 //!    to the next, and slows after a burst of writes; `dd` is timed by its own clock). Writes: 16
 //!    puts a turn, timed until the leader knows every copy, against `dd` writing as much with
 //!    `fdatasync`. Reads, of values only on disk, 8 values a turn, timing
-//!    the gets only (values are checked outside): one get at a time and eight to a batch (into
-//!    buffers the reader reuses), and four readers at once (the wall time of their gets), against
+//!    the gets only (values are checked after each turn): one get at a time, back to back, eight
+//!    to a batch, and four readers at once (the wall time of their gets), against
 //!    `dd` reading with `O_DIRECT` what it wrote in the same turns as the tier wrote those values
 //!    (the page cache is dropped before each part). Goal: at least 80%.
 //!
@@ -172,6 +172,20 @@ const LEN: usize = 4 << 20;
 struct Measured {
     tier: f64,
     dd: f64,
+    /// each turn's ratio of the tier's throughput to `dd`'s, in turn order (reads only)
+    turns: Vec<f64>,
+}
+
+impl Measured {
+    /// The turns' ratios, lowest, median and highest, in percent (empty for writes).
+    fn spread(&self) -> String {
+        let mut t = self.turns.clone();
+        t.sort_by(f64::total_cmp);
+        match (t.first(), t.get(t.len() / 2), t.last()) {
+            (Some(lo), Some(mid), Some(hi)) => format!("{:.0}% / {:.0}% / {:.0}%", lo * 100.0, mid * 100.0, hi * 100.0),
+            _ => "-".into(),
+        }
+    }
 }
 
 /// Values each write turn puts: 64 MiB.
@@ -192,17 +206,19 @@ where
 {
     drop_caches();
     let (mut tier, mut dd) = (0.0, 0.0);
-    let mut bytes = 0;
+    let (mut bytes, mut turns) = (0, Vec::new());
     for from in values.clone().step_by(READ_TURN) {
         let to = (from + READ_TURN).min(values.end);
         let n = ((to - from) * LEN) as u64;
-        dd += n as f64 / 1e6 / dd_read(dd_file, n, (from * LEN) as u64);
-        tier += read(from..to).await;
-        bytes += n;
+        let dd_turn = n as f64 / 1e6 / dd_read(dd_file, n, (from * LEN) as u64);
+        let tier_turn = read(from..to).await;
+        turns.push(dd_turn / tier_turn);
+        (dd, tier, bytes) = (dd + dd_turn, tier + tier_turn, bytes + n);
     }
     Measured {
         tier: bytes as f64 / tier / 1e6,
         dd: bytes as f64 / dd / 1e6,
+        turns,
     }
 }
 
@@ -233,6 +249,7 @@ async fn throughput(dir: &Path, bytes: u64, reads: &str, same_host: bool) -> (Me
     let write = Measured {
         tier: bytes as f64 / tier / 1e6,
         dd: bytes as f64 / dd / 1e6,
+        turns: Vec::new(),
     };
     // the first values are only on disk (memory holds the last 64 at most); with `load`, memory
     // holds the last 64 read after each part, so each part reads values none before it read
@@ -246,25 +263,29 @@ async fn throughput(dir: &Path, bytes: u64, reads: &str, same_host: bool) -> (Me
     (write, [one, batched, readers])
 }
 
-/// Gets of `range` one at a time, into a buffer the reader reuses: the seconds in gets only
-/// (each value is checked outside them).
+/// Gets of `range` one at a time, back to back, each into a buffer of its own made (and written)
+/// beforehand: the seconds of the gets. Each value is checked once all are read: a check between
+/// two gets (hashing 4 MiB here takes milliseconds) leaves the device and this VM's CPUs idle, and
+/// the next read then starts slower (about 10% measured), which `dd`, reading back to back, never
+/// meets.
 async fn one_at_a_time(c: &Client, payloads: &[Bytes], range: std::ops::Range<usize>) -> f64 {
-    let mut reading = Duration::ZERO;
-    let mut buf = Vec::with_capacity(LEN);
-    for i in range {
-        let started = Instant::now();
-        let found = c.get_into(&format!("v{i}"), &mut buf).await.unwrap();
-        reading += started.elapsed();
+    let mut bufs: Vec<(usize, Vec<u8>)> = range.clone().map(|i| (i, vec![1u8; LEN])).collect();
+    let started = Instant::now();
+    for (i, buf) in &mut bufs {
+        let found = c.get_into(&format!("v{i}"), buf).await.unwrap();
         assert!(found, "v{i} missed: {:?}", tenant(c, "t").await);
+    }
+    let reading = started.elapsed().as_secs_f64();
+    for (i, buf) in bufs {
         assert!(buf[..] == payloads[i][..], "v{i}: other bytes");
     }
-    reading.as_secs_f64()
+    reading
 }
 
 /// Batch gets of eight values of `range` each: the seconds in the batch gets only.
 async fn eight_to_a_batch(c: &Client, payloads: &[Bytes], range: std::ops::Range<usize>) -> f64 {
     let mut reading = Duration::ZERO;
-    let mut bufs = vec![vec![0u8; LEN]; 8];
+    let mut bufs = vec![vec![1u8; LEN]; 8];
     for chunk in range.collect::<Vec<_>>().chunks(8) {
         let keys: Vec<String> = chunk.iter().map(|i| format!("v{i}")).collect();
         let mut items: Vec<(&str, &mut [u8])> = keys
@@ -283,22 +304,30 @@ async fn eight_to_a_batch(c: &Client, payloads: &[Bytes], range: std::ops::Range
     reading.as_secs_f64()
 }
 
-/// Four readers at once over `range`, each one get at a time into buffers of its own: the wall
-/// time of the gets (each value is checked once all are read).
+/// Four readers at once over `range`, each one get at a time into buffers of its own, made (and
+/// written, so no page of them faults in a get) beforehand: the wall time of the gets (each value is checked once all are read).
 async fn four_readers(c: &Client, payloads: &std::sync::Arc<Vec<Bytes>>, range: std::ops::Range<usize>) -> f64 {
     const READERS: usize = 4;
-    let started = Instant::now();
-    let readers: Vec<_> = (0..READERS)
+    let bufs: Vec<Vec<(usize, Vec<u8>)>> = (0..READERS)
         .map(|r| {
-            let (c, range) = (c.clone(), range.clone());
+            range
+                .clone()
+                .skip(r)
+                .step_by(READERS)
+                .map(|i| (i, vec![1u8; LEN]))
+                .collect()
+        })
+        .collect();
+    let started = Instant::now();
+    let readers: Vec<_> = bufs
+        .into_iter()
+        .map(|mut mine| {
+            let c = c.clone();
             tokio::spawn(async move {
-                let mut read = Vec::new();
-                for i in range.skip(r).step_by(READERS) {
-                    let mut buf = Vec::with_capacity(LEN);
-                    assert!(c.get_into(&format!("v{i}"), &mut buf).await.unwrap(), "v{i} missed");
-                    read.push((i, buf));
+                for (i, buf) in &mut mine {
+                    assert!(c.get_into(&format!("v{i}"), buf).await.unwrap(), "v{i} missed");
                 }
-                read
+                mine
             })
         })
         .collect();
@@ -335,15 +364,15 @@ fn main() {
             "4 MiB values, 2 GiB written and 512 MiB read each way, taking turns with dd (64 MiB a write turn, 32 MiB a read turn), in {}:",
             dir.path().display()
         );
-        println!("| --tier-reads | | tier | dd (4 MiB blocks) | ratio |");
-        println!("|---|---|---|---|---|");
+        println!("| --tier-reads | | tier | dd (4 MiB blocks) | ratio | turns: lowest / median / highest |");
+        println!("|---|---|---|---|---|---|");
         for (reads, same_host) in [("direct", false), ("direct", true), ("load", false)] {
             let tier_dir = dir.path().join(format!("{reads}-{same_host}"));
             std::fs::create_dir(&tier_dir).unwrap();
             let (write, [one, batched, readers]) = throughput(&tier_dir, bytes, reads, same_host).await;
             let reads = if same_host { "direct, same host" } else { reads };
             println!(
-                "| {reads} | write | {:.0} MB/s | {:.0} MB/s (fdatasync, taking turns) | {:.0}% |",
+                "| {reads} | write | {:.0} MB/s | {:.0} MB/s (fdatasync, taking turns) | {:.0}% | - |",
                 write.tier,
                 write.dd,
                 write.tier / write.dd * 100.0
@@ -354,10 +383,11 @@ fn main() {
                 ("read, 4 readers one get at a time each", readers),
             ] {
                 println!(
-                    "| {reads} | {what} | {:.0} MB/s | {:.0} MB/s (O_DIRECT, taking turns) | {:.0}% |",
+                    "| {reads} | {what} | {:.0} MB/s | {:.0} MB/s (O_DIRECT, taking turns) | {:.0}% | {} |",
                     m.tier,
                     m.dd,
-                    m.tier / m.dd * 100.0
+                    m.tier / m.dd * 100.0,
+                    m.spread()
                 );
             }
             let _ = std::fs::remove_dir_all(&tier_dir);
