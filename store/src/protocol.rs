@@ -28,6 +28,12 @@ pub const PROTOCOL: u32 = 4;
 /// credential only inside its requests, which a leader would have to read before it could refuse
 /// them.
 pub const OLDEST_SERVED: u32 = 4;
+/// How a member of this build hands over what it holds (`MountRequest.handover`): 2, adopted
+/// values keep their seals (no new seal in the answer) and further pages come packed
+/// (`HandoverRequest.packed`). A leader adopts memory holdings only from a member that says the
+/// same: one of an older release (0) would not understand the answer and would drop what the
+/// leader took it to hold.
+pub const HANDOVER: u32 = 2;
 /// This build's release.
 pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 /// gRPC metadata: the client's protocol, in decimal.

@@ -632,6 +632,7 @@ async fn a_fake_member_can_plant_no_value_and_its_grant_key_opens_no_other_segme
         capacity: 1 << 20,
         instance_id: 77,
         holdings: planted,
+        handover: kvcache_store::protocol::HANDOVER,
         ..Default::default()
     });
     kvcache_store::auth::attach(&mut req, MEMBER_TOKEN).unwrap();

@@ -28,6 +28,18 @@ impl State {
         // a process unmounted for falling behind on what it was told hands over nothing: its
         // report may hold values this leader freed
         let trusted = !self.distrusted.remove(&req.instance_id);
+        // a member of another release would not understand the answer to its report
+        let understood = req.handover == crate::protocol::HANDOVER;
+        if !understood && !req.holdings.is_empty() {
+            tracing::warn!(
+                name = %req.name,
+                handover = req.handover,
+                expected = crate::protocol::HANDOVER,
+                held = req.holdings.len(),
+                "a member of another release reports what it holds in memory; none of it is adopted (run the \
+                 backend's leader and members at one release)"
+            );
+        }
         self.take_name(req, now)?;
         let id = self.next_member_id;
         self.next_member_id += 1;
@@ -35,12 +47,15 @@ impl State {
         let mut member = new_member(req, mount_id, self.grant_key.for_mount(mount_id), now);
         member.handing_over = req.more_holdings.then_some(super::mounted::Handover {
             reported: req.holdings.len() as u64,
-            trusted,
+            trusted: trusted && understood,
         });
         self.members.insert(id, member);
         self.recompute_grants();
         let (holdings, disk_holdings) = if trusted {
-            (&req.holdings[..], &req.disk_holdings[..])
+            (
+                if understood { &req.holdings[..] } else { &[][..] },
+                &req.disk_holdings[..],
+            )
         } else {
             (&[][..], &[][..])
         };

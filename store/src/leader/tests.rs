@@ -42,6 +42,7 @@ pub(super) fn mount_req(name: &str, capacity: u64, instance_id: u64) -> MountReq
         instance_id,
         local_addr: String::new(),
         holdings: Vec::new(),
+        handover: crate::protocol::HANDOVER,
         ..Default::default()
     }
 }

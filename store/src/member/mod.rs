@@ -174,6 +174,7 @@ impl Member {
             local_addr: self.local_socket().unwrap_or_default(),
             holdings: Vec::new(),
             tier_capacity: self.tiering.as_ref().map_or(0, |t| t.usage().1),
+            handover: crate::protocol::HANDOVER,
             ..Default::default()
         }
     }

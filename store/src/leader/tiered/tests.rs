@@ -371,6 +371,30 @@ fn a_mount_hands_over_its_tier_and_what_verifies_is_adopted() {
     let o = &third.tenants["t"].objects.of("a");
     assert!(o.memory.is_some() && o.disk == Some(1));
     assert_eq!(tenant(&third, "t").disk_used, MIB);
+
+    // a member of another release: none of its memory report is adopted (it would not
+    // understand the answer, and drop what this leader took it to hold), its tier's is
+    let mut fourth = State::new(loading(), s.seal_key.clone());
+    fourth.set_tenants(&[entry("t", 8 * MIB)], &[]).unwrap();
+    let older = crate::proto::MountRequest {
+        handover: 0,
+        more_holdings: true,
+        ..req.clone()
+    };
+    let r = fourth.mount(&older, t0).unwrap();
+    assert_eq!((&r.adopted[..], &r.disk_adopted[..]), (&[0][..], &[true][..]));
+    let o = &fourth.tenants["t"].objects.of("a");
+    assert!(o.memory.is_none() && o.disk == Some(1), "a value only on disk");
+    // nor any further page of its report
+    let page = crate::proto::HandoverRequest {
+        member_id: r.member_id,
+        mount_id: r.mount_id,
+        instance_id: 44,
+        holdings: older.holdings.clone(),
+        last: true,
+        ..Default::default()
+    };
+    assert_eq!(fourth.handover(&page, t0).unwrap().adopted, [0]);
 }
 
 #[test]
