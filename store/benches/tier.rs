@@ -9,11 +9,11 @@
 //!    blocks beside the tier, the two taking turns (this VM's disk changes speed from one 32 MiB
 //!    to the next, and slows after a burst of writes; `dd` is timed by its own clock). Writes: 16
 //!    puts a turn, timed until the leader knows every copy, against `dd` writing as much with
-//!    `fdatasync`. Reads, of values only on disk, 8 values a turn, timing
-//!    the gets only (values are checked after each turn): one get at a time, back to back, eight
-//!    to a batch, and four readers at once (the wall time of their gets), against
-//!    `dd` reading with `O_DIRECT` what it wrote in the same turns as the tier wrote those values
-//!    (the page cache is dropped before each part). Goal: at least 80%.
+//!    `fdatasync`. Reads, of values only on disk, 8 values a turn, timing the gets only (values
+//!    are checked after each turn): one get at a time, back to back, eight to a batch, and four
+//!    readers at once (the wall time of their gets), against `dd` reading with `O_DIRECT` what it
+//!    wrote in the same turns as the tier wrote those values (the page cache is dropped before
+//!    each part). Goal: at least 80%.
 //!
 //! `cargo bench -p kvcache-store --bench tier` (`TIER_DIR`: where the tiers and `dd` write; by
 //! default a directory under `$TMPDIR`). Real processes on loopback, the release build.
@@ -117,39 +117,33 @@ fn drop_caches() {
 }
 
 /// `dd`'s sequential write of `bytes` to `file` from `at` in 4 MiB blocks (`fdatasync` at the
-/// end), MB/s.
+/// end): its seconds.
 fn dd_write(file: &Path, bytes: u64, at: u64) -> f64 {
-    dd(
-        &[
-            "if=/dev/zero".into(),
-            format!("of={}", file.display()),
-            "bs=4M".into(),
-            format!("seek={}", at / (4 * MIB)),
-            format!("count={}", bytes / (4 * MIB)),
-            "conv=notrunc,fdatasync".into(),
-        ],
-        bytes,
-    )
+    dd(&[
+        "if=/dev/zero".into(),
+        format!("of={}", file.display()),
+        "bs=4M".into(),
+        format!("seek={}", at / (4 * MIB)),
+        format!("count={}", bytes / (4 * MIB)),
+        "conv=notrunc,fdatasync".into(),
+    ])
 }
 
-/// `dd`'s sequential `O_DIRECT` read of `bytes` of `file` from `at` in 4 MiB blocks, MB/s.
+/// `dd`'s sequential `O_DIRECT` read of `bytes` of `file` from `at` in 4 MiB blocks: its seconds.
 fn dd_read(file: &Path, bytes: u64, at: u64) -> f64 {
-    dd(
-        &[
-            format!("if={}", file.display()),
-            "of=/dev/null".into(),
-            "bs=4M".into(),
-            format!("skip={}", at / (4 * MIB)),
-            format!("count={}", bytes / (4 * MIB)),
-            "iflag=direct".into(),
-        ],
-        bytes,
-    )
+    dd(&[
+        format!("if={}", file.display()),
+        "of=/dev/null".into(),
+        "bs=4M".into(),
+        format!("skip={}", at / (4 * MIB)),
+        format!("count={}", bytes / (4 * MIB)),
+        "iflag=direct".into(),
+    ])
 }
 
-/// Runs `dd` and returns its throughput by its own clock (`… copied, 0.0126 s, …`): the time it
-/// spent copying, not its process's start, which would cost it 3 ms a turn.
-fn dd(args: &[String], bytes: u64) -> f64 {
+/// Runs `dd` and returns the seconds it took by its own clock (`… copied, 0.0126 s, …`): the time
+/// it spent copying, not its process's start, which would cost it 3 ms a turn.
+fn dd(args: &[String]) -> f64 {
     let out = Command::new("dd")
         .args(args)
         .env("LC_ALL", "C")
@@ -157,13 +151,12 @@ fn dd(args: &[String], bytes: u64) -> f64 {
         .expect("dd runs");
     let report = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{report}");
-    let seconds: f64 = report
+    report
         .lines()
         .last()
         .and_then(|l| l.split(", ").find(|f| f.ends_with(" s")))
         .and_then(|f| f.trim_end_matches(" s").parse().ok())
-        .unwrap_or_else(|| panic!("dd reported no time: {report}"));
-    bytes as f64 / seconds / 1e6
+        .unwrap_or_else(|| panic!("dd reported no time: {report}"))
 }
 
 const LEN: usize = 4 << 20;
@@ -189,7 +182,7 @@ impl Measured {
 }
 
 /// Values each write turn puts: 64 MiB.
-const TURN: usize = 16;
+const WRITE_TURN: usize = 16;
 
 /// Values each read turn gets: 32 MiB, about 15 ms of this disk.
 const READ_TURN: usize = 8;
@@ -210,7 +203,7 @@ where
     for from in values.clone().step_by(READ_TURN) {
         let to = (from + READ_TURN).min(values.end);
         let n = ((to - from) * LEN) as u64;
-        let dd_turn = n as f64 / 1e6 / dd_read(dd_file, n, (from * LEN) as u64);
+        let dd_turn = dd_read(dd_file, n, (from * LEN) as u64);
         let tier_turn = read(from..to).await;
         turns.push(dd_turn / tier_turn);
         (dd, tier, bytes) = (dd + dd_turn, tier + tier_turn, bytes + n);
@@ -232,18 +225,18 @@ async fn throughput(dir: &Path, bytes: u64, reads: &str, same_host: bool) -> (Me
     let (_l, _m, c) = store("256Mi", Some(dir), reads, same_host).await;
     let payloads: Vec<Bytes> = (0..values).map(|i| value(i, LEN)).collect();
     // in turns with dd writing as much to a file of its own, which its reads read later; each
-    // turn's values are all on disk before the next (half of memory: what memory evicts has its
-    // copy)
+    // turn's values are all on disk before the next (a quarter of memory: what memory evicts has
+    // its copy)
     let dd_file = dir.with_extension("dd");
     let (mut tier, mut dd) = (0.0, 0.0);
-    for (turn, from) in (0..values).step_by(TURN).enumerate() {
-        let n = (TURN * LEN) as u64;
-        dd += n as f64 / 1e6 / dd_write(&dd_file, n, turn as u64 * n);
+    for (turn, from) in (0..values).step_by(WRITE_TURN).enumerate() {
+        let n = (WRITE_TURN * LEN) as u64;
+        dd += dd_write(&dd_file, n, turn as u64 * n);
         let started = Instant::now();
-        for (i, v) in payloads.iter().enumerate().skip(from).take(TURN) {
+        for (i, v) in payloads.iter().enumerate().skip(from).take(WRITE_TURN) {
             c.put(&format!("v{i}"), v.clone()).await.unwrap();
         }
-        on_disk(&c, ((from + TURN) * LEN) as u64).await;
+        on_disk(&c, ((from + WRITE_TURN) * LEN) as u64).await;
         tier += started.elapsed().as_secs_f64();
     }
     let write = Measured {

@@ -16,23 +16,43 @@ use crate::proto::Holding;
 /// Bytes of a record before its tag.
 pub const RECORD_HEAD: usize = 40;
 
-/// The bytes `holdings` take packed.
-pub fn packed_len(holdings: &[Holding]) -> usize {
-    holdings.iter().map(|h| RECORD_HEAD + h.tag.len() + h.seal.len()).sum()
+/// One value of a page, as it is packed: what a `Holding` says of it, its tag and seal borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    pub offset: u64,
+    pub size: u64,
+    pub epoch: u64,
+    pub last_used_unix_ms: u64,
+    pub tag: &'a [u8],
+    pub seal: &'a [u8],
 }
 
-/// `holdings` packed, in order.
-pub fn pack(holdings: &[Holding]) -> Bytes {
-    let mut out = BytesMut::with_capacity(packed_len(holdings));
-    for h in holdings {
-        out.put_u64_le(h.offset);
-        out.put_u64_le(h.size);
-        out.put_u64_le(h.epoch);
-        out.put_u64_le(h.last_used_unix_ms);
-        out.put_u32_le(h.tag.len() as u32);
-        out.put_u32_le(h.seal.len() as u32);
-        out.put_slice(&h.tag);
-        out.put_slice(&h.seal);
+impl<'a> From<&'a Holding> for Record<'a> {
+    fn from(h: &'a Holding) -> Self {
+        Record {
+            offset: h.offset,
+            size: h.size,
+            epoch: h.epoch,
+            last_used_unix_ms: h.last_used_unix_ms,
+            tag: &h.tag,
+            seal: &h.seal,
+        }
+    }
+}
+
+/// `records` packed, in order, into one buffer of their size.
+pub fn pack<'a>(records: impl Iterator<Item = Record<'a>> + Clone) -> Bytes {
+    let len = records.clone().map(|r| RECORD_HEAD + r.tag.len() + r.seal.len()).sum();
+    let mut out = BytesMut::with_capacity(len);
+    for r in records {
+        out.put_u64_le(r.offset);
+        out.put_u64_le(r.size);
+        out.put_u64_le(r.epoch);
+        out.put_u64_le(r.last_used_unix_ms);
+        out.put_u32_le(r.tag.len() as u32);
+        out.put_u32_le(r.seal.len() as u32);
+        out.put_slice(r.tag);
+        out.put_slice(r.seal);
     }
     out.freeze()
 }
@@ -98,11 +118,15 @@ mod tests {
         }
     }
 
+    fn pack_all(page: &[Holding]) -> Bytes {
+        pack(page.iter().map(Record::from))
+    }
+
     #[test]
     fn a_packed_page_reads_back_as_it_was_packed() {
         let page = vec![holding(1, "k1", 32), holding(2, "", 32), holding(3, "a longer tag", 0)];
-        let packed = pack(&page);
-        assert_eq!(packed.len(), packed_len(&page));
+        let packed = pack_all(&page);
+        assert_eq!(packed.len(), 3 * RECORD_HEAD + 2 + 12 + 2 * 32);
         assert_eq!(unpack(&packed).unwrap(), page);
         assert_eq!(unpack(&Bytes::new()).unwrap(), vec![], "an empty page");
     }
@@ -110,7 +134,7 @@ mod tests {
     /// Offsets as store/WIRE.md section 7 gives them.
     #[test]
     fn a_record_lies_where_wire_md_says() {
-        let packed = pack(&[holding(1, "kt", 32)]);
+        let packed = pack_all(&[holding(1, "kt", 32)]);
         assert_eq!(&packed[0..8], 4096u64.to_le_bytes());
         assert_eq!(&packed[8..16], 101u64.to_le_bytes());
         assert_eq!(&packed[16..24], 3u64.to_le_bytes());
@@ -125,7 +149,7 @@ mod tests {
     /// names the record; nothing panics.
     #[test]
     fn a_page_that_does_not_read_whole_is_refused_naming_the_record() {
-        let packed = pack(&[holding(1, "k1", 32), holding(2, "k2", 32)]);
+        let packed = pack_all(&[holding(1, "k1", 32), holding(2, "k2", 32)]);
         let first = RECORD_HEAD + 2 + 32;
         for cut in 1..packed.len() {
             if cut == first {
@@ -136,7 +160,7 @@ mod tests {
             let record = if cut < first { 0 } else { 1 };
             assert!(e.message.contains(&format!("record {record} ")), "{cut}: {}", e.message);
         }
-        let mut long = BytesMut::from(&pack(&[holding(1, "k1", 32)])[..]);
+        let mut long = BytesMut::from(&pack_all(&[holding(1, "k1", 32)])[..]);
         long[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(unpack(&long.freeze()).unwrap_err().message.contains("longer than any"));
     }

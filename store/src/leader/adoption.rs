@@ -348,8 +348,9 @@ pub enum PageTurn<R = Vec<u64>> {
     Early,
 }
 
-/// What a term checks seals against: its seal key, its epoch and the largest value it takes. A copy is taken under the state lock and used outside it, so the
-/// hashing of a page's seals does not hold up the leader's other calls.
+/// What a term checks seals against: its seal key, its epoch and the largest value it takes. A
+/// copy is taken under the state lock and used outside it, so the hashing of a page's seals does
+/// not hold up the leader's other calls.
 #[derive(Debug, Clone)]
 pub struct Vouching {
     key: Arc<SealKey>,

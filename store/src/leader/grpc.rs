@@ -135,8 +135,8 @@ impl Membership for Leader {
     }
 
     /// The page is read from its packed form, and its seals are checked, outside the state lock
-    /// and off the runtime's thread (which goes on reading the next page meanwhile); pages are adopted in the report's order
-    /// (`adoption.rs`).
+    /// and off the runtime's thread (which goes on reading the next page meanwhile); pages are
+    /// adopted in the report's order (`adoption.rs`).
     async fn handover(&self, req: Request<HandoverRequest>) -> Reply<HandoverResponse> {
         self.check_member(req.metadata())?;
         let vouching = Arc::new(self.serving(|s| Ok(s.vouching()))?);

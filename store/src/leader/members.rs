@@ -45,20 +45,15 @@ impl State {
         self.next_member_id += 1;
         let mount_id = self.mount_id_for(req.mount_id);
         let mut member = new_member(req, mount_id, self.grant_key.for_mount(mount_id), now);
+        let memory_trusted = trusted && understood;
         member.handing_over = req.more_holdings.then_some(super::mounted::Handover {
             reported: req.holdings.len() as u64,
-            trusted: trusted && understood,
+            trusted: memory_trusted,
         });
         self.members.insert(id, member);
         self.recompute_grants();
-        let (holdings, disk_holdings) = if trusted {
-            (
-                if understood { &req.holdings[..] } else { &[][..] },
-                &req.disk_holdings[..],
-            )
-        } else {
-            (&[][..], &[][..])
-        };
+        let holdings = if memory_trusted { &req.holdings[..] } else { &[] };
+        let disk_holdings = if trusted { &req.disk_holdings[..] } else { &[] };
         let mut adopted = self.adopt(id, holdings, 0);
         adopted.resize(req.holdings.len(), 0);
         let mut disk_adopted = self.adopt_disk(id, disk_holdings, now);

@@ -1,8 +1,8 @@
 //! Handing a new leader what this member holds, in pages: the mount carries the report's first
 //! page ([`first_page`]), and each further page is a `Handover` call ([`hand_over_rest`]), its
 //! values packed (`crate::holdings`), four in flight, whose answers are applied in the report's
-//! order. However many values the segment
-//! holds, none is left out, and no message or answer grows past a page's worth.
+//! order. However many values the segment holds, none is left out, and no message or answer
+//! grows past a page's worth.
 //!
 //! Until the last page is answered the leader places nothing new in the segment, so the values
 //! not answered yet keep their bytes: a remount in the middle (the leader stopped answering)
@@ -75,11 +75,7 @@ pub(super) async fn hand_over_rest(
     let mut in_flight = futures::stream::FuturesOrdered::new();
     loop {
         while in_flight.len() < IN_FLIGHT && segment.unsent() > 0 {
-            let (sent, packed) = off_thread(segment, |s| {
-                let page = s.page(PAGE);
-                (page.len(), crate::holdings::pack(&page))
-            })
-            .await?;
+            let (sent, packed) = off_thread(segment, |s| s.packed_page(PAGE)).await?;
             let mut asked = tonic::Request::new(HandoverRequest {
                 member_id: mounted.member_id,
                 mount_id: mounted.mount_id,

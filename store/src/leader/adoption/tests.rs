@@ -24,7 +24,7 @@ fn page(r: &MountResponse, holdings: &[Holding], last: bool) -> HandoverRequest 
         holdings: Vec::new(),
         last,
         first: 0,
-        packed: crate::holdings::pack(holdings),
+        packed: crate::holdings::pack(holdings.iter().map(crate::holdings::Record::from)),
     }
 }
 

@@ -73,6 +73,20 @@ impl Segment {
     /// handed to a same-host client, every value is hashed here again: the client may have
     /// changed it after any earlier check.
     pub fn page(&self, max_bytes: usize) -> Vec<crate::proto::Holding> {
+        self.next_page(max_bytes, holdings)
+    }
+
+    /// The report's next page as [`page`](Self::page) takes it, packed (`crate::holdings`): how
+    /// many values it holds, and their records.
+    pub fn packed_page(&self, max_bytes: usize) -> (usize, bytes::Bytes) {
+        self.next_page(max_bytes, |values, _| {
+            (values.len(), crate::holdings::pack(values.map(record)))
+        })
+    }
+
+    /// Takes the report's next page (see [`page`](Self::page)) and makes it with `make`, given its
+    /// values and the bytes of their tags and seals.
+    fn next_page<R>(&self, max_bytes: usize, make: impl FnOnce(Values<'_>, usize) -> R) -> R {
         let trust_checks = !self.handed_out.load(std::sync::atomic::Ordering::Acquire);
         let mut retired = self.retired.lock();
         let waiting = &mut *retired;
@@ -98,7 +112,7 @@ impl Segment {
             bytes += r.held.tag.len() + r.held.seal.map_or(0, |s| s.len());
             waiting.sent.push_back(r);
         }
-        let page = holdings(waiting.sent.range(from..), bytes);
+        let page = make(waiting.sent.range(from..), bytes);
         self.note_answers_due(waiting);
         if damaged > 0 {
             tracing::warn!(
@@ -219,9 +233,24 @@ impl Segment {
     }
 }
 
+/// A page's values, in the report's order.
+type Values<'a> = std::collections::vec_deque::Iter<'a, Retired>;
+
+/// A page's value as it is packed.
+fn record(r: &Retired) -> crate::holdings::Record<'_> {
+    crate::holdings::Record {
+        offset: r.offset,
+        size: r.len,
+        epoch: r.held.epoch,
+        last_used_unix_ms: r.held.used,
+        tag: &r.held.tag,
+        seal: r.held.seal.as_ref().map_or(&[][..], |s| &s[..]),
+    }
+}
+
 /// The holdings of a page's values: their tags and seals copied into one buffer of `bytes`
 /// bytes, which each holding shares (one allocation a page, not two a value).
-fn holdings<'a>(values: impl Iterator<Item = &'a Retired> + Clone, bytes: usize) -> Vec<crate::proto::Holding> {
+fn holdings(values: Values<'_>, bytes: usize) -> Vec<crate::proto::Holding> {
     let mut buf = bytes::BytesMut::with_capacity(bytes);
     for r in values.clone() {
         buf.extend_from_slice(&r.held.tag);
@@ -360,6 +389,20 @@ mod tests {
         assert_eq!((tags.len(), pages), (500, 500usize.div_ceil(40)));
         seg.set_mount(14);
         assert_eq!(seg.report().values, 0, "what no page adopted is free");
+    }
+
+    /// A packed page holds the values a page of messages would, in the same order, and counts
+    /// them.
+    #[test]
+    fn a_packed_page_is_the_page_its_messages_would_be() {
+        let (seg, _key, _dir) = remounted_holding(10);
+        seg.report();
+        let (n, packed) = seg.packed_page(36 * 4);
+        assert_eq!(n, 4);
+        // the leader stopped answering: the page is reported again, first
+        seg.set_mount(13);
+        seg.report();
+        assert_eq!(crate::holdings::unpack(&packed).unwrap(), seg.page(36 * 4));
     }
 
     /// A report the leader refuses to go on with ends: what it did not answer is no longer held.
