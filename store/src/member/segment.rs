@@ -28,8 +28,8 @@ use super::written::{Stale, Written};
 use crate::error::{ErrorCode, Result, StoreError};
 use crate::grant::{Access, GrantKey, MAC_LEN, Range};
 use crate::time::now_unix_ms;
+use handover::Report;
 pub use handover::ReportCounts;
-use handover::Waiting;
 pub use tier::{LoadAt, Mismatch};
 
 /// Transfer counters for metrics.
@@ -96,8 +96,9 @@ pub struct Segment {
     answers_due: AtomicBool,
     /// which allocation last wrote each range of the current mount
     written: parking_lot::Mutex<Written>,
-    /// the finished values of mounts that ended, until a leader's answer adopts them or not
-    retired: parking_lot::Mutex<Waiting>,
+    /// the report of the values of ended mounts to a leader: where its next page starts, and
+    /// its pages sent and not answered (taken before `written` when both are)
+    report: parking_lot::Mutex<Report>,
     /// held while the current mount's values are checked ([`Segment::precheck`]): one check at
     /// a time
     checking: parking_lot::Mutex<()>,
@@ -121,7 +122,7 @@ impl Segment {
             mount_changed: tokio::sync::Notify::new(),
             answers_due: AtomicBool::new(false),
             written: parking_lot::Mutex::new(Written::default()),
-            retired: parking_lot::Mutex::default(),
+            report: parking_lot::Mutex::default(),
             checking: parking_lot::Mutex::new(()),
             handed_out: AtomicBool::new(false),
             counters: DataCounters::default(),
@@ -142,10 +143,7 @@ impl Segment {
     pub fn set_mount(&self, mount_id: u64) {
         let mut written = self.written.lock();
         if self.mount_id.swap(mount_id, Ordering::AcqRel) != mount_id {
-            let ended = written.retire();
-            if !ended.is_empty() {
-                self.retired.lock().extend(ended);
-            }
+            written.retire();
         }
         drop(written);
         self.mount_changed.notify_waiters();

@@ -13,12 +13,19 @@
 //! A write that finished also records what was written ([`Held`]): the value's tag from its grant
 //! (tenant, layout, key), a checksum of its bytes and the epoch it was written under. When the
 //! segment is mounted anew (a new leader, or the same one that lost the mount) the table is
-//! retired ([`Written::retire`]): the finished values are what the member reports to the leader,
-//! and the new mount's table starts with only those the leader adopted, under the allocation
-//! numbers of its term ([`Written::adopt`]). A write still in flight has recorded nothing, so it
-//! is never reported: it is adopted whole or not at all. Only a value the leader sealed once it
-//! was committed (its heartbeat answers hand the seals over, [`Written::seal`]) is held for a next
+//! retired in place ([`Written::retire`]): its finished values wait, in the segment's order,
+//! for the member's report to the leader, and become the new mount's only as the leader adopts
+//! them, under the allocation numbers of its term ([`Written::adopt`]); a waiting value is read
+//! and fenced by no grant. A write still in flight has recorded nothing, so it is never
+//! reported: it is adopted whole or not at all. Only a value the leader sealed once it was
+//! committed (its heartbeat answers hand the seals over, [`Written::seal`]) is held for a next
 //! leader; one it freed since ([`Written::forget`]) is not: a next leader is not handed it.
+//!
+//! Nothing of the table is moved when a mount ends: tens of millions of values change which
+//! mount they are of where they lie, and a page of the report's answer is applied by a walk of
+//! its range (a table rebuilt from the report cost a failover at 20 million values about 2 s
+//! before the first page and twice the member's time a page, most of it the kernel clearing
+//! fresh memory for the new table).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -60,7 +67,8 @@ impl Held {
     }
 }
 
-/// Whether an entry's value counts among what is held for a next leader: finished and sealed.
+/// Whether a value of the current mount counts among what is held for a next leader: finished
+/// and sealed.
 fn counted(held: &Option<Held>) -> bool {
     held.as_ref().is_some_and(Held::sealed)
 }
@@ -73,11 +81,39 @@ pub const CHECK_BYTES: u64 = 16 << 20;
 #[derive(Debug, Clone)]
 struct Entry {
     end: u64,
-    allocation: u64,
-    held: Option<Held>,
+    of: Of,
 }
 
-/// A finished value of a retired mount: its range and what was recorded.
+/// Which mount an entry is of.
+#[derive(Debug, Clone)]
+enum Of {
+    /// the current mount: what `allocation` wrote, and what it holds once the write finished
+    Mount { allocation: u64, held: Option<Held> },
+    /// a mount that ended: a finished, sealed value waiting for a leader to adopt it (a report,
+    /// `segment/handover.rs`); no grant reads or fences it
+    Ended(Held),
+}
+
+impl Entry {
+    /// The allocation of the current mount that wrote it (`None`: a value of an ended mount).
+    fn allocation(&self) -> Option<u64> {
+        match self.of {
+            Of::Mount { allocation, .. } => Some(allocation),
+            Of::Ended(_) => None,
+        }
+    }
+
+    /// What `allocation` of the current mount holds here, if it wrote this entry.
+    fn held_by(&mut self, allocation: u64) -> Option<&mut Option<Held>> {
+        match &mut self.of {
+            Of::Mount { allocation: a, held } if *a == allocation => Some(held),
+            _ => None,
+        }
+    }
+}
+
+/// A finished value of an ended mount, as a report's page carries it: its range and what was
+/// recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retired {
     pub offset: u64,
@@ -104,12 +140,19 @@ impl Count {
     }
 }
 
-/// The ranges of one mount, by start.
+/// The ranges of the current mount and the values of ended mounts waiting for a leader, by
+/// start.
 #[derive(Debug)]
 pub struct Written {
     ranges: BTreeMap<u64, Entry>,
-    /// how many entries hold a sealed value, and their bytes
+    /// how many entries of the current mount hold a sealed value, and their bytes
     held: Count,
+    /// how many values of ended mounts wait, and their bytes
+    waiting: Count,
+    /// whether an entry of the current mount was made since the last [`retire`](Self::retire):
+    /// a retire with none walks nothing (a mount refused and made again, tens of millions of
+    /// values waiting)
+    mounted_since: bool,
     /// the clock uses are stamped with (Unix milliseconds; a test passes its own)
     clock: fn() -> u64,
 }
@@ -119,20 +162,23 @@ impl Default for Written {
         Self {
             ranges: BTreeMap::new(),
             held: Count::default(),
+            waiting: Count::default(),
+            mounted_since: false,
             clock: crate::time::now_unix_ms,
         }
     }
 }
 
 impl Written {
-    /// The entries overlapping `[start, end)`, as `(start, end, allocation)`.
-    fn overlapping(&self, start: u64, end: u64) -> Vec<(u64, u64, u64)> {
-        let mut out: Vec<(u64, u64, u64)> = self
+    /// The entries overlapping `[start, end)`, as `(start, end, allocation)` (`None`: a value of
+    /// an ended mount).
+    fn overlapping(&self, start: u64, end: u64) -> Vec<(u64, u64, Option<u64>)> {
+        let mut out: Vec<(u64, u64, Option<u64>)> = self
             .ranges
             .range(..end)
             .rev()
             .take_while(|(_, e)| e.end > start)
-            .map(|(s, e)| (*s, e.end, e.allocation))
+            .map(|(s, e)| (*s, e.end, e.allocation()))
             .collect();
         out.reverse();
         out
@@ -142,54 +188,59 @@ impl Written {
         (self.clock)()
     }
 
+    /// Takes out the entry at `start`, counting what it held out.
+    fn remove(&mut self, start: u64) -> Option<Entry> {
+        let e = self.ranges.remove(&start)?;
+        match &e.of {
+            Of::Mount { held, .. } if counted(held) => self.held.sub(e.end - start),
+            Of::Mount { .. } => {}
+            Of::Ended(_) => self.waiting.sub(e.end - start),
+        }
+        Some(e)
+    }
+
     /// Records that `allocation` writes `[start, start + len)`, unless a newer allocation wrote
-    /// any of it. Nothing is held there until the write finishes ([`Written::finish`]).
+    /// any of it. Nothing is held there until the write finishes ([`Written::finish`]). A value
+    /// of an ended mount there is no longer waiting (a leader places there only once it did not
+    /// adopt it).
     pub fn write(&mut self, start: u64, len: u64, allocation: u64) -> Result<(), Stale> {
         let end = start.saturating_add(len);
         let overlapping = self.overlapping(start, end);
-        if let Some(newer) = overlapping.iter().map(|(_, _, a)| *a).filter(|a| *a > allocation).max() {
+        if let Some(newer) = overlapping
+            .iter()
+            .filter_map(|(_, _, a)| *a)
+            .filter(|a| *a > allocation)
+            .max()
+        {
             return Err(Stale::Replaced { newer });
         }
+        self.mounted_since = true;
         for (s, e, a) in overlapping {
-            if self.ranges.remove(&s).is_some_and(|old| counted(&old.held)) {
-                self.held.sub(e - s);
-            }
-            // what is left of a value cut in part is no longer a value
+            self.remove(s);
+            // what is left of a value cut in part is no longer a value; the current mount's
+            // part stays fenced for its allocation
+            let Some(a) = a else { continue };
+            let fence = |end| Entry {
+                end,
+                of: Of::Mount {
+                    allocation: a,
+                    held: None,
+                },
+            };
             if s < start {
-                self.ranges.insert(
-                    s,
-                    Entry {
-                        end: start,
-                        allocation: a,
-                        held: None,
-                    },
-                );
+                self.ranges.insert(s, fence(start));
             }
             if e > end {
-                self.ranges.insert(
-                    end,
-                    Entry {
-                        end: e,
-                        allocation: a,
-                        held: None,
-                    },
-                );
+                self.ranges.insert(end, fence(e));
             }
         }
-        let replaced = self.ranges.insert(
-            start,
-            Entry {
-                end,
-                allocation,
-                held: None,
-            },
-        );
         // (only an empty write can find an entry at its start that it did not overlap)
-        if let Some(old) = replaced
-            && counted(&old.held)
-        {
-            self.held.sub(old.end - start);
-        }
+        self.remove(start);
+        let entry = Entry {
+            end,
+            of: Of::Mount { allocation, held: None },
+        };
+        self.ranges.insert(start, entry);
         Ok(())
     }
 
@@ -198,139 +249,233 @@ impl Written {
     /// the mount changed.
     pub fn finish(&mut self, start: u64, len: u64, allocation: u64, tag: Arc<[u8]>, checksum: u64, epoch: u64) -> bool {
         let used = self.now();
-        match self.ranges.get_mut(&start) {
-            Some(e) if e.end == start.saturating_add(len) && e.allocation == allocation => {
-                if counted(&e.held) {
-                    self.held.sub(len);
-                }
-                e.held = Some(Held {
-                    tag,
-                    checksum,
-                    epoch,
-                    used,
-                    checked: false,
-                    seal: None,
-                });
-                true
-            }
-            _ => false,
+        let Some(e) = self
+            .ranges
+            .get_mut(&start)
+            .filter(|e| e.end == start.saturating_add(len))
+        else {
+            return false;
+        };
+        let Some(held) = e.held_by(allocation) else {
+            return false;
+        };
+        if counted(held) {
+            self.held.sub(len);
         }
+        *held = Some(Held {
+            tag,
+            checksum,
+            epoch,
+            used,
+            checked: false,
+            seal: None,
+        });
+        true
     }
 
-    /// Whether `[start, start + len)` is exactly what `allocation` wrote (a read of it counts as
-    /// a use).
     /// Whether `allocation`'s value of `len` bytes at `start` is here (finished or not), without
     /// counting a use.
     pub fn holds(&self, start: u64, len: u64, allocation: u64) -> bool {
         self.ranges
             .get(&start)
-            .is_some_and(|e| e.end == start.saturating_add(len) && e.allocation == allocation)
+            .is_some_and(|e| e.end == start.saturating_add(len) && e.allocation() == Some(allocation))
     }
 
+    /// Whether `[start, start + len)` is exactly what `allocation` wrote (a read of it counts as
+    /// a use).
     pub fn read(&mut self, start: u64, len: u64, allocation: u64) -> Result<(), Stale> {
         let end = start.saturating_add(len);
         let used = self.now();
-        match self.ranges.get_mut(&start) {
-            Some(e) if e.end == end && e.allocation == allocation => {
-                if let Some(h) = &mut e.held {
-                    h.used = used;
-                }
-                Ok(())
+        if let Some(held) = self
+            .ranges
+            .get_mut(&start)
+            .filter(|e| e.end == end)
+            .and_then(|e| e.held_by(allocation))
+        {
+            if let Some(h) = held {
+                h.used = used;
             }
-            _ => match self.overlapping(start, end).iter().map(|(_, _, a)| *a).max() {
-                Some(newer) if newer > allocation => Err(Stale::Replaced { newer }),
-                _ => Err(Stale::NotWritten),
-            },
+            return Ok(());
+        }
+        match self.overlapping(start, end).iter().filter_map(|(_, _, a)| *a).max() {
+            Some(newer) if newer > allocation => Err(Stale::Replaced { newer }),
+            _ => Err(Stale::NotWritten),
         }
     }
 
-    /// Checks the finished values starting at `from` or later that were not checked yet, until
-    /// [`CHECK_ENTRIES`] entries were looked at or [`CHECK_BYTES`] hashed: `checksum` gives the
-    /// checksum of a range's bytes now (`None`: unreadable). A value whose bytes no longer match
-    /// is forgotten as a value (its range stays fenced for its allocation). Returns where the
-    /// next call starts (`None`: the table's end), so a caller that takes the table's lock per
-    /// call lets transfers go on between calls.
+    /// Checks the finished values (of the current mount and waiting ones of ended mounts)
+    /// starting at `from` or later that were not checked yet, until [`CHECK_ENTRIES`] entries
+    /// were looked at or [`CHECK_BYTES`] hashed: `checksum` gives the checksum of a range's bytes
+    /// now (`None`: unreadable). A value whose bytes no longer match is forgotten as a value (a
+    /// range of the current mount stays fenced for its allocation). Returns where the next call
+    /// starts (`None`: the table's end), so a caller that takes the table's lock per call lets
+    /// transfers go on between calls.
     pub fn check_from(&mut self, from: u64, checksum: impl Fn(u64, u64) -> Option<u64>) -> Option<u64> {
         let (mut looked, mut hashed) = (0, 0);
-        let held = &mut self.held;
+        let mut changed = Vec::new();
+        let mut next = None;
         for (&start, e) in self.ranges.range_mut(from..) {
             if looked == CHECK_ENTRIES || hashed >= CHECK_BYTES {
-                return Some(start);
+                next = Some(start);
+                break;
             }
             looked += 1;
             let len = e.end - start;
-            let Some(h) = e.held.as_mut().filter(|h| !h.checked) else {
-                continue;
+            let h = match &mut e.of {
+                Of::Mount { held: Some(h), .. } | Of::Ended(h) => h,
+                Of::Mount { held: None, .. } => continue,
             };
+            if h.checked {
+                continue;
+            }
             hashed += len;
             if checksum(start, len) == Some(h.checksum) {
                 h.checked = true;
             } else {
-                if counted(&e.held) {
-                    held.sub(len);
-                }
-                e.held = None;
+                changed.push(start);
             }
         }
-        None
-    }
-
-    /// Ends the table's mount: every range is forgotten (a new mount's grants start a new count),
-    /// and the finished values the leader sealed are returned in the segment's order (by offset:
-    /// the table's own, so nothing is sorted however many there are, and the next leader takes
-    /// their ranges one after the other).
-    pub fn retire(&mut self) -> Vec<Retired> {
-        self.held = Count::default();
-        let ranges = std::mem::take(&mut self.ranges);
-        // at its size at once: grown by doubling, tens of millions of records moved several times
-        let mut out = Vec::with_capacity(ranges.len());
-        out.extend(ranges.into_iter().filter_map(|(offset, e)| {
-            e.held.filter(Held::sealed).map(|held| Retired {
-                offset,
-                len: e.end - offset,
-                held,
-            })
-        }));
-        out
-    }
-
-    /// Starts the new mount's table with a value the leader adopted under `allocation` (its tag,
-    /// seal and last use kept; checked again before the next report).
-    pub fn adopt(&mut self, r: Retired, allocation: u64) {
-        self.held.add(r.len);
-        let replaced = self.ranges.insert(
-            r.offset,
-            Entry {
-                end: r.offset + r.len,
-                allocation,
-                held: Some(Held {
-                    checked: false,
-                    ..r.held
-                }),
-            },
-        );
-        if let Some(old) = replaced
-            && counted(&old.held)
-        {
-            self.held.sub(old.end - r.offset);
+        for start in changed {
+            match self.remove(start) {
+                Some(Entry {
+                    end,
+                    of: Of::Mount { allocation, .. },
+                }) => {
+                    let fence = Entry {
+                        end,
+                        of: Of::Mount { allocation, held: None },
+                    };
+                    self.ranges.insert(start, fence);
+                }
+                Some(Entry { of: Of::Ended(_), .. }) | None => {}
+            }
         }
+        next
+    }
+
+    /// Ends the table's mount: its ranges are forgotten (a new mount's grants start a new count),
+    /// and the finished values the leader sealed wait for the next leader, with the values of
+    /// earlier mounts that no leader adopted yet, in the segment's order ([`ended_from`]). In
+    /// place: nothing is moved or copied, however many there are. Returns what waits.
+    ///
+    /// [`ended_from`]: Self::ended_from
+    pub fn retire(&mut self) -> Count {
+        self.held = Count::default();
+        if std::mem::take(&mut self.mounted_since) {
+            let mut waiting = Count::default();
+            self.ranges.retain(|&start, e| {
+                if let Of::Mount { held, .. } = &mut e.of {
+                    match held.take().filter(Held::sealed) {
+                        Some(h) => e.of = Of::Ended(h),
+                        None => return false,
+                    }
+                }
+                waiting.add(e.end - start);
+                true
+            });
+            self.waiting = waiting;
+        }
+        self.waiting
+    }
+
+    /// What waits for a next leader: the values of ended mounts, and their bytes.
+    pub fn waiting(&self) -> Count {
+        self.waiting
+    }
+
+    /// The waiting values of ended mounts from `from` on, in the segment's order.
+    pub fn ended_from(&self, from: u64) -> impl Iterator<Item = (u64, u64, &Held)> {
+        self.ranges.range(from..).filter_map(|(&start, e)| match &e.of {
+            Of::Ended(h) => Some((start, e.end - start, h)),
+            Of::Mount { .. } => None,
+        })
+    }
+
+    /// Stops waiting for the value of an ended mount at `start` whose checksum is `checksum`
+    /// (its bytes no longer match it): its range is free. `false` if no such value waits there.
+    pub fn drop_ended(&mut self, start: u64, checksum: u64) -> bool {
+        let waits = self
+            .ranges
+            .get(&start)
+            .is_some_and(|e| matches!(&e.of, Of::Ended(h) if h.checksum == checksum));
+        waits && self.remove(start).is_some()
+    }
+
+    /// Stops waiting for every value of ended mounts (the report ended before a leader adopted
+    /// them: their ranges are free). Returns how many there were.
+    pub fn drop_all_ended(&mut self) -> u64 {
+        let dropped = self.waiting.values;
+        if dropped > 0 {
+            self.ranges.retain(|_, e| matches!(e.of, Of::Mount { .. }));
+        }
+        self.waiting = Count::default();
+        dropped
+    }
+
+    /// Applies a leader's answer to a page of a report: the waiting value at `page[i]` is adopted
+    /// under `allocations[i]` of the current mount (its tag, seal and last use kept; checked
+    /// again before the next report), or, where that is 0, stops waiting (its range is free).
+    /// `page` is in the segment's order, as the report made it; a value no longer waiting there
+    /// (its bytes were found changed meanwhile) is passed over. Returns how many were adopted.
+    pub fn adopt(&mut self, page: &[u64], allocations: &[u64]) -> u64 {
+        let (Some(&first), Some(&last)) = (page.first(), page.last()) else {
+            return 0;
+        };
+        if !allocations.is_empty() {
+            self.mounted_since = true;
+        }
+        let mut answers = page
+            .iter()
+            .zip(allocations.iter().chain(std::iter::repeat(&0)))
+            .peekable();
+        let (mut adopted, mut free) = (0, Vec::new());
+        let Written {
+            ranges, held, waiting, ..
+        } = self;
+        for (&start, e) in ranges.range_mut(first..=last) {
+            while answers.next_if(|(at, _)| **at < start).is_some() {}
+            let Some((_, &allocation)) = answers.next_if(|(at, _)| **at == start) else {
+                continue;
+            };
+            let Of::Ended(h) = &e.of else { continue };
+            if allocation == 0 {
+                free.push(start);
+                continue;
+            }
+            let h = Held {
+                checked: false,
+                ..h.clone()
+            };
+            held.add(e.end - start);
+            waiting.sub(e.end - start);
+            e.of = Of::Mount {
+                allocation,
+                held: Some(h),
+            };
+            adopted += 1;
+        }
+        for start in free {
+            self.remove(start);
+        }
+        adopted
     }
 
     /// Records the leader's seal of the value `allocation` wrote at `start`, which it committed:
     /// from now on it is held for a next leader. `false` if no finished value of that allocation
     /// is there (it was replaced, or its write never finished).
     pub fn seal(&mut self, start: u64, allocation: u64, seal: [u8; crate::grant::MAC_LEN]) -> bool {
-        match self.ranges.get_mut(&start) {
-            Some(e) if e.allocation == allocation => match &mut e.held {
-                Some(h) => {
-                    if h.seal.is_none() {
-                        self.held.add(e.end - start);
-                    }
-                    h.seal = Some(seal);
-                    true
+        let Some(e) = self.ranges.get_mut(&start) else {
+            return false;
+        };
+        let len = e.end - start;
+        match e.held_by(allocation) {
+            Some(Some(h)) => {
+                if h.seal.is_none() {
+                    self.held.add(len);
                 }
-                None => false,
-            },
+                h.seal = Some(seal);
+                true
+            }
             _ => false,
         }
     }
@@ -340,8 +485,9 @@ impl Written {
     pub fn discard(&mut self, start: u64, allocation: u64) {
         if self
             .ranges
-            .get(&start)
-            .is_some_and(|e| e.allocation == allocation && e.held.is_none())
+            .get_mut(&start)
+            .and_then(|e| e.held_by(allocation))
+            .is_some_and(|held| held.is_none())
         {
             self.ranges.remove(&start);
         }
@@ -350,12 +496,16 @@ impl Written {
     /// Forgets the value `allocation` wrote at `start`, which the leader freed: it is no longer
     /// held (its range stays fenced for its allocation). `false` if nothing of it was held there.
     pub fn forget(&mut self, start: u64, allocation: u64) -> bool {
-        match self.ranges.get_mut(&start) {
-            Some(e) if e.allocation == allocation && e.held.is_some() => {
-                if counted(&e.held) {
-                    self.held.sub(e.end - start);
+        let Some(e) = self.ranges.get_mut(&start) else {
+            return false;
+        };
+        let len = e.end - start;
+        match e.held_by(allocation) {
+            Some(held @ Some(_)) => {
+                if counted(held) {
+                    self.held.sub(len);
                 }
-                e.held = None;
+                *held = None;
                 true
             }
             _ => false,
@@ -365,9 +515,14 @@ impl Written {
     /// The sealed value `allocation` wrote at `start`, if it is still there: its length and what
     /// was recorded of it (what the disk tier copies).
     pub fn sealed_value(&self, start: u64, allocation: u64) -> Option<(u64, Held)> {
-        let e = self.ranges.get(&start).filter(|e| e.allocation == allocation)?;
-        let h = e.held.as_ref().filter(|h| h.sealed())?;
-        Some((e.end - start, h.clone()))
+        let e = self.ranges.get(&start)?;
+        match &e.of {
+            Of::Mount {
+                allocation: a,
+                held: Some(h),
+            } if *a == allocation && h.sealed() => Some((e.end - start, h.clone())),
+            _ => None,
+        }
     }
 
     /// The values held, and their bytes.
@@ -375,7 +530,7 @@ impl Written {
         self.held
     }
 
-    /// How many ranges are recorded.
+    /// How many ranges are recorded (of the current mount, and values waiting).
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.ranges.len()

@@ -1,11 +1,11 @@
-//! A segment's handover to the next leader: the finished values of ended mounts wait
-//! ([`Waiting`]) until a leader mounts the segment again; the member reports them in the
-//! segment's order ([`Segment::report`]: the leader files each by its last use, whatever the
-//! order, and takes the ranges one after the other), in pages ([`Segment::page`]) however many there are, each
-//! value only if its bytes still match their checksum (checked as its page is made, unless
-//! [`Segment::precheck`] did when the leader stopped answering), and each page's answer says
-//! which the leader adopted and under which allocations of its term ([`Segment::adopt`]). What
-//! is not adopted is free space.
+//! A segment's handover to the next leader: the finished values of ended mounts wait where they
+//! lie in the range table (`written.rs`) until a leader mounts the segment again; the member
+//! reports them in the segment's order ([`Segment::report`]: the leader files each by its last
+//! use, whatever the order, and takes the ranges one after the other), in pages
+//! ([`Segment::page`]) however many there are, each value only if its bytes still match their
+//! checksum (checked as its page is made, unless [`Segment::precheck`] did when the leader
+//! stopped answering), and each page's answer says which the leader adopted and under which
+//! allocations of its term ([`Segment::adopt`]). What is not adopted is free space.
 
 use std::collections::VecDeque;
 
@@ -16,24 +16,17 @@ use crate::member::written::{Count, Retired};
 /// values is made in tens of milliseconds, and holds fewer values.
 const PAGE_CHECK_BYTES: u64 = 256 << 20;
 
-/// Values of ended mounts, waiting for a leader, in the segment's order once reported: those not
-/// sent yet, and those sent in pages whose answers have not come.
+/// A report of the values of ended mounts (which wait in the range table, `written.rs`): where
+/// its next page starts, and the values of each page sent and not answered, by offset.
 #[derive(Debug, Default)]
-pub(super) struct Waiting {
-    values: VecDeque<Retired>,
-    sent: VecDeque<Retired>,
-}
-
-impl Waiting {
-    /// Adds the finished values of a mount that just ended.
-    pub(super) fn extend(&mut self, ended: Vec<Retired>) {
-        if self.values.is_empty() {
-            // no copy: tens of millions of values move in at once
-            self.values = ended.into();
-        } else {
-            self.values.extend(ended);
-        }
-    }
+pub(super) struct Report {
+    /// where the next page starts (`None`: every value was sent)
+    next: Option<u64>,
+    /// values not sent yet (an upper bound: a value found changed elsewhere leaves it high until
+    /// the last page finds the table's end)
+    unsent: u64,
+    /// each page sent and not answered: its values' offsets, in order
+    sent: VecDeque<Vec<u64>>,
 }
 
 /// What a report starts with: the values it will hand over whose bytes still match.
@@ -45,25 +38,21 @@ pub struct ReportCounts {
 
 impl Segment {
     /// Starts a report for the next leader: the finished values of ended mounts, in the
-    /// segment's order (pages sent to an earlier leader and not answered are sent again). Their
-    /// checksums are checked as the pages are made, so the first page goes out at once.
+    /// segment's order (pages sent to an earlier leader and not answered are sent again: their
+    /// values still wait). Their checksums are checked as the pages are made, so the first page
+    /// goes out at once.
     pub fn report(&self) -> ReportCounts {
-        let mut retired = self.retired.lock();
-        let waiting = &mut *retired;
-        // pages sent and not answered go first again: they came first
-        while let Some(r) = waiting.sent.pop_back() {
-            waiting.values.push_front(r);
-        }
-        self.note_answers_due(waiting);
-        // in place, and not at all when in order already (one ended mount's values are: its
-        // table's order); a stable sort's scratch would be half the values again
-        let values = waiting.values.make_contiguous();
-        if !values.is_sorted_by_key(|r| r.offset) {
-            values.sort_unstable_by_key(|r| r.offset);
-        }
+        let mut report = self.report.lock();
+        let waiting = self.written.lock().waiting();
+        *report = Report {
+            next: (waiting.values > 0).then_some(0),
+            unsent: waiting.values,
+            sent: VecDeque::new(),
+        };
+        self.note_answers_due(&report);
         ReportCounts {
-            values: values.len() as u64,
-            bytes: values.iter().map(|r| r.len).sum(),
+            values: waiting.values,
+            bytes: waiting.bytes,
         }
     }
 
@@ -80,64 +69,94 @@ impl Segment {
     /// many values it holds, and their records.
     pub fn packed_page(&self, max_bytes: usize) -> (usize, bytes::Bytes) {
         self.next_page(max_bytes, |values, _| {
-            (values.len(), crate::holdings::pack(values.map(record)))
+            (values.len(), crate::holdings::pack(values.iter().map(record)))
         })
     }
 
     /// Takes the report's next page (see [`page`](Self::page)) and makes it with `make`, given its
-    /// values and the bytes of their tags and seals.
-    fn next_page<R>(&self, max_bytes: usize, make: impl FnOnce(Values<'_>, usize) -> R) -> R {
+    /// values and the bytes of their tags and seals. The values are taken from the range table
+    /// under its lock and hashed outside it, so transfers of the current mount go on meanwhile.
+    fn next_page<R>(&self, max_bytes: usize, make: impl FnOnce(&[Retired], usize) -> R) -> R {
         let trust_checks = !self.handed_out.load(std::sync::atomic::Ordering::Acquire);
-        let mut retired = self.retired.lock();
-        let waiting = &mut *retired;
-        let (mut room, mut hashed, mut damaged) = (max_bytes, 0u64, 0u64);
-        let (from, mut bytes) = (waiting.sent.len(), 0);
-        while let Some(r) = waiting.values.front() {
-            let cost = r.held.tag.len() + 32;
-            if (cost > room || hashed >= PAGE_CHECK_BYTES) && waiting.sent.len() > from {
-                break;
+        let mut report = self.report.lock();
+        let mut values: Vec<Retired> = Vec::new();
+        if let Some(from) = report.next {
+            let written = self.written.lock();
+            let (mut room, mut hashing) = (max_bytes, 0u64);
+            let mut next = None;
+            for (offset, len, held) in written.ended_from(from) {
+                let cost = held.tag.len() + 32;
+                if (cost > room || hashing >= PAGE_CHECK_BYTES) && !values.is_empty() {
+                    next = Some(offset);
+                    break;
+                }
+                room = room.saturating_sub(cost);
+                if !(held.checked && trust_checks) {
+                    hashing += len;
+                }
+                values.push(Retired {
+                    offset,
+                    len,
+                    held: held.clone(),
+                });
             }
-            let Some(mut r) = waiting.values.pop_front() else { break };
-            if !(r.held.checked && trust_checks) {
-                hashed += r.len;
-                match self.map.checksum(r.offset, r.len) {
-                    Ok(sum) if sum == r.held.checksum => r.held.checked = true,
-                    _ => {
-                        damaged += 1;
-                        continue;
-                    }
+            report.next = next;
+            report.unsent = match next {
+                Some(_) => report.unsent.saturating_sub(values.len() as u64),
+                None => 0,
+            };
+        }
+        let mut damaged = Vec::new();
+        values.retain_mut(|r| {
+            if r.held.checked && trust_checks {
+                return true;
+            }
+            match self.map.checksum(r.offset, r.len) {
+                Ok(sum) if sum == r.held.checksum => {
+                    r.held.checked = true;
+                    true
+                }
+                _ => {
+                    damaged.push((r.offset, r.held.checksum));
+                    false
                 }
             }
-            room = room.saturating_sub(cost);
-            bytes += r.held.tag.len() + r.held.seal.map_or(0, |s| s.len());
-            waiting.sent.push_back(r);
-        }
-        let page = make(waiting.sent.range(from..), bytes);
-        self.note_answers_due(waiting);
-        if damaged > 0 {
+        });
+        if !damaged.is_empty() {
+            let mut written = self.written.lock();
+            for (offset, checksum) in &damaged {
+                written.drop_ended(*offset, *checksum);
+            }
             tracing::warn!(
-                damaged,
+                damaged = damaged.len(),
                 "some held values are not reported: their bytes changed since their write finished"
             );
         }
-        page
+        if !values.is_empty() {
+            report.sent.push_back(values.iter().map(|r| r.offset).collect());
+        }
+        self.note_answers_due(&report);
+        let bytes = values
+            .iter()
+            .map(|r| r.held.tag.len() + r.held.seal.map_or(0, |s| s.len()))
+            .sum();
+        make(&values, bytes)
     }
 
     /// Ends the report: the values not answered yet are no longer held (the leader may place
     /// new values over them). Returns how many.
     pub fn end_report(&self) -> usize {
-        let mut retired = self.retired.lock();
-        let dropped = retired.values.len() + retired.sent.len();
-        retired.values.clear();
-        retired.sent.clear();
-        self.note_answers_due(&retired);
+        let mut report = self.report.lock();
+        let dropped = self.written.lock().drop_all_ended();
+        *report = Report::default();
+        self.note_answers_due(&report);
         self.mount_changed.notify_waiters();
-        dropped
+        dropped as usize
     }
 
     /// Values of the report not sent in a page yet.
     pub fn unsent(&self) -> usize {
-        self.retired.lock().values.len()
+        self.report.lock().unsent as usize
     }
 
     /// Checks the checksums of the values the current mount finished, ahead of the report that
@@ -203,38 +222,34 @@ impl Segment {
     /// of another length (a leader that adopts nothing) adopts none of the page. Returns how many
     /// values were adopted.
     pub fn adopt(&self, page: usize, allocations: &[u64]) -> u64 {
-        let values: Vec<Retired> = {
-            let mut retired = self.retired.lock();
-            let page = page.min(retired.sent.len());
-            retired.sent.drain(..page).collect()
-        };
-        let mut adopted = 0;
-        if allocations.len() == values.len() {
-            let mut written = self.written.lock();
-            for (r, &a) in values.into_iter().zip(allocations) {
-                if a != 0 {
-                    written.adopt(r, a);
-                    adopted += 1;
-                }
-            }
+        let mut report = self.report.lock();
+        if page == 0 {
+            return 0;
         }
+        let Some(offsets) = report.sent.pop_front() else {
+            return 0;
+        };
+        let allocations = if allocations.len() == offsets.len() {
+            allocations
+        } else {
+            &[]
+        };
+        let adopted = self.written.lock().adopt(&offsets, allocations);
         // the reads of what this answer adopted, waiting since the leader adopted it, go on
-        self.note_answers_due(&self.retired.lock());
+        self.note_answers_due(&report);
+        drop(report);
         self.mount_changed.notify_waiters();
         adopted
     }
 
     /// Records whether pages of the report are sent and not answered, for the reads that wait
-    /// on it ([`Segment::settle`]); called under the lock of `waiting`, so that two callers
-    /// cannot record their findings in the other order.
-    fn note_answers_due(&self, waiting: &Waiting) {
+    /// on it ([`Segment::settle`]); called under the report's lock, so that two callers cannot
+    /// record their findings in the other order.
+    fn note_answers_due(&self, report: &Report) {
         self.answers_due
-            .store(!waiting.sent.is_empty(), std::sync::atomic::Ordering::Release);
+            .store(!report.sent.is_empty(), std::sync::atomic::Ordering::Release);
     }
 }
-
-/// A page's values, in the report's order.
-type Values<'a> = std::collections::vec_deque::Iter<'a, Retired>;
 
 /// A page's value as it is packed.
 fn record(r: &Retired) -> crate::holdings::Record<'_> {
@@ -250,9 +265,9 @@ fn record(r: &Retired) -> crate::holdings::Record<'_> {
 
 /// The holdings of a page's values: their tags and seals copied into one buffer of `bytes`
 /// bytes, which each holding shares (one allocation a page, not two a value).
-fn holdings(values: Values<'_>, bytes: usize) -> Vec<crate::proto::Holding> {
+fn holdings(values: &[Retired], bytes: usize) -> Vec<crate::proto::Holding> {
     let mut buf = bytes::BytesMut::with_capacity(bytes);
-    for r in values.clone() {
+    for r in values {
         buf.extend_from_slice(&r.held.tag);
         if let Some(seal) = &r.held.seal {
             buf.extend_from_slice(seal);
@@ -260,6 +275,7 @@ fn holdings(values: Values<'_>, bytes: usize) -> Vec<crate::proto::Holding> {
     }
     let mut buf = buf.freeze();
     values
+        .iter()
         .map(|r| crate::proto::Holding {
             tag: buf.split_to(r.held.tag.len()),
             offset: r.offset,

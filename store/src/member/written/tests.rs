@@ -49,7 +49,7 @@ fn nothing_written_reads_nothing_and_a_new_mount_starts_empty() {
     w.write(64, 64, 4).unwrap();
     assert_eq!(w.read(64, 32, 4), Err(Stale::NotWritten), "only the range as written");
     assert_eq!(w.read(0, 64, 7), Err(Stale::NotWritten));
-    assert!(w.retire().is_empty(), "nothing finished, nothing to report");
+    assert_eq!(w.retire(), Count::default(), "nothing finished, nothing to report");
     assert!(w.is_empty());
     assert_eq!(w.read(64, 64, 4), Err(Stale::NotWritten));
     // adjacent ranges do not overlap
@@ -74,6 +74,31 @@ fn a_discarded_load_reads_nothing_and_a_finished_value_is_never_discarded() {
 
 fn tag(k: &str) -> Arc<[u8]> {
     Arc::from(k.as_bytes())
+}
+
+/// The values of ended mounts waiting in `w`, in the segment's order.
+fn ended(w: &Written) -> Vec<Retired> {
+    w.ended_from(0)
+        .map(|(offset, len, held)| Retired {
+            offset,
+            len,
+            held: held.clone(),
+        })
+        .collect()
+}
+
+/// A table whose values at `starts` (100 bytes each, allocations 1, 2, ...) were finished,
+/// sealed and retired: they wait for a next leader.
+fn retired(starts: &[u64]) -> Written {
+    let mut w = Written::default();
+    for (i, &start) in starts.iter().enumerate() {
+        let allocation = i as u64 + 1;
+        w.write(start, 100, allocation).unwrap();
+        assert!(w.finish(start, 100, allocation, tag("v"), allocation, 1));
+        assert!(w.seal(start, allocation, [allocation as u8; 32]));
+    }
+    w.retire();
+    w
 }
 
 #[test]
@@ -108,7 +133,8 @@ fn only_finished_whole_values_are_reported_in_the_segments_order_with_their_last
     w.read(0, 100, 1).unwrap();
     // a newer placement over the start of c: c is no longer whole
     w.write(300, 100, 5).unwrap();
-    let r = w.retire();
+    assert_eq!(w.retire(), Count { values: 2, bytes: 200 });
+    let r = ended(&w);
     let keys: Vec<&[u8]> = r.iter().map(|r| &*r.held.tag).collect();
     assert_eq!(
         keys,
@@ -129,9 +155,18 @@ fn only_finished_whole_values_are_reported_in_the_segments_order_with_their_last
         ),
         (0, 100, 11, 7, Some([1; 32]))
     );
-    assert!(w.is_empty(), "retired: the next mount starts empty");
-    // the leader adopted a under its new term's allocation 40; it keeps its seal and epoch
-    w.adopt(r[0].clone(), 40);
+    assert_eq!(
+        w.len(),
+        2,
+        "retired: only the values wait, nothing of the mount is fenced"
+    );
+    assert_eq!(w.read(0, 100, 1), Err(Stale::NotWritten), "a waiting value is not read");
+    // the leader adopted a under its new term's allocation 40 (it keeps its seal and epoch), not b
+    assert_eq!(w.adopt(&[0, 128], &[40, 0]), 1);
+    assert_eq!(
+        (w.waiting(), w.held()),
+        (Count::default(), Count { values: 1, bytes: 100 })
+    );
     assert_eq!(w.read(0, 100, 40), Ok(()));
     assert_eq!(
         w.read(0, 100, 1),
@@ -140,8 +175,12 @@ fn only_finished_whole_values_are_reported_in_the_segments_order_with_their_last
     );
     assert_eq!(w.read(128, 100, 2), Err(Stale::NotWritten), "b was not adopted");
     assert_eq!(w.write(0, 100, 39), Err(Stale::Replaced { newer: 40 }));
-    let again = w.retire();
-    assert_eq!(again.len(), 1, "an adopted value is reported again at the next mount");
+    assert_eq!(
+        w.retire().values,
+        1,
+        "an adopted value is reported again at the next mount"
+    );
+    let again = ended(&w);
     assert_eq!(
         (again[0].held.seal, again[0].held.epoch),
         (Some([1; 32]), 7),
@@ -171,10 +210,10 @@ fn a_value_the_leader_freed_or_a_newer_placement_cut_is_no_longer_held() {
     // a newer placement over the start of the second: it is no longer whole
     w.write(100, 100, 4).unwrap();
     assert_eq!(w.held(), Count { values: 1, bytes: 50 });
-    let r = w.retire();
-    assert_eq!(r.len(), 1, "only what is still held is reported");
+    assert_eq!(w.retire().values, 1, "only what is still held is reported");
     assert_eq!(w.held(), Count::default());
-    w.adopt(r[0].clone(), 7);
+    let r = ended(&w);
+    w.adopt(&[r[0].offset], &[7]);
     assert_eq!(w.held(), Count { values: 1, bytes: 50 });
 }
 
@@ -205,7 +244,8 @@ fn a_check_in_steps_covers_every_value_once() {
     assert_eq!((steps, looked.get()), (3, n));
     let changed = n.div_ceil(7);
     assert_eq!(w.held().values, n - changed);
-    let retired = w.retire();
+    w.retire();
+    let retired = ended(&w);
     assert_eq!(retired.len() as u64, n - changed);
     assert!(
         retired
@@ -218,4 +258,57 @@ fn a_check_in_steps_covers_every_value_once() {
     assert!(again.finish(0, 64, 1, tag("k"), 5, 1));
     assert_eq!(again.check_from(0, |_, _| Some(5)), None);
     assert_eq!(again.check_from(0, |_, _| panic!("hashed again")), None);
+}
+
+/// The values of a mount that ended wait with those of earlier mounts no leader adopted yet, in
+/// the segment's order; a mount refused and made again changes nothing of them.
+#[test]
+fn values_of_every_ended_mount_wait_together_in_the_segments_order() {
+    let mut w = retired(&[0, 512]);
+    // the next leader adopts the first value, and its mount ends before the second's answer
+    assert_eq!(w.adopt(&[0], &[9]), 1);
+    w.write(256, 100, 10).unwrap();
+    assert!(w.finish(256, 100, 10, tag("new"), 7, 2));
+    assert!(w.seal(256, 10, [10; 32]));
+    assert_eq!(w.retire(), Count { values: 3, bytes: 300 });
+    let offsets: Vec<u64> = ended(&w).iter().map(|r| r.offset).collect();
+    assert_eq!(offsets, [0, 256, 512]);
+    assert_eq!(w.retire(), Count { values: 3, bytes: 300 }, "nothing was mounted since");
+    assert_eq!(w.drop_all_ended(), 3);
+    assert!(w.is_empty());
+    assert_eq!(w.waiting(), Count::default());
+}
+
+/// An answer is applied by offset: a value that stopped waiting after its page was made (its
+/// bytes changed) is passed over, and the others get their own allocations.
+#[test]
+fn an_answer_adopts_each_value_under_its_own_allocation_whatever_left_the_page() {
+    let mut w = retired(&[0, 128, 256, 384]);
+    assert!(!w.drop_ended(128, 99), "not the value that waits there");
+    assert!(w.drop_ended(128, 2), "its bytes changed");
+    assert_eq!(w.adopt(&[0, 128, 256, 384], &[20, 21, 22, 0]), 2);
+    assert_eq!(w.read(0, 100, 20), Ok(()));
+    assert_eq!(w.read(128, 100, 21), Err(Stale::NotWritten));
+    assert_eq!(w.read(256, 100, 22), Ok(()));
+    assert_eq!(
+        w.read(384, 100, 4),
+        Err(Stale::NotWritten),
+        "not adopted: its range is free"
+    );
+    assert_eq!((w.len(), w.waiting(), w.held().values), (2, Count::default(), 2));
+    // an answer that is not the page's adopts nothing of it, and frees it
+    let mut w = retired(&[0, 128]);
+    assert_eq!(w.adopt(&[0, 128], &[]), 0);
+    assert!(w.is_empty());
+}
+
+/// A waiting value fences nothing: a write of the new mount over it (the leader places there
+/// only once it did not adopt it) takes its range, and it no longer waits.
+#[test]
+fn a_write_over_a_waiting_value_takes_its_range() {
+    let mut w = retired(&[0, 128]);
+    w.write(50, 100, 1).unwrap();
+    assert_eq!(w.waiting(), Count::default());
+    assert_eq!(w.len(), 1, "no part of either is kept");
+    assert_eq!(w.read(50, 100, 1), Ok(()));
 }
