@@ -191,12 +191,17 @@ impl Written {
     /// Takes out the entry at `start`, counting what it held out.
     fn remove(&mut self, start: u64) -> Option<Entry> {
         let e = self.ranges.remove(&start)?;
+        self.count_out(start, &e);
+        Some(e)
+    }
+
+    /// Counts out what entry `e` at `start`, no longer in the table, held.
+    fn count_out(&mut self, start: u64, e: &Entry) {
         match &e.of {
             Of::Mount { held, .. } if counted(held) => self.held.sub(e.end - start),
             Of::Mount { .. } => {}
             Of::Ended(_) => self.waiting.sub(e.end - start),
         }
-        Some(e)
     }
 
     /// Records that `allocation` writes `[start, start + len)`, unless a newer allocation wrote
@@ -234,13 +239,14 @@ impl Written {
                 self.ranges.insert(end, fence(e));
             }
         }
-        // (only an empty write can find an entry at its start that it did not overlap)
-        self.remove(start);
         let entry = Entry {
             end,
             of: Of::Mount { allocation, held: None },
         };
-        self.ranges.insert(start, entry);
+        // (only an empty write can find an entry at its start that it did not overlap)
+        if let Some(old) = self.ranges.insert(start, entry) {
+            self.count_out(start, &old);
+        }
         Ok(())
     }
 
@@ -312,6 +318,7 @@ impl Written {
     /// transfers go on between calls.
     pub fn check_from(&mut self, from: u64, checksum: impl Fn(u64, u64) -> Option<u64>) -> Option<u64> {
         let (mut looked, mut hashed) = (0, 0);
+        // waiting values whose bytes changed: taken out once the walk is done
         let mut changed = Vec::new();
         let mut next = None;
         for (&start, e) in self.ranges.range_mut(from..) {
@@ -321,9 +328,8 @@ impl Written {
             }
             looked += 1;
             let len = e.end - start;
-            let h = match &mut e.of {
-                Of::Mount { held: Some(h), .. } | Of::Ended(h) => h,
-                Of::Mount { held: None, .. } => continue,
+            let (Of::Mount { held: Some(h), .. } | Of::Ended(h)) = &mut e.of else {
+                continue;
             };
             if h.checked {
                 continue;
@@ -331,24 +337,20 @@ impl Written {
             hashed += len;
             if checksum(start, len) == Some(h.checksum) {
                 h.checked = true;
-            } else {
-                changed.push(start);
+                continue;
+            }
+            match &mut e.of {
+                Of::Mount { held, .. } => {
+                    if counted(held) {
+                        self.held.sub(len);
+                    }
+                    *held = None;
+                }
+                Of::Ended(_) => changed.push(start),
             }
         }
         for start in changed {
-            match self.remove(start) {
-                Some(Entry {
-                    end,
-                    of: Of::Mount { allocation, .. },
-                }) => {
-                    let fence = Entry {
-                        end,
-                        of: Of::Mount { allocation, held: None },
-                    };
-                    self.ranges.insert(start, fence);
-                }
-                Some(Entry { of: Of::Ended(_), .. }) | None => {}
-            }
+            self.remove(start);
         }
         next
     }
@@ -421,16 +423,17 @@ impl Written {
         let (Some(&first), Some(&last)) = (page.first(), page.last()) else {
             return 0;
         };
-        if !allocations.is_empty() {
-            self.mounted_since = true;
-        }
         let mut answers = page
             .iter()
             .zip(allocations.iter().chain(std::iter::repeat(&0)))
             .peekable();
         let (mut adopted, mut free) = (0, Vec::new());
         let Written {
-            ranges, held, waiting, ..
+            ranges,
+            held,
+            waiting,
+            mounted_since,
+            ..
         } = self;
         for (&start, e) in ranges.range_mut(first..=last) {
             while answers.next_if(|(at, _)| **at < start).is_some() {}
@@ -448,6 +451,7 @@ impl Written {
             };
             held.add(e.end - start);
             waiting.sub(e.end - start);
+            *mounted_since = true;
             e.of = Of::Mount {
                 allocation,
                 held: Some(h),

@@ -68,15 +68,15 @@ impl Segment {
     /// The report's next page as [`page`](Self::page) takes it, packed (`crate::holdings`): how
     /// many values it holds, and their records.
     pub fn packed_page(&self, max_bytes: usize) -> (usize, bytes::Bytes) {
-        self.next_page(max_bytes, |values, _| {
+        self.next_page(max_bytes, |values| {
             (values.len(), crate::holdings::pack(values.iter().map(record)))
         })
     }
 
     /// Takes the report's next page (see [`page`](Self::page)) and makes it with `make`, given its
-    /// values and the bytes of their tags and seals. The values are taken from the range table
+    /// values. The values are taken from the range table
     /// under its lock and hashed outside it, so transfers of the current mount go on meanwhile.
-    fn next_page<R>(&self, max_bytes: usize, make: impl FnOnce(&[Retired], usize) -> R) -> R {
+    fn next_page<R>(&self, max_bytes: usize, make: impl FnOnce(&[Retired]) -> R) -> R {
         let trust_checks = !self.handed_out.load(std::sync::atomic::Ordering::Acquire);
         let mut report = self.report.lock();
         let mut values: Vec<Retired> = Vec::new();
@@ -107,20 +107,16 @@ impl Segment {
             };
         }
         let mut damaged = Vec::new();
-        values.retain_mut(|r| {
-            if r.held.checked && trust_checks {
-                return true;
+        values.retain(|r| {
+            let whole = (r.held.checked && trust_checks)
+                || self
+                    .map
+                    .checksum(r.offset, r.len)
+                    .is_ok_and(|sum| sum == r.held.checksum);
+            if !whole {
+                damaged.push((r.offset, r.held.checksum));
             }
-            match self.map.checksum(r.offset, r.len) {
-                Ok(sum) if sum == r.held.checksum => {
-                    r.held.checked = true;
-                    true
-                }
-                _ => {
-                    damaged.push((r.offset, r.held.checksum));
-                    false
-                }
-            }
+            whole
         });
         if !damaged.is_empty() {
             let mut written = self.written.lock();
@@ -136,11 +132,7 @@ impl Segment {
             report.sent.push_back(values.iter().map(|r| r.offset).collect());
         }
         self.note_answers_due(&report);
-        let bytes = values
-            .iter()
-            .map(|r| r.held.tag.len() + r.held.seal.map_or(0, |s| s.len()))
-            .sum();
-        make(&values, bytes)
+        make(&values)
     }
 
     /// Ends the report: the values not answered yet are no longer held (the leader may place
@@ -263,9 +255,13 @@ fn record(r: &Retired) -> crate::holdings::Record<'_> {
     }
 }
 
-/// The holdings of a page's values: their tags and seals copied into one buffer of `bytes`
-/// bytes, which each holding shares (one allocation a page, not two a value).
-fn holdings(values: &[Retired], bytes: usize) -> Vec<crate::proto::Holding> {
+/// The holdings of a page's values: their tags and seals copied into one buffer, which each
+/// holding shares (one allocation a page, not two a value).
+fn holdings(values: &[Retired]) -> Vec<crate::proto::Holding> {
+    let bytes = values
+        .iter()
+        .map(|r| r.held.tag.len() + r.held.seal.map_or(0, |s| s.len()))
+        .sum();
     let mut buf = bytes::BytesMut::with_capacity(bytes);
     for r in values {
         buf.extend_from_slice(&r.held.tag);
