@@ -27,7 +27,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 
 use super::data::Sink;
-use super::disk::{Buffers, TierFile, TierFiles};
+use super::disk::{DiskReads, TierFile, TierFiles};
 use super::{Client, POOL_PER_MEMBER, transport};
 use crate::error::{Result, StoreError};
 use crate::member::local::{MAP_ANSWER_LEN, RESIDENT};
@@ -45,8 +45,8 @@ pub(super) struct Local {
     peers: Mutex<HashMap<String, Peer>>,
     /// tier files members handed over, for reads of values on their disk tiers
     tier_files: TierFiles,
-    /// piece buffers for those reads
-    buffers: Buffers,
+    /// the window and piece buffers those reads share
+    disk_reads: DiskReads,
 }
 
 #[derive(Debug, Clone)]
@@ -330,7 +330,7 @@ impl Client {
                 None => return Some(Ok(false)),
             },
         };
-        match super::disk::read_copy(&file, loc, sink, &local.buffers).await {
+        match super::disk::read_copy(&file, loc, sink, &local.disk_reads).await {
             Ok(true) => Some(Ok(true)),
             outcome => {
                 tracing::debug!(

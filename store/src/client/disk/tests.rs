@@ -46,41 +46,130 @@ fn opened(f: &tempfile::NamedTempFile) -> TierFile {
 
 #[tokio::test]
 async fn a_record_of_several_pieces_lands_whole_in_each_kind_of_sink() {
-    let v = value(3 * PIECE + 4321);
+    let piece = PIECE as usize;
+    let v = value(3 * piece + 4321);
     let (f, loc) = record_in_a_file(&v, b"tenant/key", 8192, false);
-    let (file, buffers) = (opened(&f), Buffers::default());
+    let (file, reads) = (opened(&f), DiskReads::default());
     let mut slice = vec![0u8; v.len()];
     assert!(
-        read_copy(&file, &loc, &mut Sink::Slice(&mut slice), &buffers)
+        read_copy(&file, &loc, &mut Sink::Slice(&mut slice), &reads)
             .await
             .unwrap()
     );
     assert!(slice == v);
-    let (mut a, mut b, mut c) = (vec![0u8; 10], vec![0u8; PIECE + 5], vec![0u8; v.len() - PIECE - 15]);
+    let (mut a, mut b, mut c) = (vec![0u8; 10], vec![0u8; piece + 5], vec![0u8; v.len() - piece - 15]);
     let mut parts: Vec<&mut [u8]> = vec![&mut a, &mut b, &mut c];
     assert!(
-        read_copy(&file, &loc, &mut Sink::Parts(&mut parts), &buffers)
+        read_copy(&file, &loc, &mut Sink::Parts(&mut parts), &reads)
             .await
             .unwrap()
     );
     assert!([a, b, c].concat() == v);
     let mut fresh = bytes::BytesMut::new();
     assert!(
-        read_copy(&file, &loc, &mut Sink::Fresh(&mut fresh), &buffers)
+        read_copy(&file, &loc, &mut Sink::Fresh(&mut fresh), &reads)
             .await
             .unwrap()
     );
     assert!(fresh[..] == v[..]);
-    assert!(buffers.kept() <= KEPT_BUFFERS);
+    assert!(reads.buffers.kept() <= KEPT_BUFFERS);
+}
+
+/// The file of `f` opened with `O_DIRECT` where its file system allows it (so its reads take the
+/// aligned spans the member's do), otherwise as it is.
+fn opened_direct(f: &tempfile::NamedTempFile) -> TierFile {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(f.path())
+    {
+        Ok(file) => TierFile {
+            file: Arc::new(file),
+            direct: true,
+        },
+        Err(_) => opened(f),
+    }
+}
+
+#[tokio::test]
+async fn values_ending_on_either_side_of_a_pieces_end_land_whole() {
+    let tag = b"tenant/binding/layout/key";
+    let header_len = format::payload_at(tag.len()) as usize;
+    let piece = PIECE as usize;
+    let reads = DiskReads::default();
+    for len in [
+        0,
+        1,
+        piece - header_len - 1,
+        piece - header_len,
+        piece - header_len + 1,
+        2 * piece - header_len,
+        (IN_FLIGHT + 3) * piece + 17,
+    ] {
+        let v = value(len);
+        let (f, loc) = record_in_a_file(&v, tag, 3 * 4096, false);
+        for file in [opened(&f), opened_direct(&f)] {
+            let mut out = vec![0u8; len];
+            assert!(
+                read_copy(&file, &loc, &mut Sink::Slice(&mut out), &reads)
+                    .await
+                    .unwrap(),
+                "{len} bytes, O_DIRECT {}",
+                file.direct
+            );
+            assert!(out == v, "{len} bytes, O_DIRECT {}", file.direct);
+        }
+        // the last byte flipped is seen, whichever piece holds it
+        if len > 0 {
+            let mut bytes = std::fs::read(f.path()).unwrap();
+            bytes[3 * 4096 + header_len + len - 1] ^= 1;
+            std::fs::write(f.path(), &bytes).unwrap();
+            let mut out = vec![0u8; len];
+            assert!(
+                !read_copy(&opened_direct(&f), &loc, &mut Sink::Slice(&mut out), &reads)
+                    .await
+                    .unwrap(),
+                "{len} bytes"
+            );
+        }
+    }
+    assert!(reads.buffers.kept() <= KEPT_BUFFERS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_at_once_share_the_window_and_each_lands_whole() {
+    let reads = DiskReads::default();
+    let values: Vec<Vec<u8>> = (0..6).map(|i| value((IN_FLIGHT + i) * PIECE as usize + i)).collect();
+    let records: Vec<_> = values
+        .iter()
+        .map(|v| record_in_a_file(v, b"tenant/key", 4096, false))
+        .collect();
+    let read = records.iter().zip(&values).map(|((f, loc), v)| {
+        let reads = &reads;
+        async move {
+            let mut out = vec![0u8; v.len()];
+            let found = read_copy(&opened_direct(f), loc, &mut Sink::Slice(&mut out), reads)
+                .await
+                .unwrap();
+            found && out == *v
+        }
+    });
+    assert!(futures::future::join_all(read).await.into_iter().all(|whole| whole));
+    assert_eq!(
+        reads.window.available_permits(),
+        IN_FLIGHT,
+        "every piece gave its turn back"
+    );
 }
 
 #[tokio::test]
 async fn a_flipped_byte_another_tag_a_dead_record_or_another_length_is_not_the_value() {
-    let v = value(PIECE + 100);
+    let v = value(PIECE as usize + 100);
     let mut out = vec![0u8; v.len()];
     let (f, loc) = record_in_a_file(&v, b"tenant/key", 0, false);
     assert!(
-        read_copy(&opened(&f), &loc, &mut Sink::Slice(&mut out), &Buffers::default())
+        read_copy(&opened(&f), &loc, &mut Sink::Slice(&mut out), &DiskReads::default())
             .await
             .unwrap()
     );
@@ -90,7 +179,7 @@ async fn a_flipped_byte_another_tag_a_dead_record_or_another_length_is_not_the_v
     bytes[4096 + 10] ^= 1;
     std::fs::write(f.path(), &bytes).unwrap();
     assert!(
-        !read_copy(&opened(&f), &loc, &mut Sink::Slice(&mut out), &Buffers::default())
+        !read_copy(&opened(&f), &loc, &mut Sink::Slice(&mut out), &DiskReads::default())
             .await
             .unwrap()
     );
@@ -101,7 +190,7 @@ async fn a_flipped_byte_another_tag_a_dead_record_or_another_length_is_not_the_v
         ..loc.clone()
     };
     assert!(
-        !read_copy(&opened(&f), &other, &mut Sink::Slice(&mut out), &Buffers::default())
+        !read_copy(&opened(&f), &other, &mut Sink::Slice(&mut out), &DiskReads::default())
             .await
             .unwrap()
     );
@@ -111,14 +200,19 @@ async fn a_flipped_byte_another_tag_a_dead_record_or_another_length_is_not_the_v
         ..loc
     };
     assert!(
-        !read_copy(&opened(&f), &short, &mut Sink::Slice(&mut shorter), &Buffers::default())
-            .await
-            .unwrap()
+        !read_copy(
+            &opened(&f),
+            &short,
+            &mut Sink::Slice(&mut shorter),
+            &DiskReads::default()
+        )
+        .await
+        .unwrap()
     );
 
     let (f, loc) = record_in_a_file(&v, b"tenant/key", 0, true);
     assert!(
-        !read_copy(&opened(&f), &loc, &mut Sink::Slice(&mut out), &Buffers::default())
+        !read_copy(&opened(&f), &loc, &mut Sink::Slice(&mut out), &DiskReads::default())
             .await
             .unwrap()
     );
@@ -129,7 +223,7 @@ async fn a_flipped_byte_another_tag_a_dead_record_or_another_length_is_not_the_v
     bytes[24] ^= 1;
     std::fs::write(f.path(), &bytes).unwrap();
     assert!(
-        !read_copy(&opened(&f), &loc, &mut Sink::Slice(&mut out), &Buffers::default())
+        !read_copy(&opened(&f), &loc, &mut Sink::Slice(&mut out), &DiskReads::default())
             .await
             .unwrap()
     );
@@ -141,11 +235,11 @@ async fn a_file_that_ends_inside_the_record_is_an_error_and_a_short_buffer_too()
     let (f, loc) = record_in_a_file(&v, b"t/k", 0, false);
     f.as_file().set_len(format::payload_at(3) + 4000).unwrap();
     let mut out = vec![0u8; 5000];
-    let read = read_copy(&opened(&f), &loc, &mut Sink::Slice(&mut out), &Buffers::default()).await;
+    let read = read_copy(&opened(&f), &loc, &mut Sink::Slice(&mut out), &DiskReads::default()).await;
     assert_eq!(read.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
     let (f, loc) = record_in_a_file(&v, b"t/k", 0, false);
     let mut short = vec![0u8; 4000];
-    let read = read_copy(&opened(&f), &loc, &mut Sink::Slice(&mut short), &Buffers::default()).await;
+    let read = read_copy(&opened(&f), &loc, &mut Sink::Slice(&mut short), &DiskReads::default()).await;
     assert_eq!(read.unwrap_err().kind(), io::ErrorKind::InvalidData);
 }
 

@@ -22,10 +22,12 @@ use crate::time::now_unix_ms;
 use crate::tls::Conn;
 use crate::wire::{Request, Response, Verdict};
 
-/// Bytes read from disk at a time, each piece a request of its own to the device.
-pub const PIECE: usize = 1 << 20;
-/// Pieces of one read asked for at once: the device works on the next while the first is sent.
-pub const IN_FLIGHT: usize = 4;
+/// Bytes read from disk at a time, each piece a request of its own to the device (small, so that
+/// little is left to send once the device is done: `tiering/readers.rs` has the figures).
+pub const PIECE: usize = 256 << 10;
+/// Pieces of one read asked for at once: the device works on the next ones while the first is
+/// sent.
+pub const IN_FLIGHT: usize = 8;
 
 /// Returns `false` when the connection must close.
 pub async fn read(s: &mut Conn, stores: &Stores, req: Request) -> std::io::Result<bool> {

@@ -113,14 +113,32 @@ impl Stream {
         self
     }
 
-    /// The pieces to read, in order, as (where in the value, length): `piece` bytes each, the
-    /// last what is left. (Splitting the last one finer, so that less is left to send once the
-    /// device is done, was slower on this VM's disk: it prefers fewer, larger requests.)
+    /// The pieces to read, in order, as (where in the value, length): `piece` bytes each, the last
+    /// what is left. When `piece` is a multiple of [`BLOCK`] the first is cut short at the file's
+    /// last block boundary within it, so every later piece starts on one and no block of the file
+    /// is read by two pieces (with `O_DIRECT` each reads the blocks around its bytes).
     pub fn pieces(&self, piece: u64) -> Vec<(u64, u64)> {
         let piece = piece.max(1);
-        (0..self.len.div_ceil(piece))
-            .map(|i| (i * piece, piece.min(self.len - i * piece)))
-            .collect()
+        let to_boundary = (self.at + piece) / BLOCK * BLOCK;
+        let first = if piece.is_multiple_of(BLOCK) && to_boundary > self.at {
+            to_boundary - self.at
+        } else {
+            piece
+        };
+        let mut pieces = Vec::with_capacity(self.len.div_ceil(piece) as usize + 1);
+        let mut at = 0;
+        while at < self.len {
+            let n = if at == 0 { first } else { piece }.min(self.len - at);
+            pieces.push((at, n));
+            at += n;
+        }
+        pieces
+    }
+
+    /// Where the value's bytes start in the file.
+    #[cfg(test)]
+    pub fn at(&self) -> u64 {
+        self.at
     }
 
     /// The read of the piece of `n` bytes `at` into the value (one of [`Stream::pieces`]), to run

@@ -392,16 +392,35 @@ fn a_stream_reads_on_what_its_record_held_after_the_record_is_killed() {
 }
 
 #[test]
-fn a_value_is_read_in_pieces_of_the_size_asked_the_last_what_is_left() {
+fn a_value_is_read_in_pieces_of_the_size_asked_each_after_the_first_on_a_block() {
     let dir = tempfile::tempdir().unwrap();
     let mut tier = tier_of_large_files(dir.path());
     let four = tier.append(&header("four"), &value(1, 4 * MIB as usize)).unwrap();
     let odd = tier.append(&header("odd"), &value(2, MIB as usize + 3)).unwrap();
+    let small = tier.append(&header("small"), &value(2, 100)).unwrap();
     let empty = tier.append(&header("empty"), &[]).unwrap();
-    let pieces = |id| tier.stream_known(id).unwrap().pieces(MIB);
-    assert_eq!(pieces(four), [(0, MIB), (MIB, MIB), (2 * MIB, MIB), (3 * MIB, MIB)]);
-    assert_eq!(pieces(odd), [(0, MIB), (MIB, 3)]);
-    assert!(pieces(empty).is_empty());
+    for (id, len) in [(four, 4 * MIB), (odd, MIB + 3), (small, 100)] {
+        let s = tier.stream_known(id).unwrap();
+        let pieces = s.pieces(MIB);
+        // the value's bytes start after its header and tag, within the record's first block
+        let head = s.at() % BLOCK;
+        assert!(head > 0);
+        let first = (MIB - head).min(len);
+        assert_eq!(pieces[0], (0, first), "{len}: the first ends on a block");
+        let mut at = first;
+        for &(from, n) in &pieces[1..] {
+            assert_eq!(from, at, "{len}: in order, each where the one before ended");
+            assert_eq!((s.at() + from) % BLOCK, 0, "{len}: on a block");
+            assert!(n == MIB || from + n == len, "{len}: whole pieces but the last");
+            at += n;
+        }
+        assert_eq!(at, len, "{len}: the pieces hold the value");
+    }
+    assert_eq!(tier.stream_known(four).unwrap().pieces(MIB).len(), 5);
+    // pieces smaller than a block are not cut on blocks
+    let s = tier.stream_known(odd).unwrap();
+    assert_eq!(s.pieces(1000).len() as u64, (MIB + 3).div_ceil(1000));
+    assert!(tier.stream_known(empty).unwrap().pieces(MIB).is_empty());
     let s = tier.stream_known(empty).unwrap();
     assert!(s.finish().is_ok(), "an empty value is whole with no piece");
 }

@@ -10,12 +10,12 @@ use super::super::tier::{DiskId, Piece, ReadError, Stream};
 use super::readers::Stopped;
 use super::{TierCounts, Tiering};
 
-/// Piece buffers kept between direct reads (each about a piece, 1 MiB: `dataport/disk.rs`): more
+/// Piece buffers kept between direct reads (each about a piece, 256 KiB: `dataport/disk.rs`): more
 /// than the pieces read at once (`readers::READERS`) and waiting to be sent in a busy moment.
 pub const KEPT_BUFFERS: usize = 16;
 /// Most pieces of direct reads asked for at once, on all connections together (waiting their
-/// turn, read, or waiting to be sent): what readers that do not read can pin is bounded (64 MiB
-/// with 1 MiB pieces); past it, reads wait for pieces to be sent.
+/// turn, read, or waiting to be sent): what readers that do not read can pin is bounded (16 MiB
+/// with 256 KiB pieces); past it, reads wait for pieces to be sent.
 pub const MAX_PIECES: usize = 64;
 
 impl Tiering {
