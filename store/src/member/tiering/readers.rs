@@ -4,19 +4,22 @@
 //! Why a few threads of our own rather than one blocking task per piece: the device reads fastest
 //! with a few requests in flight, not dozens (measured on this VM's disk, `O_DIRECT`, 1 MiB
 //! requests: 2 to 4 in flight read 1.90 to 2.10 GB/s, 16 to 32 in flight 1.66 to 1.86). Eight
-//! readers of 4 MiB values, each asking for its pieces at once, would put 128 in flight, all
+//! readers of 4 MiB values, each asking for eight pieces at once, would put 64 in flight, all
 //! eight values finishing together at the end; through these threads the device sees at most
 //! [`READERS`], and the values come off it one after the other, each sent while the next is read.
 //! A single read has up to `dataport::disk::IN_FLIGHT` of its pieces in flight. A piece takes its
 //! buffer only when its turn comes (`direct.rs`), so the pieces waiting hold none.
 //!
-//! Why eight, of 256 KiB (`dataport/disk.rs`): the device completes requests asked for together
-//! at about the same moment, so a 4 MiB value read as four 1 MiB pieces at once had all four
-//! to send once the device was done. In small pieces with a window, all but the last few go
-//! out while the device reads the rest. A probe of 4 MiB reads straight into memory and hashed
-//! (this VM, against `dd` in the same run, six rounds each): 1 MiB pieces four at a time 84%,
-//! 256 KiB pieces six or eight at a time 92 to 97%. Over TCP, one get at a time went from a
-//! median of 64% of `dd` to 87% (30 turns of 8 gets, `dd` reading 32 MiB between turns).
+//! Why pieces of 256 KiB, eight asked for by a read (`dataport/disk.rs`): the device completes
+//! requests asked for together in bursts (about 1 MiB every half millisecond here), so a 4 MiB
+//! value read as four 1 MiB pieces had a whole 1 MiB piece to send once the device was done. In
+//! small pieces, all but the last few go out while the device reads the rest. A probe of 4 MiB
+//! reads straight into memory and hashed (this VM, against `dd` in the same run, six rounds
+//! each): 1 MiB pieces four at a time 84%, 256 KiB pieces six or eight at a time 92 to 97%. Over
+//! TCP, one get at a time went from a median of 64% of `dd` to 87% (30 turns of 8 gets, `dd`
+//! reading 32 MiB between turns) with eight threads, and to 96 and 97% with four (87 and 91%
+//! with eight in the same alternation: fewer threads wake on two vCPUs, and four 256 KiB
+//! requests keep this device busy).
 //!
 //! The threads end once the [`Readers`] is dropped and the pieces asked for before are read.
 
@@ -27,7 +30,7 @@ use std::sync::Weak;
 use std::sync::mpsc;
 
 /// Pieces read at once, on all connections together.
-pub const READERS: usize = 8;
+pub const READERS: usize = 4;
 
 type Job = Box<dyn FnOnce() + Send>;
 
