@@ -6,19 +6,20 @@
 //!
 //! The record is read in pieces of [`PIECE`] bytes of the file (the first with the record's
 //! header and tag, each on the device's blocks, so a read asks the device for no block twice) on
-//! the runtime's blocking threads, the next asked for as each lands and at most [`IN_FLIGHT`] at
-//! once for all this client's reads together ([`DiskReads`]), each into a buffer kept between reads (with the member's `O_DIRECT` alignment when the
-//! descriptor was opened with it, `member/tier/stream.rs`), copied into the caller's buffer as it
-//! lands and hashed in order. The bytes are the value only if the header reads (its own
-//! checksum), is live, carries the Location's tag and length, and the value's bytes match its
-//! checksum. Until then the caller's buffer holds nothing it may use.
+//! the runtime's blocking threads, the next asked for as each lands and at most [`WINDOW`] at
+//! once for all this client's reads together ([`DiskReads`]), each into a buffer kept between
+//! reads (with the member's `O_DIRECT` alignment when the descriptor was opened with it,
+//! `member/tier/stream.rs`), copied into the caller's buffer as it lands and hashed in order.
+//! The bytes are the value only if the header reads (its own checksum), is live, carries the
+//! Location's tag and length, and the value's bytes match its checksum. Until then the caller's
+//! buffer holds nothing it may use.
 //!
-//! Why small pieces and a window: the device completes requests asked for together at about the
-//! same moment, so with a 4 MiB value in four 1 MiB pieces all four landed at the end and the
-//! whole value was copied and hashed after the device was done (84% of `dd` in a probe of
-//! 4 MiB reads on this VM's disk). With 256 KiB pieces, eight in flight, all but the last few are
-//! copied and hashed while the device reads the rest (92 to 97% of `dd` in the same probe, and
-//! within a few points of reading straight into the caller's buffer).
+//! Why small pieces and a window: the device completes requests in bursts (about 1 MiB every
+//! half millisecond on this VM's disk), so with a 4 MiB value in four 1 MiB pieces a whole piece
+//! was left to copy and hash once the device was done (84% of `dd` in a probe of 4 MiB reads).
+//! With 256 KiB pieces, eight in flight, all but the last few are copied and hashed while the
+//! device reads the rest (92 to 97% of `dd` in the same probe, and within a few points of
+//! reading straight into the caller's buffer).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -41,14 +42,15 @@ use crate::member::tier::format::{self, Header};
 use crate::member::tier::{BLOCK, DiskId, Piece, PieceBuffers, read_span};
 use crate::proto::Location;
 
-/// Bytes of the file read at a time, each piece a request of its own to the device (a multiple
-/// of its blocks, and room for any record's header and tag in the first).
-const PIECE: u64 = 256 << 10;
-/// Pieces of one read in flight at once.
-const IN_FLIGHT: usize = 8;
+/// Bytes of the file read at a time, each piece a request of its own to the device: the
+/// member's pieces for op 7 (a multiple of the device's blocks, with room for any record's
+/// header and tag in the first).
+const PIECE: u64 = crate::member::dataport::disk::PIECE as u64;
 const _: () = assert!(PIECE.is_multiple_of(BLOCK) && PIECE as usize >= format::HEADER_LEN + MAX_TAG_LEN + 64);
+/// Pieces in flight at once, for all of a client's reads of tier files together.
+const WINDOW: usize = 8;
 /// How many piece buffers are kept between reads, for every member together.
-const KEPT_BUFFERS: usize = 2 * IN_FLIGHT;
+const KEPT_BUFFERS: usize = 2 * WINDOW;
 /// Most tier files kept open at once (the one handed over first is closed first).
 pub const MOST_FILES: usize = 64;
 
@@ -140,7 +142,7 @@ async fn close_expired(kept: Weak<Mutex<Files>>) {
     }
 }
 
-/// What this client's reads of tier files share: the window of [`IN_FLIGHT`] pieces asked of the
+/// What this client's reads of tier files share: the window of [`WINDOW`] pieces asked of the
 /// device at once, for all of them together (a batch's values are read at once, and the device
 /// reads fastest with a few requests in flight, not dozens), given out in the order asked for;
 /// and the piece buffers kept between reads (a piece waiting for the window holds none).
@@ -153,7 +155,7 @@ pub(super) struct DiskReads {
 impl Default for DiskReads {
     fn default() -> Self {
         DiskReads {
-            window: Arc::new(Semaphore::new(IN_FLIGHT)),
+            window: Arc::new(Semaphore::new(WINDOW)),
             buffers: PieceBuffers::default(),
         }
     }
@@ -190,7 +192,7 @@ pub(super) async fn read_copy(
             (k, read.await)
         }
     };
-    let mut reading: FuturesUnordered<_> = (0..count.min(IN_FLIGHT as u64)).map(ask).collect();
+    let mut reading: FuturesUnordered<_> = (0..count.min(WINDOW as u64)).map(ask).collect();
     let mut asked = reading.len() as u64;
     // after the first reads are asked for: a fresh buffer is zeroed while the device reads
     let mut fill = Fill::new(sink, loc.len)?;

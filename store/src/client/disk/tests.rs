@@ -105,7 +105,7 @@ async fn values_ending_on_either_side_of_a_pieces_end_land_whole() {
         piece - header_len,
         piece - header_len + 1,
         2 * piece - header_len,
-        (IN_FLIGHT + 3) * piece + 17,
+        (WINDOW + 3) * piece + 17,
     ] {
         let v = value(len);
         let (f, loc) = record_in_a_file(&v, tag, 3 * 4096, false);
@@ -140,7 +140,7 @@ async fn values_ending_on_either_side_of_a_pieces_end_land_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_at_once_share_the_window_and_each_lands_whole() {
     let reads = DiskReads::default();
-    let values: Vec<Vec<u8>> = (0..6).map(|i| value((IN_FLIGHT + i) * PIECE as usize + i)).collect();
+    let values: Vec<Vec<u8>> = (0..6).map(|i| value((WINDOW + i) * PIECE as usize + i)).collect();
     let records: Vec<_> = values
         .iter()
         .map(|v| record_in_a_file(v, b"tenant/key", 4096, false))
@@ -158,7 +158,7 @@ async fn reads_at_once_share_the_window_and_each_lands_whole() {
     assert!(futures::future::join_all(read).await.into_iter().all(|whole| whole));
     assert_eq!(
         reads.window.available_permits(),
-        IN_FLIGHT,
+        WINDOW,
         "every piece gave its turn back"
     );
 }
