@@ -119,16 +119,49 @@ impl BlockLog {
     }
 
     pub fn removed(&mut self, epoch: u64, keys: Vec<String>, why: Removal) {
-        let Some(reason) = why.reason() else { return };
         if keys.is_empty() {
             return;
         }
-        self.emit(epoch, || {
-            Event::Removed(BlockRemoved {
-                keys,
-                reason: reason.to_owned(),
-            })
-        });
+        self.removed_with(epoch, why, || keys);
+    }
+
+    /// Blocks that stopped being readable at once (at least one), their keys made by `keys` only
+    /// when a stream listens ([`listening`](Self::listening)); in events of at most
+    /// [`SNAPSHOT_BATCH`] keys, as a snapshot's, however many went (a member's removal can take
+    /// millions). Unheard, they take one number.
+    pub fn removed_with(&mut self, epoch: u64, why: Removal, keys: impl FnOnce() -> Vec<String>) {
+        let Some(reason) = why.reason() else { return };
+        if !self.listening() {
+            // numbered as `emit` numbers what no stream hears
+            self.last_id += 1;
+            return;
+        }
+        let keys = keys();
+        for chunk in keys.chunks(SNAPSHOT_BATCH) {
+            self.emit(epoch, || {
+                Event::Removed(BlockRemoved {
+                    keys: chunk.to_vec(),
+                    reason: reason.to_owned(),
+                })
+            });
+        }
+    }
+
+    /// A receiver of the live events from now on, as a stream's (tests).
+    #[cfg(test)]
+    pub fn listen(&self) -> broadcast::Receiver<BlockEvent> {
+        self.tx.subscribe()
+    }
+
+    /// The last event's number (tests).
+    #[cfg(test)]
+    pub fn last_id(&self) -> u64 {
+        self.last_id
+    }
+
+    /// Whether a stream receives this log's events: they are made only then.
+    pub fn listening(&self) -> bool {
+        self.tx.receiver_count() > 0
     }
 }
 

@@ -228,32 +228,34 @@ impl State {
         !ids.is_empty()
     }
 
-    /// Drops a member and every object whose bytes it held.
+    /// Drops a member and every object whose bytes it held: in each tenant, only the slots up to
+    /// the last of them are walked, and the keys are read out only for a stream that listens.
     pub(super) fn unmount(&mut self, id: u64) {
         let Some(member) = self.members.remove(&id) else { return };
         let epoch = self.epoch;
         for t in self.tenants.values_mut() {
-            let lost: Vec<String> = t
-                .objects
-                .iter()
-                .filter(|(_, o)| o.member == id && o.mount_id == member.mount_id)
-                .map(|(k, _)| k.to_string())
-                .collect();
-            if lost.is_empty() {
-                continue;
-            }
-            let mut readable = Vec::new();
-            for k in lost {
-                let Some(o) = t.objects.remove(&k) else { continue };
-                t.used = t.used.saturating_sub(o.charge);
+            let listening = t.log.listening();
+            let (mut readable, mut any) = (Vec::new(), false);
+            let (mut used, mut disk_used) = (t.used, t.disk_used);
+            let removed = t.objects.remove_placed_in(id, member.mount_id, |key, o| {
+                used = used.saturating_sub(o.charge);
                 if o.disk.is_some() {
-                    t.disk_used = t.disk_used.saturating_sub(o.len);
+                    disk_used = disk_used.saturating_sub(o.len);
                 }
                 if o.state == super::objects::ObjectState::Committed {
-                    readable.push(k);
+                    any = true;
+                    if listening {
+                        readable.push(key.to_string());
+                    }
                 }
+            });
+            if removed == 0 {
+                continue;
             }
-            t.log.removed(epoch, readable, super::blocks::Removal::Member);
+            (t.used, t.disk_used) = (used, disk_used);
+            if any {
+                t.log.removed_with(epoch, super::blocks::Removal::Member, || readable);
+            }
         }
         self.recompute_grants();
     }

@@ -375,7 +375,7 @@ impl State {
             t.disk_used = t.disk_used.saturating_sub(o.len);
         }
         if o.state == ObjectState::Committed {
-            t.log.removed(epoch, vec![key.to_owned()], why);
+            t.log.removed_with(epoch, why, || vec![key.to_owned()]);
         }
         if let Some(m) = self.members.get_mut(&o.member)
             && m.mount_id == o.mount_id

@@ -91,11 +91,7 @@ impl State {
             .collect();
         let mut dropped = 0;
         for name in removed {
-            let keys: Vec<String> = self.tenants[&name].objects.keys().map(|k| k.to_string()).collect();
-            dropped += keys.len() as u64;
-            for k in keys {
-                self.drop_object(&name, &k, super::blocks::Removal::Ledger);
-            }
+            dropped += self.drop_every_object(&name);
             if let Some(t) = self.tenants.remove(&name) {
                 self.retired.add(&t.counters);
             }
@@ -117,6 +113,25 @@ impl State {
         self.recompute_grants();
         self.ledger_generation.send_modify(|g| *g += 1);
         Ok(dropped)
+    }
+
+    /// Drops every object of tenant `name` as the ledger lost it, a page of slots at a time, so
+    /// that a tenant of millions of values never has all its keys copied at once; returns how
+    /// many.
+    fn drop_every_object(&mut self, name: &str) -> u64 {
+        let (mut from, mut dropped) = (Some(0), 0);
+        while let Some(at) = from {
+            let Some(t) = self.tenants.get(name) else { break };
+            let (page, next) = t.objects.page(at, super::blocks::PAGE_SLOTS);
+            let keys: Vec<String> = page.into_iter().map(|(k, _)| k.to_string()).collect();
+            for k in keys {
+                if self.drop_object(name, &k, super::blocks::Removal::Ledger).is_some() {
+                    dropped += 1;
+                }
+            }
+            from = next;
+        }
+        dropped
     }
 
     /// Whether a caller showing `presented` before its request is read (gRPC metadata

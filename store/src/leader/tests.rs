@@ -827,3 +827,62 @@ fn a_domain_given_to_another_binding_starts_empty() {
     assert!(!s.exists(Some(&scope("a")), "k", now).unwrap());
     assert_eq!(s.tenant_statuses()[0].uid, "binding-2");
 }
+
+#[test]
+fn a_lost_member_takes_its_values_in_events_of_a_bounded_size() {
+    use crate::proto::block_event::Event;
+    let (mut s, t0) = state(LeaderConfig::default());
+    s.set_tenants(&[entry("t", 256 * MIB)], &[]).unwrap();
+    let a = mount(&mut s, "a", 64 * MIB, t0);
+    let b = mount(&mut s, "b", 64 * MIB, t0);
+    for i in 0..3000 {
+        put(&mut s, "t", &format!("k{i}"), 1000, t0).unwrap();
+    }
+    let on = |s: &State, m: u64| {
+        let mut keys: Vec<String> = s.tenants["t"]
+            .objects
+            .iter()
+            .filter(|(_, o)| o.member == m)
+            .map(|(k, _)| k.to_string())
+            .collect();
+        keys.sort();
+        keys
+    };
+    let (on_a, on_b) = (on(&s, a), on(&s, b));
+    assert!(
+        on_a.len() > 2 * 512 && on_a.len() + on_b.len() == 3000,
+        "{} on a",
+        on_a.len()
+    );
+    let charged_b: u64 = on_b.iter().map(|k| s.tenants["t"].objects.of(k).charge).sum();
+    let mut rx = s.tenants["t"].log.listen();
+    s.unmount(a);
+    let (mut told, mut ids) = (Vec::new(), Vec::new());
+    while let Ok(e) = rx.try_recv() {
+        let Some(Event::Removed(r)) = e.event else {
+            panic!("{e:?}")
+        };
+        assert!(
+            r.keys.len() <= 512 && r.reason == "member",
+            "{} keys, {}",
+            r.keys.len(),
+            r.reason
+        );
+        told.extend(r.keys);
+        ids.push(e.id);
+    }
+    told.sort();
+    assert_eq!(told, on_a, "every value of a told once");
+    assert!(
+        ids.windows(2).all(|w| w[1] == w[0] + 1),
+        "numbered without a gap: {ids:?}"
+    );
+    assert_eq!((on(&s, a), on(&s, b).len()), (vec![], on_b.len()));
+    assert_eq!(s.tenants["t"].used, charged_b);
+    // unheard, b's removal makes no event and still takes a number
+    drop(rx);
+    let last = s.tenants["t"].log.last_id();
+    s.unmount(b);
+    assert_eq!((s.tenants["t"].used, s.tenants["t"].objects.len()), (0, 0));
+    assert_eq!(s.tenants["t"].log.last_id(), last + 1);
+}

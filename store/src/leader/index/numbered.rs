@@ -125,6 +125,11 @@ impl<K: Hash + Eq + Clone> Shared<K> {
         self.values.get(n).map(|(v, _)| v)
     }
 
+    /// How many slots use number `n` (0: none, or a number not kept).
+    pub(super) fn uses(&self, n: u32) -> u64 {
+        self.values.get(n).map_or(0, |(_, uses)| *uses)
+    }
+
     /// Values kept.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {

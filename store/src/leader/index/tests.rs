@@ -307,3 +307,80 @@ fn a_new_key_is_inserted_once() {
         "the refused key's bytes are not kept"
     );
 }
+
+#[test]
+fn a_mounts_objects_go_together_and_nothing_else_does() {
+    let t0 = Instant::now();
+    let on = |member, mount_id, last_used, state| Object {
+        member,
+        mount_id,
+        ..object(last_used, true, state)
+    };
+    let mut o = Objects::default();
+    // mount 1 of member 1 holds every third object, reservations and disk-only ones among them;
+    // member 2, and member 1's later mount 2, the others
+    let mut gone = Vec::new();
+    for i in 0..3 * CHUNK as u64 {
+        let key = format!("k{i}");
+        let (member, mount_id) = [(1, 1), (2, 1), (1, 2)][(i % 3) as usize];
+        let state = if i % 7 == 0 {
+            ObjectState::Reserved {
+                put_id: i,
+                reclaim_at: t0,
+            }
+        } else {
+            ObjectState::Committed
+        };
+        let mut ob = on(member, mount_id, i, state);
+        if i % 5 == 0 {
+            (ob.memory, ob.disk) = (None, Some(i));
+        }
+        o.insert(&key, ob).unwrap();
+        if (member, mount_id) == (1, 1) {
+            gone.push(key);
+        }
+    }
+    let mut told = Vec::new();
+    let removed = o.remove_placed_in(1, 1, |k, ob| {
+        assert_eq!((ob.member, ob.mount_id), (1, 1));
+        told.push(k.to_string());
+    });
+    assert_eq!(removed, gone.len() as u64);
+    assert_eq!(told, gone, "each told once, in slot order");
+    assert_eq!(o.len(), 2 * CHUNK);
+    assert!(gone.iter().all(|k| o.get(k).is_none()));
+    assert!(o.get("k1").is_some_and(|ob| ob.member == 2) && o.get("k2").is_some_and(|ob| ob.mount_id == 2));
+    // the orders and reservations kept exactly the others
+    let walked = o.in_memory_by_last_use().count() + o.on_disk_by_last_use().count() + o.reclaimable(t0).count();
+    assert_eq!(walked, 2 * CHUNK);
+    assert!(
+        o.in_memory_by_last_use()
+            .chain(o.on_disk_by_last_use())
+            .all(|(_, ob)| (ob.member, ob.mount_id) != (1, 1))
+    );
+    // a mount with nothing left, or never used, removes nothing; freed slots are taken again
+    assert_eq!(o.remove_placed_in(1, 1, |_, _| panic!("nothing is left")), 0);
+    assert_eq!(o.remove_placed_in(9, 9, |_, _| panic!("never used")), 0);
+    let slots = o.slots.len();
+    o.insert("new", on(1, 1, 1, ObjectState::Committed)).unwrap();
+    assert_eq!((o.slots.len(), o.of("new").member), (slots, 1));
+    assert_eq!(o.remove_placed_in(1, 1, |_, _| {}), 1);
+    // a tenant all of whose objects are there is emptied at once, each told
+    let (mut told, left) = (0, o.len() as u64);
+    let mut all = Objects::default();
+    for i in 0..CHUNK as u64 + 10 {
+        all.insert(&format!("a{i}"), on(3, 1, i, ObjectState::Committed))
+            .unwrap();
+    }
+    assert_eq!(
+        all.remove_placed_in(3, 1, |_, ob| told += ob.last_used + 1),
+        CHUNK as u64 + 10
+    );
+    assert_eq!(told, (1..=CHUNK as u64 + 10).sum::<u64>());
+    assert_eq!(
+        (all.len(), all.slots.len(), all.in_memory_by_last_use().count()),
+        (0, 0, 0)
+    );
+    all.insert("a0", on(3, 1, 0, ObjectState::Committed)).unwrap();
+    assert_eq!((all.len(), o.len() as u64), (1, left));
+}
