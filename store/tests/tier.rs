@@ -279,3 +279,70 @@ async fn a_same_host_reader_reads_the_tier_files_itself_and_never_a_flipped_byte
     );
     drop((m, l));
 }
+
+/// A get of a value only on disk that waits for its load longer than a read lease still reads
+/// it (`--tier-reads load`): the lease it is told counts from when the leader took the get up,
+/// not from when it was granted, so the client's own count (from before it sent the get) does
+/// not take the wait for an expired lease. The member is stopped (SIGSTOP) for longer than the
+/// lease while the get waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_that_waits_longer_than_a_lease_for_its_load_still_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = leader(&[
+        "--tenant",
+        "t=1Gi:64:bfloat16",
+        "--lease-ttl",
+        "1s",
+        "--member-ttl",
+        "4s",
+        "--tier-reads",
+        "load",
+        "--fast-listen",
+        "127.0.0.1:0",
+    ]);
+    let addr = l.field("grpc");
+    let m = tiered_member(&addr, dir.path());
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    // 40 MiB into 32: the first values written are only on disk
+    for batch in 0..10 {
+        for i in batch * 16..(batch + 1) * 16 {
+            let k = key(i);
+            c.put(&k, Bytes::from(value_of(&k))).await.unwrap();
+        }
+        let on_disk = ((batch + 1) * 16 * LEN) as u64;
+        eventually("the batch's copies reach the disk tier", || async {
+            tenant(&c, "t").await.disk_used >= on_disk
+        })
+        .await;
+    }
+    assert!(tenant(&c, "t").await.on_disk_only > 0);
+    let loads = tenant(&c, "t").await.loads;
+    let signal = |sig: &str| {
+        let pid = m.child.id().to_string();
+        assert!(
+            std::process::Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    signal("-STOP");
+    let started = Instant::now();
+    let get = tokio::spawn({
+        let c = c.clone();
+        async move { c.get(&key(0)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    signal("-CONT");
+    let got = get.await.unwrap();
+    let waited = started.elapsed();
+    let got = got.unwrap_or_else(|e| panic!("a get that waited {waited:?} for its load: {e}"));
+    assert!(
+        got.is_some_and(|v| v[..] == value_of(&key(0))[..]),
+        "block 0 read back exact"
+    );
+    assert!(waited >= Duration::from_millis(1500));
+    assert_eq!(tenant(&c, "t").await.loads, loads + 1, "the get waited for a load");
+}

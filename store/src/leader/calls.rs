@@ -38,17 +38,40 @@ pub enum Step<T> {
 
 /// Values on their way from members' disk tiers into memory.
 #[derive(Debug)]
-pub struct Loads(Vec<Applied>);
+pub struct Loads {
+    applied: Vec<Applied>,
+    /// when the call that waits for them was taken up
+    asked: Instant,
+}
+
+/// A call's wait for loads, over: when the call was taken up, from which the read leases then
+/// granted are told ([`lengthen`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Loaded {
+    asked: Instant,
+}
 
 impl Loads {
     /// Resolves once every member applied its loads, at most a few heartbeat intervals (a value
     /// still not in memory then is a miss).
-    pub async fn wait(self, leader: &Leader) {
+    pub async fn wait(self, leader: &Leader) -> Loaded {
         let within = leader.with(|s| s.cfg.heartbeat_interval()) * 4 + Duration::from_millis(100);
-        let all = futures::future::join_all(self.0.into_iter().map(Applied::wait));
+        let all = futures::future::join_all(self.applied.into_iter().map(Applied::wait));
         if tokio::time::timeout(within, all).await.is_err() {
             tracing::warn!("a member did not load a value from its disk tier within {within:?}; answered a miss");
         }
+        Loaded { asked: self.asked }
+    }
+}
+
+/// A read lease granted once a call waited for loads, told as longer by that wait. A client
+/// counts a lease from before it sent the call (`client::check_lease`), so without this a load
+/// that took longer than the lease made every such get fail as `LEASE_EXPIRED` however fresh
+/// its lease was. Safe: the call was sent before it was taken up, so the client's count still
+/// ends no later than the lease.
+fn lengthen(answer: &mut GetResponse, loaded: Loaded) {
+    if answer.found {
+        answer.lease_ttl_ms += loaded.asked.elapsed().as_millis() as u64;
     }
 }
 
@@ -58,14 +81,19 @@ pub fn get(leader: &Leader, r: &GetRequest, now: Instant) -> Result<Step<GetResp
         if loads.is_empty() {
             s.get(r.scope.as_ref(), &r.key, now).map(Step::Done)
         } else {
-            Ok(Step::Wait(Loads(loads)))
+            Ok(Step::Wait(Loads {
+                applied: loads,
+                asked: now,
+            }))
         }
     })
 }
 
 /// A get's second look, once its loads were applied.
-pub fn get_loaded(leader: &Leader, r: &GetRequest, now: Instant) -> Result<GetResponse> {
-    leader.serving(|s| s.get(r.scope.as_ref(), &r.key, now))
+pub fn get_loaded(leader: &Leader, r: &GetRequest, loaded: Loaded) -> Result<GetResponse> {
+    let mut answer = leader.serving(|s| s.get(r.scope.as_ref(), &r.key, Instant::now()))?;
+    lengthen(&mut answer, loaded);
+    Ok(answer)
 }
 
 /// [`get`] and, after its loads, [`get_loaded`].
@@ -73,8 +101,8 @@ pub async fn get_waiting(leader: &Leader, r: GetRequest, now: Instant) -> Result
     match get(leader, &r, now)? {
         Step::Done(g) => Ok(g),
         Step::Wait(loads) => {
-            loads.wait(leader).await;
-            get_loaded(leader, &r, Instant::now())
+            let loaded = loads.wait(leader).await;
+            get_loaded(leader, &r, loaded)
         }
     }
 }
@@ -143,14 +171,21 @@ pub fn batch_get(leader: &Leader, r: &BatchGetRequest, now: Instant) -> Result<S
         if loads.is_empty() {
             batch_look(s, r, now).map(Step::Done)
         } else {
-            Ok(Step::Wait(Loads(loads)))
+            Ok(Step::Wait(Loads {
+                applied: loads,
+                asked: now,
+            }))
         }
     })
 }
 
 /// A batch get's second look, once its loads were applied.
-pub fn batch_get_loaded(leader: &Leader, r: &BatchGetRequest, now: Instant) -> Result<BatchGetResponse> {
-    leader.serving(|s| batch_look(s, r, now))
+pub fn batch_get_loaded(leader: &Leader, r: &BatchGetRequest, loaded: Loaded) -> Result<BatchGetResponse> {
+    let mut answer = leader.serving(|s| batch_look(s, r, Instant::now()))?;
+    for a in &mut answer.results {
+        lengthen(a, loaded);
+    }
+    Ok(answer)
 }
 
 /// [`batch_get`] and, after its loads, [`batch_get_loaded`].
@@ -158,8 +193,8 @@ pub async fn batch_get_waiting(leader: &Leader, r: BatchGetRequest, now: Instant
     match batch_get(leader, &r, now)? {
         Step::Done(g) => Ok(g),
         Step::Wait(loads) => {
-            loads.wait(leader).await;
-            batch_get_loaded(leader, &r, Instant::now())
+            let loaded = loads.wait(leader).await;
+            batch_get_loaded(leader, &r, loaded)
         }
     }
 }

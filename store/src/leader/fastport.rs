@@ -216,12 +216,12 @@ impl After {
                 Ok(())
             }
             After::Get(r, loads) => {
-                loads.wait(leader).await;
-                calls::get_loaded(leader, &r, Instant::now()).and_then(|a| reply(out, &a))
+                let loaded = loads.wait(leader).await;
+                calls::get_loaded(leader, &r, loaded).and_then(|a| reply(out, &a))
             }
             After::BatchGet(r, loads) => {
-                loads.wait(leader).await;
-                calls::batch_get_loaded(leader, &r, Instant::now()).and_then(|a| reply(out, &a))
+                let loaded = loads.wait(leader).await;
+                calls::batch_get_loaded(leader, &r, loaded).and_then(|a| reply(out, &a))
             }
         };
         if let Err(e) = replied {
