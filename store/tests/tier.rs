@@ -70,8 +70,13 @@ fn tiered_member_with(leader: &str, dir: &Path, extra: &[&str]) -> Proc {
 /// Writes the working set in batches of 16 (4 MiB), each let settle until the leader knows of
 /// its copies on disk (so eviction keeps what it takes from memory).
 async fn write_all(c: &Client) -> Duration {
+    write_first(c, VALUES).await
+}
+
+/// Writes the first `n` values of the working set (a multiple of 16) as [`write_all`] does.
+async fn write_first(c: &Client, n: usize) -> Duration {
     let started = Instant::now();
-    for batch in 0..VALUES / 16 {
+    for batch in 0..n / 16 {
         for i in batch * 16..(batch + 1) * 16 {
             let k = key(i);
             c.put(&k, Bytes::from(value_of(&k))).await.unwrap();
@@ -305,17 +310,7 @@ async fn a_get_that_waits_longer_than_a_lease_for_its_load_still_reads() {
     let c = client(&addr, "t").await;
     wait_members(&c, 1).await;
     // 40 MiB into 32: the first values written are only on disk
-    for batch in 0..10 {
-        for i in batch * 16..(batch + 1) * 16 {
-            let k = key(i);
-            c.put(&k, Bytes::from(value_of(&k))).await.unwrap();
-        }
-        let on_disk = ((batch + 1) * 16 * LEN) as u64;
-        eventually("the batch's copies reach the disk tier", || async {
-            tenant(&c, "t").await.disk_used >= on_disk
-        })
-        .await;
-    }
+    write_first(&c, 160).await;
     assert!(tenant(&c, "t").await.on_disk_only > 0);
     let loads = tenant(&c, "t").await.loads;
     let signal = |sig: &str| {
