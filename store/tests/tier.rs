@@ -341,3 +341,69 @@ async fn a_get_that_waits_longer_than_a_lease_for_its_load_still_reads() {
     assert!(waited >= Duration::from_millis(1500));
     assert_eq!(tenant(&c, "t").await.loads, loads + 1, "the get waited for a load");
 }
+
+/// A batch of values several pieces long each, only on disk, is read whole: the member's room for
+/// pieces in memory (`tiering::direct::MAX_PIECES`, on all connections together) is smaller than
+/// what the batch's reads ask for together, and a read waits for room only holding none. Before,
+/// each read waited for room for its next piece while holding its first ones, every piece held by
+/// reads waiting likewise: a vLLM request's 54 blocks of 768 KiB read 16 and stalled until the
+/// leases ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_values_of_several_pieces_from_disk_reads_whole() {
+    /// three of the member's 256 KiB pieces
+    const BIG: usize = 768 << 10;
+    /// as many as a batch reads at once (`client::batch::MAX_TRANSFERS`)
+    const BATCH: usize = 64;
+    let dir = tempfile::tempdir().unwrap();
+    // leases far longer than the batch takes: a stalled read is what fails, not a slow one
+    let l = leader(&[
+        "--tenant",
+        "t=1Gi:64:bfloat16",
+        "--lease-ttl",
+        "30s",
+        "--fast-listen",
+        "127.0.0.1:0",
+    ]);
+    let addr = l.field("grpc");
+    let m = tiered_member(&addr, dir.path());
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    let big = |i: usize| random_bytes(i as u64, BIG);
+    // 96 MiB into 32: the first 64 are only on disk once written
+    let n = 2 * BATCH;
+    for i in 0..n {
+        c.put(&key(i), Bytes::from(big(i))).await.unwrap();
+        let on_disk = ((i + 1) * BIG) as u64;
+        eventually("the value's copy reaches the disk tier", || async {
+            tenant(&c, "t").await.disk_used >= on_disk
+        })
+        .await;
+    }
+    let t = tenant(&c, "t").await;
+    assert!(
+        t.on_disk_only as usize >= BATCH,
+        "{} of {n} only on disk",
+        t.on_disk_only
+    );
+
+    let keys: Vec<String> = (0..BATCH).map(key).collect();
+    let mut bufs = vec![vec![0u8; BIG]; BATCH];
+    let mut items: Vec<(&str, &mut [u8])> = keys
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(k, b)| (k.as_str(), b.as_mut_slice()))
+        .collect();
+    let started = Instant::now();
+    let got = c.batch_get_into(&mut items).await.unwrap();
+    let took = started.elapsed();
+    let read = got.iter().filter(|r| matches!(r, Ok(Some(len)) if *len == BIG)).count();
+    let failed: Vec<_> = got.iter().filter_map(|r| r.as_ref().err()).map(|e| e.code).collect();
+    assert_eq!(read, BATCH, "read whole in {took:.1?}; failed: {failed:?}");
+    for (i, b) in bufs.iter().enumerate() {
+        assert!(b[..] == big(i)[..], "{}: other bytes", key(i));
+    }
+    let loads = tenant(&c, "t").await.loads;
+    assert!(loads as usize >= BATCH, "{loads} values read from disk");
+    eprintln!("{BATCH} values of {} KiB from disk in one batch: {took:.1?}", BIG >> 10);
+    drop((m, l));
+}

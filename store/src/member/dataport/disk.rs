@@ -83,22 +83,29 @@ pub async fn read(s: &mut Conn, stores: &Stores, req: Request) -> std::io::Resul
     }
 }
 
-/// Sends the answer's header and the value's bytes, [`IN_FLIGHT`] pieces asked of the tier's
-/// readers at once while the ones before go out in order: the outer error ends the connection, the
+/// Sends the answer's header and the value's bytes, up to [`IN_FLIGHT`] pieces asked of the
+/// tier's readers at once (as the member's room for pieces allows, `tiering::direct::MAX_PIECES`)
+/// while the ones before go out in order: the outer error ends the connection, the
 /// inner one says what was wrong with the copy (its bytes were then not all sent, or not the
 /// value).
 async fn send(s: &mut Conn, tiering: &Tiering, mut stream: Stream) -> std::io::Result<Result<(), ReadError>> {
     let piece = PIECE as u64;
     let len = stream.len;
     s.write_all(&Response { ok: true, len }.encode()).await?;
-    let mut pieces = stream.pieces(piece).into_iter();
+    let mut pieces = stream.pieces(piece).into_iter().peekable();
     let mut reading = VecDeque::new();
     let mut sent = 0u64;
     loop {
-        while reading.len() < IN_FLIGHT
-            && let Some(p) = pieces.next()
-        {
-            let held = tiering.piece_room().await;
+        while reading.len() < IN_FLIGHT && pieces.peek().is_some() {
+            // wait for room only holding none: with pieces in flight, send the first instead
+            let held = if reading.is_empty() {
+                tiering.piece_room().await
+            } else if let Some(held) = tiering.try_piece_room() {
+                held
+            } else {
+                break;
+            };
+            let Some(p) = pieces.next() else { break };
             let read = tiering.read_piece(stream.read_piece(p));
             reading.push_back((read, held));
         }

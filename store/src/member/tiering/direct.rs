@@ -51,13 +51,23 @@ impl Tiering {
     }
 
     /// Room for one more piece of a direct read in memory, once fewer than [`MAX_PIECES`] are
-    /// held: keep it until the piece is sent.
+    /// held: keep it until the piece is sent. Wait for it only holding none (see
+    /// [`Tiering::try_piece_room`]).
     pub async fn piece_room(&self) -> tokio::sync::OwnedSemaphorePermit {
         self.pieces
             .clone()
             .acquire_owned()
             .await
             .expect("the semaphore is never closed")
+    }
+
+    /// Room for one more piece now, if there is any and no read waits for room. A read that
+    /// holds pieces takes more only this way: one that waited for room while holding some could
+    /// wait forever, every piece held by reads waiting likewise, none of them sending (what a
+    /// batch of 54 values of three pieces each did: 16 read, the rest stalled until their
+    /// grants' deadline).
+    pub fn try_piece_room(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.pieces.clone().try_acquire_owned().ok()
     }
 
     /// Reads a piece ([`Stream::read_piece`]) on the tier's reader threads, after the pieces
