@@ -110,6 +110,17 @@ async fn read_all(c: &Client, restarting: bool) -> (usize, usize) {
     (exact, misses)
 }
 
+/// A leader with `flags`, a member with its tier in `dir`, and a client of the tenant `t` once
+/// the member is mounted.
+async fn tiered_store(dir: &Path, flags: &[&str]) -> (Proc, Proc, Client) {
+    let l = leader(flags);
+    let addr = l.field("grpc");
+    let m = tiered_member(&addr, dir);
+    let c = client(&addr, "t").await;
+    wait_members(&c, 1).await;
+    (l, m, c)
+}
+
 async fn tier_used(c: &Client) -> u64 {
     let members = c
         .control()
@@ -293,22 +304,22 @@ async fn a_same_host_reader_reads_the_tier_files_itself_and_never_a_flipped_byte
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_that_waits_longer_than_a_lease_for_its_load_still_reads() {
     let dir = tempfile::tempdir().unwrap();
-    let l = leader(&[
-        "--tenant",
-        "t=1Gi:64:bfloat16",
-        "--lease-ttl",
-        "1s",
-        "--member-ttl",
-        "4s",
-        "--tier-reads",
-        "load",
-        "--fast-listen",
-        "127.0.0.1:0",
-    ]);
-    let addr = l.field("grpc");
-    let m = tiered_member(&addr, dir.path());
-    let c = client(&addr, "t").await;
-    wait_members(&c, 1).await;
+    let (_l, m, c) = tiered_store(
+        dir.path(),
+        &[
+            "--tenant",
+            "t=1Gi:64:bfloat16",
+            "--lease-ttl",
+            "1s",
+            "--member-ttl",
+            "4s",
+            "--tier-reads",
+            "load",
+            "--fast-listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .await;
     // 40 MiB into 32: the first values written are only on disk
     write_first(&c, 160).await;
     assert!(tenant(&c, "t").await.on_disk_only > 0);
@@ -356,18 +367,18 @@ async fn a_batch_of_values_of_several_pieces_from_disk_reads_whole() {
     const BATCH: usize = 64;
     let dir = tempfile::tempdir().unwrap();
     // leases far longer than the batch takes: a stalled read is what fails, not a slow one
-    let l = leader(&[
-        "--tenant",
-        "t=1Gi:64:bfloat16",
-        "--lease-ttl",
-        "30s",
-        "--fast-listen",
-        "127.0.0.1:0",
-    ]);
-    let addr = l.field("grpc");
-    let m = tiered_member(&addr, dir.path());
-    let c = client(&addr, "t").await;
-    wait_members(&c, 1).await;
+    let (l, m, c) = tiered_store(
+        dir.path(),
+        &[
+            "--tenant",
+            "t=1Gi:64:bfloat16",
+            "--lease-ttl",
+            "30s",
+            "--fast-listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .await;
     let big = |i: usize| random_bytes(i as u64, BIG);
     // 96 MiB into 32: the first 64 are only on disk once written
     let n = 2 * BATCH;
