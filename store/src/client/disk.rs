@@ -4,22 +4,16 @@
 //! record lies where the copy's disk id says, and its bytes go from the device into this
 //! process's buffers and are copied into the caller's, crossing neither the member nor a socket.
 //!
-//! The record is read in pieces of [`PIECE`] bytes of the file (the first with the record's
-//! header and tag, each on the device's blocks, so a read asks the device for no block twice) on
-//! the runtime's blocking threads, the next asked for as each lands and at most [`WINDOW`] at
-//! once for all this client's reads together ([`DiskReads`]), each into a buffer kept between
-//! reads (with the member's `O_DIRECT` alignment when the descriptor was opened with it,
-//! `member/tier/stream.rs`), copied into the caller's buffer as it lands and hashed in order.
-//! The bytes are the value only if the header reads (its own checksum), is live, carries the
-//! Location's tag and length, and the value's bytes match its checksum. Until then the caller's
-//! buffer holds nothing it may use.
-//!
-//! Why small pieces and a window: the device completes requests in bursts (about 1 MiB every
-//! half millisecond on this VM's disk), so with a 4 MiB value in four 1 MiB pieces a whole piece
-//! was left to copy and hash once the device was done (84% of `dd` in a probe of 4 MiB reads).
-//! With 256 KiB pieces, eight in flight, all but the last few are copied and hashed while the
-//! device reads the rest (92 to 97% of `dd` in the same probe, and within a few points of
-//! reading straight into the caller's buffer).
+//! The record is read in pieces of the file, largest first (`member/tier/stream.rs`,
+//! [`tapering`], says why: a 4 MiB value is five requests to the device, and only the last 256
+//! KiB wait for it to finish; the first piece holds the record's header and tag, each is on the
+//! device's blocks, so a read asks the device for no block twice) on the runtime's blocking
+//! threads, the next asked for as each lands and at most [`WINDOW`] at once for all this client's
+//! reads together ([`DiskReads`]), each into a buffer kept between reads (with the member's
+//! `O_DIRECT` alignment when the descriptor was opened with it), copied into the caller's buffer
+//! as it lands and hashed in order. The bytes are the value only if the header reads (its own
+//! checksum), is live, carries the Location's tag and length, and the value's bytes match its
+//! checksum. Until then the caller's buffer holds nothing it may use.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -39,18 +33,15 @@ use super::data::Sink;
 use crate::grant::MAX_TAG_LEN;
 use crate::member::local::FILE_KEEP;
 use crate::member::tier::format::{self, Header};
-use crate::member::tier::{BLOCK, DiskId, Piece, PieceBuffers, read_span};
+use crate::member::tier::{DiskId, PIECE, Piece, PieceBuffers, read_span, tapering};
 use crate::proto::Location;
 
-/// Bytes of the file read at a time, each piece a request of its own to the device: the
-/// member's pieces for op 7 (a multiple of the device's blocks, with room for any record's
-/// header and tag in the first).
-const PIECE: u64 = crate::member::dataport::disk::PIECE as u64;
-const _: () = assert!(PIECE.is_multiple_of(BLOCK) && PIECE as usize >= format::HEADER_LEN + MAX_TAG_LEN + 64);
+const _: () = assert!(PIECE as usize >= format::HEADER_LEN + MAX_TAG_LEN + 64);
 /// Pieces in flight at once, for all of a client's reads of tier files together.
 const WINDOW: usize = 8;
-/// How many piece buffers are kept between reads, for every member together.
-const KEPT_BUFFERS: usize = 2 * WINDOW;
+/// How many piece buffers are kept between reads, for every member together (each up to
+/// about `LARGEST_PIECE`).
+const KEPT_BUFFERS: usize = WINDOW;
 /// Most tier files kept open at once (the one handed over first is closed first).
 pub const MOST_FILES: usize = 64;
 
@@ -172,10 +163,7 @@ pub(super) async fn read_copy(
 ) -> io::Result<bool> {
     let record = DiskId(loc.offset).offset();
     let header_len = format::payload_at(loc.tag.len());
-    let pieces = Pieces {
-        header_len,
-        end: header_len + loc.len,
-    };
+    let pieces = Pieces::new(header_len, header_len + loc.len);
     let count = pieces.count();
     let ask = |k: u64| {
         let (from, n) = pieces.span(k);
@@ -229,24 +217,35 @@ pub(super) async fn read_copy(
     })
 }
 
-/// A record cut into [`PIECE`]s of the file from its start: its header and tag (`header_len`
-/// bytes, all in the first piece) and its value, `end` bytes in all.
-#[derive(Debug, Clone, Copy)]
+/// A record cut into pieces of the file from its start ([`tapering`]: largest first, the first
+/// with its header and tag, `header_len` bytes, then its value).
+#[derive(Debug, Clone)]
 struct Pieces {
     header_len: u64,
-    end: u64,
+    /// each piece's start, from the record's, and the record's end after the last
+    starts: Vec<u64>,
 }
 
 impl Pieces {
-    /// How many (a record of an empty value is one piece: the header's).
+    fn new(header_len: u64, end: u64) -> Pieces {
+        let mut starts: Vec<u64> = tapering(0, end).into_iter().map(|(at, _)| at).collect();
+        if starts.is_empty() {
+            // no bytes: one empty piece
+            starts.push(0);
+        }
+        starts.push(end);
+        Pieces { header_len, starts }
+    }
+
+    /// How many.
     fn count(&self) -> u64 {
-        self.end.div_ceil(PIECE).max(1)
+        self.starts.len() as u64 - 1
     }
 
     /// Piece `k`'s bytes, from the record's start: (where they start, how many).
     fn span(&self, k: u64) -> (u64, u64) {
-        let from = k * PIECE;
-        (from, PIECE.min(self.end - from))
+        let k = k as usize;
+        (self.starts[k], self.starts[k + 1] - self.starts[k])
     }
 
     /// Where piece `k`'s value bytes go in the value, and how many header bytes come first.
@@ -254,7 +253,7 @@ impl Pieces {
         if k == 0 {
             (0, self.header_len)
         } else {
-            (k * PIECE - self.header_len, 0)
+            (self.starts[k as usize] - self.header_len, 0)
         }
     }
 }

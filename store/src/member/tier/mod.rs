@@ -29,7 +29,7 @@ mod read;
 mod stream;
 
 pub use read::Located;
-pub use stream::{BLOCK, Piece, PieceBuffers, Stream, read_span};
+pub use stream::{BLOCK, LARGEST_PIECE, PIECE, Piece, PieceBuffers, Stream, read_span, tapering};
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};

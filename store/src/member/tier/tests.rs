@@ -424,3 +424,66 @@ fn a_value_is_read_in_pieces_of_the_size_asked_each_after_the_first_on_a_block()
     let s = tier.stream_known(empty).unwrap();
     assert!(s.finish().is_ok(), "an empty value is whole with no piece");
 }
+
+/// The sizes of the pieces of a read of `end` bytes from the start of a file.
+fn sizes(end: u64) -> Vec<u64> {
+    tapering(0, end).into_iter().map(|(_, n)| n).collect()
+}
+
+#[test]
+fn pieces_halve_towards_the_end_and_each_but_the_first_starts_on_a_block() {
+    const K: u64 = 1024;
+    let m = 1024 * K;
+    // a 4 MiB value: five requests, the last with the bytes past the last whole block
+    assert_eq!(sizes(192 + 4 * m), [2 * m, m, 512 * K, 256 * K, 256 * K + 192]);
+    // larger ones go on in pieces of the largest size
+    assert_eq!(
+        sizes(192 + 9 * m),
+        [m, 2 * m, 2 * m, 2 * m, m, 512 * K, 256 * K, 256 * K + 192]
+    );
+    // less than a piece left at the front goes with the piece after it
+    assert_eq!(
+        sizes(4 * m + 64 * K + 100),
+        [2 * m + 64 * K, m, 512 * K, 256 * K, 256 * K + 100]
+    );
+    // small records are one piece, however long past a piece
+    assert_eq!(sizes(100), [100]);
+    assert_eq!(sizes(256 * K + 4 * K + 1), [256 * K + 4 * K + 1]);
+    assert!(sizes(0).is_empty());
+    // a value within its record: the first piece ends on a block, the rest as above
+    assert_eq!(
+        tapering(8192 + 192, 8192 + 192 + 4 * m),
+        [
+            (8192 + 192, 2 * m - 192),
+            (8192 + 2 * m, m),
+            (8192 + 3 * m, 512 * K),
+            (8192 + 3 * m + 512 * K, 256 * K),
+            (8192 + 3 * m + 768 * K, 256 * K + 192)
+        ]
+    );
+    for from in [0, 192, 4096 + 64, 7 * m + 4000] {
+        for len in (0..40 * m).step_by(4099 * 13) {
+            let pieces = tapering(from, from + len);
+            assert_eq!(pieces.iter().map(|p| p.1).sum::<u64>(), len, "{from}+{len}: every byte");
+            let Some(first) = pieces.first() else {
+                assert_eq!(len, 0);
+                continue;
+            };
+            assert_eq!(first.0, from);
+            // a record's header and tag are in its first piece
+            assert!(first.1 >= len.min(PIECE - BLOCK));
+            for w in pieces.windows(2) {
+                assert_eq!(w[0].0 + w[0].1, w[1].0, "{from}+{len}: one after the other");
+                assert!(w[1].0.is_multiple_of(BLOCK), "{from}+{len}: {pieces:?}");
+                assert!(
+                    w[0].1 + BLOCK > w[1].1 || w[0].0 == from,
+                    "{from}+{len}: larger first {pieces:?}"
+                );
+            }
+            assert!(
+                pieces.iter().all(|p| p.1 < LARGEST_PIECE + PIECE + BLOCK),
+                "{from}+{len}: {pieces:?}"
+            );
+        }
+    }
+}
