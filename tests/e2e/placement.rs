@@ -140,7 +140,7 @@ fn requests_land_where_their_prefix_is_and_the_router_is_warm_after_restarts_and
     let started = Instant::now();
     let (mut s, k) = serve_on_ha_backend(&e, dir.path(), KUBECTL);
     k.must_apply(&trio(&model));
-    eventually_within(STARTUP, "trio: the router and three servers ready", || {
+    eventually_started(STARTUP, "trio: the router and three servers ready", || {
         let row = k.ok(&["get", "-n", "team-a", "md", "trio", "--no-headers"]);
         row.contains("1R3S").then_some(())
     });

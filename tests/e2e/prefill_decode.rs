@@ -157,17 +157,6 @@ fn prompt(seed: u64, words: usize) -> String {
     format!("{} what comes next?", generated_words(seed, words).join(" "))
 }
 
-/// The prompt's tokens, as the monolithic replica counts them.
-fn prompt_tokens(url: &str, model: &str, prompt: &str) -> u64 {
-    let out = try_post_json(
-        &format!("{url}/tokenize"),
-        &json!({"model": model, "prompt": prompt}).to_string(),
-    )
-    .expect("tokenize");
-    let v: Value = serde_json::from_str(&out).expect("tokenize answers JSON");
-    v["count"].as_u64().expect("a count")
-}
-
 /// The `vllm serve` process listening on `url`'s port (the API server process, whose engine core
 /// dies with it).
 fn engine_pid(url: &str) -> u32 {
@@ -407,7 +396,7 @@ fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_fai
     k.must_apply(&monolithic(&model));
 
     // kubectl shows the router and both halves ready, and the router's address
-    let summary = eventually_within(STARTUP, "pd: the router, prefill and decode ready", || {
+    let summary = eventually_started(STARTUP, "pd: the router, prefill and decode ready", || {
         let row = k.ok(&["get", "-n", "team-a", "md", "pd", "--no-headers"]);
         row.contains("1R1P1D").then_some(row)
     });
@@ -430,7 +419,7 @@ fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_fai
             .unwrap_or_else(|| panic!("no {role} replica in {urls:?}"))
     };
     let (prefill, decode) = (url_of("prefill"), url_of("decode"));
-    let plain = eventually_within(STARTUP, "plain: the monolithic replica ready", || {
+    let plain = eventually_started(STARTUP, "plain: the monolithic replica ready", || {
         (jp(&k, &["-n", "team-a", "md", "plain"], "{.status.phase}") == "Ready")
             .then(|| replica_urls(&k, "team-a", "plain").pop().map(|(_, u)| u))
             .flatten()
@@ -498,7 +487,7 @@ fn prefill_and_decode_hand_prompts_over_through_the_store_and_survive_either_fai
 
     // The serving store leader dies with requests in flight, prompts decode has not seen (so it
     // needs the store's blocks): the same.
-    eventually_within(STARTUP, "the prefill replica is back", || {
+    eventually_started(STARTUP, "the prefill replica is back", || {
         k.ok(&["get", "-n", "team-a", "md", "pd", "--no-headers"])
             .contains("1R1P1D")
             .then_some(())

@@ -42,7 +42,7 @@ fn deployment(ns: &str, name: &str, binding: Option<&str>, replicas: u32, model:
 }
 
 fn wait_serving(k: &Kubectl, ns: &str, name: &str, replicas: usize) -> Vec<String> {
-    eventually_within(
+    eventually_started(
         STARTUP,
         &format!("{ns}/{name}: {replicas} real vLLM replicas ready"),
         || {

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use super::walkthrough::{alive, jp, manifest, wait_granted, wait_ready_backend};
 #[allow(
@@ -83,6 +84,27 @@ impl Engines {
         .expect("the server configuration is written");
         config
     }
+}
+
+/// How often a wait for engines to start polls. Each poll runs kubectl (tens of milliseconds of
+/// CPU), and at the tests' usual 50 ms the polls took much of a core from the vLLM processes
+/// starting beside them.
+pub const STARTING_POLL: Duration = Duration::from_secs(1);
+
+/// Polls `f` every [`STARTING_POLL`] until it gives a value; fails the test after `within`: for
+/// the waits on engines starting (a minute or more on two cores).
+pub fn eventually_started<T>(within: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    super::poll_within(within, STARTING_POLL, f).unwrap_or_else(|| panic!("{what}: not within {within:?}"))
+}
+
+/// The prompt's tokens, as the replica at `url` counts them (its `/tokenize`).
+pub fn prompt_tokens(url: &str, model: &str, prompt: &str) -> u64 {
+    let body = serde_json::json!({"model": model, "prompt": prompt}).to_string();
+    let out = try_post_json(&format!("{url}/tokenize"), &body).unwrap_or_else(|e| panic!("{url}: tokenize: {e}"));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{url}: tokenize: {e}: {out}"));
+    v["count"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{url}: tokenize: no count in {out}"))
 }
 
 /// `replica -> http://127.0.0.1:PORT` from a deployment's phase message.
