@@ -157,6 +157,17 @@ fn prompt(seed: u64, words: usize) -> String {
     format!("{} what comes next?", generated_words(seed, words).join(" "))
 }
 
+/// The prompt's tokens, as the monolithic replica counts them.
+fn prompt_tokens(url: &str, model: &str, prompt: &str) -> u64 {
+    let out = try_post_json(
+        &format!("{url}/tokenize"),
+        &json!({"model": model, "prompt": prompt}).to_string(),
+    )
+    .expect("tokenize");
+    let v: Value = serde_json::from_str(&out).expect("tokenize answers JSON");
+    v["count"].as_u64().expect("a count")
+}
+
 /// The `vllm serve` process listening on `url`'s port (the API server process, whose engine core
 /// dies with it).
 fn engine_pid(url: &str) -> u32 {

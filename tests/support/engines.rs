@@ -97,16 +97,6 @@ pub fn eventually_started<T>(within: Duration, what: &str, f: impl FnMut() -> Op
     super::poll_within(within, STARTING_POLL, f).unwrap_or_else(|| panic!("{what}: not within {within:?}"))
 }
 
-/// The prompt's tokens, as the replica at `url` counts them (its `/tokenize`).
-pub fn prompt_tokens(url: &str, model: &str, prompt: &str) -> u64 {
-    let body = serde_json::json!({"model": model, "prompt": prompt}).to_string();
-    let out = try_post_json(&format!("{url}/tokenize"), &body).unwrap_or_else(|e| panic!("{url}: tokenize: {e}"));
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{url}: tokenize: {e}: {out}"));
-    v["count"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{url}: tokenize: no count in {out}"))
-}
-
 /// `replica -> http://127.0.0.1:PORT` from a deployment's phase message.
 pub fn replica_urls(k: &Kubectl, ns: &str, name: &str) -> Vec<(String, String)> {
     let msg = jp(k, &["-n", ns, "md", name], "{.status.phaseMessage}");

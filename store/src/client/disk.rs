@@ -222,30 +222,28 @@ pub(super) async fn read_copy(
 #[derive(Debug, Clone)]
 struct Pieces {
     header_len: u64,
-    /// each piece's start, from the record's, and the record's end after the last
-    starts: Vec<u64>,
+    /// each piece, from the record's start: (where it starts, how many bytes)
+    spans: Vec<(u64, u64)>,
 }
 
 impl Pieces {
     fn new(header_len: u64, end: u64) -> Pieces {
-        let mut starts: Vec<u64> = tapering(0, end).into_iter().map(|(at, _)| at).collect();
-        if starts.is_empty() {
+        let mut spans = tapering(0, end);
+        if spans.is_empty() {
             // no bytes: one empty piece
-            starts.push(0);
+            spans.push((0, 0));
         }
-        starts.push(end);
-        Pieces { header_len, starts }
+        Pieces { header_len, spans }
     }
 
     /// How many.
     fn count(&self) -> u64 {
-        self.starts.len() as u64 - 1
+        self.spans.len() as u64
     }
 
     /// Piece `k`'s bytes, from the record's start: (where they start, how many).
     fn span(&self, k: u64) -> (u64, u64) {
-        let k = k as usize;
-        (self.starts[k], self.starts[k + 1] - self.starts[k])
+        self.spans[k as usize]
     }
 
     /// Where piece `k`'s value bytes go in the value, and how many header bytes come first.
@@ -253,7 +251,7 @@ impl Pieces {
         if k == 0 {
             (0, self.header_len)
         } else {
-            (self.starts[k as usize] - self.header_len, 0)
+            (self.spans[k as usize].0 - self.header_len, 0)
         }
     }
 }

@@ -94,10 +94,9 @@ pub async fn read(s: &mut Conn, stores: &Stores, req: Request) -> std::io::Resul
 /// inner one says what was wrong with the copy (its bytes were then not all sent, or not the
 /// value).
 async fn send(s: &mut Conn, tiering: &Tiering, mut stream: Stream) -> std::io::Result<Result<(), ReadError>> {
-    let piece = PIECE;
     let len = stream.len;
     s.write_all(&Response { ok: true, len }.encode()).await?;
-    let mut pieces = stream.pieces(piece).into_iter().peekable();
+    let mut pieces = stream.pieces(PIECE).into_iter().peekable();
     let mut reading = VecDeque::new();
     let mut sent = 0u64;
     loop {

@@ -166,15 +166,6 @@ impl Stream {
         self
     }
 
-    /// The pieces a direct read sends, in order, as (where in the value, length): [`tapering`]'s,
-    /// largest first.
-    pub fn tapering(&self) -> Vec<(u64, u64)> {
-        tapering(self.at, self.at + self.len)
-            .into_iter()
-            .map(|(at, n)| (at - self.at, n))
-            .collect()
-    }
-
     /// The pieces to read, in order, as (where in the value, length): `piece` bytes each, the last
     /// what is left. When `piece` is a multiple of [`BLOCK`] the first is cut short at the file's
     /// last block boundary within it, so every later piece starts on one and no block of the file
